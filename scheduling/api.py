@@ -1,0 +1,87 @@
+"""The contract between the EPP shell and the scheduler.
+
+The shell builds a `SchedulingContext` per request (candidates already narrowed by pool, subset hints and the
+conformance header) and calls `Scheduler.schedule`. The scheduler returns a `SchedulingResult` or raises
+`SchedulingError`. After the pick the shell calls `pre_request`; when the stream ends for any reason it calls
+`response_complete` exactly once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+from scheduling.types import Endpoint, LLMRequest
+
+
+@dataclass(frozen=True, slots=True)
+class InflightLoad:
+    """The picker's own exact count of requests it sent to an endpoint that have not finished."""
+
+    requests: int = 0
+    tokens: int = 0  # estimated prompt tokens of those requests
+
+
+NO_LOAD = InflightLoad()
+
+
+@dataclass(slots=True)
+class SchedulingContext:
+    request: LLMRequest
+    candidates: Sequence[Endpoint]
+    inflight: Mapping[str, InflightLoad] = field(default_factory=dict)  # by Endpoint.key
+    now: float = 0.0  # monotonic seconds, from the shell's clock
+    explain: bool = False  # collect per-plugin detail
+
+    def load(self, endpoint: Endpoint) -> InflightLoad:
+        return self.inflight.get(endpoint.key, NO_LOAD)
+
+
+@dataclass(slots=True)
+class PluginDetail:
+    """What one plugin did in one profile run (filled only when explain is on, or cheaply always for timing)."""
+
+    name: str
+    type: str
+    kind: str  # "filter" | "scorer" | "picker"
+    duration_s: float = 0.0
+    weight: float | None = None  # scorers
+    kept: list[str] | None = None  # filters: endpoint keys that passed
+    scores: dict[str, float] | None = None  # scorers: raw clamped score by endpoint key
+
+
+@dataclass(slots=True)
+class ProfileResult:
+    profile: str
+    targets: list[Endpoint]  # ordered, best first
+    totals: dict[str, float] = field(default_factory=dict)  # weighted sum by endpoint key (explain only)
+    details: list[PluginDetail] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class SchedulingResult:
+    targets: list[Endpoint]  # where the request goes: primary first, then fallbacks
+    profile: str = "default"  # the scheduling profile (config) that made the decision
+    profile_results: dict[str, ProfileResult] = field(default_factory=dict)
+    prefill: Endpoint | None = None  # P/D: the prefill endpoint, sent in x-prefiller-host-port
+    decision: str = ""  # P/D: "decode-only" | "prefill-decode"; "" for single-profile handlers
+
+    @property
+    def primary(self) -> Endpoint:
+        return self.targets[0]
+
+
+@runtime_checkable
+class Scheduler(Protocol):
+    def schedule(self, ctx: SchedulingContext) -> SchedulingResult:
+        """Pick endpoints. Raises SchedulingError (ResourceExhausted when filters leave nothing)."""
+        ...
+
+    def pre_request(self, ctx: SchedulingContext, result: SchedulingResult) -> None:
+        """Called once the decision is committed (stateful plugins record it here)."""
+        ...
+
+    def response_complete(self, ctx: SchedulingContext, result: SchedulingResult) -> None:
+        """Called exactly once when the request's stream ends, whatever the outcome."""
+        ...

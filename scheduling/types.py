@@ -1,0 +1,161 @@
+"""Core value types shared by the scheduler (pure) and the EPP shell.
+
+Nothing here does I/O. Endpoints and metrics are snapshots: the datastore replaces them, it never
+mutates one that a scheduling cycle may be reading.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+# Role label keys: llm-d and Heimdall.
+ROLE_LABELS: tuple[str, ...] = ("llm-d.ai/role", "mif.moreh.io/role")
+
+
+class ApiKind(str, Enum):
+    CHAT = "chat/completions"
+    COMPLETIONS = "completions"
+    EMBEDDINGS = "embeddings"
+    RESPONSES = "responses"
+    CONVERSATIONS = "conversations"
+    MESSAGES = "messages"  # Anthropic
+    OTHER = "other"  # unknown path or headers-only request: no body parsing
+
+
+class ErrorCode(str, Enum):
+    """GIE error codes and the HTTP status each one maps to."""
+
+    BAD_REQUEST = "BadRequest"
+    UNAUTHORIZED = "Unauthorized"
+    FORBIDDEN = "Forbidden"
+    NOT_FOUND = "NotFound"
+    PAYLOAD_TOO_LARGE = "PayloadTooLarge"
+    RESOURCE_EXHAUSTED = "ResourceExhausted"
+    INTERNAL = "Internal"
+    SERVICE_UNAVAILABLE = "ServiceUnavailable"
+
+    @property
+    def http_status(self) -> int:
+        return _STATUS[self]
+
+
+_STATUS = {
+    ErrorCode.BAD_REQUEST: 400,
+    ErrorCode.UNAUTHORIZED: 401,
+    ErrorCode.FORBIDDEN: 403,
+    ErrorCode.NOT_FOUND: 404,
+    ErrorCode.PAYLOAD_TOO_LARGE: 413,
+    ErrorCode.RESOURCE_EXHAUSTED: 429,
+    ErrorCode.INTERNAL: 500,
+    ErrorCode.SERVICE_UNAVAILABLE: 503,
+}
+
+
+class SchedulingError(Exception):
+    """A decision that cannot be made. The shell turns it into `inference error: <Code> - <message>`."""
+
+    def __init__(self, code: ErrorCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+    def __str__(self) -> str:
+        return f"inference error: {self.code.value} - {self.message}"
+
+
+@dataclass(frozen=True, slots=True)
+class Metrics:
+    """The latest model-server state of one endpoint, as scraped.
+
+    `updated_at` is a monotonic timestamp in seconds from the injected clock; None means never scraped.
+    `stale` is set by the datastore when the scrape is older than the staleness threshold.
+    """
+
+    waiting: int = 0
+    running: int = 0
+    kv_usage: float = 0.0  # 0..1
+    active_loras: frozenset[str] = frozenset()
+    waiting_loras: frozenset[str] = frozenset()
+    max_lora: int = 0
+    block_size: int | None = None  # tokens per KV block (vllm:cache_config_info)
+    num_gpu_blocks: int | None = None
+    updated_at: float | None = None
+    stale: bool = True
+
+
+UNKNOWN_METRICS = Metrics()
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    """One model-server endpoint (pod × target port).
+
+    `key` ("ip:port", IPv6 in brackets) identifies the endpoint everywhere: datastore, in-flight counts,
+    prefix indexes and the destination header.
+    """
+
+    key: str
+    address: str
+    port: int
+    name: str = ""  # pod name (or the static-config name)
+    namespace: str = ""
+    labels: Mapping[str, str] = field(default_factory=dict)
+    models: frozenset[str] = frozenset()  # served models/adapters; empty means "serves whatever it is asked"
+    metrics: Metrics = UNKNOWN_METRICS
+
+    @property
+    def role(self) -> str | None:
+        for key in ROLE_LABELS:
+            value = self.labels.get(key)
+            if value:
+                return value
+        return None
+
+    @property
+    def engine(self) -> str:
+        return (
+            self.labels.get("llm-d.ai/engine-type")
+            or self.labels.get("inference.networking.k8s.io/engine-type")
+            or "vllm"
+        )
+
+    def with_metrics(self, metrics: Metrics) -> Endpoint:
+        return Endpoint(
+            self.key, self.address, self.port, self.name, self.namespace, self.labels, self.models, metrics
+        )
+
+
+def endpoint_key(address: str, port: int) -> str:
+    """`ip:port`, with IPv6 addresses in brackets."""
+    if ":" in address and not address.startswith("["):
+        return f"[{address}]:{port}"
+    return f"{address}:{port}"
+
+
+@dataclass(slots=True)
+class LLMRequest:
+    """A complete inference request as the scheduler sees it.
+
+    `prompt` is the text that prefix-cache plugins hash: for chat the JSON of messages (plus system/tools for
+    Anthropic), the prompt for completions, instructions/tools/input for responses. `prompt_chars` is its length.
+    """
+
+    request_id: str
+    model: str  # what the client asked for
+    target_model: str  # after rewrite; what the model server is asked for
+    kind: ApiKind = ApiKind.OTHER
+    headers: Mapping[str, str] = field(default_factory=dict)  # lower-case names
+    prompt: str = ""
+    priority: int = 0
+    objective: str = ""
+    cache_salt: str = ""
+    lora_adapter: str | None = None  # set when target_model is a known adapter
+    base_model: str | None = None
+    body: Mapping[str, Any] | None = None  # the parsed body (read-only for plugins)
+
+    @property
+    def prompt_chars(self) -> int:
+        return len(self.prompt)
