@@ -1,0 +1,129 @@
+"""Standalone endpoints from a file: pools and their endpoints, with no Kubernetes.
+
+```yaml
+pools:
+- name: llama                  # the first pool is the default unless --pool-name says otherwise
+  namespace: default
+  endpoints:
+  - address: 10.0.0.5          # or host: "10.0.0.5:8000"
+    port: 8000
+    name: vllm-0               # optional
+    labels: {llm-d.ai/role: decode}
+    models: [meta-llama/Llama-3.1-8B, sql-lora]   # optional; empty means "serves whatever it is asked"
+    role: decode               # optional shorthand for the llm-d.ai/role label
+adapters:                      # optional LoRA adapter -> base model map (X-Gateway-Base-Model-Name)
+  sql-lora: meta-llama/Llama-3.1-8B
+```
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from epp.datastore import Datastore, PoolSpec
+from scheduling.types import Endpoint, endpoint_key
+
+
+class StaticConfigError(ValueError):
+    pass
+
+
+def _fail(src: str, path: str, msg: str) -> StaticConfigError:
+    return StaticConfigError(f"{src}: {path}: {msg}")
+
+
+def _parse_endpoint(src: str, path: str, raw: Any) -> Endpoint:
+    if not isinstance(raw, Mapping):
+        raise _fail(src, path, "expected a mapping with address and port")
+    known = {"address", "host", "port", "name", "labels", "models", "role", "namespace"}
+    unknown = set(raw) - known
+    if unknown:
+        raise _fail(src, path, f"unknown field(s) {sorted(unknown)}; expected some of {sorted(known)}")
+    address, port = raw.get("address"), raw.get("port")
+    if "host" in raw:
+        host = str(raw["host"])
+        address, _, p = host.rpartition(":")
+        if not address or not p.isdigit():
+            raise _fail(src, f"{path}.host", f"expected 'ip:port', got {host!r}")
+        port = int(p)
+    if not isinstance(address, str) or not address:
+        raise _fail(src, f"{path}.address", "expected an IP address string")
+    if not isinstance(port, int) or not 0 < port < 65536:
+        raise _fail(src, f"{path}.port", f"expected a port number 1-65535, got {port!r}")
+    labels = raw.get("labels") or {}
+    if not isinstance(labels, Mapping):
+        raise _fail(src, f"{path}.labels", "expected a mapping of label -> value")
+    labels = {str(k): str(v) for k, v in labels.items()}
+    if raw.get("role"):
+        labels.setdefault("llm-d.ai/role", str(raw["role"]))
+    models = raw.get("models") or []
+    if not isinstance(models, list) or not all(isinstance(m, str) for m in models):
+        raise _fail(src, f"{path}.models", "expected a list of model names")
+    address = address.strip("[]")
+    return Endpoint(
+        key=endpoint_key(address, port),
+        address=address,
+        port=port,
+        name=str(raw.get("name") or endpoint_key(address, port)),
+        namespace=str(raw.get("namespace") or ""),
+        labels=labels,
+        models=frozenset(models),
+    )
+
+
+def parse_static_config(doc: Any, src: str = "<config>") -> tuple[list[tuple[PoolSpec, list[Endpoint]]], dict[str, str]]:
+    if not isinstance(doc, Mapping):
+        raise _fail(src, "$", "expected a mapping with 'pools'")
+    unknown = set(doc) - {"pools", "adapters"}
+    if unknown:
+        raise _fail(src, "$", f"unknown field(s) {sorted(unknown)}; expected pools, adapters")
+    pools_raw = doc.get("pools")
+    if not isinstance(pools_raw, list) or not pools_raw:
+        raise _fail(src, "pools", "expected a non-empty list of pools")
+    pools: list[tuple[PoolSpec, list[Endpoint]]] = []
+    seen: set[str] = set()
+    for i, p in enumerate(pools_raw):
+        path = f"pools[{i}]"
+        if not isinstance(p, Mapping) or not isinstance(p.get("name"), str):
+            raise _fail(src, path, "expected a mapping with a string 'name'")
+        if p["name"] in seen:
+            raise _fail(src, f"{path}.name", f"duplicate pool name {p['name']!r}")
+        seen.add(p["name"])
+        raw_eps = p.get("endpoints") or []
+        if not isinstance(raw_eps, list):
+            raise _fail(src, f"{path}.endpoints", "expected a list")
+        eps = [_parse_endpoint(src, f"{path}.endpoints[{j}]", e) for j, e in enumerate(raw_eps)]
+        spec = PoolSpec(name=p["name"], namespace=str(p.get("namespace") or "default"))
+        pools.append((spec, eps))
+    adapters = doc.get("adapters") or {}
+    if not isinstance(adapters, Mapping):
+        raise _fail(src, "adapters", "expected a mapping of adapter -> base model")
+    return pools, {str(k): str(v) for k, v in adapters.items()}
+
+
+def load_static_file(path: str | Path, datastore: Datastore) -> None:
+    """Parse the file fully first; only a valid file touches the datastore."""
+    path = Path(path)
+    try:
+        doc = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as e:
+        raise StaticConfigError(f"{path}: cannot read: {e}") from e
+    pools, adapters = parse_static_config(doc, str(path))
+    apply_static(datastore, pools, adapters)
+
+
+def apply_static(
+    datastore: Datastore, pools: list[tuple[PoolSpec, list[Endpoint]]], adapters: Mapping[str, str]
+) -> None:
+    names = {spec.name for spec, _ in pools}
+    for old in datastore.pool_names():
+        if old not in names:
+            datastore.remove_pool(old)
+    for spec, eps in pools:
+        datastore.set_pool(spec, eps)
+    datastore.adapters = dict(adapters)
+    datastore.synced = True
