@@ -88,6 +88,8 @@ class Datastore:
         self.rewrites: list[Any] = []  # InferenceModelRewrite rules (epp.rewrite.RewriteRule)
         self._listeners: list[Callable[[str], None]] = []
         self.synced = False  # set by the source once the first full view is in
+        # Endpoint keys the scraper took out of rotation after a failure streak; the director skips them.
+        self.unhealthy: set[str] = set()
 
     # ---- writers -------------------------------------------------------------------------------------------
     def set_pool(self, spec: PoolSpec, endpoints: Iterable[Endpoint] | None = None) -> None:
@@ -158,6 +160,16 @@ class Datastore:
             for ep in snap.endpoints:
                 seen.setdefault(ep.key, ep)
         return list(seen.values())
+
+    def is_routable(self, key: str) -> bool:
+        """False while the scraper holds the endpoint out of rotation (consecutive scrape failures)."""
+        return key not in self.unhealthy
+
+    def set_unhealthy(self, key: str, unhealthy: bool) -> None:
+        if unhealthy:
+            self.unhealthy.add(key)
+        else:
+            self.unhealthy.discard(key)
 
     def base_model(self, model: str) -> str:
         return self.adapters.get(model, model)

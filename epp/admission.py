@@ -1,0 +1,107 @@
+"""Admission control: the utilization (saturation) detector and the sheddable-request gate.
+
+Per endpoint, load = max(waiting / queueDepthThreshold, kv_usage / kvCacheUtilThreshold). An endpoint whose
+metrics are missing, flagged stale, or older than the staleness window (200 ms by default) counts as 1.0.
+Pool saturation = the mean load over the endpoints; with no endpoints it is 1.0.
+
+A request with negative priority (InferenceObjective `spec.priority` < 0) is sheddable: it is rejected (the
+director answers 429 ResourceExhausted) when saturation >= 1 + headroom. Every other request is admitted.
+
+Pure: no clock reads; `now` comes from the caller's monotonic clock, the same one the scraper stamps metrics with.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from scheduling.types import Endpoint, Metrics
+
+
+@dataclass(frozen=True, slots=True)
+class SaturationDetector:
+    queue_depth_threshold: float = 5.0
+    kv_cache_util_threshold: float = 0.8
+    metrics_staleness_s: float = 0.2
+    headroom: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.queue_depth_threshold <= 0:
+            raise ValueError(f"queueDepthThreshold must be > 0, got {self.queue_depth_threshold}")
+        if not 0 < self.kv_cache_util_threshold <= 1:
+            raise ValueError(f"kvCacheUtilThreshold must be in (0, 1], got {self.kv_cache_util_threshold}")
+        if self.metrics_staleness_s <= 0:
+            raise ValueError(f"metricsStalenessThreshold must be > 0, got {self.metrics_staleness_s}")
+        if self.headroom < 0:
+            raise ValueError(f"headroom must be >= 0, got {self.headroom}")
+
+    def endpoint_load(self, metrics: Metrics, now: float) -> float:
+        if metrics.stale or metrics.updated_at is None or now - metrics.updated_at > self.metrics_staleness_s:
+            return 1.0
+        return max(
+            metrics.waiting / self.queue_depth_threshold,
+            metrics.kv_usage / self.kv_cache_util_threshold,
+        )
+
+    def saturation(self, endpoints: Iterable[Endpoint], now: float) -> float:
+        total = 0.0
+        n = 0
+        for ep in endpoints:
+            total += self.endpoint_load(ep.metrics, now)
+            n += 1
+        return 1.0 if n == 0 else total / n
+
+    def saturated(self, endpoints: Iterable[Endpoint], now: float) -> bool:
+        return self.saturation(endpoints, now) >= 1.0 + self.headroom
+
+    def admit(self, priority: int, endpoints: Iterable[Endpoint], now: float) -> bool:
+        """True if the request may proceed. Only sheddable (priority < 0) requests are ever refused."""
+        if priority >= 0:
+            return True
+        return not self.saturated(endpoints, now)
+
+
+DEFAULT_DETECTOR = SaturationDetector()
+
+
+def admit(
+    priority: int, endpoints: Iterable[Endpoint], now: float, detector: SaturationDetector = DEFAULT_DETECTOR
+) -> bool:
+    """Module-level convenience with the GIE defaults."""
+    return detector.admit(priority, endpoints, now)
+
+
+def detector_from_params(params: dict[str, object] | None) -> SaturationDetector:
+    """Build a detector from GIE-style parameters (queueDepthThreshold, kvCacheUtilThreshold,
+    metricsStalenessThreshold as seconds or a duration string like "200ms", headroom)."""
+    p = dict(params or {})
+    known = {"queueDepthThreshold", "kvCacheUtilThreshold", "metricsStalenessThreshold", "headroom"}
+    unknown = set(p) - known
+    if unknown:
+        raise ValueError(f"saturation detector: unknown parameter(s) {sorted(unknown)}; expected {sorted(known)}")
+    staleness = p.get("metricsStalenessThreshold", 0.2)
+    return SaturationDetector(
+        queue_depth_threshold=float(p.get("queueDepthThreshold", 5)),  # type: ignore[arg-type]
+        kv_cache_util_threshold=float(p.get("kvCacheUtilThreshold", 0.8)),  # type: ignore[arg-type]
+        metrics_staleness_s=parse_duration(staleness),
+        headroom=float(p.get("headroom", 0.0)),  # type: ignore[arg-type]
+    )
+
+
+def parse_duration(value: object) -> float:
+    """Seconds from a number or a Go-style duration string ("200ms", "2s", "1.5s", "100us")."""
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, str):
+        s = value.strip()
+        for suffix, scale in (("ms", 1e-3), ("us", 1e-6), ("µs", 1e-6), ("ns", 1e-9), ("s", 1.0), ("m", 60.0)):
+            if s.endswith(suffix):
+                try:
+                    return float(s[: -len(suffix)]) * scale
+                except ValueError:
+                    break
+        try:
+            return float(s)
+        except ValueError:
+            pass
+    raise ValueError(f"expected a duration like '200ms' or a number of seconds, got {value!r}")
