@@ -1,0 +1,140 @@
+"""Request parsing: the API kind from the path, the model and the prompt content from the body.
+
+The prompt text is what prefix-cache plugins hash, so its construction is part of the routing contract:
+- chat/completions: the JSON of `messages` (orjson, compact), tools appended when present;
+- completions: `prompt` (a string, or the JSON of a list);
+- embeddings: `input`;
+- responses: `instructions` + JSON of `tools` + `input`;
+- Anthropic messages: JSON of `system` + JSON of `tools` + JSON of `messages`;
+- conversations: the JSON of `items`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from scheduling.types import ApiKind, ErrorCode, SchedulingError
+
+PATH_HEADERS = (":path", "x-original-path", "x-forwarded-path")
+
+_SUFFIXES: tuple[tuple[str, ApiKind], ...] = (
+    ("/chat/completions", ApiKind.CHAT),
+    ("/completions", ApiKind.COMPLETIONS),
+    ("/embeddings", ApiKind.EMBEDDINGS),
+    ("/responses", ApiKind.RESPONSES),
+    ("/conversations", ApiKind.CONVERSATIONS),
+    ("/messages", ApiKind.MESSAGES),
+)
+
+
+def api_kind(headers: Mapping[str, str]) -> ApiKind:
+    for name in PATH_HEADERS:
+        path = headers.get(name)
+        if path:
+            path = path.split("?", 1)[0].rstrip("/")
+            for suffix, kind in _SUFFIXES:
+                if path.endswith(suffix):
+                    return kind
+            return ApiKind.OTHER
+    return ApiKind.OTHER
+
+
+@dataclass(slots=True)
+class ParsedBody:
+    kind: ApiKind
+    body: dict[str, Any]
+    model: str
+    prompt: str
+
+
+def _bad(msg: str) -> SchedulingError:
+    return SchedulingError(ErrorCode.BAD_REQUEST, msg)
+
+
+def _dumps(value: Any) -> str:
+    return orjson.dumps(value).decode()
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else _dumps(value)
+
+
+def _nonempty(value: Any) -> bool:
+    return value is not None and value != "" and value != [] and value != {}
+
+
+def parse_body(kind: ApiKind, raw: bytes) -> ParsedBody:
+    """Parse and validate a request body; raise SchedulingError(BadRequest) with a clear message."""
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as e:
+        raise _bad(f"request body is not valid JSON: {e}") from None
+    if not isinstance(body, dict):
+        raise _bad(f"request body must be a JSON object, got {type(body).__name__}")
+    model = body.get("model")
+    if model is None or model == "":
+        raise _bad("model not found in request body")
+    if not isinstance(model, str):
+        raise _bad("'model' must be a string")
+    prompt = _extract_prompt(kind, body)
+    return ParsedBody(kind, body, model, prompt)
+
+
+def _extract_prompt(kind: ApiKind, body: dict[str, Any]) -> str:
+    if kind is ApiKind.CHAT:
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise _bad("chat completions need at least 1 message in 'messages'")
+        text = _dumps(messages)
+        if body.get("tools"):
+            text += _dumps(body["tools"])
+        return text
+    if kind is ApiKind.COMPLETIONS:
+        prompt = body.get("prompt")
+        if not _nonempty(prompt):
+            raise _bad("completions need a 'prompt'")
+        return _text(prompt)
+    if kind is ApiKind.EMBEDDINGS:
+        inp = body.get("input")
+        if not _nonempty(inp):
+            raise _bad("embeddings need an 'input'")
+        return _text(inp)
+    if kind is ApiKind.RESPONSES:
+        inp = body.get("input")
+        if not _nonempty(inp):
+            raise _bad("responses need an 'input'")
+        parts = []
+        if body.get("instructions"):
+            parts.append(_text(body["instructions"]))
+        if body.get("tools"):
+            parts.append(_dumps(body["tools"]))
+        parts.append(_text(inp))
+        return "".join(parts)
+    if kind is ApiKind.CONVERSATIONS:
+        items = body.get("items")
+        if not isinstance(items, list) or not items:
+            raise _bad("conversations need 'items'")
+        return _dumps(items)
+    if kind is ApiKind.MESSAGES:
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise _bad("messages need at least 1 message in 'messages'")
+        parts = []
+        if body.get("system"):
+            parts.append(_text(body["system"]))
+        if body.get("tools"):
+            parts.append(_dumps(body["tools"]))
+        parts.append(_dumps(messages))
+        return "".join(parts)
+    return ""
+
+
+def set_model(raw_body: dict[str, Any], model: str) -> bytes:
+    """Re-serialize the body with `model` replaced (model rewrite)."""
+    new = dict(raw_body)
+    new["model"] = model
+    return orjson.dumps(new)

@@ -1,0 +1,232 @@
+"""A fast parser for just the Prometheus series the picker needs, per engine.
+
+It never walks the whole exposition in Python: for each wanted metric name it jumps from sample line to sample
+line with `bytes.find(b"\\n" + name)` (C speed), checks the name ends there (`{` or space), and reads the value
+after the last `}`. Labels are parsed only for the series that need them (cache geometry, LoRA, Triton's
+request_type / kv_cache_block_type selectors). Input is the raw response body (bytes), so nothing is decoded.
+
+When an exposition carries several series of one metric (data-parallel engines, several model names), queue
+lengths are summed and KV usage is averaged. For `vllm:lora_requests_info` the series with the largest value (a
+unix timestamp) is the current one. An exposition with none of the engine's load series is an error: the endpoint
+is probably not the engine its label claims.
+
+Engines (label `llm-d.ai/engine-type`): vllm (default), sglang, trtllm-serve, triton. See model-servers.md.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+
+from scheduling.types import Metrics
+
+
+class MetricsParseError(ValueError):
+    pass
+
+
+_LABEL_RE = re.compile(rb'([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"')
+
+Sample = tuple[bytes, float]  # (raw label block without braces, value)
+
+
+def samples(data: bytes, name: bytes) -> list[Sample]:
+    """All samples of metric `name` (exact name, not a prefix), as (label block, value)."""
+    out: list[Sample] = []
+    n = len(name)
+    needle = b"\n" + name
+    if data.startswith(name):
+        pos = 0
+    else:
+        pos = data.find(needle)
+        if pos >= 0:
+            pos += 1
+    while pos >= 0:
+        end = data.find(b"\n", pos)
+        if end < 0:
+            end = len(data)
+        nxt = data[pos + n : pos + n + 1]
+        if nxt == b"{":
+            close = data.rfind(b"}", pos, end)
+            if close > 0:
+                rest = data[close + 1 : end].split()
+                if rest:
+                    try:
+                        out.append((data[pos + n + 1 : close], float(rest[0])))
+                    except ValueError:
+                        pass
+        elif nxt == b" " or nxt == b"\t":
+            rest = data[pos + n : end].split()
+            if rest:
+                try:
+                    out.append((b"", float(rest[0])))
+                except ValueError:
+                    pass
+        pos = data.find(needle, end)
+        if pos >= 0:
+            pos += 1
+    return out
+
+
+def labels(block: bytes) -> dict[str, str]:
+    return {
+        k.decode(): v.decode("utf-8", "replace").replace('\\"', '"').replace("\\n", "\n").replace("\\\\", "\\")
+        for k, v in _LABEL_RE.findall(block)
+    }
+
+
+def _label(block: bytes, key: bytes) -> bytes | None:
+    """One label's raw value without building the whole dict (cheap selector check)."""
+    i = block.find(key + b'="')
+    while i > 0 and block[i - 1 : i] not in (b",", b" ", b"{"):
+        i = block.find(key + b'="', i + 1)
+    if i < 0:
+        return None
+    start = i + len(key) + 2
+    end = block.find(b'"', start)
+    while end > 0 and block[end - 1 : end] == b"\\":
+        end = block.find(b'"', end + 1)
+    return block[start:end] if end >= 0 else None
+
+
+def _sum(ss: list[Sample]) -> float | None:
+    return sum(v for _, v in ss) if ss else None
+
+
+def _mean(ss: list[Sample]) -> float | None:
+    return sum(v for _, v in ss) / len(ss) if ss else None
+
+
+def _int_label(lbls: dict[str, str], key: str) -> int | None:
+    try:
+        return int(float(lbls[key]))
+    except (KeyError, ValueError):
+        return None
+
+
+def _adapters(value: str) -> frozenset[str]:
+    return frozenset(a.strip() for a in value.split(",") if a.strip())
+
+
+def _build(
+    engine: str, now: float, waiting: float | None, running: float | None, kv: float | None, **extra: object
+) -> Metrics:
+    if waiting is None and running is None and kv is None:
+        raise MetricsParseError(f"no {engine} load series (waiting/running/KV usage) in the exposition")
+    return Metrics(
+        waiting=int(waiting or 0),
+        running=int(running or 0),
+        kv_usage=min(1.0, max(0.0, kv or 0.0)),
+        updated_at=now,
+        stale=False,
+        **extra,  # type: ignore[arg-type]
+    )
+
+
+def parse_vllm(data: bytes, now: float) -> Metrics:
+    kv = _mean(samples(data, b"vllm:kv_cache_usage_perc"))
+    if kv is None:
+        kv = _mean(samples(data, b"vllm:gpu_cache_usage_perc"))
+    block_size = num_blocks = None
+    cfg = samples(data, b"vllm:cache_config_info")
+    if cfg:
+        lb = labels(cfg[0][0])
+        block_size, num_blocks = _int_label(lb, "block_size"), _int_label(lb, "num_gpu_blocks")
+    active: frozenset[str] = frozenset()
+    waiting_l: frozenset[str] = frozenset()
+    max_lora = 0
+    lora = samples(data, b"vllm:lora_requests_info")
+    if lora:
+        newest = max(lora, key=lambda s: s[1])  # value is a unix timestamp: the newest series is current
+        lb = labels(newest[0])
+        active = _adapters(lb.get("running_lora_adapters", ""))
+        waiting_l = _adapters(lb.get("waiting_lora_adapters", ""))
+        max_lora = _int_label(lb, "max_lora") or 0
+    return _build(
+        "vllm",
+        now,
+        _sum(samples(data, b"vllm:num_requests_waiting")),
+        _sum(samples(data, b"vllm:num_requests_running")),
+        kv,
+        block_size=block_size,
+        num_gpu_blocks=num_blocks,
+        active_loras=active,
+        waiting_loras=waiting_l,
+        max_lora=max_lora,
+    )
+
+
+def parse_sglang(data: bytes, now: float) -> Metrics:
+    block_size = num_blocks = None
+    cfg = samples(data, b"sglang:cache_config_info")
+    if cfg:
+        lb = labels(cfg[0][0])
+        block_size, num_blocks = _int_label(lb, "page_size"), _int_label(lb, "num_pages")
+    return _build(
+        "sglang",
+        now,
+        _sum(samples(data, b"sglang:num_queue_reqs")),
+        _sum(samples(data, b"sglang:num_running_reqs")),
+        _mean(samples(data, b"sglang:token_usage")),
+        block_size=block_size,
+        num_gpu_blocks=num_blocks,
+    )
+
+
+def _opt_int(v: float | None) -> int | None:
+    return None if v is None else int(v)
+
+
+def parse_trtllm(data: bytes, now: float) -> Metrics:
+    return _build(
+        "trtllm-serve",
+        now,
+        _sum(samples(data, b"trtllm_num_requests_waiting")),
+        _sum(samples(data, b"trtllm_num_requests_running")),
+        _mean(samples(data, b"trtllm_kv_cache_utilization")),
+        block_size=_opt_int(_mean(samples(data, b"trtllm_kv_cache_tokens_per_block"))),
+        num_gpu_blocks=_opt_int(_sum(samples(data, b"trtllm_kv_cache_max_blocks"))),
+    )
+
+
+def _select(ss: list[Sample], key: bytes, value: bytes) -> list[Sample]:
+    return [s for s in ss if _label(s[0], key) == value]
+
+
+def parse_triton(data: bytes, now: float) -> Metrics:
+    req = samples(data, b"nv_trt_llm_request_metrics")
+    kvm = samples(data, b"nv_trt_llm_kv_cache_block_metrics")
+    sel = b"kv_cache_block_type"
+    return _build(
+        "triton",
+        now,
+        _sum(_select(req, b"request_type", b"waiting")),
+        _sum(_select(req, b"request_type", b"scheduled")),
+        _mean(_select(kvm, sel, b"fraction")),
+        block_size=_opt_int(_mean(_select(kvm, sel, b"tokens_per"))),
+        num_gpu_blocks=_opt_int(_sum(_select(kvm, sel, b"max"))),
+    )
+
+
+PARSERS: dict[str, Callable[[bytes, float], Metrics]] = {
+    "vllm": parse_vllm,
+    "sglang": parse_sglang,
+    "trtllm-serve": parse_trtllm,
+    "trtllm": parse_trtllm,
+    "tensorrt-llm": parse_trtllm,
+    "triton": parse_triton,
+    "triton-trtllm": parse_triton,
+    "triton-tensorrt-llm": parse_triton,
+}
+
+
+def parser_for(engine: str) -> Callable[[bytes, float], Metrics]:
+    """The parser for an engine name (case-insensitive). Raises KeyError naming the known engines."""
+    try:
+        return PARSERS[engine.lower()]
+    except KeyError:
+        raise KeyError(f"unknown engine {engine!r}; expected one of {sorted(PARSERS)}") from None
+
+
+def parse_metrics(data: bytes, engine: str, now: float) -> Metrics:
+    return parser_for(engine)(data, now)
