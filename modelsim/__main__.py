@@ -1,0 +1,3 @@
+from modelsim.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,85 @@
+"""Admin endpoints of one simulated server: failure injection and the oracle's view of the truth.
+
+* ``GET  /admin/state``          engine state (queue, running, KV usage, free/cached blocks, counters).
+* ``POST /admin/probe?api=chat`` body = a generation request body (api: chat, completions, messages,
+  responses); returns the prefix-cache hit the request would get *now* (``cached_tokens``), its
+  ``prompt_tokens``, and the engine state. No side effects.
+* ``POST /admin/kill[?seconds=S]`` stop listening and drop in-flight requests; listen again after S
+  seconds (wall time) if given, else stay dead.
+* ``POST /admin/hang``           every non-admin request blocks until ``POST /admin/recover``.
+* ``POST /admin/recover``        end a hang.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING, Any
+
+import orjson
+from aiohttp import web
+
+from modelsim import tokenizer as tk
+
+if TYPE_CHECKING:
+    from modelsim.server import SimServer
+
+
+def engine_state(srv: SimServer) -> dict[str, Any]:
+    e = srv.engine
+    st = e.stats
+    return {
+        "pod": srv.pod, "port": srv.port, "role": srv.role,
+        "waiting": len(e.waiting), "running": len(e.running), "max_num_seqs": e.cfg.max_num_seqs,
+        "kv_usage": e.kv.usage, "free_blocks": e.kv.free, "cached_blocks": e.kv.cached_blocks,
+        "capacity_blocks": e.kv.capacity, "block_size": e.cfg.block_size,
+        "evictions": e.kv.evictions, "preemptions": st.preemptions,
+        "prefix_queries": st.prefix_queries, "prefix_hits": st.prefix_hits,
+        "active_loras": e.active_loras(), "hung": not srv.unhung.is_set(),
+        "model_time": srv.driver.now() if srv.driver is not None else 0.0,
+    }
+
+
+def add_admin_routes(app: web.Application, srv: SimServer) -> None:
+    async def state(request: web.Request) -> web.Response:
+        return web.json_response(engine_state(srv), dumps=lambda o: orjson.dumps(o).decode())
+
+    async def probe(request: web.Request) -> web.Response:
+        api = request.query.get("api", tk.API_CHAT)
+        try:
+            body = orjson.loads(await request.read())
+            tokens = tk.request_tokens(api, body)
+        except (orjson.JSONDecodeError, ValueError, AttributeError) as exc:
+            return web.json_response({"error": f"cannot tokenize the probe body: {exc}"}, status=400)
+        model = body.get("model")
+        lora = model if isinstance(model, str) and model != srv.model and model in srv.loras else None
+        out = engine_state(srv)
+        out["cached_tokens"] = srv.engine.probe(tokens, lora)
+        out["prompt_tokens"] = len(tokens)
+        return web.json_response(out, dumps=lambda o: orjson.dumps(o).decode())
+
+    async def kill(request: web.Request) -> web.Response:
+        seconds = request.query.get("seconds")
+
+        async def later() -> None:
+            await asyncio.sleep(0.05)  # let this reply go out first
+            await srv.kill()
+            if seconds is not None:
+                await asyncio.sleep(float(seconds))
+                await srv.listen()
+
+        srv._bg = asyncio.get_running_loop().create_task(later())  # type: ignore[attr-defined]
+        return web.json_response({"killed": srv.pod, "revive_after_s": seconds})
+
+    async def hang(request: web.Request) -> web.Response:
+        srv.unhung.clear()
+        return web.json_response({"hung": srv.pod})
+
+    async def recover(request: web.Request) -> web.Response:
+        srv.unhung.set()
+        return web.json_response({"recovered": srv.pod})
+
+    app.router.add_get("/admin/state", state)
+    app.router.add_post("/admin/probe", probe)
+    app.router.add_post("/admin/kill", kill)
+    app.router.add_post("/admin/hang", hang)
+    app.router.add_post("/admin/recover", recover)

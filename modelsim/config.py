@@ -1,0 +1,105 @@
+"""Simulator configuration: the engine profile of one server and the fleet layout.
+
+All durations are in *model seconds* (the simulated GPU's time). `time_scale` maps them to wall time in the
+HTTP layer only: wall = model × time_scale, so 0.1 runs ten times faster than real time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """One simulated vLLM engine. Defaults are the reference profile (8B on H100)."""
+
+    max_num_seqs: int = 16
+    max_waiting: int = 1000  # waiting-queue limit; past it requests fail with 429
+    kv_cache_size: int = 1024  # blocks
+    block_size: int = 16  # tokens per block
+    max_model_len: int = 32768
+    itl: float = 0.012  # inter-token latency, s
+    prefill_overhead: float = 0.030  # s
+    prefill_per_token: float = 0.000250  # s per uncached prompt token
+    load_factor: float = 2.0  # F: latency multiplier at max_num_seqs running
+    kv_transfer_overhead: float = 0.005  # s, P/D decode side
+    kv_transfer_per_token: float = 0.000010  # s per prompt token, P/D decode side
+    max_loras: int = 1
+    default_max_tokens: int = 16
+    enable_prefix_caching: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("max_num_seqs", "kv_cache_size", "block_size", "max_model_len"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"engine config: {name} must be >= 1, got {getattr(self, name)}")
+        if self.load_factor < 1.0:
+            raise ValueError(f"engine config: load_factor must be >= 1.0, got {self.load_factor}")
+
+
+@dataclass(frozen=True)
+class FleetConfig:
+    """N servers on consecutive ports, all serving `model` (plus `loras`)."""
+
+    servers: int = 1
+    host: str = "127.0.0.1"
+    base_port: int = 8100
+    model: str = "meta-llama/Llama-3.1-8B"
+    loras: tuple[str, ...] = ()
+    time_scale: float = 1.0
+    failure_rate: float = 0.0
+    seed: int = 0
+    kv_events_port: int | None = None  # base port of the ZMQ PUB sockets (one per server)
+    roles: tuple[str, ...] = ()  # per server: "both" (default), "prefill" or "decode" (informational)
+    engine: EngineConfig = field(default_factory=EngineConfig)
+
+    def __post_init__(self) -> None:
+        if self.servers < 1:
+            raise ValueError(f"fleet config: servers must be >= 1, got {self.servers}")
+        if self.time_scale <= 0:
+            raise ValueError(f"fleet config: time_scale must be > 0, got {self.time_scale}")
+        if not 0.0 <= self.failure_rate <= 1.0:
+            raise ValueError(f"fleet config: failure_rate must be in [0, 1], got {self.failure_rate}")
+
+    def port(self, index: int) -> int:
+        return self.base_port + index
+
+    def role(self, index: int) -> str:
+        return self.roles[index] if index < len(self.roles) else "both"
+
+
+_ENGINE_FIELDS = {f.name for f in dataclasses.fields(EngineConfig)}
+_FLEET_FIELDS = {f.name for f in dataclasses.fields(FleetConfig)} - {"engine"}
+
+
+def fleet_from_mapping(data: dict[str, Any], source: str = "<config>") -> FleetConfig:
+    """Build a FleetConfig from a dict with fleet keys at top level and an optional `engine:` section.
+
+    Engine keys may also appear at top level. Unknown keys are an error naming the key and `source`.
+    Keys may use dashes or underscores.
+    """
+    norm = {k.replace("-", "_"): v for k, v in data.items()}
+    eng_raw = {k.replace("-", "_"): v for k, v in (norm.pop("engine", None) or {}).items()}
+    for k in list(norm):
+        if k in _ENGINE_FIELDS:
+            eng_raw.setdefault(k, norm.pop(k))
+    unknown = (set(norm) - _FLEET_FIELDS) | (set(eng_raw) - _ENGINE_FIELDS)
+    if unknown:
+        raise ValueError(f"{source}: unknown config key(s) {sorted(unknown)}")
+    for key in ("loras", "roles"):
+        if key in norm and norm[key] is not None:
+            v = norm[key]
+            norm[key] = tuple(v.split(",")) if isinstance(v, str) else tuple(v)
+    return FleetConfig(**norm, engine=EngineConfig(**eng_raw))
+
+
+def load_fleet_file(path: str) -> dict[str, Any]:
+    """Read a YAML (or JSON) config file into a dict."""
+    with open(path, encoding="utf-8") as fh:
+        data = yaml.safe_load(fh) or {}
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a mapping at top level")
+    return data

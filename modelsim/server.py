@@ -1,0 +1,269 @@
+"""The HTTP face of one simulated vLLM server (aiohttp)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import time
+import uuid
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from modelsim import api as A
+from modelsim import tokenizer as tk
+from modelsim.admin import add_admin_routes
+from modelsim.config import FleetConfig
+from modelsim.driver import EngineDriver
+from modelsim.engine import Engine, EngineError, SimRequest
+from modelsim.kvevents import KVEventPublisher, topic_for
+from modelsim.metrics import ServerMetrics
+
+_FAILURE_STATUSES = (429, 500, 503)
+
+
+def _json(data: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
+    return web.Response(body=orjson.dumps(data), status=status, content_type="application/json",
+                        headers=headers)
+
+
+class SimServer:
+    """One simulated server: engine + driver + metrics + optional KV-event publisher + aiohttp app."""
+
+    def __init__(self, fleet: FleetConfig, index: int) -> None:
+        self.fleet = fleet
+        self.index = index
+        self.host = fleet.host
+        self.port = fleet.port(index)
+        self.pod = f"modelsim-{index}"
+        self.role = fleet.role(index)
+        self.model = fleet.model
+        self.loras: dict[str, str] = {name: name for name in fleet.loras}
+        self.engine = Engine(fleet.engine)
+        self.metrics = ServerMetrics(self.engine, self.model, fleet.engine.max_loras)
+        self.rng = random.Random(fleet.seed * 1000 + index)
+        self.publisher: KVEventPublisher | None = None
+        self.driver: EngineDriver | None = None
+        self.unhung = asyncio.Event()
+        self.unhung.set()
+        self.dead = False
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._runner: web.AppRunner | None = None
+        self._site: web.TCPSite | None = None
+
+    # ---- lifecycle -------------------------------------------------------------------------------
+    async def start(self) -> None:
+        if self.fleet.kv_events_port is not None:
+            ep = f"tcp://{self.host}:{self.fleet.kv_events_port + self.index}"
+            self.publisher = KVEventPublisher(ep, topic_for(self.host, self.port, self.model),
+                                              self.fleet.engine.block_size)
+        self.driver = EngineDriver(self.engine, self.fleet.time_scale, on_finish=self.metrics.observe_finished,
+                                   on_advance=self._publish)
+        app = web.Application(client_max_size=64 * 1024 * 1024, middlewares=[self._middleware])
+        app.router.add_post("/v1/chat/completions", self.generate)
+        app.router.add_post("/v1/completions", self.generate)
+        app.router.add_post("/v1/messages", self.generate)
+        app.router.add_post("/v1/responses", self.generate)
+        app.router.add_post("/v1/embeddings", self.embeddings)
+        app.router.add_get("/v1/models", self.models)
+        app.router.add_get("/health", self.health)
+        app.router.add_post("/tokenize", self.tokenize)
+        app.router.add_get("/metrics", self.metrics_handler)
+        app.router.add_post("/v1/load_lora_adapter", self.load_lora)
+        app.router.add_post("/v1/unload_lora_adapter", self.unload_lora)
+        app.router.add_post("/reset_prefix_cache", self.reset_prefix_cache)
+        add_admin_routes(app, self)
+        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        await self._runner.setup()
+        await self.listen()
+
+    async def listen(self) -> None:
+        assert self._runner is not None
+        self._site = web.TCPSite(self._runner, self.host, self.port, reuse_address=True)
+        await self._site.start()
+        self.dead = False
+
+    async def kill(self) -> None:
+        """Stop listening and drop every in-flight request (the process stays up)."""
+        self.dead = True
+        if self._site is not None:
+            await self._site.stop()
+            self._site = None
+        for t in list(self._tasks):
+            t.cancel()
+
+    async def stop(self) -> None:
+        if self.driver is not None:
+            self.driver.close()
+        if self._runner is not None:
+            await self._runner.cleanup()
+        if self.publisher is not None:
+            self.publisher.close()
+
+    def _publish(self) -> None:
+        raw = self.engine.kv.drain_events()
+        if self.publisher is not None and raw:
+            self.publisher.publish(raw)
+
+    @web.middleware
+    async def _middleware(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        if not request.path.startswith("/admin/"):
+            if not self.unhung.is_set():
+                await self.unhung.wait()
+        task = asyncio.current_task()
+        if task is not None:
+            self._tasks.add(task)
+        try:
+            resp = await handler(request)
+        finally:
+            if task is not None:
+                self._tasks.discard(task)
+        if isinstance(resp, web.Response) and not resp.prepared:
+            resp.headers["x-inference-pod"] = self.pod
+            resp.headers["x-inference-port"] = str(self.port)
+        return resp
+
+    def _headers(self) -> dict[str, str]:
+        return {"x-inference-pod": self.pod, "x-inference-port": str(self.port)}
+
+    # ---- simple endpoints ------------------------------------------------------------------------
+    async def health(self, request: web.Request) -> web.Response:
+        return web.Response(status=200)
+
+    def served_models(self) -> list[str]:
+        return [self.model, *self.loras]
+
+    async def models(self, request: web.Request) -> web.Response:
+        now = int(time.time())
+        data = [{"id": self.model, "object": "model", "created": now, "owned_by": "modelsim", "root": self.model,
+                 "parent": None, "max_model_len": self.fleet.engine.max_model_len}]
+        for name, path in self.loras.items():
+            data.append({"id": name, "object": "model", "created": now, "owned_by": "modelsim", "root": path,
+                         "parent": self.model})
+        return _json({"object": "list", "data": data})
+
+    async def metrics_handler(self, request: web.Request) -> web.Response:
+        return web.Response(body=self.metrics.render(), content_type="text/plain", charset="utf-8")
+
+    async def tokenize(self, request: web.Request) -> web.Response:
+        body = await self._body(request)
+        if isinstance(body, web.Response):
+            return body
+        api = tk.API_CHAT if "messages" in body else tk.API_COMPLETIONS
+        try:
+            tokens = tk.request_tokens(api, body)
+        except ValueError as exc:
+            return self._error(400, str(exc))
+        return _json({"count": len(tokens), "max_model_len": self.fleet.engine.max_model_len, "tokens": tokens})
+
+    async def load_lora(self, request: web.Request) -> web.Response:
+        body = await self._body(request)
+        if isinstance(body, web.Response):
+            return body
+        name = body.get("lora_name")
+        if not isinstance(name, str) or not name:
+            return self._error(400, "'lora_name' is required")
+        if name in self.loras:
+            return self._error(400, f"The lora adapter '{name}' has already been loaded.")
+        self.loras[name] = str(body.get("lora_path") or name)
+        return web.Response(text=f"Success: LoRA adapter '{name}' added successfully.")
+
+    async def unload_lora(self, request: web.Request) -> web.Response:
+        body = await self._body(request)
+        if isinstance(body, web.Response):
+            return body
+        name = body.get("lora_name")
+        if name not in self.loras:
+            return self._error(404, f"The lora adapter '{name}' cannot be found.")
+        del self.loras[name]
+        return web.Response(text=f"Success: LoRA adapter '{name}' removed successfully.")
+
+    async def reset_prefix_cache(self, request: web.Request) -> web.Response:
+        self.engine.reset_prefix_cache()
+        self._publish()
+        return web.Response(status=200)
+
+    async def embeddings(self, request: web.Request) -> web.Response:
+        body = await self._body(request)
+        if isinstance(body, web.Response):
+            return body
+        if (err := self._injected_error(request, tk.API_EMBEDDINGS)) is not None:
+            return err
+        inputs = body.get("input", "")
+        items = inputs if isinstance(inputs, list) and inputs and not isinstance(inputs[0], int) else [inputs]
+        data, total = [], 0
+        for i, item in enumerate(items):
+            toks = tk.request_tokens(tk.API_EMBEDDINGS, {"input": item})
+            total += len(toks)
+            vec = [((t * 2654435761 + k) % 2001) / 1000.0 - 1.0 for k, t in enumerate((toks + [0] * 8)[:8])]
+            data.append({"object": "embedding", "index": i, "embedding": vec})
+        return _json({"object": "list", "data": data, "model": body.get("model", self.model),
+                      "usage": {"prompt_tokens": total, "total_tokens": total}})
+
+    # ---- helpers ---------------------------------------------------------------------------------
+    async def _body(self, request: web.Request) -> Any:
+        try:
+            body = orjson.loads(await request.read())
+        except orjson.JSONDecodeError as exc:
+            return self._error(400, f"the request body is not valid JSON: {exc}")
+        if not isinstance(body, dict):
+            return self._error(400, "the request body must be a JSON object")
+        return body
+
+    def _error(self, status: int, message: str, api: str = tk.API_CHAT) -> web.Response:
+        return _json(A.error_body(status, message, api), status=status, headers=self._headers())
+
+    def _injected_error(self, request: web.Request, api: str) -> web.Response | None:
+        forced = request.headers.get("X-Return-Error")
+        if forced:
+            try:
+                status = int(forced)
+            except ValueError:
+                return self._error(400, f"X-Return-Error must be an HTTP status code, got {forced!r}", api)
+            return self._error(status, f"injected error {status} (X-Return-Error header)", api)
+        rate = self.fleet.failure_rate
+        if rate > 0 and self.rng.random() < rate:
+            status = self.rng.choice(_FAILURE_STATUSES)
+            return self._error(status, f"injected failure {status} (failure rate {rate})", api)
+        return None
+
+    # ---- generation ------------------------------------------------------------------------------
+    async def generate(self, request: web.Request) -> web.StreamResponse:
+        api = A.PATH_API[request.path]
+        if (err := self._injected_error(request, api)) is not None:
+            return err
+        body = await self._body(request)
+        if isinstance(body, web.Response):
+            return body
+        try:
+            p = A.parse_request(api, body, self.fleet.engine.default_max_tokens)
+        except (A.BadRequest, ValueError) as exc:
+            return self._error(400, str(exc), api)
+        if p.model not in self.served_models():
+            return self._error(404, f"The model `{p.model}` does not exist.", api)
+        lora = p.model if p.model != self.model else None
+        rid = request.headers.get("x-request-id") or uuid.uuid4().hex
+        sim = SimRequest(rid, p.tokens, p.output_tokens, lora=lora, remote_decode=p.remote_decode,
+                         remote_prefill=p.remote_prefill, finish_reason=p.finish_reason)
+        assert self.driver is not None
+        try:
+            seq, queue = self.driver.submit(sim)
+        except EngineError as exc:
+            return self._error(exc.status, str(exc), api)
+        from modelsim.streaming import run_generation
+
+        try:
+            return await run_generation(self, request, p, rid, seq, queue)
+        except (asyncio.CancelledError, ConnectionResetError):
+            with contextlib.suppress(Exception):
+                self.driver.cancel(seq)
+            raise
+
+    def transfer_params(self, p: A.ParsedRequest, n_blocks: int) -> dict[str, Any] | None:
+        if not p.remote_decode:
+            return None
+        return {"do_remote_prefill": True, "do_remote_decode": False,
+                "remote_block_ids": list(range(n_blocks)), "remote_engine_id": self.pod,
+                "remote_host": self.host, "remote_port": self.port, "tp_size": 1}

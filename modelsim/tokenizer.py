@@ -1,0 +1,127 @@
+"""The deterministic byte-level tokenizer shared by modelsim and the picker.
+
+Pure: no I/O, no global state, standard library only, so the picker may import it.
+
+Scheme
+------
+1. The *prompt text* of a request is built by `prompt_text(api, body)`:
+
+   * ``completions``: the ``prompt`` string. A list of strings is joined with ``""``. A list of ints (or a
+     list holding one list of ints) is already token ids and is used as is (see `request_tokens`).
+   * ``chat`` (``/v1/chat/completions``): ``json.dumps(body["messages"], ensure_ascii=False,
+     separators=(",", ":"))``; keys keep the order in which the client sent them.
+   * ``messages`` (Anthropic ``/v1/messages``): the same JSON serialization of a list made of
+     ``{"role": "system", "content": body["system"]}`` (only when ``system`` is present) followed by
+     ``body["messages"]``.
+   * ``responses``: ``instructions`` (if any) followed by ``input`` when it is a string, or the JSON
+     serialization above of ``input`` when it is a list.
+   * ``embeddings``: ``input`` as for completions.
+
+2. The prompt text is encoded as UTF-8 and cut into chunks of 4 bytes. Each chunk is one token. A full
+   chunk ``b`` becomes ``int.from_bytes(b, "big")`` (0 .. 2**32-1). The last chunk, when shorter than 4
+   bytes (k = 1..3 bytes), becomes ``((4 - k) << 32) | int.from_bytes(b, "big")``, so the mapping is
+   injective and `decode` can invert it.
+
+So ``ceil(len(utf8) / 4)`` tokens per prompt; with a KV block size of 16 tokens one block covers 64
+bytes (64 characters for ASCII), matching the picker's approximate prefix scorer (4 characters per token,
+64-character blocks).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+BYTES_PER_TOKEN = 4
+
+API_CHAT = "chat"
+API_COMPLETIONS = "completions"
+API_MESSAGES = "messages"
+API_RESPONSES = "responses"
+API_EMBEDDINGS = "embeddings"
+
+
+def encode(text: str) -> list[int]:
+    """Token ids of `text` (4 UTF-8 bytes per token)."""
+    data = text.encode("utf-8")
+    n = len(data)
+    full = n - n % BYTES_PER_TOKEN
+    out = [int.from_bytes(data[i : i + 4], "big") for i in range(0, full, BYTES_PER_TOKEN)]
+    if full < n:
+        tail = data[full:]
+        out.append(((BYTES_PER_TOKEN - len(tail)) << 32) | int.from_bytes(tail, "big"))
+    return out
+
+
+def decode(tokens: Iterable[int]) -> str:
+    """Inverse of `encode` (invalid UTF-8 sequences are replaced)."""
+    parts = bytearray()
+    for t in tokens:
+        pad = t >> 32
+        k = BYTES_PER_TOKEN - pad
+        parts += (t & 0xFFFFFFFF).to_bytes(BYTES_PER_TOKEN, "big")[BYTES_PER_TOKEN - k :]
+    return parts.decode("utf-8", errors="replace")
+
+
+def count_tokens(text: str) -> int:
+    """Number of tokens `encode(text)` would return."""
+    n = len(text.encode("utf-8"))
+    return -(-n // BYTES_PER_TOKEN)
+
+
+def messages_json(messages: Any) -> str:
+    """The canonical serialization of a chat `messages` list."""
+    return json.dumps(messages, ensure_ascii=False, separators=(",", ":"))
+
+
+def _text_of_prompt(prompt: Any) -> str:
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, list) and all(isinstance(p, str) for p in prompt):
+        return "".join(prompt)
+    return ""
+
+
+def prompt_text(api: str, body: Mapping[str, Any]) -> str:
+    """The text that is tokenized for a request body of the given API (see the module docstring)."""
+    if api == API_CHAT:
+        return messages_json(body.get("messages", []))
+    if api == API_MESSAGES:
+        msgs: list[Any] = []
+        if body.get("system") is not None:
+            msgs.append({"role": "system", "content": body["system"]})
+        msgs.extend(body.get("messages", []))
+        return messages_json(msgs)
+    if api == API_RESPONSES:
+        inp = body.get("input", "")
+        text = inp if isinstance(inp, str) else messages_json(inp)
+        instr = body.get("instructions")
+        return (instr + text) if isinstance(instr, str) else text
+    if api in (API_COMPLETIONS, API_EMBEDDINGS):
+        return _text_of_prompt(body.get("prompt" if api == API_COMPLETIONS else "input", ""))
+    raise ValueError(f"unknown api {api!r}; expected one of chat, completions, messages, responses, embeddings")
+
+
+def _token_id_prompt(prompt: Any) -> list[int] | None:
+    if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
+        return list(prompt)
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], list):
+        return _token_id_prompt(prompt[0])
+    return None
+
+
+def request_tokens(api: str, body: Mapping[str, Any]) -> list[int]:
+    """Token ids of a request body: pre-tokenized prompts are passed through, text is `encode`d."""
+    if api in (API_COMPLETIONS, API_EMBEDDINGS):
+        ids = _token_id_prompt(body.get("prompt" if api == API_COMPLETIONS else "input"))
+        if ids is not None:
+            return ids
+    return encode(prompt_text(api, body))
+
+
+def block_texts(text: str, block_size: int = 16) -> list[str]:
+    """Split `text` the way full KV blocks cover it (only meaningful for ASCII text): 4*block_size chars."""
+    step = BYTES_PER_TOKEN * block_size
+    return [text[i : i + step] for i in range(0, len(text) - len(text) % step, step)]
+
