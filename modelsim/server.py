@@ -93,6 +93,9 @@ class SimServer:
             self._site = None
         for t in list(self._tasks):
             t.cancel()
+        if self._runner is not None and self._runner.server is not None:
+            for conn in self._runner.server.connections:
+                conn.force_close()
 
     async def stop(self) -> None:
         if self.driver is not None:
