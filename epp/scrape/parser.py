@@ -30,8 +30,12 @@ _LABEL_RE = re.compile(rb'([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"')
 Sample = tuple[bytes, float]  # (raw label block without braces, value)
 
 
-def samples(data: bytes, name: bytes) -> list[Sample]:
-    """All samples of metric `name` (exact name, not a prefix), as (label block, value)."""
+def samples(data: bytes, name: bytes, grouped: bool = True) -> list[Sample]:
+    """All samples of metric `name` (exact name, not a prefix), as (label block, value).
+
+    The text format requires all lines of one metric to form a single group, so by default the scan stops at the
+    end of the first group instead of searching the rest of the body; `grouped=False` searches everything.
+    """
     out: list[Sample] = []
     n = len(name)
     needle = b"\n" + name
@@ -62,9 +66,14 @@ def samples(data: bytes, name: bytes) -> list[Sample]:
                     out.append((b"", float(rest[0])))
                 except ValueError:
                     pass
-        pos = data.find(needle, end)
-        if pos >= 0:
-            pos += 1
+        if data.startswith(name, end + 1):  # the next line continues the group
+            pos = end + 1
+        elif grouped:
+            break
+        else:
+            pos = data.find(needle, end)
+            if pos >= 0:
+                pos += 1
     return out
 
 
@@ -97,11 +106,17 @@ def _mean(ss: list[Sample]) -> float | None:
     return sum(v for _, v in ss) / len(ss) if ss else None
 
 
-def _int_label(lbls: dict[str, str], key: str) -> int | None:
+def _int_label(block: bytes, key: bytes) -> int | None:
+    raw = _label(block, key)
     try:
-        return int(float(lbls[key]))
-    except (KeyError, ValueError):
+        return int(float(raw)) if raw is not None else None
+    except ValueError:
         return None
+
+
+def _str_label(block: bytes, key: bytes) -> str:
+    raw = _label(block, key)
+    return raw.decode("utf-8", "replace") if raw else ""
 
 
 def _adapters(value: str) -> frozenset[str]:
@@ -130,18 +145,17 @@ def parse_vllm(data: bytes, now: float) -> Metrics:
     block_size = num_blocks = None
     cfg = samples(data, b"vllm:cache_config_info")
     if cfg:
-        lb = labels(cfg[0][0])
-        block_size, num_blocks = _int_label(lb, "block_size"), _int_label(lb, "num_gpu_blocks")
+        block_size, num_blocks = _int_label(cfg[0][0], b"block_size"), _int_label(cfg[0][0], b"num_gpu_blocks")
     active: frozenset[str] = frozenset()
     waiting_l: frozenset[str] = frozenset()
     max_lora = 0
     lora = samples(data, b"vllm:lora_requests_info")
     if lora:
         newest = max(lora, key=lambda s: s[1])  # value is a unix timestamp: the newest series is current
-        lb = labels(newest[0])
-        active = _adapters(lb.get("running_lora_adapters", ""))
-        waiting_l = _adapters(lb.get("waiting_lora_adapters", ""))
-        max_lora = _int_label(lb, "max_lora") or 0
+        block = newest[0]
+        active = _adapters(_str_label(block, b"running_lora_adapters"))
+        waiting_l = _adapters(_str_label(block, b"waiting_lora_adapters"))
+        max_lora = _int_label(block, b"max_lora") or 0
     return _build(
         "vllm",
         now,
@@ -160,8 +174,7 @@ def parse_sglang(data: bytes, now: float) -> Metrics:
     block_size = num_blocks = None
     cfg = samples(data, b"sglang:cache_config_info")
     if cfg:
-        lb = labels(cfg[0][0])
-        block_size, num_blocks = _int_label(lb, "page_size"), _int_label(lb, "num_pages")
+        block_size, num_blocks = _int_label(cfg[0][0], b"page_size"), _int_label(cfg[0][0], b"num_pages")
     return _build(
         "sglang",
         now,

@@ -1,0 +1,189 @@
+import asyncio
+import time
+
+import pytest
+from aiohttp import web
+from expositions import sglang_exposition, vllm_exposition
+
+from epp.datastore import Datastore, PoolSpec
+from epp.scrape.scraper import MetricsScraper
+from scheduling.types import Endpoint, endpoint_key
+
+
+class FakeModelServer:
+    """A real HTTP server on 127.0.0.1 serving /metrics with a body, status and delay the test controls."""
+
+    def __init__(self, body: bytes, status: int = 200, delay: float = 0.0) -> None:
+        self.body, self.status, self.delay = body, status, delay
+        self.hits = 0
+        self.peers: set[tuple[str, int]] = set()
+        self.port = 0
+        self._runner: web.AppRunner | None = None
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        self.hits += 1
+        self.peers.add(request.transport.get_extra_info("peername")[:2])
+        if self.delay:
+            await asyncio.sleep(self.delay)
+        return web.Response(body=self.body, status=self.status, content_type="text/plain")
+
+    async def start(self) -> "FakeModelServer":
+        app = web.Application()
+        app.router.add_get("/metrics", self._metrics)
+        self._runner = web.AppRunner(app, shutdown_timeout=0.1)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        self.port = site._server.sockets[0].getsockname()[1]
+        return self
+
+    async def stop(self) -> None:
+        if self._runner:
+            await self._runner.cleanup()
+
+    def endpoint(self, engine: str = "vllm") -> Endpoint:
+        return Endpoint(
+            key=endpoint_key("127.0.0.1", self.port), address="127.0.0.1", port=self.port,
+            name=f"pod-{self.port}", labels={"llm-d.ai/engine-type": engine},
+        )
+
+
+@pytest.fixture
+async def servers():
+    made: list[FakeModelServer] = []
+
+    async def make(body: bytes, **kw) -> FakeModelServer:
+        s = await FakeModelServer(body, **kw).start()
+        made.append(s)
+        return s
+
+    yield make
+    for s in made:
+        await s.stop()
+
+
+def _ds(*eps: Endpoint) -> Datastore:
+    ds = Datastore()
+    ds.set_pool(PoolSpec("pool"), list(eps))
+    return ds
+
+
+def _m(ds: Datastore, srv: FakeModelServer):
+    return ds.snapshot().by_key[endpoint_key("127.0.0.1", srv.port)].metrics
+
+
+async def test_scrapes_vllm_and_sglang_into_one_batch(servers):
+    v = await servers(vllm_exposition(waiting=3, running=7, kv=0.5, lora=[(1.7e9, "sql-lora", "")]))
+    s = await servers(sglang_exposition(waiting=1, running=2, usage=0.25, page_size=16, num_pages=99))
+    ds = _ds(v.endpoint("vllm"), s.endpoint("sglang"))
+    writes = []
+    orig = ds.update_metrics
+    ds.update_metrics = lambda u: (writes.append(dict(u)), orig(u))  # count batches, keep behaviour
+    scraper = MetricsScraper(ds, timeout=1.0)
+    try:
+        t0 = time.monotonic()
+        assert await scraper.scrape_round(wait=2.0) == 2
+    finally:
+        await scraper.stop()
+    assert len(writes) == 1 and len(writes[0]) == 2
+    mv, ms = _m(ds, v), _m(ds, s)
+    assert (mv.waiting, mv.running, mv.kv_usage, mv.active_loras) == (3, 7, 0.5, {"sql-lora"})
+    assert (mv.block_size, mv.num_gpu_blocks) == (16, 27495)
+    assert (ms.waiting, ms.running, ms.kv_usage, ms.block_size, ms.num_gpu_blocks) == (1, 2, 0.25, 16, 99)
+    assert not mv.stale and mv.updated_at is not None and mv.updated_at >= t0
+
+
+async def test_loop_refreshes_at_interval_over_one_keepalive_connection(servers):
+    v = await servers(vllm_exposition(waiting=1))
+    ds = _ds(v.endpoint())
+    scraper = MetricsScraper(ds, interval=0.05)
+    scraper.start()
+    try:
+        await asyncio.sleep(0.3)
+        assert _m(ds, v).waiting == 1
+        v.body = vllm_exposition(waiting=9)
+        await asyncio.sleep(0.2)
+        assert _m(ds, v).waiting == 9
+    finally:
+        await scraper.stop()
+    assert 6 <= v.hits <= 14, v.hits  # ~every 50 ms for 0.5 s
+    assert len(v.peers) == 1  # one keep-alive connection
+
+
+async def test_failure_streak_takes_endpoint_out_and_recovery_brings_it_back(servers):
+    good = await servers(vllm_exposition(waiting=2))
+    bad = await servers(vllm_exposition(waiting=5))
+    ds = _ds(good.endpoint(), bad.endpoint())
+    bad_key = endpoint_key("127.0.0.1", bad.port)
+    scraper = MetricsScraper(ds, staleness=0.15, failure_threshold=3)
+    try:
+        await scraper.scrape_round(wait=1.0)
+        assert _m(ds, bad).waiting == 5 and ds.is_routable(bad_key)
+        bad.status = 500
+        for i in range(3):
+            assert ds.is_routable(bad_key), f"out of rotation too early, after {i} failures"
+            await scraper.scrape_round(wait=1.0)
+        assert not ds.is_routable(bad_key)
+        assert scraper.failures(bad_key) == 3 and "HTTP 500" in scraper.last_error(bad_key)
+        assert ds.is_routable(endpoint_key("127.0.0.1", good.port))
+        await asyncio.sleep(0.2)  # past the staleness threshold
+        await scraper.scrape_round(wait=1.0)
+        assert _m(ds, bad).stale and _m(ds, bad).waiting == 5  # last values kept, flagged stale
+        assert not _m(ds, good).stale
+        bad.status, bad.body = 200, vllm_exposition(waiting=6)
+        await scraper.scrape_round(wait=1.0)
+        assert ds.is_routable(bad_key)
+        assert not _m(ds, bad).stale and _m(ds, bad).waiting == 6
+    finally:
+        await scraper.stop()
+
+
+async def test_garbage_body_and_dead_port_count_as_failures(servers):
+    junk = await servers(b"<html>not metrics</html>")
+    dead = await servers(b"")
+    dead_ep = dead.endpoint()
+    await dead.stop()  # nothing listens there any more
+    ds = _ds(junk.endpoint(), dead_ep)
+    scraper = MetricsScraper(ds, failure_threshold=2)
+    try:
+        for _ in range(2):
+            await scraper.scrape_round(wait=1.0)
+    finally:
+        await scraper.stop()
+    assert ds.unhealthy == {junk.endpoint().key, dead_ep.key}
+    assert _m(ds, junk).updated_at is None
+
+
+async def test_slow_endpoint_does_not_hold_up_the_round_and_times_out(servers):
+    fast = await servers(vllm_exposition(waiting=4))
+    slow = await servers(vllm_exposition(waiting=8), delay=3.0)
+    ds = _ds(fast.endpoint(), slow.endpoint())
+    scraper = MetricsScraper(ds, interval=0.05, timeout=0.3, failure_threshold=1)
+    try:
+        t0 = time.monotonic()
+        await scraper.scrape_round()  # waits at most one interval
+        assert time.monotonic() - t0 < 0.2
+        assert _m(ds, fast).waiting == 4
+        assert _m(ds, slow).updated_at is None
+        await asyncio.sleep(0.35)  # the slow scrape hits its 0.3 s timeout
+        await scraper.scrape_round()
+        assert "TimeoutError" in scraper.last_error(slow.endpoint().key)
+        assert not ds.is_routable(slow.endpoint().key)
+    finally:
+        await scraper.stop()
+
+
+async def test_removed_endpoint_is_forgotten(servers):
+    a = await servers(vllm_exposition())
+    b = await servers(vllm_exposition(), status=503)
+    ds = _ds(a.endpoint(), b.endpoint())
+    scraper = MetricsScraper(ds, failure_threshold=1)
+    try:
+        await scraper.scrape_round(wait=1.0)
+        assert b.endpoint().key in ds.unhealthy
+        ds.set_endpoints("pool", [a.endpoint()])
+        await scraper.scrape_round(wait=1.0)
+        assert ds.unhealthy == set()
+        assert scraper.failures(b.endpoint().key) == 0
+    finally:
+        await scraper.stop()
