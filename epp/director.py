@@ -306,10 +306,14 @@ class RequestExchange:
         lb = metadata.get(LB_NS)
         if lb is not None and isinstance(lb.get(SERVED), str):
             self.served = lb[SERVED]
+        out: list[tuple[str, str]] = []
+        if self.result is not None and self.result.response_headers:
+            out.extend(self.result.response_headers.items())  # e.g. a session token set by a stateful plugin
         if self.d.config.conformance:
             served = self.served or (self.result.primary.key if self.result else "")
-            return [(CONFORMANCE_RESP, served)] if served else []
-        return []
+            if served:
+                out.append((CONFORMANCE_RESP, served))
+        return out
 
     def response_body(self, chunk: bytes, end_of_stream: bool) -> bytes:
         if self.scanner is None:

@@ -1,0 +1,197 @@
+"""The `epp` command: serve, envoy-config, explain, endpoints.
+
+Flags follow GIE's EPP where they overlap, so existing charts (and AI Runway) can start it unchanged.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import sys
+from collections.abc import Sequence
+
+from epp.protocol import BodyMode
+
+log = logging.getLogger("epp")
+
+
+def _add_serve_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("ports")
+    g.add_argument("--grpc-host", default="0.0.0.0", help="address the ext_proc gRPC server binds")
+    g.add_argument("--grpc-port", type=int, default=9002, help="ext_proc + Pointsman API gRPC port (9002)")
+    g.add_argument("--grpc-health-port", type=int, default=9003, help="grpc.health.v1 port (9003); 0 disables")
+    g.add_argument("--metrics-port", type=int, default=9090, help="Prometheus port (9090); 0 disables")
+    g.add_argument("--secure-serving", type=_bool, default=False, help="serve TLS on the gRPC port")
+    g.add_argument("--cert-path", default=None, help="directory with tls.crt/tls.key (self-signed when absent)")
+
+    g = p.add_argument_group("pool and endpoints")
+    g.add_argument("--pool-name", default=os.environ.get("POOL_NAME"), help="InferencePool to serve")
+    g.add_argument("--pool-namespace", default=os.environ.get("NAMESPACE", "default"))
+    g.add_argument("--pool-group", default="inference.networking.k8s.io", help="InferencePool API group")
+    g.add_argument("--endpoints-file", default=None, help="standalone mode: a YAML file of pools and endpoints")
+    g.add_argument("--endpoint-selector", default=None, help="standalone selector mode: k=v,... over pods")
+    g.add_argument("--endpoint-target-ports", default=None, help="selector mode: comma list of ports")
+    g.add_argument("--kubeconfig", default=None, help="kubeconfig path (default: in-cluster, then ~/.kube)")
+
+    g = p.add_argument_group("scheduling")
+    g.add_argument("--config-file", default=None, help="scheduling config (EndpointPickerConfig / SchedulingProfile)")
+    g.add_argument("--config-text", default=None, help="scheduling config as inline YAML")
+    g.add_argument("--refresh-metrics-interval", type=_duration, default=0.05, help="scrape interval (50ms)")
+    g.add_argument("--metrics-staleness-threshold", type=_duration, default=2.0, help="stale after (2s)")
+    g.add_argument("--seed", type=int, default=None, help="seed the scheduler's random source")
+
+    g = p.add_argument_group("protocol")
+    g.add_argument("--request-body-mode", type=BodyMode.parse, default=BodyMode.FULL_DUPLEX_STREAMED)
+    g.add_argument("--response-body-mode", type=BodyMode.parse, default=BodyMode.FULL_DUPLEX_STREAMED)
+    g.add_argument("--max-body-bytes", type=int, default=64 * 1024 * 1024, help="413 above this (64 MiB)")
+    g.add_argument("--model-header", default="X-Gateway-Model-Name")
+    g.add_argument("--base-model-header", default="X-Gateway-Base-Model-Name")
+    g.add_argument("--ai-gateway-model-header", default="x-ai-eg-model", help="'' disables it")
+    g.add_argument("--fallbacks", type=int, default=0, help="extra endpoints in envoy.lb metadata (override_host)")
+    g.add_argument("--enable-conformance-header", action="store_true",
+                   help="honour test-epp-endpoint-selection (conformance tests only)")
+    g.add_argument("-v", "--v", type=int, default=int(os.environ.get("EPP_VERBOSITY", "1")), help="log verbosity")
+
+
+def _bool(text: str) -> bool:
+    if text.lower() in ("1", "true", "yes", "on"):
+        return True
+    if text.lower() in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
+def _duration(text: str) -> float:
+    """'50ms', '2s', '1m' or a plain number of seconds."""
+    t = text.strip()
+    for suffix, scale in (("ms", 1e-3), ("us", 1e-6), ("s", 1.0), ("m", 60.0)):
+        if t.endswith(suffix):
+            try:
+                return float(t[: -len(suffix)]) * scale
+            except ValueError:
+                break
+    try:
+        return float(t)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a duration like 50ms or 2s, got {text!r}") from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="epp", description="Pointsman: an Envoy ext_proc endpoint picker for LLMs")
+    sub = p.add_subparsers(dest="command")
+    serve = sub.add_parser("serve", help="run the endpoint picker (default)")
+    _add_serve_flags(serve)
+
+    ec = sub.add_parser("envoy-config", help="render an Envoy bootstrap that uses Pointsman")
+    ec.add_argument("--variant", choices=("original-dst", "override-host"), default="original-dst")
+    ec.add_argument("--listen-port", type=int, default=8081)
+    ec.add_argument("--listen-address", default="127.0.0.1")
+    ec.add_argument("--admin-port", type=int, default=9901)
+    ec.add_argument("--epp", default="127.0.0.1:9002", help="host:port of Pointsman's gRPC server")
+    ec.add_argument("--endpoint", action="append", default=[], help="override-host: a pool endpoint ip:port")
+    ec.add_argument("--endpoints-file", default=None, help="override-host: take the endpoints from this file")
+    ec.add_argument("--pool-name", default=None, help="with --endpoints-file: which pool (default: the first)")
+    ec.add_argument("--request-body-mode", default="FULL_DUPLEX_STREAMED")
+    ec.add_argument("--response-body-mode", default="FULL_DUPLEX_STREAMED")
+    ec.add_argument("--skip-response", action="store_true", help="no response phases (fewer messages)")
+    ec.add_argument("--epp-tls", action="store_true", help="talk TLS to Pointsman")
+    ec.add_argument("-o", "--output", default="-")
+
+    ex = sub.add_parser("explain", help="ask a running Pointsman which endpoint a request would get, and why")
+    ex.add_argument("--addr", default="127.0.0.1:9002")
+    ex.add_argument("--path", default="/v1/chat/completions")
+    ex.add_argument("-H", "--header", action="append", default=[], help="name: value")
+    ex.add_argument("--body", default=None, help="request body (JSON); '@file' reads a file; default: stdin")
+    ex.add_argument("--pool", default="")
+    ex.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+    ep = sub.add_parser("endpoints", help="list the endpoints a running Pointsman knows")
+    ep.add_argument("--addr", default="127.0.0.1:9002")
+    ep.add_argument("--pool", default="")
+    ep.add_argument("--json", action="store_true")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0].startswith("-") and argv[0] not in ("-h", "--help"):
+        argv = ["serve", *argv]  # `epp --pool-name x` works like GIE's binary
+    args = build_parser().parse_args(argv)
+    if args.command == "serve":
+        from epp.app import run
+
+        level = logging.DEBUG if args.v >= 3 else logging.INFO if args.v >= 1 else logging.WARNING
+        logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        try:
+            return asyncio.run(run(args))
+        except KeyboardInterrupt:
+            return 0
+    if args.command == "envoy-config":
+        return _envoy_config(args)
+    if args.command == "explain":
+        from epp.client import explain_command
+
+        return explain_command(args)
+    if args.command == "endpoints":
+        from epp.client import endpoints_command
+
+        return endpoints_command(args)
+    build_parser().print_help()
+    return 2
+
+
+def _envoy_config(args: argparse.Namespace) -> int:
+    from epp.envoy_config import EnvoyConfigSpec, render_yaml
+
+    endpoints: list[tuple[str, int]] = []
+    for e in args.endpoint:
+        host, _, port = e.rpartition(":")
+        endpoints.append((host.strip("[]"), int(port)))
+    if args.endpoints_file:
+        import yaml
+
+        from epp.static_source import parse_static_config
+
+        with open(args.endpoints_file) as f:
+            pools, _ = parse_static_config(yaml.safe_load(f), args.endpoints_file)
+        chosen = [p for p in pools if args.pool_name in (None, p[0].name)]
+        if not chosen:
+            print(f"error: no pool {args.pool_name!r} in {args.endpoints_file}", file=sys.stderr)
+            return 2
+        endpoints += [(e.address, e.port) for e in chosen[0][1]]
+    epp_host, _, epp_port = args.epp.rpartition(":")
+    spec = EnvoyConfigSpec(
+        variant=args.variant,
+        listen_port=args.listen_port,
+        listen_address=args.listen_address,
+        admin_port=args.admin_port,
+        epp_host=epp_host or "127.0.0.1",
+        epp_port=int(epp_port),
+        endpoints=endpoints,
+        request_body_mode=args.request_body_mode,
+        response_body_mode=args.response_body_mode,
+        response_header_mode="SKIP" if args.skip_response else "SEND",
+        epp_tls=args.epp_tls,
+    )
+    try:
+        text = render_yaml(spec)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if args.output == "-":
+        sys.stdout.write(text)
+    else:
+        with open(args.output, "w") as f:
+            f.write(text)
+    return 0
+
+
+def _json_dump(obj: object) -> str:
+    return json.dumps(obj, indent=2, sort_keys=True)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,95 @@
+"""`epp explain` and `epp endpoints`: clients of Pointsman's own gRPC API."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import grpc
+from google.protobuf import json_format
+
+from proto import pointsman_pb2 as api
+from proto import pointsman_pb2_grpc
+
+
+def _stub(addr: str) -> pointsman_pb2_grpc.PointsmanStub:
+    channel = grpc.insecure_channel(addr, options=[("grpc.max_receive_message_length", 64 * 1024 * 1024)])
+    return pointsman_pb2_grpc.PointsmanStub(channel)
+
+
+def _read_body(spec: str | None) -> bytes:
+    if spec is None:
+        return sys.stdin.buffer.read()
+    if spec.startswith("@"):
+        with open(spec[1:], "rb") as f:
+            return f.read()
+    return spec.encode()
+
+
+def explain_command(args: argparse.Namespace) -> int:
+    headers = {}
+    for h in args.header:
+        name, sep, value = h.partition(":")
+        if not sep:
+            print(f"error: header {h!r} is not 'name: value'", file=sys.stderr)
+            return 2
+        headers[name.strip().lower()] = value.strip()
+    req = api.ExplainRequest(path=args.path, headers=headers, body=_read_body(args.body), pool=args.pool)
+    try:
+        resp = _stub(args.addr).Explain(req, timeout=10)
+    except grpc.RpcError as e:
+        print(f"error: cannot reach Pointsman at {args.addr}: {e.code().name} {e.details()}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json_format.MessageToJson(resp, preserving_proto_field_name=True))
+        return 0 if resp.status == 200 else 1
+    print(format_explain(resp))
+    return 0 if resp.status == 200 else 1
+
+
+def format_explain(resp: api.ExplainResponse) -> str:
+    if resp.status != 200:
+        return f"status {resp.status}: {resp.error}"
+    lines = [
+        f"model {resp.model!r} -> target {resp.target_model!r}",
+        f"endpoint  {resp.endpoint}" + (f"   (fallbacks: {', '.join(resp.fallbacks)})" if resp.fallbacks else ""),
+    ]
+    if resp.prefill:
+        lines.append(f"prefill   {resp.prefill}   ({resp.decision})")
+    lines.append(f"profile   {resp.profile}   candidates: {len(resp.candidates)}")
+    for run in resp.profiles:
+        lines.append(f"\n[{run.profile}] -> {', '.join(run.targets)}")
+        eps = sorted(run.totals, key=lambda k: -run.totals[k]) or list(resp.candidates)
+        for pl in run.plugins:
+            us = pl.duration_seconds * 1e6
+            if pl.kind == "filter":
+                lines.append(f"  filter {pl.name:<28} kept {len(pl.kept)}  ({us:.0f} us)")
+            elif pl.kind == "scorer":
+                scores = "  ".join(f"{k}={pl.scores.get(k, 0):.2f}" for k in eps[:6])
+                lines.append(f"  scorer {pl.name:<28} w={pl.weight:g}  {scores}  ({us:.0f} us)")
+            else:
+                lines.append(f"  picker {pl.name:<28} ({us:.0f} us)")
+        if run.totals:
+            lines.append("  total  " + "  ".join(f"{k}={run.totals[k]:.2f}" for k in eps[:6]))
+    if resp.headers:
+        lines.append("\nheaders set: " + ", ".join(f"{k}: {v}" for k, v in sorted(resp.headers.items())))
+    return "\n".join(lines)
+
+
+def endpoints_command(args: argparse.Namespace) -> int:
+    try:
+        resp = _stub(args.addr).ListEndpoints(api.ListEndpointsRequest(pool=args.pool), timeout=10)
+    except grpc.RpcError as e:
+        print(f"error: cannot reach Pointsman at {args.addr}: {e.code().name} {e.details()}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json_format.MessageToJson(resp, preserving_proto_field_name=True))
+        return 0
+    print(f"{'pool':<12} {'endpoint':<22} {'role':<8} {'wait':>4} {'run':>4} {'kv':>5} {'infl':>4}  state")
+    for e in resp.endpoints:
+        state = "stale" if e.stale else "fresh"
+        if not e.routable:
+            state = "out"
+        print(f"{e.pool:<12} {e.key:<22} {e.role or '-':<8} {e.waiting:>4} {e.running:>4} "
+              f"{e.kv_usage:>5.2f} {e.inflight:>4}  {state}")
+    return 0

@@ -1,0 +1,156 @@
+"""End to end through a real Envoy: requests land on the endpoint Pointsman chose, with both Envoy configs."""
+
+from __future__ import annotations
+
+import hashlib
+
+import aiohttp
+import orjson
+import pytest
+
+from tests.support.backend import EchoFleet
+from tests.support.envoy import free_port
+from tests.support.stack import Stack
+
+pytestmark = pytest.mark.envoy
+
+VARIANTS = ["original-dst", "override-host"]
+
+
+def chat(content: str = "hello", **extra) -> bytes:
+    return orjson.dumps({"model": "llama", "messages": [{"role": "user", "content": content}], **extra})
+
+
+@pytest.fixture(params=VARIANTS)
+async def stack(request, tmp_path):
+    s = Stack(tmp_path, variant=request.param, epp_flags=("--enable-conformance-header",))
+    await s.start()
+    try:
+        yield s
+    finally:
+        await s.stop()
+
+
+async def post(session: aiohttp.ClientSession, url: str, data, headers=None) -> tuple[int, dict | str]:
+    async with session.post(url, data=data, headers={"content-type": "application/json", **(headers or {})}) as r:
+        text = await r.read()
+        try:
+            return r.status, orjson.loads(text)
+        except orjson.JSONDecodeError:
+            return r.status, text.decode()
+
+
+async def test_request_lands_on_the_chosen_endpoint_with_routing_headers(stack):
+    async with aiohttp.ClientSession() as s:
+        seen = set()
+        for i in range(12):
+            status, info = await post(s, stack.url + "/v1/chat/completions", chat(f"q{i}"))
+            assert status == 200, info
+            dest = info["headers"]["x-gateway-destination-endpoint"]
+            assert dest == f"127.0.0.1:{info['served_by']}", "Envoy must send the request where Pointsman said"
+            assert info["headers"]["x-gateway-model-name"] == "llama"
+            assert info["headers"]["x-gateway-base-model-name"] == "llama"
+            assert info["headers"]["x-ai-eg-model"] == "llama"
+            seen.add(info["served_by"])
+        assert seen <= set(stack.ports)
+        # The conformance header forces each endpoint in turn: the pick really drives Envoy.
+        for port in stack.ports:
+            status, info = await post(s, stack.url + "/v1/chat/completions", chat(),
+                                      {"test-epp-endpoint-selection": f"127.0.0.1:{port}"})
+            assert status == 200 and info["served_by"] == port
+
+
+async def test_body_split_across_many_chunks_arrives_intact(stack):
+    body = chat("x" * 300_000)
+
+    async def gen():
+        for i in range(0, len(body), 4096):
+            yield body[i : i + 4096]
+
+    async with aiohttp.ClientSession() as s:
+        status, info = await post(s, stack.url + "/v1/chat/completions", gen())
+    assert status == 200, info
+    assert info["body_len"] == len(body)
+    assert info["body_sha256"] == hashlib.sha256(body).hexdigest()
+
+
+async def test_8_mib_body(stack):
+    body = chat("y" * (8 * 1024 * 1024))
+    async with aiohttp.ClientSession() as s:
+        status, info = await post(s, stack.url + "/v1/chat/completions", body)
+    assert status == 200, str(info)[:300]
+    assert info["body_len"] == len(body)
+    assert info["body_sha256"] == hashlib.sha256(body).hexdigest()
+
+
+async def test_headers_only_get_is_routed(stack):
+    async with aiohttp.ClientSession() as s, s.get(stack.url + "/v1/models") as r:
+        assert r.status == 200
+        info = await r.json()
+    assert info["method"] == "GET"
+    assert info["headers"]["x-gateway-destination-endpoint"] == f"127.0.0.1:{info['served_by']}"
+
+
+async def test_invalid_json_is_400_at_the_client(stack):
+    async with aiohttp.ClientSession() as s:
+        status, text = await post(s, stack.url + "/v1/chat/completions", b'{"model": "llama", "messages": [')
+        assert status == 400
+        assert text.startswith("inference error: BadRequest - request body is not valid JSON")
+        status, text = await post(s, stack.url + "/v1/chat/completions", b'{"messages": [{"role":"user"}]}')
+        assert status == 400 and text == "inference error: BadRequest - model not found in request body"
+
+
+async def test_streamed_sse_response_arrives_intact(stack):
+    async with aiohttp.ClientSession() as s:
+        async with s.post(stack.url + "/v1/chat/completions", data=chat(stream=True)) as r:
+            assert r.status == 200
+            assert r.headers["content-type"].startswith("text/event-stream")
+            events = [line async for line in r.content]
+    data = [e.strip() for e in events if e.startswith(b"data:")]
+    assert data[-1] == b"data: [DONE]"
+    contents = [orjson.loads(d[5:])["choices"][0]["delta"]["content"] for d in data[:5]]
+    assert contents == [f"tok{i} " for i in range(5)]
+    assert orjson.loads(data[5][5:])["usage"]["completion_tokens"] == 5
+
+
+async def test_client_sent_destination_header_is_ignored(stack):
+    rogue_port = free_port()
+    rogue = EchoFleet([rogue_port])
+    await rogue.start()
+    try:
+        async with aiohttp.ClientSession() as s:
+            for _ in range(6):
+                status, info = await post(
+                    s, stack.url + "/v1/chat/completions", chat(),
+                    {"x-gateway-destination-endpoint": f"127.0.0.1:{rogue_port}",
+                     "x-gateway-destination-endpoint-served": f"127.0.0.1:{rogue_port}",
+                     "x-prefiller-host-port": f"127.0.0.1:{rogue_port}"},
+                )
+                assert status == 200
+                assert info["served_by"] in stack.ports and info["served_by"] != rogue_port
+                assert "x-gateway-destination-endpoint-served" not in info["headers"]
+                assert "x-prefiller-host-port" not in info["headers"]
+    finally:
+        await rogue.stop()
+
+
+async def test_epp_down_fails_closed_then_recovers(stack):
+    async with aiohttp.ClientSession() as s:
+        status, _ = await post(s, stack.url + "/v1/chat/completions", chat())
+        assert status == 200
+        await stack.stop_epp()
+        status, info = await post(s, stack.url + "/v1/chat/completions", chat())
+        assert status >= 500, "with the EPP down the request must fail, not reach a backend unrouted"
+        assert not isinstance(info, dict) or "served_by" not in info
+        await stack.start_epp()
+        ok = False
+        for _ in range(50):
+            status, info = await post(s, stack.url + "/v1/chat/completions", chat())
+            if status == 200:
+                ok = True
+                break
+            import asyncio
+
+            await asyncio.sleep(0.1)
+        assert ok, "Envoy must reach the restarted EPP"
+        assert info["served_by"] in stack.ports
