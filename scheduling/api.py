@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from scheduling.types import Endpoint, LLMRequest
 
@@ -66,6 +66,10 @@ class SchedulingResult:
     profile_results: dict[str, ProfileResult] = field(default_factory=dict)
     prefill: Endpoint | None = None  # P/D: the prefill endpoint, sent in x-prefiller-host-port
     decision: str = ""  # P/D: "decode-only" | "prefill-decode"; "" for single-profile handlers
+    # Headers the shell should add to the client response (e.g. llm-d `x-session-token`); set by pre_request.
+    response_headers: dict[str, str] = field(default_factory=dict)
+    # Per-decision scratch space of the scheduler (hashes, matches, routing). Opaque to the shell.
+    state: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def primary(self) -> Endpoint:

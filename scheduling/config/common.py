@@ -1,0 +1,131 @@
+"""Strict-reading helpers and profile assembly shared by the config formats."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from scheduling.framework import (
+    BuildContext,
+    ConfigError,
+    Filter,
+    FilterScorer,
+    Picker,
+    Plugin,
+    Profile,
+    ProfileHandler,
+    Scorer,
+    create,
+)
+from scheduling.framework.errors import join_path
+
+
+@dataclass
+class Doc:
+    """One YAML document and where it came from."""
+
+    data: Mapping[str, Any]
+    source: str
+
+
+def expect_mapping(value: Any, source: str, path: str, what: str = "a mapping") -> Mapping[str, Any]:
+    if not isinstance(value, Mapping):
+        raise ConfigError(source, path, f"expected {what}, got {_show(value)}")
+    return value
+
+
+def expect_list(value: Any, source: str, path: str, what: str = "a list") -> list[Any]:
+    if not isinstance(value, list):
+        raise ConfigError(source, path, f"expected {what}, got {_show(value)}")
+    return value
+
+
+def expect_str(value: Any, source: str, path: str, what: str = "a non-empty string") -> str:
+    if not isinstance(value, str) or not value:
+        raise ConfigError(source, path, f"expected {what}, got {_show(value)}")
+    return value
+
+
+def expect_weight(value: Any, source: str, path: str) -> float:
+    if value is None:
+        return 1.0
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+        raise ConfigError(source, path, f"expected a non-negative number, got {_show(value)}")
+    return float(value)
+
+
+def check_keys(m: Mapping[str, Any], allowed: Sequence[str], source: str, path: str) -> None:
+    for key in m:
+        if key not in allowed:
+            raise ConfigError(
+                source, join_path(path, str(key)), f"unknown field; expected one of {', '.join(allowed)}"
+            )
+
+
+def _show(value: Any) -> str:
+    if value is None:
+        return "nothing (null or missing)"
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def build_plugin(
+    type_name: Any,
+    name: Any,
+    params: Any,
+    *,
+    source: str,
+    path: str,
+    dialect: str,
+    shared: dict[Any, Any],
+    params_key: str,
+) -> Plugin:
+    tname = expect_str(type_name, source, join_path(path, "type"), "a plugin type name")
+    if name is not None:
+        expect_str(name, source, join_path(path, "name"), "a non-empty plugin name")
+    build = BuildContext(source=source, path=path, dialect=dialect, shared=shared)
+    return create(tname, name or tname, params, build=build, params_key=params_key)
+
+
+def assemble_profile(
+    name: str,
+    refs: Sequence[tuple[Plugin, float | None, str]],
+    *,
+    source: str,
+    path: str,
+    shared: dict[Any, Any],
+    dialect: str,
+    prepend_filters: Sequence[Filter] = (),
+) -> Profile:
+    """Sort referenced plugins into filters, weighted scorers and one picker (max-score-picker if none)."""
+    filters: list[Filter] = list(prepend_filters)
+    scorers: list[tuple[Scorer, float]] = []
+    picker: Picker | None = None
+    for plugin, weight, rpath in refs:
+        if isinstance(plugin, ProfileHandler):
+            raise ConfigError(
+                source, rpath, f"{plugin.name!r} is a profile handler; it cannot be part of a profile"
+            )
+        if isinstance(plugin, Picker):
+            if picker is not None:
+                raise ConfigError(
+                    source,
+                    rpath,
+                    f"profile {name!r} already has picker {picker.name!r}; a profile takes one picker",
+                )
+            picker = plugin
+            continue
+        if isinstance(plugin, FilterScorer) and plugin.filtering_enabled:
+            filters.append(plugin)  # type: ignore[arg-type]
+        if isinstance(plugin, Scorer):
+            scorers.append((plugin, 1.0 if weight is None else weight))
+        elif isinstance(plugin, Filter):
+            filters.append(plugin)
+        else:
+            raise ConfigError(
+                source, rpath, f"plugin {plugin.name!r} of kind {plugin.kind!r} cannot be used in a profile"
+            )
+    if picker is None:
+        picker = create("max-score-picker", build=BuildContext(source, path, dialect, shared))  # type: ignore[assignment]
+    return Profile(name, filters, scorers, picker)  # type: ignore[arg-type]

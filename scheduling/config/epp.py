@@ -1,0 +1,156 @@
+"""Format A: EndpointPickerConfig (GIE `inference.networking.x-k8s.io/v1alpha1`, llm-d `llm-d.ai/v1alpha1`).
+
+Defaulting (reference): no profiles -> one "default" profile referencing every filter, scorer and picker;
+one profile and no handler -> single-profile-handler; a profile without a picker gets max-score-picker; a
+missing weight is 1.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from scheduling.config.common import (
+    Doc,
+    assemble_profile,
+    build_plugin,
+    check_keys,
+    expect_list,
+    expect_mapping,
+    expect_str,
+    expect_weight,
+)
+from scheduling.framework import (
+    BuildContext,
+    ConfigError,
+    Filter,
+    FilterScorer,
+    Picker,
+    Plugin,
+    ProfileHandler,
+    ProfileScheduler,
+    Scorer,
+    Timer,
+    create,
+)
+from scheduling.framework.errors import join_path
+
+API_VERSIONS = ("inference.networking.x-k8s.io/v1alpha1", "llm-d.ai/v1alpha1")
+KIND = "EndpointPickerConfig"
+# Sections read by the EPP shell (not scheduling); accepted and ignored here.
+SHELL_SECTIONS = ("featureGates", "saturationDetector", "flowControl", "data", "parser")
+TOP_KEYS = ("apiVersion", "kind", "metadata", "plugins", "schedulingProfiles", *SHELL_SECTIONS)
+
+
+def build_epp_config(
+    doc: Doc, *, rng: random.Random, timer: Timer | None, shared: dict[Any, Any]
+) -> ProfileScheduler:
+    src = doc.source
+    d = doc.data
+    check_keys(d, TOP_KEYS, src, "")
+    if d.get("apiVersion") not in API_VERSIONS:
+        raise ConfigError(
+            src, "apiVersion", f"expected one of {', '.join(API_VERSIONS)}, got {d.get('apiVersion')!r}"
+        )
+    meta = expect_mapping(d.get("metadata") or {}, src, "metadata")
+    cfg_name = meta.get("name") or "default"
+    expect_str(cfg_name, src, "metadata.name")
+
+    plugins: dict[str, Plugin] = {}
+    order: list[Plugin] = []
+    for i, raw in enumerate(expect_list(d.get("plugins") or [], src, "plugins")):
+        path = join_path("plugins", i)
+        entry = expect_mapping(raw, src, path, "a plugin entry {name, type, parameters}")
+        check_keys(entry, ("name", "type", "parameters"), src, path)
+        plugin = build_plugin(
+            entry.get("type"),
+            entry.get("name"),
+            entry.get("parameters"),
+            source=src,
+            path=path,
+            dialect="epp",
+            shared=shared,
+            params_key="parameters",
+        )
+        if plugin.name in plugins:
+            raise ConfigError(
+                src, join_path(path, "name"), f"duplicate plugin name {plugin.name!r}; names must be unique"
+            )
+        plugins[plugin.name] = plugin
+        order.append(plugin)
+
+    handlers = [p for p in order if isinstance(p, ProfileHandler)]
+    if len(handlers) > 1:
+        raise ConfigError(
+            src,
+            "plugins",
+            f"at most one profile handler may be declared, got {', '.join(h.name for h in handlers)}",
+        )
+
+    raw_profiles = d.get("schedulingProfiles")
+    profile_refs: dict[str, list[tuple[Plugin, float | None, str]]] = {}
+    if not raw_profiles:
+        pickers = [p for p in order if isinstance(p, Picker)]
+        if len(pickers) > 1:
+            raise ConfigError(
+                src,
+                "schedulingProfiles",
+                "several pickers are declared but no profile says which to use; add schedulingProfiles",
+            )
+        profile_refs["default"] = [
+            (p, None, join_path("plugins", i))
+            for i, p in enumerate(order)
+            if isinstance(p, (Filter, Scorer, Picker, FilterScorer))
+        ]
+        ppaths = {"default": "plugins"}
+    else:
+        ppaths = {}
+        for j, rawp in enumerate(expect_list(raw_profiles, src, "schedulingProfiles")):
+            ppath = join_path("schedulingProfiles", j)
+            prof = expect_mapping(rawp, src, ppath, "a profile {name, plugins}")
+            check_keys(prof, ("name", "plugins"), src, ppath)
+            pname = expect_str(prof.get("name"), src, join_path(ppath, "name"), "a profile name")
+            if pname in profile_refs:
+                raise ConfigError(src, join_path(ppath, "name"), f"duplicate profile name {pname!r}")
+            refs = []
+            for k, rawr in enumerate(
+                expect_list(prof.get("plugins") or [], src, join_path(ppath, "plugins"))
+            ):
+                rpath = join_path(join_path(ppath, "plugins"), k)
+                ref = expect_mapping(rawr, src, rpath, "a plugin reference {pluginRef, weight}")
+                check_keys(ref, ("pluginRef", "weight"), src, rpath)
+                rname = expect_str(ref.get("pluginRef"), src, join_path(rpath, "pluginRef"), "a plugin name")
+                if rname not in plugins:
+                    raise ConfigError(
+                        src,
+                        join_path(rpath, "pluginRef"),
+                        f"no plugin named {rname!r}; declared: {', '.join(plugins) or '(none)'}",
+                    )
+                refs.append(
+                    (plugins[rname], expect_weight(ref.get("weight"), src, join_path(rpath, "weight")), rpath)
+                )
+            profile_refs[pname] = refs
+            ppaths[pname] = ppath
+
+    profiles = {
+        name: assemble_profile(name, refs, source=src, path=ppaths[name], shared=shared, dialect="epp")
+        for name, refs in profile_refs.items()
+    }
+    if handlers:
+        handler = handlers[0]
+    elif len(profiles) == 1:
+        handler = create("single-profile-handler", build=BuildContext(src, "plugins", "epp", shared))
+    else:
+        raise ConfigError(
+            src,
+            "plugins",
+            f"{len(profiles)} profiles ({', '.join(profiles)}) need a profile handler plugin such as pd-profile-handler",
+        )
+    hidx = order.index(handler) if handler in order else None
+    handler.validate_profiles(
+        tuple(profiles),
+        BuildContext(
+            src, join_path("plugins", hidx) if hidx is not None else "schedulingProfiles", "epp", shared
+        ),
+    )
+    return ProfileScheduler(cfg_name, handler, profiles, rng=rng, timer=timer)  # type: ignore[arg-type]

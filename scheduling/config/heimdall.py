@@ -1,0 +1,125 @@
+"""Format B: Heimdall SchedulingProfile (`heimdall.moreh.io/v1alpha1`, cluster-scoped).
+
+spec.profileHandler: e2e (one profile, "default") or pd ("prefill" and "decode" profiles; the role filters are
+internal and prepended here). spec.plugins: [{type, name?, config?}]. spec.profiles.<name>.pluginRefs:
+[{name, weight?}] in evaluation order; a missing weight is 1; a profile without a picker gets max-score-picker.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from scheduling.config.common import (
+    Doc,
+    assemble_profile,
+    build_plugin,
+    check_keys,
+    expect_list,
+    expect_mapping,
+    expect_str,
+    expect_weight,
+)
+from scheduling.framework import BuildContext, ConfigError, Plugin, ProfileScheduler, Timer, create
+from scheduling.framework.errors import join_path
+
+API_VERSION = "heimdall.moreh.io/v1alpha1"
+KIND = "SchedulingProfile"
+HANDLERS = ("e2e", "pd")
+
+
+def build_scheduling_profile(
+    doc: Doc, *, rng: random.Random, timer: Timer | None, shared: dict[Any, Any]
+) -> ProfileScheduler:
+    src = doc.source
+    d = doc.data
+    check_keys(d, ("apiVersion", "kind", "metadata", "spec", "status"), src, "")
+    if d.get("apiVersion") != API_VERSION:
+        raise ConfigError(src, "apiVersion", f"expected {API_VERSION}, got {d.get('apiVersion')!r}")
+    meta = expect_mapping(d.get("metadata"), src, "metadata", "a mapping with name")
+    name = expect_str(meta.get("name"), src, "metadata.name", "the SchedulingProfile name")
+    spec = expect_mapping(d.get("spec"), src, "spec", "a mapping with profileHandler, plugins and profiles")
+    check_keys(spec, ("profileHandler", "plugins", "profiles"), src, "spec")
+    mode = spec.get("profileHandler")
+    if mode not in HANDLERS:
+        raise ConfigError(src, "spec.profileHandler", f"expected one of {', '.join(HANDLERS)}, got {mode!r}")
+
+    plugins: dict[str, tuple[Plugin, str]] = {}
+    for i, raw in enumerate(expect_list(spec.get("plugins"), src, "spec.plugins", "a list of plugins")):
+        path = join_path("spec.plugins", i)
+        entry = expect_mapping(raw, src, path, "a plugin entry {type, name, config}")
+        check_keys(entry, ("type", "name", "config"), src, path)
+        plugin = build_plugin(
+            entry.get("type"),
+            entry.get("name"),
+            entry.get("config"),
+            source=src,
+            path=path,
+            dialect="heimdall",
+            shared=shared,
+            params_key="config",
+        )
+        if plugin.kind == "handler":
+            raise ConfigError(
+                src,
+                join_path(path, "type"),
+                "profile handlers are chosen by spec.profileHandler, not declared as plugins",
+            )
+        if plugin.name in plugins:
+            raise ConfigError(src, join_path(path, "name"), f"duplicate plugin name {plugin.name!r}")
+        plugins[plugin.name] = (plugin, path)
+
+    raw_profiles = expect_mapping(
+        spec.get("profiles"), src, "spec.profiles", "a mapping of profile name to pluginRefs"
+    )
+    expected = ("default",) if mode == "e2e" else ("prefill", "decode")
+    for pname in raw_profiles:
+        if pname not in expected:
+            raise ConfigError(
+                src,
+                join_path("spec.profiles", str(pname)),
+                f"profileHandler {mode} expects profiles {', '.join(expected)}, got {pname!r}",
+            )
+    for want in expected:
+        if want not in raw_profiles:
+            raise ConfigError(src, "spec.profiles", f"profileHandler {mode} needs a profile named {want!r}")
+
+    profiles = {}
+    for pname in expected:
+        ppath = join_path("spec.profiles", pname)
+        prof = expect_mapping(raw_profiles[pname], src, ppath, "a mapping with pluginRefs")
+        check_keys(prof, ("pluginRefs",), src, ppath)
+        refs = []
+        for k, rawr in enumerate(expect_list(prof.get("pluginRefs"), src, join_path(ppath, "pluginRefs"))):
+            rpath = join_path(join_path(ppath, "pluginRefs"), k)
+            ref = expect_mapping(rawr, src, rpath, "a plugin reference {name, weight}")
+            check_keys(ref, ("name", "weight"), src, rpath)
+            rname = expect_str(ref.get("name"), src, join_path(rpath, "name"), "a plugin name")
+            if rname not in plugins:
+                raise ConfigError(
+                    src,
+                    join_path(rpath, "name"),
+                    f"no plugin named {rname!r}; declared: {', '.join(plugins) or '(none)'}",
+                )
+            refs.append(
+                (plugins[rname][0], expect_weight(ref.get("weight"), src, join_path(rpath, "weight")), rpath)
+            )
+        build = BuildContext(src, ppath, "heimdall", shared)
+        internal = []
+        if mode == "pd":
+            internal = [create(f"{pname}-filter", f"{pname}-filter (internal)", build=build)]
+        profiles[pname] = assemble_profile(
+            pname,
+            refs,
+            source=src,
+            path=ppath,
+            shared=shared,
+            dialect="heimdall",
+            prepend_filters=internal,  # type: ignore[arg-type]
+        )
+    hbuild = BuildContext(src, "spec.profileHandler", "heimdall", shared)
+    if mode == "e2e":
+        handler = create("single-profile-handler", build=hbuild)
+    else:
+        handler = create("pd-profile-handler", params={"decider": "always"}, build=hbuild)
+    return ProfileScheduler(name, handler, profiles, rng=rng, timer=timer)  # type: ignore[arg-type]

@@ -1,0 +1,92 @@
+"""ModelScheduler: routes each request to the scheduling config bound to its model.
+
+Lookup order: the first binding whose model equals `request.model`, then one equal to
+`request.target_model`, then the `default` binding, then the fallback (the EndpointPickerConfig if one was
+loaded, else the built-in default). Candidates are narrowed to endpoints serving the model first
+(`Endpoint.models` empty means "serves anything").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from scheduling.api import SchedulingContext, SchedulingResult
+from scheduling.framework.scheduler import ProfileScheduler
+from scheduling.plugins.filters.served_model import serves
+from scheduling.types import ErrorCode, SchedulingError
+
+_ROUTE = "model_scheduler.route"
+
+
+class ModelScheduler:
+    """Implements the Scheduler protocol over several ProfileSchedulers.
+
+    `decision_counts[(model, decision)]` counts P/D decisions ("decode-only" | "prefill-decode") by the
+    request's model, for `disagg_decision_total`.
+    """
+
+    def __init__(
+        self,
+        schedulers: Mapping[str, ProfileScheduler],
+        bindings: Sequence[tuple[str, str]],
+        fallback: ProfileScheduler,
+        *,
+        filter_served_models: bool = True,
+    ) -> None:
+        self.schedulers = dict(schedulers)
+        self.bindings = list(bindings)
+        self.fallback = fallback
+        self.filter_served_models = filter_served_models
+        self.decision_counts: dict[tuple[str, str], int] = {}
+        self._by_model: dict[str, ProfileScheduler] = {}
+        default = None
+        for model, profile in self.bindings:
+            sched = self.schedulers[profile]
+            if model == "default":
+                default = default or sched
+            else:
+                self._by_model.setdefault(model, sched)
+        self.default = default or fallback
+
+    def scheduler_for(self, model: str, target_model: str = "") -> ProfileScheduler:
+        by = self._by_model
+        return by.get(model) or (by.get(target_model) if target_model else None) or self.default
+
+    def schedule(self, ctx: SchedulingContext) -> SchedulingResult:
+        req = ctx.request
+        sched = self.scheduler_for(req.model, req.target_model)
+        cands = ctx.candidates
+        if self.filter_served_models:
+            target = req.target_model or req.model
+            lora = req.lora_adapter
+            cands = [e for e in cands if serves(e, target, lora)]
+            if not cands:
+                raise SchedulingError(
+                    ErrorCode.RESOURCE_EXHAUSTED,
+                    f"no endpoint serves model {target!r} ({len(ctx.candidates)} candidates in the pool)",
+                )
+        result = sched.schedule(ctx, cands)
+        result.state[_ROUTE] = sched
+        if result.decision:
+            key = (req.model, result.decision)
+            self.decision_counts[key] = self.decision_counts.get(key, 0) + 1
+        return result
+
+    def _sched(self, ctx: SchedulingContext, result: SchedulingResult) -> ProfileScheduler:
+        sched = result.state.get(_ROUTE)
+        if sched is None:
+            sched = self.scheduler_for(ctx.request.model, ctx.request.target_model)
+        return sched
+
+    def pre_request(self, ctx: SchedulingContext, result: SchedulingResult) -> None:
+        self._sched(ctx, result).pre_request(ctx, result)
+
+    def response_complete(self, ctx: SchedulingContext, result: SchedulingResult) -> None:
+        self._sched(ctx, result).response_complete(ctx, result)
+
+    def plugins(self) -> list:
+        seen: dict[int, object] = {}
+        for sched in [*self.schedulers.values(), self.fallback]:
+            for p in sched.plugins():
+                seen.setdefault(id(p), p)
+        return list(seen.values())

@@ -1,0 +1,115 @@
+"""A scheduling profile: ordered filters, weighted scorers and one picker.
+
+run(): filters in order (an empty result raises ResourceExhausted, i.e. 429), then every scorer's values are
+clamped to [0, 1], multiplied by the scorer's weight and summed per endpoint, then the picker chooses.
+Per-plugin details are built only when `ctx.explain` is on or a timer was injected (for durations); with
+neither, the hot path allocates nothing per plugin.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from scheduling.api import PluginDetail, ProfileResult, SchedulingContext
+from scheduling.framework.plugin import Filter, Picker, Scorer, State
+from scheduling.types import Endpoint, ErrorCode, SchedulingError
+
+Timer = Callable[[], float]
+
+
+def clamp_scores(values: Sequence[float]) -> list[float]:
+    """Clamp to [0, 1]; NaN becomes 0."""
+    return [v if 0.0 <= v <= 1.0 else (1.0 if v > 1.0 else 0.0) for v in values]
+
+
+@dataclass
+class Profile:
+    name: str
+    filters: list[Filter]
+    scorers: list[tuple[Scorer, float]]
+    picker: Picker
+
+    def plugins(self) -> list:
+        return [*self.filters, *(s for s, _ in self.scorers), self.picker]
+
+    def run(
+        self,
+        ctx: SchedulingContext,
+        candidates: list[Endpoint],
+        state: State,
+        rng: random.Random,
+        timer: Timer | None = None,
+    ) -> ProfileResult:
+        explain = ctx.explain
+        details: list[PluginDetail] | None = [] if (explain or timer is not None) else None
+        cands = candidates
+        for f in self.filters:
+            if details is None:
+                cands = f.filter(ctx, cands, state)
+            else:
+                t0 = timer() if timer is not None else 0.0
+                cands = f.filter(ctx, cands, state)
+                dur = (timer() - t0) if timer is not None else 0.0
+                details.append(
+                    PluginDetail(
+                        f.name, f.type_name, "filter", dur, kept=[e.key for e in cands] if explain else None
+                    )
+                )
+            if not cands:
+                raise SchedulingError(
+                    ErrorCode.RESOURCE_EXHAUSTED,
+                    f"no endpoint available for model {ctx.request.target_model or ctx.request.model!r}: "
+                    f"filter {f.name!r} of profile {self.name!r} removed all candidates",
+                )
+        n = len(cands)
+        totals = [0.0] * n
+        for scorer, weight in self.scorers:
+            if details is not None and timer is not None:
+                t0 = timer()
+                values = scorer.score(ctx, cands, state)
+                dur = timer() - t0
+            else:
+                values = scorer.score(ctx, cands, state)
+                dur = 0.0
+            if not scorer.clamped:
+                values = clamp_scores(values)
+            if len(values) != n:
+                raise SchedulingError(
+                    ErrorCode.INTERNAL,
+                    f"scorer {scorer.name!r} returned {len(values)} scores for {n} endpoints",
+                )
+            if weight == 1.0:
+                totals = [t + v for t, v in zip(totals, values, strict=True)]
+            else:
+                totals = [t + weight * v for t, v in zip(totals, values, strict=True)]
+            if details is not None:
+                details.append(
+                    PluginDetail(
+                        scorer.name,
+                        scorer.type_name,
+                        "scorer",
+                        dur,
+                        weight=weight,
+                        scores={e.key: float(v) for e, v in zip(cands, values, strict=True)}
+                        if explain
+                        else None,
+                    )
+                )
+        picker = self.picker
+        if details is not None and timer is not None:
+            t0 = timer()
+            picked = picker.pick(ctx, cands, totals, rng)
+            details.append(PluginDetail(picker.name, picker.type_name, "picker", timer() - t0))
+        else:
+            picked = picker.pick(ctx, cands, totals, rng)
+            if details is not None:
+                details.append(PluginDetail(picker.name, picker.type_name, "picker"))
+        targets = [cands[i] for i in picked]
+        result = ProfileResult(self.name, targets)
+        if explain:
+            result.totals = {e.key: t for e, t in zip(cands, totals, strict=True)}
+        if details is not None:
+            result.details = details
+        return result

@@ -1,0 +1,155 @@
+"""The plugin registry: type names, aliases and automatic discovery.
+
+Plugins register themselves with `@register("type-name")` in their own module under
+`scheduling/plugins/<kind>/`. `discover()` imports every module of those packages, so adding a plugin touches
+only its file. Aliases (GIE, llm-d and Heimdall spellings) live here, never in the plugins.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import pkgutil
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from scheduling.framework.errors import ConfigError, join_path
+from scheduling.framework.params import parse_params
+from scheduling.framework.plugin import BuildContext, Plugin
+
+P = TypeVar("P", bound=type[Plugin])
+
+_PLUGINS: dict[str, type[Plugin]] = {}
+_DISCOVERED = False
+
+PLUGIN_PACKAGES = (
+    "scheduling.plugins.filters",
+    "scheduling.plugins.scorers",
+    "scheduling.plugins.pickers",
+    "scheduling.plugins.handlers",
+)
+
+# Aliases valid in every config dialect: alias -> canonical type name.
+ALIASES: dict[str, str] = {
+    # Heimdall spellings
+    "waiting-requests-scorer": "queue-scorer",
+    "running-requests-scorer": "running-requests-size-scorer",
+    "kv-utilization-scorer": "kv-cache-utilization-scorer",
+    "e2e": "single-profile-handler",
+    "pd": "pd-profile-handler",
+    # llm-d / GIE spellings
+    "single": "single-profile-handler",
+    "single-profile": "single-profile-handler",
+    "disagg": "pd-profile-handler",
+    "disagg-profile-handler": "pd-profile-handler",
+    "pd-profile": "pd-profile-handler",
+    "label-selector": "label-selector-filter",
+    "by-label": "by-label-filter",
+    "by-label-selector": "label-selector-filter",
+    "prefill": "prefill-filter",
+    "decode": "decode-filter",
+    "encode": "encode-filter",
+    "served-model": "served-model-filter",
+    "lora-affinity": "lora-affinity-filter",
+    "low-queue-filter": "saturation-filter",
+    "low-queue": "saturation-filter",
+    "context-length-aware-scorer": "context-length-aware",
+    "prefix-affinity-filter": "prefix-cache-affinity-filter",
+    "session-affinity": "session-affinity-scorer",
+    "sticky-session-scorer": "session-affinity-scorer",
+    "active-requests-scorer": "active-request-scorer",
+    "load-aware": "load-aware-scorer",
+    "kv-cache-scorer": "kv-cache-utilization-scorer",
+    "approximate-prefix-cache-scorer": "prefix-cache-scorer",
+    "prefix-scorer": "prefix-cache-scorer",
+    "lora-affinity-scorer-v2": "lora-affinity-scorer",
+    "max-score": "max-score-picker",
+    "random": "random-picker",
+    "weighted-random": "weighted-random-picker",
+}
+
+# Dialect-specific aliases win over ALIASES: Heimdall's kv-cache-utilization-scorer is block occupancy.
+DIALECT_ALIASES: dict[str, dict[str, str]] = {
+    "heimdall": {"kv-cache-utilization-scorer": "kv-block-occupancy-scorer"},
+    "epp": {},
+}
+
+
+def register(type_name: str) -> Callable[[P], P]:
+    """Class decorator: register a plugin class under its canonical type name."""
+
+    def deco(cls: P) -> P:
+        if type_name in _PLUGINS and _PLUGINS[type_name] is not cls:
+            raise RuntimeError(
+                f"plugin type {type_name!r} registered twice ({_PLUGINS[type_name]} and {cls})"
+            )
+        cls.type_name = type_name
+        _PLUGINS[type_name] = cls
+        return cls
+
+    return deco
+
+
+def discover() -> None:
+    """Import every plugin module (once)."""
+    global _DISCOVERED
+    if _DISCOVERED:
+        return
+    for pkg_name in PLUGIN_PACKAGES:
+        pkg = importlib.import_module(pkg_name)
+        for info in pkgutil.iter_modules(pkg.__path__):
+            if not info.name.startswith("_"):
+                importlib.import_module(f"{pkg_name}.{info.name}")
+    _DISCOVERED = True
+
+
+def canonical(type_name: str, dialect: str = "epp") -> str:
+    discover()
+    name = DIALECT_ALIASES.get(dialect, {}).get(type_name, type_name)
+    if name in _PLUGINS:
+        return name
+    return ALIASES.get(name, name)
+
+
+def lookup(type_name: str, dialect: str = "epp") -> type[Plugin] | None:
+    return _PLUGINS.get(canonical(type_name, dialect))
+
+
+def plugin_types() -> dict[str, type[Plugin]]:
+    """Canonical type name -> class, for every discovered plugin."""
+    discover()
+    return dict(_PLUGINS)
+
+
+def aliases(dialect: str = "epp") -> dict[str, str]:
+    discover()
+    out = dict(ALIASES)
+    out.update(DIALECT_ALIASES.get(dialect, {}))
+    return out
+
+
+def create(
+    type_name: str,
+    name: str = "",
+    params: Any = None,
+    *,
+    build: BuildContext | None = None,
+    params_key: str = "parameters",
+) -> Plugin:
+    """Build a plugin from its (possibly aliased) type name and raw parameters.
+
+    `build.path` is the plugin entry's path (e.g. `plugins[2]`); parameter errors name
+    `<path>.<params_key>.<field>`.
+    """
+    build = build or BuildContext()
+    cls = lookup(type_name, build.dialect)
+    if cls is None:
+        known = ", ".join(sorted(plugin_types()))
+        raise ConfigError(
+            build.source,
+            join_path(build.path, "type"),
+            f"unknown plugin type {type_name!r}; known types: {known}",
+        )
+    ppath = join_path(build.path, params_key)
+    typed = parse_params(cls.Params, params, source=build.source, path=ppath)
+    return cls(name or type_name, typed, dataclasses.replace(build, path=ppath))

@@ -1,0 +1,1 @@
+"""Filters plugins: one per module, discovered by scheduling.framework.registry."""

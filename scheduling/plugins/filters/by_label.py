@@ -1,0 +1,39 @@
+"""by-label-filter (legacy GIE `by-label`): keep endpoints whose `label` value is one of `validValues`.
+
+keep(e) = label ∈ labels(e) ? labels(e)[label] ∈ validValues : allowsNoLabel
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from scheduling.framework import ConfigError, Filter, register
+from scheduling.framework.errors import join_path
+
+
+@dataclass(frozen=True)
+class Params:
+    label: str = ""
+    validValues: list[str] = field(default_factory=list)
+    allowsNoLabel: bool = False
+
+
+@register("by-label-filter")
+class ByLabelFilter(Filter):
+    Params = Params
+
+    def setup(self, build):
+        if not self.params.label:
+            raise ConfigError(build.source, join_path(build.path, "label"), "expected a non-empty label name")
+        self._valid = frozenset(self.params.validValues)
+
+    def filter(self, ctx, candidates, state):
+        label = self.params.label
+        valid = self._valid
+        no_label = self.params.allowsNoLabel
+        out = []
+        for e in candidates:
+            v = e.labels.get(label)
+            if (v in valid) if v is not None else no_label:
+                out.append(e)
+        return out

@@ -1,0 +1,41 @@
+"""prefix-cache-affinity-filter (llm-d): keep endpoints with a strong approximate prefix-cache hit.
+
+ratio(e) = matched_blocks(e) / total_blocks          (shared approximate prefix index, see prefix-cache-scorer)
+with probability explorationProbability (0.01, injected rng): keep all (exploration)
+K = {e | ratio(e) ≥ threshold (0.80)};  result = K if K else all candidates
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from scheduling.framework import Filter, register
+from scheduling.framework.params import bounded
+from scheduling.prefix import cycle_matches, shared_index
+
+
+@dataclass(frozen=True)
+class Params:
+    threshold: float = bounded(0.8, min=0.0, max=1.0)
+    explorationProbability: float = bounded(0.01, min=0.0, max=1.0)
+    blockSizeTokens: int = bounded(16, min=1)
+    maxPrefixBlocksToMatch: int = bounded(256, min=1)
+
+
+@register("prefix-cache-affinity-filter")
+class PrefixCacheAffinityFilter(Filter):
+    Params = Params
+
+    def setup(self, build):
+        self.index = shared_index(build.shared, self.params.blockSizeTokens)
+
+    def filter(self, ctx, candidates, state):
+        p = self.params
+        if p.explorationProbability > 0 and state["rng"].random() < p.explorationProbability:
+            return candidates
+        matches, total = cycle_matches(ctx, state, self.index, p.blockSizeTokens, p.maxPrefixBlocksToMatch)
+        if not total or not matches:
+            return candidates
+        need = p.threshold * total
+        kept = [e for e in candidates if matches.get(e.key, 0) >= need]
+        return kept or candidates

@@ -1,0 +1,23 @@
+"""served-model-filter: keep endpoints that serve the request's model.
+
+keep(e) = e.models is empty  or  target_model ∈ e.models  or  lora_adapter ∈ e.models
+"""
+
+from __future__ import annotations
+
+from scheduling.framework import Filter, register
+from scheduling.types import Endpoint
+
+
+def serves(e: Endpoint, target_model: str, lora_adapter: str | None = None) -> bool:
+    models = e.models
+    return not models or target_model in models or (lora_adapter is not None and lora_adapter in models)
+
+
+@register("served-model-filter")
+class ServedModelFilter(Filter):
+    def filter(self, ctx, candidates, state):
+        req = ctx.request
+        target = req.target_model or req.model
+        lora = req.lora_adapter
+        return [e for e in candidates if serves(e, target, lora)]

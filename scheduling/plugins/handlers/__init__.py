@@ -1,0 +1,1 @@
+"""Handlers plugins: one per module, discovered by scheduling.framework.registry."""

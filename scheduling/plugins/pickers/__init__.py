@@ -1,0 +1,1 @@
+"""Pickers plugins: one per module, discovered by scheduling.framework.registry."""

@@ -1,0 +1,29 @@
+"""max-score-picker: the highest total score wins; ties are broken at random (injected rng).
+
+order = shuffle(candidates), then stable sort by total descending; return the first maxNumOfEndpoints (1)
+(k = 1 shortcut: a uniform random choice among the candidates with the maximal total — same distribution)
+"""
+
+from __future__ import annotations
+
+from scheduling.framework import Picker, register
+from scheduling.plugins.pickers._common import PickerParams
+
+
+@register("max-score-picker")
+class MaxScorePicker(Picker):
+    Params = PickerParams
+
+    def setup(self, build):
+        self.max_endpoints = self.params.maxNumOfEndpoints
+
+    def pick(self, ctx, candidates, totals, rng):
+        k = self.max_endpoints
+        if k == 1:
+            best = max(totals)
+            ties = [i for i, t in enumerate(totals) if t == best]
+            return [ties[0] if len(ties) == 1 else ties[rng.randrange(len(ties))]]
+        order = list(range(len(totals)))
+        rng.shuffle(order)
+        order.sort(key=totals.__getitem__, reverse=True)
+        return order[:k]

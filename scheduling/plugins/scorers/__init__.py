@@ -1,0 +1,1 @@
+"""Scorers plugins: one per module, discovered by scheduling.framework.registry."""

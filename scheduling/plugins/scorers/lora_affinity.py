@@ -1,0 +1,34 @@
+"""lora-affinity-scorer: prefer endpoints where the request's LoRA adapter is (or can be) loaded.
+
+1.0  adapter active (running) on e
+0.8  room to load it: |active ∪ waiting| < max_lora
+0.6  adapter waiting on e
+0.0  otherwise
+1.0 for every endpoint when the request names no adapter (neutral)
+"""
+
+from __future__ import annotations
+
+from scheduling.framework import Scorer, register
+
+
+@register("lora-affinity-scorer")
+class LoraAffinityScorer(Scorer):
+    clamped = True
+
+    def score(self, ctx, candidates, state):
+        lora = ctx.request.lora_adapter
+        if not lora:
+            return [1.0] * len(candidates)
+        out = []
+        for e in candidates:
+            m = e.metrics
+            if lora in m.active_loras:
+                out.append(1.0)
+            elif len(m.active_loras | m.waiting_loras) < m.max_lora:
+                out.append(0.8)
+            elif lora in m.waiting_loras:
+                out.append(0.6)
+            else:
+                out.append(0.0)
+        return out

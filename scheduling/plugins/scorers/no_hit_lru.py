@@ -1,0 +1,68 @@
+"""no-hit-lru-scorer (llm-d): spread cold requests (no prefix hit anywhere) over the least recently cold-hit pods.
+
+warm request (some candidate holds ≥ 1 prefix block):  score(e) = 0.5 for all
+cold request: endpoints never given a cold request score 1.0; the c candidates in the LRU, ordered from
+              least to most recently given a cold request at position p = 0..c−1, score (c − p) / (c + 1)
+pre_request: on a cold request, the chosen endpoint moves to the most-recent end (LRU of lruSize, 1024)
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from scheduling.framework import Scorer, register
+from scheduling.framework.params import bounded
+from scheduling.prefix import cycle_matches, shared_index
+
+_COLD = "no-hit-lru.cold"
+
+
+@dataclass(frozen=True)
+class Params:
+    lruSize: int = bounded(1024, min=1)
+    blockSizeTokens: int = bounded(16, min=1)
+    maxPrefixBlocksToMatch: int = bounded(256, min=1)
+
+
+@register("no-hit-lru-scorer")
+class NoHitLruScorer(Scorer):
+    Params = Params
+    clamped = True
+
+    def setup(self, build):
+        self.index = shared_index(build.shared, self.params.blockSizeTokens)
+        self.lru: OrderedDict[str, None] = OrderedDict()
+
+    def _cold(self, ctx, state) -> bool:
+        p = self.params
+        matches, total = cycle_matches(ctx, state, self.index, p.blockSizeTokens, p.maxPrefixBlocksToMatch)
+        return not matches
+
+    def score(self, ctx, candidates, state):
+        cold = self._cold(ctx, state)
+        state[_COLD] = cold
+        n = len(candidates)
+        if not cold:
+            return [0.5] * n
+        lru = self.lru
+        order = {k: i for i, k in enumerate(lru)}
+        present = sorted((order[e.key], j) for j, e in enumerate(candidates) if e.key in order)
+        out = [1.0] * n
+        c = len(present)
+        for p, (_, j) in enumerate(present):
+            out[j] = (c - p) / (c + 1)
+        return out
+
+    def pre_request(self, ctx, result, state):
+        cold = state.get(_COLD)
+        if cold is None:
+            cold = self._cold(ctx, state)
+        if not cold or not result.targets:
+            return
+        key = result.targets[0].key
+        lru = self.lru
+        lru[key] = None
+        lru.move_to_end(key)
+        while len(lru) > self.params.lruSize:
+            lru.popitem(last=False)

@@ -1,0 +1,38 @@
+"""token-length-scorer (Heimdall): how well an endpoint's advertised minimum prompt size fits the prompt.
+
+t       = prompt tokens ≈ prompt_chars / 4
+m(e)    = int(label mif.moreh.io/aigateway.optimal-min-tokens), 0 or unset = no advertised minimum
+fit(e)  = (m + 1) / (t + 1)          if m ≤ t   (the largest minimum the prompt still meets fits best)
+        = 0.5 × (t + 1) / (m + 1)    if m > t   (prompt too short for this endpoint)
+score(e) = fit(e) / max fit over the candidates       (max-normalised: the best candidate gets 1.0)
+"""
+
+from __future__ import annotations
+
+from scheduling.framework import Scorer, register
+
+LABEL = "mif.moreh.io/aigateway.optimal-min-tokens"
+
+
+def optimal_min_tokens(labels) -> int:
+    raw = labels.get(LABEL)
+    if not raw:
+        return 0
+    try:
+        return max(0, int(raw))
+    except ValueError:
+        return 0
+
+
+@register("token-length-scorer")
+class TokenLengthScorer(Scorer):
+    clamped = True
+
+    def score(self, ctx, candidates, state):
+        t = ctx.request.prompt_chars // 4
+        fits = []
+        for e in candidates:
+            m = optimal_min_tokens(e.labels)
+            fits.append((m + 1) / (t + 1) if m <= t else 0.5 * (t + 1) / (m + 1))
+        best = max(fits)
+        return [f / best for f in fits]

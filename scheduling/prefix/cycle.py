@@ -1,0 +1,53 @@
+"""Per-decision caching of prompt hashes and prefix matches, and the scheduler-scoped shared index.
+
+Several plugins (prefix scorer, prefix-affinity filter, no-hit-LRU scorer, the P/D decider) need the same
+hashes and matches; the first one computes them into the decision's `state`, the rest reuse them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from scheduling.api import SchedulingContext
+from scheduling.prefix.hashing import block_hashes
+from scheduling.prefix.index import DEFAULT_CAPACITY, PrefixIndex
+
+
+def shared_index(shared: dict[Any, Any], block_tokens: int, capacity: int | None = None) -> PrefixIndex:
+    """The index every prefix-aware plugin of one scheduler uses for this block size.
+
+    `capacity` (the prefix scorer's lruCapacityPerServer) sets the default per-endpoint capacity, whichever
+    plugin happened to create the index first.
+    """
+    key = ("prefix-index", block_tokens)
+    index = shared.get(key)
+    if index is None:
+        index = shared[key] = PrefixIndex(capacity or DEFAULT_CAPACITY)
+    elif capacity:
+        index.default_capacity = capacity
+    return index
+
+
+def cycle_hashes(
+    ctx: SchedulingContext, state: dict[str, Any], block_tokens: int, max_blocks: int
+) -> list[int]:
+    key = ("prefix.hashes", block_tokens, max_blocks)
+    hashes = state.get(key)
+    if hashes is None:
+        req = ctx.request
+        hashes = state[key] = block_hashes(
+            req.prompt, req.target_model or req.model, req.cache_salt, block_tokens, max_blocks
+        )
+    return hashes
+
+
+def cycle_matches(
+    ctx: SchedulingContext, state: dict[str, Any], index: PrefixIndex, block_tokens: int, max_blocks: int
+) -> tuple[dict[str, int], int]:
+    """(endpoint key -> matched blocks, total blocks) for this decision's prompt, computed once."""
+    key = ("prefix.match", id(index), max_blocks)
+    got = state.get(key)
+    if got is None:
+        hashes = cycle_hashes(ctx, state, block_tokens, max_blocks)
+        got = state[key] = (index.match(hashes), len(hashes))
+    return got

@@ -1,0 +1,40 @@
+"""Approximate prompt block hashes.
+
+Characters stand in for tokens: one block is `block_tokens × 4` characters. Hashes are chained xxhash64:
+    seed    = xxh64(model ‖ cache_salt)
+    block_i = xxh64(chunk_i ‖ little-endian-uint64(block_{i-1}))      (block_{-1} = seed)
+A trailing partial block is included; at most `max_blocks` blocks are hashed. ASCII prompts are hashed as
+bytes directly; other prompts are sliced by characters and each chunk UTF-8 encoded.
+"""
+
+from __future__ import annotations
+
+import struct
+
+import xxhash
+
+CHARS_PER_TOKEN = 4
+
+_h64 = xxhash.xxh64_intdigest
+_pack = struct.Struct("<Q").pack
+
+
+def chain_seed(model: str, cache_salt: str = "") -> int:
+    return _h64((model + cache_salt).encode("utf-8"))
+
+
+def block_hashes(
+    prompt: str, model: str, cache_salt: str = "", block_tokens: int = 16, max_blocks: int = 256
+) -> list[int]:
+    """The chained block hashes of `prompt` (see module docstring)."""
+    if not prompt or max_blocks <= 0:
+        return []
+    step = block_tokens * CHARS_PER_TOKEN
+    prev = chain_seed(model, cache_salt)
+    h64 = _h64
+    pack = _pack
+    text = prompt[: step * max_blocks]
+    if text.isascii():
+        data = text.encode("ascii")
+        return [prev := h64(data[i : i + step] + pack(prev)) for i in range(0, len(data), step)]
+    return [prev := h64(text[i : i + step].encode("utf-8") + pack(prev)) for i in range(0, len(text), step)]

@@ -1,0 +1,213 @@
+"""A bounded index of which endpoint holds which prompt block.
+
+Layout (designed for 512 endpoints × 31,250 blocks in pure Python):
+- `_map: dict[block hash -> int]`, a bit set over endpoint slots: bit 2s = slot s holds the block, bit 2s+1 =
+  slot s touched it again since the clock hand last passed (the "referenced" bit).
+- per endpoint slot: a ring `array('Q')` of the block hashes it holds (8 bytes per block) and a clock hand.
+
+Eviction is CLOCK (second chance), the standard constant-memory approximation of LRU: when an endpoint is at
+capacity, the hand sweeps its ring, clearing referenced bits, and replaces the first unreferenced block.
+Memory per endpoint is therefore bounded by its capacity: 8 bytes of ring per held block plus one dict entry
+per distinct block (shared by every endpoint holding it). Single-holder bit sets are interned ints.
+
+Matching walks the request's blocks from the start, AND-ing the holder sets: an endpoint's match length is the
+position where its bit drops out.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Iterable, Sequence
+
+DEFAULT_CAPACITY = 31_250
+
+
+class PrefixIndex:
+    def __init__(self, default_capacity: int = DEFAULT_CAPACITY) -> None:
+        if default_capacity <= 0:
+            raise ValueError("default_capacity must be positive")
+        self.default_capacity = default_capacity
+        self._map: dict[int, int] = {}
+        self._slot_of: dict[str, int] = {}
+        self._keys: list[str | None] = []
+        self._rings: list[array] = []
+        self._hands: list[int] = []
+        self._caps: list[int] = []
+        self._last: list[float] = []
+        self._hold: list[int] = []  # interned 1 << 2s
+        self._free: list[int] = []
+        self._even = 0  # all "holds" bits of allocated slots
+
+    # ---- endpoints -------------------------------------------------------------------------------------
+    def _slot(self, key: str) -> int:
+        slot = self._slot_of.get(key)
+        if slot is not None:
+            return slot
+        if self._free:
+            slot = self._free.pop()
+            self._keys[slot] = key
+            self._rings[slot] = array("Q")
+            self._hands[slot] = 0
+            self._caps[slot] = self.default_capacity
+            self._last[slot] = 0.0
+        else:
+            slot = len(self._keys)
+            self._keys.append(key)
+            self._rings.append(array("Q"))
+            self._hands.append(0)
+            self._caps.append(self.default_capacity)
+            self._last.append(0.0)
+            self._hold.append(1 << (2 * slot))
+            self._even |= self._hold[slot]
+        self._slot_of[key] = slot
+        return slot
+
+    def endpoints(self) -> list[str]:
+        return list(self._slot_of)
+
+    def capacity(self, key: str) -> int:
+        slot = self._slot_of.get(key)
+        return self.default_capacity if slot is None else self._caps[slot]
+
+    def size(self, key: str) -> int:
+        """Blocks currently held by `key`."""
+        slot = self._slot_of.get(key)
+        return 0 if slot is None else len(self._rings[slot])
+
+    def __len__(self) -> int:
+        """Distinct blocks in the index."""
+        return len(self._map)
+
+    def set_capacity(self, key: str, capacity: int) -> None:
+        """Change one endpoint's capacity; shrinking evicts the blocks next in clock order."""
+        if capacity <= 0:
+            raise ValueError("capacity must be positive")
+        slot = self._slot(key)
+        self._caps[slot] = capacity
+        ring = self._rings[slot]
+        excess = len(ring) - capacity
+        if excess <= 0:
+            return
+        hand = self._hands[slot]
+        order = ring[hand:] + ring[:hand]
+        self._drop(slot, order[:excess])
+        self._rings[slot] = order[excess:]
+        self._hands[slot] = 0
+
+    def _drop(self, slot: int, hashes: Iterable[int]) -> None:
+        m = self._map
+        both = self._hold[slot] * 3
+        for h in hashes:
+            v = m[h] & ~both
+            if v:
+                m[h] = v
+            else:
+                del m[h]
+
+    def forget(self, key: str) -> None:
+        """Drop everything known about an endpoint (it left the pool)."""
+        slot = self._slot_of.pop(key, None)
+        if slot is None:
+            return
+        self._drop(slot, self._rings[slot])
+        self._rings[slot] = array("Q")
+        self._keys[slot] = None
+        self._free.append(slot)
+
+    def forget_idle(self, now: float, idle_seconds: float) -> list[str]:
+        """Forget endpoints not recorded into for `idle_seconds`; returns their keys."""
+        gone = [k for k, s in self._slot_of.items() if now - self._last[s] > idle_seconds]
+        for key in gone:
+            self.forget(key)
+        return gone
+
+    # ---- queries ---------------------------------------------------------------------------------------
+    def match(self, hashes: Sequence[int]) -> dict[str, int]:
+        """Endpoint key -> number of consecutive blocks from the start it holds (endpoints with 0 omitted)."""
+        if not hashes:
+            return {}
+        get = self._map.get
+        alive = get(hashes[0], 0) & self._even
+        if not alive:
+            return {}
+        out: dict[str, int] = {}
+        i = 1
+        for h in hashes[1:]:
+            nxt = alive & get(h, 0)
+            if nxt != alive:
+                self._emit(alive ^ nxt, i, out)
+                if not nxt:
+                    return out
+                alive = nxt
+            i += 1
+        self._emit(alive, i, out)
+        return out
+
+    def _emit(self, bits: int, n: int, out: dict[str, int]) -> None:
+        keys = self._keys
+        while bits:
+            low = bits & -bits
+            key = keys[(low.bit_length() - 1) >> 1]
+            if key is not None:
+                out[key] = n
+            bits ^= low
+
+    def holds(self, key: str, h: int) -> bool:
+        slot = self._slot_of.get(key)
+        return slot is not None and bool(self._map.get(h, 0) & self._hold[slot])
+
+    # ---- updates ---------------------------------------------------------------------------------------
+    def record(self, key: str, hashes: Iterable[int], now: float = 0.0) -> None:
+        """The endpoint now holds these blocks (inserted, or marked recently used)."""
+        slot = self._slot(key)
+        self._last[slot] = now
+        hold = self._hold[slot]
+        ref = hold << 1
+        m = self._map
+        ring = self._rings[slot]
+        cap = self._caps[slot]
+        for h in hashes:
+            v = m.get(h)
+            if v is None:
+                if len(ring) >= cap:
+                    self._replace(slot, h)
+                else:
+                    ring.append(h)
+                m[h] = hold
+            elif v & hold:
+                if not v & ref:
+                    m[h] = v | ref
+            else:
+                if len(ring) >= cap:
+                    self._replace(slot, h)
+                    v = m.get(h, 0)
+                else:
+                    ring.append(h)
+                m[h] = v | hold
+
+    def _replace(self, slot: int, h: int) -> None:
+        """CLOCK: put `h` in place of the first unreferenced block at or after the hand."""
+        m = self._map
+        ring = self._rings[slot]
+        hold = self._hold[slot]
+        ref = hold << 1
+        n = len(ring)
+        hand = self._hands[slot]
+        while True:
+            old = ring[hand]
+            v = m[old]
+            if v & ref:
+                m[old] = v ^ ref
+            else:
+                v ^= hold
+                if v:
+                    m[old] = v
+                else:
+                    del m[old]
+                ring[hand] = h
+                hand += 1
+                self._hands[slot] = 0 if hand == n else hand
+                return
+            hand += 1
+            if hand == n:
+                hand = 0
