@@ -22,11 +22,12 @@ log = logging.getLogger("epp")
 
 def load_scheduling(args: argparse.Namespace, rng: random.Random) -> Any:
     """The scheduler from --config-text / --config-file, or the built-in default profile."""
-    from scheduling.config import load_scheduler
+    from scheduling.config import load_scheduler, parse_yaml
 
     timer = time.perf_counter
     if args.config_text:
-        return load_scheduler(args.config_text, rng=rng, timer=timer, source="--config-text")
+        docs = [d.data for d in parse_yaml(args.config_text, "--config-text")]
+        return load_scheduler(docs, rng=rng, timer=timer, name="--config-text")
     if args.config_file:
         return load_scheduler(Path(args.config_file), rng=rng, timer=timer)
     return load_scheduler(None, rng=rng, timer=timer)
@@ -58,6 +59,7 @@ class App:
             fallbacks=args.fallbacks,
             conformance=args.enable_conformance_header,
             default_pool=args.pool_name,
+            log_decisions=args.log_decisions,
         )
         self.director = Director(self.datastore, scheduler, cfg, rng=self.rng)
         stream_cfg = StreamConfig(args.request_body_mode, args.response_body_mode, args.max_body_bytes)

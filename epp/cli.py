@@ -53,6 +53,7 @@ def _add_serve_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--fallbacks", type=int, default=0, help="extra endpoints in envoy.lb metadata (override_host)")
     g.add_argument("--enable-conformance-header", action="store_true",
                    help="honour test-epp-endpoint-selection (conformance tests only)")
+    g.add_argument("--log-decisions", action="store_true", help="log one line per routing decision")
     g.add_argument("-v", "--v", type=int, default=int(os.environ.get("EPP_VERBOSITY", "1")), help="log verbosity")
 
 
@@ -108,6 +109,11 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("--pool", default="")
     ex.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
+    st = sub.add_parser("stack", help="run the local stack: modelsim fleet + Pointsman + Envoy, no Docker")
+    from epp.localstack import add_flags
+
+    add_flags(st)
+
     ep = sub.add_parser("endpoints", help="list the endpoints a running Pointsman knows")
     ep.add_argument("--addr", default="127.0.0.1:9002")
     ep.add_argument("--pool", default="")
@@ -135,6 +141,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from epp.client import explain_command
 
         return explain_command(args)
+    if args.command == "stack":
+        from epp.localstack import stack_command
+
+        return stack_command(args)
     if args.command == "endpoints":
         from epp.client import endpoints_command
 

@@ -44,6 +44,7 @@ class DirectorConfig:
     conformance: bool = False  # honour test-epp-endpoint-selection / report x-conformance-test-served-endpoint
     default_pool: str | None = None
     pool_metadata_key: tuple[str, str] = ("pointsman", "pool")  # route metadata naming the pool (set by Envoy)
+    log_decisions: bool = False
 
 
 class NullMetrics:
@@ -294,6 +295,9 @@ class RequestExchange:
         d.metrics.request_started(req.model, req.target_model, req.priority)
         if result.decision:
             d.metrics.disagg_decision(req.target_model, result.decision)
+        if d.config.log_decisions:
+            log.info("decision %s model=%s -> %s%s (profile %s)", req.request_id[:8], req.target_model or "-",
+                     result.primary.key, f" prefill={result.prefill.key}" if result.prefill else "", result.profile)
         if req.model and req.target_model != req.model:
             self._rewrite_from = f'"model":"{req.target_model}"'.encode()
             self._rewrite_to = f'"model":"{req.model}"'.encode()

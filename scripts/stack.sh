@@ -1,0 +1,6 @@
+#!/usr/bin/env bash
+# The README's main command: set up .venv, then run Envoy + Pointsman + a simulated vLLM fleet until Ctrl-C.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/bootstrap.sh
+exec .venv/bin/epp stack "$@"
