@@ -1,0 +1,129 @@
+"""Scheduler micro-benchmark (not a test).
+
+1. One decision with the built-in default profile (queue ×2, kv-cache-utilization ×2, prefix-cache ×3,
+   max-score-picker) at 8, 64 and 512 endpoints with a 16 KB prompt: a shared 4 KB system prompt followed by a
+   unique 12 KB conversation, against a warm prefix index. Reports the median of schedule() and, separately, of
+   pre_request() (which records the prompt's blocks).
+2. The prefix index's memory (tracemalloc) at 512 endpoints × 31,250 blocks (worst case: no block shared by two
+   endpoints), then again after inserting as many blocks again: a bounded index does not grow.
+
+    python bench/bench_scheduler.py [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import random
+import statistics
+import sys
+import time
+import tracemalloc
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from scheduling.api import SchedulingContext  # noqa: E402
+from scheduling.config import load_scheduler  # noqa: E402
+from scheduling.prefix import PrefixIndex  # noqa: E402
+from scheduling.types import Endpoint, LLMRequest, Metrics  # noqa: E402
+
+PROMPT_CHARS = 16 * 1024
+SYSTEM_CHARS = 4 * 1024
+
+
+def endpoints(n: int, rnd: random.Random) -> list[Endpoint]:
+    out = []
+    for i in range(n):
+        addr = f"10.{i // 250}.{i % 250}.1"
+        m = Metrics(waiting=rnd.randrange(0, 8), running=rnd.randrange(0, 32), kv_usage=rnd.random(), stale=False)
+        out.append(Endpoint(f"{addr}:8000", addr, 8000, name=f"pod-{i}", metrics=m))
+    return out
+
+
+def prompt(i: int, system: str, rnd: random.Random) -> str:
+    body = "".join(rnd.choice("abcdefghijklmnopqrstuvwxyz ,.") for _ in range(64))
+    tail = (f"[turn {i}] " + body) * ((PROMPT_CHARS - SYSTEM_CHARS) // (len(body) + 12) + 1)
+    return (system + tail)[:PROMPT_CHARS]
+
+
+def bench_decisions(n: int, iters: int) -> tuple[float, float]:
+    rnd = random.Random(n)
+    sched = load_scheduler(None, rng=random.Random(7))
+    eps = endpoints(n, rnd)
+    systems = ["".join(rnd.choice("ABCDEFGHIJ \n") for _ in range(SYSTEM_CHARS)) for _ in range(8)]
+    prompts = [prompt(i, systems[i % len(systems)], rnd) for i in range(iters + 200)]
+    reqs = [LLMRequest(f"r{i}", "llama", "llama", prompt=p) for i, p in enumerate(prompts)]
+    # warm the prefix index
+    for i in range(200):
+        ctx = SchedulingContext(reqs[i], eps, now=float(i))
+        sched.pre_request(ctx, sched.schedule(ctx))
+    sched_ns: list[int] = []
+    pre_ns: list[int] = []
+    gc.collect()
+    gc.disable()
+    try:
+        for i in range(200, 200 + iters):
+            ctx = SchedulingContext(reqs[i], eps, now=float(i))
+            t0 = time.perf_counter_ns()
+            res = sched.schedule(ctx)
+            t1 = time.perf_counter_ns()
+            sched.pre_request(ctx, res)
+            t2 = time.perf_counter_ns()
+            sched_ns.append(t1 - t0)
+            pre_ns.append(t2 - t1)
+    finally:
+        gc.enable()
+    return statistics.median(sched_ns) / 1000, statistics.median(pre_ns) / 1000
+
+
+def fill(index: PrefixIndex, n_endpoints: int, blocks: int, start: int) -> int:
+    """Record `blocks` distinct blocks per endpoint, 256 per request; returns the next hash seed."""
+    mask = (1 << 64) - 1
+    h = start
+    for e in range(n_endpoints):
+        key = f"10.{e // 250}.{e % 250}.1:8000"
+        for _ in range(0, blocks, 256):
+            batch = [((h + j) * 0x9E3779B97F4A7C15) & mask for j in range(256)]
+            h += 256
+            index.record(key, batch)
+    return h
+
+
+def bench_memory(n_endpoints: int, capacity: int) -> tuple[float, float, int, int]:
+    gc.collect()
+    tracemalloc.start()
+    index = PrefixIndex(capacity)
+    base = tracemalloc.get_traced_memory()[0]
+    nxt = fill(index, n_endpoints, capacity, 1)
+    full = tracemalloc.get_traced_memory()[0] - base
+    distinct_full = len(index)
+    fill(index, n_endpoints, capacity, nxt)  # as many again: everything old must be evicted, nothing may grow
+    again = tracemalloc.get_traced_memory()[0] - base
+    distinct_again = len(index)
+    tracemalloc.stop()
+    return full / 2**20, again / 2**20, distinct_full, distinct_again
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="fewer iterations; memory at 64 endpoints only")
+    args = ap.parse_args()
+    print(f"python {sys.version.split()[0]}; prompt {PROMPT_CHARS} chars (256 blocks of 64 chars)\n")
+    print("| endpoints | schedule() median µs | pre_request() median µs |")
+    print("|---:|---:|---:|")
+    for n in (8, 64, 512):
+        iters = {8: 2000, 64: 2000, 512: 500}[n] // (4 if args.quick else 1)
+        s, p = bench_decisions(n, iters)
+        print(f"| {n} | {s:.1f} | {p:.1f} |")
+    n_ep = 64 if args.quick else 512
+    cap = 31_250
+    full, again, d1, d2 = bench_memory(n_ep, cap)
+    print("\n| prefix index | endpoints × blocks | distinct blocks | traced MiB | bytes/block |")
+    print("|---|---:|---:|---:|---:|")
+    print(f"| filled to capacity | {n_ep} × {cap} | {d1} | {full:.1f} | {full * 2**20 / d1:.1f} |")
+    print(f"| after 2× capacity inserted | {n_ep} × {cap} | {d2} | {again:.1f} | {again * 2**20 / d2:.1f} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,74 @@
+"""Builders shared by the scheduling tests."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping
+
+from scheduling.api import InflightLoad, SchedulingContext
+from scheduling.framework import BuildContext, create
+from scheduling.types import Endpoint, LLMRequest, Metrics
+
+
+def ep(
+    i: int,
+    *,
+    waiting: int = 0,
+    running: int = 0,
+    kv: float = 0.0,
+    labels: Mapping[str, str] | None = None,
+    models: frozenset[str] = frozenset(),
+    active_loras: frozenset[str] = frozenset(),
+    waiting_loras: frozenset[str] = frozenset(),
+    max_lora: int = 0,
+    num_gpu_blocks: int | None = None,
+    block_size: int | None = None,
+) -> Endpoint:
+    addr = f"10.0.{i // 250}.{i % 250}"
+    m = Metrics(
+        waiting=waiting,
+        running=running,
+        kv_usage=kv,
+        active_loras=active_loras,
+        waiting_loras=waiting_loras,
+        max_lora=max_lora,
+        num_gpu_blocks=num_gpu_blocks,
+        block_size=block_size,
+        stale=False,
+    )
+    return Endpoint(f"{addr}:8000", addr, 8000, name=f"pod-{i}", labels=dict(labels or {}), models=models, metrics=m)
+
+
+def req(
+    prompt: str = "",
+    *,
+    model: str = "llama",
+    target: str | None = None,
+    headers: Mapping[str, str] | None = None,
+    lora: str | None = None,
+    rid: str = "r1",
+) -> LLMRequest:
+    return LLMRequest(rid, model, target or model, headers=dict(headers or {}), prompt=prompt, lora_adapter=lora)
+
+
+def ctx(
+    request: LLMRequest | None = None,
+    candidates: list[Endpoint] | None = None,
+    *,
+    inflight: Mapping[str, InflightLoad] | None = None,
+    now: float = 0.0,
+    explain: bool = False,
+) -> SchedulingContext:
+    return SchedulingContext(request or req(), candidates or [], dict(inflight or {}), now, explain)
+
+
+def plugin(type_name: str, params: Mapping | None = None, *, shared: dict | None = None, dialect: str = "epp"):
+    return create(type_name, params=params, build=BuildContext("test.yaml", "plugins[0]", dialect, {} if shared is None else shared))
+
+
+def state(seed: int = 0) -> dict:
+    return {"rng": random.Random(seed)}
+
+
+def scores(scorer, c: SchedulingContext, st: dict | None = None) -> list[float]:
+    return list(scorer.score(c, list(c.candidates), st if st is not None else state()))
