@@ -33,7 +33,7 @@ def parse_binding(doc: Doc) -> list[tuple[str, str, str]]:
             raise ConfigError(src, "apiVersion", f"expected {GATEWAY_API}, got {d.get('apiVersion')!r}")
         spec = expect_mapping(d.get("spec"), src, "spec", "a mapping with schedulingProfiles")
     out = []
-    entries = expect_list(spec.get("schedulingProfiles") or [], src, "spec.schedulingProfiles")
+    entries = expect_list(spec.get("schedulingProfiles", []), src, "spec.schedulingProfiles")
     for i, raw in enumerate(entries):
         path = join_path("spec.schedulingProfiles", i)
         entry = expect_mapping(raw, src, path, "a binding {model, profile}")

@@ -42,6 +42,10 @@ SHELL_SECTIONS = ("featureGates", "saturationDetector", "flowControl", "data", "
 TOP_KEYS = ("apiVersion", "kind", "metadata", "plugins", "schedulingProfiles", *SHELL_SECTIONS)
 
 
+def _or_empty(value: Any) -> Any:
+    return [] if value is None else value
+
+
 def build_epp_config(
     doc: Doc, *, rng: random.Random, timer: Timer | None, shared: dict[Any, Any]
 ) -> ProfileScheduler:
@@ -58,7 +62,7 @@ def build_epp_config(
 
     plugins: dict[str, Plugin] = {}
     order: list[Plugin] = []
-    for i, raw in enumerate(expect_list(d.get("plugins") or [], src, "plugins")):
+    for i, raw in enumerate(expect_list(_or_empty(d.get("plugins")), src, "plugins")):
         path = join_path("plugins", i)
         entry = expect_mapping(raw, src, path, "a plugin entry {name, type, parameters}")
         check_keys(entry, ("name", "type", "parameters"), src, path)
@@ -114,7 +118,7 @@ def build_epp_config(
                 raise ConfigError(src, join_path(ppath, "name"), f"duplicate profile name {pname!r}")
             refs = []
             for k, rawr in enumerate(
-                expect_list(prof.get("plugins") or [], src, join_path(ppath, "plugins"))
+                expect_list(_or_empty(prof.get("plugins")), src, join_path(ppath, "plugins"))
             ):
                 rpath = join_path(join_path(ppath, "plugins"), k)
                 ref = expect_mapping(rawr, src, rpath, "a plugin reference {pluginRef, weight}")

@@ -95,8 +95,11 @@ def _convert(tp: Any, value: Any, source: str, path: str) -> Any:
 def parse_params(cls: type | None, raw: Any, *, source: str, path: str) -> Any:
     """Build `cls` (a Params dataclass) from a raw mapping; unknown keys and wrong types raise ConfigError."""
     if cls is None:
+        if isinstance(raw, Mapping) and raw:
+            first = str(next(iter(raw)))
+            raise ConfigError(source, join_path(path, first), "unknown parameter; this plugin takes no parameters")
         if raw:
-            raise ConfigError(source, path, "this plugin takes no parameters")
+            raise ConfigError(source, path, f"this plugin takes no parameters, got {raw!r}")
         return None
     if raw is None:
         raw = {}

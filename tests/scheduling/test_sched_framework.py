@@ -3,12 +3,12 @@ from __future__ import annotations
 import random
 
 import pytest
+from sched_helpers import ctx, ep, plugin, req
 
 from scheduling.api import SchedulingResult
 from scheduling.framework import Filter, Profile, ProfileScheduler, Scorer, create
 from scheduling.framework.profile import clamp_scores
 from scheduling.types import ErrorCode, SchedulingError
-from sched_helpers import ctx, ep, plugin, req
 
 
 class Fixed(Scorer):

@@ -1,0 +1,121 @@
+"""Prompt hashing, the bounded prefix index, and prefix routing."""
+
+from __future__ import annotations
+
+import random
+import struct
+
+import xxhash
+from sched_helpers import ctx, ep, req
+
+from scheduling.api import SchedulingResult
+from scheduling.config import load_scheduler
+from scheduling.prefix import PrefixIndex, block_hashes, chain_seed
+
+
+def test_hash_formula():
+    prompt = "a" * 64 + "b" * 64 + "tail"
+    seed = xxhash.xxh64_intdigest(b"llama" + b"salt")
+    assert chain_seed("llama", "salt") == seed
+    h0 = xxhash.xxh64_intdigest(b"a" * 64 + struct.pack("<Q", seed))
+    h1 = xxhash.xxh64_intdigest(b"b" * 64 + struct.pack("<Q", h0))
+    h2 = xxhash.xxh64_intdigest(b"tail" + struct.pack("<Q", h1))  # trailing partial block included
+    assert block_hashes(prompt, "llama", "salt") == [h0, h1, h2]
+
+
+def test_hash_limits_and_unicode():
+    assert len(block_hashes("x" * 64 * 300, "m")) == 256
+    assert len(block_hashes("x" * 64 * 300, "m", max_blocks=10)) == 10
+    assert block_hashes("", "m") == []
+    assert len(block_hashes("x" * 32 * 4, "m", block_tokens=8)) == 4
+    # characters, not bytes: 64 two-byte characters are one block
+    uni = "é" * 64 + "z"
+    hs = block_hashes(uni, "m")
+    assert len(hs) == 2
+    assert hs[0] == xxhash.xxh64_intdigest(("é" * 64).encode() + struct.pack("<Q", chain_seed("m")))
+    # model and salt separate the chains
+    assert block_hashes("abc", "m1") != block_hashes("abc", "m2")
+    assert block_hashes("abc", "m", "s1") != block_hashes("abc", "m", "s2")
+
+
+def test_index_consecutive_match():
+    idx = PrefixIndex(100)
+    idx.record("a", [1, 2, 3, 4])
+    idx.record("b", [1, 2])
+    idx.record("c", [2, 3, 4])  # no first block
+    assert idx.match([1, 2, 3, 4, 5]) == {"a": 4, "b": 2}
+    assert idx.match([9, 1]) == {}
+    assert idx.match([]) == {}
+
+
+def test_index_lru_capacity_clock():
+    idx = PrefixIndex(3)
+    idx.record("a", [1, 2, 3])
+    idx.record("a", [1])  # touch 1
+    idx.record("a", [4])  # evicts 2 (oldest unreferenced), 1 got a second chance
+    assert idx.size("a") == 3
+    assert idx.holds("a", 1) and not idx.holds("a", 2) and idx.holds("a", 3) and idx.holds("a", 4)
+    idx.record("a", [5, 6, 7])
+    assert idx.size("a") == 3 and len(idx) == 3
+
+
+def test_index_shared_block_eviction_is_per_endpoint():
+    idx = PrefixIndex(2)
+    idx.record("a", [1, 2])
+    idx.record("b", [1, 2])
+    idx.record("a", [3, 4])
+    assert not idx.holds("a", 1) and idx.holds("b", 1)
+    assert idx.match([1, 2]) == {"b": 2}
+    idx.forget("b")
+    assert idx.match([1, 2]) == {} and len(idx) == 2
+
+
+def test_index_set_capacity_shrinks():
+    idx = PrefixIndex(10)
+    idx.record("a", list(range(1, 11)))
+    idx.set_capacity("a", 4)
+    assert idx.size("a") == 4 and len(idx) == 4
+
+
+def test_index_bounded_by_capacity():
+    idx = PrefixIndex(500)
+    rnd = random.Random(1)
+    for e in range(20):
+        for _ in range(10):
+            idx.record(f"e{e}", [rnd.getrandbits(64) for _ in range(256)])
+    assert all(idx.size(f"e{e}") == 500 for e in range(20))
+    assert len(idx) == 20 * 500
+    assert sum(len(r) for r in idx._rings) == 20 * 500
+
+
+def test_repeated_system_prompt_goes_back_to_same_endpoint():
+    sched = load_scheduler(None, rng=random.Random(3))
+    eps = [ep(i, waiting=1, kv=0.3) for i in range(16)]
+    system = "You are a helpful assistant. " * 60  # ~1.7 KB shared prefix
+    c = ctx(req(system + "first question"), eps)
+    first = sched.schedule(c)
+    sched.pre_request(c, first)
+    for i in range(5):
+        c = ctx(req(system + f"another question {i}", rid=f"r{i}"), eps)
+        res = sched.schedule(c)
+        assert res.primary.key == first.primary.key
+        sched.pre_request(c, res)
+
+
+def test_prefix_recorded_for_prefill_endpoint():
+    sched = load_scheduler(None, rng=random.Random(3))
+    fs = sched.fallback
+    prefix = fs.profiles["default"].scorers[2][0]
+    d, p = ep(1), ep(2)
+    c = ctx(req("x" * 640), [d, p])
+    fs.pre_request(c, SchedulingResult(targets=[d], prefill=p, state={}))
+    assert prefix.index.match(block_hashes("x" * 640, "llama")) == {d.key: 10, p.key: 10}
+
+
+def test_capacity_autotuned_from_metrics():
+    sched = load_scheduler(None, rng=random.Random(3))
+    prefix = sched.fallback.profiles["default"].scorers[2][0]
+    e = ep(1, num_gpu_blocks=1000, block_size=32)
+    c = ctx(req("hello" * 30), [e])
+    sched.pre_request(c, sched.schedule(c))
+    assert prefix.index.capacity(e.key) == 1000 * 32 // 16
