@@ -1,0 +1,64 @@
+"""Kubernetes discovery: InferencePool, its pods, InferenceObjectives and InferenceModelRewrites.
+
+Everything the watchers read is listed in WATCHED_RESOURCES; a reflector can only be built for a resource listed
+there, and tests/deploy checks that the RBAC in deploy/ grants exactly these. GIE_FLAGS lists the command-line
+flags the Deployment in deploy/ passes (GIE EPP names); the CLI must accept all of them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Resource:
+    group: str  # "" for the core API group
+    version: str
+    plural: str
+    kind: str
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}" if self.group else self.version
+
+
+POD = Resource("", "v1", "pods", "Pod")
+INFERENCE_POOL = Resource("inference.networking.k8s.io", "v1", "inferencepools", "InferencePool")
+INFERENCE_OBJECTIVE = Resource("inference.networking.x-k8s.io", "v1alpha2", "inferenceobjectives", "InferenceObjective")
+INFERENCE_MODEL_REWRITE = Resource(
+    "inference.networking.x-k8s.io", "v1alpha2", "inferencemodelrewrites", "InferenceModelRewrite"
+)
+
+# Every resource a watcher reads, and the verbs it needs (RBAC must grant these, and nothing more is needed).
+WATCH_VERBS: tuple[str, ...] = ("get", "list", "watch")
+WATCHED_RESOURCES: tuple[Resource, ...] = (POD, INFERENCE_POOL, INFERENCE_OBJECTIVE, INFERENCE_MODEL_REWRITE)
+
+# GIE EPP flags used by deploy/ (and expected by operators); the CLI accepts all of them.
+GIE_FLAGS: tuple[str, ...] = (
+    "--pool-name",
+    "--pool-namespace",
+    "--pool-group",
+    "--config-file",
+    "--config-text",
+    "--grpc-port",
+    "--grpc-health-port",
+    "--metrics-port",
+    "--refresh-metrics-interval",
+    "--metrics-staleness-threshold",
+    "--endpoint-selector",
+    "--endpoint-target-ports",
+    "--secure-serving",
+    "--cert-path",
+    "--v",
+)
+
+__all__ = [
+    "GIE_FLAGS",
+    "INFERENCE_MODEL_REWRITE",
+    "INFERENCE_OBJECTIVE",
+    "INFERENCE_POOL",
+    "POD",
+    "WATCHED_RESOURCES",
+    "WATCH_VERBS",
+    "Resource",
+]
