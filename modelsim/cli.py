@@ -27,6 +27,7 @@ _FLEET_FLAGS: dict[str, tuple[str, Any, str]] = {
     "--failure-rate": ("failure_rate", float, "fraction of requests failing with 429/500/503 (default 0)"),
     "--seed": ("seed", int, "RNG seed for failure injection (default 0)"),
     "--kv-events-port": ("kv_events_port", int, "enable ZMQ KV events; server i publishes on this + i"),
+    "--stream-interval-ms": ("stream_interval", float, "coalesce streamed tokens after the first: wall ms"),
 }
 _ENGINE_FLAGS: dict[str, tuple[str, Any, float, str]] = {
     "--max-num-seqs": ("max_num_seqs", int, 1, "concurrent running requests (default 16)"),
@@ -66,7 +67,7 @@ def config_from_args(args: argparse.Namespace) -> Any:
     for flag, (key, _, _) in _FLEET_FLAGS.items():
         v = getattr(args, flag[2:].replace("-", "_"))
         if v is not None:
-            data[key] = v
+            data[key] = v / 1000.0 if key == "stream_interval" else v
     if args.lora:
         data["loras"] = [x for item in args.lora for x in item.split(",") if x]
     if args.roles:

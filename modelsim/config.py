@@ -54,6 +54,7 @@ class FleetConfig:
     seed: int = 0
     kv_events_port: int | None = None  # base port of the ZMQ PUB sockets (one per server)
     roles: tuple[str, ...] = ()  # per server: "both" (default), "prefill" or "decode" (informational)
+    stream_interval: float = 0.0  # wall s; > 0 coalesces streamed tokens after the first (cheaper at speed)
     engine: EngineConfig = field(default_factory=EngineConfig)
 
     def __post_init__(self) -> None:

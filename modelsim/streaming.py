@@ -79,6 +79,8 @@ async def run_generation(
             await resp.write(bytes(out))
         if finished:
             break
+        if srv.fleet.stream_interval > 0:
+            await asyncio.sleep(srv.fleet.stream_interval)
     await resp.write_eof()
     return resp
 

@@ -1,0 +1,94 @@
+"""Drives a planned workload against one URL and measures it from the client side.
+
+TTFT is the arrival of the first streamed body bytes after the request is sent; output and cached
+tokens come from the final usage chunk (stream_options.include_usage). Times are converted to model
+seconds by dividing by the fleet's time scale.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+
+import aiohttp
+import orjson
+
+from bench.routing.workload import Planned
+
+
+@dataclass
+class Result:
+    group: int
+    status: int
+    ttft: float | None  # model seconds
+    e2e: float | None
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    cached_tokens: int = 0
+    pod: str = ""
+    error: str = ""
+
+
+def _usage_from_tail(tail: bytes) -> dict | None:
+    idx = tail.rfind(b'"usage"')
+    if idx < 0:
+        return None
+    start = tail.rfind(b"data: ", 0, idx)
+    end = tail.find(b"\n", idx)
+    if start < 0 or end < 0:
+        return None
+    try:
+        return orjson.loads(tail[start + 6 : end]).get("usage")
+    except orjson.JSONDecodeError:
+        return None
+
+
+async def _one(session: aiohttp.ClientSession, url: str, p: Planned, scale: float, timeout: float) -> Result:
+    t0 = time.monotonic()
+    ttft = None
+    tail = b""
+    try:
+        async with session.post(url, data=orjson.dumps(p.body), headers={"content-type": "application/json"},
+                                timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
+            if resp.status != 200:
+                text = (await resp.read())[:200].decode(errors="replace")
+                return Result(p.group, resp.status, None, None, error=text)
+            pod = resp.headers.get("x-inference-pod", "")
+            async for chunk in resp.content.iter_any():
+                if ttft is None:
+                    ttft = (time.monotonic() - t0) / scale
+                tail = (tail + chunk)[-4096:]
+            e2e = (time.monotonic() - t0) / scale
+    except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+        return Result(p.group, 0, None, None, error=f"{type(exc).__name__}: {exc}")
+    u = _usage_from_tail(tail) or {}
+    return Result(p.group, 200, ttft, e2e, u.get("prompt_tokens", 0), u.get("completion_tokens", 0),
+                  (u.get("prompt_tokens_details") or {}).get("cached_tokens", 0) or 0, pod)
+
+
+async def run_stage(url: str, plan: list[Planned], time_scale: float, request_timeout: float = 120.0,
+                    stage_timeout: float = 600.0) -> tuple[list[Result], float]:
+    """Send every planned request at its arrival time; returns the results and the stage's model duration.
+
+    Bounded: each request by `request_timeout` and the whole stage by `stage_timeout` (wall seconds);
+    requests still running at the stage deadline are cancelled and counted as errors.
+    """
+    conn = aiohttp.TCPConnector(limit=0, force_close=False)
+    async with aiohttp.ClientSession(connector=conn) as session:
+        start = time.monotonic()
+
+        async def fire(p: Planned) -> Result:
+            delay = start + p.at * time_scale - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            return await _one(session, url, p, time_scale, request_timeout)
+
+        tasks = [asyncio.ensure_future(fire(p)) for p in plan]
+        done, pending = await asyncio.wait(tasks, timeout=stage_timeout)
+        for t in pending:
+            t.cancel()
+        results = [t.result() for t in tasks if t in done]
+        results += [Result(-1, 0, None, None, error="stage deadline") for _ in pending]
+        elapsed = (time.monotonic() - start) / time_scale
+    return results, elapsed

@@ -1,0 +1,210 @@
+"""Router adapters: each starts a router in front of a running modelsim fleet and returns its base URL.
+
+An adapter is `async start(fleet, workdir) -> Launched`; `Launched.stop()` ends every process it started.
+Adapters raise `Unavailable` when their binary is missing, so the runner can skip them.
+
+Pointsman hook: `start_pointsman` renders an endpoints file, asks `epp envoy-config` for an Envoy
+bootstrap and runs `epp serve` + Envoy from the command templates `POINTSMAN_EPP_SERVE` and
+`POINTSMAN_ENVOY_CONFIG` below. Adjust the templates (or set POINTSMAN_EPP to the epp command) as the
+epp CLI evolves.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from bench.routing.procs import ROOT, Proc, free_ports, wait_http, wait_tcp
+
+
+class Unavailable(RuntimeError):
+    """The router's binary is not installed; the runner skips it."""
+
+
+@dataclass
+class FleetInfo:
+    urls: list[str]
+    model: str
+    kv_event_endpoints: list[str] = field(default_factory=list)  # tcp://127.0.0.1:port per server
+
+
+@dataclass
+class Launched:
+    url: str
+    procs: list[Proc] = field(default_factory=list)
+
+    def stop(self) -> None:
+        for p in reversed(self.procs):
+            p.stop()
+
+
+Adapter = Callable[[FleetInfo, Path], Awaitable[Launched]]
+
+
+def _bin(name: str) -> str:
+    here = Path(sys.executable).parent / name
+    if here.exists():
+        return str(here)
+    found = shutil.which(name)
+    if found is None:
+        raise Unavailable(f"{name} not found (pip install {name.replace('-', '-')} in this venv)")
+    return found
+
+
+async def _started(name: str, argv: list[str], workdir: Path, ready_url: str, port: int,
+                   timeout: float = 30.0) -> Launched:
+    proc = Proc(name, argv, workdir)
+    try:
+        await wait_http(ready_url, proc, timeout)
+    except BaseException:
+        proc.stop()
+        raise
+    return Launched(f"http://127.0.0.1:{port}", [proc])
+
+
+async def start_direct(fleet: FleetInfo, workdir: Path) -> Launched:
+    """No router: the first server (only meaningful for a one-server fleet)."""
+    return Launched(fleet.urls[0])
+
+
+def render_envoy_rr(fleet: FleetInfo, listen_port: int, admin_port: int) -> str:
+    tmpl = (Path(__file__).parent / "envoy-rr.yaml.tmpl").read_text()
+    eps = []
+    for u in fleet.urls:
+        host, port = u.rsplit("//", 1)[1].rsplit(":", 1)
+        eps.append(f"        - endpoint: {{address: {{socket_address: {{address: {host}, port_value: {port}}}}}}}")
+    return tmpl.format(listen_port=listen_port, admin_port=admin_port, endpoints="\n".join(eps))
+
+
+async def _start_envoy(name: str, cfg_path: Path, workdir: Path, listen: int, admin: int) -> Proc:
+    envoy = _bin("envoy")
+    base_id = free_ports(1)[0]
+    proc = Proc(name, [envoy, "-c", str(cfg_path), "--concurrency", "2", "--base-id", str(base_id),
+                       "--disable-hot-restart", "-l", "warning"], workdir)
+    try:
+        await wait_http(f"http://127.0.0.1:{admin}/ready", proc, 30.0)
+    except BaseException:
+        proc.stop()
+        raise
+    return proc
+
+
+async def start_envoy_rr(fleet: FleetInfo, workdir: Path) -> Launched:
+    listen, admin = free_ports(2)
+    cfg = workdir / "envoy-rr.yaml"
+    cfg.write_text(render_envoy_rr(fleet, listen, admin))
+    proc = await _start_envoy("envoy-rr", cfg, workdir, listen, admin)
+    return Launched(f"http://127.0.0.1:{listen}", [proc])
+
+
+async def start_vllm_router(fleet: FleetInfo, workdir: Path, policy: str = "cache_aware") -> Launched:
+    exe = _bin("vllm-router")
+    port, prom = free_ports(2)
+    argv = [exe, "--host", "127.0.0.1", "--port", str(port), "--policy", policy, "--worker-urls", *fleet.urls,
+            "--prometheus-host", "127.0.0.1", "--prometheus-port", str(prom), "--log-level", "warning",
+            "--max-concurrent-requests", "100000", "--queue-size", "100000", "--request-timeout-secs", "600",
+            "--disable-retries", "--disable-circuit-breaker"]
+    if policy == "kv_aware":
+        if not fleet.kv_event_endpoints:
+            raise Unavailable("kv_aware needs the fleet's KV events (--kv-events-port)")
+        for u, ep in zip(fleet.urls, fleet.kv_event_endpoints, strict=True):
+            argv += ["--kv-event-source", f"{u}={ep}"]
+        argv += ["--kv-event-model", fleet.model, "--kv-event-block-size", "16"]
+    return await _started(f"vllm-router-{policy}", argv, workdir, f"http://127.0.0.1:{port}/health", port)
+
+
+async def start_vllm_router_kv(fleet: FleetInfo, workdir: Path) -> Launched:
+    return await start_vllm_router(fleet, workdir, "kv_aware")
+
+
+async def start_sglang_router(fleet: FleetInfo, workdir: Path) -> Launched:
+    exe = _bin("sglang-router")
+    port, prom = free_ports(2)
+    argv = [exe, "launch", "--host", "127.0.0.1", "--port", str(port), "--policy", "cache_aware",
+            "--worker-urls", *fleet.urls, "--prometheus-host", "127.0.0.1", "--prometheus-port", str(prom),
+            "--log-level", "warn"]
+    return await _started("sglang-router", argv, workdir, f"http://127.0.0.1:{port}/health", port)
+
+
+async def start_oracle(fleet: FleetInfo, workdir: Path) -> Launched:
+    (port,) = free_ports(1)
+    argv = [sys.executable, "-m", "bench.routing.oracle", "--port", str(port)]
+    for u in fleet.urls:
+        argv += ["--backend", u]
+    return await _started("oracle", argv, workdir, f"http://127.0.0.1:{port}/health", port)
+
+
+# ---- Pointsman (epp behind Envoy) ------------------------------------------------------------------
+# HOOK: fill in / adjust as the epp CLI settles. Placeholders: {epp} (the epp command, from $POINTSMAN_EPP
+# or `epp` on PATH or `python -m epp.cli`), {grpc_port}, {health_port}, {metrics_port}, {endpoints_file},
+# {listen_port}, {admin_port}, {envoy_config}, {extra} ($POINTSMAN_EPP_ARGS, e.g. a --config-file).
+POINTSMAN_ENVOY_CONFIG = ("{epp} envoy-config --variant override-host --listen-port {listen_port} "
+                          "--admin-port {admin_port} --epp 127.0.0.1:{grpc_port} "
+                          "--endpoints-file {endpoints_file} -o {envoy_config}")
+POINTSMAN_EPP_SERVE = ("{epp} serve --grpc-host 127.0.0.1 --grpc-port {grpc_port} --grpc-health-port {health_port} "
+                       "--metrics-port {metrics_port} --endpoints-file {endpoints_file} {extra}")
+
+
+def _epp_command() -> str:
+    env = os.environ.get("POINTSMAN_EPP")
+    if env:
+        return env
+    exe = Path(sys.executable).parent / "epp"
+    if exe.exists():
+        return str(exe)
+    if shutil.which("epp"):
+        return "epp"
+    probe = subprocess.run([sys.executable, "-c", "import epp.cli"], cwd=str(ROOT), capture_output=True,
+                           env={**os.environ, "PYTHONPATH": str(ROOT)})
+    if probe.returncode == 0:
+        return f"{shlex.quote(sys.executable)} -c 'import sys; from epp.cli import main; sys.exit(main())'"
+    raise Unavailable("epp is not available (no POINTSMAN_EPP, no `epp` on PATH, `import epp.cli` fails)")
+
+
+def write_endpoints_file(fleet: FleetInfo, path: Path) -> None:
+    eps = []
+    for i, u in enumerate(fleet.urls):
+        host, port = u.rsplit("//", 1)[1].rsplit(":", 1)
+        eps.append({"address": host, "port": int(port), "name": f"modelsim-{i}", "models": [fleet.model]})
+    path.write_text(yaml.safe_dump({"pools": [{"name": "default", "namespace": "default", "endpoints": eps}]}))
+
+
+async def start_pointsman(fleet: FleetInfo, workdir: Path) -> Launched:
+    epp = _epp_command()
+    grpc, health, metrics, listen, admin = free_ports(5)
+    endpoints, envoy_cfg = workdir / "pointsman-endpoints.yaml", workdir / "pointsman-envoy.yaml"
+    write_endpoints_file(fleet, endpoints)
+    values = {"epp": epp, "grpc_port": grpc, "health_port": health, "metrics_port": metrics,
+              "endpoints_file": endpoints, "listen_port": listen, "admin_port": admin, "envoy_config": envoy_cfg,
+              "extra": os.environ.get("POINTSMAN_EPP_ARGS", "")}
+    rendered = subprocess.run(POINTSMAN_ENVOY_CONFIG.format(**values), shell=True, cwd=str(workdir),
+                              capture_output=True, timeout=60,
+                              env={**os.environ, "PYTHONPATH": str(ROOT)})
+    if rendered.returncode != 0:
+        raise Unavailable(f"`epp envoy-config` failed: {rendered.stderr.decode(errors='replace')[-800:]}")
+    epp_proc = Proc("pointsman-epp", ["/bin/sh", "-c", "exec " + POINTSMAN_EPP_SERVE.format(**values)], workdir)
+    try:
+        await wait_tcp(grpc, epp_proc, 30.0)
+        envoy = await _start_envoy("pointsman-envoy", envoy_cfg, workdir, listen, admin)
+    except BaseException:
+        epp_proc.stop()
+        raise
+    return Launched(f"http://127.0.0.1:{listen}", [epp_proc, envoy])
+
+
+ROUTERS: dict[str, Adapter] = {
+    "envoy-rr": start_envoy_rr,
+    "vllm-router": start_vllm_router,
+    "vllm-router-kv": start_vllm_router_kv,
+    "sglang-router": start_sglang_router,
+    "pointsman": start_pointsman,
+    "oracle": start_oracle,
+}

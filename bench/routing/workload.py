@@ -1,0 +1,106 @@
+"""Shared-prefix workload generator (pure, seeded), after inference-perf's `shared_prefix` data type.
+
+`num_groups` groups each own a system prompt of `system_prompt_len` tokens; each group has
+`prompts_per_group` distinct questions of `question_len` tokens. A request picks a group (uniformly, or
+Zipf-distributed with exponent `zipf_s` > 0), then one of its questions uniformly, and asks for
+`output_len` tokens with ignore_eos. Arrivals are Poisson at `qps` (model time). Lengths are in
+modelsim tokens (4 ASCII characters each); the chat JSON framing adds a few tokens.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+from typing import Any
+
+_ALPHABET = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 "
+
+
+@dataclass(frozen=True)
+class WorkloadSpec:
+    num_groups: int = 16
+    prompts_per_group: int = 5
+    system_prompt_len: int = 1024  # tokens
+    question_len: int = 128  # tokens
+    output_len: int = 64  # tokens
+    zipf_s: float = 0.0  # 0 = uniform group popularity
+
+    @property
+    def distinct_prefix_tokens(self) -> int:
+        return self.num_groups * self.system_prompt_len
+
+
+@dataclass(frozen=True)
+class Planned:
+    at: float  # arrival, model seconds from the start of the stage
+    group: int
+    body: dict[str, Any]
+
+
+def _text(rng: random.Random, tokens: int) -> str:
+    return "".join(rng.choices(_ALPHABET, k=4 * tokens))
+
+
+class Workload:
+    def __init__(self, spec: WorkloadSpec, model: str, seed: int = 0) -> None:
+        self.spec = spec
+        self.model = model
+        self.seed = seed
+        self._systems = [
+            _labelled(f"group {g:05d}: ", _text(random.Random(f"{seed}/sys/{g}"), spec.system_prompt_len))
+            for g in range(spec.num_groups)
+        ]
+        n = spec.num_groups
+        weights = [1.0 / (k + 1) ** spec.zipf_s for k in range(n)] if spec.zipf_s > 0 else [1.0] * n
+        total = sum(weights)
+        self._cum = list(_accumulate(w / total for w in weights))
+
+    def question(self, group: int, idx: int) -> str:
+        rng = random.Random(f"{self.seed}/q/{group}/{idx}")
+        return _labelled(f"q{group}.{idx} ", _text(rng, self.spec.question_len))
+
+    def body(self, group: int, idx: int) -> dict[str, Any]:
+        msgs = []
+        if self._systems[group]:
+            msgs.append({"role": "system", "content": self._systems[group]})
+        msgs.append({"role": "user", "content": self.question(group, idx)})
+        return {"model": self.model, "messages": msgs, "max_tokens": self.spec.output_len, "ignore_eos": True,
+                "stream": True, "stream_options": {"include_usage": True}}
+
+    def pick_group(self, rng: random.Random) -> int:
+        u = rng.random()
+        lo, hi = 0, len(self._cum) - 1
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if self._cum[mid] < u:
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo
+
+    def plan(self, qps: float, duration: float, max_requests: int, stage_seed: int = 0) -> list[Planned]:
+        """Poisson arrivals at `qps` for `duration` model seconds, at most `max_requests`."""
+        rng = random.Random(f"{self.seed}/plan/{stage_seed}/{qps}")
+        out: list[Planned] = []
+        t = 0.0
+        while len(out) < max_requests:
+            t += -math.log(1.0 - rng.random()) / qps
+            if t > duration:
+                break
+            g = self.pick_group(rng)
+            idx = rng.randrange(self.spec.prompts_per_group)
+            out.append(Planned(t, g, self.body(g, idx)))
+        return out
+
+
+def _labelled(label: str, text: str) -> str:
+    """`text` with its start replaced by `label` (same length; empty text stays empty)."""
+    return (label + text[len(label):])[: len(text)] if text else ""
+
+
+def _accumulate(xs: Any) -> Any:
+    acc = 0.0
+    for x in xs:
+        acc += x
+        yield acc
