@@ -2,12 +2,15 @@
 
 For every request it POSTs the body to every backend's ``/admin/probe`` (modelsim's admin endpoint: the
 prefix-cache hit the request would get now, plus running/waiting counts and the latency profile), and
-picks the backend with the lowest predicted TTFT:
+picks the backend with the lowest predicted cost: this request's latency plus the slowdown it imposes on
+the requests already running there (modelsim's latency model, see modelsim/engine.py):
 
     r      = running + requests this oracle sent there that have not produced a byte yet
     load   = 1 + (F − 1) · r / (max_num_seqs − 1)                 (r + 1 running after admission)
     queue  = max(0, r + waiting + 1 − max_num_seqs) · max_tokens · itl · F / max_num_seqs
-    cost   = queue + (overhead + (prompt − cached) · per_token) · load
+    own    = (overhead + (prompt − cached) · per_token) · load + max_tokens · itl · load
+    others = r · (max_tokens / 2) · itl · (F − 1) / (max_num_seqs − 1)
+    cost   = queue + own + others
 
 Run: python -m bench.routing.oracle --port 8500 --backend http://127.0.0.1:8100 --backend ...
 Probing costs one loopback round trip per request (in wall time, so 1/time_scale more in model time).
@@ -34,8 +37,11 @@ def predicted_cost(st: dict[str, Any], pending: int, max_tokens: int) -> float:
     load = 1.0 + (f - 1.0) * r / max(1, m - 1)
     excess = max(0, r + st["waiting"] + 1 - m)
     queue = excess * max_tokens * st["itl"] * f / m
+    load = min(load, f)
     prefill = (st["prefill_overhead"] + (st["prompt_tokens"] - st["cached_tokens"]) * st["prefill_per_token"])
-    return queue + prefill * min(load, f)
+    own = prefill * load + max_tokens * st["itl"] * load
+    others = r * (max_tokens / 2) * st["itl"] * (f - 1.0) / max(1, m - 1)
+    return queue + own + others
 
 
 class Oracle:

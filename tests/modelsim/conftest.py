@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-import socket
 import sys
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -12,30 +11,9 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from bench.routing.procs import free_port_block  # noqa: E402
 from modelsim.config import EngineConfig, FleetConfig  # noqa: E402
 from modelsim.fleet import Fleet  # noqa: E402
-
-
-def free_port_block(n: int) -> int:
-    """A base port with n consecutive free ports (best effort)."""
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = s.getsockname()[1]
-        if base + n >= 65535:
-            continue
-        ok = True
-        for p in range(base, base + n):
-            with socket.socket() as s:
-                try:
-                    s.bind(("127.0.0.1", p))
-                except OSError:
-                    ok = False
-                    break
-        if ok:
-            return base
-    raise RuntimeError("no free port block")
-
 
 FleetFactory = Callable[..., Any]
 
