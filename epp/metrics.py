@@ -1,0 +1,156 @@
+"""Pointsman's own Prometheus metrics, with the Gateway API Inference Extension (GIE) names.
+
+Request path (the director calls these):
+- inference_objective_request_total{model_name, target_model_name, priority}            counter
+- inference_objective_request_error_total{model_name, target_model_name, error_code}    counter
+- inference_objective_request_duration_seconds{model_name, target_model_name}           histogram
+- inference_objective_input_tokens / _output_tokens{model_name, target_model_name}      histograms
+- inference_objective_running_requests{model_name}                                      gauge
+- inference_extension_scheduler_e2e_duration_seconds                                    histogram
+- inference_extension_plugin_duration_seconds{extension_point, plugin_type, plugin_name} histogram
+- disagg_decision_total{model_name, decision_type}                                      counter
+
+Pool gauges, computed from the datastore at scrape time (so never stale):
+- inference_pool_average_kv_cache_utilization{name}, inference_pool_average_queue_size{name},
+  inference_pool_ready_pods{name}, inference_pool_per_pod_queue_size{name, model_server_pod}
+
+Each EppMetrics owns a private CollectorRegistry, so tests (and several servers in one process) never collide.
+Contract: call `request_finished` exactly once for every `request_started`, errors included, so that the running
+gauge returns to zero.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.registry import Collector
+
+from epp.datastore import Datastore
+
+log = logging.getLogger(__name__)
+
+REQ_LABELS = ("model_name", "target_model_name")
+DURATION_BUCKETS = (0.005, 0.025, 0.05, 0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 1.25, 1.5, 2, 3, 4, 5, 6, 8, 10, 15, 20, 30,
+                    45, 60, 120, 180, 240, 300, 360, 480, 600, 900, 1200, 1800, 2700, 3600)
+TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32778, 65536, 131072, 262144,
+                 524288, 1048576)
+SCHEDULER_BUCKETS = (0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1)
+PLUGIN_BUCKETS = (0.00001, 0.00002, 0.00005, 0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05)
+
+
+class _PoolCollector(Collector):
+    def __init__(self, datastore: Datastore) -> None:
+        self.datastore = datastore
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        kv = GaugeMetricFamily("inference_pool_average_kv_cache_utilization",
+                               "The average KV cache utilization of the pool's model servers (0-1).", labels=["name"])
+        queue = GaugeMetricFamily("inference_pool_average_queue_size",
+                                  "The average number of waiting requests per model server.", labels=["name"])
+        ready = GaugeMetricFamily("inference_pool_ready_pods", "The number of ready pods in the pool.", labels=["name"])
+        per_pod = GaugeMetricFamily("inference_pool_per_pod_queue_size", "Waiting requests per model server.",
+                                    labels=["name", "model_server_pod"])
+        for name in self.datastore.pool_names():
+            snap = self.datastore.snapshot(name)
+            if snap is None:
+                continue
+            scraped = [e for e in snap.endpoints if e.metrics.updated_at is not None]
+            n = len(scraped)
+            kv.add_metric([name], sum(e.metrics.kv_usage for e in scraped) / n if n else 0.0)
+            queue.add_metric([name], sum(e.metrics.waiting for e in scraped) / n if n else 0.0)
+            ready.add_metric([name], float(len({e.name or e.address for e in snap.endpoints})))
+            for e in scraped:
+                per_pod.add_metric([name, e.name or e.key], float(e.metrics.waiting))
+        yield from (kv, queue, ready, per_pod)
+
+
+class EppMetrics:
+    def __init__(self, datastore: Datastore | None = None) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.requests = Counter("inference_objective_request_total", "Requests per model and objective priority.",
+                                [*REQ_LABELS, "priority"], registry=r)
+        self.errors = Counter("inference_objective_request_error_total", "Failed requests by error code.",
+                              [*REQ_LABELS, "error_code"], registry=r)
+        self.duration = Histogram("inference_objective_request_duration_seconds", "End-to-end request latency.",
+                                  REQ_LABELS, buckets=DURATION_BUCKETS, registry=r)
+        self.input_tokens = Histogram("inference_objective_input_tokens", "Prompt tokens per request.",
+                                      REQ_LABELS, buckets=TOKEN_BUCKETS, registry=r)
+        self.output_tokens = Histogram("inference_objective_output_tokens", "Output tokens per request.",
+                                       REQ_LABELS, buckets=TOKEN_BUCKETS, registry=r)
+        self.running = Gauge("inference_objective_running_requests", "Requests in flight per model.",
+                             ["model_name"], registry=r)
+        self.scheduler = Histogram("inference_extension_scheduler_e2e_duration_seconds",
+                                   "Scheduling latency per request.", buckets=SCHEDULER_BUCKETS, registry=r)
+        self.plugin = Histogram("inference_extension_plugin_duration_seconds", "Latency of one plugin call.",
+                                ["extension_point", "plugin_type", "plugin_name"], buckets=PLUGIN_BUCKETS, registry=r)
+        self.disagg = Counter("disagg_decision_total", "P/D decisions: decode-only or prefill-decode.",
+                              ["model_name", "decision_type"], registry=r)
+        self._pool_collector: _PoolCollector | None = None
+        if datastore is not None:
+            self.bind_datastore(datastore)
+
+    # ---- the director's calls ----------------------------------------------------------------------------
+    def request_started(self, model: str, target: str, priority: int | str) -> None:
+        self.requests.labels(model, target, str(priority)).inc()
+        self.running.labels(model).inc()
+
+    def request_error(self, model: str, target: str, code: str) -> None:
+        self.errors.labels(model, target, str(code)).inc()
+
+    def request_finished(
+        self,
+        model: str,
+        target: str,
+        duration_s: float | None,
+        input_tokens: int | None = None,
+        output_tokens: int | None = None,
+    ) -> None:
+        self.running.labels(model).dec()
+        if duration_s is not None:
+            self.duration.labels(model, target).observe(duration_s)
+        if input_tokens:
+            self.input_tokens.labels(model, target).observe(input_tokens)
+        if output_tokens:
+            self.output_tokens.labels(model, target).observe(output_tokens)
+
+    def scheduler_duration(self, seconds: float) -> None:
+        self.scheduler.observe(seconds)
+
+    def plugin_duration(self, ext_point: str, plugin_type: str, plugin_name: str, seconds: float) -> None:
+        self.plugin.labels(ext_point, plugin_type, plugin_name).observe(seconds)
+
+    def disagg_decision(self, model: str, decision: str) -> None:
+        self.disagg.labels(model, decision).inc()
+
+    # ---- pool gauges -------------------------------------------------------------------------------------
+    def bind_datastore(self, datastore: Datastore) -> None:
+        """Serve the inference_pool_* gauges computed from this datastore at every scrape."""
+        if self._pool_collector is not None:
+            self.registry.unregister(self._pool_collector)
+        self._pool_collector = _PoolCollector(datastore)
+        self.registry.register(self._pool_collector)
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+async def start_metrics_server(metrics: EppMetrics, port: int = 9090, host: str = "0.0.0.0") -> web.AppRunner:
+    """Serve GET /metrics on the running loop (`--metrics-port`). Stop with `await runner.cleanup()`."""
+
+    async def handle(_: web.Request) -> web.Response:
+        return web.Response(body=metrics.exposition(), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    app = web.Application()
+    app.router.add_get("/metrics", handle)
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    await site.start()
+    log.info("Prometheus metrics on %s:%d/metrics", host, port)
+    return runner
