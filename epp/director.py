@@ -123,9 +123,11 @@ class Director:
 
     # ---- building the scheduling request --------------------------------------------------------------------------
     def build(
-        self, headers: Mapping[str, str], body: bytes, metadata: Mapping[str, Mapping[str, object]]
+        self, headers: Mapping[str, str], body: bytes | None, metadata: Mapping[str, Mapping[str, object]]
     ) -> tuple[SchedulingContext, dict[str, Any] | None]:
-        """Parse and resolve; raise SchedulingError for bad input or no candidates."""
+        """Parse and resolve; raise SchedulingError for bad input or no candidates.
+
+        `body` None means a body exists but is not visible before the pick: route on headers and load alone."""
         kind = api_kind(headers)
         parsed_body: dict[str, Any] | None = None
         model, prompt = "", ""
@@ -139,7 +141,7 @@ class Director:
             else:
                 p = parse_body(kind, body)
                 parsed_body, model, prompt = p.body, p.model, p.prompt
-        elif kind is not ApiKind.OTHER and headers.get(":method", "POST").upper() == "POST":
+        elif body is not None and kind is not ApiKind.OTHER and headers.get(":method", "POST").upper() == "POST":
             raise SchedulingError(ErrorCode.BAD_REQUEST, f"{kind.value} request has no body")
         target = model
         forced = headers.get(MODEL_REWRITE)
@@ -266,7 +268,7 @@ class RequestExchange:
         self._tokens = 0
 
     def decide(
-        self, headers: Mapping[str, str], body: bytes, metadata: Mapping[str, Mapping[str, object]]
+        self, headers: Mapping[str, str], body: bytes | None, metadata: Mapping[str, Mapping[str, object]]
     ) -> Outcome:
         d = self.d
         self.started = d.clock()

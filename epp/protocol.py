@@ -67,7 +67,11 @@ class Outcome:
 class Exchange(Protocol):
     """The per-request callbacks the machine needs; implemented by the director."""
 
-    def decide(self, headers: Mapping[str, str], body: bytes, metadata: Mapping[str, Mapping[str, object]]) -> Outcome:
+    def decide(
+        self, headers: Mapping[str, str], body: bytes | None, metadata: Mapping[str, Mapping[str, object]]
+    ) -> Outcome:
+        """Decide for a complete request. `body` is None when it exists but cannot be seen before the pick
+        (STREAMED mode where Envoy waits for the header reply)."""
         ...
 
     def response_headers(
@@ -252,7 +256,7 @@ class RequestMachine:
         return [_EMPTY_REQ_HEADERS]
 
     def _decide_on_headers(self) -> list[pb.ProcessingResponse]:
-        outcome = self._decide(b"")
+        outcome = self._decide(b"" if self._body_done else None)
         if outcome.reject_status:
             return [self._reject(outcome)]
         self._header_replied = True
@@ -319,7 +323,6 @@ class RequestMachine:
         common = pb.CommonResponse(clear_route_cache=outcome.clear_route_cache)
         if outcome.body is not None:
             sets.append(("content-length", str(len(outcome.body))))
-            common.status = pb.CommonResponse.CONTINUE_AND_REPLACE
             common.body_mutation.body = outcome.body
         common.header_mutation.CopyFrom(header_mutation(sets, outcome.remove_headers))
         resp = pb.ProcessingResponse(request_body=pb.BodyResponse(response=common))
@@ -327,7 +330,7 @@ class RequestMachine:
             resp.dynamic_metadata.CopyFrom(dynamic_metadata(outcome.metadata))
         return [resp]
 
-    def _decide(self, body: bytes) -> Outcome:
+    def _decide(self, body: bytes | None) -> Outcome:
         self._decided = True
         return self.exchange.decide(self._headers, body, self._metadata)
 
@@ -371,7 +374,8 @@ class RequestMachine:
             return streamed_chunks(data, body.end_of_stream, request=False)
         if data is body.body or data == body.body:
             return [_EMPTY_RESP_BODY]
-        common = pb.CommonResponse(
-            status=pb.CommonResponse.CONTINUE_AND_REPLACE, body_mutation=pb.BodyMutation(body=data)
-        )
+        common = pb.CommonResponse(body_mutation=pb.BodyMutation(body=data))
+        if self.resp_mode in (BodyMode.BUFFERED, BodyMode.BUFFERED_PARTIAL):
+            # Envoy checks content-length against a mutated buffered body.
+            common.header_mutation.CopyFrom(header_mutation([("content-length", str(len(data)))], []))
         return [pb.ProcessingResponse(response_body=pb.BodyResponse(response=common))]

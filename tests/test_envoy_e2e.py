@@ -154,3 +154,29 @@ async def test_epp_down_fails_closed_then_recovers(stack):
             await asyncio.sleep(0.1)
         assert ok, "Envoy must reach the restarted EPP"
         assert info["served_by"] in stack.ports
+
+
+@pytest.mark.parametrize("mode", ["BUFFERED", "STREAMED", "FULL_DUPLEX_STREAMED"])
+async def test_body_modes_route_and_rewrite_the_model(tmp_path, mode):
+    """AI Gateway runs the EPP in BUFFERED mode; the body rewrite must arrive with a matching length."""
+    overrides = {"request_body_mode": mode, "response_body_mode": mode}
+    s = Stack(tmp_path, variant="original-dst", envoy_overrides=overrides)
+    await s.start()
+    try:
+        async with aiohttp.ClientSession() as c:
+            status, info = await post(c, s.url + "/v1/chat/completions", chat("rewrite me"),
+                                      {"x-gateway-model-name-rewrite": "llama-2"})
+            assert status == 200, info
+            assert info["headers"]["x-gateway-destination-endpoint"] == f"127.0.0.1:{info['served_by']}"
+            if mode == "STREAMED":
+                # Envoy waits for the header reply before streaming: the pick is made on headers alone,
+                # and the body passes through unchanged.
+                assert info["received_model"] == "llama"
+            else:
+                assert info["received_model"] == "llama-2"
+                assert info["headers"]["x-gateway-model-name"] == "llama-2"
+            status, text = await post(c, s.url + "/v1/chat/completions", b"{broken")
+            if mode != "STREAMED":
+                assert status == 400 and "BadRequest" in text
+    finally:
+        await s.stop()

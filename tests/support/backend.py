@@ -25,7 +25,7 @@ def make_app(port: int) -> web.Application:
             try:
                 parsed = orjson.loads(body)
                 stream = isinstance(parsed, dict) and bool(parsed.get("stream"))
-                info["model"] = parsed.get("model") if isinstance(parsed, dict) else None
+                info["received_model"] = parsed.get("model") if isinstance(parsed, dict) else None
             except orjson.JSONDecodeError:
                 pass
         hdrs = {"x-served-by": str(port)}
@@ -35,7 +35,7 @@ def make_app(port: int) -> web.Application:
         resp = web.StreamResponse(headers={**hdrs, "content-type": "text/event-stream"})
         await resp.prepare(request)
         for i in range(5):
-            chunk = {"id": "c", "object": "chat.completion.chunk", "model": info.get("model"),
+            chunk = {"id": "c", "object": "chat.completion.chunk", "model": info.get("received_model"),
                      "choices": [{"index": 0, "delta": {"content": f"tok{i} "}}]}
             await resp.write(b"data: " + orjson.dumps(chunk) + b"\n\n")
             await asyncio.sleep(0.01)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import socket
 import subprocess
@@ -58,7 +59,7 @@ class Envoy:
     def start(self) -> None:
         self.proc = subprocess.Popen(
             [envoy_binary(), "-c", str(self.config), "--concurrency", "1", "--use-dynamic-base-id",
-             "--log-level", "warning", "--log-path", str(self.log)],
+             "--log-level", os.environ.get("POINTSMAN_ENVOY_LOG_LEVEL", "warning"), "--log-path", str(self.log)],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
         try:
@@ -75,4 +76,5 @@ class Envoy:
                 self.proc.wait(10)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
-        shutil.rmtree(self.dir, ignore_errors=True)
+        if not os.environ.get("POINTSMAN_KEEP_ENVOY_LOGS"):
+            shutil.rmtree(self.dir, ignore_errors=True)
