@@ -1,0 +1,83 @@
+"""Pointsman's own API over real gRPC: Explain (dry run, with per-plugin detail) and ListEndpoints, and the CLI."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import grpc
+import orjson
+import pytest
+
+from proto import pointsman_pb2 as api
+from proto import pointsman_pb2_grpc
+from tests.support.envoy import free_port
+from tests.support.stack import serve_args
+
+ROOT = Path(__file__).resolve().parent.parent
+BODY = orjson.dumps({"model": "llama", "messages": [{"role": "user", "content": "hi"}]})
+
+
+@pytest.fixture
+async def app(tmp_path):
+    from epp.app import App
+
+    eps = tmp_path / "eps.yaml"
+    eps.write_text("pools:\n- name: pool\n  endpoints:\n"
+                   "  - {address: 10.0.0.1, port: 8000, models: [llama]}\n"
+                   "  - {address: 10.0.0.2, port: 8000, models: [llama]}\n"
+                   "  - {address: 10.0.0.3, port: 8000, models: [other]}\n")
+    a = App(serve_args("--grpc-port", str(free_port()), "--endpoints-file", str(eps)))
+    await a.start()
+    yield a
+    await a.stop(0)
+
+
+async def test_explain_returns_the_decision_with_plugin_detail(app):
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{app.port}") as ch:
+        stub = pointsman_pb2_grpc.PointsmanStub(ch)
+        resp = await stub.Explain(api.ExplainRequest(path="/v1/chat/completions", body=BODY))
+        assert resp.status == 200, resp.error
+        assert resp.endpoint in ("10.0.0.1:8000", "10.0.0.2:8000")
+        assert set(resp.candidates) == {"10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000"}
+        assert resp.headers["x-gateway-destination-endpoint"] == resp.endpoint
+        run = resp.profiles[0]
+        scorers = {p.type: p for p in run.plugins if p.kind == "scorer"}
+        assert {"queue-scorer", "kv-cache-utilization-scorer", "prefix-cache-scorer"} <= set(scorers)
+        assert all(0.0 <= v <= 1.0 for p in scorers.values() for v in p.scores.values())
+        assert set(run.totals) == {"10.0.0.1:8000", "10.0.0.2:8000"}  # only endpoints serving the model
+        # A dry run commits nothing.
+        assert app.datastore.inflight.total == 0
+        bad = await stub.Explain(api.ExplainRequest(path="/v1/chat/completions", body=b"{"))
+        assert bad.status == 400 and bad.error.startswith("inference error: BadRequest")
+        listing = await stub.ListEndpoints(api.ListEndpointsRequest())
+        assert [e.key for e in listing.endpoints] == ["10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000"]
+        assert listing.default_pool == "pool" and listing.endpoints[0].metrics_age_seconds == -1.0
+
+
+async def test_explain_and_endpoints_commands(app):
+    def run(*argv: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "epp.cli", *argv], capture_output=True, text=True, cwd=ROOT,
+                              timeout=60)
+
+    res = await asyncio.to_thread(run, "explain", "--addr", f"127.0.0.1:{app.port}", "--body", BODY.decode())
+    assert res.returncode == 0, res.stderr
+    assert "endpoint  10.0.0." in res.stdout and "scorer" in res.stdout
+    res = await asyncio.to_thread(run, "explain", "--addr", f"127.0.0.1:{app.port}", "--json", "--body",
+                                  BODY.decode())
+    assert json.loads(res.stdout)["status"] == 200
+    res = await asyncio.to_thread(run, "endpoints", "--addr", f"127.0.0.1:{app.port}")
+    assert res.returncode == 0 and res.stdout.count("10.0.0.") == 3
+
+
+def test_generated_proto_code_matches_the_proto(tmp_path):
+    from grpc_tools import protoc
+
+    assert protoc.main(["protoc", f"-I{ROOT}", f"--python_out={tmp_path}", f"--grpc_python_out={tmp_path}",
+                        str(ROOT / "proto" / "pointsman.proto")]) == 0
+    for name in ("pointsman_pb2.py", "pointsman_pb2_grpc.py"):
+        assert (tmp_path / "proto" / name).read_text() == (ROOT / "proto" / name).read_text(), (
+            f"proto/{name} is stale: regenerate with grpc_tools.protoc (see proto/README.md)")
