@@ -151,7 +151,7 @@ def main() -> int:
     ap.add_argument("--epp-args", default="", help="extra flags for `epp serve`")
     ap.add_argument("--skip-response", action="store_true", help="Envoy skips the response phases for Pointsman")
     ap.add_argument("--no-peer", action="store_true", help="skip vllm-router")
-    ap.add_argument("--toy", choices=("aio", "sync"), default=None,
+    ap.add_argument("--toy", choices=("aio", "sync", "gen"), default=None,
                     help="also measure bench/toy_extproc.py (the gRPC floor) behind a second Envoy")
     args = ap.parse_args()
     if not shutil.which("wrk"):
@@ -183,7 +183,7 @@ def main() -> int:
         if args.toy:
             toy_port = free_port()
             toy = procs.spawn([sys.executable, str(ROOT / "bench" / "toy_extproc.py"), "--port", str(toy_port),
-                               "--backend", f"127.0.0.1:{backends[0]}", *(["--sync"] if args.toy == "sync" else [])],
+                               "--backend", f"127.0.0.1:{backends[0]}", *([] if args.toy == "aio" else [f"--{args.toy}"])],
                               toy_port)
             with_toy = free_port()
             spec = EnvoyConfigSpec(variant="original-dst", listen_port=with_toy, admin_port=free_port(),

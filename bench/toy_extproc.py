@@ -62,6 +62,14 @@ class Aio(pb_grpc.ExternalProcessorServicer):
                 await context.write(r)
 
 
+class AioGen(Aio):
+    async def Process(self, request_iterator, context):  # noqa: N802
+        held: list = []
+        async for req in request_iterator:
+            for r in answer(req, held, self.headers):
+                yield r
+
+
 class Sync(pb_grpc.ExternalProcessorServicer):
     def __init__(self, backend: str) -> None:
         self.headers = replies(backend)
@@ -77,6 +85,7 @@ def main() -> None:
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--backend", required=True)
     ap.add_argument("--sync", action="store_true")
+    ap.add_argument("--gen", action="store_true", help="async-generator servicer instead of read/write")
     a = ap.parse_args()
     if a.sync:
         server = grpc.server(futures.ThreadPoolExecutor(64))
@@ -88,7 +97,7 @@ def main() -> None:
 
     async def run() -> None:
         server = grpc.aio.server()
-        pb_grpc.add_ExternalProcessorServicer_to_server(Aio(a.backend), server)
+        pb_grpc.add_ExternalProcessorServicer_to_server((AioGen if a.gen else Aio)(a.backend), server)
         server.add_insecure_port(f"127.0.0.1:{a.port}")
         await server.start()
         await server.wait_for_termination()
