@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import os
 import random
 import statistics
 import sys
@@ -47,7 +48,12 @@ def prompt(i: int, system: str, rnd: random.Random) -> str:
     return (system + tail)[:PROMPT_CHARS]
 
 
-def bench_decisions(n: int, iters: int) -> tuple[float, float]:
+def pct(values: list[int], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] / 1000
+
+
+def bench_decisions(n: int, iters: int) -> tuple[float, float, float, float]:
     rnd = random.Random(n)
     sched = load_scheduler(None, rng=random.Random(7))
     eps = endpoints(n, rnd)
@@ -74,7 +80,12 @@ def bench_decisions(n: int, iters: int) -> tuple[float, float]:
             pre_ns.append(t2 - t1)
     finally:
         gc.enable()
-    return statistics.median(sched_ns) / 1000, statistics.median(pre_ns) / 1000
+    return (
+        statistics.median(sched_ns) / 1000,
+        pct(sched_ns, 0.1),
+        statistics.median(pre_ns) / 1000,
+        pct(pre_ns, 0.1),
+    )
 
 
 def fill(index: PrefixIndex, n_endpoints: int, blocks: int, start: int) -> int:
@@ -109,13 +120,17 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="fewer iterations; memory at 64 endpoints only")
     args = ap.parse_args()
-    print(f"python {sys.version.split()[0]}; prompt {PROMPT_CHARS} chars (256 blocks of 64 chars)\n")
-    print("| endpoints | schedule() median µs | pre_request() median µs |")
-    print("|---:|---:|---:|")
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    print(
+        f"python {sys.version.split()[0]}; prompt {PROMPT_CHARS} chars (256 blocks of 64 chars); "
+        f"{os.cpu_count()} CPUs, load average {load:.2f}\n"
+    )
+    print("| endpoints | schedule() median µs | schedule() p10 µs | pre_request() median µs | pre_request() p10 µs |")
+    print("|---:|---:|---:|---:|---:|")
     for n in (8, 64, 512):
-        iters = {8: 2000, 64: 2000, 512: 500}[n] // (4 if args.quick else 1)
-        s, p = bench_decisions(n, iters)
-        print(f"| {n} | {s:.1f} | {p:.1f} |")
+        iters = {8: 2000, 64: 2000, 512: 1000}[n] // (4 if args.quick else 1)
+        s, s10, p, p10 = bench_decisions(n, iters)
+        print(f"| {n} | {s:.1f} | {s10:.1f} | {p:.1f} | {p10:.1f} |")
     n_ep = 64 if args.quick else 512
     cap = 31_250
     full, again, d1, d2 = bench_memory(n_ep, cap)

@@ -59,7 +59,10 @@ class ModelScheduler:
         if self.filter_served_models:
             target = req.target_model or req.model
             lora = req.lora_adapter
-            cands = [e for e in cands if serves(e, target, lora)]
+            if lora is None:
+                cands = [e for e in cands if not e.models or target in e.models]
+            else:
+                cands = [e for e in cands if serves(e, target, lora)]
             if not cands:
                 raise SchedulingError(
                     ErrorCode.RESOURCE_EXHAUSTED,

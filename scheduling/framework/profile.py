@@ -11,6 +11,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from operator import add
 
 from scheduling.api import PluginDetail, ProfileResult, SchedulingContext
 from scheduling.framework.plugin import Filter, Picker, Scorer, State
@@ -64,7 +65,7 @@ class Profile:
                     f"filter {f.name!r} of profile {self.name!r} removed all candidates",
                 )
         n = len(cands)
-        totals = [0.0] * n
+        totals: list[float] | None = None
         for scorer, weight in self.scorers:
             if details is not None and timer is not None:
                 t0 = timer()
@@ -80,8 +81,10 @@ class Profile:
                     ErrorCode.INTERNAL,
                     f"scorer {scorer.name!r} returned {len(values)} scores for {n} endpoints",
                 )
-            if weight == 1.0:
-                totals = [t + v for t, v in zip(totals, values, strict=True)]
+            if totals is None:
+                totals = list(values) if weight == 1.0 else [weight * v for v in values]
+            elif weight == 1.0:
+                totals = list(map(add, totals, values))
             else:
                 totals = [t + weight * v for t, v in zip(totals, values, strict=True)]
             if details is not None:
@@ -97,6 +100,8 @@ class Profile:
                         else None,
                     )
                 )
+        if totals is None:
+            totals = [0.0] * n
         picker = self.picker
         if details is not None and timer is not None:
             t0 = timer()

@@ -1,7 +1,16 @@
 """Prefix-cache state: prompt block hashing and a bounded per-endpoint block index."""
 
-from scheduling.prefix.cycle import cycle_hashes, cycle_matches, shared_index
-from scheduling.prefix.hashing import block_hashes, chain_seed
+from scheduling.prefix.cycle import cycle_blocks, cycle_hashes, cycle_matches, shared_index
+from scheduling.prefix.hashing import BlockHasher, block_hashes, chain_seed
 from scheduling.prefix.index import PrefixIndex
 
-__all__ = ["PrefixIndex", "block_hashes", "chain_seed", "cycle_hashes", "cycle_matches", "shared_index"]
+__all__ = [
+    "BlockHasher",
+    "cycle_blocks",
+    "PrefixIndex",
+    "block_hashes",
+    "chain_seed",
+    "cycle_hashes",
+    "cycle_matches",
+    "shared_index",
+]

@@ -1,7 +1,8 @@
 """Per-decision caching of prompt hashes and prefix matches, and the scheduler-scoped shared index.
 
 Several plugins (prefix scorer, prefix-affinity filter, no-hit-LRU scorer, the P/D decider) need the same
-hashes and matches; the first one computes them into the decision's `state`, the rest reuse them.
+hashes and matches; the first one computes them into the decision's `state`, the rest reuse them. Hashing is
+lazy: matching hashes only as far as some endpoint still matches; pre_request hashes the rest to record it.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from scheduling.api import SchedulingContext
-from scheduling.prefix.hashing import block_hashes
+from scheduling.prefix.hashing import BlockHasher
 from scheduling.prefix.index import DEFAULT_CAPACITY, PrefixIndex
 
 
@@ -28,17 +29,21 @@ def shared_index(shared: dict[Any, Any], block_tokens: int, capacity: int | None
     return index
 
 
-def cycle_hashes(
-    ctx: SchedulingContext, state: dict[str, Any], block_tokens: int, max_blocks: int
-) -> list[int]:
-    key = ("prefix.hashes", block_tokens, max_blocks)
-    hashes = state.get(key)
-    if hashes is None:
+def cycle_blocks(ctx: SchedulingContext, state: dict[str, Any], block_tokens: int, max_blocks: int) -> BlockHasher:
+    """This decision's lazily hashed prompt blocks."""
+    key = ("prefix.blocks", block_tokens, max_blocks)
+    blocks = state.get(key)
+    if blocks is None:
         req = ctx.request
-        hashes = state[key] = block_hashes(
+        blocks = state[key] = BlockHasher(
             req.prompt, req.target_model or req.model, req.cache_salt, block_tokens, max_blocks
         )
-    return hashes
+    return blocks
+
+
+def cycle_hashes(ctx: SchedulingContext, state: dict[str, Any], block_tokens: int, max_blocks: int) -> list[int]:
+    """Every block hash of this decision's prompt (the same values as `block_hashes`)."""
+    return cycle_blocks(ctx, state, block_tokens, max_blocks).all()
 
 
 def cycle_matches(
@@ -48,6 +53,6 @@ def cycle_matches(
     key = ("prefix.match", id(index), max_blocks)
     got = state.get(key)
     if got is None:
-        hashes = cycle_hashes(ctx, state, block_tokens, max_blocks)
-        got = state[key] = (index.match(hashes), len(hashes))
+        blocks = cycle_blocks(ctx, state, block_tokens, max_blocks)
+        got = state[key] = (index.match_lazy(blocks), blocks.total)
     return got

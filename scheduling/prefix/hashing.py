@@ -38,3 +38,52 @@ def block_hashes(
         data = text.encode("ascii")
         return [prev := h64(data[i : i + step] + pack(prev)) for i in range(0, len(data), step)]
     return [prev := h64(text[i : i + step].encode("utf-8") + pack(prev)) for i in range(0, len(text), step)]
+
+
+class BlockHasher:
+    """The same chain as `block_hashes`, computed lazily: `upto(k)` hashes only the first k blocks.
+
+    Matching stops at the first block no endpoint holds, so a decision usually needs only a prefix of the
+    chain; the rest is hashed when the blocks are recorded after the pick (pre_request).
+    """
+
+    __slots__ = ("_data", "_step", "total", "hashes", "_prev")
+
+    def __init__(
+        self, prompt: str, model: str, cache_salt: str = "", block_tokens: int = 16, max_blocks: int = 256
+    ) -> None:
+        step = block_tokens * CHARS_PER_TOKEN
+        text = prompt[: step * max(0, max_blocks)]
+        self._step = step
+        self._data: bytes | str = text.encode("ascii") if text.isascii() else text
+        self.total = -(-len(text) // step)
+        self.hashes: list[int] = []
+        self._prev = chain_seed(model, cache_salt)
+
+    def upto(self, k: int) -> list[int]:
+        """The hash list, extended to at least min(k, total) blocks."""
+        hashes = self.hashes
+        have = len(hashes)
+        if k > self.total:
+            k = self.total
+        if have >= k:
+            return hashes
+        step = self._step
+        data = self._data
+        prev = self._prev
+        h64 = _h64
+        pack = _pack
+        if isinstance(data, bytes):
+            hashes += [
+                prev := h64(data[i : i + step] + pack(prev)) for i in range(have * step, k * step, step)
+            ]
+        else:
+            hashes += [
+                prev := h64(data[i : i + step].encode("utf-8") + pack(prev))
+                for i in range(have * step, k * step, step)
+            ]
+        self._prev = prev
+        return hashes
+
+    def all(self) -> list[int]:
+        return self.upto(self.total)

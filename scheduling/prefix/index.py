@@ -19,6 +19,8 @@ from __future__ import annotations
 from array import array
 from collections.abc import Iterable, Sequence
 
+from scheduling.prefix.hashing import BlockHasher
+
 DEFAULT_CAPACITY = 31_250
 
 
@@ -143,6 +145,35 @@ class PrefixIndex:
         self._emit(alive, i, out)
         return out
 
+    def match_lazy(self, blocks: BlockHasher, chunk: int = 16) -> dict[str, int]:
+        """Like `match`, hashing the prompt only as far as some endpoint still matches (plus < chunk blocks)."""
+        total = blocks.total
+        if not total:
+            return {}
+        hashes = blocks.upto(chunk)
+        get = self._map.get
+        alive = get(hashes[0], 0) & self._even
+        if not alive:
+            return {}
+        out: dict[str, int] = {}
+        i = 1
+        while True:
+            limit = len(hashes)
+            while i < limit:
+                nxt = alive & get(hashes[i], 0)
+                if nxt != alive:
+                    self._emit(alive ^ nxt, i, out)
+                    if not nxt:
+                        return out
+                    alive = nxt
+                i += 1
+            if i >= total:
+                break
+            chunk *= 2
+            hashes = blocks.upto(i + chunk)
+        self._emit(alive, total, out)
+        return out
+
     def _emit(self, bits: int, n: int, out: dict[str, int]) -> None:
         keys = self._keys
         while bits:
@@ -158,56 +189,50 @@ class PrefixIndex:
 
     # ---- updates ---------------------------------------------------------------------------------------
     def record(self, key: str, hashes: Iterable[int], now: float = 0.0) -> None:
-        """The endpoint now holds these blocks (inserted, or marked recently used)."""
+        """The endpoint now holds these blocks (inserted, or marked recently used).
+
+        At capacity, CLOCK picks the victim: the hand sweeps the ring, clearing referenced bits, and the first
+        unreferenced block is replaced. (Inlined: this runs for every block of every committed request.)
+        """
         slot = self._slot(key)
         self._last[slot] = now
         hold = self._hold[slot]
         ref = hold << 1
         m = self._map
+        get = m.get
         ring = self._rings[slot]
         cap = self._caps[slot]
+        size = len(ring)
+        hand = self._hands[slot]
         for h in hashes:
-            v = m.get(h)
-            if v is None:
-                if len(ring) >= cap:
-                    self._replace(slot, h)
-                else:
-                    ring.append(h)
-                m[h] = hold
-            elif v & hold:
+            v = get(h)
+            if v is not None and v & hold:
                 if not v & ref:
                     m[h] = v | ref
+                continue
+            if size < cap:
+                ring.append(h)
+                size += 1
             else:
-                if len(ring) >= cap:
-                    self._replace(slot, h)
-                    v = m.get(h, 0)
-                else:
-                    ring.append(h)
-                m[h] = v | hold
-
-    def _replace(self, slot: int, h: int) -> None:
-        """CLOCK: put `h` in place of the first unreferenced block at or after the hand."""
-        m = self._map
-        ring = self._rings[slot]
-        hold = self._hold[slot]
-        ref = hold << 1
-        n = len(ring)
-        hand = self._hands[slot]
-        while True:
-            old = ring[hand]
-            v = m[old]
-            if v & ref:
-                m[old] = v ^ ref
-            else:
-                v ^= hold
-                if v:
-                    m[old] = v
-                else:
-                    del m[old]
-                ring[hand] = h
-                hand += 1
-                self._hands[slot] = 0 if hand == n else hand
-                return
-            hand += 1
-            if hand == n:
-                hand = 0
+                while True:
+                    old = ring[hand]
+                    ov = m[old]
+                    if ov & ref:
+                        m[old] = ov ^ ref
+                    else:
+                        ov ^= hold
+                        if ov:
+                            m[old] = ov
+                        else:
+                            del m[old]
+                        ring[hand] = h
+                        hand += 1
+                        if hand >= size:
+                            hand = 0
+                        break
+                    hand += 1
+                    if hand >= size:
+                        hand = 0
+            # eviction only touches blocks this endpoint held, never `h`, so `v` is still current
+            m[h] = hold if v is None else v | hold
+        self._hands[slot] = hand

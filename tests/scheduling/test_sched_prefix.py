@@ -119,3 +119,44 @@ def test_capacity_autotuned_from_metrics():
     c = ctx(req("hello" * 30), [e])
     sched.pre_request(c, sched.schedule(c))
     assert prefix.index.capacity(e.key) == 1000 * 32 // 16
+
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from scheduling.prefix import BlockHasher  # noqa: E402
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    prompt=st.text(max_size=2000),
+    bt=st.integers(1, 8),
+    maxb=st.integers(0, 40),
+    steps=st.lists(st.integers(0, 50), max_size=4),
+)
+def test_lazy_hasher_equals_block_hashes(prompt, bt, maxb, steps):
+    want = block_hashes(prompt, "m", "s", bt, maxb)
+    lazy = BlockHasher(prompt, "m", "s", bt, maxb)
+    for k in steps:
+        assert lazy.upto(k) == want[: max(len(lazy.hashes), min(k, len(want)))]
+    assert lazy.all() == want and lazy.total == len(want)
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    n_blocks=st.integers(1, 120),
+    held=st.lists(st.tuples(st.integers(0, 5), st.integers(0, 120), st.integers(0, 120)), max_size=12),
+    holes=st.lists(st.tuples(st.integers(0, 5), st.integers(0, 120)), max_size=4),
+)
+def test_lazy_match_equals_full_match(n_blocks, held, holes):
+    prompt = "".join(chr(97 + (i * 7) % 26) * 8 for i in range(n_blocks * 2))  # 16 chars per block
+    hs = block_hashes(prompt, "m", block_tokens=4)
+    idx = PrefixIndex(1000)
+    for e, a, b in held:
+        idx.record(f"e{e}", hs[: min(a, b)])
+    for e, pos in holes:
+        if pos < len(hs) and idx.holds(f"e{e}", hs[pos]):
+            idx.forget(f"e{e}")
+    want = idx.match(hs)
+    assert idx.match_lazy(BlockHasher(prompt, "m", block_tokens=4), chunk=3) == want
+    assert idx.match_lazy(BlockHasher(prompt, "m", block_tokens=4)) == want

@@ -10,5 +10,10 @@ from scheduling.framework import Scorer, register
 
 @register("kv-cache-utilization-scorer")
 class KvCacheUtilizationScorer(Scorer):
+    clamped = True  # out-of-range kv_usage is clamped here
+
     def score(self, ctx, candidates, state):
-        return [1.0 - e.metrics.kv_usage for e in candidates]
+        kvs = [e.metrics.kv_usage for e in candidates]
+        if min(kvs) >= 0.0 and max(kvs) <= 1.0:
+            return [1.0 - k for k in kvs]
+        return [1.0 - k if 0.0 <= k <= 1.0 else (0.0 if k > 1.0 else 1.0) for k in kvs]

@@ -59,6 +59,10 @@ class PrefixCacheScorer(Scorer):
         n = len(candidates)
         if not matches:
             return [0.0] * n
+        if self.normalization == "input" and p.transform == "linear":
+            inv = 1.0 / total
+            scaled = {k: m * inv for k, m in matches.items()}.get
+            return [scaled(e.key, 0.0) for e in candidates]
         get = matches.get
         raw = [get(e.key, 0) for e in candidates]
         denom = total if self.normalization == "input" else max(raw)
