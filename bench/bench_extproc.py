@@ -149,7 +149,7 @@ def main() -> int:
     ap.add_argument("--duration", type=float, default=5.0)
     ap.add_argument("--conns", default="1,16")
     ap.add_argument("--epp-args", default="", help="extra flags for `epp serve`")
-    ap.add_argument("--skip-response", action="store_true", help="Envoy skips the response phases for Pointsman")
+    ap.add_argument("--lean", action="store_true", help="Envoy sends Pointsman the request phases only")
     ap.add_argument("--no-peer", action="store_true", help="skip vllm-router")
     ap.add_argument("--toy", choices=("aio", "sync", "gen"), default=None,
                     help="also measure bench/toy_extproc.py (the gRPC floor) behind a second Envoy")
@@ -176,7 +176,7 @@ def main() -> int:
                            *args.epp_args.split()], grpc_port)
         with_epp = free_port()
         spec = EnvoyConfigSpec(variant="original-dst", listen_port=with_epp, admin_port=free_port(),
-                               epp_port=grpc_port, response_header_mode="SKIP" if args.skip_response else "SEND")
+                               epp_port=grpc_port, response_phases="lean" if args.lean else "full")
         procs.envoy("with-epp", render(spec), with_epp)
         paths["Envoy + Pointsman"] = f"http://127.0.0.1:{with_epp}"
         toy = None
@@ -187,7 +187,7 @@ def main() -> int:
                               toy_port)
             with_toy = free_port()
             spec = EnvoyConfigSpec(variant="original-dst", listen_port=with_toy, admin_port=free_port(),
-                                   epp_port=toy_port, response_header_mode="SKIP" if args.skip_response else "SEND")
+                                   epp_port=toy_port, response_phases="lean" if args.lean else "full")
             procs.envoy("with-toy", render(spec), with_toy)
             paths[f"Envoy + toy {args.toy} processor"] = f"http://127.0.0.1:{with_toy}"
         if not args.no_peer and shutil.which(bin_path("vllm-router")):
@@ -208,7 +208,7 @@ def main() -> int:
                     cpu = (cpu_seconds(proc.pid) - cpu0) / max(total, 1) * 1e6 if proc else 0.0
                     results.setdefault((name, conns), []).append((rps, p50, cpu))
         print(f"\n{args.rounds} interleaved rounds x {args.duration:g}s, medians; epp flags: {args.epp_args or '-'}"
-              f"{', response phases skipped' if args.skip_response else ''}\n")
+              f"{', lean response phases' if args.lean else ''}\n")
         print("| path | conns | req/s | p50 ms | vs Envoy direct | processor CPU µs/req |")
         print("|---|---|---|---|---|---|")
         for conns in [int(c) for c in args.conns.split(",")]:

@@ -97,7 +97,8 @@ def build_parser() -> argparse.ArgumentParser:
     ec.add_argument("--pool-name", default=None, help="with --endpoints-file: which pool (default: the first)")
     ec.add_argument("--request-body-mode", default="FULL_DUPLEX_STREAMED")
     ec.add_argument("--response-body-mode", default="FULL_DUPLEX_STREAMED")
-    ec.add_argument("--skip-response", action="store_true", help="no response phases (fewer messages)")
+    ec.add_argument("--response-phases", choices=("full", "lean"), default="full",
+                    help="lean: request phases only (half the messages; no usage or served-endpoint reading)")
     ec.add_argument("--epp-tls", action="store_true", help="talk TLS to Pointsman")
     ec.add_argument("-o", "--output", default="-")
 
@@ -183,7 +184,7 @@ def _envoy_config(args: argparse.Namespace) -> int:
         endpoints=endpoints,
         request_body_mode=args.request_body_mode,
         response_body_mode=args.response_body_mode,
-        response_header_mode="SKIP" if args.skip_response else "SEND",
+        response_phases=args.response_phases,
         epp_tls=args.epp_tls,
     )
     try:

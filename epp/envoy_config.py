@@ -39,7 +39,10 @@ class EnvoyConfigSpec:
     endpoints: list[tuple[str, int]] = field(default_factory=list)  # override-host: the pool's endpoints
     request_body_mode: str = "FULL_DUPLEX_STREAMED"
     response_body_mode: str = "FULL_DUPLEX_STREAMED"
-    response_header_mode: str = "SEND"  # SKIP drops the response phases entirely (fewer messages per request)
+    # "full": response headers, body and trailers go to Pointsman (usage tokens, served endpoint, SSE echo).
+    # "lean": only the request phases; response trailers stay SEND so Envoy keeps the stream open until the
+    # response ends, which keeps the in-flight counts exact with half the messages.
+    response_phases: str = "full"
     message_timeout_s: int = 300
     upstream_timeout_s: int = 600
     buffer_limit_bytes: int = 64 * 1024 * 1024
@@ -51,14 +54,16 @@ def _socket(address: str, port: int) -> dict[str, Any]:
 
 
 def _ext_proc(spec: EnvoyConfigSpec) -> dict[str, Any]:
-    response_phases = spec.response_header_mode != "SKIP"
+    if spec.response_phases not in ("full", "lean"):
+        raise ValueError(f"response_phases must be 'full' or 'lean', got {spec.response_phases!r}")
+    full = spec.response_phases == "full"
     mode = {
         "request_header_mode": "SEND",
-        "response_header_mode": spec.response_header_mode,
+        "response_header_mode": "SEND" if full else "SKIP",
         "request_body_mode": spec.request_body_mode,
-        "response_body_mode": spec.response_body_mode if response_phases else "NONE",
+        "response_body_mode": spec.response_body_mode if full else "NONE",
         "request_trailer_mode": "SEND",
-        "response_trailer_mode": "SEND" if response_phases else "SKIP",
+        "response_trailer_mode": "SEND",
     }
     cfg: dict[str, Any] = {
         _T: EXT_PROC,

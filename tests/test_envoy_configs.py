@@ -27,13 +27,11 @@ def test_shipped_envoy_configs_validate(path):
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
-@pytest.mark.parametrize("skip_response", [False, True])
-def test_generated_configs_validate(tmp_path, variant, skip_response):
+@pytest.mark.parametrize("phases", ["full", "lean"])
+def test_generated_configs_validate(tmp_path, variant, phases):
     out = tmp_path / "envoy.yaml"
     argv = ["envoy-config", "--variant", variant, "--endpoint", "10.0.0.1:8000", "--endpoint", "[fd00::2]:8000",
-            "-o", str(out)]
-    if skip_response:
-        argv.append("--skip-response")
+            "--response-phases", phases, "-o", str(out)]
     assert epp_main(argv) == 0
     res = validate(out)
     assert res.returncode == 0, res.stdout + res.stderr

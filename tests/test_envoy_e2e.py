@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 
 import aiohttp
@@ -149,7 +150,6 @@ async def test_epp_down_fails_closed_then_recovers(stack):
             if status == 200:
                 ok = True
                 break
-            import asyncio
 
             await asyncio.sleep(0.1)
         assert ok, "Envoy must reach the restarted EPP"
@@ -178,5 +178,32 @@ async def test_body_modes_route_and_rewrite_the_model(tmp_path, mode):
             status, text = await post(c, s.url + "/v1/chat/completions", b"{broken")
             if mode != "STREAMED":
                 assert status == 400 and "BadRequest" in text
+    finally:
+        await s.stop()
+
+
+@pytest.mark.parametrize("phases", ["full", "lean"])
+async def test_inflight_count_spans_the_whole_response(tmp_path, phases):
+    """In-flight must stay counted until the response ends, also in lean mode (response trailers keep the
+    ext_proc stream open), and return to zero afterwards."""
+    s = Stack(tmp_path, envoy_overrides={"response_phases": phases})
+    await s.start()
+    try:
+        samples: list[int] = []
+
+        async def poll():
+            for _ in range(60):
+                samples.append(s.app.datastore.inflight.total)
+                await asyncio.sleep(0.002)
+
+        async with aiohttp.ClientSession() as c:
+            async def req():
+                async with c.post(s.url + "/v1/chat/completions", data=chat(stream=True)) as r:
+                    await r.read()
+
+            await asyncio.gather(req(), poll())
+            await asyncio.sleep(0.05)
+        assert samples.count(1) >= 10, samples  # the ~50 ms stream was counted while it ran
+        assert s.app.datastore.inflight.total == 0
     finally:
         await s.stop()
