@@ -101,19 +101,23 @@ def fill(index: PrefixIndex, n_endpoints: int, blocks: int, start: int) -> int:
     return h
 
 
-def bench_memory(n_endpoints: int, capacity: int) -> tuple[float, float, int, int]:
+def bench_memory(n_endpoints: int, capacity: int, rounds: int = 3) -> list[tuple[int, float, int, int]]:
+    """[(blocks inserted per endpoint, traced MiB, distinct blocks, blocks held)] after each round of
+    `capacity` new blocks per endpoint."""
     gc.collect()
     tracemalloc.start()
     index = PrefixIndex(capacity)
     base = tracemalloc.get_traced_memory()[0]
-    nxt = fill(index, n_endpoints, capacity, 1)
-    full = tracemalloc.get_traced_memory()[0] - base
-    distinct_full = len(index)
-    fill(index, n_endpoints, capacity, nxt)  # as many again: everything old must be evicted, nothing may grow
-    again = tracemalloc.get_traced_memory()[0] - base
-    distinct_again = len(index)
+    out = []
+    nxt = 1
+    for r in range(1, rounds + 1):
+        nxt = fill(index, n_endpoints, capacity, nxt)
+        gc.collect()
+        traced = tracemalloc.get_traced_memory()[0] - base
+        held = sum(index.size(k) for k in index.endpoints())
+        out.append((r * capacity, traced / 2**20, len(index), held))
     tracemalloc.stop()
-    return full / 2**20, again / 2**20, distinct_full, distinct_again
+    return out
 
 
 def main() -> None:
@@ -133,11 +137,12 @@ def main() -> None:
         print(f"| {n} | {s:.1f} | {s10:.1f} | {p:.1f} | {p10:.1f} |")
     n_ep = 64 if args.quick else 512
     cap = 31_250
-    full, again, d1, d2 = bench_memory(n_ep, cap)
-    print("\n| prefix index | endpoints × blocks | distinct blocks | traced MiB | bytes/block |")
-    print("|---|---:|---:|---:|---:|")
-    print(f"| filled to capacity | {n_ep} × {cap} | {d1} | {full:.1f} | {full * 2**20 / d1:.1f} |")
-    print(f"| after 2× capacity inserted | {n_ep} × {cap} | {d2} | {again:.1f} | {again * 2**20 / d2:.1f} |")
+    rows = bench_memory(n_ep, cap)
+    print(f"\nPrefix index, {n_ep} endpoints, capacity {cap} blocks each, no block shared (worst case):\n")
+    print("| blocks inserted per endpoint | blocks held | distinct blocks | traced MiB | bytes per held block |")
+    print("|---:|---:|---:|---:|---:|")
+    for inserted, mib, distinct, held in rows:
+        print(f"| {inserted} | {held} | {distinct} | {mib:.1f} | {mib * 2**20 / held:.1f} |")
 
 
 if __name__ == "__main__":
