@@ -87,6 +87,13 @@ class ModelScheduler:
     def response_complete(self, ctx: SchedulingContext, result: SchedulingResult) -> None:
         self._sched(ctx, result).response_complete(ctx, result)
 
+    def forget_endpoint(self, key: str) -> None:
+        """The endpoint left the pool: drop per-endpoint state (prefix blocks, LRU entries)."""
+        for plugin in self.plugins():
+            forget = getattr(plugin, "forget_endpoint", None)
+            if forget is not None:
+                forget(key)
+
     def plugins(self) -> list:
         seen: dict[int, object] = {}
         for sched in [*self.schedulers.values(), self.fallback]:

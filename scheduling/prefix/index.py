@@ -116,6 +116,15 @@ class PrefixIndex:
         self._keys[slot] = None
         self._free.append(slot)
 
+    def seen(self, keys: Iterable[str], now: float) -> None:
+        """Mark endpoints as still present (they were candidates at `now`)."""
+        slot_of = self._slot_of
+        last = self._last
+        for key in keys:
+            slot = slot_of.get(key)
+            if slot is not None and last[slot] < now:
+                last[slot] = now
+
     def forget_idle(self, now: float, idle_seconds: float) -> list[str]:
         """Forget endpoints not recorded into for `idle_seconds`; returns their keys."""
         gone = [k for k, s in self._slot_of.items() if now - self._last[s] > idle_seconds]

@@ -160,3 +160,20 @@ def test_lazy_match_equals_full_match(n_blocks, held, holes):
     want = idx.match(hs)
     assert idx.match_lazy(BlockHasher(prompt, "m", block_tokens=4), chunk=3) == want
     assert idx.match_lazy(BlockHasher(prompt, "m", block_tokens=4)) == want
+
+
+def test_departed_endpoints_are_forgotten():
+    sched = load_scheduler(None, rng=random.Random(3))
+    prefix = sched.fallback.profiles["default"].scorers[2][0]
+    old, new = ep(1), ep(2)
+    c = ctx(req("z" * 640), [old], now=0.0)
+    sched.pre_request(c, sched.schedule(c))
+    assert prefix.index.size(old.key) == 10
+    for i in range(600):  # the old pod is gone; 900 s later the periodic sweep drops it
+        c = ctx(req(f"q{i}"), [new], now=1000.0 + i)
+        sched.schedule(c)
+    assert prefix.index.size(old.key) == 0 and old.key not in prefix.index.endpoints()
+    c = ctx(req("y" * 640), [new], now=2000.0)
+    sched.pre_request(c, sched.schedule(c))
+    sched.forget_endpoint(new.key)
+    assert prefix.index.endpoints() == []

@@ -54,6 +54,9 @@ class NoHitLruScorer(Scorer):
             out[j] = (c - p) / (c + 1)
         return out
 
+    def forget_endpoint(self, key: str) -> None:
+        self.lru.pop(key, None)
+
     def pre_request(self, ctx, result, state):
         cold = state.get(_COLD)
         if cold is None:

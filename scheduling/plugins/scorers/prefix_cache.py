@@ -12,7 +12,8 @@ seed xxh64(model ‖ cache_salt), trailing partial block included, at most maxPr
 
 pre_request records the prompt's blocks for the chosen endpoint (and the P/D prefill endpoint). Each endpoint
 keeps at most lruCapacityPerServer (31,250) blocks, auto-tuned to num_gpu_blocks × block_size / blockSizeTokens
-when the endpoint's metrics report both.
+when the endpoint's metrics report both. Endpoints that are neither candidates nor chosen for
+forgetAfterSeconds (900) are forgotten (checked every 256 decisions), as is an endpoint the shell reports gone.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ class Params:
     transform: Literal["linear", "logistic"] = "linear"
     k: float = 14.0
     x0: float = bounded(0.7, min=0.0, max=1.0)
+    forgetAfterSeconds: float = bounded(900.0, min=0.0)
 
 
 @register("prefix-cache-scorer")
@@ -48,6 +50,7 @@ class PrefixCacheScorer(Scorer):
         self.index = shared_index(build.shared, p.blockSizeTokens, p.lruCapacityPerServer)
         self.normalization = p.normalization or ("longestPrefix" if build.dialect == "heimdall" else "input")
         self._recorded_key = ("prefix.recorded", id(self.index))
+        self._calls = 0
 
     def _transform(self, x: float) -> float:
         p = self.params
@@ -57,6 +60,9 @@ class PrefixCacheScorer(Scorer):
         p = self.params
         matches, total = cycle_matches(ctx, state, self.index, p.blockSizeTokens, p.maxPrefixBlocksToMatch)
         n = len(candidates)
+        self._calls += 1
+        if not self._calls & 255 and p.forgetAfterSeconds > 0:
+            self._collect(candidates, ctx.now)
         if not matches:
             return [0.0] * n
         if self.normalization == "input" and p.transform == "linear":
@@ -72,6 +78,15 @@ class PrefixCacheScorer(Scorer):
         if p.transform == "linear":
             return [m * inv for m in raw]
         return [self._transform(m * inv) for m in raw]
+
+    def _collect(self, candidates, now: float) -> None:
+        """Every 256th decision: endpoints neither candidates nor recorded into for forgetAfterSeconds
+        (pods that left) are dropped, so pod churn cannot grow the index."""
+        self.index.seen((e.key for e in candidates), now)
+        self.index.forget_idle(now, self.params.forgetAfterSeconds)
+
+    def forget_endpoint(self, key: str) -> None:
+        self.index.forget(key)
 
     def pre_request(self, ctx, result, state):
         if state.get(self._recorded_key):
