@@ -123,15 +123,22 @@ def _adapters(value: str) -> frozenset[str]:
     return frozenset(a.strip() for a in value.split(",") if a.strip())
 
 
+def _count(v: float | None) -> int:
+    """A queue length: missing, NaN or infinite counts as 0."""
+    if v is None or v != v or v in (float("inf"), float("-inf")):
+        return 0
+    return max(0, int(v))
+
+
 def _build(
     engine: str, now: float, waiting: float | None, running: float | None, kv: float | None, **extra: object
 ) -> Metrics:
     if waiting is None and running is None and kv is None:
         raise MetricsParseError(f"no {engine} load series (waiting/running/KV usage) in the exposition")
     return Metrics(
-        waiting=int(waiting or 0),
-        running=int(running or 0),
-        kv_usage=min(1.0, max(0.0, kv or 0.0)),
+        waiting=_count(waiting),
+        running=_count(running),
+        kv_usage=min(1.0, max(0.0, kv)) if kv is not None and kv == kv else 0.0,  # kv == kv: not NaN
         updated_at=now,
         stale=False,
         **extra,  # type: ignore[arg-type]

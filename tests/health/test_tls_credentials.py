@@ -1,3 +1,5 @@
+import shutil
+
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -47,6 +49,7 @@ async def test_self_signed_cert_serves_tls_and_verifies_against_itself(monkeypat
         await server.stop(None)
 
 
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl CLI not installed")
 async def test_cert_dir_is_loaded(tmp_path):
     key, crt = tls._generate_with_openssl(["localhost", "127.0.0.1"], 2)  # also exercises the openssl fallback
     (tmp_path / "tls.key").write_bytes(key)

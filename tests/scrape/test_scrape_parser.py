@@ -107,3 +107,9 @@ def test_agrees_with_prometheus_client(engine, text):
         req = vals["nv_trt_llm_request_metrics"]
         assert m.waiting == sum(s.value for s in req if s.labels["request_type"] == "waiting")
         assert m.running == sum(s.value for s in req if s.labels["request_type"] == "scheduled")
+
+
+def test_nan_and_inf_values_do_not_break_the_scrape():
+    text = b"vllm:num_requests_waiting NaN\nvllm:num_requests_running +Inf\nvllm:kv_cache_usage_perc NaN\n"
+    m = parse_metrics(text, "vllm", 0.0)
+    assert (m.waiting, m.running, m.kv_usage) == (0, 0, 0.0)
