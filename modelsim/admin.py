@@ -4,6 +4,8 @@
 * ``POST /admin/probe?api=chat`` body = a generation request body (api: chat, completions, messages,
   responses); returns the prefix-cache hit the request would get *now* (``cached_tokens``), its
   ``prompt_tokens``, and the engine state. No side effects.
+* ``POST /admin/fleet/probe?api=chat`` the same for every server of this process, in one round trip:
+  ``{"servers": [{"url": ..., "cached_tokens": ..., ...}, ...]}``.
 * ``POST /admin/kill[?seconds=S]`` stop listening and drop in-flight requests; listen again after S
   seconds (wall time) if given, else stay dead.
 * ``POST /admin/hang``           every non-admin request blocks until ``POST /admin/recover``.
@@ -32,7 +34,7 @@ def engine_state(srv: SimServer) -> dict[str, Any]:
         "waiting": len(e.waiting), "running": len(e.running), "max_num_seqs": e.cfg.max_num_seqs,
         "kv_usage": e.kv.usage, "free_blocks": e.kv.free, "cached_blocks": e.kv.cached_blocks,
         "capacity_blocks": e.kv.capacity, "block_size": e.cfg.block_size,
-        "evictions": e.kv.evictions, "preemptions": st.preemptions,
+        "fresh_blocks": e.kv.fresh, "evictions": e.kv.evictions, "preemptions": st.preemptions,
         "prefix_queries": st.prefix_queries, "prefix_hits": st.prefix_hits,
         "active_loras": e.active_loras(), "hung": not srv.unhung.is_set(),
         "model_time": srv.driver.now() if srv.driver is not None else 0.0,
@@ -42,23 +44,42 @@ def engine_state(srv: SimServer) -> dict[str, Any]:
     }
 
 
+def _orjson(data: Any) -> web.Response:
+    return web.Response(body=orjson.dumps(data), content_type="application/json")
+
+
+def probe_one(srv: SimServer, body: dict[str, Any], tokens: list[int]) -> dict[str, Any]:
+    model = body.get("model")
+    lora = model if isinstance(model, str) and model != srv.model and model in srv.loras else None
+    out = engine_state(srv)
+    out["url"] = f"http://{srv.host}:{srv.port}"
+    out["cached_tokens"] = srv.engine.probe(tokens, lora)
+    out["prompt_tokens"] = len(tokens)
+    return out
+
+
 def add_admin_routes(app: web.Application, srv: SimServer) -> None:
     async def state(request: web.Request) -> web.Response:
         return web.json_response(engine_state(srv), dumps=lambda o: orjson.dumps(o).decode())
 
-    async def probe(request: web.Request) -> web.Response:
+    async def _parse(request: web.Request) -> tuple[dict[str, Any], list[int]]:
         api = request.query.get("api", tk.API_CHAT)
+        body = orjson.loads(await request.read())
+        return body, tk.request_tokens(api, body)
+
+    async def probe(request: web.Request) -> web.Response:
         try:
-            body = orjson.loads(await request.read())
-            tokens = tk.request_tokens(api, body)
+            body, tokens = await _parse(request)
         except (orjson.JSONDecodeError, ValueError, AttributeError) as exc:
             return web.json_response({"error": f"cannot tokenize the probe body: {exc}"}, status=400)
-        model = body.get("model")
-        lora = model if isinstance(model, str) and model != srv.model and model in srv.loras else None
-        out = engine_state(srv)
-        out["cached_tokens"] = srv.engine.probe(tokens, lora)
-        out["prompt_tokens"] = len(tokens)
-        return web.json_response(out, dumps=lambda o: orjson.dumps(o).decode())
+        return _orjson(probe_one(srv, body, tokens))
+
+    async def fleet_probe(request: web.Request) -> web.Response:
+        try:
+            body, tokens = await _parse(request)
+        except (orjson.JSONDecodeError, ValueError, AttributeError) as exc:
+            return web.json_response({"error": f"cannot tokenize the probe body: {exc}"}, status=400)
+        return _orjson({"servers": [probe_one(p, body, tokens) for p in srv.peers if not p.dead]})
 
     async def kill(request: web.Request) -> web.Response:
         seconds = request.query.get("seconds")
@@ -83,6 +104,7 @@ def add_admin_routes(app: web.Application, srv: SimServer) -> None:
 
     app.router.add_get("/admin/state", state)
     app.router.add_post("/admin/probe", probe)
+    app.router.add_post("/admin/fleet/probe", fleet_probe)
     app.router.add_post("/admin/kill", kill)
     app.router.add_post("/admin/hang", hang)
     app.router.add_post("/admin/recover", recover)

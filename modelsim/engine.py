@@ -62,6 +62,7 @@ class Seq:
     arrival: float
     state: str = WAITING
     hashes: list[int] = field(default_factory=list)  # hashed blocks held
+    chain: list[int] | None = None  # the prompt's block hashes, computed once
     n_private: int = 0
     generated: int = 0
     cached_tokens: int = 0  # prefix-cache hit at (first) admission
@@ -220,7 +221,9 @@ class Engine:
         cfg, req = self.cfg, seq.req
         # After a preemption the generated tokens are recomputed along with the prompt.
         total = len(req.prompt_tokens) + seq.generated
-        hashes = self._hashes(req.prompt_tokens, req.lora)
+        if seq.chain is None:
+            seq.chain = self._hashes(req.prompt_tokens, req.lora)
+        hashes = seq.chain
         n_hit = self.kv.match(hashes)
         n_private = self._blocks_for(total + 1) - len(hashes)
         ready = self.kv.ready_at(hashes[:n_hit])

@@ -10,6 +10,8 @@ class Fleet:
     def __init__(self, config: FleetConfig) -> None:
         self.config = config
         self.servers = [SimServer(config, i) for i in range(config.servers)]
+        for s in self.servers:
+            s.peers = self.servers  # for /admin/fleet/probe
 
     @property
     def urls(self) -> list[str]:

@@ -1,7 +1,7 @@
 """A vLLM-like paged KV cache with prefix caching. Pure: no clock, no I/O.
 
 * `capacity` blocks of `block_size` tokens.
-* Full prompt blocks are *hashed*: hash_i = xxh64(parent hash ‖ token ids of block i, seed = LoRA name).
+* Full prompt blocks are *hashed*: hash_i = xxh64(parent hash ‖ token ids of block i, seed = xxh64(LoRA name)).
   A hashed block stays cached after its last user releases it, and can be hit by a later request whose
   prompt starts with the same chain of blocks.
 * Partial prompt blocks and decode blocks are *private*: freed when their request ends.
@@ -13,27 +13,33 @@
 
 from __future__ import annotations
 
-import struct
+from array import array
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import xxhash
 
-_PARENT = struct.Struct(">Q")
+_MASK = (1 << 64) - 1
 
 
 def block_hashes(tokens: Sequence[int], block_size: int, lora: str | None = None) -> list[int]:
-    """Chained hashes of the full blocks of `tokens`."""
+    """Chained hashes of the full blocks of `tokens` (token ids packed as unsigned 64-bit, native order)."""
+    n_full = len(tokens) // block_size
+    if n_full == 0:
+        return []
+    head = tokens[: n_full * block_size]
+    try:
+        buf = array("Q", head).tobytes()
+    except OverflowError:
+        buf = array("Q", (t & _MASK for t in head)).tobytes()
+    seed = xxhash.xxh64_intdigest((lora or "").encode())
+    step = 8 * block_size
+    digest = xxhash.xxh64_intdigest
     out: list[int] = []
     parent = 0
-    seed = xxhash.xxh64_intdigest((lora or "").encode())
-    n_full = len(tokens) // block_size
-    for i in range(n_full):
-        chunk = tokens[i * block_size : (i + 1) * block_size]
-        h = xxhash.xxh64(_PARENT.pack(parent), seed=seed)
-        h.update(struct.pack(f">{len(chunk)}Q", *chunk))
-        parent = h.intdigest()
+    for i in range(0, n_full * step, step):
+        parent = digest(parent.to_bytes(8, "little") + buf[i : i + step], seed)
         out.append(parent)
     return out
 

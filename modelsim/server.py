@@ -50,6 +50,7 @@ class SimServer:
         self.unhung.set()
         self.dead = False
         self._tasks: set[asyncio.Task[Any]] = set()
+        self.peers: list[SimServer] = [self]  # every server of this process (set by Fleet)
         self._runner: web.AppRunner | None = None
         self._site: web.TCPSite | None = None
 

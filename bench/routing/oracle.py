@@ -1,19 +1,20 @@
-"""An oracle router: reads each simulated server's true cache and queue state, then forwards.
+"""An oracle router: reads the simulated servers' true cache and queue state, then forwards.
 
-For every request it POSTs the body to every backend's ``/admin/probe`` (modelsim's admin endpoint: the
-prefix-cache hit the request would get now, plus running/waiting counts and the latency profile), and
-picks the backend with the lowest predicted cost: this request's latency plus the slowdown it imposes on
-the requests already running there (modelsim's latency model, see modelsim/engine.py):
+For every request it POSTs the body once to modelsim's ``/admin/fleet/probe`` (on any server of the fleet
+process: the prefix-cache hit the request would get now on every server, their running/waiting counts,
+free blocks and latency profile) and picks the server with the lowest predicted cost:
 
-    r      = running + requests this oracle sent there that have not produced a byte yet
-    load   = 1 + (F − 1) · r / (max_num_seqs − 1)                 (r + 1 running after admission)
-    queue  = max(0, r + waiting + 1 − max_num_seqs) · max_tokens · itl · F / max_num_seqs
-    own    = (overhead + (prompt − cached) · per_token) · load + max_tokens · itl · load
-    others = r · (max_tokens / 2) · itl · (F − 1) / (max_num_seqs − 1)
-    cost   = queue + own + others
+    r       = running + requests this oracle sent there whose reply headers have not come back yet
+    load    = 1 + (F − 1) · r / (max_num_seqs − 1)                 (r + 1 running after admission)
+    queue   = max(0, r + waiting + 1 − max_num_seqs) · (prefill + max_tokens · itl · F) / max_num_seqs
+    prefill = overhead + (prompt − cached) · per_token
+    evict   = max(0, new blocks − never-used blocks) · block_size · per_token / 2
+    cost    = queue + prefill · load + evict + 1e-6 · r                (ties go to the less loaded)
+
+`evict` charges a request for the cached prefixes it would push out (half of their recompute cost).
 
 Run: python -m bench.routing.oracle --port 8500 --backend http://127.0.0.1:8100 --backend ...
-Probing costs one loopback round trip per request (in wall time, so 1/time_scale more in model time).
+The probe costs one loopback round trip per request (wall time, so 1/time_scale more in model time).
 """
 
 from __future__ import annotations
@@ -34,14 +35,15 @@ def predicted_cost(st: dict[str, Any], pending: int, max_tokens: int) -> float:
     m = max(1, st["max_num_seqs"])
     r = st["running"] + pending
     f = st["load_factor"]
-    load = 1.0 + (f - 1.0) * r / max(1, m - 1)
+    load = min(f, 1.0 + (f - 1.0) * r / max(1, m - 1))
+    uncached = st["prompt_tokens"] - st["cached_tokens"]
+    prefill = st["prefill_overhead"] + uncached * st["prefill_per_token"]
     excess = max(0, r + st["waiting"] + 1 - m)
-    queue = excess * max_tokens * st["itl"] * f / m
-    load = min(load, f)
-    prefill = (st["prefill_overhead"] + (st["prompt_tokens"] - st["cached_tokens"]) * st["prefill_per_token"])
-    own = prefill * load + max_tokens * st["itl"] * load
-    others = r * (max_tokens / 2) * st["itl"] * (f - 1.0) / max(1, m - 1)
-    return queue + own + others
+    queue = excess * (prefill + max_tokens * st["itl"] * f) / m
+    bs = st["block_size"]
+    new_blocks = -(-(uncached + max_tokens) // bs)
+    evict = max(0, new_blocks - st["fresh_blocks"]) * bs * st["prefill_per_token"] / 2
+    return queue + prefill * load + evict + 1e-6 * r
 
 
 class Oracle:
@@ -57,20 +59,23 @@ class Oracle:
         if self.session is not None:
             await self.session.close()
 
-    async def _probe(self, backend: str, api: str, raw: bytes) -> dict[str, Any] | None:
+    async def _probe(self, api: str, raw: bytes) -> list[dict[str, Any]]:
         assert self.session is not None
-        try:
-            async with self.session.post(f"{backend}/admin/probe?api={api}", data=raw,
-                                         timeout=aiohttp.ClientTimeout(total=2)) as r:
-                return await r.json(loads=orjson.loads) if r.status == 200 else None
-        except (aiohttp.ClientError, asyncio.TimeoutError):
-            return None
+        for backend in self.backends:  # any live server of the fleet process answers for all
+            try:
+                async with self.session.post(f"{backend}/admin/fleet/probe?api={api}", data=raw,
+                                             timeout=aiohttp.ClientTimeout(total=2)) as r:
+                    if r.status == 200:
+                        return (await r.json(loads=orjson.loads))["servers"]
+            except (aiohttp.ClientError, asyncio.TimeoutError):
+                continue
+        return []
 
     async def choose(self, api: str, raw: bytes, max_tokens: int) -> str:
-        states = await asyncio.gather(*(self._probe(b, api, raw) for b in self.backends))
         best, best_cost = self.backends[0], float("inf")
-        for b, st in zip(self.backends, states, strict=True):
-            if st is None:
+        for st in await self._probe(api, raw):
+            b = st["url"]
+            if b not in self.pending:
                 continue
             c = predicted_cost(st, self.pending[b], max_tokens)
             if c < best_cost:
@@ -88,27 +93,26 @@ class Oracle:
             except (orjson.JSONDecodeError, AttributeError, TypeError, ValueError):
                 mt = 16
             backend = await self.choose(api, raw, mt)
+        # modelsim sends streaming headers once the request is queued in the engine, after which the
+        # probe's running/waiting counts include it.
         self.pending[backend] += 1
-        first = True
+        counted = True
         try:
             async with self.session.request(request.method, backend + request.path_qs, data=raw,
                                             headers={"content-type": "application/json"}) as up:
+                self.pending[backend] -= 1
+                counted = False
                 resp = web.StreamResponse(status=up.status)
                 for k in ("content-type", "x-inference-pod", "x-inference-port"):
                     if k in up.headers:
                         resp.headers[k] = up.headers[k]
+                await resp.prepare(request)
                 async for chunk in up.content.iter_any():
-                    if first:
-                        self.pending[backend] -= 1
-                        first = False
-                        await resp.prepare(request)
                     await resp.write(chunk)
-                if first:
-                    await resp.prepare(request)
                 await resp.write_eof()
                 return resp
         finally:
-            if first:
+            if counted:
                 self.pending[backend] -= 1
 
 

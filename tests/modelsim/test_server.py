@@ -100,6 +100,9 @@ async def test_errors_lora_and_admin(make_fleet) -> None:
         async with s.post(f"{u0}/admin/probe?api=chat", json=chat("x")) as r:
             probe = await r.json()
             assert probe["cached_tokens"] == 0 and probe["prompt_tokens"] > 160
+        async with s.post(f"{u1}/admin/fleet/probe?api=chat", json=chat("x")) as r:
+            servers = (await r.json())["servers"]
+            assert [x["url"] for x in servers] == [u0, u1]
         # hang: a request blocks until recover
         async with s.post(f"{u1}/admin/hang") as r:
             assert r.status == 200
