@@ -1,4 +1,4 @@
-"""The deterministic byte-level tokenizer shared by modelsim and the picker.
+r"""The deterministic byte-level tokenizer shared by modelsim and the picker.
 
 Pure: no I/O, no global state, standard library only, so the picker may import it.
 
@@ -17,10 +17,11 @@ Scheme
      serialization above of ``input`` when it is a list.
    * ``embeddings``: ``input`` as for completions.
 
-2. The prompt text is encoded as UTF-8 and cut into chunks of 4 bytes. Each chunk is one token. A full
-   chunk ``b`` becomes ``int.from_bytes(b, "big")`` (0 .. 2**32-1). The last chunk, when shorter than 4
-   bytes (k = 1..3 bytes), becomes ``((4 - k) << 32) | int.from_bytes(b, "big")``, so the mapping is
-   injective and `decode` can invert it.
+2. The prompt text is encoded as UTF-8 and cut into chunks of 4 bytes. Each chunk is one token:
+   ``int.from_bytes(chunk.ljust(4, b"\0"), "big")``, i.e. the last chunk, when shorter than 4 bytes, is
+   padded with NUL bytes. Ids fit in 32 bits (below 2**31 for ASCII text), like a real vocabulary's, so
+   routers that validate token ids accept them. `decode` drops trailing NULs (text ending in NUL
+   characters does not round-trip; nothing else is lost).
 
 So ``ceil(len(utf8) / 4)`` tokens per prompt; with a KV block size of 16 tokens one block covers 64
 bytes (64 characters for ASCII), matching the picker's approximate prefix scorer (4 characters per token,
@@ -45,23 +46,16 @@ API_EMBEDDINGS = "embeddings"
 def encode(text: str) -> list[int]:
     """Token ids of `text` (4 UTF-8 bytes per token)."""
     data = text.encode("utf-8")
-    n = len(data)
-    full = n - n % BYTES_PER_TOKEN
-    out = [int.from_bytes(data[i : i + 4], "big") for i in range(0, full, BYTES_PER_TOKEN)]
-    if full < n:
-        tail = data[full:]
-        out.append(((BYTES_PER_TOKEN - len(tail)) << 32) | int.from_bytes(tail, "big"))
-    return out
+    rem = len(data) % BYTES_PER_TOKEN
+    if rem:
+        data += b"\0" * (BYTES_PER_TOKEN - rem)
+    return [int.from_bytes(data[i : i + 4], "big") for i in range(0, len(data), BYTES_PER_TOKEN)]
 
 
 def decode(tokens: Iterable[int]) -> str:
-    """Inverse of `encode` (invalid UTF-8 sequences are replaced)."""
-    parts = bytearray()
-    for t in tokens:
-        pad = t >> 32
-        k = BYTES_PER_TOKEN - pad
-        parts += (t & 0xFFFFFFFF).to_bytes(BYTES_PER_TOKEN, "big")[BYTES_PER_TOKEN - k :]
-    return parts.decode("utf-8", errors="replace")
+    """Inverse of `encode` up to trailing NULs (invalid UTF-8 sequences are replaced)."""
+    data = b"".join((t & 0xFFFFFFFF).to_bytes(BYTES_PER_TOKEN, "big") for t in tokens)
+    return data.rstrip(b"\0").decode("utf-8", errors="replace")
 
 
 def count_tokens(text: str) -> int:

@@ -11,7 +11,8 @@ from modelsim import tokenizer as tk
 @given(st.text())
 def test_roundtrip_and_count(text: str) -> None:
     toks = tk.encode(text)
-    assert tk.decode(toks) == text
+    assert tk.decode(toks) == text.rstrip("\0")
+    assert all(0 <= t < 2**32 for t in toks)
     assert len(toks) == tk.count_tokens(text) == -(-len(text.encode()) // 4)
 
 
@@ -22,8 +23,9 @@ def test_four_bytes_per_token_and_64_char_blocks() -> None:
     assert tk.block_texts(a) == ["x" * 64]
 
 
-def test_partial_chunk_is_distinct_from_padded_chunk() -> None:
-    assert tk.encode("ab") != tk.encode("ab\x00\x00")
+def test_partial_chunk_is_nul_padded_and_ascii_ids_fit_in_31_bits() -> None:
+    assert tk.encode("abcdab") == [0x61626364, 0x61620000]
+    assert all(t < 2**31 for t in tk.encode("~" * 37))
 
 
 def test_chat_prompt_text_is_compact_json_of_messages() -> None:
