@@ -1,4 +1,9 @@
-"""`epp serve`: wires the datastore, sources, scheduler, director and servers together, then runs until stopped."""
+"""`epp serve`: wires the datastore, sources, scheduler, director and servers together, then runs until stopped.
+
+Endpoint sources, in order of precedence: `--endpoints-file` (standalone, hot-reloaded), `--endpoint-selector`
+(pods by label, no InferencePool), `--pool-name` (the InferencePool in Kubernetes). A scheduling config given by
+`--config-file` is hot-reloaded too: a bad new version is logged and the old one keeps serving.
+"""
 
 from __future__ import annotations
 
@@ -20,17 +25,21 @@ from epp.server import StreamConfig, build_server
 log = logging.getLogger("epp")
 
 
+def build_scheduler(source: Any, rng: random.Random, name: str | None = None) -> Any:
+    from scheduling.config import load_scheduler
+
+    return load_scheduler(source, rng=rng, timer=time.perf_counter, name=name)
+
+
 def load_scheduling(args: argparse.Namespace, rng: random.Random) -> Any:
     """The scheduler from --config-text / --config-file, or the built-in default profile."""
-    from scheduling.config import load_scheduler, parse_yaml
+    from scheduling.config import parse_yaml
 
-    timer = time.perf_counter
     if args.config_text:
-        docs = [d.data for d in parse_yaml(args.config_text, "--config-text")]
-        return load_scheduler(docs, rng=rng, timer=timer, name="--config-text")
+        return build_scheduler([d.data for d in parse_yaml(args.config_text, "--config-text")], rng, "--config-text")
     if args.config_file:
-        return load_scheduler(Path(args.config_file), rng=rng, timer=timer)
-    return load_scheduler(None, rng=rng, timer=timer)
+        return build_scheduler(Path(args.config_file), rng)
+    return build_scheduler(None, rng)
 
 
 class App:
@@ -40,18 +49,21 @@ class App:
         self.args = args
         self.rng = random.Random(args.seed)
         self.datastore = Datastore(default_pool=args.pool_name)
-        self.tasks: list[asyncio.Task[Any]] = []
-        self.cleanups: list[Callable[[], Awaitable[None]]] = []
+        self.cleanups: list[Callable[[], Awaitable[Any]]] = []
         self.server: Any = None
         self.port = 0
+        self.metrics: Any = None
+        self.health: Any = None
 
     async def start(self) -> None:
         args = self.args
-        if args.endpoints_file:
-            from epp.static_source import load_static_file
-
-            load_static_file(args.endpoints_file, self.datastore)
+        await self._start_sources()
         scheduler = load_scheduling(args, self.rng)
+        from epp.admission import SaturationDetector
+        from epp.metrics import EppMetrics, start_metrics_server
+        from epp.rewrite import choose_rewrite
+
+        self.metrics = EppMetrics(self.datastore)
         cfg = DirectorConfig(
             model_header=args.model_header,
             base_model_header=args.base_model_header,
@@ -61,27 +73,109 @@ class App:
             default_pool=args.pool_name,
             log_decisions=args.log_decisions,
         )
-        self.director = Director(self.datastore, scheduler, cfg, rng=self.rng)
+        ds = self.datastore
+        self.director = Director(
+            ds, scheduler, cfg, metrics=self.metrics, rng=self.rng,
+            admission=SaturationDetector().admit,
+            rewrite=lambda model: choose_rewrite(ds.rewrites, model, self.rng) if ds.rewrites else None,
+        )
+        if args.config_file:
+            await self._watch_scheduling_config(Path(args.config_file))
+        await self._start_grpc()
+        if args.metrics_port:
+            runner = await start_metrics_server(self.metrics, args.metrics_port)
+            self.cleanups.append(runner.cleanup)
+        from epp.scrape.scraper import start_scraper
+
+        scraper = await start_scraper(ds, interval=args.refresh_metrics_interval, timeout=1.0,
+                                      staleness=args.metrics_staleness_threshold)
+        self.cleanups.append(scraper.stop)
+
+    async def _start_sources(self) -> None:
+        args = self.args
+        ds = self.datastore
+        if args.endpoints_file:
+            from epp.reload import FileWatcher, yaml_parser
+            from epp.static_source import apply_static, parse_static_config
+
+            path = Path(args.endpoints_file)
+            watcher = FileWatcher(path, parse=yaml_parser(parse_static_config, str(path)),
+                                  apply=lambda parsed: apply_static(ds, *parsed))
+            await watcher.load_initial()
+            watcher.start()
+            self.cleanups.append(watcher.stop)
+            return
+        from epp.k8s.discovery import make_api_client, start_pool_discovery, start_selector_discovery
+
+        if args.endpoint_selector:
+            from epp.k8s.convert import parse_ports, parse_selector
+
+            if not args.endpoint_target_ports:
+                raise ValueError("--endpoint-selector needs --endpoint-target-ports")
+            disc = await start_selector_discovery(
+                ds, args.pool_namespace, parse_selector(args.endpoint_selector),
+                parse_ports(args.endpoint_target_ports), pool_name=args.pool_name or "default",
+                api=make_api_client(kubeconfig=args.kubeconfig),
+            )
+        elif args.pool_name:
+            disc = await start_pool_discovery(ds, args.pool_name, args.pool_namespace,
+                                              api=make_api_client(kubeconfig=args.kubeconfig))
+        else:
+            raise ValueError("no endpoint source: give --endpoints-file (standalone), --pool-name (an InferencePool "
+                             "in Kubernetes) or --endpoint-selector with --endpoint-target-ports")
+        self.cleanups.append(disc.stop)
+
+    async def _watch_scheduling_config(self, path: Path) -> None:
+        from epp.reload import FileWatcher
+
+        def parse(text: str) -> Any:
+            from scheduling.config import parse_yaml
+
+            return build_scheduler([d.data for d in parse_yaml(text, str(path))], self.rng, str(path))
+
+        def apply(scheduler: Any) -> None:
+            # New requests use the new scheduler; in-flight ones finish on the one that picked for them.
+            self.director.scheduler = scheduler
+            log.info("scheduling config %s reloaded", path)
+
+        watcher = FileWatcher(path, parse=parse, apply=apply)
+        await watcher.load_initial()
+        watcher.start()
+        self.cleanups.append(watcher.stop)
+
+    async def _start_grpc(self) -> None:
+        args = self.args
+        from epp.health import add_health_servicer, start_health_server
+
         stream_cfg = StreamConfig(args.request_body_mode, args.response_body_mode, args.max_body_bytes)
         self.server, self.extproc = build_server(self.director, stream_cfg)
+        self.health = add_health_servicer(self.server, self.datastore)
         addr = f"{args.grpc_host}:{args.grpc_port}"
-        self.port = self.server.add_insecure_port(addr)
+        if args.secure_serving:
+            from epp.tls import server_credentials
+
+            self.port = self.server.add_secure_port(addr, server_credentials(args.cert_path))
+        else:
+            self.port = self.server.add_insecure_port(addr)
         if not self.port:
             raise RuntimeError(f"cannot bind the gRPC port {addr}")
         await self.server.start()
-        log.info("Pointsman serving ext_proc on %s:%d", args.grpc_host, self.port)
+        log.info("Pointsman serving ext_proc on %s:%d%s", args.grpc_host, self.port,
+                 " (TLS)" if args.secure_serving else "")
+        if args.grpc_health_port:
+            health = await start_health_server(self.datastore, args.grpc_health_port, args.grpc_host)
+            self.cleanups.append(lambda: health.stop(0))
 
     async def stop(self, grace: float = 5.0) -> None:
-        for t in self.tasks:
-            t.cancel()
-        for t in self.tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await t
+        if self.health is not None:
+            self.health.enter_graceful_shutdown()
         for fn in reversed(self.cleanups):
             with contextlib.suppress(Exception):
                 await fn()
+        self.cleanups.clear()
         if self.server is not None:
             await self.server.stop(grace)
+            self.server = None
 
 
 async def run(args: argparse.Namespace) -> int:

@@ -56,6 +56,7 @@ class NullMetrics:
         self, model: str, target: str, duration_s: float, input_tokens: int, output_tokens: int
     ) -> None: ...
     def scheduler_duration(self, seconds: float) -> None: ...
+    def plugin_duration(self, ext_point: str, plugin_type: str, name: str, seconds: float) -> None: ...
     def disagg_decision(self, model: str, decision: str) -> None: ...
 
 
@@ -183,10 +184,12 @@ class Director:
             raise SchedulingError(
                 ErrorCode.SERVICE_UNAVAILABLE, f"no inference pool {pool or self.config.default_pool or ''!r} known"
             )
-        unhealthy = getattr(self.datastore, "unhealthy", None)
-        eps: list[Endpoint] = [e for e in snap.endpoints if e.key not in unhealthy] if unhealthy else list(
-            snap.endpoints
-        )
+        eps: list[Endpoint] = list(snap.endpoints)
+        unhealthy = self.datastore.unhealthy
+        if unhealthy:
+            healthy = [e for e in eps if e.key not in unhealthy]
+            # Every endpoint failing its scrapes is more likely a metrics problem than a dead pool: fail open.
+            eps = healthy or eps
         hint = metadata.get(SUBSET_NS)
         if hint is not None and SUBSET in hint:
             eps = restrict(eps, _split_list(hint[SUBSET]), ip_only=True)
@@ -208,7 +211,11 @@ class Director:
             )
         t0 = time.perf_counter()
         result = self.scheduler.schedule(ctx)
-        self.metrics.scheduler_duration(time.perf_counter() - t0)
+        metrics = self.metrics
+        metrics.scheduler_duration(time.perf_counter() - t0)
+        for pr in result.profile_results.values():
+            for det in pr.details:
+                metrics.plugin_duration(det.kind, det.type, det.name, det.duration_s)
         if not result.targets:
             raise SchedulingError(ErrorCode.SERVICE_UNAVAILABLE, "the scheduler returned no endpoint")
         return result
@@ -252,11 +259,12 @@ def _estimate_tokens(req: LLMRequest) -> int:
 class RequestExchange:
     """The director's side of one stream (implements epp.protocol.Exchange)."""
 
-    __slots__ = ("d", "ctx", "result", "started", "scanner", "served", "_closed", "_rewrite_from", "_rewrite_to",
+    __slots__ = ("d", "scheduler", "ctx", "result", "started", "scanner", "served", "_closed", "_rewrite_from", "_rewrite_to",
                  "_tokens")
 
     def __init__(self, director: Director) -> None:
         self.d = director
+        self.scheduler: Scheduler | None = None  # the one that picked (a config reload may swap the director's)
         self.ctx: SchedulingContext | None = None
         self.result: SchedulingResult | None = None
         self.started = 0.0
@@ -287,11 +295,11 @@ class RequestExchange:
             return error_outcome(SchedulingError(ErrorCode.INTERNAL, f"scheduling failed: {exc}"))
         req = ctx.request
         # Commit: from here on, close() must release what this adds.
-        self.ctx, self.result = ctx, result
+        self.ctx, self.result, self.scheduler = ctx, result, d.scheduler
         self._tokens = _estimate_tokens(req)
         d.datastore.inflight.add(result.primary.key, self._tokens)
         try:
-            d.scheduler.pre_request(ctx, result)
+            self.scheduler.pre_request(ctx, result)
         except Exception:
             log.exception("pre_request hook failed")
         d.metrics.request_started(req.model, req.target_model, req.priority)
@@ -340,7 +348,8 @@ class RequestExchange:
         d = self.d
         d.datastore.inflight.remove(self.result.primary.key, self._tokens)
         try:
-            d.scheduler.response_complete(self.ctx, self.result)
+            if self.scheduler is not None:
+                self.scheduler.response_complete(self.ctx, self.result)
         except Exception:
             log.exception("response_complete hook failed")
         usage = self.scanner.usage if self.scanner else None

@@ -165,3 +165,13 @@ def test_negative_priority_is_shed_when_admission_says_so(ds):
     assert out.reject_status == 429
     _, out = decide(d, headers={"x-gateway-inference-objective": "chat"})
     assert out.reject_status == 0
+
+
+def test_unhealthy_endpoints_are_skipped_but_never_all(ds):
+    d = Director(ds, LeastLoaded())
+    ds.unhealthy.update({"10.0.0.1:8000", "10.0.0.2:8000"})
+    _, out = decide(d)
+    assert dict(out.set_headers)[DESTINATION] == "10.0.0.3:8000"
+    ds.unhealthy.update({"10.0.0.3:8000", "[fd00::1]:8000"})
+    _, out = decide(d)
+    assert out.reject_status == 0, "all out of rotation fails open rather than refusing every request"

@@ -46,7 +46,19 @@ def make_app(port: int) -> web.Application:
         await resp.write_eof()
         return resp
 
+    async def metrics(request: web.Request) -> web.Response:
+        text = (
+            "# TYPE vllm:num_requests_waiting gauge\n"
+            'vllm:num_requests_waiting{{model_name="llama"}} 0\n'
+            "# TYPE vllm:num_requests_running gauge\n"
+            'vllm:num_requests_running{{model_name="llama"}} 0\n'
+            "# TYPE vllm:kv_cache_usage_perc gauge\n"
+            'vllm:kv_cache_usage_perc{{model_name="llama"}} 0.0\n'
+        )
+        return web.Response(text=text, content_type="text/plain")
+
     app = web.Application(client_max_size=256 * 1024 * 1024)
+    app.router.add_get("/metrics", metrics)
     app.router.add_route("*", "/{tail:.*}", handle)
     return app
 
