@@ -178,7 +178,6 @@ class PrefixIndex:
                 i += 1
             if i >= total:
                 break
-            chunk *= 2
             hashes = blocks.upto(i + chunk)
         self._emit(alive, total, out)
         return out
