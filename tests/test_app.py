@@ -1,0 +1,133 @@
+"""`epp serve` wired end to end: metrics after traffic, health before/after sync, hot reload good and bad."""
+
+from __future__ import annotations
+
+import asyncio
+
+import aiohttp
+import grpc
+import orjson
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from epp.app import App
+from tests.support.envoy import free_port
+from tests.support.stack import Stack, serve_args
+
+CHAT = orjson.dumps({"model": "llama", "messages": [{"role": "user", "content": "hi"}]})
+
+
+@pytest.mark.envoy
+async def test_gie_metric_names_after_traffic(tmp_path):
+    mport = free_port()
+    s = Stack(tmp_path, epp_flags=("--metrics-port", str(mport)))
+    await s.start()
+    try:
+        async with aiohttp.ClientSession() as c:
+            for _ in range(3):
+                async with c.post(s.url + "/v1/chat/completions", data=CHAT) as r:
+                    assert r.status == 200
+                    await r.read()
+            async with c.post(s.url + "/v1/chat/completions", data=b"{") as r:
+                assert r.status == 400
+            await asyncio.sleep(0.2)  # the scraper fills the pool gauges
+            async with c.get(f"http://127.0.0.1:{mport}/metrics") as r:
+                text = await r.text()
+    finally:
+        await s.stop()
+    for name in ("inference_objective_request_total", "inference_objective_request_error_total",
+                 "inference_objective_request_duration_seconds", "inference_objective_input_tokens",
+                 "inference_objective_output_tokens", "inference_objective_running_requests",
+                 "inference_pool_average_kv_cache_utilization", "inference_pool_average_queue_size",
+                 "inference_pool_ready_pods", "inference_extension_scheduler_e2e_duration_seconds",
+                 "inference_extension_plugin_duration_seconds"):
+        assert name in text, name
+    assert 'inference_objective_request_total{model_name="llama",priority="0",target_model_name="llama"} 3.0' in text
+    assert 'error_code="BadRequest"' in text
+    assert 'inference_pool_ready_pods{name="pool"} 3.0' in text
+
+
+async def _health(port: int, service: str) -> int:
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
+        resp = await health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service=service), timeout=5)
+        return resp.status
+
+
+async def test_health_on_both_ports_after_sync(tmp_path):
+    eps = tmp_path / "eps.yaml"
+    eps.write_text("pools:\n- name: p\n  endpoints: [{address: 127.0.0.1, port: 1}]\n")
+    hport = free_port()
+    app = App(serve_args("--grpc-port", str(free_port()), "--endpoints-file", str(eps),
+                         "--grpc-health-port", str(hport)))
+    await app.start()
+    try:
+        for port in (app.port, hport):
+            for svc in ("", "liveness", "readiness", "envoy.service.ext_proc.v3.ExternalProcessor",
+                        "inference-extension"):
+                assert await _health(port, svc) == health_pb2.HealthCheckResponse.SERVING, (port, svc)
+    finally:
+        await app.stop(0)
+
+
+async def _wait_for(cond, timeout: float = 8.0) -> bool:
+    end = asyncio.get_running_loop().time() + timeout
+    while asyncio.get_running_loop().time() < end:
+        if cond():
+            return True
+        await asyncio.sleep(0.1)
+    return False
+
+
+async def test_scheduling_config_hot_reload_good_and_bad(tmp_path):
+    eps = tmp_path / "eps.yaml"
+    eps.write_text("pools:\n- name: p\n  endpoints: [{address: 127.0.0.1, port: 1}, {address: 127.0.0.2, port: 1}]\n")
+    cfg = tmp_path / "sched.yaml"
+    cfg.write_text("apiVersion: inference.networking.x-k8s.io/v1alpha1\nkind: EndpointPickerConfig\n"
+                   "metadata: {name: first}\nplugins:\n- type: queue-scorer\n")
+    app = App(serve_args("--grpc-port", str(free_port()), "--endpoints-file", str(eps), "--config-file", str(cfg)))
+    await app.start()
+    try:
+        d = app.director
+        ex = d.exchange()
+        out = ex.decide({":path": "/v1/chat/completions"}, CHAT, {})
+        assert out.reject_status == 0 and ex.result.profile == "first"
+        old = d.scheduler
+        cfg.write_text("kind: EndpointPickerConfig\nplugins: [{type: no-such-scorer}]\n")  # invalid
+        await asyncio.sleep(2.5)
+        assert d.scheduler is old, "an invalid config must not replace the serving one"
+        cfg.write_text("apiVersion: inference.networking.x-k8s.io/v1alpha1\nkind: EndpointPickerConfig\n"
+                       "metadata: {name: second}\nplugins:\n- type: kv-cache-utilization-scorer\n")
+        assert await _wait_for(lambda: d.scheduler is not old)
+        ex2 = d.exchange()
+        ex2.decide({":path": "/v1/chat/completions"}, CHAT, {})
+        assert ex2.result.profile == "second"
+        # The request picked before the reload finishes on its own scheduler, and the counts balance.
+        ex.close()
+        ex2.close()
+        assert app.datastore.inflight.total == 0
+    finally:
+        await app.stop(0)
+
+
+async def test_endpoints_file_hot_reload(tmp_path):
+    eps = tmp_path / "eps.yaml"
+    eps.write_text("pools:\n- name: p\n  endpoints: [{address: 127.0.0.1, port: 1}]\n")
+    app = App(serve_args("--grpc-port", str(free_port()), "--endpoints-file", str(eps)))
+    await app.start()
+    try:
+        eps.write_text("pools:\n- name: p\n  endpoints: [{address: 127.0.0.1, port: 1}, {address: 127.0.0.9, port: 2}]\n")
+        assert await _wait_for(lambda: len(app.datastore.snapshot().endpoints) == 2)
+        eps.write_text("pools: [{name: p, endpoints: [{address: 127.0.0.1, port: 99999}]}]\n")  # bad port
+        await asyncio.sleep(2.5)
+        assert [e.key for e in app.datastore.snapshot().endpoints] == ["127.0.0.1:1", "127.0.0.9:2"]
+    finally:
+        await app.stop(0)
+
+
+async def test_invalid_startup_config_is_a_clear_error(tmp_path):
+    eps = tmp_path / "eps.yaml"
+    eps.write_text("pools: [{name: p, endpoints: [{address: 127.0.0.1}]}]\n")
+    app = App(serve_args("--grpc-port", str(free_port()), "--endpoints-file", str(eps)))
+    with pytest.raises(ValueError, match=r"eps.yaml: pools\[0\].endpoints\[0\].port"):
+        await app.start()
+    await app.stop(0)
