@@ -207,3 +207,16 @@ async def test_inflight_count_spans_the_whole_response(tmp_path, phases):
         assert s.app.datastore.inflight.total == 0
     finally:
         await s.stop()
+
+
+async def test_envoy_talks_tls_to_a_self_signed_epp(tmp_path):
+    """Gateways in Kubernetes talk TLS to the EPP without verifying it: a generated certificate must do."""
+    s = Stack(tmp_path, epp_flags=("--secure-serving", "true"), envoy_overrides={"epp_tls": True})
+    await s.start()
+    try:
+        async with aiohttp.ClientSession() as c:
+            status, info = await post(c, s.url + "/v1/chat/completions", chat())
+        assert status == 200, info
+        assert info["headers"]["x-gateway-destination-endpoint"] == f"127.0.0.1:{info['served_by']}"
+    finally:
+        await s.stop()
