@@ -58,8 +58,10 @@ class SimServer:
     async def start(self) -> None:
         if self.fleet.kv_events_port is not None:
             ep = f"tcp://{self.host}:{self.fleet.kv_events_port + self.index}"
+            rp = self.fleet.kv_events_replay_port
+            replay = f"tcp://{self.host}:{rp + self.index}" if rp is not None else None
             self.publisher = KVEventPublisher(ep, topic_for(self.host, self.port, self.model),
-                                              self.fleet.engine.block_size)
+                                              self.fleet.engine.block_size, replay)
         self.driver = EngineDriver(self.engine, self.fleet.time_scale, on_finish=self.metrics.observe_finished,
                                    on_advance=self._publish)
         app = web.Application(client_max_size=64 * 1024 * 1024, middlewares=[self._middleware])

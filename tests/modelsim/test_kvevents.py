@@ -61,3 +61,32 @@ async def test_block_stored_and_removed_wire_format(make_fleet) -> None:
     assert removed and removed[0][2] == "GPU"
     all_removed = {h for ev in removed for h in ev[1]}
     assert all_removed & set(hashes)  # group a was evicted first (LRU)
+
+
+async def test_replay_router_returns_retained_batches_then_sentinel(make_fleet) -> None:
+    from bench.routing.procs import free_port_block
+
+    replay_base = free_port_block(1)
+    fleet = await make_fleet(1, kv_events=True, time_scale=0.05, kv_events_replay_port=replay_base)
+    async with aiohttp.ClientSession() as s:
+        for p in ("r" * 200, "s" * 200):
+            async with s.post(f"{fleet.urls[0]}/v1/completions",
+                              json={"model": MODEL, "prompt": p, "max_tokens": 1}) as r:
+                assert r.status == 200
+    ctx = zmq.asyncio.Context.instance()
+    dealer = ctx.socket(zmq.DEALER)
+    dealer.setsockopt(zmq.LINGER, 0)
+    dealer.connect(f"tcp://127.0.0.1:{replay_base}")
+    await dealer.send_multipart([b"", (1).to_bytes(8, "big")])
+    got = []
+    while True:
+        frames = await asyncio.wait_for(dealer.recv_multipart(), 2.0)
+        _, seq, payload = frames
+        n = int.from_bytes(seq, "big", signed=True)
+        if n == -1:
+            assert payload == b""
+            break
+        got.append((n, msgpack.unpackb(payload)))
+    dealer.close(0)
+    assert [n for n, _ in got] == [1]
+    assert got[0][1][1][0][0] == "BlockStored"
