@@ -21,8 +21,10 @@ class MaxScorePicker(Picker):
         k = self.max_endpoints
         if k == 1:
             best = max(totals)
+            if totals.count(best) == 1:
+                return [totals.index(best)]
             ties = [i for i, t in enumerate(totals) if t == best]
-            return [ties[0] if len(ties) == 1 else ties[rng.randrange(len(ties))]]
+            return [ties[rng.randrange(len(ties))]]
         order = list(range(len(totals)))
         rng.shuffle(order)
         order.sort(key=totals.__getitem__, reverse=True)
