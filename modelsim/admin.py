@@ -91,7 +91,9 @@ def add_admin_routes(app: web.Application, srv: SimServer) -> None:
                 await asyncio.sleep(float(seconds))
                 await srv.listen()
 
-        srv._bg = asyncio.get_running_loop().create_task(later())  # type: ignore[attr-defined]
+        task = asyncio.get_running_loop().create_task(later())
+        srv.background.add(task)
+        task.add_done_callback(srv.background.discard)
         return web.json_response({"killed": srv.pod, "revive_after_s": seconds})
 
     async def hang(request: web.Request) -> web.Response:

@@ -20,6 +20,7 @@ from modelsim.driver import EngineDriver
 from modelsim.engine import Engine, EngineError, SimRequest
 from modelsim.kvevents import KVEventPublisher, topic_for
 from modelsim.metrics import ServerMetrics
+from modelsim.streaming import run_generation
 
 _FAILURE_STATUSES = (429, 500, 503)
 
@@ -50,6 +51,7 @@ class SimServer:
         self.unhung.set()
         self.dead = False
         self._tasks: set[asyncio.Task[Any]] = set()
+        self.background: set[asyncio.Task[Any]] = set()  # admin follow-ups (kill/revive)
         self.peers: list[SimServer] = [self]  # every server of this process (set by Fleet)
         self._runner: web.AppRunner | None = None
         self._site: web.TCPSite | None = None
@@ -101,6 +103,8 @@ class SimServer:
                 conn.force_close()
 
     async def stop(self) -> None:
+        for t in list(self.background):
+            t.cancel()
         if self.driver is not None:
             self.driver.close()
         if self._runner is not None:
@@ -131,7 +135,7 @@ class SimServer:
             resp.headers["x-inference-port"] = str(self.port)
         return resp
 
-    def _headers(self) -> dict[str, str]:
+    def reply_headers(self) -> dict[str, str]:
         return {"x-inference-pod": self.pod, "x-inference-port": str(self.port)}
 
     # ---- simple endpoints ------------------------------------------------------------------------
@@ -219,7 +223,7 @@ class SimServer:
         return body
 
     def _error(self, status: int, message: str, api: str = tk.API_CHAT) -> web.Response:
-        return _json(A.error_body(status, message, api), status=status, headers=self._headers())
+        return _json(A.error_body(status, message, api), status=status, headers=self.reply_headers())
 
     def _injected_error(self, request: web.Request, api: str) -> web.Response | None:
         forced = request.headers.get("X-Return-Error")
@@ -258,8 +262,6 @@ class SimServer:
             seq, queue = self.driver.submit(sim)
         except EngineError as exc:
             return self._error(exc.status, str(exc), api)
-        from modelsim.streaming import run_generation
-
         try:
             return await run_generation(self, request, p, rid, seq, queue)
         except (asyncio.CancelledError, ConnectionResetError):

@@ -42,10 +42,10 @@ async def run_generation(
         ktp = srv.transfer_params(p, len(seq.req.prompt_tokens) // srv.fleet.engine.block_size + 1)
         body = A.full_body(p, rid, created, A.output_text(0, n), n, seq.cached_tokens,
                            seq.finish_reason or "length", ktp)
-        return web.Response(body=orjson.dumps(body), content_type="application/json", headers=srv._headers())
+        return web.Response(body=orjson.dumps(body), content_type="application/json", headers=srv.reply_headers())
 
     resp = web.StreamResponse(status=200, headers={
-        **srv._headers(), "Content-Type": "text/event-stream", "Cache-Control": "no-cache",
+        **srv.reply_headers(), "Content-Type": "text/event-stream", "Cache-Control": "no-cache",
     })
     await resp.prepare(request)
     sent = 0
