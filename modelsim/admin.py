@@ -38,6 +38,8 @@ def engine_state(srv: SimServer) -> dict[str, Any]:
         "prefix_queries": st.prefix_queries, "prefix_hits": st.prefix_hits,
         "active_loras": e.active_loras(), "hung": not srv.unhung.is_set(),
         "model_time": srv.driver.now() if srv.driver is not None else 0.0,
+        "timer_lag_max_ms": 1000 * srv.driver.lag_max if srv.driver is not None else 0.0,
+        "timer_lag_mean_ms": 1000 * srv.driver.lag_sum / max(1, srv.driver.ticks) if srv.driver is not None else 0.0,
         # the latency profile, so an oracle can predict TTFT
         "itl": e.cfg.itl, "prefill_overhead": e.cfg.prefill_overhead,
         "prefill_per_token": e.cfg.prefill_per_token, "load_factor": e.cfg.load_factor,

@@ -35,6 +35,9 @@ class EngineDriver:
         self._timer_at: float | None = None
         self._sinks: dict[int, asyncio.Queue[Event]] = {}
         self.paused = False
+        self.lag_max = 0.0  # worst lateness of a timer firing, wall seconds (CPU starvation shows here)
+        self.lag_sum = 0.0
+        self.ticks = 0
 
     def now(self) -> float:
         """Current model time, in seconds."""
@@ -54,6 +57,11 @@ class EngineDriver:
         self._after()
 
     def _tick(self) -> None:
+        if self._timer_at is not None:
+            lag = self._loop.time() - self._timer_at
+            self.lag_max = max(self.lag_max, lag)
+            self.lag_sum += lag
+            self.ticks += 1
         self._timer = None
         self._timer_at = None
         events = self.engine.advance(self.now() + self.coalesce / self.time_scale)

@@ -94,7 +94,8 @@ async def _fleet_stats(fleet: FleetInfo) -> str:
                 async with s.get(f"{u}/admin/state", timeout=aiohttp.ClientTimeout(total=2)) as r:
                     st = await r.json()
                 parts.append(f"{st['pod']}: hits {st['prefix_hits']}/{st['prefix_queries']} "
-                             f"evictions {st['evictions']} preemptions {st['preemptions']}")
+                             f"evictions {st['evictions']} preemptions {st['preemptions']} "
+                             f"timer lag mean/max {st['timer_lag_mean_ms']:.1f}/{st['timer_lag_max_ms']:.0f} ms")
             except (aiohttp.ClientError, asyncio.TimeoutError, KeyError) as exc:
                 parts.append(f"{u}: {exc}")
     return "; ".join(parts)
