@@ -253,6 +253,8 @@ class SimServer:
             return self._error(400, str(exc), api)
         if p.model not in self.served_models():
             return self._error(404, f"The model `{p.model}` does not exist.", api)
+        if request.headers.get("x-prefiller-host-port") and not p.remote_decode:
+            p.remote_prefill = True  # llm-d P/D sidecar header: the prefill ran elsewhere, TTFT = KV transfer
         lora = p.model if p.model != self.model else None
         rid = request.headers.get("x-request-id") or uuid.uuid4().hex
         sim = SimRequest(rid, p.tokens, p.output_tokens, lora=lora, remote_decode=p.remote_decode,

@@ -136,6 +136,7 @@ async def test_anthropic_stream_and_pd(make_fleet) -> None:
             raw = (await r.read()).decode()
         names = [line[7:] for line in raw.split("\n") if line.startswith("event: ")]
         assert names[0] == "message_start" and names[-1] == "message_stop"
+        before = fleet.servers[0].metrics.ttft.labels(MODEL, "0")._sum.get()
         pbody = {"model": MODEL, "prompt": "q" * 400, "max_tokens": 50,
                  "kv_transfer_params": {"do_remote_decode": True}}
         async with s.post(f"{url}/v1/completions", json=pbody) as r:
@@ -143,6 +144,12 @@ async def test_anthropic_stream_and_pd(make_fleet) -> None:
         assert out["choices"][0]["finish_reason"] == "remote_decode"
         assert out["usage"]["completion_tokens"] == 1
         assert out["kv_transfer_params"]["do_remote_prefill"] is True
+        dbody = {"model": MODEL, "prompt": "d" * 4000, "max_tokens": 1, "ignore_eos": True}
+        async with s.post(f"{url}/v1/completions", json=dbody, headers={"x-prefiller-host-port": "h:1"}) as r:
+            assert r.status == 200
+    ttft = fleet.servers[0].metrics.ttft.labels(MODEL, "0")._sum.get() - before
+    # the prefill request (100 tokens) plus the decode one: transfer 5 ms + 1000 x 10 us instead of 280 ms
+    assert ttft == pytest.approx((0.03 + 100 * 0.00025) + (0.005 + 1000 * 0.00001))
 
 
 async def test_queue_full_returns_429(make_fleet) -> None:
