@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
+from typing import Any
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -92,16 +93,26 @@ class EppMetrics:
         self.disagg = Counter("disagg_decision_total", "P/D decisions: decode-only or prefill-decode.",
                               ["model_name", "decision_type"], registry=r)
         self._pool_collector: _PoolCollector | None = None
+        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
         if datastore is not None:
             self.bind_datastore(datastore)
 
+    def _child(self, metric: Any, *labels: str) -> Any:
+        """`metric.labels(*labels)`, cached: prometheus_client validates and locks on every labels() call,
+        which is a measurable share of the per-request cost on the hot path."""
+        key = (id(metric), labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*labels)
+        return child
+
     # ---- the director's calls ----------------------------------------------------------------------------
     def request_started(self, model: str, target: str, priority: int | str) -> None:
-        self.requests.labels(model, target, str(priority)).inc()
-        self.running.labels(model).inc()
+        self._child(self.requests, model, target, str(priority)).inc()
+        self._child(self.running, model).inc()
 
     def request_error(self, model: str, target: str, code: str) -> None:
-        self.errors.labels(model, target, str(code)).inc()
+        self._child(self.errors, model, target, str(code)).inc()
 
     def request_finished(
         self,
@@ -111,22 +122,22 @@ class EppMetrics:
         input_tokens: int | None = None,
         output_tokens: int | None = None,
     ) -> None:
-        self.running.labels(model).dec()
+        self._child(self.running, model).dec()
         if duration_s is not None:
-            self.duration.labels(model, target).observe(duration_s)
+            self._child(self.duration, model, target).observe(duration_s)
         if input_tokens:
-            self.input_tokens.labels(model, target).observe(input_tokens)
+            self._child(self.input_tokens, model, target).observe(input_tokens)
         if output_tokens:
-            self.output_tokens.labels(model, target).observe(output_tokens)
+            self._child(self.output_tokens, model, target).observe(output_tokens)
 
     def scheduler_duration(self, seconds: float) -> None:
         self.scheduler.observe(seconds)
 
     def plugin_duration(self, ext_point: str, plugin_type: str, plugin_name: str, seconds: float) -> None:
-        self.plugin.labels(ext_point, plugin_type, plugin_name).observe(seconds)
+        self._child(self.plugin, ext_point, plugin_type, plugin_name).observe(seconds)
 
     def disagg_decision(self, model: str, decision: str) -> None:
-        self.disagg.labels(model, decision).inc()
+        self._child(self.disagg, model, decision).inc()
 
     # ---- pool gauges -------------------------------------------------------------------------------------
     def bind_datastore(self, datastore: Datastore) -> None:
