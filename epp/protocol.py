@@ -164,8 +164,12 @@ def immediate(status: int, body: str, headers: list[tuple[str, str]] | None = No
 
 def streamed_chunks(data: bytes, end_of_stream: bool, request: bool) -> list[pb.ProcessingResponse]:
     """Full-duplex body replies: ≤ CHUNK_LIMIT bytes each, end_of_stream on the last one only."""
-    out: list[pb.ProcessingResponse] = []
     n = len(data)
+    if n <= CHUNK_LIMIT:
+        sbr = pb.StreamedBodyResponse(body=data, end_of_stream=end_of_stream)
+        br = pb.BodyResponse(response=pb.CommonResponse(body_mutation=pb.BodyMutation(streamed_response=sbr)))
+        return [pb.ProcessingResponse(request_body=br) if request else pb.ProcessingResponse(response_body=br)]
+    out: list[pb.ProcessingResponse] = []
     offsets = range(0, n, CHUNK_LIMIT) if n else [0]
     last = offsets[-1]
     for off in offsets:
