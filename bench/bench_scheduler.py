@@ -7,7 +7,7 @@
 2. The prefix index's memory (tracemalloc) at 512 endpoints × 31,250 blocks (worst case: no block shared by two
    endpoints), then again after inserting as many blocks again: a bounded index does not grow.
 
-    python bench/bench_scheduler.py [--quick]
+    python bench/bench_scheduler.py [--quick] [--skip-memory]
 """
 
 from __future__ import annotations
@@ -123,6 +123,7 @@ def bench_memory(n_endpoints: int, capacity: int, rounds: int = 3) -> list[tuple
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="fewer iterations; memory at 64 endpoints only")
+    ap.add_argument("--skip-memory", action="store_true", help="only time decisions")
     args = ap.parse_args()
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     print(
@@ -135,6 +136,8 @@ def main() -> None:
         iters = {8: 2000, 64: 2000, 512: 1000}[n] // (4 if args.quick else 1)
         s, s10, p, p10 = bench_decisions(n, iters)
         print(f"| {n} | {s:.1f} | {s10:.1f} | {p:.1f} | {p10:.1f} |")
+    if args.skip_memory:
+        return
     n_ep = 64 if args.quick else 512
     cap = 31_250
     rows = bench_memory(n_ep, cap)
