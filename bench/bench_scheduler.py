@@ -37,7 +37,9 @@ def endpoints(n: int, rnd: random.Random) -> list[Endpoint]:
     out = []
     for i in range(n):
         addr = f"10.{i // 250}.{i % 250}.1"
-        m = Metrics(waiting=rnd.randrange(0, 8), running=rnd.randrange(0, 32), kv_usage=rnd.random(), stale=False)
+        m = Metrics(
+            waiting=rnd.randrange(0, 8), running=rnd.randrange(0, 32), kv_usage=rnd.random(), stale=False
+        )
         out.append(Endpoint(f"{addr}:8000", addr, 8000, name=f"pod-{i}", metrics=m))
     return out
 
@@ -130,7 +132,9 @@ def main() -> None:
         f"python {sys.version.split()[0]}; prompt {PROMPT_CHARS} chars (256 blocks of 64 chars); "
         f"{os.cpu_count()} CPUs, load average {load:.2f}\n"
     )
-    print("| endpoints | schedule() median µs | schedule() p10 µs | pre_request() median µs | pre_request() p10 µs |")
+    print(
+        "| endpoints | schedule() median µs | schedule() p10 µs | pre_request() median µs | pre_request() p10 µs |"
+    )
     print("|---:|---:|---:|---:|---:|")
     for n in (8, 64, 512):
         iters = {8: 2000, 64: 2000, 512: 1000}[n] // (4 if args.quick else 1)
@@ -142,7 +146,9 @@ def main() -> None:
     cap = 31_250
     rows = bench_memory(n_ep, cap)
     print(f"\nPrefix index, {n_ep} endpoints, capacity {cap} blocks each, no block shared (worst case):\n")
-    print("| blocks inserted per endpoint | blocks held | distinct blocks | traced MiB | bytes per held block |")
+    print(
+        "| blocks inserted per endpoint | blocks held | distinct blocks | traced MiB | bytes per held block |"
+    )
     print("|---:|---:|---:|---:|---:|")
     for inserted, mib, distinct, held in rows:
         print(f"| {inserted} | {held} | {distinct} | {mib:.1f} | {mib * 2**20 / held:.1f} |")

@@ -97,7 +97,9 @@ def parse_params(cls: type | None, raw: Any, *, source: str, path: str) -> Any:
     if cls is None:
         if isinstance(raw, Mapping) and raw:
             first = str(next(iter(raw)))
-            raise ConfigError(source, join_path(path, first), "unknown parameter; this plugin takes no parameters")
+            raise ConfigError(
+                source, join_path(path, first), "unknown parameter; this plugin takes no parameters"
+            )
         if raw:
             raise ConfigError(source, path, f"this plugin takes no parameters, got {raw!r}")
         return None

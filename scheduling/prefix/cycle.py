@@ -29,7 +29,9 @@ def shared_index(shared: dict[Any, Any], block_tokens: int, capacity: int | None
     return index
 
 
-def cycle_blocks(ctx: SchedulingContext, state: dict[str, Any], block_tokens: int, max_blocks: int) -> BlockHasher:
+def cycle_blocks(
+    ctx: SchedulingContext, state: dict[str, Any], block_tokens: int, max_blocks: int
+) -> BlockHasher:
     """This decision's lazily hashed prompt blocks."""
     key = ("prefix.blocks", block_tokens, max_blocks)
     blocks = state.get(key)
@@ -41,7 +43,9 @@ def cycle_blocks(ctx: SchedulingContext, state: dict[str, Any], block_tokens: in
     return blocks
 
 
-def cycle_hashes(ctx: SchedulingContext, state: dict[str, Any], block_tokens: int, max_blocks: int) -> list[int]:
+def cycle_hashes(
+    ctx: SchedulingContext, state: dict[str, Any], block_tokens: int, max_blocks: int
+) -> list[int]:
     """Every block hash of this decision's prompt (the same values as `block_hashes`)."""
     return cycle_blocks(ctx, state, block_tokens, max_blocks).all()
 

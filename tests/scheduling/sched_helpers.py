@@ -36,7 +36,9 @@ def ep(
         block_size=block_size,
         stale=False,
     )
-    return Endpoint(f"{addr}:8000", addr, 8000, name=f"pod-{i}", labels=dict(labels or {}), models=models, metrics=m)
+    return Endpoint(
+        f"{addr}:8000", addr, 8000, name=f"pod-{i}", labels=dict(labels or {}), models=models, metrics=m
+    )
 
 
 def req(
@@ -48,7 +50,9 @@ def req(
     lora: str | None = None,
     rid: str = "r1",
 ) -> LLMRequest:
-    return LLMRequest(rid, model, target or model, headers=dict(headers or {}), prompt=prompt, lora_adapter=lora)
+    return LLMRequest(
+        rid, model, target or model, headers=dict(headers or {}), prompt=prompt, lora_adapter=lora
+    )
 
 
 def ctx(
@@ -62,8 +66,14 @@ def ctx(
     return SchedulingContext(request or req(), candidates or [], dict(inflight or {}), now, explain)
 
 
-def plugin(type_name: str, params: Mapping | None = None, *, shared: dict | None = None, dialect: str = "epp"):
-    return create(type_name, params=params, build=BuildContext("test.yaml", "plugins[0]", dialect, {} if shared is None else shared))
+def plugin(
+    type_name: str, params: Mapping | None = None, *, shared: dict | None = None, dialect: str = "epp"
+):
+    return create(
+        type_name,
+        params=params,
+        build=BuildContext("test.yaml", "plugins[0]", dialect, {} if shared is None else shared),
+    )
 
 
 def state(seed: int = 0) -> dict:

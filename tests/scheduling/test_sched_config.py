@@ -64,7 +64,11 @@ def test_epp_config_reference_example(tmp_path):
     s = load(EPP, tmp_path)
     ps = s.fallback
     assert type(ps.handler).type_name == "single-profile-handler"
-    assert profile_shape(ps) == ([], [("prefix-cache-scorer", 3.0), ("queue-scorer", 1.0)], "max-score-picker")
+    assert profile_shape(ps) == (
+        [],
+        [("prefix-cache-scorer", 3.0), ("queue-scorer", 1.0)],
+        "max-score-picker",
+    )
 
 
 def test_epp_defaulting_no_profiles_and_no_picker(tmp_path):
@@ -154,7 +158,11 @@ BAD_EPP = [
         "plugins",
         "need a profile handler",
     ),
-    ("apiVersion: llm-d.ai/v1alpha1\nkind: EndpointPickerConfig\nplugins: {}\n", "plugins", "expected a list"),
+    (
+        "apiVersion: llm-d.ai/v1alpha1\nkind: EndpointPickerConfig\nplugins: {}\n",
+        "plugins",
+        "expected a list",
+    ),
     ("apiVersion: llm-d.ai/v1alpha1\nkind: EndpointPickerConfig\nsurprise: 1\n", "surprise", "unknown field"),
     ("kind: Nonsense\n", "kind", "expected one of"),
     ("a: [1\n", "line", "invalid YAML"),
@@ -218,8 +226,11 @@ spec:
 
 
 def test_heimdall_e2e_profile(tmp_path):
-    s = load(SP_CHAT + "---\n" + "apiVersion: pointsman.io/v1alpha1\nkind: ModelBinding\nspec:\n"
-             "  schedulingProfiles: [{model: default, profile: chat-default}]\n", tmp_path)
+    s = load(
+        SP_CHAT + "---\n" + "apiVersion: pointsman.io/v1alpha1\nkind: ModelBinding\nspec:\n"
+        "  schedulingProfiles: [{model: default, profile: chat-default}]\n",
+        tmp_path,
+    )
     ps = s.schedulers["chat-default"]
     assert profile_shape(ps) == (
         [],
@@ -232,26 +243,54 @@ def test_heimdall_e2e_profile(tmp_path):
 
 
 def test_heimdall_pd_profile_internal_role_filters(tmp_path):
-    s = load(SP_PD + "---\napiVersion: pointsman.io/v1alpha1\nkind: ModelBinding\nspec:\n"
-             "  schedulingProfiles: [{model: big, profile: long-pd}]\n", tmp_path)
+    s = load(
+        SP_PD + "---\napiVersion: pointsman.io/v1alpha1\nkind: ModelBinding\nspec:\n"
+        "  schedulingProfiles: [{model: big, profile: long-pd}]\n",
+        tmp_path,
+    )
     ps = s.schedulers["long-pd"]
     assert profile_shape(ps, "prefill") == (["prefill-filter"], [("queue-scorer", 1.0)], "max-score-picker")
-    assert profile_shape(ps, "decode") == (["decode-filter"], [("kv-block-occupancy-scorer", 2.0)], "max-score-picker")
+    assert profile_shape(ps, "decode") == (
+        ["decode-filter"],
+        [("kv-block-occupancy-scorer", 2.0)],
+        "max-score-picker",
+    )
     assert ps.handler.params.decider == "always"
 
 
 BAD_SP = [
-    (SP_CHAT.replace("profileHandler: e2e", "profileHandler: both"), "spec.profileHandler", "expected one of e2e, pd"),
+    (
+        SP_CHAT.replace("profileHandler: e2e", "profileHandler: both"),
+        "spec.profileHandler",
+        "expected one of e2e, pd",
+    ),
     (SP_CHAT.replace("name: chat-default", "name: ''"), "metadata.name", "SchedulingProfile name"),
-    (SP_CHAT.replace("{transform: logistic}", "{transform: cubic}"), "spec.plugins[0].config.transform", "'linear'"),
-    (SP_CHAT.replace("{name: inflight-requests-scorer}", "{name: ghost}"),
-     "spec.profiles.default.pluginRefs[1].name", "no plugin named 'ghost'"),
+    (
+        SP_CHAT.replace("{transform: logistic}", "{transform: cubic}"),
+        "spec.plugins[0].config.transform",
+        "'linear'",
+    ),
+    (
+        SP_CHAT.replace("{name: inflight-requests-scorer}", "{name: ghost}"),
+        "spec.profiles.default.pluginRefs[1].name",
+        "no plugin named 'ghost'",
+    ),
     (SP_CHAT.replace("    default:", "    decode:"), "spec.profiles.decode", "expects profiles default"),
-    (SP_PD.replace("    prefill:\n      pluginRefs: [{name: waiting-requests-scorer}]\n", ""), "spec.profiles",
-     "needs a profile named 'prefill'"),
-    (SP_CHAT.replace("weight: 2", "weight: -1"), "spec.profiles.default.pluginRefs[0].weight", "non-negative"),
-    (SP_CHAT.replace("  - type: max-score-picker\n", "  - type: max-score-picker\n    name: ''\n"),
-     "spec.plugins[2].name", "non-empty plugin name"),
+    (
+        SP_PD.replace("    prefill:\n      pluginRefs: [{name: waiting-requests-scorer}]\n", ""),
+        "spec.profiles",
+        "needs a profile named 'prefill'",
+    ),
+    (
+        SP_CHAT.replace("weight: 2", "weight: -1"),
+        "spec.profiles.default.pluginRefs[0].weight",
+        "non-negative",
+    ),
+    (
+        SP_CHAT.replace("  - type: max-score-picker\n", "  - type: max-score-picker\n    name: ''\n"),
+        "spec.plugins[2].name",
+        "non-empty plugin name",
+    ),
 ]
 
 
@@ -291,17 +330,25 @@ def test_model_binding_in_order_with_default_anywhere(tmp_path):
 
 
 def test_no_binding_match_uses_builtin_default(tmp_path):
-    s = load(SP_LEAST + "---\napiVersion: pointsman.io/v1alpha1\nkind: ModelBinding\nspec:\n"
-             "  schedulingProfiles: [{model: small, profile: least-queue}]\n", tmp_path)
+    s = load(
+        SP_LEAST + "---\napiVersion: pointsman.io/v1alpha1\nkind: ModelBinding\nspec:\n"
+        "  schedulingProfiles: [{model: small, profile: least-queue}]\n",
+        tmp_path,
+    )
     assert s.schedule(ctx(req("x", model="other"), [ep(1)])).profile == "default"
     assert s.default is s.fallback
     assert profile_shape(s.fallback)[1][2] == ("prefix-cache-scorer", 3.0)
 
 
 def test_epp_config_is_fallback_with_bindings(tmp_path):
-    s = load(EPP.replace("kind: EndpointPickerConfig", "kind: EndpointPickerConfig\nmetadata: {name: pool-cfg}")
-             + "---\n" + SP_LEAST + "---\napiVersion: pointsman.io/v1alpha1\nkind: ModelBinding\nspec:\n"
-             "  schedulingProfiles: [{model: small, profile: least-queue}]\n", tmp_path)
+    s = load(
+        EPP.replace("kind: EndpointPickerConfig", "kind: EndpointPickerConfig\nmetadata: {name: pool-cfg}")
+        + "---\n"
+        + SP_LEAST
+        + "---\napiVersion: pointsman.io/v1alpha1\nkind: ModelBinding\nspec:\n"
+        "  schedulingProfiles: [{model: small, profile: least-queue}]\n",
+        tmp_path,
+    )
     assert s.schedule(ctx(req("x", model="other"), [ep(1)])).profile == "pool-cfg"
     assert s.schedule(ctx(req("x", model="small"), [ep(1)])).profile == "least-queue"
 
@@ -310,12 +357,20 @@ def test_binding_to_unknown_profile(tmp_path):
     with pytest.raises(ConfigError) as err:
         load(SP_LEAST + "---\n" + AIGW, tmp_path, name="gw.yaml")
     msg = str(err.value)
-    assert "gw.yaml (document 2)" in msg and "spec.schedulingProfiles[0].profile" in msg and "chat-default" in msg
+    assert (
+        "gw.yaml (document 2)" in msg
+        and "spec.schedulingProfiles[0].profile" in msg
+        and "chat-default" in msg
+    )
 
 
 def test_binding_entry_missing_model(tmp_path):
-    bad = "apiVersion: pointsman.io/v1alpha1\nkind: ModelBinding\nspec:\n  schedulingProfiles: [{profile: x}]\n"
-    with pytest.raises(ConfigError, match=r"b.yaml: spec.schedulingProfiles\[0\].model: expected a model name"):
+    bad = (
+        "apiVersion: pointsman.io/v1alpha1\nkind: ModelBinding\nspec:\n  schedulingProfiles: [{profile: x}]\n"
+    )
+    with pytest.raises(
+        ConfigError, match=r"b.yaml: spec.schedulingProfiles\[0\].model: expected a model name"
+    ):
         load(bad, tmp_path, name="b.yaml")
 
 

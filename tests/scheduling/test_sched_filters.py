@@ -55,7 +55,16 @@ def test_by_label_legacy():
         plugin("by-label", {"validValues": ["x"]})
 
 
-ROLES = ["decode", "prefill", "prefill-decode", "both", "encode", "encode-prefill", "encode-prefill-decode", "e2e"]
+ROLES = [
+    "decode",
+    "prefill",
+    "prefill-decode",
+    "both",
+    "encode",
+    "encode-prefill",
+    "encode-prefill-decode",
+    "e2e",
+]
 
 
 @pytest.mark.parametrize("label", ["llm-d.ai/role", "mif.moreh.io/role"])
@@ -64,10 +73,15 @@ def test_role_filters(label):
     by_role = dict(zip([*ROLES, None], eps, strict=True))
     c = ctx(req(), eps)
     decode = keys(run(plugin("decode-filter"), c))
-    assert decode == keys([by_role[r] for r in ["decode", "prefill-decode", "both", "encode-prefill-decode", "e2e", None]])
+    assert decode == keys(
+        [by_role[r] for r in ["decode", "prefill-decode", "both", "encode-prefill-decode", "e2e", None]]
+    )
     prefill = keys(run(plugin("prefill-filter"), c))
     assert prefill == keys(
-        [by_role[r] for r in ["prefill", "prefill-decode", "both", "encode-prefill", "encode-prefill-decode", "e2e"]]
+        [
+            by_role[r]
+            for r in ["prefill", "prefill-decode", "both", "encode-prefill", "encode-prefill-decode", "e2e"]
+        ]
     )
     encode = keys(run(plugin("encode-filter"), c))
     assert encode == keys([by_role[r] for r in ["encode", "encode-prefill", "encode-prefill-decode"]])
@@ -126,11 +140,14 @@ def test_prefix_affinity_filter_threshold_and_exploration():
     scorer.index.record(b.key, _hashes(prompt)[:7])  # 0.7 < 0.8
     st = {"rng": _NeverExplore()}
     assert keys(f.filter(ctx(req(prompt), [a, b, c_]), [a, b, c_], st)) == keys([a])
-    assert keys(f.filter(ctx(req("other" * 50), [a, b, c_]), [a, b, c_], {"rng": _NeverExplore()})) == keys([a, b, c_])
+    assert keys(f.filter(ctx(req("other" * 50), [a, b, c_]), [a, b, c_], {"rng": _NeverExplore()})) == keys(
+        [a, b, c_]
+    )
     st = {"rng": _AlwaysExplore()}
     assert keys(f.filter(ctx(req(prompt), [a, b, c_]), [a, b, c_], st)) == keys([a, b, c_])
     hits = sum(
-        len(f.filter(ctx(req(prompt), [a, b, c_]), [a, b, c_], {"rng": random.Random(s)})) == 3 for s in range(3000)
+        len(f.filter(ctx(req(prompt), [a, b, c_]), [a, b, c_], {"rng": random.Random(s)})) == 3
+        for s in range(3000)
     )
     assert 10 <= hits <= 60  # ~1% exploration
 

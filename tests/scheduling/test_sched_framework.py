@@ -48,7 +48,9 @@ class Recorder(Scorer):
 
 def sched(filters, scorers, picker=None, rng=None, timer=None):
     prof = Profile("default", filters, scorers, picker or plugin("max-score-picker"))
-    return ProfileScheduler("cfg", plugin("single-profile-handler"), {"default": prof}, rng=rng or random.Random(0), timer=timer)
+    return ProfileScheduler(
+        "cfg", plugin("single-profile-handler"), {"default": prof}, rng=rng or random.Random(0), timer=timer
+    )
 
 
 def test_weighted_sum_decides():
@@ -83,7 +85,9 @@ def test_no_candidates_is_resource_exhausted():
 
 def test_ties_broken_by_injected_rng():
     eps = [ep(i) for i in range(8)]
-    picks = {sched([], [], rng=random.Random(seed)).schedule(ctx(req(), eps)).primary.key for seed in range(40)}
+    picks = {
+        sched([], [], rng=random.Random(seed)).schedule(ctx(req(), eps)).primary.key for seed in range(40)
+    }
     assert len(picks) > 3  # random among the tied
     same = [sched([], [], rng=random.Random(5)).schedule(ctx(req(), eps)).primary.key for _ in range(5)]
     assert len(set(same)) == 1  # deterministic under a seed
@@ -131,5 +135,7 @@ def test_lifecycle_hooks_called_once_each():
 def test_max_num_of_endpoints_gives_ordered_fallbacks():
     eps = [ep(i) for i in range(5)]
     s1 = Fixed({e.key: i / 10 for i, e in enumerate(eps)}, "s1")
-    res = sched([], [(s1, 1.0)], picker=plugin("max-score-picker", {"maxNumOfEndpoints": 3})).schedule(ctx(req(), eps))
+    res = sched([], [(s1, 1.0)], picker=plugin("max-score-picker", {"maxNumOfEndpoints": 3})).schedule(
+        ctx(req(), eps)
+    )
     assert [e.key for e in res.targets] == [eps[4].key, eps[3].key, eps[2].key]

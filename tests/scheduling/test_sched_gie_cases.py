@@ -21,7 +21,11 @@ def test_active_lora_wins_despite_higher_kv():
     cfg = {
         "apiVersion": "inference.networking.x-k8s.io/v1alpha1",
         "kind": "EndpointPickerConfig",
-        "plugins": [{"type": "queue-scorer"}, {"type": "kv-cache-utilization-scorer"}, {"type": "lora-affinity-scorer"}],
+        "plugins": [
+            {"type": "queue-scorer"},
+            {"type": "kv-cache-utilization-scorer"},
+            {"type": "lora-affinity-scorer"},
+        ],
         "schedulingProfiles": [
             {
                 "name": "default",

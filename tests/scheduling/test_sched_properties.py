@@ -71,7 +71,12 @@ def test_every_scorer_returns_one_value_in_unit_interval(pool, request, loads):
 
 
 @settings(max_examples=60, deadline=None)
-@given(pool=pool_st, totals=st.lists(st.floats(0, 10), min_size=12, max_size=12), k=st.integers(1, 5), seed=st.integers(0, 99))
+@given(
+    pool=pool_st,
+    totals=st.lists(st.floats(0, 10), min_size=12, max_size=12),
+    k=st.integers(1, 5),
+    seed=st.integers(0, 99),
+)
 def test_pickers_return_distinct_candidates(pool, totals, k, seed):
     totals = totals[: len(pool)]
     for name in ("max-score-picker", "random-picker", "weighted-random-picker"):
@@ -83,7 +88,9 @@ def test_pickers_return_distinct_candidates(pool, totals, k, seed):
 
 
 @settings(max_examples=40, deadline=None)
-@given(pool=pool_st, prompts=st.lists(st.text(max_size=300), min_size=1, max_size=6), seed=st.integers(0, 1000))
+@given(
+    pool=pool_st, prompts=st.lists(st.text(max_size=300), min_size=1, max_size=6), seed=st.integers(0, 1000)
+)
 def test_fixed_seed_same_decisions(pool, prompts, seed):
     def run():
         s = load_scheduler(None, rng=random.Random(seed))

@@ -12,13 +12,35 @@ from scheduling.framework import ConfigError
 from scheduling.framework.registry import PLUGIN_PACKAGES, aliases, canonical, lookup, plugin_types
 
 EXPECTED = {
-    "label-selector-filter", "by-label-filter", "prefill-filter", "decode-filter", "encode-filter",
-    "served-model-filter", "lora-affinity-filter", "saturation-filter", "context-length-aware",
-    "prefix-cache-affinity-filter", "queue-scorer", "running-requests-size-scorer", "active-request-scorer",
-    "inflight-requests-scorer", "kv-cache-utilization-scorer", "kv-block-occupancy-scorer", "load-aware-scorer",
-    "lora-affinity-scorer", "token-load-scorer", "token-length-scorer", "session-affinity-scorer",
-    "no-hit-lru-scorer", "constant-scorer", "prefix-cache-scorer", "max-score-picker", "random-picker",
-    "weighted-random-picker", "single-profile-handler", "pd-profile-handler",
+    "label-selector-filter",
+    "by-label-filter",
+    "prefill-filter",
+    "decode-filter",
+    "encode-filter",
+    "served-model-filter",
+    "lora-affinity-filter",
+    "saturation-filter",
+    "context-length-aware",
+    "prefix-cache-affinity-filter",
+    "queue-scorer",
+    "running-requests-size-scorer",
+    "active-request-scorer",
+    "inflight-requests-scorer",
+    "kv-cache-utilization-scorer",
+    "kv-block-occupancy-scorer",
+    "load-aware-scorer",
+    "lora-affinity-scorer",
+    "token-load-scorer",
+    "token-length-scorer",
+    "session-affinity-scorer",
+    "no-hit-lru-scorer",
+    "constant-scorer",
+    "prefix-cache-scorer",
+    "max-score-picker",
+    "random-picker",
+    "weighted-random-picker",
+    "single-profile-handler",
+    "pd-profile-handler",
 }
 
 
@@ -47,9 +69,7 @@ def test_one_plugin_per_module_with_formula_docstring():
                 continue
             mod = importlib.import_module(f"{pkg_name}.{info.name}")
             doc = mod.__doc__ or ""
-            registered = [
-                cls for cls in plugin_types().values() if cls.__module__ == mod.__name__
-            ]
+            registered = [cls for cls in plugin_types().values() if cls.__module__ == mod.__name__]
             assert len(registered) == 1, (mod.__name__, registered)
             name = registered[0].type_name
             assert doc.startswith(name), (mod.__name__, doc[:40])
@@ -59,7 +79,9 @@ def test_one_plugin_per_module_with_formula_docstring():
 
 
 def test_bounds_checked():
-    with pytest.raises(ConfigError, match=r"plugins\[0\].parameters.maxNumOfEndpoints: expected a value >= 1"):
+    with pytest.raises(
+        ConfigError, match=r"plugins\[0\].parameters.maxNumOfEndpoints: expected a value >= 1"
+    ):
         plugin("max-score-picker", {"maxNumOfEndpoints": 0})
     with pytest.raises(ConfigError, match="expected a boolean"):
         plugin("prefix-cache-scorer", {"autoTuneCapacity": "yes"})

@@ -16,7 +16,9 @@ from scheduling.prefix import block_hashes
 def test_queue_scorer_minmax():
     eps = [ep(1, waiting=0), ep(2, waiting=5), ep(3, waiting=10)]
     assert scores(plugin("queue-scorer"), ctx(req(), eps)) == [1.0, 0.5, 0.0]
-    assert scores(plugin("waiting-requests-scorer", dialect="heimdall"), ctx(req(), eps[1:2] * 3)) == [1.0] * 3
+    assert (
+        scores(plugin("waiting-requests-scorer", dialect="heimdall"), ctx(req(), eps[1:2] * 3)) == [1.0] * 3
+    )
 
 
 def test_running_requests_scorer_minmax():
@@ -42,7 +44,9 @@ def test_inflight_requests_scorer_heimdall_form():
 def test_kv_cache_utilization():
     eps = [ep(1, kv=0.0), ep(2, kv=0.25), ep(3, kv=1.0)]
     assert scores(plugin("kv-cache-utilization-scorer"), ctx(req(), eps)) == [1.0, 0.75, 0.0]
-    assert type(plugin("kv-utilization-scorer", dialect="heimdall")).type_name == "kv-cache-utilization-scorer"
+    assert (
+        type(plugin("kv-utilization-scorer", dialect="heimdall")).type_name == "kv-cache-utilization-scorer"
+    )
 
 
 def test_heimdall_kv_block_occupancy():

@@ -1,10 +1,10 @@
 """lora-affinity-scorer: prefer endpoints where the request's LoRA adapter is (or can be) loaded.
 
-    score(e) = 1.0   if adapter ∈ active(e)                        (running there)
-             = 0.8   elif |active(e) ∪ waiting(e)| < max_lora(e)   (room to load it)
-             = 0.6   elif adapter ∈ waiting(e)
-             = 0.0   otherwise
-    score(e) = 1.0 for every endpoint when the request names no adapter (neutral)
+score(e) = 1.0   if adapter ∈ active(e)                        (running there)
+         = 0.8   elif |active(e) ∪ waiting(e)| < max_lora(e)   (room to load it)
+         = 0.6   elif adapter ∈ waiting(e)
+         = 0.0   otherwise
+score(e) = 1.0 for every endpoint when the request names no adapter (neutral)
 """
 
 from __future__ import annotations
