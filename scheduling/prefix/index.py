@@ -155,7 +155,8 @@ class PrefixIndex:
         return out
 
     def match_lazy(self, blocks: BlockHasher, chunk: int = 16) -> dict[str, int]:
-        """Like `match`, hashing the prompt only as far as some endpoint still matches (plus < chunk blocks)."""
+        """Like `match`, hashing the prompt only a little past the point where the last endpoint stops matching
+        (by steps of max(chunk, half of what is already matched))."""
         total = blocks.total
         if not total:
             return {}
@@ -178,7 +179,7 @@ class PrefixIndex:
                 i += 1
             if i >= total:
                 break
-            hashes = blocks.upto(i + chunk)
+            hashes = blocks.upto(i + max(chunk, i >> 1))  # grow by half: long matches, few calls
         self._emit(alive, total, out)
         return out
 
