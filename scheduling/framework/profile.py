@@ -11,13 +11,30 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from operator import add
 
 from scheduling.api import PluginDetail, ProfileResult, SchedulingContext
 from scheduling.framework.plugin import Filter, Picker, Scorer, State
 from scheduling.types import Endpoint, ErrorCode, SchedulingError
 
 Timer = Callable[[], float]
+
+
+def make_combiner(weights: Sequence[float]) -> Callable[..., list[float]]:
+    """A function summing k score lists with fixed weights in ONE pass: combine(v0, ..., vk-1) ->
+    [w0*v0[j] + ... + wk-1*vk-1[j] for j]. Generated once per profile (one pass instead of k)."""
+    k = len(weights)
+    if k == 0:
+        return lambda: []
+    args = ", ".join(f"v{i}" for i in range(k))
+    items = ", ".join(f"a{i}" for i in range(k))
+    terms = " + ".join(f"a{i}" if w == 1.0 else f"w{i} * a{i}" for i, w in enumerate(weights))
+    if k == 1:
+        src = f"def combine(v0):\n    return [{terms} for a0 in v0]\n"
+    else:
+        src = f"def combine({args}):\n    return [{terms} for {items} in zip({args})]\n"
+    namespace: dict[str, object] = {f"w{i}": float(w) for i, w in enumerate(weights)}
+    exec(compile(src, f"<combine {list(weights)}>", "exec"), namespace)  # noqa: S102 - trusted, generated here
+    return namespace["combine"]  # type: ignore[return-value]
 
 
 def clamp_scores(values: Sequence[float]) -> list[float]:
@@ -31,6 +48,9 @@ class Profile:
     filters: list[Filter]
     scorers: list[tuple[Scorer, float]]
     picker: Picker
+
+    def __post_init__(self) -> None:
+        self._combine = make_combiner([w for _, w in self.scorers])
 
     def plugins(self) -> list:
         return [*self.filters, *(s for s, _ in self.scorers), self.picker]
@@ -65,7 +85,7 @@ class Profile:
                     f"filter {f.name!r} of profile {self.name!r} removed all candidates",
                 )
         n = len(cands)
-        totals: list[float] | None = None
+        all_values: list[Sequence[float]] = []
         for scorer, weight in self.scorers:
             if details is not None and timer is not None:
                 t0 = timer()
@@ -81,12 +101,7 @@ class Profile:
                     ErrorCode.INTERNAL,
                     f"scorer {scorer.name!r} returned {len(values)} scores for {n} endpoints",
                 )
-            if totals is None:
-                totals = list(values) if weight == 1.0 else [weight * v for v in values]
-            elif weight == 1.0:
-                totals = list(map(add, totals, values))
-            else:
-                totals = [t + weight * v for t, v in zip(totals, values, strict=True)]
+            all_values.append(values)
             if details is not None:
                 details.append(
                     PluginDetail(
@@ -100,8 +115,7 @@ class Profile:
                         else None,
                     )
                 )
-        if totals is None:
-            totals = [0.0] * n
+        totals = self._combine(*all_values) if all_values else [0.0] * n
         picker = self.picker
         if details is not None and timer is not None:
             t0 = timer()

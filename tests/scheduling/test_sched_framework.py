@@ -139,3 +139,14 @@ def test_max_num_of_endpoints_gives_ordered_fallbacks():
         ctx(req(), eps)
     )
     assert [e.key for e in res.targets] == [eps[4].key, eps[3].key, eps[2].key]
+
+
+def test_combiner_is_the_weighted_sum():
+    from scheduling.framework.profile import make_combiner
+
+    a, b, c = [0.1, 0.5, 1.0], [1.0, 0.0, 0.25], [0.3, 0.3, 0.9]
+    assert make_combiner([])() == []
+    assert make_combiner([1.0])(a) == a
+    assert make_combiner([2.0])(a) == [0.2, 1.0, 2.0]
+    got = make_combiner([2.0, 1.0, 3.0])(a, b, c)
+    assert got == pytest.approx([2 * x + y + 3 * z for x, y, z in zip(a, b, c, strict=True)])
