@@ -28,6 +28,7 @@ _FLEET_FLAGS: dict[str, tuple[str, Any, str]] = {
     "--seed": ("seed", int, "RNG seed for failure injection (default 0)"),
     "--kv-events-port": ("kv_events_port", int, "enable ZMQ KV events; server i publishes on this + i"),
     "--kv-events-replay-port": ("kv_events_replay_port", int, "replay ROUTER socket of server i on this + i"),
+    "--oracle-port": ("oracle_port", int, "serve an in-process oracle router over the fleet on this port"),
     "--stream-interval-ms": ("stream_interval", float, "coalesce streamed tokens after the first: wall ms"),
 }
 _ENGINE_FLAGS: dict[str, tuple[str, Any, float, str]] = {

@@ -55,6 +55,7 @@ class FleetConfig:
     kv_events_port: int | None = None  # base port of the ZMQ PUB sockets (one per server)
     kv_events_replay_port: int | None = None  # base port of the replay ROUTER sockets (needs kv_events_port)
     roles: tuple[str, ...] = ()  # per server: "both" (default), "prefill" or "decode" (informational)
+    oracle_port: int | None = None  # in-process oracle router over the fleet (benchmark aid)
     stream_interval: float = 0.0  # wall s; > 0 coalesces streamed tokens after the first (cheaper at speed)
     engine: EngineConfig = field(default_factory=EngineConfig)
 

@@ -1,20 +1,14 @@
-"""An oracle router: reads the simulated servers' true cache and queue state, then forwards.
+"""The HTTP-proxy oracle (router `oracle-proxy`): reads the simulated servers' true state, then forwards.
 
 For every request it POSTs the body once to modelsim's ``/admin/fleet/probe`` (on any server of the fleet
 process: the prefix-cache hit the request would get now on every server, their running/waiting counts,
-free blocks and latency profile) and picks the server with the lowest predicted cost:
+free blocks and latency profile) and picks the server with the lowest `modelsim.oracle.predicted_cost`,
+counting the requests it routed whose reply headers have not come back yet as running.
 
-    r       = running + requests this oracle sent there whose reply headers have not come back yet
-    load    = 1 + (F − 1) · r / (max_num_seqs − 1)                 (r + 1 running after admission)
-    queue   = max(0, r + waiting + 1 − max_num_seqs) · (prefill + max_tokens · itl · F) / max_num_seqs
-    prefill = overhead + (prompt − cached) · per_token
-    evict   = max(0, new blocks − never-used blocks) · block_size · per_token / 2
-    cost    = queue + prefill · load + evict + 1e-6 · r                (ties go to the less loaded)
-
-`evict` charges a request for the cached prefixes it would push out (half of their recompute cost).
+The router `oracle` is the in-process variant (`modelsim --oracle-port`): same cost, no proxy hop and no
+staleness. This one exists to measure what a probe round trip and a Python proxy cost.
 
 Run: python -m bench.routing.oracle --port 8500 --backend http://127.0.0.1:8100 --backend ...
-The probe costs one loopback round trip per request (wall time, so 1/time_scale more in model time).
 """
 
 from __future__ import annotations
@@ -28,22 +22,9 @@ import aiohttp
 import orjson
 from aiohttp import web
 
+from modelsim.oracle import predicted_cost
+
 _API = {"/v1/chat/completions": "chat", "/v1/completions": "completions", "/v1/messages": "messages"}
-
-
-def predicted_cost(st: dict[str, Any], pending: int, max_tokens: int) -> float:
-    m = max(1, st["max_num_seqs"])
-    r = st["running"] + pending
-    f = st["load_factor"]
-    load = min(f, 1.0 + (f - 1.0) * r / max(1, m - 1))
-    uncached = st["prompt_tokens"] - st["cached_tokens"]
-    prefill = st["prefill_overhead"] + uncached * st["prefill_per_token"]
-    excess = max(0, r + st["waiting"] + 1 - m)
-    queue = excess * (prefill + max_tokens * st["itl"] * f) / m
-    bs = st["block_size"]
-    new_blocks = -(-(uncached + max_tokens) // bs)
-    evict = max(0, new_blocks - st["fresh_blocks"]) * bs * st["prefill_per_token"] / 2
-    return queue + prefill * load + evict + 1e-6 * r
 
 
 class Oracle:

@@ -34,6 +34,7 @@ class FleetInfo:
     urls: list[str]
     model: str
     kv_event_endpoints: list[str] = field(default_factory=list)  # tcp://127.0.0.1:port per server
+    oracle_url: str | None = None  # modelsim's in-process oracle router (--oracle-port)
 
 
 @dataclass
@@ -135,11 +136,20 @@ async def start_sglang_router(fleet: FleetInfo, workdir: Path) -> Launched:
 
 
 async def start_oracle(fleet: FleetInfo, workdir: Path) -> Launched:
+    """modelsim's in-process oracle router: exact state, no extra hop."""
+    if fleet.oracle_url is None:
+        raise Unavailable("the fleet was started without --oracle-port")
+    await wait_http(f"{fleet.oracle_url}/health", None, 30.0)
+    return Launched(fleet.oracle_url)
+
+
+async def start_oracle_proxy(fleet: FleetInfo, workdir: Path) -> Launched:
+    """The HTTP-proxy oracle (bench/routing/oracle.py): probes /admin/fleet/probe per request."""
     (port,) = free_ports(1)
     argv = [sys.executable, "-m", "bench.routing.oracle", "--port", str(port)]
     for u in fleet.urls:
         argv += ["--backend", u]
-    return await _started("oracle", argv, workdir, f"http://127.0.0.1:{port}/health", port)
+    return await _started("oracle-proxy", argv, workdir, f"http://127.0.0.1:{port}/health", port)
 
 
 # ---- Pointsman (epp behind Envoy) ------------------------------------------------------------------
@@ -207,4 +217,6 @@ ROUTERS: dict[str, Adapter] = {
     "sglang-router": start_sglang_router,
     "pointsman": start_pointsman,
     "oracle": start_oracle,
+    "oracle-proxy": start_oracle_proxy,
 }
+DEFAULT_ROUTERS = ["envoy-rr", "vllm-router", "vllm-router-kv", "sglang-router", "pointsman", "oracle"]

@@ -24,7 +24,7 @@ import aiohttp
 from bench.routing.client import run_stage
 from bench.routing.procs import ROOT, Proc, free_port_block, wait_http
 from bench.routing.report import Row, markdown, summarize, write_outputs
-from bench.routing.routers import ROUTERS, FleetInfo, Launched, Unavailable
+from bench.routing.routers import DEFAULT_ROUTERS, ROUTERS, FleetInfo, Launched, Unavailable
 from bench.routing.workload import Workload, WorkloadSpec
 
 MODEL = "meta-llama/Llama-3.1-8B"
@@ -76,14 +76,15 @@ def regimes(fleet: FleetSpec) -> dict[str, Regime]:
 def start_fleet(fs: FleetSpec, workdir: Path, name: str) -> tuple[Proc, FleetInfo]:
     base = free_port_block(fs.servers)
     kv_base = free_port_block(fs.servers)
+    oracle_port = free_port_block(1)
     argv = [sys.executable, "-m", "modelsim", "--servers", str(fs.servers), "--base-port", str(base),
             "--model", MODEL, "--time-scale", str(fs.time_scale), "--kv-cache-size", str(fs.kv_cache_size),
             "--max-num-seqs", str(fs.max_num_seqs), "--kv-events-port", str(kv_base),
-            "--stream-interval-ms", str(fs.stream_interval_ms)]
+            "--stream-interval-ms", str(fs.stream_interval_ms), "--oracle-port", str(oracle_port)]
     proc = Proc(f"modelsim-{name}", argv, workdir)
     urls = [f"http://127.0.0.1:{base + i}" for i in range(fs.servers)]
     kv = [f"tcp://127.0.0.1:{kv_base + i}" for i in range(fs.servers)]
-    return proc, FleetInfo(urls, MODEL, kv)
+    return proc, FleetInfo(urls, MODEL, kv, f"http://127.0.0.1:{oracle_port}")
 
 
 async def _fleet_stats(fleet: FleetInfo) -> str:
@@ -138,7 +139,7 @@ async def main_async(args: argparse.Namespace) -> int:
     fs = FleetSpec(servers=args.servers, time_scale=args.time_scale, kv_cache_size=args.kv_cache_size)
     all_regimes = regimes(fs)
     names = args.regimes.split(",") if args.regimes else (["fits", "pressure"] if args.quick else list(all_regimes))
-    routers = args.routers.split(",") if args.routers else list(ROUTERS)
+    routers = args.routers.split(",") if args.routers else list(DEFAULT_ROUTERS)
     for n in names:
         if n not in all_regimes:
             print(f"unknown regime {n!r}; choose from {sorted(all_regimes)}", file=sys.stderr)
@@ -187,7 +188,7 @@ async def main_async(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="short run: fits+pressure, 2 QPS points, 15 s stages")
-    ap.add_argument("--routers", help=f"comma list from {','.join(ROUTERS)} (default: all)")
+    ap.add_argument("--routers", help=f"comma list from {','.join(ROUTERS)} (default: all but oracle-proxy)")
     ap.add_argument("--regimes", help="comma list from fits,pressure,skew,no-sharing (default: all)")
     ap.add_argument("--qps", help="comma list overriding every regime's QPS ladder (model time)")
     ap.add_argument("--duration", type=float, help="model seconds per QPS stage (default 45, quick 15)")
