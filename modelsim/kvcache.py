@@ -140,11 +140,13 @@ class KVCache:
         bs = self.block_size
         for i in range(n_hit, len(hashes)):
             h = hashes[i]
-            self._take_one()
-            if h in self._blocks:  # a duplicate within one chain cannot happen, but be safe
-                self._blocks[h].ref += 1
-                self.private += 1
+            b = self._blocks.get(h)
+            if b is not None:  # still cached although an earlier block of its chain was evicted
+                if b.ref == 0:
+                    self._lru.pop(h, None)
+                b.ref += 1
             else:
+                self._take_one()
                 self._blocks[h] = _Block(ref=1, ready_at=ready_at, parent=parent)
                 if self.enable_prefix_caching:
                     self.events.append(("stored", h, parent, list(tokens[i * bs : (i + 1) * bs])))

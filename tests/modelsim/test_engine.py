@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from modelsim.config import EngineConfig
 from modelsim.engine import Engine, PromptTooLong, QueueFull, SimRequest
@@ -168,3 +172,47 @@ def test_cancel_frees_blocks() -> None:
     assert e.kv.used > 0
     e.cancel(s, 0.1)
     assert e.kv.used == 0 and not e.running
+
+
+def test_chain_with_evicted_head_is_restored_without_leaking_blocks() -> None:
+    from modelsim.kvcache import KVCache, block_hashes
+
+    kv = KVCache(capacity=6, block_size=4)
+    toks_a = list(range(12))
+    ha = block_hashes(toks_a, 4)  # 3 blocks
+    assert kv.acquire(ha, 0, 0, 0.0, toks_a)
+    kv.release(ha, 0)
+    kv._lru.move_to_end(ha[0], last=False)  # make the head the oldest
+    assert kv.acquire([], 0, 4, 0.0, [])  # 3 fresh blocks + evicts the head
+    assert not kv.contains(ha[0]) and kv.contains(ha[1]) and kv.contains(ha[2])
+    kv.release([], 4)
+    assert kv.match(ha) == 0
+    assert kv.acquire(ha, 0, 1, 0.0, toks_a)  # head re-stored, the cached tail re-referenced
+    assert kv.private == 1 and kv.used == 4 and kv.cached_blocks == 3
+    kv.release(ha, 1)
+    assert kv.private == 0 and kv.used == 0 and kv.free == 6
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 5), st.integers(1, 120), st.integers(1, 40), st.booleans()),
+                min_size=1, max_size=40))
+def test_block_accounting_invariants(ops: list[tuple[int, int, int, bool]]) -> None:
+    e = Engine(EngineConfig(kv_cache_size=40, block_size=4, max_num_seqs=3, max_waiting=100))
+    t = 0.0
+    seqs = []
+    for group, n_prompt, n_out, cancel in ops:
+        try:
+            seqs.append(e.submit(SimRequest("r", toks(group, n_prompt), n_out), t))
+        except PromptTooLong:
+            pass
+        t += 0.05
+        e.advance(t)
+        if cancel and seqs:
+            e.cancel(seqs[len(seqs) // 2], t)
+        assert e.kv.private == sum(s.n_private for s in e.running)
+        held = Counter(h for s in e.running for h in s.hashes)
+        assert all(e.kv._blocks[h].ref == n for h, n in held.items())
+        assert 0 <= e.kv.used <= e.kv.capacity and e.kv.cached_blocks + e.kv.private <= e.kv.capacity
+    run_until_idle(e, t)
+    assert e.kv.used == 0 and e.kv.private == 0 and not e.waiting and not e.running
+    assert all(s.state == "finished" for s in seqs)
