@@ -62,10 +62,8 @@ class OracleRouter:
         live = [s for s in self.servers if not s.dead and s.unhung.is_set()] or self.servers
         tokens = tk.request_tokens(api, body)
         model = body.get("model")
-        try:
-            max_tokens = A.parse_request(api, body, live[0].fleet.engine.default_max_tokens).max_tokens
-        except (A.BadRequest, ValueError):
-            max_tokens = live[0].fleet.engine.default_max_tokens
+        mt = body.get("max_completion_tokens") or body.get("max_tokens") or body.get("max_output_tokens")
+        max_tokens = mt if isinstance(mt, int) and mt > 0 else live[0].fleet.engine.default_max_tokens
         best, best_cost = live[0], float("inf")
         for s in live:
             lora = model if isinstance(model, str) and model in s.loras else None

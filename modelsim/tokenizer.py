@@ -31,6 +31,7 @@ bytes (64 characters for ASCII), matching the picker's approximate prefix scorer
 from __future__ import annotations
 
 import json
+import struct
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -49,7 +50,7 @@ def encode(text: str) -> list[int]:
     rem = len(data) % BYTES_PER_TOKEN
     if rem:
         data += b"\0" * (BYTES_PER_TOKEN - rem)
-    return [int.from_bytes(data[i : i + 4], "big") for i in range(0, len(data), BYTES_PER_TOKEN)]
+    return list(struct.unpack(f">{len(data) // BYTES_PER_TOKEN}I", data))
 
 
 def decode(tokens: Iterable[int]) -> str:

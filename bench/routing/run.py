@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import signal
 import sys
 import time
 from dataclasses import dataclass, replace
@@ -153,6 +154,18 @@ async def main_async(args: argparse.Namespace) -> int:
     workdir = out_dir / "work"
     rows: list[Row] = []
     skipped: list[str] = []
+    try:
+        await _run_all(names, routers, all_regimes, args, fs, duration, workdir, rows, skipped)
+    except asyncio.CancelledError:
+        skipped.append("interrupted: the table holds the stages finished before the interrupt")
+        _write(rows, skipped, fs, duration, out_dir)
+        raise
+    _write(rows, skipped, fs, duration, out_dir)
+    return 0
+
+
+async def _run_all(names: list[str], routers: list[str], all_regimes: dict[str, Regime], args: argparse.Namespace,
+                   fs: FleetSpec, duration: float, workdir: Path, rows: list[Row], skipped: list[str]) -> None:
     for name in names:
         regime = all_regimes[name]
         if args.qps:
@@ -173,6 +186,9 @@ async def main_async(args: argparse.Namespace) -> int:
             except RuntimeError as exc:
                 skipped.append(f"{router}/{name}: failed: {str(exc)[:300]}")
                 print(f"  {router}/{name}: FAILED {exc}", flush=True)
+
+
+def _write(rows: list[Row], skipped: list[str], fs: FleetSpec, duration: float, out_dir: Path) -> None:
     header = (f"# Routing benchmark\n\nFleet: {fs.servers} modelsim servers x {fs.kv_cache_size} KV blocks of 16 "
               f"tokens, max-num-seqs {fs.max_num_seqs}, time scale {fs.time_scale}; stage duration {duration} "
               f"model s. Times in model seconds.\n")
@@ -181,8 +197,7 @@ async def main_async(args: argparse.Namespace) -> int:
     paths = write_outputs(rows, out_dir, header)
     print()
     print(markdown(rows, ""))
-    print("wrote " + ", ".join(str(p) for p in paths))
-    return 0
+    print("wrote " + ", ".join(str(p) for p in paths), flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -198,7 +213,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--time-scale", type=float, default=0.5, help="wall/model time (default 0.5 = 2x fast)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=str(ROOT / "bench" / "out" / "routing"))
-    return asyncio.run(main_async(ap.parse_args(argv)))
+    args = ap.parse_args(argv)
+
+    def on_term(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt  # asyncio.run cancels the run; every fleet and router is stopped
+
+    signal.signal(signal.SIGTERM, on_term)
+    try:
+        return asyncio.run(main_async(args))
+    except KeyboardInterrupt:
+        return 130
 
 
 if __name__ == "__main__":
