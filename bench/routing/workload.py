@@ -9,6 +9,7 @@ modelsim tokens (4 ASCII characters each); the chat JSON framing adds a few toke
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 from dataclasses import dataclass
@@ -54,7 +55,7 @@ class Workload:
         n = spec.num_groups
         weights = [1.0 / (k + 1) ** spec.zipf_s for k in range(n)] if spec.zipf_s > 0 else [1.0] * n
         total = sum(weights)
-        self._cum = list(_accumulate(w / total for w in weights))
+        self._cum = list(itertools.accumulate(w / total for w in weights))
 
     def question(self, group: int, idx: int) -> str:
         rng = random.Random(f"{self.seed}/q/{group}/{idx}")
@@ -97,10 +98,3 @@ class Workload:
 def _labelled(label: str, text: str) -> str:
     """`text` with its start replaced by `label` (same length; empty text stays empty)."""
     return (label + text[len(label):])[: len(text)] if text else ""
-
-
-def _accumulate(xs: Any) -> Any:
-    acc = 0.0
-    for x in xs:
-        acc += x
-        yield acc
