@@ -47,9 +47,14 @@ log = logging.getLogger(__name__)
 
 
 def make_api_client(host: str | None = None, kubeconfig: str | None = None) -> k8s.ApiClient:
-    """An ApiClient: explicit host (tests, proxies), else in-cluster config, else the kubeconfig file."""
+    """An ApiClient: explicit host (proxies), else an explicit kubeconfig, else in-cluster config, else the default
+    kubeconfig file."""
     if host:
         return k8s.ApiClient(k8s.Configuration(host=host))
+    if kubeconfig:
+        cfg = k8s.Configuration()
+        k8s_config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
+        return k8s.ApiClient(cfg)
     try:
         k8s_config.load_incluster_config()
     except k8s_config.ConfigException:
