@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Create .venv (once) and install Pointsman with its test extras. Re-runs are cheap: pip skips what is there.
+# Create .venv (once) and install Pointsman with its test extras. Re-runs are cheap: pip runs only when
+# pyproject.toml changed since the last install.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -10,7 +11,11 @@ fi
 stamp=.venv/.pointsman-installed
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   echo "==> installing Pointsman and its dependencies into .venv (first run takes a minute)"
-  .venv/bin/pip install -q --upgrade pip >/dev/null
-  .venv/bin/pip install -q -e ".[dev]${EXTRAS:-}"
+  if ! { .venv/bin/pip install -q --upgrade pip && .venv/bin/pip install -q -e ".[dev]${EXTRAS:-}"; } \
+      > .venv/pip.log 2>&1; then
+    cat .venv/pip.log >&2
+    echo "error: installing the dependencies failed (log above, also in .venv/pip.log)" >&2
+    exit 1
+  fi
   touch "$stamp"
 fi
