@@ -10,9 +10,11 @@ staleness (the pick and the engine submit happen without an await in between).
     prefill = overhead + (prompt − cached) · per_token
     queue   = max(0, r + waiting + 1 − max_num_seqs) · (prefill + max_tokens · itl · F) / max_num_seqs
     evict   = max(0, new blocks − never-used blocks) · block_size · per_token / 2
-    cost    = queue + prefill · load + evict + 1e-6 · r                        (ties: less loaded)
+    decode  = max_tokens · itl · load
+    cost    = queue + prefill · load + decode + evict + 1e-6 · r               (ties: less loaded)
 
-`evict` charges a request for the cached prefixes it would push out (half of their recompute cost).
+That is the request's own predicted latency (queue, TTFT and decode at the load it joins), plus `evict`,
+a charge for the cached prefixes it would push out (half of their recompute cost).
 """
 
 from __future__ import annotations
@@ -42,7 +44,8 @@ def predicted_cost(st: dict[str, Any], pending: int, max_tokens: int) -> float:
     bs = st["block_size"]
     new_blocks = -(-(uncached + max_tokens) // bs)
     evict = max(0, new_blocks - st["fresh_blocks"]) * bs * st["prefill_per_token"] / 2
-    return queue + prefill * load + evict + 1e-6 * r
+    decode = max_tokens * st["itl"] * load
+    return queue + prefill * load + decode + evict + 1e-6 * r
 
 
 def _state(srv: SimServer, tokens: list[int], lora: str | None) -> dict[str, Any]:
