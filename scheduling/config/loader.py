@@ -114,7 +114,13 @@ def load_scheduler(
             binding_src = doc.source
         else:
             raise ConfigError(doc.source, "kind", f"expected one of {', '.join(KINDS)}, got {kind!r}")
-    fallback = epp or builtin_scheduler(rng=rng, timer=timer, shared=shared)
+    if epp is not None:
+        fallback = epp
+    elif bindings is None and len(profiles) == 1:
+        # One SchedulingProfile and nothing binding it: it is what the user meant to run.
+        fallback = next(iter(profiles.values()))
+    else:
+        fallback = builtin_scheduler(rng=rng, timer=timer, shared=shared)
     named = dict(profiles)
     if epp is not None and epp.name not in named:
         named[epp.name] = epp

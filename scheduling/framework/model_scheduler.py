@@ -65,8 +65,8 @@ class ModelScheduler:
                 cands = [e for e in cands if serves(e, target, lora)]
             if not cands:
                 raise SchedulingError(
-                    ErrorCode.RESOURCE_EXHAUSTED,
-                    f"no endpoint serves model {target!r} ({len(ctx.candidates)} candidates in the pool)",
+                    ErrorCode.NOT_FOUND,
+                    f"model {target!r} is not served by any endpoint in the pool ({len(ctx.candidates)} endpoints)",
                 )
         result = sched.schedule(ctx, cands)
         result.state[_ROUTE] = sched

@@ -392,4 +392,12 @@ def test_served_model_candidates_only():
 
     with pytest.raises(SchedulingError) as err:
         s.schedule(ctx(req("x", model="mistral"), [a, b]))
-    assert err.value.code.http_status == 429
+    assert err.value.code.http_status == 404  # an unknown model is NotFound, not overload
+
+
+def test_a_lone_scheduling_profile_is_the_default():
+    doc = {"apiVersion": "heimdall.moreh.io/v1alpha1", "kind": "SchedulingProfile", "metadata": {"name": "mine"},
+           "spec": {"profileHandler": "e2e", "plugins": [{"type": "queue-scorer"}, {"type": "max-score-picker"}],
+                    "profiles": {"default": {"pluginRefs": [{"name": "queue-scorer"}, {"name": "max-score-picker"}]}}}}
+    s = load_scheduler(doc, rng=RNG(0))
+    assert s.schedule(ctx(req("x"), [ep(1), ep(2)])).profile == "mine"

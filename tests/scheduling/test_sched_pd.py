@@ -88,7 +88,7 @@ def test_no_decode_pick_fails():
     eps = [ep(1, labels={ROLE: "decode"})]
     with pytest.raises(SchedulingError) as err:
         s.schedule(ctx(req("x"), [ep(1, labels={ROLE: "decode"}, models=frozenset({"other"}))]))
-    assert err.value.code is ErrorCode.RESOURCE_EXHAUSTED
+    assert err.value.code is ErrorCode.NOT_FOUND  # nothing serves the model: 404, not overload
     assert s.schedule(ctx(req("x"), eps)).primary == eps[0]
 
 
