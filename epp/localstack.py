@@ -186,8 +186,13 @@ Pointsman metrics:   http://127.0.0.1:{a.metrics_port}/metrics      Files: {self
                 proc.kill()
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def stack_command(args: argparse.Namespace) -> int:
     stack = LocalStack(args)
+    signal.signal(signal.SIGTERM, _interrupt)  # a TERM stops the whole stack too, never orphans it
     try:
         stack.start()
         stack.watch()
