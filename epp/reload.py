@@ -23,6 +23,8 @@ from typing import Any, Generic, TypeVar
 
 import yaml
 
+from epp.aio import cancel_and_wait
+
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
@@ -130,10 +132,5 @@ class FileWatcher(Generic[T]):
         return self._task
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
-            self._task = None
+        await cancel_and_wait(self._task)
+        self._task = None

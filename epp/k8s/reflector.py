@@ -27,6 +27,8 @@ from typing import Any
 from kubernetes.client.exceptions import ApiException
 from kubernetes.watch.watch import iter_resp_lines
 
+from epp.aio import cancel_and_wait
+
 log = logging.getLogger(__name__)
 
 ListCall = Callable[..., Any]  # e.g. functools.partial(CoreV1Api.list_namespaced_pod, "ns", label_selector="a=b")
@@ -106,13 +108,8 @@ class Reflector:
     async def stop(self) -> None:
         self._stop.set()
         self._abort_stream()
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
-            self._task = None
+        await cancel_and_wait(self._task)
+        self._task = None
 
     def _abort_stream(self) -> None:
         resp = self._resp

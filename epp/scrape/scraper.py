@@ -22,6 +22,7 @@ from dataclasses import dataclass, replace
 
 import aiohttp
 
+from epp.aio import cancel_and_wait
 from epp.datastore import Datastore
 from epp.scrape.parser import parser_for
 from scheduling.types import Endpoint, Metrics
@@ -86,13 +87,8 @@ class MetricsScraper:
         return self._task
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
-            self._task = None
+        await cancel_and_wait(self._task)
+        self._task = None
         for st in self._state.values():
             if st.pending is not None:
                 st.pending.cancel()
