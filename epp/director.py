@@ -352,6 +352,7 @@ class RequestExchange:
             return
         d = self.d
         d.datastore.inflight.remove(self.result.primary.key, self._tokens)
+        self.ctx.now = d.clock()  # plugins see the time the request ended
         try:
             if self.scheduler is not None:
                 self.scheduler.response_complete(self.ctx, self.result)

@@ -7,11 +7,13 @@ lazy: matching hashes only as far as some endpoint still matches; pre_request ha
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from scheduling.api import SchedulingContext
 from scheduling.prefix.hashing import BlockHasher
 from scheduling.prefix.index import DEFAULT_CAPACITY, PrefixIndex
+from scheduling.types import Endpoint
 
 
 def shared_index(shared: dict[Any, Any], block_tokens: int, capacity: int | None = None) -> PrefixIndex:
@@ -60,3 +62,35 @@ def cycle_matches(
         blocks = cycle_blocks(ctx, state, block_tokens, max_blocks)
         got = state[key] = (index.match_lazy(blocks), blocks.total)
     return got
+
+
+def record_choice(
+    ctx: SchedulingContext,
+    state: dict[str, Any],
+    index: PrefixIndex,
+    block_tokens: int,
+    max_blocks: int,
+    endpoints: Iterable[Endpoint | None],
+    *,
+    auto_tune: bool = True,
+) -> None:
+    """Record this decision's prompt blocks for the chosen endpoints, once per decision and index, whichever
+    prefix-aware plugin gets there first. With `auto_tune`, an endpoint's capacity follows its reported cache
+    geometry (num_gpu_blocks × block_size / block_tokens)."""
+    key = ("prefix.recorded", id(index))
+    if state.get(key):
+        return
+    state[key] = True
+    hashes = cycle_hashes(ctx, state, block_tokens, max_blocks)
+    if not hashes:
+        return
+    for ep in endpoints:
+        if ep is None:
+            continue
+        if auto_tune:
+            m = ep.metrics
+            if m.num_gpu_blocks and m.block_size:
+                cap = max(1, m.num_gpu_blocks * m.block_size // block_tokens)
+                if cap != index.capacity(ep.key):
+                    index.set_capacity(ep.key, cap)
+        index.record(ep.key, hashes, ctx.now)

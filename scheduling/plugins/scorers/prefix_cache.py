@@ -24,7 +24,7 @@ from typing import Literal
 
 from scheduling.framework import Scorer, register
 from scheduling.framework.params import bounded
-from scheduling.prefix import cycle_hashes, cycle_matches, shared_index
+from scheduling.prefix import cycle_matches, record_choice, shared_index
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,6 @@ class PrefixCacheScorer(Scorer):
         p = self.params
         self.index = shared_index(build.shared, p.blockSizeTokens, p.lruCapacityPerServer)
         self.normalization = p.normalization or ("longestPrefix" if build.dialect == "heimdall" else "input")
-        self._recorded_key = ("prefix.recorded", id(self.index))
         self._calls = 0
 
     def _transform(self, x: float) -> float:
@@ -89,20 +88,7 @@ class PrefixCacheScorer(Scorer):
         self.index.forget(key)
 
     def pre_request(self, ctx, result, state):
-        if state.get(self._recorded_key):
-            return
-        state[self._recorded_key] = True
         p = self.params
-        hashes = cycle_hashes(ctx, state, p.blockSizeTokens, p.maxPrefixBlocksToMatch)
-        if not hashes:
-            return
-        for ep in (result.targets[0] if result.targets else None, result.prefill):
-            if ep is None:
-                continue
-            if p.autoTuneCapacity:
-                m = ep.metrics
-                if m.num_gpu_blocks and m.block_size:
-                    cap = max(1, m.num_gpu_blocks * m.block_size // p.blockSizeTokens)
-                    if cap != self.index.capacity(ep.key):
-                        self.index.set_capacity(ep.key, cap)
-            self.index.record(ep.key, hashes, ctx.now)
+        record_choice(ctx, state, self.index, p.blockSizeTokens, p.maxPrefixBlocksToMatch,
+                      (result.targets[0] if result.targets else None, result.prefill),
+                      auto_tune=p.autoTuneCapacity)

@@ -1,0 +1,84 @@
+"""estimated-ttft-scorer: the predicted-TTFT formula, its backlog and duration learning, and its trade-off."""
+
+from __future__ import annotations
+
+import pytest
+from sched_helpers import ctx, ep, plugin, req, scores, state
+
+from scheduling.api import InflightLoad, SchedulingResult
+from scheduling.prefix import block_hashes
+
+PER_TOKEN, OVERHEAD = 250e-6, 0.03
+
+
+def ttft(uncached: float, n: int, backlog: float = 0.0, wait: float = 0.0) -> float:
+    return (OVERHEAD + (backlog + uncached) * PER_TOKEN) * (1 + min(n, 15) / 15) + wait
+
+
+def test_formula_prefix_and_load():
+    shared: dict = {}
+    s = plugin("estimated-ttft-scorer", shared=shared)
+    prompt = "p" * 64 * 10  # 10 blocks = 160 tokens
+    a, b, c = ep(1), ep(2), ep(3, waiting=3, running=5)  # c: fresh metrics say 8 requests
+    s.index.record(a.key, block_hashes(prompt, "llama")[:6])  # a holds 6 blocks = 96 tokens
+    got = scores(s, ctx(req(prompt), [a, b, c], inflight={b.key: InflightLoad(2, 0)}))
+    costs = [ttft(160 - 96, 0), ttft(160, 2), ttft(160, 8)]
+    assert got == pytest.approx([min(costs) / x for x in costs])
+    assert got[0] == 1.0
+
+
+def test_queue_past_max_num_seqs_waits_for_a_slot_using_learned_durations():
+    s = plugin("estimated-ttft-scorer", {"maxNumSeqs": 4, "initialRequestSeconds": 2.0})
+    a, b = ep(1), ep(2)
+    full = {a.key: InflightLoad(6, 0)}
+    got = scores(s, ctx(req("x" * 400), [a, b], inflight=full))
+    cost_a = (OVERHEAD + 100 * PER_TOKEN) * 2.0 + (6 - 3) * 2.0 / 4
+    cost_b = OVERHEAD + 100 * PER_TOKEN
+    assert got == pytest.approx([cost_b / cost_a, 1.0])
+    # A finished request teaches the scorer how long requests on `a` take.
+    c0 = ctx(req("y"), [a, b], now=10.0)
+    res = SchedulingResult(targets=[a])
+    st = state()
+    s.pre_request(c0, res, st)
+    c0.now = 10.5
+    s.response_complete(c0, res, st)
+    got = scores(s, ctx(req("x" * 400), [a, b], inflight=full, now=100.0))
+    assert got[0] == pytest.approx(cost_b / ((OVERHEAD + 100 * PER_TOKEN) * 2.0 + 3 * 0.5 / 4))
+
+
+def test_backlog_of_sent_prefill_drains_over_time():
+    s = plugin("estimated-ttft-scorer")
+    a, b = ep(1), ep(2)
+    big = req("q" * 4 * 4000)  # 4000 uncached tokens sent to a at t=0
+    st = state()
+    c0 = ctx(big, [a, b], now=0.0)
+    s.score(c0, [a, b], st)
+    s.pre_request(c0, SchedulingResult(targets=[a]), st)
+    small = req("z" * 4 * 100)
+    got = scores(s, ctx(small, [a, b], inflight={}, now=0.5))  # 0.5 s drains 2000 tokens
+    assert got == pytest.approx([ttft(100, 0) / ttft(100, 0, backlog=2000), 1.0])
+    assert scores(s, ctx(small, [a, b], now=2.0)) == [1.0, 1.0]
+
+
+def test_leaves_the_cached_endpoint_only_when_its_load_outweighs_the_prefill_saved():
+    shared: dict = {}
+    s = plugin("estimated-ttft-scorer", shared=shared)
+    prompt = "s" * 4 * 2048  # a 2048-token shared system prompt
+    a, b = ep(1), ep(2)
+    s.index.record(a.key, block_hashes(prompt, "llama"))
+    light = scores(s, ctx(req(prompt), [a, b], inflight={a.key: InflightLoad(4, 0)}))
+    assert light[0] == 1.0 and light[1] < 1.0  # 4 in flight: the cache still wins
+    heavy = scores(s, ctx(req(prompt), [a, b], inflight={a.key: InflightLoad(40, 0)}))
+    assert heavy[1] == 1.0 and heavy[0] < 1.0  # past max-num-seqs: go elsewhere
+
+
+def test_records_blocks_for_the_chosen_endpoint():
+    shared: dict = {}
+    s = plugin("estimated-ttft-scorer", shared=shared)
+    a, b = ep(1), ep(2)
+    prompt = "r" * 64 * 4
+    c0 = ctx(req(prompt), [a, b])
+    st = state()
+    s.score(c0, [a, b], st)
+    s.pre_request(c0, SchedulingResult(targets=[b]), st)
+    assert s.index.match(block_hashes(prompt, "llama")) == {b.key: 4}
