@@ -35,6 +35,8 @@ class FleetInfo:
     model: str
     kv_event_endpoints: list[str] = field(default_factory=list)  # tcp://127.0.0.1:port per server
     oracle_url: str | None = None  # modelsim's in-process oracle router (--oracle-port)
+    time_scale: float = 1.0  # wall seconds per model second
+    max_num_seqs: int = 16
 
 
 @dataclass
@@ -158,7 +160,7 @@ async def start_oracle_proxy(fleet: FleetInfo, workdir: Path) -> Launched:
 # {listen_port}, {admin_port}, {envoy_config}, {extra} ($POINTSMAN_EPP_ARGS, e.g. a --config-file).
 POINTSMAN_ENVOY_CONFIG = ("{epp} envoy-config --variant override-host --listen-port {listen_port} "
                           "--admin-port {admin_port} --epp 127.0.0.1:{grpc_port} "
-                          "--endpoints-file {endpoints_file} -o {envoy_config}")
+                          "--endpoints-file {endpoints_file} --response-phases {phases} -o {envoy_config}")
 POINTSMAN_EPP_SERVE = ("{epp} serve --grpc-host 127.0.0.1 --grpc-port {grpc_port} --grpc-health-port {health_port} "
                        "--metrics-port {metrics_port} --endpoints-file {endpoints_file} {extra}")
 
@@ -187,14 +189,36 @@ def write_endpoints_file(fleet: FleetInfo, path: Path) -> None:
     path.write_text(yaml.safe_dump({"pools": [{"name": "default", "namespace": "default", "endpoints": eps}]}))
 
 
-async def start_pointsman(fleet: FleetInfo, workdir: Path) -> Launched:
+BEST_PROFILE = ROOT / "deploy" / "profiles" / "estimated-latency.yaml"
+
+
+def write_best_profile(fleet: FleetInfo, path: Path) -> Path:
+    """deploy/profiles/estimated-latency.yaml with its engine timings in this fleet's wall-clock seconds."""
+    doc = yaml.safe_load(BEST_PROFILE.read_text())
+    params = doc["plugins"][0]["parameters"]
+    params["prefillSecondsPerToken"] *= fleet.time_scale
+    params["overheadSeconds"] *= fleet.time_scale
+    params["interTokenSeconds"] *= fleet.time_scale
+    params["maxNumSeqs"] = fleet.max_num_seqs
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+async def start_pointsman_best(fleet: FleetInfo, workdir: Path) -> Launched:
+    """Pointsman with its best profile: the estimated-latency scorer."""
+    profile = write_best_profile(fleet, workdir / "pointsman-best-profile.yaml")
+    return await start_pointsman(fleet, workdir, extra=f"--config-file {profile}")
+
+
+async def start_pointsman(fleet: FleetInfo, workdir: Path, extra: str | None = None) -> Launched:
     epp = _epp_command()
     grpc, health, metrics, listen, admin = free_ports(5)
     endpoints, envoy_cfg = workdir / "pointsman-endpoints.yaml", workdir / "pointsman-envoy.yaml"
     write_endpoints_file(fleet, endpoints)
     values = {"epp": epp, "grpc_port": grpc, "health_port": health, "metrics_port": metrics,
               "endpoints_file": endpoints, "listen_port": listen, "admin_port": admin, "envoy_config": envoy_cfg,
-              "extra": os.environ.get("POINTSMAN_EPP_ARGS", "")}
+              "extra": os.environ.get("POINTSMAN_EPP_ARGS", "") if extra is None else extra,
+              "phases": os.environ.get("POINTSMAN_RESPONSE_PHASES", "lean")}
     rendered = subprocess.run(POINTSMAN_ENVOY_CONFIG.format(**values), shell=True, cwd=str(workdir),
                               capture_output=True, timeout=60,
                               env={**os.environ, "PYTHONPATH": str(ROOT)})
@@ -216,7 +240,9 @@ ROUTERS: dict[str, Adapter] = {
     "vllm-router-kv": start_vllm_router_kv,
     "sglang-router": start_sglang_router,
     "pointsman": start_pointsman,
+    "pointsman-best": start_pointsman_best,
     "oracle": start_oracle,
     "oracle-proxy": start_oracle_proxy,
 }
-DEFAULT_ROUTERS = ["envoy-rr", "vllm-router", "vllm-router-kv", "sglang-router", "pointsman", "oracle"]
+DEFAULT_ROUTERS = ["envoy-rr", "vllm-router", "vllm-router-kv", "sglang-router", "pointsman", "pointsman-best",
+                   "oracle"]

@@ -85,7 +85,8 @@ def start_fleet(fs: FleetSpec, workdir: Path, name: str) -> tuple[Proc, FleetInf
     proc = Proc(f"modelsim-{name}", argv, workdir)
     urls = [f"http://127.0.0.1:{base + i}" for i in range(fs.servers)]
     kv = [f"tcp://127.0.0.1:{kv_base + i}" for i in range(fs.servers)]
-    return proc, FleetInfo(urls, MODEL, kv, f"http://127.0.0.1:{oracle_port}")
+    return proc, FleetInfo(urls, MODEL, kv, f"http://127.0.0.1:{oracle_port}", time_scale=fs.time_scale,
+                           max_num_seqs=fs.max_num_seqs)
 
 
 async def _fleet_stats(fleet: FleetInfo) -> str:

@@ -1,4 +1,4 @@
-"""estimated-ttft-scorer: the predicted-TTFT formula, its backlog and duration learning, and its trade-off."""
+"""estimated-latency-scorer: the predicted-latency formula, its backlog and duration learning, and its trade-off."""
 
 from __future__ import annotations
 
@@ -8,16 +8,17 @@ from sched_helpers import ctx, ep, plugin, req, scores, state
 from scheduling.api import InflightLoad, SchedulingResult
 from scheduling.prefix import block_hashes
 
-PER_TOKEN, OVERHEAD = 250e-6, 0.03
+PER_TOKEN, OVERHEAD, DECODE = 250e-6, 0.03, 128 * 0.012  # default output budget × inter-token time
 
 
-def ttft(uncached: float, n: int, backlog: float = 0.0, wait: float = 0.0) -> float:
-    return (OVERHEAD + (backlog + uncached) * PER_TOKEN) * (1 + min(n, 15) / 15) + wait
+def ttft(uncached: float, n: int, backlog: float = 0.0, wait: float = 0.0, decode: float = DECODE) -> float:
+    """The scorer's cost: predicted TTFT plus the decode time at this endpoint's batch."""
+    return (OVERHEAD + (backlog + uncached) * PER_TOKEN + decode) * (1 + min(n, 15) / 15) + wait
 
 
 def test_formula_prefix_and_load():
     shared: dict = {}
-    s = plugin("estimated-ttft-scorer", shared=shared)
+    s = plugin("estimated-latency-scorer", shared=shared)
     prompt = "p" * 64 * 10  # 10 blocks = 160 tokens
     a, b, c = ep(1), ep(2), ep(3, waiting=3, running=5)  # c: fresh metrics say 8 requests
     s.index.record(a.key, block_hashes(prompt, "llama")[:6])  # a holds 6 blocks = 96 tokens
@@ -28,12 +29,12 @@ def test_formula_prefix_and_load():
 
 
 def test_queue_past_max_num_seqs_waits_for_a_slot_using_learned_durations():
-    s = plugin("estimated-ttft-scorer", {"maxNumSeqs": 4, "initialRequestSeconds": 2.0})
+    s = plugin("estimated-latency-scorer", {"maxNumSeqs": 4, "initialRequestSeconds": 2.0})
     a, b = ep(1), ep(2)
     full = {a.key: InflightLoad(6, 0)}
     got = scores(s, ctx(req("x" * 400), [a, b], inflight=full))
-    cost_a = (OVERHEAD + 100 * PER_TOKEN) * 2.0 + (6 - 3) * 2.0 / 4
-    cost_b = OVERHEAD + 100 * PER_TOKEN
+    cost_a = (OVERHEAD + 100 * PER_TOKEN + DECODE) * 2.0 + (6 - 3) * 2.0 / 4
+    cost_b = OVERHEAD + 100 * PER_TOKEN + DECODE
     assert got == pytest.approx([cost_b / cost_a, 1.0])
     # A finished request teaches the scorer how long requests on `a` take.
     c0 = ctx(req("y"), [a, b], now=10.0)
@@ -43,11 +44,11 @@ def test_queue_past_max_num_seqs_waits_for_a_slot_using_learned_durations():
     c0.now = 10.5
     s.response_complete(c0, res, st)
     got = scores(s, ctx(req("x" * 400), [a, b], inflight=full, now=100.0))
-    assert got[0] == pytest.approx(cost_b / ((OVERHEAD + 100 * PER_TOKEN) * 2.0 + 3 * 0.5 / 4))
+    assert got[0] == pytest.approx(cost_b / ((OVERHEAD + 100 * PER_TOKEN + DECODE) * 2.0 + 3 * 0.5 / 4))
 
 
 def test_backlog_of_sent_prefill_drains_over_time():
-    s = plugin("estimated-ttft-scorer")
+    s = plugin("estimated-latency-scorer")
     a, b = ep(1), ep(2)
     big = req("q" * 4 * 4000)  # 4000 uncached tokens sent to a at t=0
     st = state()
@@ -62,7 +63,7 @@ def test_backlog_of_sent_prefill_drains_over_time():
 
 def test_leaves_the_cached_endpoint_only_when_its_load_outweighs_the_prefill_saved():
     shared: dict = {}
-    s = plugin("estimated-ttft-scorer", shared=shared)
+    s = plugin("estimated-latency-scorer", shared=shared)
     prompt = "s" * 4 * 2048  # a 2048-token shared system prompt
     a, b = ep(1), ep(2)
     s.index.record(a.key, block_hashes(prompt, "llama"))
@@ -74,7 +75,7 @@ def test_leaves_the_cached_endpoint_only_when_its_load_outweighs_the_prefill_sav
 
 def test_records_blocks_for_the_chosen_endpoint():
     shared: dict = {}
-    s = plugin("estimated-ttft-scorer", shared=shared)
+    s = plugin("estimated-latency-scorer", shared=shared)
     a, b = ep(1), ep(2)
     prompt = "r" * 64 * 4
     c0 = ctx(req(prompt), [a, b])
@@ -82,3 +83,20 @@ def test_records_blocks_for_the_chosen_endpoint():
     s.score(c0, [a, b], st)
     s.pre_request(c0, SchedulingResult(targets=[b]), st)
     assert s.index.match(block_hashes(prompt, "llama")) == {b.key: 4}
+
+
+def test_output_budget_from_the_body_and_decode_weight():
+    from scheduling.plugins.scorers.estimated_latency import output_tokens
+
+    assert output_tokens({"max_tokens": 7}, 128) == 7
+    assert output_tokens({"max_completion_tokens": 9, "max_tokens": 7}, 128) == 9
+    assert output_tokens({"max_tokens": 0}, 128) == 128 and output_tokens(None, 5) == 5
+    s = plugin("estimated-latency-scorer", {"decodeWeight": 0.0})
+    a, b = ep(1), ep(2)
+    r = req("x" * 400)
+    r.body = {"max_tokens": 1000}
+    got = scores(s, ctx(r, [a, b], inflight={a.key: InflightLoad(5, 0)}))
+    assert got == pytest.approx([ttft(100, 0, decode=0) / ttft(100, 5, decode=0), 1.0])
+    s2 = plugin("estimated-latency-scorer")
+    got2 = scores(s2, ctx(r, [a, b], inflight={a.key: InflightLoad(5, 0)}))
+    assert got2 == pytest.approx([ttft(100, 0, decode=12.0) / ttft(100, 5, decode=12.0), 1.0])

@@ -1,5 +1,5 @@
-"""estimated-ttft-scorer (Pointsman): scores endpoints by a predicted time to first token, so prefix affinity and
-load are traded in one currency (seconds) instead of by hand-tuned weights.
+"""estimated-latency-scorer (Pointsman): scores endpoints by the predicted latency of the request there, so prefix
+affinity and load are traded in one currency (seconds) instead of by hand-tuned weights.
 
     tokens         = prompt characters / 4
     uncached(e)    = max(0, tokens − matched(e) × blockSizeTokens)      matched: the shared prefix index
@@ -9,12 +9,19 @@ load are traded in one currency (seconds) instead of by hand-tuned weights.
     slowdown(e)    = 1 + (loadFactor − 1) × min(n(e), maxNumSeqs − 1) / (maxNumSeqs − 1)
     wait(e)        = max(0, n(e) − maxNumSeqs + 1) × D(e) / maxNumSeqs   D(e): EWMA of request durations on e
     ttft(e)        = (overheadSeconds + (backlog(e) + uncached(e)) × prefillSecondsPerToken) × slowdown(e) + wait(e)
-    score(e)       = min over candidates of ttft / ttft(e)                (the best endpoint scores 1)
+    decode(e)      = outputTokens × interTokenSeconds × slowdown(e)   outputTokens: the request's max_tokens
+                                                                       (or max_completion_tokens), else defaultOutputTokens
+    cost(e)        = ttft(e) + decodeWeight × decode(e)
+    score(e)       = min over candidates of cost / cost(e)                (the best endpoint scores 1)
+
+The decode term is what makes the choice far-sighted: a busy batch slows every token of the request (and the
+requests already there), so it spreads load before queues form, while a long uncached prefill still keeps a
+request on the endpoint holding its prefix. decodeWeight 0 gives a pure time-to-first-token estimate.
 
 pre_request records the prompt's blocks in the shared prefix index (like prefix-cache-scorer) and adds
 uncached(chosen) to the chosen endpoint's backlog; response_complete feeds the request's duration into D.
 The defaults are the reference vLLM profile (8B on H100: 250 µs per prompt token, 30 ms overhead, F = 2,
-max-num-seqs 16); set them in wall-clock seconds for the engines behind the pool.
+max-num-seqs 16, 12 ms per output token); set them in wall-clock seconds for the engines behind the pool.
 """
 
 from __future__ import annotations
@@ -26,7 +33,7 @@ from scheduling.framework import Scorer, register
 from scheduling.framework.params import bounded
 from scheduling.prefix import cycle_matches, record_choice, shared_index
 
-_START = "estimated-ttft.start"
+_START = "estimated-latency.start"
 
 
 @dataclass(frozen=True)
@@ -35,6 +42,9 @@ class Params:
     overheadSeconds: float = bounded(0.03, min=0.0)
     loadFactor: float = bounded(2.0, min=1.0)
     maxNumSeqs: int = bounded(16, min=2)
+    interTokenSeconds: float = bounded(0.012, min=0.0)
+    defaultOutputTokens: int = bounded(128, min=0)
+    decodeWeight: float = bounded(1.0, min=0.0)
     initialRequestSeconds: float = bounded(1.0, min=0.0)
     durationEwmaAlpha: float = bounded(0.1, min=0.0, max=1.0)
     blockSizeTokens: int = bounded(16, min=1)
@@ -42,8 +52,18 @@ class Params:
     lruCapacityPerServer: int = bounded(31_250, min=1)
 
 
-@register("estimated-ttft-scorer")
-class EstimatedTTFTScorer(Scorer):
+def output_tokens(body, default: int) -> int:
+    """The request's own output budget, when it states one."""
+    if body:
+        for key in ("max_completion_tokens", "max_tokens", "max_output_tokens"):
+            v = body.get(key)
+            if isinstance(v, int) and v > 0:
+                return v
+    return default
+
+
+@register("estimated-latency-scorer")
+class EstimatedLatencyScorer(Scorer):
     Params = Params
     clamped = True
 
@@ -76,6 +96,7 @@ class EstimatedTTFTScorer(Scorer):
         s1 = p.maxNumSeqs - 1
         f1 = p.loadFactor - 1.0
         inflight = ctx.inflight
+        decode = p.decodeWeight * p.interTokenSeconds * output_tokens(ctx.request.body, p.defaultOutputTokens)
         costs = []
         for e in candidates:
             n = inflight.get(e.key, NO_LOAD).requests
@@ -84,7 +105,7 @@ class EstimatedTTFTScorer(Scorer):
                 n = max(n, m.waiting + m.running)
             uncached = max(0.0, tokens - matches.get(e.key, 0) * block)
             prefill = p.overheadSeconds + (self._backlog_at(e.key, now) + uncached) * p.prefillSecondsPerToken
-            cost = prefill * (1.0 + f1 * min(n, s1) / s1)
+            cost = (prefill + decode) * (1.0 + f1 * min(n, s1) / s1)
             if n > s1:
                 cost += (n - s1) * self._duration.get(e.key, p.initialRequestSeconds) / p.maxNumSeqs
             costs.append(cost)
