@@ -100,3 +100,14 @@ def test_output_budget_from_the_body_and_decode_weight():
     s2 = plugin("estimated-latency-scorer")
     got2 = scores(s2, ctx(r, [a, b], inflight={a.key: InflightLoad(5, 0)}))
     assert got2 == pytest.approx([ttft(100, 0, decode=12.0) / ttft(100, 5, decode=12.0), 1.0])
+
+
+def test_eviction_on_a_full_endpoint_is_priced():
+    shared: dict = {}
+    s = plugin("estimated-latency-scorer", {"lruCapacityPerServer": 8, "decodeWeight": 0.0}, shared=shared)
+    a, b = ep(1), ep(2)
+    s.index.record(a.key, block_hashes("o" * 64 * 8, "llama"))  # a is full of another prefix
+    prompt = "n" * 64 * 4  # 4 new blocks = 64 tokens, cached nowhere
+    got = scores(s, ctx(req(prompt), [a, b]))
+    cost_a = ttft(64, 0, decode=0) + 0.5 * 4 * 16 * PER_TOKEN
+    assert got == pytest.approx([ttft(64, 0, decode=0) / cost_a, 1.0])

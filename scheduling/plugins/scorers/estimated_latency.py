@@ -11,12 +11,16 @@ affinity and load are traded in one currency (seconds) instead of by hand-tuned 
     ttft(e)        = (overheadSeconds + (backlog(e) + uncached(e)) × prefillSecondsPerToken) × slowdown(e) + wait(e)
     decode(e)      = outputTokens × interTokenSeconds × slowdown(e)   outputTokens: the request's max_tokens
                                                                        (or max_completion_tokens), else defaultOutputTokens
-    cost(e)        = ttft(e) + decodeWeight × decode(e)
+    evict(e)       = evictionWeight × max(0, ⌈uncached(e) / blockSizeTokens⌉ − free(e)) × blockSizeTokens × prefillSecondsPerToken
+                     free(e): blocks the prefix index believes e can still take before evicting another prefix
+    cost(e)        = ttft(e) + decodeWeight × decode(e) + evict(e)
     score(e)       = min over candidates of cost / cost(e)                (the best endpoint scores 1)
 
 The decode term is what makes the choice far-sighted: a busy batch slows every token of the request (and the
 requests already there), so it spreads load before queues form, while a long uncached prefill still keeps a
-request on the endpoint holding its prefix. decodeWeight 0 gives a pure time-to-first-token estimate.
+request on the endpoint holding its prefix. decodeWeight 0 gives a pure time-to-first-token estimate. The
+eviction term prices the prefixes a full endpoint would lose to make room (recomputed later by someone), so
+under KV pressure hot prefixes are replicated only when the load gain pays for it.
 
 pre_request records the prompt's blocks in the shared prefix index (like prefix-cache-scorer) and adds
 uncached(chosen) to the chosen endpoint's backlog; response_complete feeds the request's duration into D.
@@ -45,6 +49,7 @@ class Params:
     interTokenSeconds: float = bounded(0.012, min=0.0)
     defaultOutputTokens: int = bounded(128, min=0)
     decodeWeight: float = bounded(1.0, min=0.0)
+    evictionWeight: float = bounded(0.5, min=0.0)
     initialRequestSeconds: float = bounded(1.0, min=0.0)
     durationEwmaAlpha: float = bounded(0.1, min=0.0, max=1.0)
     blockSizeTokens: int = bounded(16, min=1)
@@ -97,6 +102,8 @@ class EstimatedLatencyScorer(Scorer):
         f1 = p.loadFactor - 1.0
         inflight = ctx.inflight
         decode = p.decodeWeight * p.interTokenSeconds * output_tokens(ctx.request.body, p.defaultOutputTokens)
+        evict_w = p.evictionWeight
+        index = self.index
         costs = []
         for e in candidates:
             n = inflight.get(e.key, NO_LOAD).requests
@@ -106,6 +113,11 @@ class EstimatedLatencyScorer(Scorer):
             uncached = max(0.0, tokens - matches.get(e.key, 0) * block)
             prefill = p.overheadSeconds + (self._backlog_at(e.key, now) + uncached) * p.prefillSecondsPerToken
             cost = (prefill + decode) * (1.0 + f1 * min(n, s1) / s1)
+            if evict_w and uncached:
+                free = index.capacity(e.key) - index.size(e.key)
+                over = -(-uncached // block) - free
+                if over > 0:
+                    cost += evict_w * over * block * p.prefillSecondsPerToken
             if n > s1:
                 cost += (n - s1) * self._duration.get(e.key, p.initialRequestSeconds) / p.maxNumSeqs
             costs.append(cost)
