@@ -58,7 +58,10 @@ class App:
     async def start(self) -> None:
         args = self.args
         await self._start_sources()
-        scheduler = load_scheduling(args, self.rng)
+        if args.config_file:
+            scheduler = await self._watch_scheduling_config(Path(args.config_file))
+        else:
+            scheduler = load_scheduling(args, self.rng)
         from epp.admission import SaturationDetector
         from epp.metrics import EppMetrics, start_metrics_server
         from epp.rewrite import choose_rewrite
@@ -79,8 +82,6 @@ class App:
             admission=SaturationDetector().admit,
             rewrite=lambda model: choose_rewrite(ds.rewrites, model, self.rng) if ds.rewrites else None,
         )
-        if args.config_file:
-            await self._watch_scheduling_config(Path(args.config_file))
         await self._start_grpc()
         if args.metrics_port:
             runner = await start_metrics_server(self.metrics, args.metrics_port)
@@ -125,7 +126,8 @@ class App:
                              "in Kubernetes) or --endpoint-selector with --endpoint-target-ports")
         self.cleanups.append(disc.stop)
 
-    async def _watch_scheduling_config(self, path: Path) -> None:
+    async def _watch_scheduling_config(self, path: Path) -> Any:
+        """Load the scheduling config and keep watching it; returns the initial scheduler."""
         from epp.reload import FileWatcher
 
         def parse(text: str) -> Any:
@@ -135,13 +137,16 @@ class App:
 
         def apply(scheduler: Any) -> None:
             # New requests use the new scheduler; in-flight ones finish on the one that picked for them.
-            self.director.scheduler = scheduler
-            log.info("scheduling config %s reloaded", path)
+            director = getattr(self, "director", None)
+            if director is not None:
+                director.scheduler = scheduler
+                log.info("scheduling config %s reloaded", path)
 
         watcher = FileWatcher(path, parse=parse, apply=apply)
-        await watcher.load_initial()
+        scheduler = await watcher.load_initial()
         watcher.start()
         self.cleanups.append(watcher.stop)
+        return scheduler
 
     async def _start_grpc(self) -> None:
         args = self.args
