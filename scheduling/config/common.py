@@ -88,6 +88,42 @@ def build_plugin(
     return create(tname, name or tname, params, build=build, params_key=params_key)
 
 
+def build_plugins(
+    entries: list[Any],
+    *,
+    source: str,
+    base: str,
+    dialect: str,
+    shared: dict[Any, Any],
+    params_key: str,
+) -> list[tuple[Plugin, str]]:
+    """Build every `{type, name, <params_key>}` entry of a plugin list; names must be unique.
+    Returns (plugin, path) in declaration order."""
+    built: list[tuple[Plugin, str]] = []
+    names: set[str] = set()
+    for i, raw in enumerate(entries):
+        path = join_path(base, i)
+        entry = expect_mapping(raw, source, path, f"a plugin entry {{type, name, {params_key}}}")
+        check_keys(entry, ("type", "name", params_key), source, path)
+        plugin = build_plugin(
+            entry.get("type"),
+            entry.get("name"),
+            entry.get(params_key),
+            source=source,
+            path=path,
+            dialect=dialect,
+            shared=shared,
+            params_key=params_key,
+        )
+        if plugin.name in names:
+            raise ConfigError(
+                source, join_path(path, "name"), f"duplicate plugin name {plugin.name!r}; names must be unique"
+            )
+        names.add(plugin.name)
+        built.append((plugin, path))
+    return built
+
+
 def assemble_profile(
     name: str,
     refs: Sequence[tuple[Plugin, float | None, str]],

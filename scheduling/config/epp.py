@@ -13,7 +13,7 @@ from typing import Any
 from scheduling.config.common import (
     Doc,
     assemble_profile,
-    build_plugin,
+    build_plugins,
     check_keys,
     expect_list,
     expect_mapping,
@@ -60,28 +60,10 @@ def build_epp_config(
     cfg_name = meta.get("name") or "default"
     expect_str(cfg_name, src, "metadata.name")
 
-    plugins: dict[str, Plugin] = {}
-    order: list[Plugin] = []
-    for i, raw in enumerate(expect_list(_or_empty(d.get("plugins")), src, "plugins")):
-        path = join_path("plugins", i)
-        entry = expect_mapping(raw, src, path, "a plugin entry {name, type, parameters}")
-        check_keys(entry, ("name", "type", "parameters"), src, path)
-        plugin = build_plugin(
-            entry.get("type"),
-            entry.get("name"),
-            entry.get("parameters"),
-            source=src,
-            path=path,
-            dialect="epp",
-            shared=shared,
-            params_key="parameters",
-        )
-        if plugin.name in plugins:
-            raise ConfigError(
-                src, join_path(path, "name"), f"duplicate plugin name {plugin.name!r}; names must be unique"
-            )
-        plugins[plugin.name] = plugin
-        order.append(plugin)
+    built = build_plugins(expect_list(_or_empty(d.get("plugins")), src, "plugins"), source=src, base="plugins",
+                          dialect="epp", shared=shared, params_key="parameters")
+    order: list[Plugin] = [p for p, _ in built]
+    plugins: dict[str, Plugin] = {p.name: p for p in order}
 
     handlers = [p for p in order if isinstance(p, ProfileHandler)]
     if len(handlers) > 1:

@@ -13,7 +13,7 @@ from typing import Any
 from scheduling.config.common import (
     Doc,
     assemble_profile,
-    build_plugin,
+    build_plugins,
     check_keys,
     expect_list,
     expect_mapping,
@@ -44,30 +44,17 @@ def build_scheduling_profile(
     if mode not in HANDLERS:
         raise ConfigError(src, "spec.profileHandler", f"expected one of {', '.join(HANDLERS)}, got {mode!r}")
 
-    plugins: dict[str, tuple[Plugin, str]] = {}
-    for i, raw in enumerate(expect_list(spec.get("plugins"), src, "spec.plugins", "a list of plugins")):
-        path = join_path("spec.plugins", i)
-        entry = expect_mapping(raw, src, path, "a plugin entry {type, name, config}")
-        check_keys(entry, ("type", "name", "config"), src, path)
-        plugin = build_plugin(
-            entry.get("type"),
-            entry.get("name"),
-            entry.get("config"),
-            source=src,
-            path=path,
-            dialect="heimdall",
-            shared=shared,
-            params_key="config",
-        )
+    entries = expect_list(spec.get("plugins"), src, "spec.plugins", "a list of plugins")
+    built = build_plugins(entries, source=src, base="spec.plugins", dialect="heimdall", shared=shared,
+                          params_key="config")
+    for plugin, path in built:
         if plugin.kind == "handler":
             raise ConfigError(
                 src,
                 join_path(path, "type"),
                 "profile handlers are chosen by spec.profileHandler, not declared as plugins",
             )
-        if plugin.name in plugins:
-            raise ConfigError(src, join_path(path, "name"), f"duplicate plugin name {plugin.name!r}")
-        plugins[plugin.name] = (plugin, path)
+    plugins: dict[str, tuple[Plugin, str]] = {plugin.name: (plugin, path) for plugin, path in built}
 
     raw_profiles = expect_mapping(
         spec.get("profiles"), src, "spec.profiles", "a mapping of profile name to pluginRefs"
