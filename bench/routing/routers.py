@@ -207,7 +207,7 @@ def write_best_profile(fleet: FleetInfo, path: Path) -> Path:
 async def start_pointsman_best(fleet: FleetInfo, workdir: Path) -> Launched:
     """Pointsman with its best profile: the estimated-latency scorer."""
     profile = write_best_profile(fleet, workdir / "pointsman-best-profile.yaml")
-    return await start_pointsman(fleet, workdir, extra=f"--config-file {profile}")
+    return await start_pointsman(fleet, workdir, extra=f"--config-file {profile} {os.environ.get('POINTSMAN_EPP_ARGS', '')}")
 
 
 async def start_pointsman(fleet: FleetInfo, workdir: Path, extra: str | None = None) -> Launched:
