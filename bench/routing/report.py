@@ -73,7 +73,7 @@ def write_outputs(rows: list[Row], out_dir: Path, header: str) -> list[Path]:
     try:
         paths += plot(rows, out_dir)
     except ImportError:
-        pass
+        print("no plots: matplotlib is not installed (pip install -e '.[bench]')", flush=True)
     return paths
 
 
