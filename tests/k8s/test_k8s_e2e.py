@@ -59,10 +59,11 @@ async def test_inference_pool_epp_end_to_end(tmp_path):
         kube.apply(POOLS, "inferencepools", pool("llama", {"app": "vllm"}, ports))
         kube.apply(CORE, "pods", pod("vllm-0", "127.0.0.1", {"app": "vllm"}))
         kube.apply(X, "inferenceobjectives", objective("batch", "llama", -1))
+        # Each kind arrives on its own watch, in no fixed order.
         await eventually(lambda: app.datastore.synced and app.datastore.snapshot("llama") is not None
-                         and len(app.datastore.snapshot("llama").endpoints) == 2)
+                         and len(app.datastore.snapshot("llama").endpoints) == 2
+                         and app.datastore.objectives == {"batch": -1})
         assert await readiness(app.port) == health_pb2.HealthCheckResponse.SERVING
-        assert app.datastore.objectives == {"batch": -1}
         lp, ap = free_port(), free_port()
         envoy = Envoy(render_yaml(EnvoyConfigSpec(listen_port=lp, admin_port=ap, epp_port=app.port)), lp, ap)
         await asyncio.to_thread(envoy.start)
