@@ -109,5 +109,5 @@ def test_eviction_on_a_full_endpoint_is_priced():
     s.index.record(a.key, block_hashes("o" * 64 * 8, "llama"))  # a is full of another prefix
     prompt = "n" * 64 * 4  # 4 new blocks = 64 tokens, cached nowhere
     got = scores(s, ctx(req(prompt), [a, b]))
-    cost_a = ttft(64, 0, decode=0) + 0.5 * 4 * 16 * PER_TOKEN
+    cost_a = ttft(64, 0, decode=0) + 1.0 * 4 * 16 * PER_TOKEN
     assert got == pytest.approx([ttft(64, 0, decode=0) / cost_a, 1.0])

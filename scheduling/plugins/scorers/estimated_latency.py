@@ -49,7 +49,7 @@ class Params:
     interTokenSeconds: float = bounded(0.012, min=0.0)
     defaultOutputTokens: int = bounded(128, min=0)
     decodeWeight: float = bounded(1.0, min=0.0)
-    evictionWeight: float = bounded(0.5, min=0.0)
+    evictionWeight: float = bounded(1.0, min=0.0)
     initialRequestSeconds: float = bounded(1.0, min=0.0)
     durationEwmaAlpha: float = bounded(0.1, min=0.0, max=1.0)
     blockSizeTokens: int = bounded(16, min=1)
