@@ -78,7 +78,7 @@ class App:
         )
         ds = self.datastore
         self.director = Director(
-            ds, scheduler, cfg, metrics=self.metrics, rng=self.rng,
+            ds, scheduler, cfg, metrics=self.metrics,
             admission=SaturationDetector().admit,
             rewrite=lambda model: choose_rewrite(ds.rewrites, model, self.rng) if ds.rewrites else None,
         )

@@ -7,7 +7,6 @@ It parses the body once, resolves model, rewrite, objective and candidates, asks
 from __future__ import annotations
 
 import logging
-import random
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -106,7 +105,6 @@ class Director:
         config: DirectorConfig | None = None,
         *,
         metrics: Any = None,
-        rng: random.Random | None = None,
         clock: Callable[[], float] = time.monotonic,
         admission: Callable[[int, Sequence[Endpoint], float], bool] | None = None,
         rewrite: Callable[[str], str | None] | None = None,
@@ -115,7 +113,6 @@ class Director:
         self.scheduler = scheduler
         self.config = config or DirectorConfig()
         self.metrics = metrics or NullMetrics()
-        self.rng = rng or random.Random()
         self.clock = clock
         self.admission = admission
         self.rewrite = rewrite

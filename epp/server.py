@@ -35,7 +35,6 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
     def __init__(self, director: Director, config: StreamConfig | None = None) -> None:
         self.director = director
         self.config = config or StreamConfig()
-        self.active_streams = 0
 
     async def Process(  # noqa: N802 - gRPC method name
         self, request_iterator: AsyncIterator[pb.ProcessingRequest], context: grpc.aio.ServicerContext
@@ -48,7 +47,6 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
             response_body_mode=cfg.response_body_mode,
             max_body_bytes=cfg.max_body_bytes,
         )
-        self.active_streams += 1
         try:
             while True:
                 req = await context.read()
@@ -65,7 +63,6 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
                 if machine.finished:
                     break
         finally:
-            self.active_streams -= 1
             exchange.close()
 
 
