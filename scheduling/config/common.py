@@ -124,6 +124,31 @@ def build_plugins(
     return built
 
 
+def resolve_plugin_refs(
+    entries: list[Any],
+    plugins: Mapping[str, Plugin],
+    *,
+    source: str,
+    base: str,
+    name_key: str,
+) -> list[tuple[Plugin, float | None, str]]:
+    """Each `{<name_key>, weight}` reference resolved to a declared plugin: (plugin, weight, path)."""
+    refs: list[tuple[Plugin, float | None, str]] = []
+    for k, raw in enumerate(entries):
+        rpath = join_path(base, k)
+        ref = expect_mapping(raw, source, rpath, f"a plugin reference {{{name_key}, weight}}")
+        check_keys(ref, (name_key, "weight"), source, rpath)
+        rname = expect_str(ref.get(name_key), source, join_path(rpath, name_key), "a plugin name")
+        if rname not in plugins:
+            raise ConfigError(
+                source,
+                join_path(rpath, name_key),
+                f"no plugin named {rname!r}; declared: {', '.join(plugins) or '(none)'}",
+            )
+        refs.append((plugins[rname], expect_weight(ref.get("weight"), source, join_path(rpath, "weight")), rpath))
+    return refs
+
+
 def assemble_profile(
     name: str,
     refs: Sequence[tuple[Plugin, float | None, str]],

@@ -18,7 +18,7 @@ from scheduling.config.common import (
     expect_list,
     expect_mapping,
     expect_str,
-    expect_weight,
+    resolve_plugin_refs,
 )
 from scheduling.framework import (
     BuildContext,
@@ -98,23 +98,13 @@ def build_epp_config(
             pname = expect_str(prof.get("name"), src, join_path(ppath, "name"), "a profile name")
             if pname in profile_refs:
                 raise ConfigError(src, join_path(ppath, "name"), f"duplicate profile name {pname!r}")
-            refs = []
-            for k, rawr in enumerate(
-                expect_list(_or_empty(prof.get("plugins")), src, join_path(ppath, "plugins"))
-            ):
-                rpath = join_path(join_path(ppath, "plugins"), k)
-                ref = expect_mapping(rawr, src, rpath, "a plugin reference {pluginRef, weight}")
-                check_keys(ref, ("pluginRef", "weight"), src, rpath)
-                rname = expect_str(ref.get("pluginRef"), src, join_path(rpath, "pluginRef"), "a plugin name")
-                if rname not in plugins:
-                    raise ConfigError(
-                        src,
-                        join_path(rpath, "pluginRef"),
-                        f"no plugin named {rname!r}; declared: {', '.join(plugins) or '(none)'}",
-                    )
-                refs.append(
-                    (plugins[rname], expect_weight(ref.get("weight"), src, join_path(rpath, "weight")), rpath)
-                )
+            refs = resolve_plugin_refs(
+                expect_list(_or_empty(prof.get("plugins")), src, join_path(ppath, "plugins")),
+                plugins,
+                source=src,
+                base=join_path(ppath, "plugins"),
+                name_key="pluginRef",
+            )
             profile_refs[pname] = refs
             ppaths[pname] = ppath
 

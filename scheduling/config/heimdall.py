@@ -18,7 +18,7 @@ from scheduling.config.common import (
     expect_list,
     expect_mapping,
     expect_str,
-    expect_weight,
+    resolve_plugin_refs,
 )
 from scheduling.framework import BuildContext, ConfigError, Plugin, ProfileScheduler, Timer, create
 from scheduling.framework.errors import join_path
@@ -55,6 +55,7 @@ def build_scheduling_profile(
                 "profile handlers are chosen by spec.profileHandler, not declared as plugins",
             )
     plugins: dict[str, tuple[Plugin, str]] = {plugin.name: (plugin, path) for plugin, path in built}
+    declared = {name: plugin for name, (plugin, _) in plugins.items()}
 
     raw_profiles = expect_mapping(
         spec.get("profiles"), src, "spec.profiles", "a mapping of profile name to pluginRefs"
@@ -76,21 +77,13 @@ def build_scheduling_profile(
         ppath = join_path("spec.profiles", pname)
         prof = expect_mapping(raw_profiles[pname], src, ppath, "a mapping with pluginRefs")
         check_keys(prof, ("pluginRefs",), src, ppath)
-        refs = []
-        for k, rawr in enumerate(expect_list(prof.get("pluginRefs"), src, join_path(ppath, "pluginRefs"))):
-            rpath = join_path(join_path(ppath, "pluginRefs"), k)
-            ref = expect_mapping(rawr, src, rpath, "a plugin reference {name, weight}")
-            check_keys(ref, ("name", "weight"), src, rpath)
-            rname = expect_str(ref.get("name"), src, join_path(rpath, "name"), "a plugin name")
-            if rname not in plugins:
-                raise ConfigError(
-                    src,
-                    join_path(rpath, "name"),
-                    f"no plugin named {rname!r}; declared: {', '.join(plugins) or '(none)'}",
-                )
-            refs.append(
-                (plugins[rname][0], expect_weight(ref.get("weight"), src, join_path(rpath, "weight")), rpath)
-            )
+        refs = resolve_plugin_refs(
+            expect_list(prof.get("pluginRefs"), src, join_path(ppath, "pluginRefs")),
+            declared,
+            source=src,
+            base=join_path(ppath, "pluginRefs"),
+            name_key="name",
+        )
         build = BuildContext(src, ppath, "heimdall", shared)
         internal = []
         if mode == "pd":
