@@ -16,12 +16,10 @@ import os
 import re
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import yaml
@@ -30,25 +28,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from epp.envoy_config import EnvoyConfigSpec, render  # noqa: E402
+from epp.ports import free_port, wait_port  # noqa: E402
 
 BODY = '{"model":"meta-llama/Llama-3.1-8B","messages":[{"role":"user","content":"What is the capital of France?"}]}'
 REPLY = '{"id":"x","object":"chat.completion","choices":[{"message":{"content":"Paris"}}],"usage":{"prompt_tokens":9,"completion_tokens":1}}'
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_port(port: int, timeout: float = 30) -> None:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.05)
-    raise TimeoutError(f"port {port} never opened")
 
 
 def bin_path(name: str) -> str:

@@ -21,6 +21,7 @@ import grpc
 import yaml
 
 from epp.envoy_config import EnvoyConfigSpec, render_yaml
+from epp.ports import wait_port
 from proto import pointsman_pb2 as api
 from proto import pointsman_pb2_grpc
 
@@ -45,19 +46,6 @@ def add_flags(p: argparse.ArgumentParser) -> None:
 def _bin(name: str) -> str:
     local = Path(sys.executable).parent / name
     return str(local) if local.exists() else name
-
-
-def _wait_port(port: int, what: str, proc: subprocess.Popen, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{what} exited with code {proc.returncode} while starting")
-        with socket.socket() as s:
-            s.settimeout(0.2)
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.1)
-    raise RuntimeError(f"{what} did not listen on 127.0.0.1:{port} within {timeout:.0f}s")
 
 
 def _check_free(port: int, what: str) -> None:
@@ -94,7 +82,7 @@ class LocalStack:
                                        str(a.sim_base_port), "--model", MODEL, "--lora", ADAPTER,
                                        "--time-scale", str(a.time_scale)])
         for p in ports:
-            _wait_port(p, "modelsim", sim)
+            wait_port(p, proc=sim, what="modelsim")
         eps = {"pools": [{"name": "default", "endpoints": [
             {"address": "127.0.0.1", "port": p, "name": f"sim-{i}", "models": [MODEL, ADAPTER]}
             for i, p in enumerate(ports)]}], "adapters": {ADAPTER: MODEL}}
@@ -107,7 +95,7 @@ class LocalStack:
         if a.config_file:
             cmd += ["--config-file", a.config_file]
         epp = self._spawn("epp", cmd, capture=True)
-        _wait_port(a.grpc_port, "Pointsman", epp)
+        wait_port(a.grpc_port, proc=epp, what="Pointsman")
         self.step(f"Envoy ({a.variant}): listener :{a.listen_port}, admin :{a.admin_port}")
         spec = EnvoyConfigSpec(variant=a.variant, listen_port=a.listen_port, admin_port=a.admin_port,
                                epp_port=a.grpc_port, endpoints=[("127.0.0.1", p) for p in ports])
@@ -115,7 +103,7 @@ class LocalStack:
         cfg.write_text(render_yaml(spec))
         envoy = self._spawn("envoy", [_bin("envoy"), "-c", str(cfg), "--concurrency", "2", "--use-dynamic-base-id",
                                       "--log-level", "warning", "--log-path", str(self.dir / "envoy.log")])
-        _wait_port(a.listen_port, "Envoy", envoy)
+        wait_port(a.listen_port, proc=envoy, what="Envoy")
         url = f"http://127.0.0.1:{a.listen_port}"
         print(f"""
 Ready. Send requests to {url}, for example:
@@ -200,7 +188,7 @@ def stack_command(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print("\nstopping", flush=True)
         return 0
-    except RuntimeError as e:
+    except (RuntimeError, TimeoutError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     finally:

@@ -11,15 +11,16 @@ from pathlib import Path
 import orjson
 import pytest
 
-from tests.support.envoy import free_port
+from epp.ports import free_port, free_port_block
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.envoy
 
 
 def test_local_stack_routes_and_stops_cleanly():
-    listen, grpc_port, metrics, admin = free_port(), free_port(), free_port(), free_port()
-    sim = free_port()
+    # The stack uses consecutive ports: sim, sim+1 for the two servers and grpc+1 for health.
+    listen, metrics, admin = free_port(), free_port(), free_port()
+    grpc_port, sim = free_port_block(2), free_port_block(2)
     proc = subprocess.Popen(
         [sys.executable, "-m", "epp.cli", "stack", "--servers", "2", "--sim-base-port", str(sim),
          "--listen-port", str(listen), "--grpc-port", str(grpc_port), "--metrics-port", str(metrics),

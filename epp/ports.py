@@ -1,0 +1,52 @@
+"""Loopback port helpers shared by the local stack, the tests and the benchmarks."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import time
+
+
+def free_port() -> int:
+    """A port that was free on 127.0.0.1 a moment ago."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_port(port: int, timeout: float = 30.0, proc: subprocess.Popen | None = None, what: str = "") -> None:
+    """Block until something accepts connections on 127.0.0.1:port.
+
+    Raises RuntimeError as soon as `proc` (the process expected to listen) exits, TimeoutError after `timeout`."""
+    name = what or f"127.0.0.1:{port}"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"{name} exited with code {proc.returncode} while starting")
+        with socket.socket() as s:
+            s.settimeout(0.2)
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.05)
+    raise TimeoutError(f"{name} did not listen on 127.0.0.1:{port} within {timeout:.0f}s")
+
+
+def free_port_block(n: int, attempts: int = 100) -> int:
+    """A base port such that base .. base+n-1 were all free on 127.0.0.1 a moment ago."""
+    for _ in range(attempts):
+        base = free_port()
+        if base + n > 65536:
+            continue
+        try:
+            socks = []
+            for p in range(base, base + n):
+                s = socket.socket()
+                socks.append(s)
+                s.bind(("127.0.0.1", p))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise RuntimeError(f"no block of {n} free ports found on 127.0.0.1")
