@@ -255,7 +255,7 @@ class Director:
 
 
 def _estimate_tokens(req: LLMRequest) -> int:
-    return req.prompt_chars // 4
+    return req.estimated_tokens
 
 
 class RequestExchange:

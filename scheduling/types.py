@@ -11,6 +11,9 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+# Characters per token where a prompt has not been tokenized: the one approximation every estimate uses.
+CHARS_PER_TOKEN = 4
+
 # Role label keys: llm-d and Heimdall.
 ROLE_LABELS: tuple[str, ...] = ("llm-d.ai/role", "mif.moreh.io/role")
 
@@ -159,3 +162,8 @@ class LLMRequest:
     @property
     def prompt_chars(self) -> int:
         return len(self.prompt)
+
+    @property
+    def estimated_tokens(self) -> int:
+        """Prompt tokens, estimated from characters (CHARS_PER_TOKEN)."""
+        return len(self.prompt) // CHARS_PER_TOKEN

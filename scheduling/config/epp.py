@@ -129,4 +129,6 @@ def build_epp_config(
             src, join_path("plugins", hidx) if hidx is not None else "schedulingProfiles", "epp", shared
         ),
     )
-    return ProfileScheduler(cfg_name, handler, profiles, rng=rng, timer=timer)  # type: ignore[arg-type]
+    return ProfileScheduler(
+        cfg_name, handler, profiles, rng=rng, timer=timer, declared=order  # type: ignore[arg-type]
+    )

@@ -102,4 +102,6 @@ def build_scheduling_profile(
         handler = create("single-profile-handler", build=hbuild)
     else:
         handler = create("pd-profile-handler", params={"decider": "always"}, build=hbuild)
-    return ProfileScheduler(name, handler, profiles, rng=rng, timer=timer)  # type: ignore[arg-type]
+    return ProfileScheduler(
+        name, handler, profiles, rng=rng, timer=timer, declared=[p for p, _ in built]  # type: ignore[arg-type]
+    )

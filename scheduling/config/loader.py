@@ -18,7 +18,13 @@ from scheduling.config.epp import build_epp_config
 from scheduling.config.heimdall import KIND as SP_KIND
 from scheduling.config.heimdall import build_scheduling_profile
 from scheduling.framework import ConfigError, ProfileScheduler, Timer
+from scheduling.framework.data import ProducerFactory, wire_data
 from scheduling.framework.model_scheduler import ModelScheduler
+from scheduling.plugins.producers.approx_prefix import create_approx_prefix
+from scheduling.prefix.shared import APPROX_PREFIX
+
+# Producers the loader creates when plugins request data that no declared producer provides.
+PRODUCER_FACTORIES: dict[str, ProducerFactory] = {APPROX_PREFIX: create_approx_prefix}
 
 Source = Union[None, str, "os.PathLike[str]", Mapping[str, Any], Sequence[Mapping[str, Any]]]
 
@@ -133,4 +139,12 @@ def load_scheduler(
                 f"no SchedulingProfile named {profile!r} was loaded; loaded: {', '.join(named) or '(none)'}",
             )
         resolved.append((model, profile))
+    schedulers = [*named.values(), fallback]
+    wire_data(
+        [p for sched in schedulers for p in sched.plugins()],
+        PRODUCER_FACTORIES,
+        source=name or (docs[0].source if docs else "<builtin default>"),
+    )
+    for sched in schedulers:
+        sched.finalize()
     return ModelScheduler(named, resolved, fallback, filter_served_models=filter_served_models)

@@ -7,9 +7,11 @@ from scheduling.framework.plugin import (
     FilterScorer,
     Picker,
     Plugin,
+    Producer,
     ProfileHandler,
     Scorer,
     State,
+    System,
 )
 from scheduling.framework.profile import Profile, Timer
 from scheduling.framework.registry import create, register
@@ -25,8 +27,10 @@ __all__ = [
     "Profile",
     "ProfileHandler",
     "ProfileScheduler",
+    "Producer",
     "Scorer",
     "State",
+    "System",
     "Timer",
     "create",
     "register",

@@ -8,9 +8,11 @@ loaded, else the built-in default). Candidates are narrowed to endpoints serving
 
 from __future__ import annotations
 
+import random
 from collections.abc import Mapping, Sequence
 
 from scheduling.api import SchedulingContext, SchedulingResult
+from scheduling.framework.plugin import Plugin
 from scheduling.framework.scheduler import ProfileScheduler
 from scheduling.plugins.filters.served_model import serves
 from scheduling.types import ErrorCode, SchedulingError
@@ -52,7 +54,8 @@ class ModelScheduler:
         by = self._by_model
         return by.get(model) or (by.get(target_model) if target_model else None) or self.default
 
-    def schedule(self, ctx: SchedulingContext) -> SchedulingResult:
+    def schedule(self, ctx: SchedulingContext, *, rng: random.Random | None = None) -> SchedulingResult:
+        """Decide without changing any state (a dry run may call it too); `rng` as in ProfileScheduler."""
         req = ctx.request
         sched = self.scheduler_for(req.model, req.target_model)
         cands = ctx.candidates
@@ -68,11 +71,8 @@ class ModelScheduler:
                     ErrorCode.NOT_FOUND,
                     f"model {target!r} is not served by any endpoint in the pool ({len(ctx.candidates)} endpoints)",
                 )
-        result = sched.schedule(ctx, cands)
+        result = sched.schedule(ctx, cands, rng=rng)
         result.state[_ROUTE] = sched
-        if result.decision:
-            key = (req.model, result.decision)
-            self.decision_counts[key] = self.decision_counts.get(key, 0) + 1
         return result
 
     def _sched(self, ctx: SchedulingContext, result: SchedulingResult) -> ProfileScheduler:
@@ -82,20 +82,28 @@ class ModelScheduler:
         return sched
 
     def pre_request(self, ctx: SchedulingContext, result: SchedulingResult) -> None:
+        if result.decision:
+            key = (ctx.request.model, result.decision)
+            self.decision_counts[key] = self.decision_counts.get(key, 0) + 1
         self._sched(ctx, result).pre_request(ctx, result)
 
     def response_complete(self, ctx: SchedulingContext, result: SchedulingResult) -> None:
         self._sched(ctx, result).response_complete(ctx, result)
 
-    def forget_endpoint(self, key: str) -> None:
-        """The endpoint left the pool: drop per-endpoint state (prefix blocks, LRU entries)."""
+    def endpoint_removed(self, key: str) -> None:
+        """The endpoint left every pool: every plugin (and producer) drops what it kept for it."""
         for plugin in self.plugins():
-            forget = getattr(plugin, "forget_endpoint", None)
-            if forget is not None:
-                forget(key)
+            plugin.endpoint_removed(key)
 
-    def plugins(self) -> list:
-        seen: dict[int, object] = {}
+    def tracked_endpoints(self) -> set[str]:
+        """Every endpoint key some plugin keeps state for."""
+        out: set[str] = set()
+        for plugin in self.plugins():
+            out.update(plugin.tracked_endpoints())
+        return out
+
+    def plugins(self) -> list[Plugin]:
+        seen: dict[int, Plugin] = {}
         for sched in [*self.schedulers.values(), self.fallback]:
             for p in sched.plugins():
                 seen.setdefault(id(p), p)

@@ -1,22 +1,34 @@
-"""Plugin base classes: Filter, Scorer, Picker and ProfileHandler.
+"""Plugin base classes: Filter, Scorer, Picker, ProfileHandler and Producer.
 
 A plugin is built once at config load as `cls(name, params, build)` and then called for every decision.
 Per-decision data shared between plugins (prompt hashes, prefix matches) lives in `state`, a dict that
 travels with the `SchedulingResult` so the lifecycle hooks see what the scoring saw.
 
-Lifecycle: `pre_request(ctx, result, state)` runs once the pick is committed; `response_complete(ctx,
+Request lifecycle: `pre_request(ctx, result, state)` runs once the pick is committed; `response_complete(ctx,
 result, state)` runs once when the request ends. Only plugins that override them are called.
+
+Endpoint lifecycle: `endpoint_removed(key)` runs when an endpoint leaves every pool (the shell's datastore
+reports it). A plugin that keeps anything per endpoint drops it there, so pod churn cannot grow its state and
+an ip:port that comes back starts clean; `tracked_endpoints()` reports which endpoints it holds state for.
+
+Shared data: a plugin that reads data kept across decisions by someone else (the approximate prefix index)
+declares it in `data_requests()`; the loader resolves every request of one scheduler to exactly one
+`Producer` per `DataKey` (the only writer) and hands it over through `bind_data`. See
+scheduling/framework/data.py.
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from scheduling.api import ProfileResult, SchedulingContext, SchedulingResult
 from scheduling.types import Endpoint
+
+if TYPE_CHECKING:
+    from scheduling.framework.data import DataKey, DataRequest
 
 State = dict[str, Any]
 
@@ -33,6 +45,7 @@ class BuildContext:
     path: str = ""
     dialect: str = "epp"
     shared: dict[Any, Any] = field(default_factory=dict)
+    given: frozenset[str] = frozenset()  # the parameter names the config set explicitly
 
 
 class Plugin:
@@ -43,9 +56,14 @@ class Plugin:
     def __init__(self, name: str = "", params: Any = None, build: BuildContext | None = None) -> None:
         if params is None and self.Params is not None:
             params = self.Params()
+        build = build or BuildContext()
         self.name = name or self.type_name
         self.params = params
-        self.setup(build or BuildContext())
+        self.given_params: frozenset[str] = build.given
+        self.source = build.source
+        self.path = build.path
+        self.producers: dict[DataKey, Producer] = {}
+        self.setup(build)
 
     def setup(self, build: BuildContext) -> None:
         """Derive runtime fields from `self.params`. Raise ConfigError (naming build.source/path) if invalid."""
@@ -62,6 +80,26 @@ class Plugin:
 
     def response_complete(self, ctx: SchedulingContext, result: SchedulingResult, state: State) -> None:
         """The request ended, whatever the outcome."""
+
+    # ---- endpoint lifecycle ----------------------------------------------------------------------------------
+    def endpoint_removed(self, key: str) -> None:
+        """The endpoint `key` left every pool: forget everything kept for it."""
+
+    def tracked_endpoints(self) -> Collection[str]:
+        """The endpoint keys this plugin currently keeps state for (bounded by the live endpoints)."""
+        return ()
+
+    # ---- shared data -----------------------------------------------------------------------------------------
+    def data_requests(self) -> Sequence[DataRequest]:
+        """The shared data this plugin reads (and, for GIE compatibility, whether its presence produces it)."""
+        return ()
+
+    def bind_data(self, key: DataKey, producer: Producer) -> None:
+        """Called by the loader with the one producer of each requested key."""
+        self.producers[key] = producer
+
+    def describe(self) -> str:
+        return f"{self.name!r} ({self.type_name})"
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(name={self.name!r})"
@@ -123,3 +161,23 @@ class ProfileHandler(Plugin):
 
     def validate_profiles(self, profiles: Sequence[str], build: BuildContext) -> None:
         """Raise ConfigError when the configured profile names do not fit this handler."""
+
+
+class Producer(Plugin):
+    """The only writer of one piece of shared data (`key`). It may be declared in a config's plugin list or be
+    created by the loader for the plugins that request it; it records in `pre_request`, after every other
+    plugin of the deciding scheduler, and forgets departed endpoints in `endpoint_removed`."""
+
+    kind: ClassVar[str] = "producer"
+    # Parameter names that define the data (requesters that set one of them must agree with the producer).
+    defining_params: ClassVar[tuple[str, ...]] = ()
+
+    def data_key(self) -> DataKey:
+        raise NotImplementedError
+
+
+class System(Plugin):
+    """A plugin that configures the shell, not a profile (a saturation detector, a data source, a parser).
+    It may be declared in a config's plugin list and referenced from the shell sections."""
+
+    kind: ClassVar[str] = "system"

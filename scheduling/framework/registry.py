@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import pkgutil
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 from scheduling.framework.errors import ConfigError, join_path
@@ -27,6 +27,8 @@ PLUGIN_PACKAGES = (
     "scheduling.plugins.scorers",
     "scheduling.plugins.pickers",
     "scheduling.plugins.handlers",
+    "scheduling.plugins.producers",
+    "scheduling.plugins.system",
 )
 
 # Aliases valid in every config dialect: alias -> canonical type name.
@@ -128,4 +130,5 @@ def create(
         )
     ppath = join_path(build.path, params_key)
     typed = parse_params(cls.Params, params, source=build.source, path=ppath)
-    return cls(name or type_name, typed, dataclasses.replace(build, path=ppath))
+    given = frozenset(str(k) for k in params) if isinstance(params, Mapping) else frozenset()
+    return cls(name or type_name, typed, dataclasses.replace(build, path=ppath, given=given))

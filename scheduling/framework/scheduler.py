@@ -1,4 +1,10 @@
-"""ProfileScheduler: one loaded scheduling config (a handler and its profiles) behind the Scheduler protocol."""
+"""ProfileScheduler: one loaded scheduling config (a handler and its profiles) behind the Scheduler protocol.
+
+`declared` holds every plugin the config declared (producers and system plugins too, which no profile references).
+After the loader wires shared data (scheduling/framework/data.py), `finalize()` fixes the order of the request
+lifecycle hooks: stateful plugins first, then the producers their plugins read, so a producer records after every
+plugin has seen the decision.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +12,7 @@ import random
 from collections.abc import Mapping, Sequence
 
 from scheduling.api import ProfileResult, SchedulingContext, SchedulingResult
-from scheduling.framework.plugin import Plugin, ProfileHandler, State
+from scheduling.framework.plugin import Plugin, ProfileHandler, RunProfile, State
 from scheduling.framework.profile import Profile, Timer
 from scheduling.types import Endpoint, ErrorCode, SchedulingError
 
@@ -22,48 +28,76 @@ class ProfileScheduler:
         *,
         rng: random.Random,
         timer: Timer | None = None,
+        declared: Sequence[Plugin] = (),
     ) -> None:
         self.name = name
         self.handler = handler
         self.profiles = dict(profiles)
         self.rng = rng
         self.timer = timer
+        self.declared = list(declared)
         self._profile_names: Sequence[str] = tuple(self.profiles)
-        seen: dict[int, Plugin] = {}
-        for plugin in [handler, *(p for prof in self.profiles.values() for p in prof.plugins())]:
-            if plugin.stateful:
-                seen.setdefault(id(plugin), plugin)
-        self._stateful: list[Plugin] = list(seen.values())
+        self._stateful: list[Plugin] = []
+        self.finalize()
 
-    def plugins(self) -> list[Plugin]:
+    def finalize(self) -> None:
+        """(Re)compute the lifecycle order once shared data is wired."""
+        used = self.used_plugins()
+        stateful = [p for p in used if p.stateful]
+        producers: dict[int, Plugin] = {}
+        for plugin in used:
+            for producer in plugin.producers.values():
+                producers.setdefault(id(producer), producer)
+        self._stateful = stateful + [p for p in producers.values() if p not in stateful]
+
+    def used_plugins(self) -> list[Plugin]:
+        """The handler and every plugin of every profile (what a decision can call)."""
         seen: dict[int, Plugin] = {id(self.handler): self.handler}
         for prof in self.profiles.values():
             for p in prof.plugins():
                 seen.setdefault(id(p), p)
         return list(seen.values())
 
-    def _runner(self, ctx: SchedulingContext, base: list[Endpoint], state: State):
+    def plugins(self) -> list[Plugin]:
+        """Everything this scheduler owns: used and declared plugins and the producers they read."""
+        seen: dict[int, Plugin] = {}
+        for p in [*self.used_plugins(), *self.declared]:
+            seen.setdefault(id(p), p)
+            for producer in p.producers.values():
+                seen.setdefault(id(producer), producer)
+        return list(seen.values())
+
+    def _runner(
+        self, ctx: SchedulingContext, base: list[Endpoint], state: State, rng: random.Random
+    ) -> RunProfile:
         def run(profile: str, candidates: list[Endpoint] | None = None) -> ProfileResult:
             prof = self.profiles.get(profile)
             if prof is None:
                 raise SchedulingError(
                     ErrorCode.INTERNAL, f"profile {profile!r} is not configured in {self.name!r}"
                 )
-            return prof.run(ctx, base if candidates is None else candidates, state, self.rng, self.timer)
+            return prof.run(ctx, base if candidates is None else candidates, state, rng, self.timer)
 
         return run
 
     def schedule(
-        self, ctx: SchedulingContext, candidates: Sequence[Endpoint] | None = None
+        self,
+        ctx: SchedulingContext,
+        candidates: Sequence[Endpoint] | None = None,
+        *,
+        rng: random.Random | None = None,
     ) -> SchedulingResult:
+        """Decide. `rng` replaces the scheduler's random source for this decision (a dry run passes a copy, so it
+        neither consumes nor changes the sequence real decisions see)."""
         cands = list(ctx.candidates if candidates is None else candidates)
         if not cands:
             raise SchedulingError(
                 ErrorCode.RESOURCE_EXHAUSTED,
                 f"no endpoint available for model {ctx.request.target_model or ctx.request.model!r}",
             )
-        state: State = {"rng": self.rng}
-        result = self.handler.handle(ctx, cands, self._profile_names, self._runner(ctx, cands, state), state)
+        rng = self.rng if rng is None else rng
+        state: State = {"rng": rng}
+        result = self.handler.handle(ctx, cands, self._profile_names, self._runner(ctx, cands, state, rng), state)
         result.state = state
         result.profile = self.name
         return result

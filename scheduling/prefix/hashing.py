@@ -13,7 +13,7 @@ import struct
 
 import xxhash
 
-CHARS_PER_TOKEN = 4
+from scheduling.types import CHARS_PER_TOKEN
 
 _h64 = xxhash.xxh64_intdigest
 _pack = struct.Struct("<Q").pack

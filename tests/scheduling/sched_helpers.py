@@ -6,7 +6,8 @@ import random
 from collections.abc import Mapping
 
 from scheduling.api import InflightLoad, SchedulingContext
-from scheduling.framework import BuildContext, create
+from scheduling.config.loader import PRODUCER_FACTORIES
+from scheduling.framework import BuildContext, Plugin, create
 from scheduling.types import Endpoint, LLMRequest, Metrics
 
 
@@ -69,11 +70,21 @@ def ctx(
 def plugin(
     type_name: str, params: Mapping | None = None, *, shared: dict | None = None, dialect: str = "epp"
 ):
-    return create(
-        type_name,
-        params=params,
-        build=BuildContext("test.yaml", "plugins[0]", dialect, {} if shared is None else shared),
-    )
+    """A plugin built as the loader builds it. Shared data it requests is bound to producers kept in `shared`,
+    so plugins built with one `shared` dict share them (as plugins of one loaded config do)."""
+    shared = {} if shared is None else shared
+    p = create(type_name, params=params, build=BuildContext("test.yaml", "plugins[0]", dialect, shared))
+    wire(p, shared)
+    return p
+
+
+def wire(p: Plugin, shared: dict) -> None:
+    producers = shared.setdefault("producers", {})
+    for request in p.data_requests():
+        producer = producers.get(request.key)
+        if producer is None:
+            producer = producers[request.key] = PRODUCER_FACTORIES[request.key.name](request.key, request.params, [p])
+        p.bind_data(request.key, producer)
 
 
 def state(seed: int = 0) -> dict:

@@ -21,7 +21,7 @@ def test_formula_prefix_and_load():
     s = plugin("estimated-latency-scorer", shared=shared)
     prompt = "p" * 64 * 10  # 10 blocks = 160 tokens
     a, b, c = ep(1), ep(2), ep(3, waiting=3, running=5)  # c: fresh metrics say 8 requests
-    s.index.record(a.key, block_hashes(prompt, "llama")[:6])  # a holds 6 blocks = 96 tokens
+    s.prefix.index.record(a.key, block_hashes(prompt, "llama")[:6])  # a holds 6 blocks = 96 tokens
     got = scores(s, ctx(req(prompt), [a, b, c], inflight={b.key: InflightLoad(2, 0)}))
     costs = [ttft(160 - 96, 0), ttft(160, 2), ttft(160, 8)]
     assert got == pytest.approx([min(costs) / x for x in costs])
@@ -66,7 +66,7 @@ def test_leaves_the_cached_endpoint_only_when_its_load_outweighs_the_prefill_sav
     s = plugin("estimated-latency-scorer", shared=shared)
     prompt = "s" * 4 * 2048  # a 2048-token shared system prompt
     a, b = ep(1), ep(2)
-    s.index.record(a.key, block_hashes(prompt, "llama"))
+    s.prefix.index.record(a.key, block_hashes(prompt, "llama"))
     light = scores(s, ctx(req(prompt), [a, b], inflight={a.key: InflightLoad(4, 0)}))
     assert light[0] == 1.0 and light[1] < 1.0  # 4 in flight: the cache still wins
     heavy = scores(s, ctx(req(prompt), [a, b], inflight={a.key: InflightLoad(40, 0)}))
@@ -81,8 +81,11 @@ def test_records_blocks_for_the_chosen_endpoint():
     c0 = ctx(req(prompt), [a, b])
     st = state()
     s.score(c0, [a, b], st)
-    s.pre_request(c0, SchedulingResult(targets=[b]), st)
-    assert s.index.match(block_hashes(prompt, "llama")) == {b.key: 4}
+    res = SchedulingResult(targets=[b])
+    s.pre_request(c0, res, st)
+    assert s.prefix.index.match(block_hashes(prompt, "llama")) == {}  # the scorer never writes the index
+    s.prefix.pre_request(c0, res, st)  # its producer does, after the pick
+    assert s.prefix.index.match(block_hashes(prompt, "llama")) == {b.key: 4}
 
 
 def test_output_budget_from_the_body_and_decode_weight():
@@ -106,7 +109,7 @@ def test_eviction_on_a_full_endpoint_is_priced():
     shared: dict = {}
     s = plugin("estimated-latency-scorer", {"lruCapacityPerServer": 8, "decodeWeight": 0.0}, shared=shared)
     a, b = ep(1), ep(2)
-    s.index.record(a.key, block_hashes("o" * 64 * 8, "llama"))  # a is full of another prefix
+    s.prefix.index.record(a.key, block_hashes("o" * 64 * 8, "llama"))  # a is full of another prefix
     prompt = "n" * 64 * 4  # 4 new blocks = 64 tokens, cached nowhere
     got = scores(s, ctx(req(prompt), [a, b]))
     cost_a = ttft(64, 0, decode=0) + 1.0 * 4 * 16 * PER_TOKEN

@@ -136,8 +136,8 @@ def test_prefix_affinity_filter_threshold_and_exploration():
     f = plugin("prefix-cache-affinity-filter", shared=shared)
     a, b, c_ = ep(1), ep(2), ep(3)
     prompt = "S" * 64 * 10
-    scorer.index.record(a.key, _hashes(prompt))  # all 10 blocks
-    scorer.index.record(b.key, _hashes(prompt)[:7])  # 0.7 < 0.8
+    scorer.prefix.index.record(a.key, _hashes(prompt))  # all 10 blocks
+    scorer.prefix.index.record(b.key, _hashes(prompt)[:7])  # 0.7 < 0.8
     st = {"rng": _NeverExplore()}
     assert keys(f.filter(ctx(req(prompt), [a, b, c_]), [a, b, c_], st)) == keys([a])
     assert keys(f.filter(ctx(req("other" * 50), [a, b, c_]), [a, b, c_], {"rng": _NeverExplore()})) == keys(

@@ -50,17 +50,22 @@ def pool():
 def test_long_uncached_prompt_is_disaggregated():
     s = load_scheduler(pd_config(100), rng=random.Random(1))
     eps = pool()
-    res = s.schedule(ctx(req("x" * 4 * 500), eps))  # 500 tokens, nothing cached
+    c = ctx(req("x" * 4 * 500), eps)  # 500 tokens, nothing cached
+    res = s.schedule(c)
     assert res.decision == "prefill-decode"
     assert res.primary == eps[1] and res.prefill == eps[3]
     assert set(res.profile_results) == {"decode", "prefill"}
+    assert s.decision_counts == {}  # counted when committed, not when computed (a dry run counts nothing)
+    s.pre_request(c, res)
     assert s.decision_counts == {("llama", "prefill-decode"): 1}
 
 
 def test_short_prompt_stays_decode_only():
     s = load_scheduler(pd_config(100), rng=random.Random(1))
-    res = s.schedule(ctx(req("x" * 4 * 50), pool()))
+    c = ctx(req("x" * 4 * 50), pool())
+    res = s.schedule(c)
     assert res.decision == "decode-only" and res.prefill is None
+    s.pre_request(c, res)
     assert s.decision_counts == {("llama", "decode-only"): 1}
 
 
@@ -148,4 +153,4 @@ def test_heimdall_pd_always_disaggregates_and_records_prefill():
     prefix = s.schedulers["pd"].profiles["decode"].scorers[0][0]
     from scheduling.prefix import block_hashes
 
-    assert prefix.index.match(block_hashes("hello" * 100, "llama")) == {eps[0].key: 8, eps[1].key: 8}
+    assert prefix.prefix.index.match(block_hashes("hello" * 100, "llama")) == {eps[0].key: 8, eps[1].key: 8}

@@ -109,7 +109,7 @@ def test_prefix_recorded_for_prefill_endpoint():
     d, p = ep(1), ep(2)
     c = ctx(req("x" * 640), [d, p])
     fs.pre_request(c, SchedulingResult(targets=[d], prefill=p, state={}))
-    assert prefix.index.match(block_hashes("x" * 640, "llama")) == {d.key: 10, p.key: 10}
+    assert prefix.prefix.index.match(block_hashes("x" * 640, "llama")) == {d.key: 10, p.key: 10}
 
 
 def test_capacity_autotuned_from_metrics():
@@ -118,7 +118,7 @@ def test_capacity_autotuned_from_metrics():
     e = ep(1, num_gpu_blocks=1000, block_size=32)
     c = ctx(req("hello" * 30), [e])
     sched.pre_request(c, sched.schedule(c))
-    assert prefix.index.capacity(e.key) == 1000 * 32 // 16
+    assert prefix.prefix.index.capacity(e.key) == 1000 * 32 // 16
 
 
 from hypothesis import given, settings  # noqa: E402
@@ -168,12 +168,12 @@ def test_departed_endpoints_are_forgotten():
     old, new = ep(1), ep(2)
     c = ctx(req("z" * 640), [old], now=0.0)
     sched.pre_request(c, sched.schedule(c))
-    assert prefix.index.size(old.key) == 10
-    for i in range(600):  # the old pod is gone; 900 s later the periodic sweep drops it
+    assert prefix.prefix.index.size(old.key) == 10
+    for i in range(600):  # the old pod is gone unreported; 900 s later the producer's periodic sweep drops it
         c = ctx(req(f"q{i}"), [new], now=1000.0 + i)
-        sched.schedule(c)
-    assert prefix.index.size(old.key) == 0 and old.key not in prefix.index.endpoints()
+        sched.pre_request(c, sched.schedule(c))
+    assert prefix.prefix.index.size(old.key) == 0 and old.key not in prefix.prefix.index.endpoints()
     c = ctx(req("y" * 640), [new], now=2000.0)
     sched.pre_request(c, sched.schedule(c))
-    sched.forget_endpoint(new.key)
-    assert prefix.index.endpoints() == []
+    sched.endpoint_removed(new.key)
+    assert prefix.prefix.index.endpoints() == [] and sched.tracked_endpoints() == set()

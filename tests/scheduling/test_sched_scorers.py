@@ -56,7 +56,7 @@ def test_heimdall_kv_block_occupancy():
     a = ep(1, num_gpu_blocks=100, block_size=16)
     b = ep(2, num_gpu_blocks=100, block_size=16)
     unknown = ep(3)
-    s.index.record(a.key, list(range(1, 26)))  # 25 of 100 blocks
+    s.prefix.index.record(a.key, list(range(1, 26)))  # 25 of 100 blocks
     got = scores(s, ctx(req(), [a, b, unknown]))
     assert got == [0.75, 1.0, 0.5]
 
@@ -119,8 +119,8 @@ def test_prefix_cache_scorer_formula_and_transform():
     a, b, c_ = ep(1), ep(2), ep(3)
     prompt = "p" * 64 * 8  # 8 blocks
     hs = block_hashes(prompt, "llama")
-    s.index.record(a.key, hs)
-    s.index.record(b.key, hs[:2] + hs[3:])  # hole at block 2 -> only 2 consecutive
+    s.prefix.index.record(a.key, hs)
+    s.prefix.index.record(b.key, hs[:2] + hs[3:])  # hole at block 2 -> only 2 consecutive
     assert scores(s, ctx(req(prompt), [a, b, c_])) == [1.0, 0.25, 0.0]
     hd = plugin("prefix-cache-scorer", {"transform": "logistic", "normalization": "input"}, shared=shared)
     got = scores(hd, ctx(req(prompt), [a, b, c_]))
@@ -146,7 +146,7 @@ def test_no_hit_lru():
     s.pre_request(c2, _result(eps[1]), st)
     assert scores(s, ctx(req("third"), eps), state()) == [2 / 3, 1 / 3, 1.0]
     # a warm request scores 0.5 everywhere
-    s.index.record(eps[2].key, block_hashes("warm prompt", "llama"))
+    s.prefix.index.record(eps[2].key, block_hashes("warm prompt", "llama"))
     assert scores(s, ctx(req("warm prompt"), eps), state()) == [0.5, 0.5, 0.5]
 
 

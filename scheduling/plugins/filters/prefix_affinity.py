@@ -1,6 +1,6 @@
 """prefix-cache-affinity-filter (llm-d): keep endpoints with a strong approximate prefix-cache hit.
 
-ratio(e) = matched_blocks(e) / total_blocks          (shared approximate prefix index, see prefix-cache-scorer)
+ratio(e) = matched_blocks(e) / total_blocks          (the approximate prefix data; reads it, never writes it)
 with probability explorationProbability (0.01, injected rng): keep all (exploration)
 K = {e | ratio(e) ≥ threshold (0.80)};  result = K if K else all candidates
 """
@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from scheduling.framework import Filter, register
 from scheduling.framework.params import bounded
-from scheduling.prefix import cycle_matches, shared_index
+from scheduling.prefix import PrefixReader
 
 
 @dataclass(frozen=True)
@@ -23,17 +23,14 @@ class Params:
 
 
 @register("prefix-cache-affinity-filter")
-class PrefixCacheAffinityFilter(Filter):
+class PrefixCacheAffinityFilter(PrefixReader, Filter):
     Params = Params
-
-    def setup(self, build):
-        self.index = shared_index(build.shared, self.params.blockSizeTokens)
 
     def filter(self, ctx, candidates, state):
         p = self.params
         if p.explorationProbability > 0 and state["rng"].random() < p.explorationProbability:
             return candidates
-        matches, total = cycle_matches(ctx, state, self.index, p.blockSizeTokens, p.maxPrefixBlocksToMatch)
+        matches, total = self.prefix.matches(ctx, state)
         if not total or not matches:
             return candidates
         need = p.threshold * total

@@ -4,7 +4,7 @@
    no candidate has a decode role while some have a prefill role: then the prefill profile's pick serves the
    request end-to-end (decision "decode-only").
 2. Decide whether to prefill elsewhere:
-       decider "prefix": input = prompt_chars / 4; cached = matched_blocks(decode pick) × blockSizeTokens
+       decider "prefix": input = estimated prompt tokens (characters / CHARS_PER_TOKEN); cached = matched_blocks(decode pick) × blockSizeTokens
                          disaggregate iff nonCachedTokens > 0 and input − cached ≥ nonCachedTokens (0 = never)
        decider "always" / "never": as named (Heimdall pd uses "always")
 3. Disaggregating: run the prefill profile (optionally only over endpoints sharing the decode pick's
@@ -14,14 +14,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
 from scheduling.api import SchedulingResult
 from scheduling.framework import ConfigError, ProfileHandler, register
+from scheduling.framework.data import DataRequest
 from scheduling.framework.params import bounded
 from scheduling.plugins.filters._roles import is_decode, is_prefill
-from scheduling.prefix import cycle_matches, shared_index
+from scheduling.prefix import PrefixReader
 from scheduling.types import ErrorCode, SchedulingError
 
 DECODE_ONLY = "decode-only"
@@ -40,11 +42,14 @@ class Params:
 
 
 @register("pd-profile-handler")
-class PdProfileHandler(ProfileHandler):
+class PdProfileHandler(PrefixReader, ProfileHandler):
     Params = Params
 
-    def setup(self, build):
-        self.index = shared_index(build.shared, self.params.blockSizeTokens)
+    def data_requests(self) -> Sequence[DataRequest]:
+        p = self.params
+        if p.decider != "prefix" or p.nonCachedTokens <= 0:
+            return ()  # the decider never looks at the prefix data
+        return super().data_requests()
 
     def validate_profiles(self, profiles, build):
         for want in (self.params.decodeProfile, self.params.prefillProfile):
@@ -61,9 +66,9 @@ class PdProfileHandler(ProfileHandler):
             return True
         if p.decider == "never" or p.nonCachedTokens <= 0:
             return False
-        matches, _ = cycle_matches(ctx, state, self.index, p.blockSizeTokens, p.maxPrefixBlocksToMatch)
+        matches, _ = self.prefix.matches(ctx, state)
         cached = matches.get(decode_key, 0) * p.blockSizeTokens
-        return ctx.request.prompt_chars // 4 - cached >= p.nonCachedTokens
+        return ctx.request.estimated_tokens - cached >= p.nonCachedTokens
 
     def handle(self, ctx, candidates, profiles, run, state):
         p = self.params

@@ -1,6 +1,6 @@
 """context-length-aware (llm-d): filter and scorer on the pod label llm-d.ai/context-length-range "min-max".
 
-t = prompt tokens ≈ prompt_chars / 4;  range [lo, hi] from the label, width w = hi − lo
+t = prompt tokens ≈ prompt_chars / CHARS_PER_TOKEN (4);  range [lo, hi] from the label, width w = hi − lo
 in range (lo ≤ t ≤ hi):   score = 0.3 + 0.7 / (1 + w / 8192)        ∈ (0.3, 1], tighter ranges higher
 out of range:             score = 0.3 / (1 + d / 1024)               ∈ [0, 0.3), d = distance to the range
 unlabelled or malformed:  score = 0.5
@@ -54,7 +54,7 @@ class ContextLengthAware(FilterScorer):
         self.filtering_enabled = self.params.enableFiltering
 
     def filter(self, ctx, candidates, state):
-        t = ctx.request.prompt_chars // 4
+        t = ctx.request.estimated_tokens
         label = self.params.label
         out = []
         for e in candidates:
@@ -64,6 +64,6 @@ class ContextLengthAware(FilterScorer):
         return out
 
     def score(self, ctx, candidates, state):
-        t = ctx.request.prompt_chars // 4
+        t = ctx.request.estimated_tokens
         label = self.params.label
         return [range_score(parse_range(e.labels.get(label)), t) for e in candidates]

@@ -1,8 +1,8 @@
 """estimated-latency-scorer (Pointsman): scores endpoints by the predicted latency of the request there, so prefix
 affinity and load are traded in one currency (seconds) instead of by hand-tuned weights.
 
-    tokens         = prompt characters / 4
-    uncached(e)    = max(0, tokens − matched(e) × blockSizeTokens)      matched: the shared prefix index
+    tokens         = prompt characters / CHARS_PER_TOKEN
+    uncached(e)    = max(0, tokens − matched(e) × blockSizeTokens)      matched: the approximate prefix data
     backlog(e)     = prefill tokens sent to e and not yet worked off; it drains at 1 / prefillSecondsPerToken
                      tokens per second (a fluid model of the engine's prefill queue)
     n(e)           = max(in-flight requests to e (exact), waiting(e) + running(e) from fresh metrics)
@@ -22,20 +22,23 @@ request on the endpoint holding its prefix. decodeWeight 0 gives a pure time-to-
 eviction term prices the prefixes a full endpoint would lose to make room (recomputed later by someone), so
 under KV pressure hot prefixes are replicated only when the load gain pays for it.
 
-pre_request records the prompt's blocks in the shared prefix index (like prefix-cache-scorer) and adds
-uncached(chosen) to the chosen endpoint's backlog; response_complete feeds the request's duration into D.
+Like prefix-cache-scorer it produces the approximate prefix data for its blockSizeTokens (the producer records the
+prompt's blocks after the pick). pre_request adds uncached(chosen) to the chosen endpoint's backlog;
+response_complete feeds the request's duration into D; endpoint_removed drops both for a departed endpoint.
 The defaults are the reference vLLM profile (8B on H100: 250 µs per prompt token, 30 ms overhead, F = 2,
 max-num-seqs 16, 12 ms per output token); set them in wall-clock seconds for the engines behind the pool.
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 
 from scheduling.api import NO_LOAD
-from scheduling.framework import Scorer, register
+from scheduling.framework import BuildContext, Scorer, register
 from scheduling.framework.params import bounded
-from scheduling.prefix import cycle_matches, record_choice, shared_index
+from scheduling.prefix import PrefixReader
+from scheduling.types import CHARS_PER_TOKEN
 
 _START = "estimated-latency.start"
 
@@ -68,13 +71,12 @@ def output_tokens(body, default: int) -> int:
 
 
 @register("estimated-latency-scorer")
-class EstimatedLatencyScorer(Scorer):
+class EstimatedLatencyScorer(PrefixReader, Scorer):
     Params = Params
     clamped = True
+    produces_prefix = True
 
-    def setup(self, build):
-        p = self.params
-        self.index = shared_index(build.shared, p.blockSizeTokens, p.lruCapacityPerServer)
+    def setup(self, build: BuildContext) -> None:
         self._backlog: dict[str, tuple[float, float]] = {}  # endpoint -> (tokens, as of time)
         self._duration: dict[str, float] = {}  # endpoint -> EWMA of request seconds
 
@@ -86,11 +88,10 @@ class EstimatedLatencyScorer(Scorer):
         return max(0.0, tokens - (now - since) / self.params.prefillSecondsPerToken)
 
     def _uncached(self, ctx, state) -> tuple[float, dict[str, int]]:
-        p = self.params
-        tokens = ctx.request.prompt_chars / 4.0
+        tokens = ctx.request.prompt_chars / CHARS_PER_TOKEN
         if not tokens:
             return 0.0, {}
-        matches, _total = cycle_matches(ctx, state, self.index, p.blockSizeTokens, p.maxPrefixBlocksToMatch)
+        matches, _total = self.prefix.matches(ctx, state)
         return tokens, matches
 
     def score(self, ctx, candidates, state):
@@ -103,7 +104,7 @@ class EstimatedLatencyScorer(Scorer):
         inflight = ctx.inflight
         decode = p.decodeWeight * p.interTokenSeconds * output_tokens(ctx.request.body, p.defaultOutputTokens)
         evict_w = p.evictionWeight
-        index = self.index
+        index = self.prefix.index
         costs = []
         for e in candidates:
             n = inflight.get(e.key, NO_LOAD).requests
@@ -136,7 +137,6 @@ class EstimatedLatencyScorer(Scorer):
         uncached = max(0.0, tokens - matches.get(chosen.key, 0) * p.blockSizeTokens)
         self._backlog[chosen.key] = (self._backlog_at(chosen.key, now) + uncached, now)
         state[_START] = now
-        record_choice(ctx, state, self.index, p.blockSizeTokens, p.maxPrefixBlocksToMatch, (chosen, result.prefill))
 
     def response_complete(self, ctx, result, state):
         start = state.get(_START)
@@ -148,7 +148,9 @@ class EstimatedLatencyScorer(Scorer):
         prev = self._duration.get(key)
         self._duration[key] = seconds if prev is None else (1 - a) * prev + a * seconds
 
-    def forget_endpoint(self, key: str) -> None:
+    def endpoint_removed(self, key: str) -> None:
         self._backlog.pop(key, None)
         self._duration.pop(key, None)
-        self.index.forget(key)
+
+    def tracked_endpoints(self) -> Collection[str]:
+        return self._backlog.keys() | self._duration.keys()

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from scheduling.framework import Scorer, register
 from scheduling.framework.params import bounded
-from scheduling.prefix import shared_index
+from scheduling.prefix import PrefixReader
 
 
 @dataclass(frozen=True)
@@ -23,15 +23,12 @@ class Params:
 
 
 @register("kv-block-occupancy-scorer")
-class KvBlockOccupancyScorer(Scorer):
+class KvBlockOccupancyScorer(PrefixReader, Scorer):
     Params = Params
     clamped = True
 
-    def setup(self, build):
-        self.index = shared_index(build.shared, self.params.blockSizeTokens)
-
     def score(self, ctx, candidates, state):
-        size = self.index.size
+        size = self.prefix.index.size
         bt = self.params.blockSizeTokens
         neutral = self.params.neutralScore
         out = []

@@ -9,11 +9,12 @@ pre_request: on a cold request, the chosen endpoint moves to the most-recent end
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Collection
 from dataclasses import dataclass
 
-from scheduling.framework import Scorer, register
+from scheduling.framework import BuildContext, Scorer, register
 from scheduling.framework.params import bounded
-from scheduling.prefix import cycle_matches, shared_index
+from scheduling.prefix import PrefixReader
 
 _COLD = "no-hit-lru.cold"
 
@@ -26,17 +27,15 @@ class Params:
 
 
 @register("no-hit-lru-scorer")
-class NoHitLruScorer(Scorer):
+class NoHitLruScorer(PrefixReader, Scorer):
     Params = Params
     clamped = True
 
-    def setup(self, build):
-        self.index = shared_index(build.shared, self.params.blockSizeTokens)
+    def setup(self, build: BuildContext) -> None:
         self.lru: OrderedDict[str, None] = OrderedDict()
 
     def _cold(self, ctx, state) -> bool:
-        p = self.params
-        matches, total = cycle_matches(ctx, state, self.index, p.blockSizeTokens, p.maxPrefixBlocksToMatch)
+        matches, _total = self.prefix.matches(ctx, state)
         return not matches
 
     def score(self, ctx, candidates, state):
@@ -54,8 +53,11 @@ class NoHitLruScorer(Scorer):
             out[j] = (c - p) / (c + 1)
         return out
 
-    def forget_endpoint(self, key: str) -> None:
+    def endpoint_removed(self, key: str) -> None:
         self.lru.pop(key, None)
+
+    def tracked_endpoints(self) -> Collection[str]:
+        return self.lru.keys()
 
     def pre_request(self, ctx, result, state):
         cold = state.get(_COLD)

@@ -1,19 +1,21 @@
 """prefix-cache-scorer (approximate): how much of the prompt's prefix an endpoint is believed to hold.
 
-Hashing (scheduling.prefix.hashing): block = blockSizeTokens (16) × 4 characters, chained xxhash64 with
-seed xxh64(model ‖ cache_salt), trailing partial block included, at most maxPrefixBlocksToMatch (256) blocks.
+The data comes from the approximate prefix producer for blockSizeTokens (16): chained hashes of
+blockSizeTokens × CHARS_PER_TOKEN-character blocks, at most maxPrefixBlocksToMatch (256). This scorer produces that
+data (GIE semantics): with no approx-prefix-cache-producer declared, the loader creates one with the producer
+parameters set here (blockSizeTokens, maxPrefixBlocksToMatch, lruCapacityPerServer, autoTuneCapacity,
+forgetAfterSeconds); plugins sharing the block size must agree on them.
 
-    matched(e) = consecutive blocks from the start that e holds (shared per-scheduler index)
+    matched(e) = consecutive blocks from the start that e holds (the producer's index)
     x(e)       = matched(e) / total_blocks                         normalization "input" (GIE/llm-d default)
                = matched(e) / max over candidates of matched       normalization "longestPrefix" (Heimdall default)
     score(e)   = x(e)                                              transform "linear" (default)
                = 1 / (1 + e^(−k (x − x0))),  k = 14, x0 = 0.7     transform "logistic"
     (0 for every endpoint when nothing matches or the prompt is empty, for either transform)
 
-pre_request records the prompt's blocks for the chosen endpoint (and the P/D prefill endpoint). Each endpoint
-keeps at most lruCapacityPerServer (31,250) blocks, auto-tuned to num_gpu_blocks × block_size / blockSizeTokens
-when the endpoint's metrics report both. Endpoints that are neither candidates nor chosen for
-forgetAfterSeconds (900) are forgotten (checked every 256 decisions), as is an endpoint the shell reports gone.
+The producer records the prompt's blocks for the chosen endpoint (and the P/D prefill endpoint) after the pick,
+bounds each endpoint to lruCapacityPerServer (31,250) blocks (auto-tuned from the endpoint's cache geometry) and
+forgets an endpoint when it leaves the pool.
 """
 
 from __future__ import annotations
@@ -22,9 +24,9 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
-from scheduling.framework import Scorer, register
+from scheduling.framework import BuildContext, Scorer, register
 from scheduling.framework.params import bounded
-from scheduling.prefix import cycle_matches, record_choice, shared_index
+from scheduling.prefix import PrefixReader
 
 
 @dataclass(frozen=True)
@@ -41,15 +43,14 @@ class Params:
 
 
 @register("prefix-cache-scorer")
-class PrefixCacheScorer(Scorer):
+class PrefixCacheScorer(PrefixReader, Scorer):
     Params = Params
     clamped = True
+    produces_prefix = True
 
-    def setup(self, build):
+    def setup(self, build: BuildContext) -> None:
         p = self.params
-        self.index = shared_index(build.shared, p.blockSizeTokens, p.lruCapacityPerServer)
         self.normalization = p.normalization or ("longestPrefix" if build.dialect == "heimdall" else "input")
-        self._calls = 0
 
     def _transform(self, x: float) -> float:
         p = self.params
@@ -57,11 +58,8 @@ class PrefixCacheScorer(Scorer):
 
     def score(self, ctx, candidates, state):
         p = self.params
-        matches, total = cycle_matches(ctx, state, self.index, p.blockSizeTokens, p.maxPrefixBlocksToMatch)
+        matches, total = self.prefix.matches(ctx, state)
         n = len(candidates)
-        self._calls += 1
-        if not self._calls & 255 and p.forgetAfterSeconds > 0:
-            self._collect(candidates, ctx.now)
         if not matches:
             return [0.0] * n
         if self.normalization == "input" and p.transform == "linear":
@@ -77,18 +75,3 @@ class PrefixCacheScorer(Scorer):
         if p.transform == "linear":
             return [m * inv for m in raw]
         return [self._transform(m * inv) for m in raw]
-
-    def _collect(self, candidates, now: float) -> None:
-        """Every 256th decision: endpoints neither candidates nor recorded into for forgetAfterSeconds
-        (pods that left) are dropped, so pod churn cannot grow the index."""
-        self.index.seen((e.key for e in candidates), now)
-        self.index.forget_idle(now, self.params.forgetAfterSeconds)
-
-    def forget_endpoint(self, key: str) -> None:
-        self.index.forget(key)
-
-    def pre_request(self, ctx, result, state):
-        p = self.params
-        record_choice(ctx, state, self.index, p.blockSizeTokens, p.maxPrefixBlocksToMatch,
-                      (result.targets[0] if result.targets else None, result.prefill),
-                      auto_tune=p.autoTuneCapacity)

@@ -10,7 +10,8 @@ Only an xxh3-128 hash of the key is stored, with an idle TTL (ttlSeconds, 300) m
         load(e) = waiting + running + in-flight requests (ctx.inflight)
     rebalance (LLMKube): b is queueing (waiting > 0) and load(b) − min load ≥ busyMargin (4)
     no session key                                                             -> 0.0 everywhere
-pre_request binds the session to the chosen endpoint and sets response header x-session-token.
+pre_request binds the session to the chosen endpoint, drops idle ones and sets response header x-session-token;
+scoring never changes state (an expired binding is simply not used). A departed endpoint's sessions are dropped.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from __future__ import annotations
 import base64
 import binascii
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -155,14 +156,13 @@ class SessionAffinityScorer(Scorer):
             return [0.0] * n
         h = xxhash.xxh3_128_intdigest(skey.encode("utf-8"))
         state[_KEY] = h
-        self._expire(ctx.now)
         inflight = ctx.inflight
         loads = [
             e.metrics.waiting + e.metrics.running + inflight.get(e.key, NO_LOAD).requests for e in candidates
         ]
         low = min(loads)
         bound = self.sessions.get(h)
-        if bound is not None:
+        if bound is not None and ctx.now - bound[1] <= p.ttlSeconds:
             for j, e in enumerate(candidates):
                 if e.key == bound[0]:
                     busy = p.rebalance and e.metrics.waiting > 0 and loads[j] - low >= p.busyMargin
@@ -180,8 +180,18 @@ class SessionAffinityScorer(Scorer):
         h = state.get(_KEY)
         if h is None:
             return
+        self._expire(ctx.now)
         sessions = self.sessions
         sessions[h] = (key, ctx.now)
         sessions.move_to_end(h)
         while len(sessions) > self.params.maxSessions:
             sessions.popitem(last=False)
+
+    def endpoint_removed(self, key: str) -> None:
+        """Sessions bound to a departed endpoint start over (an ip:port that comes back is a new pod)."""
+        gone = [h for h, (ep, _) in self.sessions.items() if ep == key]
+        for h in gone:
+            del self.sessions[h]
+
+    def tracked_endpoints(self) -> Collection[str]:
+        return {ep for ep, _ in self.sessions.values()}

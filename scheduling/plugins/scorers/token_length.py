@@ -1,6 +1,6 @@
 """token-length-scorer (Heimdall): how well an endpoint's advertised minimum prompt size fits the prompt.
 
-t       = prompt tokens ≈ prompt_chars / 4
+t       = prompt tokens ≈ prompt_chars / CHARS_PER_TOKEN (4)
 m(e)    = int(label mif.moreh.io/aigateway.optimal-min-tokens), 0 or unset = no advertised minimum
 fit(e)  = (m + 1) / (t + 1)          if m ≤ t   (the largest minimum the prompt still meets fits best)
         = 0.5 × (t + 1) / (m + 1)    if m > t   (prompt too short for this endpoint)
@@ -29,7 +29,7 @@ class TokenLengthScorer(Scorer):
     clamped = True
 
     def score(self, ctx, candidates, state):
-        t = ctx.request.prompt_chars // 4
+        t = ctx.request.estimated_tokens
         fits = []
         for e in candidates:
             m = optimal_min_tokens(e.labels)

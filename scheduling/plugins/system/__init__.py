@@ -1,0 +1,1 @@
+"""System plugins (they configure the shell, not a profile): one per module, discovered by the registry."""
