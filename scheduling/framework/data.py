@@ -53,8 +53,9 @@ class DataRequest:
 ProducerFactory = Callable[[DataKey, Mapping[str, object], list[Plugin]], Producer]
 
 
-def _where(plugin: Plugin) -> str:
-    return f"plugin {plugin.describe()}" + (f" at {plugin.path}" if plugin.path else "")
+def _where(plugin: Plugin, *, at: bool = True) -> str:
+    """`plugin 'name' (type)`, with where it was declared when `at` (the error's own path names the first one)."""
+    return f"plugin {plugin.describe()}" + (f" at {plugin.source}: {plugin.path}" if at and plugin.path else "")
 
 
 def wire_data(
@@ -80,7 +81,7 @@ def wire_data(
                 raise ConfigError(
                     plugin.source or source,
                     plugin.path,
-                    f"{_where(plugin)} and {_where(other)} both produce {key}; declare one producer per key",
+                    f"{_where(plugin, at=False)} and {_where(other)} both produce {key}; declare one producer per key",
                 )
             declared[key] = plugin
         for req in plugin.data_requests():
@@ -104,7 +105,7 @@ def wire_data(
                     raise ConfigError(
                         plugin.source or source,
                         join_path(plugin.path, name) if plugin.path else name,
-                        f"{_where(plugin)} sets {name}={value!r} for {key}, but {_where(have[1])} sets "
+                        f"{_where(plugin, at=False)} sets {name}={value!r} for {key}, but {_where(have[1])} sets "
                         f"{name}={have[0]!r}; plugins sharing {key} must agree",
                     )
         if producer is None:
@@ -120,7 +121,7 @@ def wire_data(
                 raise ConfigError(
                     reader.source or source,
                     reader.path,
-                    f"{_where(reader)} reads {key}, but no plugin in this config produces it{there}. "
+                    f"{_where(reader, at=False)} reads {key}, but no plugin in this config produces it{there}. "
                     f"{req.hint}".rstrip(),
                 )
             factory = factories.get(key.name)
