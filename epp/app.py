@@ -82,6 +82,9 @@ class App:
             admission=SaturationDetector().admit,
             rewrite=lambda model: choose_rewrite(ds.rewrites, model, self.rng) if ds.rewrites else None,
         )
+        # Endpoint lifecycle: whatever scheduler is current forgets a departed endpoint (in-flight counts and the
+        # unhealthy mark are the datastore's own; the scraper subscribes itself).
+        ds.on_endpoint_removed(lambda key: self.director.scheduler.endpoint_removed(key))
         await self._start_grpc()
         if args.metrics_port:
             runner = await start_metrics_server(self.metrics, args.metrics_port)

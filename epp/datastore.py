@@ -3,6 +3,13 @@
 Writers (the static-file source, the Kubernetes watchers, the metrics scraper) replace whole endpoint snapshots.
 Readers (the director) take an immutable `PoolSnapshot`; a snapshot never changes under a scheduling cycle.
 Everything runs on one asyncio loop, so no locks are needed.
+
+Endpoint lifecycle. The datastore is the one place that knows when an endpoint joins or leaves: after every write
+it compares the endpoints of all pools with the previous ones, by key (`ip:port`) and identity (the pod's
+namespace/name). An endpoint leaves when its key is in no pool any more, or when its key now belongs to another pod
+(a new pod that reuses the address). On leaving, the datastore drops its own per-endpoint state (in-flight counts,
+the unhealthy mark) and tells every `on_endpoint_removed` listener, which drop theirs (scheduler plugins, scraper,
+event subscribers); `on_endpoint_added` listeners hear of each arrival. So an ip:port that comes back starts clean.
 """
 
 from __future__ import annotations
@@ -43,12 +50,29 @@ def _index(spec: PoolSpec, endpoints: Iterable[Endpoint]) -> PoolSnapshot:
     return PoolSnapshot(spec, eps, {e.key: e for e in eps}, {k: tuple(v) for k, v in by_ip.items()})
 
 
+@dataclass(frozen=True, slots=True)
+class InflightTicket:
+    """What `InflightTracker.add` hands out and `remove` takes back: one request on one endpoint generation."""
+
+    key: str
+    generation: int
+    tokens: int
+
+
 class InflightTracker:
-    """Exact per-endpoint in-flight requests and tokens: +1 at the pick, −1 when the stream ends."""
+    """Exact per-endpoint in-flight requests and tokens: +1 at the pick, −1 when the stream ends.
+
+    Every run of non-zero load on a key gets a fresh generation number from one global counter, and a ticket
+    carries it: `forget` (the endpoint left) drops the key's count at once, and the tickets handed out before are
+    released without effect, so requests still running on a departed pod never weigh on a new pod that reuses its
+    address, and no count goes negative. Only keys with load are kept: the tracker's size is bounded by the
+    requests in flight, whatever the churn.
+    """
 
     def __init__(self) -> None:
         self._loads: dict[str, InflightLoad] = {}
-        self.total = 0
+        self._generation: dict[str, int] = {}  # same keys as _loads
+        self._next = 0
 
     def view(self) -> Mapping[str, InflightLoad]:
         return self._loads
@@ -56,24 +80,33 @@ class InflightTracker:
     def get(self, key: str) -> InflightLoad:
         return self._loads.get(key, InflightLoad())
 
-    def add(self, key: str, tokens: int = 0) -> None:
+    def add(self, key: str, tokens: int = 0) -> InflightTicket:
         cur = self._loads.get(key)
         if cur is None:
+            self._next += 1
+            self._generation[key] = self._next
             self._loads[key] = InflightLoad(1, tokens)
         else:
             self._loads[key] = InflightLoad(cur.requests + 1, cur.tokens + tokens)
-        self.total += 1
+        return InflightTicket(key, self._generation[key], tokens)
 
-    def remove(self, key: str, tokens: int = 0) -> None:
-        cur = self._loads.get(key)
-        if cur is None or cur.requests <= 0:
-            log.error("in-flight count for %s would go negative; ignoring", key)
-            return
+    def remove(self, ticket: InflightTicket) -> bool:
+        """Release one request. False when its endpoint left since the request started (nothing to release)."""
+        key = ticket.key
+        if self._generation.get(key) != ticket.generation:
+            return False  # the endpoint left (and maybe came back) since this request started
+        cur = self._loads[key]
         if cur.requests == 1:
             del self._loads[key]
+            del self._generation[key]
         else:
-            self._loads[key] = InflightLoad(cur.requests - 1, max(0, cur.tokens - tokens))
-        self.total -= 1
+            self._loads[key] = InflightLoad(cur.requests - 1, max(0, cur.tokens - ticket.tokens))
+        return True
+
+    def forget(self, key: str) -> None:
+        """The endpoint left: its count restarts at zero and outstanding tickets become no-ops."""
+        self._loads.pop(key, None)
+        self._generation.pop(key, None)
 
 
 class Datastore:
@@ -87,6 +120,9 @@ class Datastore:
         self.objectives: dict[str, int] = {}  # InferenceObjective name -> priority
         self.rewrites: list[Any] = []  # InferenceModelRewrite rules (epp.rewrite.RewriteRule)
         self._listeners: list[Callable[[str], None]] = []
+        self._added: list[Callable[[Endpoint], None]] = []
+        self._removed: list[Callable[[str], None]] = []
+        self._members: dict[str, tuple[str, str]] = {}  # endpoint key -> identity (namespace, pod name)
         self.synced = False  # set by the source once the first full view is in
         # Endpoint keys the scraper took out of rotation after a failure streak; the director skips them.
         self.unhealthy: set[str] = set()
@@ -133,14 +169,53 @@ class Datastore:
         return out
 
     def on_change(self, fn: Callable[[str], None]) -> None:
+        """`fn(pool name)` after every change of a pool's spec or endpoint set."""
         self._listeners.append(fn)
 
+    def on_endpoint_added(self, fn: Callable[[Endpoint], None]) -> None:
+        """`fn(endpoint)` when an endpoint joins (its key was in no pool, or belonged to another pod)."""
+        self._added.append(fn)
+
+    def on_endpoint_removed(self, fn: Callable[[str], None]) -> None:
+        """`fn(key)` when an endpoint leaves every pool (or its key now belongs to another pod): drop its state."""
+        self._removed.append(fn)
+
     def _notify(self, pool: str) -> None:
+        self._update_members()
         for fn in self._listeners:
             try:
                 fn(pool)
             except Exception:  # a listener must never break a writer
                 log.exception("datastore listener failed")
+
+    def _update_members(self) -> None:
+        members: dict[str, tuple[str, str]] = {}
+        arrived: dict[str, Endpoint] = {}
+        old = self._members
+        for snap in self._pools.values():
+            for ep in snap.endpoints:
+                if ep.key in members:
+                    continue
+                ident = (ep.namespace, ep.name)
+                members[ep.key] = ident
+                if old.get(ep.key) != ident:
+                    arrived[ep.key] = ep
+        left = [k for k, ident in old.items() if members.get(k) != ident]
+        self._members = members
+        for key in left:
+            self.inflight.forget(key)
+            self.unhealthy.discard(key)
+            self._call(self._removed, key)
+        for ep in arrived.values():
+            self._call(self._added, ep)
+
+    @staticmethod
+    def _call(fns: list[Callable[[Any], None]], arg: Any) -> None:
+        for fn in fns:
+            try:
+                fn(arg)
+            except Exception:  # a listener must never break a writer
+                log.exception("datastore endpoint listener failed")
 
     # ---- readers -------------------------------------------------------------------------------------------
     @property
@@ -161,15 +236,17 @@ class Datastore:
                 seen.setdefault(ep.key, ep)
         return list(seen.values())
 
+    def members(self) -> Mapping[str, tuple[str, str]]:
+        """Every endpoint key in some pool, with its identity (namespace, pod name)."""
+        return self._members
+
     def is_routable(self, key: str) -> bool:
         """False while the scraper holds the endpoint out of rotation (consecutive scrape failures)."""
         return key not in self.unhealthy
 
     def set_unhealthy(self, key: str, unhealthy: bool) -> None:
         if unhealthy:
-            self.unhealthy.add(key)
+            if key in self._members:  # a departed endpoint is never marked
+                self.unhealthy.add(key)
         else:
             self.unhealthy.discard(key)
-
-    def base_model(self, model: str) -> str:
-        return self.adapters.get(model, model)

@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from epp.datastore import Datastore
+from epp.datastore import Datastore, InflightTicket
 from epp.parsing import api_kind, parse_body, set_model
 from epp.protocol import Outcome
 from epp.usage import UsageScanner
@@ -200,7 +200,8 @@ class Director:
             raise SchedulingError(ErrorCode.SERVICE_UNAVAILABLE, "no candidate endpoints in the inference pool")
         return eps
 
-    def schedule(self, ctx: SchedulingContext) -> SchedulingResult:
+    def schedule(self, ctx: SchedulingContext, *, dry_run: bool = False) -> SchedulingResult:
+        """Admission, then the scheduler. A dry run (explain) reports nothing to metrics and changes no state."""
         req = ctx.request
         if self.admission is not None and req.priority < 0 and not self.admission(
             req.priority, ctx.candidates, ctx.now
@@ -208,16 +209,19 @@ class Director:
             raise SchedulingError(
                 ErrorCode.RESOURCE_EXHAUSTED, "the pool is saturated and the request is sheddable (priority < 0)"
             )
-        t0 = time.perf_counter()
-        result = self.scheduler.schedule(ctx)
-        metrics = self.metrics
-        metrics.scheduler_duration(time.perf_counter() - t0)
-        self._decisions += 1
-        if self._decisions % PLUGIN_SAMPLE_EVERY == 0:
-            # Per-plugin latency is sampled: a histogram per plugin per request costs more than the plugins.
-            for pr in result.profile_results.values():
-                for det in pr.details:
-                    metrics.plugin_duration(det.kind, det.type, det.name, det.duration_s)
+        if dry_run:
+            result = self.scheduler.schedule(ctx, dry_run=True)
+        else:
+            t0 = time.perf_counter()
+            result = self.scheduler.schedule(ctx)
+            metrics = self.metrics
+            metrics.scheduler_duration(time.perf_counter() - t0)
+            self._decisions += 1
+            if self._decisions % PLUGIN_SAMPLE_EVERY == 0:
+                # Per-plugin latency is sampled: a histogram per plugin per request costs more than the plugins.
+                for pr in result.profile_results.values():
+                    for det in pr.details:
+                        metrics.plugin_duration(det.kind, det.type, det.name, det.duration_s)
         if not result.targets:
             raise SchedulingError(ErrorCode.SERVICE_UNAVAILABLE, "the scheduler returned no endpoint")
         return result
@@ -254,15 +258,11 @@ class Director:
         )
 
 
-def _estimate_tokens(req: LLMRequest) -> int:
-    return req.estimated_tokens
-
-
 class RequestExchange:
     """The director's side of one stream (implements epp.protocol.Exchange)."""
 
     __slots__ = ("d", "scheduler", "ctx", "result", "started", "scanner", "served", "_closed", "_rewrite_from", "_rewrite_to",
-                 "_tokens")
+                 "_ticket")
 
     def __init__(self, director: Director) -> None:
         self.d = director
@@ -275,7 +275,7 @@ class RequestExchange:
         self._closed = False
         self._rewrite_from: bytes | None = None
         self._rewrite_to: bytes | None = None
-        self._tokens = 0
+        self._ticket: InflightTicket | None = None
 
     def decide(
         self, headers: Mapping[str, str], body: bytes | None, metadata: Mapping[str, Mapping[str, object]]
@@ -298,8 +298,7 @@ class RequestExchange:
         req = ctx.request
         # Commit: from here on, close() must release what this adds.
         self.ctx, self.result, self.scheduler = ctx, result, d.scheduler
-        self._tokens = _estimate_tokens(req)
-        d.datastore.inflight.add(result.primary.key, self._tokens)
+        self._ticket = d.datastore.inflight.add(result.primary.key, req.estimated_tokens)
         try:
             self.scheduler.pre_request(ctx, result)
         except Exception:
@@ -348,10 +347,12 @@ class RequestExchange:
         if self.ctx is None or self.result is None:
             return
         d = self.d
-        d.datastore.inflight.remove(self.result.primary.key, self._tokens)
+        live = self._ticket is not None and d.datastore.inflight.remove(self._ticket)
         self.ctx.now = d.clock()  # plugins see the time the request ended
         try:
-            if self.scheduler is not None:
+            # An endpoint that left while the request ran was already forgotten by every plugin: telling them how
+            # the request ended would only bring its state back.
+            if live and self.scheduler is not None:
                 self.scheduler.response_complete(self.ctx, self.result)
         except Exception:
             log.exception("response_complete hook failed")

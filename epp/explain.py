@@ -1,4 +1,8 @@
-"""Pointsman's own gRPC API: Explain (a dry-run decision with per-plugin detail) and ListEndpoints."""
+"""Pointsman's own gRPC API: Explain (a dry-run decision with per-plugin detail) and ListEndpoints.
+
+Explain is a true dry run: it parses and schedules like a real request, with the scheduler's random source copied
+rather than advanced, and it records nothing (no in-flight count, no metrics, no decision counters, no plugin
+state), so it shows what the next real request would get without changing it."""
 
 from __future__ import annotations
 
@@ -26,7 +30,7 @@ class PointsmanService(pointsman_pb2_grpc.PointsmanServicer):
             out.model, out.target_model = ctx.request.model, ctx.request.target_model
             out.candidates.extend(e.key for e in ctx.candidates)
             ctx.explain = True
-            result = d.schedule(ctx)
+            result = d.schedule(ctx, dry_run=True)
         except SchedulingError as err:
             rej = error_outcome(err)
             out.status, out.error = rej.reject_status, rej.reject_body
@@ -62,7 +66,7 @@ class PointsmanService(pointsman_pb2_grpc.PointsmanServicer):
     def list_endpoints(self, request: api.ListEndpointsRequest) -> api.ListEndpointsResponse:
         ds = self.director.datastore
         now = self.director.clock()
-        unhealthy = getattr(ds, "unhealthy", set())
+        unhealthy = ds.unhealthy
         out = api.ListEndpointsResponse(pools=ds.pool_names(), default_pool=ds.default_pool or "")
         for pool in [request.pool] if request.pool else ds.pool_names():
             snap = ds.snapshot(pool)

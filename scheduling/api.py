@@ -3,7 +3,7 @@
 The shell builds a `SchedulingContext` per request (candidates already narrowed by pool, subset hints and the
 conformance header) and calls `Scheduler.schedule`. The scheduler returns a `SchedulingResult` or raises
 `SchedulingError`. After the pick the shell calls `pre_request`; when the stream ends for any reason it calls
-`response_complete` exactly once.
+`response_complete` exactly once. When an endpoint leaves every pool it calls `endpoint_removed`.
 """
 
 from __future__ import annotations
@@ -78,8 +78,9 @@ class SchedulingResult:
 
 @runtime_checkable
 class Scheduler(Protocol):
-    def schedule(self, ctx: SchedulingContext) -> SchedulingResult:
-        """Pick endpoints. Raises SchedulingError (ResourceExhausted when filters leave nothing)."""
+    def schedule(self, ctx: SchedulingContext, *, dry_run: bool = False) -> SchedulingResult:
+        """Pick endpoints. Raises SchedulingError (ResourceExhausted when filters leave nothing). Changes no state;
+        with `dry_run` it does not advance its random source either (explain)."""
         ...
 
     def pre_request(self, ctx: SchedulingContext, result: SchedulingResult) -> None:
@@ -88,4 +89,8 @@ class Scheduler(Protocol):
 
     def response_complete(self, ctx: SchedulingContext, result: SchedulingResult) -> None:
         """Called exactly once when the request's stream ends, whatever the outcome."""
+        ...
+
+    def endpoint_removed(self, key: str) -> None:
+        """The endpoint left every pool: drop whatever is kept for it."""
         ...

@@ -104,7 +104,7 @@ async def test_scheduling_config_hot_reload_good_and_bad(tmp_path):
         # The request picked before the reload finishes on its own scheduler, and the counts balance.
         ex.close()
         ex2.close()
-        assert app.datastore.inflight.total == 0
+        assert app.datastore.inflight.view() == {}
     finally:
         await app.stop(0)
 

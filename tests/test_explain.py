@@ -50,7 +50,7 @@ async def test_explain_returns_the_decision_with_plugin_detail(app):
         assert all(0.0 <= v <= 1.0 for p in scorers.values() for v in p.scores.values())
         assert set(run.totals) == {"10.0.0.1:8000", "10.0.0.2:8000"}  # only endpoints serving the model
         # A dry run commits nothing.
-        assert app.datastore.inflight.total == 0
+        assert app.datastore.inflight.view() == {}
         bad = await stub.Explain(api.ExplainRequest(path="/v1/chat/completions", body=b"{"))
         assert bad.status == 400 and bad.error.startswith("inference error: BadRequest")
         listing = await stub.ListEndpoints(api.ListEndpointsRequest())
@@ -81,3 +81,53 @@ def test_generated_proto_code_matches_the_proto(tmp_path):
     for name in ("pointsman_pb2.py", "pointsman_pb2_grpc.py"):
         assert (tmp_path / "proto" / name).read_text() == (ROOT / "proto" / name).read_text(), (
             f"proto/{name} is stale: regenerate with grpc_tools.protoc (see proto/README.md)")
+
+
+async def test_explain_is_a_true_dry_run(tmp_path):
+    """Explain changes nothing: no metrics, no counters, no plugin state, not even the random sequence; so it
+    shows exactly the decision the next real request gets."""
+    from epp.app import App
+
+    eps = tmp_path / "eps.yaml"
+    eps.write_text("pools:\n- name: pool\n  endpoints:\n"
+                   + "".join(f"  - {{address: 10.0.0.{i}, port: 8000}}\n" for i in range(1, 5)))
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text("""apiVersion: llm-d.ai/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- {type: prefix-cache-scorer}
+- {type: no-hit-lru-scorer}
+- {type: session-affinity-scorer}
+- {type: estimated-latency-scorer}
+- {type: random-picker}
+""")
+    app = App(serve_args("--grpc-port", str(free_port()), "--endpoints-file", str(eps), "--config-file", str(cfg),
+                         "--metrics-port", "0", "--seed", "7"))
+    await app.start()
+    try:
+        sched = app.director.scheduler
+        prompt = orjson.dumps({"model": "llama", "messages": [{"role": "user", "content": "q" * 900}]})
+        headers = {":path": "/v1/chat/completions", "x-session-id": "s1"}
+        before_metrics = app.metrics.exposition()
+        before_rng = sched.fallback.rng.getstate()
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{app.port}") as ch:
+            stub = pointsman_pb2_grpc.PointsmanStub(ch)
+            picks = []
+            for _ in range(3):
+                resp = await stub.Explain(api.ExplainRequest(path="/v1/chat/completions", body=prompt,
+                                                             headers={"x-session-id": "s1"}))
+                assert resp.status == 200, resp.error
+                picks.append(resp.endpoint)
+        assert len(set(picks)) == 1  # the random picker's sequence did not move
+        assert app.metrics.exposition() == before_metrics
+        assert sched.fallback.rng.getstate() == before_rng
+        assert sched.tracked_endpoints() == set() and sched.decision_counts == {}
+        assert app.datastore.inflight.view() == {}
+        # The next real decision is the one explain showed.
+        ex = app.director.exchange()
+        out = ex.decide(headers, prompt, {})
+        assert dict(out.set_headers)["x-gateway-destination-endpoint"] == picks[0]
+        ex.close()
+        assert sched.tracked_endpoints() == {picks[0]}
+    finally:
+        await app.stop(0)

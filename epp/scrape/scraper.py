@@ -60,6 +60,7 @@ class MetricsScraper:
         self.path = path if path.startswith("/") else "/" + path
         self.scheme = scheme
         self.clock = clock
+        datastore.on_endpoint_removed(self.forget)
         self._sem = asyncio.Semaphore(concurrency)
         self._concurrency = concurrency
         self._state: dict[str, _State] = {}
@@ -114,11 +115,6 @@ class MetricsScraper:
         """Launch scrapes, wait up to `wait` (default: one interval), publish. Returns endpoints updated."""
         session = await self._ensure_session()
         endpoints = {ep.key: ep for ep in self.datastore.all_endpoints()}
-        for key in [k for k in self._state if k not in endpoints]:  # endpoints that left every pool
-            st = self._state.pop(key)
-            if st.pending is not None:
-                st.pending.cancel()
-            self.datastore.set_unhealthy(key, False)
         for key, ep in endpoints.items():
             st = self._state.setdefault(key, _State())
             if st.pending is None:
@@ -183,6 +179,12 @@ class MetricsScraper:
                     raise RuntimeError(f"GET {url}: HTTP {resp.status}")
                 body = await resp.read()
         return parse(body, self.clock())
+
+    def forget(self, key: str) -> None:
+        """The endpoint left the pool (datastore lifecycle): drop its failure streak and any pending scrape."""
+        st = self._state.pop(key, None)
+        if st is not None and st.pending is not None:
+            st.pending.cancel()
 
     # ---- introspection -----------------------------------------------------------------------------------
     def failures(self, key: str) -> int:

@@ -54,8 +54,9 @@ class ModelScheduler:
         by = self._by_model
         return by.get(model) or (by.get(target_model) if target_model else None) or self.default
 
-    def schedule(self, ctx: SchedulingContext, *, rng: random.Random | None = None) -> SchedulingResult:
-        """Decide without changing any state (a dry run may call it too); `rng` as in ProfileScheduler."""
+    def schedule(self, ctx: SchedulingContext, *, dry_run: bool = False) -> SchedulingResult:
+        """Decide. Scheduling changes no state (the lifecycle hooks do); with `dry_run` it does not even advance
+        the random source: it decides with a copy, so it shows exactly what the next real decision would do."""
         req = ctx.request
         sched = self.scheduler_for(req.model, req.target_model)
         cands = ctx.candidates
@@ -71,6 +72,10 @@ class ModelScheduler:
                     ErrorCode.NOT_FOUND,
                     f"model {target!r} is not served by any endpoint in the pool ({len(ctx.candidates)} endpoints)",
                 )
+        rng = None
+        if dry_run:
+            rng = random.Random()
+            rng.setstate(sched.rng.getstate())
         result = sched.schedule(ctx, cands, rng=rng)
         result.state[_ROUTE] = sched
         return result

@@ -9,7 +9,8 @@ result, state)` runs once when the request ends. Only plugins that override them
 
 Endpoint lifecycle: `endpoint_removed(key)` runs when an endpoint leaves every pool (the shell's datastore
 reports it). A plugin that keeps anything per endpoint drops it there, so pod churn cannot grow its state and
-an ip:port that comes back starts clean; `tracked_endpoints()` reports which endpoints it holds state for.
+an ip:port that comes back starts clean; `tracked_endpoints()` reports which endpoints it holds state for. A
+request whose endpoint left while it ran gets no `response_complete` (its plugins already forgot the endpoint).
 
 Shared data: a plugin that reads data kept across decisions by someone else (the approximate prefix index)
 declares it in `data_requests()`; the loader resolves every request of one scheduler to exactly one
