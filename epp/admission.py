@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from scheduling.framework.params import parse_duration
 from scheduling.types import Endpoint, Metrics
 
 
@@ -86,22 +87,3 @@ def detector_from_params(params: dict[str, object] | None) -> SaturationDetector
         metrics_staleness_s=parse_duration(staleness),
         headroom=float(p.get("headroom", 0.0)),  # type: ignore[arg-type]
     )
-
-
-def parse_duration(value: object) -> float:
-    """Seconds from a number or a Go-style duration string ("200ms", "2s", "1.5s", "100us")."""
-    if isinstance(value, (int, float)):
-        return float(value)
-    if isinstance(value, str):
-        s = value.strip()
-        for suffix, scale in (("ms", 1e-3), ("us", 1e-6), ("µs", 1e-6), ("ns", 1e-9), ("s", 1.0), ("m", 60.0)):
-            if s.endswith(suffix):
-                try:
-                    return float(s[: -len(suffix)]) * scale
-                except ValueError:
-                    break
-        try:
-            return float(s)
-        except ValueError:
-            pass
-    raise ValueError(f"expected a duration like '200ms' or a number of seconds, got {value!r}")

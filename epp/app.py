@@ -20,7 +20,9 @@ from typing import Any
 
 from epp.datastore import Datastore
 from epp.director import Director, DirectorConfig
+from epp.scrape.scraper import MetricsScraper
 from epp.server import StreamConfig, build_server
+from scheduling.framework.model_scheduler import ModelScheduler
 
 log = logging.getLogger("epp")
 
@@ -54,6 +56,8 @@ class App:
         self.port = 0
         self.metrics: Any = None
         self.health: Any = None
+        self.director: Director | None = None
+        self.scraper: MetricsScraper | None = None
 
     async def start(self) -> None:
         args = self.args
@@ -62,7 +66,6 @@ class App:
             scheduler = await self._watch_scheduling_config(Path(args.config_file))
         else:
             scheduler = load_scheduling(args, self.rng)
-        from epp.admission import SaturationDetector
         from epp.metrics import EppMetrics, start_metrics_server
         from epp.rewrite import choose_rewrite
 
@@ -77,23 +80,23 @@ class App:
             log_decisions=args.log_decisions,
         )
         ds = self.datastore
-        self.director = Director(
+        self.director = director = Director(
             ds, scheduler, cfg, metrics=self.metrics,
-            admission=SaturationDetector().admit,
             rewrite=lambda model: choose_rewrite(ds.rewrites, model, self.rng) if ds.rewrites else None,
         )
         # Endpoint lifecycle: whatever scheduler is current forgets a departed endpoint (in-flight counts and the
         # unhealthy mark are the datastore's own; the scraper subscribes itself).
-        ds.on_endpoint_removed(lambda key: self.director.scheduler.endpoint_removed(key))
+        ds.on_endpoint_removed(lambda key: director.scheduler.endpoint_removed(key))
+        from epp.scrape.scraper import start_scraper
+
+        self.scraper = await start_scraper(ds, interval=args.refresh_metrics_interval, timeout=1.0,
+                                           staleness=args.metrics_staleness_threshold)
+        self.cleanups.append(self.scraper.stop)
+        self.apply_scheduler(scheduler)
         await self._start_grpc()
         if args.metrics_port:
             runner = await start_metrics_server(self.metrics, args.metrics_port)
             self.cleanups.append(runner.cleanup)
-        from epp.scrape.scraper import start_scraper
-
-        scraper = await start_scraper(ds, interval=args.refresh_metrics_interval, timeout=1.0,
-                                      staleness=args.metrics_staleness_threshold)
-        self.cleanups.append(scraper.stop)
 
     async def _start_sources(self) -> None:
         args = self.args
@@ -122,8 +125,12 @@ class App:
                 api=make_api_client(kubeconfig=args.kubeconfig),
             )
         elif args.pool_name:
+            from epp.k8s import pool_resource
+
+            pool_resource(args.pool_group)  # a clear error for an unknown group, before anything connects
             disc = await start_pool_discovery(ds, args.pool_name, args.pool_namespace,
-                                              api=make_api_client(kubeconfig=args.kubeconfig))
+                                              api=make_api_client(kubeconfig=args.kubeconfig),
+                                              pool_group=args.pool_group)
         else:
             raise ValueError("no endpoint source: give --endpoints-file (standalone), --pool-name (an InferencePool "
                              "in Kubernetes) or --endpoint-selector with --endpoint-target-ports")
@@ -140,9 +147,8 @@ class App:
 
         def apply(scheduler: Any) -> None:
             # New requests use the new scheduler; in-flight ones finish on the one that picked for them.
-            director = getattr(self, "director", None)
-            if director is not None:
-                director.scheduler = scheduler
+            if self.director is not None:
+                self.apply_scheduler(scheduler)
                 log.info("scheduling config %s reloaded", path)
 
         watcher = FileWatcher(path, parse=parse, apply=apply)
@@ -150,6 +156,20 @@ class App:
         watcher.start()
         self.cleanups.append(watcher.stop)
         return scheduler
+
+    def apply_scheduler(self, scheduler: ModelScheduler) -> None:
+        """Make `scheduler` current, with what its config's shell sections say (admission thresholds, scraping)."""
+        from epp.admission import SaturationDetector
+
+        shell = scheduler.shell
+        sat = shell.saturation
+        detector = SaturationDetector(sat.queue_depth_threshold, sat.kv_cache_util_threshold,
+                                      sat.metrics_staleness_s, sat.headroom)
+        assert self.director is not None, "the director is created before any scheduler is applied"
+        self.director.scheduler = scheduler
+        self.director.admission = detector.admit
+        if self.scraper is not None:
+            self.scraper.configure(shell.scrape)
 
     async def _start_grpc(self) -> None:
         args = self.args

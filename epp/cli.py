@@ -67,15 +67,10 @@ def _bool(text: str) -> bool:
 
 def _duration(text: str) -> float:
     """'50ms', '2s', '1m' or a plain number of seconds."""
-    t = text.strip()
-    for suffix, scale in (("ms", 1e-3), ("us", 1e-6), ("s", 1.0), ("m", 60.0)):
-        if t.endswith(suffix):
-            try:
-                return float(t[: -len(suffix)]) * scale
-            except ValueError:
-                break
+    from scheduling.framework.params import parse_duration
+
     try:
-        return float(t)
+        return parse_duration(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a duration like 50ms or 2s, got {text!r}") from None
 

@@ -76,6 +76,37 @@ class SchedulingResult:
         return self.targets[0]
 
 
+@dataclass(frozen=True)
+class Saturation:
+    """Admission thresholds (utilization-detector): see epp/admission.py."""
+
+    queue_depth_threshold: float = 5.0
+    kv_cache_util_threshold: float = 0.8
+    metrics_staleness_s: float = 0.2
+    headroom: float = 0.0
+
+
+@dataclass(frozen=True)
+class Scrape:
+    """How the shell scrapes model-server metrics (metrics-data-source + core-metrics-extractor)."""
+
+    scheme: str = "http"
+    path: str = "/metrics"
+    insecure_skip_verify: bool = True
+    engine_label_key: str = "llm-d.ai/engine-type"
+    default_engine: str = "vllm"
+
+
+@dataclass(frozen=True)
+class ShellConfig:
+    """What the shell applies from a loaded config (defaults when a section is absent)."""
+
+    feature_gates: frozenset[str] = frozenset()
+    saturation: Saturation = field(default_factory=Saturation)
+    scrape: Scrape = field(default_factory=Scrape)
+    parser: str = "openai-parser"
+
+
 @runtime_checkable
 class Scheduler(Protocol):
     def schedule(self, ctx: SchedulingContext, *, dry_run: bool = False) -> SchedulingResult:

@@ -1,6 +1,7 @@
 import pytest
 
-from epp.admission import SaturationDetector, admit, detector_from_params, parse_duration
+from epp.admission import SaturationDetector, admit, detector_from_params
+from scheduling.framework.params import parse_duration
 from scheduling.types import Endpoint, Metrics
 
 NOW = 1000.0

@@ -131,3 +131,78 @@ async def test_invalid_startup_config_is_a_clear_error(tmp_path):
     with pytest.raises(ValueError, match=r"eps.yaml: pools\[0\].endpoints\[0\].port"):
         await app.start()
     await app.stop(0)
+
+
+async def test_config_sections_reach_admission_and_scraping_and_follow_reloads(tmp_path):
+    """saturationDetector sets admission, dataLayer sets where metrics are scraped; a reload applies new values."""
+    from aiohttp import web
+
+    from tests.scrape.expositions import vllm_exposition
+
+    async def metrics(_: web.Request) -> web.Response:
+        return web.Response(body=vllm_exposition(waiting=3, kv=0.1), content_type="text/plain")
+
+    server = web.Application()
+    server.router.add_get("/custom/metrics", metrics)
+    runner = web.AppRunner(server)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    eps = tmp_path / "eps.yaml"
+    eps.write_text(f"pools:\n- name: p\n  endpoints: [{{address: 127.0.0.1, port: {port}}}]\n")
+    cfg = tmp_path / "cfg.yaml"
+
+    def write_cfg(queue_threshold: int, path: str, bump: int) -> None:
+        cfg.write_text(f"""apiVersion: llm-d.ai/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- type: queue-scorer
+- type: utilization-detector
+  name: sat
+  parameters: {{queueDepthThreshold: {queue_threshold}, metricsStalenessThreshold: 5s}}
+- type: metrics-data-source
+  name: src
+  parameters: {{path: {path}}}
+schedulingProfiles:
+- name: default
+  plugins: [{{pluginRef: queue-scorer}}]
+saturationDetector: {{pluginRef: sat}}
+dataLayer:
+  sources: [{{pluginRef: src}}]
+""")
+        st = cfg.stat()
+        import os
+
+        os.utime(cfg, ns=(st.st_atime_ns, st.st_mtime_ns + bump * 10_000_000))
+
+    write_cfg(2, "/custom/metrics", 0)
+    app = App(serve_args("--grpc-port", str(free_port()), "--endpoints-file", str(eps), "--config-file", str(cfg),
+                         "--refresh-metrics-interval", "20ms"))
+    await app.start()
+    try:
+        app.datastore.objectives["batch"] = -1  # a sheddable objective (InferenceObjective priority < 0)
+        assert app.scraper.path == "/custom/metrics"
+        for _ in range(100):  # the scraper reads the custom path
+            ep = app.datastore.snapshot("p").endpoints[0]
+            if ep.metrics.updated_at is not None:
+                break
+            await asyncio.sleep(0.02)
+        assert ep.metrics.waiting == 3
+        hdrs = {":path": "/v1/chat/completions", "x-gateway-inference-objective": "batch"}
+        ex = app.director.exchange()
+        out = ex.decide(hdrs, CHAT, {})
+        ex.close()
+        assert out.reject_status == 429  # waiting 3 / threshold 2 >= 1: saturated, sheddable refused
+        write_cfg(10, "/metrics", 1)  # a reload: threshold 10 admits; the scrape path moves
+        for _ in range(200):
+            if app.scraper.path == "/metrics":
+                break
+            await asyncio.sleep(0.02)
+        assert app.scraper.path == "/metrics"
+        ex = app.director.exchange()
+        out = ex.decide(hdrs, CHAT, {})
+        ex.close()
+        assert out.reject_status == 0
+    finally:
+        await app.stop(0)
+        await runner.cleanup()

@@ -24,6 +24,10 @@ class Resource:
 
 POD = Resource("", "v1", "pods", "Pod")
 INFERENCE_POOL = Resource("inference.networking.k8s.io", "v1", "inferencepools", "InferencePool")
+# The older InferencePool (GIE up to v0.5), which many installations still run: `--pool-group
+# inference.networking.x-k8s.io`.
+INFERENCE_POOL_V1ALPHA2 = Resource("inference.networking.x-k8s.io", "v1alpha2", "inferencepools", "InferencePool")
+POOL_RESOURCES: dict[str, Resource] = {r.group: r for r in (INFERENCE_POOL, INFERENCE_POOL_V1ALPHA2)}
 INFERENCE_OBJECTIVE = Resource("inference.networking.x-k8s.io", "v1alpha2", "inferenceobjectives", "InferenceObjective")
 INFERENCE_MODEL_REWRITE = Resource(
     "inference.networking.x-k8s.io", "v1alpha2", "inferencemodelrewrites", "InferenceModelRewrite"
@@ -31,7 +35,18 @@ INFERENCE_MODEL_REWRITE = Resource(
 
 # Every resource a watcher reads, and the verbs it needs (RBAC must grant these, and nothing more is needed).
 WATCH_VERBS: tuple[str, ...] = ("get", "list", "watch")
-WATCHED_RESOURCES: tuple[Resource, ...] = (POD, INFERENCE_POOL, INFERENCE_OBJECTIVE, INFERENCE_MODEL_REWRITE)
+WATCHED_RESOURCES: tuple[Resource, ...] = (
+    POD, INFERENCE_POOL, INFERENCE_POOL_V1ALPHA2, INFERENCE_OBJECTIVE, INFERENCE_MODEL_REWRITE
+)
+
+
+def pool_resource(group: str) -> Resource:
+    """The InferencePool resource of `--pool-group`; ValueError naming the supported groups otherwise."""
+    res = POOL_RESOURCES.get(group)
+    if res is None:
+        raise ValueError(f"--pool-group {group!r} is not an InferencePool API group; expected one of "
+                         f"{', '.join(POOL_RESOURCES)}")
+    return res
 
 # GIE EPP flags used by deploy/ (and expected by operators); the CLI accepts all of them.
 GIE_FLAGS: tuple[str, ...] = (
@@ -57,8 +72,11 @@ __all__ = [
     "INFERENCE_MODEL_REWRITE",
     "INFERENCE_OBJECTIVE",
     "INFERENCE_POOL",
+    "INFERENCE_POOL_V1ALPHA2",
+    "POOL_RESOURCES",
     "POD",
     "WATCHED_RESOURCES",
     "WATCH_VERBS",
     "Resource",
+    "pool_resource",
 ]

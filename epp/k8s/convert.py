@@ -2,6 +2,8 @@
 
 - InferencePool v1 (`inference.networking.k8s.io/v1`): `spec.selector.matchLabels`, `spec.targetPorts[].number`
   (1 to 8 ports), optional `spec.appProtocol` → `PoolSpec`.
+- InferencePool v1alpha2 (`inference.networking.x-k8s.io/v1alpha2`, GIE up to v0.5): `spec.selector` (the labels
+  themselves), `spec.targetPortNumber` (one port) → `PoolSpec`.
 - Pod → endpoints: one per target port, only while the pod is Ready, has an IP and is not terminating. The
   annotation `inference.networking.k8s.io/active-ports` (comma list) narrows the ports to those listed.
 - InferenceObjective (`inference.networking.x-k8s.io/v1alpha2`): `spec.priority` (default 0), for our pool only.
@@ -22,6 +24,7 @@ from scheduling.types import Endpoint, endpoint_key
 log = logging.getLogger(__name__)
 
 POOL_GROUP = "inference.networking.k8s.io"
+V1ALPHA2_POOL_GROUP = "inference.networking.x-k8s.io"
 ACTIVE_PORTS_ANNOTATION = "inference.networking.k8s.io/active-ports"
 # Served models: label values cannot hold "/", so the annotation carries full names; the label is a short form.
 MODELS_ANNOTATION = "llm-d.ai/models"
@@ -78,8 +81,27 @@ def parse_ports(text: str) -> tuple[int, ...]:
     return tuple(dict.fromkeys(ports))
 
 
+def _v1alpha2_pool_spec(obj: Mapping[str, Any]) -> PoolSpec:
+    name = obj_name(obj)
+    spec = obj.get("spec") or {}
+    sel = spec.get("selector")
+    if not isinstance(sel, Mapping) or not sel or not all(isinstance(v, str) for v in sel.values()):
+        raise InvalidObject(f"InferencePool {name}: spec.selector must be a non-empty map of labels")
+    port = spec.get("targetPortNumber")
+    if not isinstance(port, int) or isinstance(port, bool) or not 0 < port < 65536:
+        raise InvalidObject(f"InferencePool {name}: spec.targetPortNumber must be 1-65535, got {port!r}")
+    return PoolSpec(
+        name=name,
+        namespace=str(_meta(obj).get("namespace") or "default"),
+        selector={str(k): str(v) for k, v in sel.items()},
+        target_ports=(port,),
+    )
+
+
 def pool_spec(obj: Mapping[str, Any]) -> PoolSpec:
-    """InferencePool → PoolSpec. Raises InvalidObject with the field that is wrong."""
+    """InferencePool (v1, or v1alpha2 by its apiVersion) → PoolSpec. Raises InvalidObject naming the bad field."""
+    if str(obj.get("apiVersion") or "").startswith(V1ALPHA2_POOL_GROUP + "/"):
+        return _v1alpha2_pool_spec(obj)
     name = obj_name(obj)
     spec = obj.get("spec") or {}
     sel = (spec.get("selector") or {}).get("matchLabels")
@@ -166,11 +188,12 @@ def pod_endpoints(pod: Mapping[str, Any], target_ports: Iterable[int]) -> list[E
     ]
 
 
-def refers_to_pool(obj: Mapping[str, Any], pool: str) -> bool:
+def refers_to_pool(obj: Mapping[str, Any], pool: str, pool_group: str = POOL_GROUP) -> bool:
+    """True if `spec.poolRef` names our pool (the poolRef group defaults to the v1 group, as in GIE)."""
     ref = (obj.get("spec") or {}).get("poolRef") or {}
     group = ref.get("group") or POOL_GROUP
     kind = ref.get("kind") or "InferencePool"
-    return ref.get("name") == pool and group == POOL_GROUP and kind == "InferencePool"
+    return ref.get("name") == pool and group == pool_group and kind == "InferencePool"
 
 
 def objective_priority(obj: Mapping[str, Any]) -> int:

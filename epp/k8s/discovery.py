@@ -29,6 +29,7 @@ from epp.k8s import (
     POD,
     WATCHED_RESOURCES,
     Resource,
+    pool_resource,
 )
 from epp.k8s.convert import (
     InvalidObject,
@@ -156,17 +157,25 @@ class PoolDiscovery(_Base):
     """Watches one InferencePool by name, the pods its selector picks, and the objectives/rewrites for it."""
 
     def __init__(
-        self, datastore: Datastore, pool_name: str, namespace: str, api: k8s.ApiClient, **reflector_opts: Any
+        self,
+        datastore: Datastore,
+        pool_name: str,
+        namespace: str,
+        api: k8s.ApiClient,
+        pool_group: str = INFERENCE_POOL.group,
+        **reflector_opts: Any,
     ) -> None:
         super().__init__(datastore, api, namespace, reflector_opts)
         self.pool_name = pool_name
+        self.pool_group = pool_group
+        pool_res = pool_resource(pool_group)
         self._needed = {"pool", "pods", "objectives", "rewrites"}
         self.objectives: dict[str, dict[str, Any]] = {}
         self.rewrites: dict[str, dict[str, Any]] = {}
         mk = functools.partial(_list_call, api)
         self.pool_reflector = Reflector(
             f"inferencepool[{namespace}/{pool_name}]",
-            mk(INFERENCE_POOL, namespace, field_selector=f"metadata.name={pool_name}"),
+            mk(pool_res, namespace, field_selector=f"metadata.name={pool_name}"),
             self._pools_listed, self._pool_event, **reflector_opts,
         )
         self.objective_reflector = Reflector(
@@ -257,7 +266,7 @@ class PoolDiscovery(_Base):
     def _apply_objectives(self) -> None:
         out: dict[str, int] = {}
         for name, obj in self.objectives.items():
-            if not refers_to_pool(obj, self.pool_name):
+            if not refers_to_pool(obj, self.pool_name, self.pool_group):
                 continue
             try:
                 out[name] = objective_priority(obj)
@@ -268,7 +277,7 @@ class PoolDiscovery(_Base):
     def _apply_rewrites(self) -> None:
         rules = []
         for obj in self.rewrites.values():
-            if not refers_to_pool(obj, self.pool_name):
+            if not refers_to_pool(obj, self.pool_name, self.pool_group):
                 continue
             try:
                 rules.extend(rewrite_rules(obj))
@@ -305,13 +314,16 @@ async def start_pool_discovery(
     pool_name: str,
     namespace: str,
     api: k8s.ApiClient | None = None,
+    pool_group: str = INFERENCE_POOL.group,
     **reflector_opts: Any,
 ) -> PoolDiscovery:
     """Start watching (returns at once; `await disc.wait_synced(t)` to wait for the initial lists).
 
-    reflector_opts: watch_timeout_s (300), backoff_initial_s (0.2), backoff_max_s (10), request_timeout_s (30).
+    `pool_group` selects the InferencePool API: inference.networking.k8s.io (v1) or inference.networking.x-k8s.io
+    (v1alpha2). reflector_opts: watch_timeout_s (300), backoff_initial_s (0.2), backoff_max_s (10),
+    request_timeout_s (30).
     """
-    disc = PoolDiscovery(datastore, pool_name, namespace, api or make_api_client(), **reflector_opts)
+    disc = PoolDiscovery(datastore, pool_name, namespace, api or make_api_client(), pool_group, **reflector_opts)
     disc.start()
     return disc
 

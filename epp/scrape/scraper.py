@@ -25,6 +25,7 @@ import aiohttp
 from epp.aio import cancel_and_wait
 from epp.datastore import Datastore
 from epp.scrape.parser import parser_for
+from scheduling.api import Scrape
 from scheduling.types import Endpoint, Metrics
 
 log = logging.getLogger(__name__)
@@ -49,6 +50,9 @@ class MetricsScraper:
         path: str = "/metrics",
         scheme: str = "http",
         clock: Callable[[], float] = time.monotonic,
+        insecure_skip_verify: bool = True,
+        engine_label_key: str = "llm-d.ai/engine-type",
+        default_engine: str = "vllm",
     ) -> None:
         if interval <= 0 or timeout <= 0 or staleness <= 0:
             raise ValueError("interval, timeout and staleness must be positive")
@@ -59,6 +63,9 @@ class MetricsScraper:
         self.failure_threshold = max(1, failure_threshold)
         self.path = path if path.startswith("/") else "/" + path
         self.scheme = scheme
+        self.insecure_skip_verify = insecure_skip_verify
+        self.engine_label_key = engine_label_key
+        self.default_engine = default_engine
         self.clock = clock
         datastore.on_endpoint_removed(self.forget)
         self._sem = asyncio.Semaphore(concurrency)
@@ -163,8 +170,23 @@ class MetricsScraper:
                 updates[key] = replace(m, stale=True)
         return updates
 
+    def configure(self, scrape: Scrape) -> None:
+        """Apply a config's data-layer section (metrics-data-source, core-metrics-extractor); takes effect at the
+        next scrape."""
+        self.scheme = scrape.scheme
+        self.path = scrape.path
+        self.insecure_skip_verify = scrape.insecure_skip_verify
+        self.engine_label_key = scrape.engine_label_key
+        self.default_engine = scrape.default_engine
+
+    def engine_of(self, ep: Endpoint) -> str:
+        """The engine label (engineLabelKey, then the well-known engine labels), else the default engine."""
+        labels = ep.labels
+        return (labels.get(self.engine_label_key) or labels.get("llm-d.ai/engine-type")
+                or labels.get("inference.networking.k8s.io/engine-type") or self.default_engine)
+
     async def _scrape(self, session: aiohttp.ClientSession, ep: Endpoint) -> Metrics:
-        engine = ep.engine
+        engine = self.engine_of(ep)
         try:
             parse = parser_for(engine)
         except KeyError:
@@ -174,7 +196,8 @@ class MetricsScraper:
             parse = parser_for("vllm")
         async with self._sem:
             url = f"{self.scheme}://{ep.key}{self.path}"
-            async with session.get(url) as resp:
+            ssl = False if self.scheme == "https" and self.insecure_skip_verify else None
+            async with session.get(url, ssl=ssl) as resp:
                 if resp.status != 200:
                     raise RuntimeError(f"GET {url}: HTTP {resp.status}")
                 body = await resp.read()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
+from scheduling.api import ShellConfig
 from scheduling.config.common import (
     Doc,
     assemble_profile,
@@ -20,6 +21,8 @@ from scheduling.config.common import (
     expect_str,
     resolve_plugin_refs,
 )
+from scheduling.config.shell import SECTIONS as SHELL_SECTIONS
+from scheduling.config.shell import build_shell_config
 from scheduling.framework import (
     BuildContext,
     ConfigError,
@@ -37,8 +40,6 @@ from scheduling.framework.errors import join_path
 
 API_VERSIONS = ("inference.networking.x-k8s.io/v1alpha1", "llm-d.ai/v1alpha1")
 KIND = "EndpointPickerConfig"
-# Sections read by the EPP shell (not scheduling); accepted and ignored here.
-SHELL_SECTIONS = ("featureGates", "saturationDetector", "flowControl", "data", "parser")
 TOP_KEYS = ("apiVersion", "kind", "metadata", "plugins", "schedulingProfiles", *SHELL_SECTIONS)
 
 
@@ -48,7 +49,8 @@ def _or_empty(value: Any) -> Any:
 
 def build_epp_config(
     doc: Doc, *, rng: random.Random, timer: Timer | None, shared: dict[Any, Any]
-) -> ProfileScheduler:
+) -> tuple[ProfileScheduler, ShellConfig]:
+    """The scheduler of the document's profiles, and what its shell sections configure."""
     src = doc.source
     d = doc.data
     check_keys(d, TOP_KEYS, src, "")
@@ -129,6 +131,8 @@ def build_epp_config(
             src, join_path("plugins", hidx) if hidx is not None else "schedulingProfiles", "epp", shared
         ),
     )
-    return ProfileScheduler(
+    shell = build_shell_config(d, plugins, src)
+    sched = ProfileScheduler(
         cfg_name, handler, profiles, rng=rng, timer=timer, declared=order  # type: ignore[arg-type]
     )
+    return sched, shell

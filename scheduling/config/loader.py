@@ -10,6 +10,7 @@ from typing import Any, Union
 
 import yaml
 
+from scheduling.api import ShellConfig
 from scheduling.config.binding import parse_binding
 from scheduling.config.builtin import builtin_scheduler
 from scheduling.config.common import Doc
@@ -91,6 +92,7 @@ def load_scheduler(
     docs = read_documents(source, name=name)
     shared: dict[Any, Any] = {}
     epp: ProfileScheduler | None = None
+    shell = ShellConfig()
     profiles: dict[str, ProfileScheduler] = {}
     profile_src: dict[str, str] = {}
     bindings: list[tuple[str, str, str]] | None = None
@@ -100,7 +102,7 @@ def load_scheduler(
         if kind == EPP_KIND:
             if epp is not None:
                 raise ConfigError(doc.source, "kind", "only one EndpointPickerConfig may be loaded")
-            epp = build_epp_config(doc, rng=rng, timer=timer, shared=shared)
+            epp, shell = build_epp_config(doc, rng=rng, timer=timer, shared=shared)
         elif kind == SP_KIND:
             sched = build_scheduling_profile(doc, rng=rng, timer=timer, shared=shared)
             if sched.name in profiles:
@@ -147,4 +149,4 @@ def load_scheduler(
     )
     for sched in schedulers:
         sched.finalize()
-    return ModelScheduler(named, resolved, fallback, filter_served_models=filter_served_models)
+    return ModelScheduler(named, resolved, fallback, filter_served_models=filter_served_models, shell=shell)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import random
 from collections.abc import Mapping, Sequence
 
-from scheduling.api import SchedulingContext, SchedulingResult
+from scheduling.api import SchedulingContext, SchedulingResult, ShellConfig
 from scheduling.framework.plugin import Plugin
 from scheduling.framework.scheduler import ProfileScheduler
 from scheduling.plugins.filters.served_model import serves
@@ -34,7 +34,9 @@ class ModelScheduler:
         fallback: ProfileScheduler,
         *,
         filter_served_models: bool = True,
+        shell: ShellConfig | None = None,
     ) -> None:
+        self.shell = shell or ShellConfig()  # the EndpointPickerConfig sections the shell applies
         self.schedulers = dict(schedulers)
         self.bindings = list(bindings)
         self.fallback = fallback

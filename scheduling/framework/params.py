@@ -141,3 +141,22 @@ def bounded(default: Any, *, min: float | None = None, max: float | None = None)
     if max is not None:
         meta["max"] = max
     return dataclasses.field(default=default, metadata=meta)
+
+
+def parse_duration(value: object) -> float:
+    """Seconds from a number or a Go-style duration string ("200ms", "2s", "1.5s", "100us", "5m", "1h")."""
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, str):
+        s = value.strip()
+        for suffix, scale in (("ms", 1e-3), ("us", 1e-6), ("µs", 1e-6), ("ns", 1e-9), ("s", 1.0), ("m", 60.0), ("h", 3600.0)):
+            if s.endswith(suffix):
+                try:
+                    return float(s[: -len(suffix)]) * scale
+                except ValueError:
+                    break
+        try:
+            return float(s)
+        except ValueError:
+            pass
+    raise ValueError(f"expected a duration like '200ms' or a number of seconds, got {value!r}")

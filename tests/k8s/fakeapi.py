@@ -30,6 +30,7 @@ from urllib.parse import parse_qs, urlparse
 KINDS = {
     ("", "pods"): "Pod",
     ("inference.networking.k8s.io", "inferencepools"): "InferencePool",
+    ("inference.networking.x-k8s.io", "inferencepools"): "InferencePool",
     ("inference.networking.x-k8s.io", "inferenceobjectives"): "InferenceObjective",
     ("inference.networking.x-k8s.io", "inferencemodelrewrites"): "InferenceModelRewrite",
 }

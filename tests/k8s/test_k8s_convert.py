@@ -60,3 +60,16 @@ def test_watchers_only_for_declared_resources():
         assert callable(_list_call(api, res, "default"))
     with pytest.raises(ValueError, match="WATCHED_RESOURCES"):
         _list_call(api, Resource("", "v1", "secrets", "Secret"), "default")
+
+
+def test_v1alpha2_pool_spec():
+    obj = {"apiVersion": "inference.networking.x-k8s.io/v1alpha2", "kind": "InferencePool",
+           "metadata": {"name": "old", "namespace": "ns"},
+           "spec": {"selector": {"app": "vllm"}, "targetPortNumber": 8000, "extensionRef": {"name": "epp"}}}
+    spec = pool_spec(obj)
+    assert spec.name == "old" and spec.namespace == "ns" and spec.selector == {"app": "vllm"}
+    assert spec.target_ports == (8000,)
+    with pytest.raises(InvalidObject, match="spec.targetPortNumber must be 1-65535"):
+        pool_spec({**obj, "spec": {"selector": {"app": "vllm"}, "targetPortNumber": 0}})
+    with pytest.raises(InvalidObject, match="spec.selector must be a non-empty map of labels"):
+        pool_spec({**obj, "spec": {"selector": {"matchLabels": {"app": "vllm"}}, "targetPortNumber": 8000}})

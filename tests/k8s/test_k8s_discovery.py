@@ -247,3 +247,35 @@ async def test_selector_mode(kube):
         assert kube.count("list", "inferencepools") == 0
     finally:
         await disc.stop()
+
+
+def pool_v1alpha2(name, selector, port):
+    return {"metadata": {"name": name, "namespace": "default"},
+            "spec": {"selector": selector, "targetPortNumber": port,
+                     "extensionRef": {"name": f"{name}-epp", "failureMode": "FailClose"}}}
+
+
+async def test_pool_group_v1alpha2_inferencepool(kube, discover):
+    """--pool-group inference.networking.x-k8s.io watches the older v1alpha2 InferencePool; objectives must refer
+    to the pool in that group."""
+    kube.apply(X, "inferencepools", pool_v1alpha2("llama", VLLM, 8000))
+    kube.apply(POOLS, "inferencepools", pool("llama", {"app": "other"}, [9000]))  # the v1 namesake is not ours
+    kube.apply(CORE, "pods", pod("p1", "10.0.0.1", VLLM))
+    kube.apply(CORE, "pods", pod("p2", "10.0.0.2", {"app": "other"}))
+    old_style = objective("batch", "llama", -1)
+    old_style["spec"]["poolRef"]["group"] = X
+    kube.apply(X, "inferenceobjectives", old_style)
+    kube.apply(X, "inferenceobjectives", objective("v1-ref", "llama", 5))  # refers to the v1 group
+    ds, disc = await discover(pool_group=X)
+    assert await disc.wait_synced(5)
+    assert keys(ds) == ["10.0.0.1:8000"]
+    assert ds.objectives == {"batch": -1}
+    assert any(r[1] == "inferencepools" and r[0] == "list" for r in kube.requests)
+    kube.apply(X, "inferencepools", pool_v1alpha2("llama", VLLM, 8001))  # the port moves
+    await eventually(lambda: keys(ds) == ["10.0.0.1:8001"], what="v1alpha2 port change")
+
+
+async def test_unknown_pool_group_is_refused(kube):
+    with pytest.raises(ValueError, match="--pool-group 'example.com' is not an InferencePool API group"):
+        await start_pool_discovery(Datastore(), "llama", "default", api=make_api_client(host=kube.host),
+                                   pool_group="example.com", **OPTS)
