@@ -46,7 +46,7 @@ async def test_explain_returns_the_decision_with_plugin_detail(app):
         assert resp.headers["x-gateway-destination-endpoint"] == resp.endpoint
         run = resp.profiles[0]
         scorers = {p.type: p for p in run.plugins if p.kind == "scorer"}
-        assert {"queue-scorer", "kv-cache-utilization-scorer", "prefix-cache-scorer"} <= set(scorers)
+        assert set(scorers) == {"estimated-latency-scorer"}  # the built-in default profile
         assert all(0.0 <= v <= 1.0 for p in scorers.values() for v in p.scores.values())
         assert set(run.totals) == {"10.0.0.1:8000", "10.0.0.2:8000"}  # only endpoints serving the model
         # A dry run commits nothing.

@@ -23,3 +23,22 @@ def test_profile_loads_and_schedules(path):
     assert result.primary in eps
     sched.pre_request(ctx, result)
     sched.response_complete(ctx, result)
+
+
+def test_builtin_default_is_the_shipped_estimated_latency_profile():
+    """No config runs deploy/profiles/estimated-latency.yaml exactly: same plugins, weights and parameters."""
+    builtin = load_scheduler(None, rng=random.Random(0)).fallback
+    shipped = load_scheduler(ROOT / "deploy" / "profiles" / "estimated-latency.yaml", rng=random.Random(0)).fallback
+
+    def shape(s):
+        prof = s.profiles["default"]
+        return ([(f.type_name, f.params) for f in prof.filters],
+                [(sc.type_name, w, sc.params) for sc, w in prof.scorers], prof.picker.type_name)
+
+    assert shape(builtin) == shape(shipped)
+
+
+def test_gie_default_profile_is_gies():
+    prof = load_scheduler(ROOT / "deploy" / "profiles" / "gie-default.yaml", rng=random.Random(0)).fallback
+    scorers = [(s.type_name, w) for s, w in prof.profiles["default"].scorers]
+    assert scorers == [("queue-scorer", 2.0), ("kv-cache-utilization-scorer", 2.0), ("prefix-cache-scorer", 3.0)]

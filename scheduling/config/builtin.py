@@ -1,4 +1,10 @@
-"""The built-in default scheduling config, used when nothing else applies."""
+"""The built-in default scheduling config, used when nothing else applies.
+
+It is Pointsman's estimated-latency profile (deploy/profiles/estimated-latency.yaml spells out its parameters):
+the estimated-latency-scorer alone, with the max-score picker. It trades prefix affinity against load in one
+currency (predicted seconds), which measured best in every regime of the routing benchmark, where GIE's default
+weights (deploy/profiles/gie-default.yaml) collapsed under skewed prefix popularity (docs/routing-benchmark.md).
+"""
 
 from __future__ import annotations
 
@@ -13,18 +19,14 @@ BUILTIN_NAME = "default"
 def builtin_scheduler(
     *, rng: random.Random, timer: Timer | None = None, shared: dict[Any, Any] | None = None
 ) -> ProfileScheduler:
-    """queue-scorer ×2, kv-cache-utilization-scorer ×2, prefix-cache-scorer ×3, max-score-picker."""
+    """estimated-latency-scorer ×1, max-score-picker."""
     build = BuildContext(
         source="<builtin default>", path="", dialect="epp", shared={} if shared is None else shared
     )
     profile = Profile(
         "default",
         [],
-        [
-            (create("queue-scorer", build=build), 2.0),  # type: ignore[list-item]
-            (create("kv-cache-utilization-scorer", build=build), 2.0),  # type: ignore[list-item]
-            (create("prefix-cache-scorer", build=build), 3.0),  # type: ignore[list-item]
-        ],
+        [(create("estimated-latency-scorer", build=build), 1.0)],  # type: ignore[list-item]
         create("max-score-picker", build=build),  # type: ignore[arg-type]
     )
     handler = create("single-profile-handler", build=build)

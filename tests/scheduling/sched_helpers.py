@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import random
 from collections.abc import Mapping
+from pathlib import Path
 
 from scheduling.api import InflightLoad, SchedulingContext
 from scheduling.config.loader import PRODUCER_FACTORIES
 from scheduling.framework import BuildContext, Plugin, create
 from scheduling.types import Endpoint, LLMRequest, Metrics
+
+ROOT = Path(__file__).resolve().parents[2]
+GIE_DEFAULT = ROOT / "deploy" / "profiles" / "gie-default.yaml"  # GIE's default profile, as shipped
 
 
 def ep(

@@ -32,11 +32,7 @@ def profile_shape(ps, name="default"):
 def test_builtin_default():
     s = load_scheduler(None, rng=RNG(0))
     assert isinstance(s, ModelScheduler) and s is not None and isinstance(s, MS)
-    assert profile_shape(s.fallback) == (
-        [],
-        [("queue-scorer", 2.0), ("kv-cache-utilization-scorer", 2.0), ("prefix-cache-scorer", 3.0)],
-        "max-score-picker",
-    )
+    assert profile_shape(s.fallback) == ([], [("estimated-latency-scorer", 1.0)], "max-score-picker")
     res = s.schedule(ctx(req("hi"), [ep(1)]))
     assert res.profile == "default"
 
@@ -337,7 +333,7 @@ def test_no_binding_match_uses_builtin_default(tmp_path):
     )
     assert s.schedule(ctx(req("x", model="other"), [ep(1)])).profile == "default"
     assert s.default is s.fallback
-    assert profile_shape(s.fallback)[1][2] == ("prefix-cache-scorer", 3.0)
+    assert profile_shape(s.fallback)[1] == [("estimated-latency-scorer", 1.0)]
 
 
 def test_epp_config_is_fallback_with_bindings(tmp_path):

@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import random
 
-from sched_helpers import ctx, ep, req
+from sched_helpers import GIE_DEFAULT, ctx, ep, req
 
 from scheduling.config import load_scheduler
 
 
 def test_lower_queue_and_lower_kv_wins():
-    s = load_scheduler(None, rng=random.Random(0))
+    s = load_scheduler(GIE_DEFAULT, rng=random.Random(0))
     eps = [ep(1, waiting=10, kv=0.9), ep(2, waiting=2, kv=0.2), ep(3, waiting=5, kv=0.5)]
     for seed in range(5):
-        s = load_scheduler(None, rng=random.Random(seed))
+        s = load_scheduler(GIE_DEFAULT, rng=random.Random(seed))
         assert s.schedule(ctx(req("q"), eps)).primary == eps[1]
 
 
@@ -45,7 +45,7 @@ def test_active_lora_wins_despite_higher_kv():
 
 def test_nothing_shed_by_default():
     """The default config never drops a saturated endpoint: every candidate remains pickable."""
-    s = load_scheduler(None, rng=random.Random(0))
+    s = load_scheduler(GIE_DEFAULT, rng=random.Random(0))
     eps = [ep(i, waiting=500, kv=0.99) for i in range(3)]
     picked = {s.schedule(ctx(req(f"q{i}"), eps)).primary.key for i in range(60)}
     assert picked == {e.key for e in eps}
@@ -54,7 +54,7 @@ def test_nothing_shed_by_default():
 
 
 def test_explain_on_default_profile():
-    s = load_scheduler(None, rng=random.Random(0))
+    s = load_scheduler(GIE_DEFAULT, rng=random.Random(0))
     eps = [ep(1, waiting=4), ep(2, waiting=0)]
     res = s.schedule(ctx(req("hello"), eps, explain=True))
     pr = res.profile_results["default"]

@@ -6,7 +6,7 @@ import random
 import struct
 
 import xxhash
-from sched_helpers import ctx, ep, req
+from sched_helpers import GIE_DEFAULT, ctx, ep, req
 
 from scheduling.api import SchedulingResult
 from scheduling.config import load_scheduler
@@ -89,7 +89,7 @@ def test_index_bounded_by_capacity():
 
 
 def test_repeated_system_prompt_goes_back_to_same_endpoint():
-    sched = load_scheduler(None, rng=random.Random(3))
+    sched = load_scheduler(GIE_DEFAULT, rng=random.Random(3))
     eps = [ep(i, waiting=1, kv=0.3) for i in range(16)]
     system = "You are a helpful assistant. " * 60  # ~1.7 KB shared prefix
     c = ctx(req(system + "first question"), eps)
@@ -103,7 +103,7 @@ def test_repeated_system_prompt_goes_back_to_same_endpoint():
 
 
 def test_prefix_recorded_for_prefill_endpoint():
-    sched = load_scheduler(None, rng=random.Random(3))
+    sched = load_scheduler(GIE_DEFAULT, rng=random.Random(3))
     fs = sched.fallback
     prefix = fs.profiles["default"].scorers[2][0]
     d, p = ep(1), ep(2)
@@ -113,7 +113,7 @@ def test_prefix_recorded_for_prefill_endpoint():
 
 
 def test_capacity_autotuned_from_metrics():
-    sched = load_scheduler(None, rng=random.Random(3))
+    sched = load_scheduler(GIE_DEFAULT, rng=random.Random(3))
     prefix = sched.fallback.profiles["default"].scorers[2][0]
     e = ep(1, num_gpu_blocks=1000, block_size=32)
     c = ctx(req("hello" * 30), [e])
@@ -163,7 +163,7 @@ def test_lazy_match_equals_full_match(n_blocks, held, holes):
 
 
 def test_departed_endpoints_are_forgotten():
-    sched = load_scheduler(None, rng=random.Random(3))
+    sched = load_scheduler(GIE_DEFAULT, rng=random.Random(3))
     prefix = sched.fallback.profiles["default"].scorers[2][0]
     old, new = ep(1), ep(2)
     c = ctx(req("z" * 640), [old], now=0.0)
