@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The README's test command: sets up .venv, then runs ruff and the whole test suite (real Envoy, real processes).
+# The README's test command: sets up .venv, then runs ruff, the type checker (mypy, see pyproject.toml) and the whole test suite (real Envoy, real processes).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/bootstrap.sh
 .venv/bin/ruff check .
+.venv/bin/mypy
 exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"

@@ -80,7 +80,7 @@ def build_plugin(
     dialect: str,
     shared: dict[Any, Any],
     params_key: str,
-) -> Plugin:
+) -> Plugin[Any]:
     tname = expect_str(type_name, source, join_path(path, "type"), "a plugin type name")
     if name is not None:
         expect_str(name, source, join_path(path, "name"), "a non-empty plugin name")
@@ -96,10 +96,10 @@ def build_plugins(
     dialect: str,
     shared: dict[Any, Any],
     params_key: str,
-) -> list[tuple[Plugin, str]]:
+) -> list[tuple[Plugin[Any], str]]:
     """Build every `{type, name, <params_key>}` entry of a plugin list; names must be unique.
     Returns (plugin, path) in declaration order."""
-    built: list[tuple[Plugin, str]] = []
+    built: list[tuple[Plugin[Any], str]] = []
     names: set[str] = set()
     for i, raw in enumerate(entries):
         path = join_path(base, i)
@@ -126,14 +126,14 @@ def build_plugins(
 
 def resolve_plugin_refs(
     entries: list[Any],
-    plugins: Mapping[str, Plugin],
+    plugins: Mapping[str, Plugin[Any]],
     *,
     source: str,
     base: str,
     name_key: str,
-) -> list[tuple[Plugin, float | None, str]]:
+) -> list[tuple[Plugin[Any], float | None, str]]:
     """Each `{<name_key>, weight}` reference resolved to a declared plugin: (plugin, weight, path)."""
-    refs: list[tuple[Plugin, float | None, str]] = []
+    refs: list[tuple[Plugin[Any], float | None, str]] = []
     for k, raw in enumerate(entries):
         rpath = join_path(base, k)
         ref = expect_mapping(raw, source, rpath, f"a plugin reference {{{name_key}, weight}}")
@@ -151,18 +151,18 @@ def resolve_plugin_refs(
 
 def assemble_profile(
     name: str,
-    refs: Sequence[tuple[Plugin, float | None, str]],
+    refs: Sequence[tuple[Plugin[Any], float | None, str]],
     *,
     source: str,
     path: str,
     shared: dict[Any, Any],
     dialect: str,
-    prepend_filters: Sequence[Filter] = (),
+    prepend_filters: Sequence[Filter[Any]] = (),
 ) -> Profile:
     """Sort referenced plugins into filters, weighted scorers and one picker (max-score-picker if none)."""
-    filters: list[Filter] = list(prepend_filters)
-    scorers: list[tuple[Scorer, float]] = []
-    picker: Picker | None = None
+    filters: list[Filter[Any]] = list(prepend_filters)
+    scorers: list[tuple[Scorer[Any], float]] = []
+    picker: Picker[Any] | None = None
     for plugin, weight, rpath in refs:
         if isinstance(plugin, ProfileHandler):
             raise ConfigError(

@@ -64,8 +64,8 @@ def build_epp_config(
 
     built = build_plugins(expect_list(_or_empty(d.get("plugins")), src, "plugins"), source=src, base="plugins",
                           dialect="epp", shared=shared, params_key="parameters")
-    order: list[Plugin] = [p for p, _ in built]
-    plugins: dict[str, Plugin] = {p.name: p for p in order}
+    order: list[Plugin[Any]] = [p for p, _ in built]
+    plugins: dict[str, Plugin[Any]] = {p.name: p for p in order}
 
     handlers = [p for p in order if isinstance(p, ProfileHandler)]
     if len(handlers) > 1:
@@ -76,7 +76,7 @@ def build_epp_config(
         )
 
     raw_profiles = d.get("schedulingProfiles")
-    profile_refs: dict[str, list[tuple[Plugin, float | None, str]]] = {}
+    profile_refs: dict[str, list[tuple[Plugin[Any], float | None, str]]] = {}
     if not raw_profiles:
         pickers = [p for p in order if isinstance(p, Picker)]
         if len(pickers) > 1:
@@ -114,10 +114,13 @@ def build_epp_config(
         name: assemble_profile(name, refs, source=src, path=ppaths[name], shared=shared, dialect="epp")
         for name, refs in profile_refs.items()
     }
+    handler: ProfileHandler[Any]
     if handlers:
         handler = handlers[0]
     elif len(profiles) == 1:
-        handler = create("single-profile-handler", build=BuildContext(src, "plugins", "epp", shared))
+        made = create("single-profile-handler", build=BuildContext(src, "plugins", "epp", shared))
+        assert isinstance(made, ProfileHandler)
+        handler = made
     else:
         raise ConfigError(
             src,
@@ -133,6 +136,6 @@ def build_epp_config(
     )
     shell = build_shell_config(d, plugins, src)
     sched = ProfileScheduler(
-        cfg_name, handler, profiles, rng=rng, timer=timer, declared=order  # type: ignore[arg-type]
+        cfg_name, handler, profiles, rng=rng, timer=timer, declared=order
     )
     return sched, shell

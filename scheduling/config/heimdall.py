@@ -54,7 +54,7 @@ def build_scheduling_profile(
                 join_path(path, "type"),
                 "profile handlers are chosen by spec.profileHandler, not declared as plugins",
             )
-    plugins: dict[str, tuple[Plugin, str]] = {plugin.name: (plugin, path) for plugin, path in built}
+    plugins: dict[str, tuple[Plugin[Any], str]] = {plugin.name: (plugin, path) for plugin, path in built}
     declared = {name: plugin for name, (plugin, _) in plugins.items()}
 
     raw_profiles = expect_mapping(

@@ -34,7 +34,9 @@ FEATURE_GATES = ("flowControl", "dataLayer", "enableLegacyMetrics", "prepareData
 SECTIONS = ("featureGates", "saturationDetector", "flowControl", "dataLayer", "data", "parser")
 
 
-def _ref(section: Mapping[str, Any], plugins: Mapping[str, Plugin], kind: type, src: str, path: str) -> Any:
+def _ref(
+    section: Mapping[str, Any], plugins: Mapping[str, Plugin[Any]], kind: type[Plugin[Any]], src: str, path: str
+) -> Any:
     name = expect_str(section.get("pluginRef"), src, join_path(path, "pluginRef"), "a plugin name")
     plugin = plugins.get(name)
     if plugin is None:
@@ -46,7 +48,7 @@ def _ref(section: Mapping[str, Any], plugins: Mapping[str, Plugin], kind: type, 
     return plugin
 
 
-def _saturation(raw: Any, plugins: Mapping[str, Plugin], src: str) -> Saturation:
+def _saturation(raw: Any, plugins: Mapping[str, Plugin[Any]], src: str) -> Saturation:
     sec = expect_mapping(raw, src, "saturationDetector", "a mapping {pluginRef} (or the inline thresholds)")
     if "pluginRef" in sec:
         check_keys(sec, ("pluginRef",), src, "saturationDetector")
@@ -58,7 +60,7 @@ def _saturation(raw: Any, plugins: Mapping[str, Plugin], src: str) -> Saturation
     return Saturation(p.queueDepthThreshold, p.kvCacheUtilThreshold, det.staleness_s, p.headroom)
 
 
-def _scrape(raw: Any, plugins: Mapping[str, Plugin], src: str, path: str) -> Scrape:
+def _scrape(raw: Any, plugins: Mapping[str, Plugin[Any]], src: str, path: str) -> Scrape:
     sec = expect_mapping(raw, src, path, "a mapping {sources, injectDefaults}")
     check_keys(sec, ("sources", "injectDefaults", "discovery"), src, path)
     if sec.get("discovery") is not None:
@@ -96,7 +98,7 @@ def _scrape(raw: Any, plugins: Mapping[str, Plugin], src: str, path: str) -> Scr
     return Scrape(sp.scheme, sp.path, sp.insecureSkipVerify, ep.engineLabelKey, ep.defaultEngine)
 
 
-def build_shell_config(d: Mapping[str, Any], plugins: Mapping[str, Plugin], src: str) -> ShellConfig:
+def build_shell_config(d: Mapping[str, Any], plugins: Mapping[str, Plugin[Any]], src: str) -> ShellConfig:
     gates_raw = d.get("featureGates") or []
     gates = expect_list(gates_raw, src, "featureGates", "a list of feature gate names")
     for i, gate in enumerate(gates):

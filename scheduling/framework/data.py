@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from scheduling.framework.errors import ConfigError, join_path
 from scheduling.framework.plugin import Plugin, Producer
@@ -50,25 +51,25 @@ class DataRequest:
 
 
 # key name -> factory(key, merged explicit params, the requesting plugins) for producers created by the loader.
-ProducerFactory = Callable[[DataKey, Mapping[str, object], list[Plugin]], Producer]
+ProducerFactory = Callable[[DataKey, Mapping[str, object], list[Plugin[Any]]], Producer[Any]]
 
 
-def _where(plugin: Plugin, *, at: bool = True) -> str:
+def _where(plugin: Plugin[Any], *, at: bool = True) -> str:
     """`plugin 'name' (type)`, with where it was declared when `at` (the error's own path names the first one)."""
     return f"plugin {plugin.describe()}" + (f" at {plugin.source}: {plugin.path}" if at and plugin.path else "")
 
 
 def wire_data(
-    plugins: Iterable[Plugin],
+    plugins: Iterable[Plugin[Any]],
     factories: Mapping[str, ProducerFactory],
     *,
     source: str,
-) -> dict[DataKey, Producer]:
+) -> dict[DataKey, Producer[Any]]:
     """Resolve every data request of `plugins` (declared producers included) to one producer and bind it.
 
     Returns the producers by key. Raises ConfigError for conflicts and for data nobody produces."""
-    declared: dict[DataKey, Producer] = {}
-    requests: dict[DataKey, list[tuple[Plugin, DataRequest]]] = {}
+    declared: dict[DataKey, Producer[Any]] = {}
+    requests: dict[DataKey, list[tuple[Plugin[Any], DataRequest]]] = {}
     seen: set[int] = set()
     for plugin in plugins:
         if id(plugin) in seen:
@@ -87,9 +88,9 @@ def wire_data(
         for req in plugin.data_requests():
             requests.setdefault(req.key, []).append((plugin, req))
 
-    producers: dict[DataKey, Producer] = {}
+    producers: dict[DataKey, Producer[Any]] = {}
     for key, reqs in requests.items():
-        chosen: dict[str, tuple[object, Plugin]] = {}
+        chosen: dict[str, tuple[object, Plugin[Any]]] = {}
         producer = declared.get(key)
         if producer is not None:
             p = producer.params

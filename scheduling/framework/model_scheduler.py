@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from scheduling.api import SchedulingContext, SchedulingResult, ShellConfig
 from scheduling.framework.plugin import Plugin
@@ -109,8 +110,8 @@ class ModelScheduler:
             out.update(plugin.tracked_endpoints())
         return out
 
-    def plugins(self) -> list[Plugin]:
-        seen: dict[int, Plugin] = {}
+    def plugins(self) -> list[Plugin[Any]]:
+        seen: dict[int, Plugin[Any]] = {}
         for sched in [*self.schedulers.values(), self.fallback]:
             for p in sched.plugins():
                 seen.setdefault(id(p), p)

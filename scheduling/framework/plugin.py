@@ -21,9 +21,10 @@ scheduling/framework/data.py.
 from __future__ import annotations
 
 import random
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
 from scheduling.api import ProfileResult, SchedulingContext, SchedulingResult
 from scheduling.types import Endpoint
@@ -31,7 +32,8 @@ from scheduling.types import Endpoint
 if TYPE_CHECKING:
     from scheduling.framework.data import DataKey, DataRequest
 
-State = dict[str, Any]
+State = dict[Any, Any]  # per-decision scratch space, keyed by whatever its writer chooses
+P = TypeVar("P")  # a plugin's typed parameters (its Params dataclass), or None
 
 
 @dataclass
@@ -49,10 +51,14 @@ class BuildContext:
     given: frozenset[str] = frozenset()  # the parameter names the config set explicitly
 
 
-class Plugin:
+class Plugin(ABC, Generic[P]):
+    """`Plugin[Params]`: `Params` is the plugin's parameter dataclass (also set as the `Params` class attribute, which
+    the registry parses the config into); `self.params` is typed by it."""
+
     type_name: ClassVar[str] = ""
     kind: ClassVar[str] = ""
-    Params: ClassVar[type | None] = None
+    Params: ClassVar[type[Any] | None] = None
+    params: P
 
     def __init__(self, name: str = "", params: Any = None, build: BuildContext | None = None) -> None:
         if params is None and self.Params is not None:
@@ -63,7 +69,7 @@ class Plugin:
         self.given_params: frozenset[str] = build.given
         self.source = build.source
         self.path = build.path
-        self.producers: dict[DataKey, Producer] = {}
+        self.producers: dict[DataKey, Producer[Any]] = {}
         self.setup(build)
 
     def setup(self, build: BuildContext) -> None:
@@ -95,7 +101,7 @@ class Plugin:
         """The shared data this plugin reads (and, for GIE compatibility, whether its presence produces it)."""
         return ()
 
-    def bind_data(self, key: DataKey, producer: Producer) -> None:
+    def bind_data(self, key: DataKey, producer: Producer[Any]) -> None:
         """Called by the loader with the one producer of each requested key."""
         self.producers[key] = producer
 
@@ -106,36 +112,40 @@ class Plugin:
         return f"{type(self).__name__}(name={self.name!r})"
 
 
-class Filter(Plugin):
+class Filter(Plugin[P]):
     kind: ClassVar[str] = "filter"
 
+    @abstractmethod
     def filter(self, ctx: SchedulingContext, candidates: list[Endpoint], state: State) -> list[Endpoint]:
         raise NotImplementedError
 
 
-class Scorer(Plugin):
+class Scorer(Plugin[P]):
     kind: ClassVar[str] = "scorer"
     # True when the formula itself guarantees [0, 1] (checked by property tests): the framework skips clamping.
     clamped: ClassVar[bool] = False
 
+    @abstractmethod
     def score(self, ctx: SchedulingContext, candidates: list[Endpoint], state: State) -> Sequence[float]:
         """One score per candidate, in candidate order."""
         raise NotImplementedError
 
 
-class FilterScorer(Scorer):
+class FilterScorer(Scorer[P]):
     """A scorer that can also act as a filter (when `filtering_enabled`)."""
 
     filtering_enabled: bool = False
 
+    @abstractmethod
     def filter(self, ctx: SchedulingContext, candidates: list[Endpoint], state: State) -> list[Endpoint]:
         raise NotImplementedError
 
 
-class Picker(Plugin):
+class Picker(Plugin[P]):
     kind: ClassVar[str] = "picker"
     max_endpoints: int = 1
 
+    @abstractmethod
     def pick(
         self, ctx: SchedulingContext, candidates: list[Endpoint], totals: list[float], rng: random.Random
     ) -> list[int]:
@@ -146,9 +156,10 @@ class Picker(Plugin):
 RunProfile = Callable[[str, "list[Endpoint] | None"], ProfileResult]
 
 
-class ProfileHandler(Plugin):
+class ProfileHandler(Plugin[P]):
     kind: ClassVar[str] = "handler"
 
+    @abstractmethod
     def handle(
         self,
         ctx: SchedulingContext,
@@ -164,7 +175,7 @@ class ProfileHandler(Plugin):
         """Raise ConfigError when the configured profile names do not fit this handler."""
 
 
-class Producer(Plugin):
+class Producer(Plugin[P]):
     """The only writer of one piece of shared data (`key`). It may be declared in a config's plugin list or be
     created by the loader for the plugins that request it; it records in `pre_request`, after every other
     plugin of the deciding scheduler, and forgets departed endpoints in `endpoint_removed`."""
@@ -173,11 +184,12 @@ class Producer(Plugin):
     # Parameter names that define the data (requesters that set one of them must agree with the producer).
     defining_params: ClassVar[tuple[str, ...]] = ()
 
+    @abstractmethod
     def data_key(self) -> DataKey:
-        raise NotImplementedError
+        """The one piece of shared data this producer writes."""
 
 
-class System(Plugin):
+class System(Plugin[P]):
     """A plugin that configures the shell, not a profile (a saturation detector, a data source, a parser).
     It may be declared in a config's plugin list and referenced from the shell sections."""
 

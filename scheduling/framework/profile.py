@@ -11,6 +11,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from scheduling.api import PluginDetail, ProfileResult, SchedulingContext
 from scheduling.framework.plugin import Filter, Picker, Scorer, State
@@ -45,14 +46,14 @@ def clamp_scores(values: Sequence[float]) -> list[float]:
 @dataclass
 class Profile:
     name: str
-    filters: list[Filter]
-    scorers: list[tuple[Scorer, float]]
-    picker: Picker
+    filters: list[Filter[Any]]
+    scorers: list[tuple[Scorer[Any], float]]
+    picker: Picker[Any]
 
     def __post_init__(self) -> None:
         self._combine = make_combiner([w for _, w in self.scorers])
 
-    def plugins(self) -> list:
+    def plugins(self) -> list[Any]:
         return [*self.filters, *(s for s, _ in self.scorers), self.picker]
 
     def run(

@@ -17,9 +17,9 @@ from scheduling.framework.errors import ConfigError, join_path
 from scheduling.framework.params import parse_params
 from scheduling.framework.plugin import BuildContext, Plugin
 
-P = TypeVar("P", bound=type[Plugin])
+P = TypeVar("P", bound=type[Plugin[Any]])
 
-_PLUGINS: dict[str, type[Plugin]] = {}
+_PLUGINS: dict[str, type[Plugin[Any]]] = {}
 _DISCOVERED = False
 
 PLUGIN_PACKAGES = (
@@ -89,11 +89,11 @@ def canonical(type_name: str, dialect: str = "epp") -> str:
     return ALIASES.get(name, name)
 
 
-def lookup(type_name: str, dialect: str = "epp") -> type[Plugin] | None:
+def lookup(type_name: str, dialect: str = "epp") -> type[Plugin[Any]] | None:
     return _PLUGINS.get(canonical(type_name, dialect))
 
 
-def plugin_types() -> dict[str, type[Plugin]]:
+def plugin_types() -> dict[str, type[Plugin[Any]]]:
     """Canonical type name -> class, for every discovered plugin."""
     discover()
     return dict(_PLUGINS)
@@ -113,7 +113,7 @@ def create(
     *,
     build: BuildContext | None = None,
     params_key: str = "parameters",
-) -> Plugin:
+) -> Plugin[Any]:
     """Build a plugin from its (possibly aliased) type name and raw parameters.
 
     `build.path` is the plugin entry's path (e.g. `plugins[2]`); parameter errors name

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from scheduling.api import ProfileResult, SchedulingContext, SchedulingResult
 from scheduling.framework.plugin import Plugin, ProfileHandler, RunProfile, State
@@ -23,12 +24,12 @@ class ProfileScheduler:
     def __init__(
         self,
         name: str,
-        handler: ProfileHandler,
+        handler: ProfileHandler[Any],
         profiles: Mapping[str, Profile],
         *,
         rng: random.Random,
         timer: Timer | None = None,
-        declared: Sequence[Plugin] = (),
+        declared: Sequence[Plugin[Any]] = (),
     ) -> None:
         self.name = name
         self.handler = handler
@@ -37,30 +38,30 @@ class ProfileScheduler:
         self.timer = timer
         self.declared = list(declared)
         self._profile_names: Sequence[str] = tuple(self.profiles)
-        self._stateful: list[Plugin] = []
+        self._stateful: list[Plugin[Any]] = []
         self.finalize()
 
     def finalize(self) -> None:
         """(Re)compute the lifecycle order once shared data is wired."""
         used = self.used_plugins()
         stateful = [p for p in used if p.stateful]
-        producers: dict[int, Plugin] = {}
+        producers: dict[int, Plugin[Any]] = {}
         for plugin in used:
             for producer in plugin.producers.values():
                 producers.setdefault(id(producer), producer)
         self._stateful = stateful + [p for p in producers.values() if p not in stateful]
 
-    def used_plugins(self) -> list[Plugin]:
+    def used_plugins(self) -> list[Plugin[Any]]:
         """The handler and every plugin of every profile (what a decision can call)."""
-        seen: dict[int, Plugin] = {id(self.handler): self.handler}
+        seen: dict[int, Plugin[Any]] = {id(self.handler): self.handler}
         for prof in self.profiles.values():
             for p in prof.plugins():
                 seen.setdefault(id(p), p)
         return list(seen.values())
 
-    def plugins(self) -> list[Plugin]:
+    def plugins(self) -> list[Plugin[Any]]:
         """Everything this scheduler owns: used and declared plugins and the producers they read."""
-        seen: dict[int, Plugin] = {}
+        seen: dict[int, Plugin[Any]] = {}
         for p in [*self.used_plugins(), *self.declared]:
             seen.setdefault(id(p), p)
             for producer in p.producers.values():

@@ -7,19 +7,18 @@ matching hashes only as far as some endpoint still matches; recording after the 
 
 from __future__ import annotations
 
-from typing import Any
-
 from scheduling.api import SchedulingContext
+from scheduling.framework.plugin import State
 from scheduling.prefix.hashing import BlockHasher
 from scheduling.prefix.index import PrefixIndex
 
 
 def cycle_blocks(
-    ctx: SchedulingContext, state: dict[str, Any], block_tokens: int, max_blocks: int
+    ctx: SchedulingContext, state: State, block_tokens: int, max_blocks: int
 ) -> BlockHasher:
     """This decision's lazily hashed prompt blocks."""
     key = ("prefix.blocks", block_tokens, max_blocks)
-    blocks = state.get(key)
+    blocks: BlockHasher | None = state.get(key)
     if blocks is None:
         req = ctx.request
         blocks = state[key] = BlockHasher(
@@ -29,18 +28,18 @@ def cycle_blocks(
 
 
 def cycle_hashes(
-    ctx: SchedulingContext, state: dict[str, Any], block_tokens: int, max_blocks: int
+    ctx: SchedulingContext, state: State, block_tokens: int, max_blocks: int
 ) -> list[int]:
     """Every block hash of this decision's prompt (the same values as `block_hashes`)."""
     return cycle_blocks(ctx, state, block_tokens, max_blocks).all()
 
 
 def cycle_matches(
-    ctx: SchedulingContext, state: dict[str, Any], index: PrefixIndex, block_tokens: int, max_blocks: int
+    ctx: SchedulingContext, state: State, index: PrefixIndex, block_tokens: int, max_blocks: int
 ) -> tuple[dict[str, int], int]:
     """(endpoint key -> matched blocks, total blocks) for this decision's prompt, computed once."""
     key = ("prefix.match", id(index), max_blocks)
-    got = state.get(key)
+    got: tuple[dict[str, int], int] | None = state.get(key)
     if got is None:
         blocks = cycle_blocks(ctx, state, block_tokens, max_blocks)
         got = state[key] = (index.match_lazy(blocks), blocks.total)

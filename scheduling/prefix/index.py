@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 from scheduling.prefix.hashing import BlockHasher
 
@@ -32,7 +33,7 @@ class PrefixIndex:
         self._map: dict[int, int] = {}
         self._slot_of: dict[str, int] = {}
         self._keys: list[str | None] = []
-        self._rings: list[array] = []
+        self._rings: list[array[Any]] = []
         self._hands: list[int] = []
         self._caps: list[int] = []
         self._last: list[float] = []

@@ -13,7 +13,7 @@ from typing import Any, ClassVar, Protocol
 
 from scheduling.api import SchedulingContext
 from scheduling.framework.data import DataKey, DataRequest
-from scheduling.framework.plugin import Plugin, Producer
+from scheduling.framework.plugin import P, Plugin, Producer, State
 from scheduling.prefix.index import PrefixIndex
 
 APPROX_PREFIX = "approx-prefix"
@@ -41,12 +41,12 @@ class PrefixData(Protocol):
     block_tokens: int
     max_blocks: int
 
-    def matches(self, ctx: SchedulingContext, state: dict[str, Any]) -> tuple[dict[str, int], int]:
+    def matches(self, ctx: SchedulingContext, state: State) -> tuple[dict[str, int], int]:
         """(endpoint key -> consecutive matched blocks from the start, total prompt blocks), once per decision."""
         ...
 
 
-def approx_prefix_request(plugin: Plugin, *, produces: bool) -> DataRequest:
+def approx_prefix_request(plugin: Plugin[Any], *, produces: bool) -> DataRequest:
     """The request of a plugin whose Params carry `blockSizeTokens` (and maybe other producer parameters)."""
     p = plugin.params
     given = {
@@ -56,7 +56,7 @@ def approx_prefix_request(plugin: Plugin, *, produces: bool) -> DataRequest:
     return DataRequest(DataKey(APPROX_PREFIX, block), given, produces, _HINT)
 
 
-class PrefixReader(Plugin):
+class PrefixReader(Plugin[P]):
     """Mixin for plugins that read the approximate prefix data: put it first in the bases
     (`class X(PrefixReader, Scorer)`). `produces_prefix` marks the plugins whose presence produces the data."""
 
@@ -66,7 +66,7 @@ class PrefixReader(Plugin):
     def data_requests(self) -> Sequence[DataRequest]:
         return (approx_prefix_request(self, produces=self.produces_prefix),)
 
-    def bind_data(self, key: DataKey, producer: Producer) -> None:
+    def bind_data(self, key: DataKey, producer: Producer[Any]) -> None:
         super().bind_data(key, producer)
         if key.name == APPROX_PREFIX:
             self.prefix = producer  # type: ignore[assignment]

@@ -14,7 +14,7 @@ OPTS = {"watch_timeout_s": 2, "backoff_initial_s": 0.05, "backoff_max_s": 0.2, "
 VLLM = {"app": "vllm"}
 
 
-async def eventually(pred, timeout=4.0, what=""):
+async def eventually(pred, timeout=10.0, what=""):
     deadline = asyncio.get_running_loop().time() + timeout
     while not pred():
         if asyncio.get_running_loop().time() > deadline:

@@ -7,8 +7,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from scheduling.framework import ConfigError, Filter, register
+from scheduling.api import SchedulingContext
+from scheduling.framework import BuildContext, ConfigError, Filter, register
 from scheduling.framework.errors import join_path
+from scheduling.framework.plugin import State
+from scheduling.types import Endpoint
 
 
 @dataclass(frozen=True)
@@ -19,15 +22,15 @@ class Params:
 
 
 @register("by-label-filter")
-class ByLabelFilter(Filter):
+class ByLabelFilter(Filter[Params]):
     Params = Params
 
-    def setup(self, build):
+    def setup(self, build: BuildContext) -> None:
         if not self.params.label:
             raise ConfigError(build.source, join_path(build.path, "label"), "expected a non-empty label name")
         self._valid = frozenset(self.params.validValues)
 
-    def filter(self, ctx, candidates, state):
+    def filter(self, ctx: SchedulingContext, candidates: list[Endpoint], state: State) -> list[Endpoint]:
         label = self.params.label
         valid = self._valid
         no_label = self.params.allowsNoLabel

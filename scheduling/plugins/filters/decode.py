@@ -6,11 +6,14 @@ prefill-decode, both, encode-prefill-decode or e2e, plus endpoints with no role 
 
 from __future__ import annotations
 
+from scheduling.api import SchedulingContext
 from scheduling.framework import Filter, register
+from scheduling.framework.plugin import State
 from scheduling.plugins.filters._roles import is_decode
+from scheduling.types import Endpoint
 
 
 @register("decode-filter")
-class DecodeFilter(Filter):
-    def filter(self, ctx, candidates, state):
+class DecodeFilter(Filter[None]):
+    def filter(self, ctx: SchedulingContext, candidates: list[Endpoint], state: State) -> list[Endpoint]:
         return [e for e in candidates if is_decode(e)]

@@ -5,11 +5,14 @@ keep(e) = role(e) ∈ {encode, encode-prefill, encode-prefill-decode}
 
 from __future__ import annotations
 
+from scheduling.api import SchedulingContext
 from scheduling.framework import Filter, register
+from scheduling.framework.plugin import State
 from scheduling.plugins.filters._roles import is_encode
+from scheduling.types import Endpoint
 
 
 @register("encode-filter")
-class EncodeFilter(Filter):
-    def filter(self, ctx, candidates, state):
+class EncodeFilter(Filter[None]):
+    def filter(self, ctx: SchedulingContext, candidates: list[Endpoint], state: State) -> list[Endpoint]:
         return [e for e in candidates if is_encode(e)]

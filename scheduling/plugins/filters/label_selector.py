@@ -14,8 +14,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from scheduling.framework import ConfigError, Filter, register
+from scheduling.api import SchedulingContext
+from scheduling.framework import BuildContext, ConfigError, Filter, register
 from scheduling.framework.errors import join_path
+from scheduling.framework.plugin import State
+from scheduling.types import Endpoint
 
 _OPS = ("In", "NotIn", "Exists", "DoesNotExist")
 
@@ -56,7 +59,7 @@ def compile_expressions(raw: list[Any], source: str, path: str) -> list[tuple[st
     return out
 
 
-def matches(labels: Mapping[str, str], match_labels: Mapping[str, str], exprs) -> bool:
+def matches(labels: Mapping[str, str], match_labels: Mapping[str, str], exprs: list[Any]) -> bool:
     for k, v in match_labels.items():
         if labels.get(k) != v:
             return False
@@ -77,15 +80,15 @@ def matches(labels: Mapping[str, str], match_labels: Mapping[str, str], exprs) -
 
 
 @register("label-selector-filter")
-class LabelSelectorFilter(Filter):
+class LabelSelectorFilter(Filter[Params]):
     Params = Params
 
-    def setup(self, build):
+    def setup(self, build: BuildContext) -> None:
         self._exprs = compile_expressions(
             self.params.matchExpressions, build.source, join_path(build.path, "matchExpressions")
         )
 
-    def filter(self, ctx, candidates, state):
+    def filter(self, ctx: SchedulingContext, candidates: list[Endpoint], state: State) -> list[Endpoint]:
         ml = self.params.matchLabels
         ex = self._exprs
         return [e for e in candidates if matches(e.labels, ml, ex)]

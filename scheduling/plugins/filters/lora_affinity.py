@@ -8,12 +8,15 @@ otherwise                                 -> all candidates
 
 from __future__ import annotations
 
+from scheduling.api import SchedulingContext
 from scheduling.framework import Filter, register
+from scheduling.framework.plugin import State
+from scheduling.types import Endpoint
 
 
 @register("lora-affinity-filter")
-class LoraAffinityFilter(Filter):
-    def filter(self, ctx, candidates, state):
+class LoraAffinityFilter(Filter[None]):
+    def filter(self, ctx: SchedulingContext, candidates: list[Endpoint], state: State) -> list[Endpoint]:
         lora = ctx.request.lora_adapter
         if not lora:
             return candidates

@@ -9,9 +9,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from scheduling.api import SchedulingContext
 from scheduling.framework import Filter, register
 from scheduling.framework.params import bounded
+from scheduling.framework.plugin import State
 from scheduling.prefix import PrefixReader
+from scheduling.types import Endpoint
 
 
 @dataclass(frozen=True)
@@ -23,10 +26,10 @@ class Params:
 
 
 @register("prefix-cache-affinity-filter")
-class PrefixCacheAffinityFilter(PrefixReader, Filter):
+class PrefixCacheAffinityFilter(PrefixReader[Params], Filter[Params]):
     Params = Params
 
-    def filter(self, ctx, candidates, state):
+    def filter(self, ctx: SchedulingContext, candidates: list[Endpoint], state: State) -> list[Endpoint]:
         p = self.params
         if p.explorationProbability > 0 and state["rng"].random() < p.explorationProbability:
             return candidates

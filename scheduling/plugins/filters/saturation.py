@@ -8,8 +8,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from scheduling.api import SchedulingContext
 from scheduling.framework import Filter, register
 from scheduling.framework.params import bounded
+from scheduling.framework.plugin import State
+from scheduling.types import Endpoint
 
 
 @dataclass(frozen=True)
@@ -19,10 +22,10 @@ class Params:
 
 
 @register("saturation-filter")
-class SaturationFilter(Filter):
+class SaturationFilter(Filter[Params]):
     Params = Params
 
-    def filter(self, ctx, candidates, state):
+    def filter(self, ctx: SchedulingContext, candidates: list[Endpoint], state: State) -> list[Endpoint]:
         q = self.params.queueThreshold
         kv = self.params.kvCacheThreshold
         kept = [e for e in candidates if e.metrics.waiting < q and e.metrics.kv_usage < kv]

@@ -5,7 +5,9 @@ keep(e) = e.models is empty  or  target_model ∈ e.models  or  lora_adapter ∈
 
 from __future__ import annotations
 
+from scheduling.api import SchedulingContext
 from scheduling.framework import Filter, register
+from scheduling.framework.plugin import State
 from scheduling.types import Endpoint
 
 
@@ -15,8 +17,8 @@ def serves(e: Endpoint, target_model: str, lora_adapter: str | None = None) -> b
 
 
 @register("served-model-filter")
-class ServedModelFilter(Filter):
-    def filter(self, ctx, candidates, state):
+class ServedModelFilter(Filter[None]):
+    def filter(self, ctx: SchedulingContext, candidates: list[Endpoint], state: State) -> list[Endpoint]:
         req = ctx.request
         target = req.target_model or req.model
         lora = req.lora_adapter

@@ -18,13 +18,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from scheduling.api import SchedulingResult
-from scheduling.framework import ConfigError, ProfileHandler, register
+from scheduling.api import SchedulingContext, SchedulingResult
+from scheduling.framework import BuildContext, ConfigError, ProfileHandler, register
 from scheduling.framework.data import DataRequest
 from scheduling.framework.params import bounded
+from scheduling.framework.plugin import RunProfile, State
 from scheduling.plugins.filters._roles import is_decode, is_prefill
 from scheduling.prefix import PrefixReader
-from scheduling.types import ErrorCode, SchedulingError
+from scheduling.types import Endpoint, ErrorCode, SchedulingError
 
 DECODE_ONLY = "decode-only"
 PREFILL_DECODE = "prefill-decode"
@@ -42,7 +43,7 @@ class Params:
 
 
 @register("pd-profile-handler")
-class PdProfileHandler(PrefixReader, ProfileHandler):
+class PdProfileHandler(PrefixReader[Params], ProfileHandler[Params]):
     Params = Params
 
     def data_requests(self) -> Sequence[DataRequest]:
@@ -51,7 +52,7 @@ class PdProfileHandler(PrefixReader, ProfileHandler):
             return ()  # the decider never looks at the prefix data
         return super().data_requests()
 
-    def validate_profiles(self, profiles, build):
+    def validate_profiles(self, profiles: Sequence[str], build: BuildContext) -> None:
         for want in (self.params.decodeProfile, self.params.prefillProfile):
             if want not in profiles:
                 raise ConfigError(
@@ -60,7 +61,7 @@ class PdProfileHandler(PrefixReader, ProfileHandler):
                     f"pd-profile-handler needs a profile named {want!r}; configured: {', '.join(profiles) or '(none)'}",
                 )
 
-    def disaggregate(self, ctx, decode_key: str, state) -> bool:
+    def disaggregate(self, ctx: SchedulingContext, decode_key: str, state: State) -> bool:
         p = self.params
         if p.decider == "always":
             return True
@@ -68,9 +69,16 @@ class PdProfileHandler(PrefixReader, ProfileHandler):
             return False
         matches, _ = self.prefix.matches(ctx, state)
         cached = matches.get(decode_key, 0) * p.blockSizeTokens
-        return ctx.request.estimated_tokens - cached >= p.nonCachedTokens
+        return bool(ctx.request.estimated_tokens - cached >= p.nonCachedTokens)
 
-    def handle(self, ctx, candidates, profiles, run, state):
+    def handle(
+        self,
+        ctx: SchedulingContext,
+        candidates: list[Endpoint],
+        profiles: Sequence[str],
+        run: RunProfile,
+        state: State,
+    ) -> SchedulingResult:
         p = self.params
         try:
             decode = run(p.decodeProfile, candidates)

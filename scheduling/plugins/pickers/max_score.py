@@ -6,18 +6,24 @@ order = shuffle(candidates), then stable sort by total descending; return the fi
 
 from __future__ import annotations
 
-from scheduling.framework import Picker, register
+import random
+
+from scheduling.api import SchedulingContext
+from scheduling.framework import BuildContext, Picker, register
 from scheduling.plugins.pickers._common import PickerParams
+from scheduling.types import Endpoint
 
 
 @register("max-score-picker")
-class MaxScorePicker(Picker):
+class MaxScorePicker(Picker[PickerParams]):
     Params = PickerParams
 
-    def setup(self, build):
+    def setup(self, build: BuildContext) -> None:
         self.max_endpoints = self.params.maxNumOfEndpoints
 
-    def pick(self, ctx, candidates, totals, rng):
+    def pick(
+        self, ctx: SchedulingContext, candidates: list[Endpoint], totals: list[float], rng: random.Random
+    ) -> list[int]:
         k = self.max_endpoints
         if k == 1:
             best = max(totals)

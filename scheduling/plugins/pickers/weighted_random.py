@@ -8,18 +8,24 @@ every total is 0 -> uniform random order;  return the first maxNumOfEndpoints (1
 
 from __future__ import annotations
 
-from scheduling.framework import Picker, register
+import random
+
+from scheduling.api import SchedulingContext
+from scheduling.framework import BuildContext, Picker, register
 from scheduling.plugins.pickers._common import PickerParams
+from scheduling.types import Endpoint
 
 
 @register("weighted-random-picker")
-class WeightedRandomPicker(Picker):
+class WeightedRandomPicker(Picker[PickerParams]):
     Params = PickerParams
 
-    def setup(self, build):
+    def setup(self, build: BuildContext) -> None:
         self.max_endpoints = self.params.maxNumOfEndpoints
 
-    def pick(self, ctx, candidates, totals, rng):
+    def pick(
+        self, ctx: SchedulingContext, candidates: list[Endpoint], totals: list[float], rng: random.Random
+    ) -> list[int]:
         k = self.max_endpoints
         rand = rng.random
         positive = []

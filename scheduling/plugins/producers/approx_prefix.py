@@ -44,7 +44,7 @@ class Params:
 
 
 @register("approx-prefix-cache-producer")
-class ApproxPrefixProducer(Producer):
+class ApproxPrefixProducer(Producer[Params]):
     Params = Params
     defining_params = ("blockSizeTokens", "maxPrefixBlocksToMatch", "lruCapacityPerServer", "autoTune",
                        "forgetAfterSeconds")
@@ -59,7 +59,7 @@ class ApproxPrefixProducer(Producer):
     def data_key(self) -> DataKey:
         return DataKey(APPROX_PREFIX, self.block_tokens)
 
-    def matches(self, ctx: SchedulingContext, state: dict[str, Any]) -> tuple[dict[str, int], int]:
+    def matches(self, ctx: SchedulingContext, state: State) -> tuple[dict[str, int], int]:
         return cycle_matches(ctx, state, self.index, self.block_tokens, self.max_blocks)
 
     def pre_request(self, ctx: SchedulingContext, result: SchedulingResult, state: State) -> None:
@@ -94,7 +94,7 @@ class ApproxPrefixProducer(Producer):
         return self.index.endpoints()
 
 
-def create_approx_prefix(key: DataKey, params: Mapping[str, object], requesters: list[Plugin]) -> Producer:
+def create_approx_prefix(key: DataKey, params: Mapping[str, object], requesters: list[Plugin[Any]]) -> Producer[Any]:
     """The loader's factory: a producer with the parameters the requesting plugins set (defaults otherwise)."""
     first = requesters[0]
     build = BuildContext(source=first.source, path=first.path, given=frozenset(params))

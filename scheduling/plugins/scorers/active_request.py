@@ -9,9 +9,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from scheduling.api import NO_LOAD
+from scheduling.api import NO_LOAD, SchedulingContext
 from scheduling.framework import Scorer, register
 from scheduling.framework.params import bounded
+from scheduling.framework.plugin import State
+from scheduling.types import Endpoint
 
 
 @dataclass(frozen=True)
@@ -20,11 +22,11 @@ class Params:
 
 
 @register("active-request-scorer")
-class ActiveRequestScorer(Scorer):
+class ActiveRequestScorer(Scorer[Params]):
     Params = Params
     clamped = True
 
-    def score(self, ctx, candidates, state):
+    def score(self, ctx: SchedulingContext, candidates: list[Endpoint], state: State) -> list[float]:
         inflight = ctx.inflight
         counts = [inflight.get(e.key, NO_LOAD).requests for e in candidates]
         hi = max(counts)

@@ -7,8 +7,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from scheduling.api import SchedulingContext
 from scheduling.framework import Scorer, register
 from scheduling.framework.params import bounded
+from scheduling.framework.plugin import State
+from scheduling.types import Endpoint
 
 
 @dataclass(frozen=True)
@@ -17,9 +20,9 @@ class Params:
 
 
 @register("constant-scorer")
-class ConstantScorer(Scorer):
+class ConstantScorer(Scorer[Params]):
     Params = Params
     clamped = True
 
-    def score(self, ctx, candidates, state):
+    def score(self, ctx: SchedulingContext, candidates: list[Endpoint], state: State) -> list[float]:
         return [self.params.value] * len(candidates)

@@ -11,7 +11,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from scheduling.framework import FilterScorer, register
+from scheduling.api import SchedulingContext
+from scheduling.framework import BuildContext, FilterScorer, register
+from scheduling.framework.plugin import State
+from scheduling.types import Endpoint
 
 LABEL = "llm-d.ai/context-length-range"
 
@@ -46,14 +49,14 @@ class Params:
 
 
 @register("context-length-aware")
-class ContextLengthAware(FilterScorer):
+class ContextLengthAware(FilterScorer[Params]):
     Params = Params
     clamped = True
 
-    def setup(self, build):
+    def setup(self, build: BuildContext) -> None:
         self.filtering_enabled = self.params.enableFiltering
 
-    def filter(self, ctx, candidates, state):
+    def filter(self, ctx: SchedulingContext, candidates: list[Endpoint], state: State) -> list[Endpoint]:
         t = ctx.request.estimated_tokens
         label = self.params.label
         out = []
@@ -63,7 +66,7 @@ class ContextLengthAware(FilterScorer):
                 out.append(e)
         return out
 
-    def score(self, ctx, candidates, state):
+    def score(self, ctx: SchedulingContext, candidates: list[Endpoint], state: State) -> list[float]:
         t = ctx.request.estimated_tokens
         label = self.params.label
         return [range_score(parse_range(e.labels.get(label)), t) for e in candidates]

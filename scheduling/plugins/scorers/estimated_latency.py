@@ -31,14 +31,16 @@ max-num-seqs 16, 12 ms per output token); set them in wall-clock seconds for the
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
+from typing import Any
 
-from scheduling.api import NO_LOAD
+from scheduling.api import NO_LOAD, SchedulingContext, SchedulingResult
 from scheduling.framework import BuildContext, Scorer, register
 from scheduling.framework.params import bounded
+from scheduling.framework.plugin import State
 from scheduling.prefix import PrefixReader
-from scheduling.types import CHARS_PER_TOKEN
+from scheduling.types import CHARS_PER_TOKEN, Endpoint
 
 _START = "estimated-latency.start"
 
@@ -60,7 +62,7 @@ class Params:
     lruCapacityPerServer: int = bounded(31_250, min=1)
 
 
-def output_tokens(body, default: int) -> int:
+def output_tokens(body: Mapping[str, Any] | None, default: int) -> int:
     """The request's own output budget, when it states one."""
     if body:
         for key in ("max_completion_tokens", "max_tokens", "max_output_tokens"):
@@ -71,7 +73,7 @@ def output_tokens(body, default: int) -> int:
 
 
 @register("estimated-latency-scorer")
-class EstimatedLatencyScorer(PrefixReader, Scorer):
+class EstimatedLatencyScorer(PrefixReader[Params], Scorer[Params]):
     Params = Params
     clamped = True
     produces_prefix = True
@@ -87,14 +89,14 @@ class EstimatedLatencyScorer(PrefixReader, Scorer):
         tokens, since = got
         return max(0.0, tokens - (now - since) / self.params.prefillSecondsPerToken)
 
-    def _uncached(self, ctx, state) -> tuple[float, dict[str, int]]:
+    def _uncached(self, ctx: SchedulingContext, state: State) -> tuple[float, dict[str, int]]:
         tokens = ctx.request.prompt_chars / CHARS_PER_TOKEN
         if not tokens:
             return 0.0, {}
         matches, _total = self.prefix.matches(ctx, state)
         return tokens, matches
 
-    def score(self, ctx, candidates, state):
+    def score(self, ctx: SchedulingContext, candidates: list[Endpoint], state: State) -> list[float]:
         p = self.params
         now = ctx.now
         tokens, matches = self._uncached(ctx, state)
@@ -127,7 +129,7 @@ class EstimatedLatencyScorer(PrefixReader, Scorer):
             return [1.0 if c <= 0.0 else 0.0 for c in costs]
         return [best / c for c in costs]
 
-    def pre_request(self, ctx, result, state):
+    def pre_request(self, ctx: SchedulingContext, result: SchedulingResult, state: State) -> None:
         p = self.params
         if not result.targets:
             return
@@ -138,7 +140,7 @@ class EstimatedLatencyScorer(PrefixReader, Scorer):
         self._backlog[chosen.key] = (self._backlog_at(chosen.key, now) + uncached, now)
         state[_START] = now
 
-    def response_complete(self, ctx, result, state):
+    def response_complete(self, ctx: SchedulingContext, result: SchedulingResult, state: State) -> None:
         start = state.get(_START)
         if start is None or not result.targets:
             return

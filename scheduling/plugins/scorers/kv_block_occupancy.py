@@ -11,9 +11,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from scheduling.api import SchedulingContext
 from scheduling.framework import Scorer, register
 from scheduling.framework.params import bounded
+from scheduling.framework.plugin import State
 from scheduling.prefix import PrefixReader
+from scheduling.types import Endpoint
 
 
 @dataclass(frozen=True)
@@ -23,11 +26,11 @@ class Params:
 
 
 @register("kv-block-occupancy-scorer")
-class KvBlockOccupancyScorer(PrefixReader, Scorer):
+class KvBlockOccupancyScorer(PrefixReader[Params], Scorer[Params]):
     Params = Params
     clamped = True
 
-    def score(self, ctx, candidates, state):
+    def score(self, ctx: SchedulingContext, candidates: list[Endpoint], state: State) -> list[float]:
         size = self.prefix.index.size
         bt = self.params.blockSizeTokens
         neutral = self.params.neutralScore

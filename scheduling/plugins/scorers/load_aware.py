@@ -8,8 +8,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from scheduling.api import SchedulingContext
 from scheduling.framework import Scorer, register
 from scheduling.framework.params import bounded
+from scheduling.framework.plugin import State
+from scheduling.types import Endpoint
 
 
 @dataclass(frozen=True)
@@ -18,11 +21,11 @@ class Params:
 
 
 @register("load-aware-scorer")
-class LoadAwareScorer(Scorer):
+class LoadAwareScorer(Scorer[Params]):
     Params = Params
     clamped = True
 
-    def score(self, ctx, candidates, state):
+    def score(self, ctx: SchedulingContext, candidates: list[Endpoint], state: State) -> list[float]:
         t = self.params.queueThreshold
         inv = 0.5 / t
         return [0.5 - min(q, t) * inv if (q := e.metrics.waiting) > 0 else 0.5 for e in candidates]

@@ -9,14 +9,17 @@ score(e) = 1.0 for every endpoint when the request names no adapter (neutral)
 
 from __future__ import annotations
 
+from scheduling.api import SchedulingContext
 from scheduling.framework import Scorer, register
+from scheduling.framework.plugin import State
+from scheduling.types import Endpoint
 
 
 @register("lora-affinity-scorer")
-class LoraAffinityScorer(Scorer):
+class LoraAffinityScorer(Scorer[None]):
     clamped = True
 
-    def score(self, ctx, candidates, state):
+    def score(self, ctx: SchedulingContext, candidates: list[Endpoint], state: State) -> list[float]:
         lora = ctx.request.lora_adapter
         if not lora:
             return [1.0] * len(candidates)

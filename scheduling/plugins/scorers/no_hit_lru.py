@@ -12,9 +12,12 @@ from collections import OrderedDict
 from collections.abc import Collection
 from dataclasses import dataclass
 
+from scheduling.api import SchedulingContext, SchedulingResult
 from scheduling.framework import BuildContext, Scorer, register
 from scheduling.framework.params import bounded
+from scheduling.framework.plugin import State
 from scheduling.prefix import PrefixReader
+from scheduling.types import Endpoint
 
 _COLD = "no-hit-lru.cold"
 
@@ -27,18 +30,18 @@ class Params:
 
 
 @register("no-hit-lru-scorer")
-class NoHitLruScorer(PrefixReader, Scorer):
+class NoHitLruScorer(PrefixReader[Params], Scorer[Params]):
     Params = Params
     clamped = True
 
     def setup(self, build: BuildContext) -> None:
         self.lru: OrderedDict[str, None] = OrderedDict()
 
-    def _cold(self, ctx, state) -> bool:
+    def _cold(self, ctx: SchedulingContext, state: State) -> bool:
         matches, _total = self.prefix.matches(ctx, state)
         return not matches
 
-    def score(self, ctx, candidates, state):
+    def score(self, ctx: SchedulingContext, candidates: list[Endpoint], state: State) -> list[float]:
         cold = self._cold(ctx, state)
         state[_COLD] = cold
         n = len(candidates)
@@ -59,7 +62,7 @@ class NoHitLruScorer(PrefixReader, Scorer):
     def tracked_endpoints(self) -> Collection[str]:
         return self.lru.keys()
 
-    def pre_request(self, ctx, result, state):
+    def pre_request(self, ctx: SchedulingContext, result: SchedulingResult, state: State) -> None:
         cold = state.get(_COLD)
         if cold is None:
             cold = self._cold(ctx, state)

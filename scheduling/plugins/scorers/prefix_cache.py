@@ -24,9 +24,12 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
+from scheduling.api import SchedulingContext
 from scheduling.framework import BuildContext, Scorer, register
 from scheduling.framework.params import bounded
+from scheduling.framework.plugin import State
 from scheduling.prefix import PrefixReader
+from scheduling.types import Endpoint
 
 
 @dataclass(frozen=True)
@@ -43,7 +46,7 @@ class Params:
 
 
 @register("prefix-cache-scorer")
-class PrefixCacheScorer(PrefixReader, Scorer):
+class PrefixCacheScorer(PrefixReader[Params], Scorer[Params]):
     Params = Params
     clamped = True
     produces_prefix = True
@@ -56,7 +59,7 @@ class PrefixCacheScorer(PrefixReader, Scorer):
         p = self.params
         return 1.0 / (1.0 + math.exp(-p.k * (x - p.x0)))
 
-    def score(self, ctx, candidates, state):
+    def score(self, ctx: SchedulingContext, candidates: list[Endpoint], state: State) -> list[float]:
         p = self.params
         matches, total = self.prefix.matches(ctx, state)
         n = len(candidates)

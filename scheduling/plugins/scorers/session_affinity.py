@@ -27,10 +27,12 @@ from urllib.parse import parse_qs, urlsplit
 import orjson
 import xxhash
 
-from scheduling.api import NO_LOAD
-from scheduling.framework import ConfigError, Scorer, register
+from scheduling.api import NO_LOAD, SchedulingContext, SchedulingResult
+from scheduling.framework import BuildContext, ConfigError, Scorer, register
 from scheduling.framework.errors import join_path
 from scheduling.framework.params import bounded
+from scheduling.framework.plugin import State
+from scheduling.types import Endpoint
 
 _KEY = "session-affinity.key"
 _TYPES = ("header", "cookie", "query", "jwtClaim")
@@ -93,11 +95,11 @@ def encode_token(endpoint_key: str) -> str:
 
 
 @register("session-affinity-scorer")
-class SessionAffinityScorer(Scorer):
+class SessionAffinityScorer(Scorer[Params]):
     Params = Params
     clamped = True
 
-    def setup(self, build):
+    def setup(self, build: BuildContext) -> None:
         srcs = []
         for i, src in enumerate(self.params.sources):
             p = join_path(join_path(build.path, "sources"), i)
@@ -141,7 +143,7 @@ class SessionAffinityScorer(Scorer):
                 break
             sessions.popitem(last=False)
 
-    def score(self, ctx, candidates, state):
+    def score(self, ctx: SchedulingContext, candidates: list[Endpoint], state: State) -> list[float]:
         n = len(candidates)
         p = self.params
         headers = ctx.request.headers
@@ -171,7 +173,7 @@ class SessionAffinityScorer(Scorer):
                     break
         return [1.0 if x == low else 0.0 for x in loads]
 
-    def pre_request(self, ctx, result, state):
+    def pre_request(self, ctx: SchedulingContext, result: SchedulingResult, state: State) -> None:
         if not result.targets:
             return
         key = result.targets[0].key

@@ -9,12 +9,17 @@ score(e) = fit(e) / max fit over the candidates       (max-normalised: the best 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
+from scheduling.api import SchedulingContext
 from scheduling.framework import Scorer, register
+from scheduling.framework.plugin import State
+from scheduling.types import Endpoint
 
 LABEL = "mif.moreh.io/aigateway.optimal-min-tokens"
 
 
-def optimal_min_tokens(labels) -> int:
+def optimal_min_tokens(labels: Mapping[str, str]) -> int:
     raw = labels.get(LABEL)
     if not raw:
         return 0
@@ -25,10 +30,10 @@ def optimal_min_tokens(labels) -> int:
 
 
 @register("token-length-scorer")
-class TokenLengthScorer(Scorer):
+class TokenLengthScorer(Scorer[None]):
     clamped = True
 
-    def score(self, ctx, candidates, state):
+    def score(self, ctx: SchedulingContext, candidates: list[Endpoint], state: State) -> list[float]:
         t = ctx.request.estimated_tokens
         fits = []
         for e in candidates:

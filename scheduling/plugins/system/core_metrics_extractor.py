@@ -26,7 +26,7 @@ class Params:
 
 
 @register("core-metrics-extractor")
-class CoreMetricsExtractor(System):
+class CoreMetricsExtractor(System[Params]):
     Params = Params
 
     def setup(self, build: BuildContext) -> None:

@@ -23,7 +23,7 @@ class Params:
 
 
 @register("metrics-data-source")
-class MetricsDataSource(System):
+class MetricsDataSource(System[Params]):
     Params = Params
 
     def setup(self, build: BuildContext) -> None:

@@ -13,5 +13,5 @@ from scheduling.framework import System, register
 
 
 @register("openai-parser")
-class OpenAIParser(System):
+class OpenAIParser(System[None]):
     Params = None

@@ -30,7 +30,7 @@ class Params:
 
 
 @register("utilization-detector")
-class UtilizationDetector(Filter):
+class UtilizationDetector(Filter[Params]):
     Params = Params
     saturation_detector = True
 
