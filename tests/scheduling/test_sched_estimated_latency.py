@@ -114,3 +114,42 @@ def test_eviction_on_a_full_endpoint_is_priced():
     got = scores(s, ctx(req(prompt), [a, b]))
     cost_a = ttft(64, 0, decode=0) + 1.0 * 4 * 16 * PER_TOKEN
     assert got == pytest.approx([ttft(64, 0, decode=0) / cost_a, 1.0])
+
+
+def test_calibration_learns_how_much_faster_the_engines_are():
+    """Engines twice as fast as the reference profile: k(e) converges to 0.5, and costs shrink with it."""
+    s = plugin("estimated-latency-scorer", {"calibrationAlpha": 0.2})
+    a, b = ep(1), ep(2)
+    prompt = "c" * 64 * 20  # 320 tokens
+    body = {"model": "llama", "max_tokens": 50}
+    now = 0.0
+    for i in range(60):
+        r = req(prompt + str(i))
+        r.body = body
+        c = ctx(r, [a, b], now=now)
+        st = state()
+        s.score(c, [a, b], st)
+        res = SchedulingResult(targets=[a])
+        s.pre_request(c, res, st)
+        model = (OVERHEAD + 320 * PER_TOKEN + 50 * 0.012)  # an idle endpoint: no slowdown, no wait
+        c.now = now + 0.5 * model  # it finished in half the reference time
+        s.response_complete(c, res, st)
+        now += 10.0  # far apart: the prefill backlog has drained before the next request
+    assert s.scale(a.key) == pytest.approx(0.5, rel=0.05)
+    assert s.pool_scale == pytest.approx(0.5, rel=0.05)
+    assert s.scale(b.key) == s.pool_scale  # no samples of its own: the pool's factor
+    s.endpoint_removed(a.key)
+    assert a.key not in s.tracked_endpoints()
+
+
+def test_calibration_off_keeps_the_reference_timings():
+    s = plugin("estimated-latency-scorer", {"calibrate": False})
+    a = ep(1)
+    c = ctx(req("d" * 640), [a])
+    st = state()
+    s.score(c, [a], st)
+    res = SchedulingResult(targets=[a])
+    s.pre_request(c, res, st)
+    c.now = 0.001
+    s.response_complete(c, res, st)
+    assert s.scale(a.key) == 1.0 and s.pool_scale == 1.0

@@ -16,6 +16,15 @@ affinity and load are traded in one currency (seconds) instead of by hand-tuned 
     cost(e)        = ttft(e) + decodeWeight × decode(e) + evict(e)
     score(e)       = min over candidates of cost / cost(e)                (the best endpoint scores 1)
 
+Calibration (calibrate, on by default): the timing parameters describe a reference engine, and the engines behind a
+pool are faster or slower. Every modelled time (overhead, prefill per token, inter-token time, the backlog's drain)
+is multiplied by k(e), learnt from the requests that finish on e:
+    sample = (observed duration − wait(e) at the pick) / ((overhead + (backlog + uncached) × prefillSecondsPerToken
+              + outputTokens × interTokenSeconds) × slowdown(e))        clamped to [0.02, 50]
+    k(e)   ← EWMA of the samples (calibrationAlpha, 0.05); an endpoint without samples uses the pool-wide EWMA k
+So a fleet twice as fast as the reference converges to k = 0.5, and the trade between prefill, decode and queueing
+(whose wait already comes from observed durations) stays right without hand-set timings.
+
 The decode term is what makes the choice far-sighted: a busy batch slows every token of the request (and the
 requests already there), so it spreads load before queues form, while a long uncached prefill still keeps a
 request on the endpoint holding its prefix. decodeWeight 0 gives a pure time-to-first-token estimate. The
@@ -60,6 +69,12 @@ class Params:
     blockSizeTokens: int = bounded(16, min=1)
     maxPrefixBlocksToMatch: int = bounded(256, min=1)
     lruCapacityPerServer: int = bounded(31_250, min=1)
+    calibrate: bool = True
+    calibrationAlpha: float = bounded(0.05, min=0.0, max=1.0)
+
+
+CALIBRATION_RANGE = (0.02, 50.0)
+_PRED = "estimated-latency.pred"
 
 
 def output_tokens(body: Mapping[str, Any] | None, default: int) -> int:
@@ -81,13 +96,19 @@ class EstimatedLatencyScorer(PrefixReader[Params], Scorer[Params]):
     def setup(self, build: BuildContext) -> None:
         self._backlog: dict[str, tuple[float, float]] = {}  # endpoint -> (tokens, as of time)
         self._duration: dict[str, float] = {}  # endpoint -> EWMA of request seconds
+        self._scale: dict[str, float] = {}  # endpoint -> calibration factor k(e)
+        self.pool_scale = 1.0  # the pool-wide calibration factor (prior for endpoints without samples)
 
-    def _backlog_at(self, key: str, now: float) -> float:
+    def scale(self, key: str) -> float:
+        """k(e): how much slower (> 1) or faster (< 1) than the reference engine this endpoint has proved."""
+        return self._scale.get(key, self.pool_scale)
+
+    def _backlog_at(self, key: str, now: float, k: float) -> float:
         got = self._backlog.get(key)
         if got is None:
             return 0.0
         tokens, since = got
-        return max(0.0, tokens - (now - since) / self.params.prefillSecondsPerToken)
+        return max(0.0, tokens - (now - since) / (k * self.params.prefillSecondsPerToken))
 
     def _uncached(self, ctx: SchedulingContext, state: State) -> tuple[float, dict[str, int]]:
         tokens = ctx.request.prompt_chars / CHARS_PER_TOKEN
@@ -104,26 +125,36 @@ class EstimatedLatencyScorer(PrefixReader[Params], Scorer[Params]):
         s1 = p.maxNumSeqs - 1
         f1 = p.loadFactor - 1.0
         inflight = ctx.inflight
-        decode = p.decodeWeight * p.interTokenSeconds * output_tokens(ctx.request.body, p.defaultOutputTokens)
+        full_decode = p.interTokenSeconds * output_tokens(ctx.request.body, p.defaultOutputTokens)
+        decode = p.decodeWeight * full_decode
         evict_w = p.evictionWeight
         index = self.prefix.index
         costs = []
+        models: list[float] = []  # per candidate, in reference-engine seconds: the calibration's denominator
+        waits: list[float] = []
         for e in candidates:
+            k = self._scale.get(e.key, self.pool_scale)
             n = inflight.get(e.key, NO_LOAD).requests
             m = e.metrics
             if not m.stale:
                 n = max(n, m.waiting + m.running)
             uncached = max(0.0, tokens - matches.get(e.key, 0) * block)
-            prefill = p.overheadSeconds + (self._backlog_at(e.key, now) + uncached) * p.prefillSecondsPerToken
-            cost = (prefill + decode) * (1.0 + f1 * min(n, s1) / s1)
+            prefill = p.overheadSeconds + (self._backlog_at(e.key, now, k) + uncached) * p.prefillSecondsPerToken
+            slow = 1.0 + f1 * min(n, s1) / s1
+            cost = k * (prefill + decode) * slow
             if evict_w and uncached:
                 free = index.capacity(e.key) - index.size(e.key)
                 over = -(-uncached // block) - free
                 if over > 0:
-                    cost += evict_w * over * block * p.prefillSecondsPerToken
+                    cost += k * evict_w * over * block * p.prefillSecondsPerToken
+            wait = 0.0
             if n > s1:
-                cost += (n - s1) * self._duration.get(e.key, p.initialRequestSeconds) / p.maxNumSeqs
+                wait = (n - s1) * self._duration.get(e.key, p.initialRequestSeconds) / p.maxNumSeqs
+                cost += wait
             costs.append(cost)
+            models.append((prefill + full_decode) * slow)
+            waits.append(wait)
+        state[_PRED] = (candidates, models, waits)
         best = min(costs)
         if best <= 0.0:
             return [1.0 if c <= 0.0 else 0.0 for c in costs]
@@ -137,22 +168,42 @@ class EstimatedLatencyScorer(PrefixReader[Params], Scorer[Params]):
         now = ctx.now
         tokens, matches = self._uncached(ctx, state)
         uncached = max(0.0, tokens - matches.get(chosen.key, 0) * p.blockSizeTokens)
-        self._backlog[chosen.key] = (self._backlog_at(chosen.key, now) + uncached, now)
+        k = self.scale(chosen.key)
+        self._backlog[chosen.key] = (self._backlog_at(chosen.key, now, k) + uncached, now)
         state[_START] = now
 
     def response_complete(self, ctx: SchedulingContext, result: SchedulingResult, state: State) -> None:
         start = state.get(_START)
         if start is None or not result.targets:
             return
+        p = self.params
         key = result.targets[0].key
         seconds = max(0.0, ctx.now - start)
-        a = self.params.durationEwmaAlpha
+        a = p.durationEwmaAlpha
         prev = self._duration.get(key)
         self._duration[key] = seconds if prev is None else (1 - a) * prev + a * seconds
+        pred = state.get(_PRED)
+        if p.calibrate and pred is not None:
+            self._calibrate(key, seconds, pred)
+
+    def _calibrate(self, key: str, seconds: float, pred: tuple[list[Endpoint], list[float], list[float]]) -> None:
+        candidates, models, waits = pred
+        i = next((j for j, e in enumerate(candidates) if e.key == key), -1)
+        if i < 0:
+            return
+        model = models[i]
+        if model <= 0.0:
+            return
+        lo, hi = CALIBRATION_RANGE
+        sample = min(hi, max(lo, (seconds - waits[i]) / model))
+        a = self.params.calibrationAlpha
+        self._scale[key] = (1 - a) * self._scale.get(key, self.pool_scale) + a * sample
+        self.pool_scale = (1 - a) * self.pool_scale + a * sample
 
     def endpoint_removed(self, key: str) -> None:
         self._backlog.pop(key, None)
         self._duration.pop(key, None)
+        self._scale.pop(key, None)
 
     def tracked_endpoints(self) -> Collection[str]:
-        return self._backlog.keys() | self._duration.keys()
+        return self._backlog.keys() | self._duration.keys() | self._scale.keys()
