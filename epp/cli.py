@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import logging
 import os
 import sys
@@ -193,10 +192,6 @@ def _envoy_config(args: argparse.Namespace) -> int:
         with open(args.output, "w") as f:
             f.write(text)
     return 0
-
-
-def _json_dump(obj: object) -> str:
-    return json.dumps(obj, indent=2, sort_keys=True)
 
 
 if __name__ == "__main__":

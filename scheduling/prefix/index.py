@@ -17,7 +17,7 @@ position where its bit drops out.
 from __future__ import annotations
 
 from array import array
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from typing import Any
 
 from scheduling.prefix.hashing import BlockHasher
@@ -134,30 +134,11 @@ class PrefixIndex:
         return gone
 
     # ---- queries ---------------------------------------------------------------------------------------
-    def match(self, hashes: Sequence[int]) -> dict[str, int]:
-        """Endpoint key -> number of consecutive blocks from the start it holds (endpoints with 0 omitted)."""
-        if not hashes:
-            return {}
-        get = self._map.get
-        alive = get(hashes[0], 0) & self._even
-        if not alive:
-            return {}
-        out: dict[str, int] = {}
-        i = 1
-        for h in hashes[1:]:
-            nxt = alive & get(h, 0)
-            if nxt != alive:
-                self._emit(alive ^ nxt, i, out)
-                if not nxt:
-                    return out
-                alive = nxt
-            i += 1
-        self._emit(alive, i, out)
-        return out
-
     def match_lazy(self, blocks: BlockHasher, chunk: int = 16) -> dict[str, int]:
-        """Like `match`, hashing the prompt only a little past the point where the last endpoint stops matching
-        (by steps of max(chunk, half of what is already matched))."""
+        """Endpoint key -> number of consecutive blocks from the start it holds (endpoints with 0 omitted).
+
+        The prompt is hashed only a little past the point where the last endpoint stops matching (by steps of
+        max(chunk, half of what is already matched))."""
         total = blocks.total
         if not total:
             return {}

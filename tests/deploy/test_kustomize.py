@@ -10,8 +10,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from epp.cli import build_parser
 from epp.health import LIVENESS_SERVICES, READINESS_SERVICES
 from epp.k8s import GIE_FLAGS, WATCH_VERBS, WATCHED_RESOURCES
+from scheduling.config import load_scheduler
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -76,20 +78,14 @@ def test_deployment_flags_are_gie_flags_and_the_cli_accepts_them(docs):
     assert flags and set(flags) <= set(GIE_FLAGS), set(flags) - set(GIE_FLAGS)
     assert {"--pool-name", "--pool-namespace", "--config-file", "--grpc-port", "--grpc-health-port",
             "--metrics-port"} <= set(flags)
-    cli = pytest.importorskip("epp.cli")
-    if not hasattr(cli, "build_parser"):
-        pytest.skip("epp.cli has no build_parser() yet")
     argv = [*c["command"][1:], *[a.replace("$(POD_NAMESPACE)", "default") for a in args]]
-    ns = cli.build_parser().parse_args(argv)  # SystemExit here means the CLI rejects a Deployment flag
+    ns = build_parser().parse_args(argv)  # SystemExit here means the CLI rejects a Deployment flag
     assert ns.pool_name == one(docs, "InferencePool")["metadata"]["name"]
     assert (ns.grpc_port, ns.grpc_health_port, ns.metrics_port) == (9002, 9003, 9090)
 
 
 def test_every_gie_flag_is_accepted_by_the_cli():
-    cli = pytest.importorskip("epp.cli")
-    if not hasattr(cli, "build_parser"):
-        pytest.skip("epp.cli has no build_parser() yet")
-    parser = cli.build_parser()
+    parser = build_parser()
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     serve = sub.choices["serve"]
     missing = [f for f in GIE_FLAGS if f not in serve._option_string_actions]
@@ -131,8 +127,7 @@ def test_configmap_is_mounted_where_the_flag_points_and_is_a_valid_config(docs):
     vol = next(v for v in one(docs, "Deployment")["spec"]["template"]["spec"]["volumes"] if v["name"] == mount["name"])
     cm = one(docs, "ConfigMap", vol["configMap"]["name"])
     text = cm["data"][Path(cfg_path).name]
-    config = pytest.importorskip("scheduling.config")
-    config.load_scheduler(list(yaml.safe_load_all(text)), rng=random.Random(0))
+    load_scheduler(list(yaml.safe_load_all(text)), rng=random.Random(0))
 
 
 @pytest.mark.parametrize("gw", ["envoy-gateway", "envoy-ai-gateway", "agentgateway", "istio"])

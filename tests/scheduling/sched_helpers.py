@@ -97,3 +97,18 @@ def state(seed: int = 0) -> dict:
 
 def scores(scorer, c: SchedulingContext, st: dict | None = None) -> list[float]:
     return list(scorer.score(c, list(c.candidates), st if st is not None else state()))
+
+
+def match(index, hashes) -> dict[str, int]:
+    """The reference prefix matcher the index's lazy one is checked against: for every endpoint, the number of
+    consecutive hashes from the start that it holds (endpoints with 0 omitted)."""
+    out = {}
+    for key in index.endpoints():
+        n = 0
+        for h in hashes:
+            if not index.holds(key, h):
+                break
+            n += 1
+        if n:
+            out[key] = n
+    return out

@@ -6,7 +6,7 @@ from __future__ import annotations
 import random
 
 import pytest
-from sched_helpers import ctx, ep, req
+from sched_helpers import ctx, ep, match, req
 
 from scheduling.config import ConfigError, load_scheduler
 from scheduling.prefix import block_hashes
@@ -82,7 +82,7 @@ def test_declared_producer_feeds_a_lone_reader_and_is_the_only_writer():
     first = sched.schedule(c)
     assert first.primary == b  # nothing cached yet: the queue decides
     sched.pre_request(c, first)
-    assert producer.index.match(block_hashes(prompt, "llama", block_tokens=32)) == {b.key: 8}
+    assert match(producer.index, block_hashes(prompt, "llama", block_tokens=32)) == {b.key: 8}
     # Now b holds the prefix; make it the busier one: the filter still keeps only b.
     a2, b2 = ep(1), ep(2, waiting=9)
     assert sched.schedule(ctx(req(prompt), [a2, b2])).primary == b2

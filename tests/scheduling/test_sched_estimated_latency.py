@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from sched_helpers import ctx, ep, plugin, req, scores, state
+from sched_helpers import ctx, ep, match, plugin, req, scores, state
 
 from scheduling.api import InflightLoad, SchedulingResult
 from scheduling.prefix import block_hashes
@@ -83,9 +83,9 @@ def test_records_blocks_for_the_chosen_endpoint():
     s.score(c0, [a, b], st)
     res = SchedulingResult(targets=[b])
     s.pre_request(c0, res, st)
-    assert s.prefix.index.match(block_hashes(prompt, "llama")) == {}  # the scorer never writes the index
+    assert match(s.prefix.index, block_hashes(prompt, "llama")) == {}  # the scorer never writes the index
     s.prefix.pre_request(c0, res, st)  # its producer does, after the pick
-    assert s.prefix.index.match(block_hashes(prompt, "llama")) == {b.key: 4}
+    assert match(s.prefix.index, block_hashes(prompt, "llama")) == {b.key: 4}
 
 
 def test_output_budget_from_the_body_and_decode_weight():

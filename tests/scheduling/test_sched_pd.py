@@ -6,7 +6,7 @@ import random
 import textwrap
 
 import pytest
-from sched_helpers import ctx, ep, req
+from sched_helpers import ctx, ep, match, req
 
 from scheduling.config import load_scheduler
 from scheduling.types import ErrorCode, SchedulingError
@@ -153,4 +153,4 @@ def test_heimdall_pd_always_disaggregates_and_records_prefill():
     prefix = s.schedulers["pd"].profiles["decode"].scorers[0][0]
     from scheduling.prefix import block_hashes
 
-    assert prefix.prefix.index.match(block_hashes("hello" * 100, "llama")) == {eps[0].key: 8, eps[1].key: 8}
+    assert match(prefix.prefix.index, block_hashes("hello" * 100, "llama")) == {eps[0].key: 8, eps[1].key: 8}

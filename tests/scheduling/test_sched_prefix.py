@@ -6,7 +6,7 @@ import random
 import struct
 
 import xxhash
-from sched_helpers import GIE_DEFAULT, ctx, ep, req
+from sched_helpers import GIE_DEFAULT, ctx, ep, match, req
 
 from scheduling.api import SchedulingResult
 from scheduling.config import load_scheduler
@@ -43,9 +43,9 @@ def test_index_consecutive_match():
     idx.record("a", [1, 2, 3, 4])
     idx.record("b", [1, 2])
     idx.record("c", [2, 3, 4])  # no first block
-    assert idx.match([1, 2, 3, 4, 5]) == {"a": 4, "b": 2}
-    assert idx.match([9, 1]) == {}
-    assert idx.match([]) == {}
+    assert match(idx, [1, 2, 3, 4, 5]) == {"a": 4, "b": 2}
+    assert match(idx, [9, 1]) == {}
+    assert match(idx, []) == {}
 
 
 def test_index_lru_capacity_clock():
@@ -65,9 +65,9 @@ def test_index_shared_block_eviction_is_per_endpoint():
     idx.record("b", [1, 2])
     idx.record("a", [3, 4])
     assert not idx.holds("a", 1) and idx.holds("b", 1)
-    assert idx.match([1, 2]) == {"b": 2}
+    assert match(idx, [1, 2]) == {"b": 2}
     idx.forget("b")
-    assert idx.match([1, 2]) == {} and len(idx) == 2
+    assert match(idx, [1, 2]) == {} and len(idx) == 2
 
 
 def test_index_set_capacity_shrinks():
@@ -109,7 +109,7 @@ def test_prefix_recorded_for_prefill_endpoint():
     d, p = ep(1), ep(2)
     c = ctx(req("x" * 640), [d, p])
     fs.pre_request(c, SchedulingResult(targets=[d], prefill=p, state={}))
-    assert prefix.prefix.index.match(block_hashes("x" * 640, "llama")) == {d.key: 10, p.key: 10}
+    assert match(prefix.prefix.index, block_hashes("x" * 640, "llama")) == {d.key: 10, p.key: 10}
 
 
 def test_capacity_autotuned_from_metrics():
@@ -157,7 +157,7 @@ def test_lazy_match_equals_full_match(n_blocks, held, holes):
     for e, pos in holes:
         if pos < len(hs) and idx.holds(f"e{e}", hs[pos]):
             idx.forget(f"e{e}")
-    want = idx.match(hs)
+    want = match(idx, hs)
     assert idx.match_lazy(BlockHasher(prompt, "m", block_tokens=4), chunk=3) == want
     assert idx.match_lazy(BlockHasher(prompt, "m", block_tokens=4)) == want
 
