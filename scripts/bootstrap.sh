@@ -3,6 +3,8 @@
 # pyproject.toml changed since the last install.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Debian packages the tests run for real (silent when installed).
+bash scripts/ensure-debian-packages.sh redis-server
 PY=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
   echo "==> creating .venv"
