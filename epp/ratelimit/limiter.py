@@ -8,7 +8,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import OrderedDict
+import uuid
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Sequence
 from typing import Protocol
 
@@ -105,6 +106,8 @@ class Limiter:
         self._registered: dict[str, Limit] = {}
         self._view: OrderedDict[str, tuple[Limit, str, float, float, float]] = OrderedDict()  # Redis answers
         self._pending: dict[tuple[str, int], Op] = {}  # settle / refund deltas waiting for Redis
+        self._retry: deque[tuple[str, list[Op]]] = deque()  # a batch sent without an answer, to resend as is
+        self._flush_lock = asyncio.Lock()
         self._flush_task: asyncio.Task[None] | None = None
         self._down_until = -INF
         self.redis_healthy = True
@@ -320,7 +323,7 @@ class Limiter:
     def _schedule_flush(self) -> None:
         if self._flush_task is not None and not self._flush_task.done():
             return
-        if not self._pending or not self._redis_usable():
+        if not (self._pending or self._retry) or not self._redis_usable():
             return
         try:
             loop = asyncio.get_running_loop()
@@ -329,21 +332,22 @@ class Limiter:
         self._flush_task = loop.create_task(self._flush())
 
     async def _flush(self) -> None:
-        while self._pending and self._redis_usable() and self.redis is not None:
-            keys = list(self._pending)[:_FLUSH_BATCH]
-            batch = [self._pending.pop(k) for k in keys]
-            try:
-                _, res = await self.redis.run(batch, Mode.CHARGE)
+        """Send pending deltas in batches. A batch that fails is resent, unchanged and with the same id, before
+        anything else: Redis applies a batch id once, so a batch that timed out but ran is never counted twice."""
+        async with self._flush_lock:
+            while self.redis is not None and self._redis_usable() and (self._retry or self._pending):
+                if not self._retry:
+                    keys = list(self._pending)[:_FLUSH_BATCH]
+                    self._retry.append((uuid.uuid4().hex, [self._pending.pop(k) for k in keys]))
+                batch_id, batch = self._retry[0]
+                try:
+                    _, res = await self.redis.run(batch, Mode.CHARGE, batch_id=batch_id)
+                except StoreUnavailable as exc:
+                    self._redis_failed(exc, "settle")
+                    return
+                self._retry.popleft()
                 self._redis_ok()
-            except StoreUnavailable as exc:
-                self._redis_failed(exc, "settle")
-                for k, op in zip(keys, batch, strict=True):  # put back, merging with what arrived meanwhile
-                    if k in self._pending:
-                        self._pending[k].charge += op.charge
-                    else:
-                        self._pending[k] = op
-                return
-            self._remember(batch, res)
+                self._remember(batch, res)
 
     async def flush(self) -> None:
         """Send pending settle/refund charges to Redis now (tests, shutdown)."""
@@ -354,7 +358,8 @@ class Limiter:
 
     @property
     def pending(self) -> int:
-        return len(self._pending)
+        """Deltas not yet in Redis."""
+        return len(self._pending) + sum(len(b) for _, b in self._retry)
 
     # ---- Redis health ---------------------------------------------------------------------------------------
     def _redis_usable(self) -> bool:

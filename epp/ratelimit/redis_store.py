@@ -40,20 +40,29 @@ DEFAULT_PREFIX = "pointsman:{rl}"
 SCRIPT = """
 -- Pointsman rate limits: check and charge token buckets and rolling windows, all or nothing.
 -- ARGV[1] now in seconds (<= 0: the server's TIME); ARGV[2] mode: a(dmit) c(harge) p(eek: decide, write nothing);
--- then 7 values per key: kind (b|w), amount, rate per second (b) or slot width (w), slots (w), need, charge, slot.
+-- ARGV[3] '1' when the last key is a batch id: a call whose id was seen before charges nothing (an idempotent
+-- retry of a settle batch that timed out); then 7 values per key: kind (b|w), amount, rate per second (b) or
+-- slot width in seconds (w), slots (w), need, charge, slot to give a negative charge back to (-1: none).
 -- Reply: {ok, then per key: remaining, retry_after (-1: never), reset_after, charged slot (-1: none)}.
+local function num(x) return string.format('%.17g', x) end
 local now = tonumber(ARGV[1])
 if now <= 0 then
   local t = redis.call('TIME')
   now = tonumber(t[1]) + tonumber(t[2]) / 1000000
 end
 local mode = ARGV[2]
+local n = #KEYS
+if ARGV[3] == '1' then
+  n = n - 1
+  if not redis.call('SET', KEYS[#KEYS], '1', 'NX', 'EX', 3600) then mode = 'p' end
+end
 local ok = 1
 local cur, win, out = {}, {}, {}
-for i = 1, #KEYS do
-  local b = 2 + (i - 1) * 7
+for i = 1, n do
+  local b = 3 + (i - 1) * 7
   local kind, amount = ARGV[b + 1], tonumber(ARGV[b + 2])
   local p, nslots, need = tonumber(ARGV[b + 3]), tonumber(ARGV[b + 4]), tonumber(ARGV[b + 5])
+  local tol = 1e-9 * amount
   local retry, remaining, reset = 0, 0, 0
   if kind == 'b' then
     local v = redis.call('HMGET', KEYS[i], 'l', 't')
@@ -68,7 +77,7 @@ for i = 1, #KEYS do
     cur[i] = level
     remaining = level
     reset = (amount - level) / p
-    if mode ~= 'c' and level < need - 1e-9 * amount then
+    if mode ~= 'c' and level < need - tol then
       ok = 0
       if need > amount then retry = -1 else retry = (need - level) / p end
     end
@@ -92,7 +101,7 @@ for i = 1, #KEYS do
     cur[i] = used
     remaining = amount - used
     if #slots > 0 then reset = math.max(0, (slots[#slots][1] + nslots + 1) * p - now) end
-    if mode ~= 'c' and remaining < need - 1e-9 * amount then
+    if mode ~= 'c' and remaining < need - tol then
       ok = 0
       if need > amount then
         retry = -1
@@ -100,7 +109,7 @@ for i = 1, #KEYS do
         local r = remaining
         for j = 1, #slots do
           r = r + slots[j][2]
-          if r >= need - 1e-9 * amount then
+          if r >= need - tol then
             retry = math.max(0, (slots[j][1] + nslots + 1) * p - now)
             break
           end
@@ -111,8 +120,8 @@ for i = 1, #KEYS do
   out[i] = {remaining, retry, reset, -1}
 end
 if ok == 1 and mode ~= 'p' then
-  for i = 1, #KEYS do
-    local b = 2 + (i - 1) * 7
+  for i = 1, n do
+    local b = 3 + (i - 1) * 7
     local kind, amount = ARGV[b + 1], tonumber(ARGV[b + 2])
     local p, nslots = tonumber(ARGV[b + 3]), tonumber(ARGV[b + 4])
     local charge, slot = tonumber(ARGV[b + 6]), tonumber(ARGV[b + 7])
@@ -122,7 +131,7 @@ if ok == 1 and mode ~= 'p' then
       if level >= amount then
         redis.call('DEL', KEYS[i])
       else
-        redis.call('HSET', KEYS[i], 'l', tostring(level), 't', tostring(now))
+        redis.call('HSET', KEYS[i], 'l', num(level), 't', num(now))
         redis.call('PEXPIRE', KEYS[i], math.ceil((amount - level) / p * 1000) + 1000)
       end
       out[i][1] = level
@@ -130,25 +139,32 @@ if ok == 1 and mode ~= 'p' then
     elseif charge ~= 0 then
       local idx_now = math.floor(now / p)
       local used = cur[i]
-      local slots = win[i]
-      local newest = -1
-      if #slots > 0 then newest = slots[#slots][1] end
+      local gone = nil
       if charge > 0 or slot < 0 then
-        redis.call('HINCRBYFLOAT', KEYS[i], tostring(idx_now), tostring(charge))
+        redis.call('HINCRBYFLOAT', KEYS[i], num(idx_now), num(charge))
         used = used + charge
         out[i][4] = idx_now
-        if idx_now > newest then newest = idx_now end
       elseif slot >= idx_now - nslots then
-        local field = tostring(slot)
+        local field = num(slot)
         local v = tonumber(redis.call('HGET', KEYS[i], field))
         if v ~= nil then
           local back = math.min(-charge, v)
           if v - back <= 0 then
             redis.call('HDEL', KEYS[i], field)
+            gone = slot
           else
-            redis.call('HSET', KEYS[i], field, tostring(v - back))
+            redis.call('HSET', KEYS[i], field, num(v - back))
           end
           used = used - back
+        end
+      end
+      local newest = -1
+      if out[i][4] >= 0 then newest = out[i][4] end
+      local slots = win[i]
+      for j = #slots, 1, -1 do
+        if slots[j][1] ~= gone then
+          if slots[j][1] > newest then newest = slots[j][1] end
+          break
         end
       end
       if redis.call('EXISTS', KEYS[i]) == 1 then
@@ -160,10 +176,10 @@ if ok == 1 and mode ~= 'p' then
   end
 end
 local reply = {ok}
-for i = 1, #KEYS do
-  reply[#reply + 1] = tostring(out[i][1])
-  reply[#reply + 1] = tostring(out[i][2])
-  reply[#reply + 1] = tostring(out[i][3])
+for i = 1, n do
+  reply[#reply + 1] = num(out[i][1])
+  reply[#reply + 1] = num(out[i][2])
+  reply[#reply + 1] = num(out[i][3])
   reply[#reply + 1] = out[i][4]
 end
 return reply
@@ -244,12 +260,14 @@ class RedisStore:
     def key(self, op_key: str) -> str:
         return f"{self.prefix}:{op_key}"
 
-    async def run(self, ops: Sequence[Op], mode: Mode) -> tuple[bool, list[OpResult]]:
+    async def run(self, ops: Sequence[Op], mode: Mode, *, batch_id: str = "") -> tuple[bool, list[OpResult]]:
+        """Run one call. With `batch_id`, the call charges at most once however often it is sent (its id is kept
+        an hour): the limiter resends a settle batch that timed out with the same id."""
         if not ops:
             return True, []
         keys = [self.key(op.key) for op in ops]
         now = self.clock() if self.clock is not None else 0.0
-        args: list[str | float | int] = [repr(float(now)), mode.value]
+        args: list[str | float | int] = [repr(float(now)), mode.value, "1" if batch_id else "0"]
         for op in ops:
             lim = op.limit
             if lim.algorithm is Algorithm.TOKEN_BUCKET:
@@ -257,6 +275,8 @@ class RedisStore:
             else:
                 args += ["w", repr(float(lim.amount)), repr(lim.width), lim.nslots]
             args += [repr(float(op.need)), repr(float(op.charge)), int(op.slot)]
+        if batch_id:
+            keys.append(f"{self.prefix}:batch:{batch_id}")
         t0 = time.perf_counter()
         try:
             reply = await _bounded(self._eval(keys, args), self.timeout_s)

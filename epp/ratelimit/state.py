@@ -17,9 +17,8 @@ refill pays back before anything fits again. A full bucket is the default state 
 Rolling window: slot index = floor(now / width); slots with index >= current - nslots count, which covers at
 least the window and at most one slot more. An empty window is not stored.
 
-Memory: at most `max_keys` states. Keys are kept in least-recently-used order; a few expired ones (a bucket
-refilled to capacity, a window emptied) are dropped on every call (up to two), and all
-of them when the store is full. When
+Memory: at most `max_keys` states. Keys are kept in least-recently-used order; expired ones (a bucket refilled
+to capacity, a window emptied) are dropped, up to two on every call and all of them when the store is full. When
 it is full of live state, `run` in ADMIT mode raises `StoreFull` for a request that would add a key: forgetting a
 live key would let its scope start over, so new scopes are refused instead (and counted).
 """
@@ -210,11 +209,13 @@ class LocalStore:
             w.used += op.charge
             res.slot = cur
         else:
-            for entry in w.slots:
+            for i, entry in enumerate(w.slots):
                 if entry[0] == op.slot:
                     back = min(-op.charge, entry[1])
                     entry[1] -= back
                     w.used -= back
+                    if entry[1] <= 0:
+                        del w.slots[i]
                     break
         res.remaining = limit.amount - w.used
         res.reset_after = self._window_reset(w, limit, now)
