@@ -5,13 +5,8 @@ See the package docstring (`epp.ratelimit`) for the theory of operation.
 
 from __future__ import annotations
 
-import asyncio
-import logging
 import time
-import uuid
-from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Sequence
-from typing import Protocol
 
 from epp.ratelimit.admission import (
     ADMITTED,
@@ -24,38 +19,12 @@ from epp.ratelimit.admission import (
     utilization,
 )
 from epp.ratelimit.headers import LimitStatus
-from epp.ratelimit.limits import Algorithm, Kind, Limit, Metric, Price, scope_key, scope_label, tokens
+from epp.ratelimit.limits import Kind, Limit, Metric, Price, scope_key, scope_label, tokens
+from epp.ratelimit.link import MetricsSink, NullRateLimitMetrics, RedisLink
 from epp.ratelimit.redis_store import RedisStore, StoreUnavailable
-from epp.ratelimit.state import INF, LocalStore, Mode, Op, OpResult, StoreFull
-
-log = logging.getLogger(__name__)
+from epp.ratelimit.state import LocalStore, Mode, Op, OpResult, StoreFull
 
 Applied = tuple[Limit, str]  # a limit and the scope value it applies to ('' when unscoped)
-_FLUSH_BATCH = 256
-
-
-class MetricsSink(Protocol):
-    """The calls the limiter reports; `epp.ratelimit.metrics.RateLimitMetrics` implements them for real."""
-
-    def decision(self, allowed: bool) -> None: ...
-    def rejected(self, limit: Limit) -> None: ...
-    def fallback(self, op: str, reason: str, policy: str) -> None: ...
-    def redis_up(self, up: bool) -> None: ...
-    def redis_duration(self, seconds: float) -> None: ...
-    def overflow(self) -> None: ...
-    def lost(self, n: int) -> None: ...
-
-
-class NullRateLimitMetrics:
-    """Reports nothing."""
-
-    def decision(self, allowed: bool) -> None: ...
-    def rejected(self, limit: Limit) -> None: ...
-    def fallback(self, op: str, reason: str, policy: str) -> None: ...
-    def redis_up(self, up: bool) -> None: ...
-    def redis_duration(self, seconds: float) -> None: ...
-    def overflow(self) -> None: ...
-    def lost(self, n: int) -> None: ...
 
 
 def _need(limit: Limit, known: float) -> float:
@@ -78,6 +47,15 @@ class _Plan:
 
 
 class Limiter:
+    """Admission against token rate limits and budgets; one per process.
+
+    - `redis`: where shared limits live (None: shared limits are enforced in the process, at their full amount);
+    - `redis_down`: `local` (default) or `fail-open`, with `replicas` the expected replica count that `local`
+      divides a shared amount by; `retry_interval_s` between two tries of a Redis that failed;
+    - `clock`: monotonic seconds (injected in tests); `max_keys`: states kept per store; `max_pending`: settle
+      charges that may wait for Redis; `metrics`: a `RateLimitMetrics` (or anything with its methods).
+    """
+
     def __init__(
         self,
         *,
@@ -95,24 +73,15 @@ class Limiter:
         self.redis = redis
         self.policy = RedisDownPolicy.parse(redis_down)
         self.replicas = replicas
-        self.retry_interval_s = retry_interval_s
         self.clock = clock
         self.metrics: MetricsSink = metrics if metrics is not None else NullRateLimitMetrics()
         self.local = LocalStore(max_keys=max_keys)
         self.fallback = LocalStore(max_keys=max_keys)  # shared limits while Redis is down (policy LOCAL)
-        self.max_keys = max_keys
-        self.max_pending = max_pending
+        self.link = None if redis is None else RedisLink(
+            redis, policy=self.policy.value, retry_interval_s=retry_interval_s, clock=clock, metrics=self.metrics,
+            max_keys=max_keys, max_pending=max_pending, on_recover=self.fallback.clear)
         self._scaled: dict[tuple[str, float, float], Limit] = {}
         self._registered: dict[str, Limit] = {}
-        self._view: OrderedDict[str, tuple[Limit, str, float, float, float]] = OrderedDict()  # Redis answers
-        self._pending: dict[tuple[str, int], Op] = {}  # settle / refund deltas waiting for Redis
-        self._retry: deque[tuple[str, list[Op]]] = deque()  # a batch sent without an answer, to resend as is
-        self._flush_lock = asyncio.Lock()
-        self._flush_task: asyncio.Task[None] | None = None
-        self._down_until = -INF
-        self.redis_healthy = True
-        if redis is not None:
-            self.metrics.redis_up(True)
 
     # ---- configuration --------------------------------------------------------------------------------------
     def configure(self, limits: Iterable[Limit]) -> None:
@@ -152,7 +121,7 @@ class Limiter:
         if not applied:
             return ADMITTED
         plan = self._plan(applied, input_tokens, output_estimate, price)
-        if plan.shared and self._redis_usable():
+        if plan.shared and self.link is not None and self.link.usable():
             return None
         return self._admit_local(plan, dry_run)
 
@@ -167,7 +136,8 @@ class Limiter:
         if not applied:
             return ADMITTED
         plan = self._plan(applied, input_tokens, output_estimate, price)
-        if not plan.shared or not self._redis_usable():
+        link = self.link
+        if not plan.shared or link is None or not link.usable():
             return self._admit_local(plan, dry_run)
         mode = Mode.PEEK if dry_run else Mode.ADMIT
         now = self.clock()
@@ -178,15 +148,10 @@ class Limiter:
         statuses = [self._status(op, res, "local") for op, res in zip(plan.local, results, strict=True)]
         if not ok:
             return self._refused(statuses)
-        assert self.redis is not None
         try:
-            gok, gres = await self.redis.run(plan.shared, mode)
-            self.metrics.redis_duration(self.redis.last_duration_s)
-            self._redis_ok()
-        except StoreUnavailable as exc:
-            self._redis_failed(exc, "admit")
+            gok, gres = await link.run(plan.shared, mode)
+        except StoreUnavailable:
             return self._after_redis_failure(plan, results, statuses, dry_run)
-        self._remember(plan.shared, gres)
         statuses += [self._status(op, res, "redis") for op, res in zip(plan.shared, gres, strict=True)]
         if not gok:
             if not dry_run:
@@ -303,123 +268,38 @@ class Limiter:
 
     def _apply_delta(self, e: Charged, delta: float) -> None:
         op = Op(e.op.key, e.op.limit, 0.0, delta, e.slot if delta < 0 else -1, e.op.label)
-        if e.store == "local" or e.store == "fallback":
+        if e.store == "redis" and self.link is not None:
+            self.link.queue(op)
+        elif e.store in ("local", "fallback"):
             store = self.local if e.store == "local" else self.fallback
             before = store.dropped
             store.run([op], Mode.CHARGE, self.clock())
             if store.dropped > before:
                 self.metrics.lost(store.dropped - before)
-        elif e.store == "redis":
-            k = (op.key, op.slot)
-            pending = self._pending.get(k)
-            if pending is not None:
-                pending.charge += delta
-            elif len(self._pending) >= self.max_pending:
-                self.metrics.lost(1)
-            else:
-                self._pending[k] = op
-            self._schedule_flush()
-
-    def _schedule_flush(self) -> None:
-        if self._flush_task is not None and not self._flush_task.done():
-            return
-        if not (self._pending or self._retry) or not self._redis_usable():
-            return
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
-            return
-        self._flush_task = loop.create_task(self._flush())
-
-    async def _flush(self) -> None:
-        """Send pending deltas in batches. A batch that fails is resent, unchanged and with the same id, before
-        anything else: Redis applies a batch id once, so a batch that timed out but ran is never counted twice."""
-        async with self._flush_lock:
-            while self.redis is not None and self._redis_usable() and (self._retry or self._pending):
-                if not self._retry:
-                    keys = list(self._pending)[:_FLUSH_BATCH]
-                    self._retry.append((uuid.uuid4().hex, [self._pending.pop(k) for k in keys]))
-                batch_id, batch = self._retry[0]
-                try:
-                    _, res = await self.redis.run(batch, Mode.CHARGE, batch_id=batch_id)
-                except StoreUnavailable as exc:
-                    self._redis_failed(exc, "settle")
-                    return
-                self._retry.popleft()
-                self._redis_ok()
-                self._remember(batch, res)
 
     async def flush(self) -> None:
         """Send pending settle/refund charges to Redis now (tests, shutdown)."""
-        task = self._flush_task
-        if task is not None and not task.done():
-            await task
-        await self._flush()
+        if self.link is not None:
+            await self.link.flush()
 
     @property
     def pending(self) -> int:
-        """Deltas not yet in Redis."""
-        return len(self._pending) + sum(len(b) for _, b in self._retry)
+        """Settle/refund charges not yet in Redis."""
+        return 0 if self.link is None else self.link.pending
 
-    # ---- Redis health ---------------------------------------------------------------------------------------
-    def _redis_usable(self) -> bool:
-        return self.redis is not None and self.clock() >= self._down_until
-
-    def _redis_failed(self, exc: StoreUnavailable, op: str) -> None:
-        self._down_until = self.clock() + self.retry_interval_s
-        self.metrics.fallback(op, exc.reason, self.policy.value)
-        if self.redis_healthy:
-            self.redis_healthy = False
-            self.metrics.redis_up(False)
-            log.warning("rate limits: %s; shared limits use the %r policy, retrying Redis every %g s",
-                        exc, self.policy.value, self.retry_interval_s)
-
-    def _redis_ok(self) -> None:
-        if not self.redis_healthy:
-            self.redis_healthy = True
-            self.metrics.redis_up(True)
-            self.fallback.clear()
-            log.warning("rate limits: redis at %s answers again; shared limits are global again",
-                        self.redis.address if self.redis else "?")
-            self._schedule_flush()
+    @property
+    def redis_healthy(self) -> bool:
+        return self.link is None or self.link.healthy
 
     async def probe(self) -> bool:
         """Try Redis now (even inside the retry interval); True when it answered. For health checks and tests."""
-        if self.redis is None:
-            return False
-        self._down_until = -INF
-        if await self.redis.ping():
-            self._redis_ok()
-            return True
-        self._redis_failed(StoreUnavailable("error", f"redis at {self.redis.address} did not answer a ping"),
-                           "probe")
-        return False
+        return self.link is not None and await self.link.probe()
 
     # ---- state ----------------------------------------------------------------------------------------------
-    def _remember(self, ops: Sequence[Op], results: Sequence[OpResult]) -> None:
-        now = self.clock()
-        view = self._view
-        for op, res in zip(ops, results, strict=True):
-            view[op.key] = (op.limit, op.label, res.remaining, res.reset_after, now)
-            view.move_to_end(op.key)
-        while len(view) > self.max_keys:
-            view.popitem(last=False)
-
     async def refresh(self) -> None:
         """Re-read from Redis the shared states this process has seen (for the metrics page)."""
-        if self.redis is None or not self._view or not self._redis_usable():
-            return
-        items = list(self._view.items())
-        for i in range(0, len(items), _FLUSH_BATCH):
-            chunk = items[i:i + _FLUSH_BATCH]
-            ops = [Op(key, lim, 0.0, 0.0, -1, label) for key, (lim, label, *_rest) in chunk]
-            try:
-                _, res = await self.redis.run(ops, Mode.PEEK)
-                self._redis_ok()
-            except StoreUnavailable as exc:
-                self._redis_failed(exc, "refresh")
-                return
-            self._remember(ops, res)
+        if self.link is not None:
+            await self.link.refresh()
 
     def snapshot(self) -> list[LimitState]:
         """Every stored state: local limits, shared limits as last answered by Redis, the fallback's; plus one
@@ -437,12 +317,9 @@ class Limiter:
 
         for lim, label, remaining, reset in self.local.states(now):
             add(lim, label, remaining, reset, "local")
-        for lim, label, remaining, reset, ts in list(self._view.values()):
-            age = max(0.0, now - ts)
-            if lim.algorithm is Algorithm.TOKEN_BUCKET:  # a bucket keeps refilling since Redis answered
-                remaining = min(lim.amount, remaining + age * lim.rate)
-                reset = max(0.0, reset - age)
-            add(lim, label, remaining, reset, "redis", age)
+        if self.link is not None:
+            for lim, label, remaining, reset, age in self.link.rows(now):
+                add(lim, label, remaining, reset, "redis", age)
         for lim, label, remaining, reset in self.fallback.states(now):
             add(lim, label, remaining, reset, "fallback")
         for lim in self._registered.values():
@@ -469,9 +346,5 @@ class Limiter:
 
     async def close(self) -> None:
         """Flush what is pending (bounded by the Redis timeout) and close the Redis connections."""
-        if self.redis is None:
-            return
-        try:
-            await self.flush()
-        finally:
-            await self.redis.close()
+        if self.link is not None:
+            await self.link.close()
