@@ -82,6 +82,7 @@ class Limiter:
             max_keys=max_keys, max_pending=max_pending, on_recover=self.fallback.clear)
         self._scaled: dict[tuple[str, float, float], Limit] = {}
         self._registered: dict[str, Limit] = {}
+        self._scopes: dict[str, tuple[str, str]] = {}  # scope value -> (key, label), a small cache
 
     # ---- configuration --------------------------------------------------------------------------------------
     def configure(self, limits: Iterable[Limit]) -> None:
@@ -102,16 +103,22 @@ class Limiter:
               price: Price | None) -> _Plan:
         plan = _Plan(tokens(input_tokens), tokens(output_estimate), price)
         seen: set[str] = set()
+        scopes = self._scopes
         for limit, scope in applied:
             scope = scope if isinstance(scope, str) else ""
-            key = f"{limit.id}|{scope_key(scope)}"
+            hashed = scopes.get(scope)
+            if hashed is None:
+                if len(scopes) >= 4096:
+                    scopes.clear()
+                hashed = scopes[scope] = (scope_key(scope), scope_label(scope))
+            key = f"{limit.id}|{hashed[0]}"
             if key in seen:
                 continue
             seen.add(key)
             if limit.id not in self._registered:
                 self._registered[limit.id] = limit
             known, later = limit.metric.parts(plan.input_tokens, plan.output_estimate, price)
-            op = Op(key, limit, _need(limit, known), known + later, -1, scope_label(scope), known)
+            op = Op(key, limit, _need(limit, known), known + later, -1, hashed[1], known)
             (plan.shared if limit.shared and self.redis is not None else plan.local).append(op)
         return plan
 
@@ -252,30 +259,34 @@ class Limiter:
         inp = ticket.input_tokens if input_tokens is None else tokens(input_tokens)
         out = ticket.output_estimate if output_tokens is None else tokens(output_tokens)
         p = price if price is not None else ticket.price
-        for e in ticket.entries:
-            delta = e.op.limit.metric.amount(inp, out, p) - e.op.charge
-            if delta:
-                self._apply_delta(e, delta)
+        self._apply([(e, e.op.limit.metric.amount(inp, out, p) - e.op.charge) for e in ticket.entries])
 
     def refund(self, ticket: Ticket | None) -> None:
         """Undo an admission whose request never reached an engine (exactly once; settle after it does nothing)."""
         if ticket is None or ticket.closed:
             return
         ticket.closed = True
-        for e in ticket.entries:
-            if e.op.charge:
-                self._apply_delta(e, -e.op.charge)
+        self._apply([(e, -e.op.charge) for e in ticket.entries])
 
-    def _apply_delta(self, e: Charged, delta: float) -> None:
-        op = Op(e.op.key, e.op.limit, 0.0, delta, e.slot if delta < 0 else -1, e.op.label)
-        if e.store == "redis" and self.link is not None:
-            self.link.queue(op)
-        elif e.store in ("local", "fallback"):
-            store = self.local if e.store == "local" else self.fallback
-            before = store.dropped
-            store.run([op], Mode.CHARGE, self.clock())
-            if store.dropped > before:
-                self.metrics.lost(store.dropped - before)
+    def _apply(self, deltas: list[tuple[Charged, float]]) -> None:
+        local: list[Op] = []
+        fallback: list[Op] = []
+        for e, delta in deltas:
+            if not delta:
+                continue
+            op = Op(e.op.key, e.op.limit, 0.0, delta, e.slot if delta < 0 else -1, e.op.label)
+            if e.store == "local":
+                local.append(op)
+            elif e.store == "fallback":
+                fallback.append(op)
+            elif e.store == "redis" and self.link is not None:
+                self.link.queue(op)
+        for store, ops in ((self.local, local), (self.fallback, fallback)):
+            if ops:
+                before = store.dropped
+                store.run(ops, Mode.CHARGE, self.clock())
+                if store.dropped > before:
+                    self.metrics.lost(store.dropped - before)
 
     async def flush(self) -> None:
         """Send pending settle/refund charges to Redis now (tests, shutdown)."""
