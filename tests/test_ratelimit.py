@@ -20,6 +20,7 @@ from epp.ratelimit import (
     RateLimitMetrics,
     RedisStore,
     Unit,
+    declared_output,
     scope_key,
     scope_label,
     tokens,
@@ -144,6 +145,17 @@ def test_lean_phases_keep_the_estimate_charged() -> None:
     assert limiter.snapshot()[0].used == pytest.approx(256, abs=0.01)
 
 
+@pytest.mark.parametrize("body,expected", [
+    ({"max_completion_tokens": 300, "max_tokens": 100}, 300),  # OpenAI: the newer field wins
+    ({"max_tokens": 1024}, 1024),  # OpenAI legacy, Anthropic messages
+    ({"max_output_tokens": 64}, 64),  # responses API
+    ({"max_tokens": -5}, 0), ({"max_tokens": True}, 42), ({"max_tokens": "9"}, 42), ({"max_tokens": 1e300}, MAX_TOKENS),
+    ({}, 42), (None, 42), ([1, 2], 42),
+])
+def test_declared_output_bound_is_the_estimate(body: object, expected: int) -> None:
+    assert declared_output(body, default=42) == expected
+
+
 def test_settle_reconciles_input_too() -> None:
     limiter, _ = make()
     inp = Limit.per_unit("r", "input_tokens", 1000, "day")
@@ -181,12 +193,16 @@ def test_refused_request_charges_nothing_anywhere() -> None:
 
 
 def test_dry_run_decides_without_charging() -> None:
-    limiter, _ = make()
+    metrics = RateLimitMetrics()
+    limiter, _ = make(metrics=metrics)
     lim = Limit.per_unit("r", "input_tokens", 10, "day")
     assert admit(limiter, [(lim, "")], 10, dry_run=True).allowed
     assert not admit(limiter, [(lim, "")], 11, dry_run=True).allowed
     assert admit(limiter, [(lim, "")], 10).allowed  # nothing was charged by the dry runs
     assert not admit(limiter, [(lim, "")], 1, dry_run=True).allowed
+    text = generate_latest(metrics.registry).decode()  # explain does not count as traffic
+    assert 'decision="admitted"} 1.0' in text and 'decision="rejected"} 0.0' in text
+    assert "pointsman_ratelimit_redis_up" not in text  # no Redis configured: not reported as down
 
 
 def test_duplicate_limits_in_one_request_are_charged_once() -> None:

@@ -154,7 +154,7 @@ class Limiter:
             return self._overflow()
         statuses = [self._status(op, res, "local") for op, res in zip(plan.local, results, strict=True)]
         if not ok:
-            return self._refused(statuses)
+            return self._refused(statuses, dry_run)
         try:
             gok, gres = await link.run(plan.shared, mode)
         except StoreUnavailable:
@@ -163,7 +163,7 @@ class Limiter:
         if not gok:
             if not dry_run:
                 self._undo(self.local, plan.local, results)
-            return self._refused(statuses)
+            return self._refused(statuses, dry_run)
         return self._admitted(plan, statuses, results, gres, "redis", dry_run)
 
     def _admit_local(self, plan: _Plan, dry_run: bool) -> Admission:
@@ -175,9 +175,10 @@ class Limiter:
             return self._overflow()
         statuses = [self._status(op, res, "local") for op, res in zip(plan.local, results, strict=True)]
         if not ok:
-            return self._refused(statuses)
+            return self._refused(statuses, dry_run)
         if plan.shared:
-            self.metrics.fallback("admit", "down", self.policy.value)
+            if not dry_run:
+                self.metrics.fallback("admit", "down", self.policy.value)
             return self._after_redis_failure(plan, results, statuses, dry_run)
         return self._admitted(plan, statuses, results, [], "none", dry_run)
 
@@ -199,7 +200,7 @@ class Limiter:
         if not gok:
             if not dry_run:
                 self._undo(self.local, plan.local, results)
-            return self._refused(statuses)
+            return self._refused(statuses, dry_run)
         plan.shared = fops
         return self._admitted(plan, statuses, results, gres, "fallback", dry_run)
 
@@ -213,7 +214,9 @@ class Limiter:
         ticket = Ticket(entries, plan.input_tokens, plan.output_estimate, plan.price)
         return Admission(True, statuses, ticket)
 
-    def _refused(self, statuses: list[LimitStatus]) -> Admission:
+    def _refused(self, statuses: list[LimitStatus], dry_run: bool) -> Admission:
+        if dry_run:
+            return Admission(False, statuses)
         self.metrics.decision(False)
         for s in statuses:
             if s.refused:

@@ -239,6 +239,20 @@ def tokens(value: object) -> int:
     return 0
 
 
+OUTPUT_BOUND_FIELDS = ("max_completion_tokens", "max_tokens", "max_output_tokens")
+
+
+def declared_output(body: object, default: int = 0) -> int:
+    """The output bound a request declares (OpenAI `max_completion_tokens` / `max_tokens`, responses API
+    `max_output_tokens`, Anthropic `max_tokens`), or `default`: the output estimate to charge at admission."""
+    if isinstance(body, dict):
+        for name in OUTPUT_BOUND_FIELDS:
+            value = body.get(name)
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                return tokens(value)
+    return tokens(default)
+
+
 def scope_key(scope: str) -> str:
     """A bounded, opaque key for a scope value (a team header may be any length and any characters)."""
     if not scope:

@@ -9,6 +9,7 @@ Counters (updated on the request path):
 - pointsman_ratelimit_lost_charges_total                       settle/refund charges that could not be recorded
 - pointsman_ratelimit_redis_duration_seconds                   histogram of the script's round trips
 - pointsman_ratelimit_redis_up                                 1 while Redis answers, 0 while the policy applies
+  (present only when a Redis is configured)
 
 Gauges computed at scrape time from the limiter's state (never stale, no per-request cost):
 - pointsman_ratelimit_utilization{limit, metric, kind}         used / amount, the largest over the limit's scopes
@@ -83,8 +84,7 @@ class RateLimitMetrics:
         self.redis_seconds = Histogram("pointsman_ratelimit_redis_duration_seconds",
                                        "Round trip of one rate-limit script call to Redis.", buckets=REDIS_BUCKETS,
                                        registry=r)
-        self.up = Gauge("pointsman_ratelimit_redis_up", "1 while Redis answers, 0 while the Redis-down policy "
-                        "applies.", registry=r)
+        self.up: Gauge | None = None  # registered once a Redis is configured: no Redis is not "Redis down"
         self._collector: _StateCollector | None = None
         self._admitted = self.decisions.labels("admitted")  # label lookups cost more than the increment
         self._rejected = self.decisions.labels("rejected")
@@ -107,6 +107,9 @@ class RateLimitMetrics:
         self.fallbacks.labels(op, reason, policy).inc()
 
     def redis_up(self, up: bool) -> None:
+        if self.up is None:
+            self.up = Gauge("pointsman_ratelimit_redis_up",
+                            "1 while Redis answers, 0 while the Redis-down policy applies.", registry=self.registry)
         self.up.set(1 if up else 0)
 
     def redis_duration(self, seconds: float) -> None:
