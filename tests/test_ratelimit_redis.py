@@ -313,6 +313,28 @@ def test_hung_redis_costs_at_most_the_timeout_and_settles_count_once(own_redis: 
     asyncio.run(main())
 
 
+def test_an_admission_cancelled_while_waiting_for_redis_leaves_no_local_charge(own_redis: RedisServer) -> None:
+    async def main() -> None:
+        limiter = Limiter(redis=RedisStore(own_redis.url, timeout_s=5.0))
+        shared = Limit.per_unit("shared", "input_tokens", 1000, "day", shared=True)
+        local = Limit.per_unit("local", "input_tokens", 1000, "day")
+        assert (await limiter.admit([(shared, ""), (local, "")], 10)).allowed
+        own_redis.pause()
+        try:
+            task = asyncio.ensure_future(limiter.admit([(shared, ""), (local, "")], 300))
+            await asyncio.sleep(0.1)
+            assert {r.name: r.used for r in limiter.snapshot()}["local"] == pytest.approx(310, abs=0.1)  # charged, waiting
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+        finally:
+            own_redis.resume()
+        assert {r.name: r.used for r in limiter.snapshot() if r.source == "local"}["local"] == pytest.approx(10, abs=0.1)
+        await limiter.close()
+
+    asyncio.run(main())
+
+
 def test_credentials_never_show(own_redis: RedisServer, caplog: pytest.LogCaptureFixture) -> None:
     sync = redis_sync.Redis.from_url(own_redis.url)
     sync.config_set("requirepass", "right-horse-battery")

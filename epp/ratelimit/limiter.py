@@ -159,6 +159,10 @@ class Limiter:
             gok, gres = await link.run(plan.shared, mode)
         except StoreUnavailable:
             return self._after_redis_failure(plan, results, statuses, dry_run)
+        except BaseException:  # cancelled (the stream went away) while waiting: no ticket, so nothing stays charged
+            if not dry_run:
+                self._undo(self.local, plan.local, results)
+            raise
         statuses += [self._status(op, res, "redis") for op, res in zip(plan.shared, gres, strict=True)]
         if not gok:
             if not dry_run:
