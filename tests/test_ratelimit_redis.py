@@ -313,6 +313,52 @@ def test_hung_redis_costs_at_most_the_timeout_and_settles_count_once(own_redis: 
     asyncio.run(main())
 
 
+def test_redis_hangs_mid_run_under_concurrent_load(own_redis: RedisServer) -> None:
+    """32 concurrent clients admit without pause; Redis hangs (SIGSTOP) mid-run and comes back. No admission
+    waits longer than the timeout (+ margin), the policy answers meanwhile, and admissions are global again
+    after Redis returns."""
+
+    async def main() -> None:
+        metrics = RateLimitMetrics()
+        timeout = 0.03
+        limiter = Limiter(redis=RedisStore(own_redis.url, timeout_s=timeout), redis_down="local", replicas=2,
+                          retry_interval_s=0.2, metrics=metrics)
+        shared = Limit.per_unit("busy", "input_tokens", 10**9, "day", shared=True)
+        log: list[tuple[float, float, bool]] = []  # (start, seconds, degraded)
+        t_start = time.perf_counter()
+        stop = t_start + 2.0
+
+        async def client() -> None:
+            while time.perf_counter() < stop:
+                t0 = time.perf_counter()
+                adm = await limiter.admit([(shared, "")], 10, 5)
+                log.append((t0 - t_start, time.perf_counter() - t0, adm.degraded))
+                assert adm.allowed
+                limiter.settle(adm.ticket, output_tokens=3)
+                await asyncio.sleep(0.002)
+
+        async def chaos() -> None:
+            await asyncio.sleep(0.5)
+            own_redis.pause()
+            await asyncio.sleep(0.6)
+            own_redis.resume()
+
+        try:
+            await asyncio.gather(chaos(), *(client() for _ in range(32)))
+        finally:
+            own_redis.resume()
+        worst = max(d for _, d, _ in log)
+        assert worst < timeout + 0.3, worst
+        during = [deg for t, _, deg in log if 0.6 < t < 1.1]
+        after = [deg for t, _, deg in log if t > 1.6]
+        assert during and all(during)  # the policy answered while Redis hung
+        assert after and not any(after)  # global again
+        assert fallbacks(metrics) >= len(during)
+        await limiter.close()
+
+    asyncio.run(main())
+
+
 def test_an_admission_cancelled_while_waiting_for_redis_leaves_no_local_charge(own_redis: RedisServer) -> None:
     async def main() -> None:
         limiter = Limiter(redis=RedisStore(own_redis.url, timeout_s=5.0))

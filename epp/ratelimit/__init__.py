@@ -44,7 +44,7 @@ One request's life
      engine (the scheduler found no endpoint, the request was rejected later in the director). A request that
      reached an engine and failed keeps its charge: the engine did the prefill.
    A ticket's second settle or refund does nothing, so every admitted request is charged exactly once and a
-   refused one never.
+   refused one never. An admission cancelled while waiting for Redis gives its local charges back.
 
 Where the state lives
 ---------------------
