@@ -57,8 +57,8 @@ Where the state lives
   clock. Local limits are charged first; if Redis then refuses, they are refunded. Settles and refunds are
   batched to Redis in the background, so closing a stream never waits.
 - **Redis down**: every call is bounded by the store's timeout (30 ms by default); a failure or timeout marks
-  Redis down for `retry_interval_s`, during which shared limits skip Redis (no added latency), then the next
-  request tries again. Meanwhile the policy applies: `fail-open` (shared limits are not enforced) or `local`
+  Redis down for `retry_interval_s`, during which shared limits skip Redis (no added latency), then one request
+  tries again (the others keep to the policy until it answers). Meanwhile the policy applies: `fail-open` (shared limits are not enforced) or `local`
   (each replica enforces `amount / replicas` by itself). Each such call counts in
   `pointsman_ratelimit_redis_fallback_total`; `pointsman_ratelimit_redis_up` shows the state. When Redis answers
   again, shared limits are global again, pending settles are sent, and the fallback state is dropped (usage

@@ -144,7 +144,7 @@ class Limiter:
             return ADMITTED
         plan = self._plan(applied, input_tokens, output_estimate, price)
         link = self.link
-        if not plan.shared or link is None or not link.usable():
+        if not plan.shared or link is None or not link.claim():
             return self._admit_local(plan, dry_run)
         mode = Mode.PEEK if dry_run else Mode.ADMIT
         now = self.clock()
@@ -309,9 +309,10 @@ class Limiter:
     def redis_healthy(self) -> bool:
         return self.link is None or self.link.healthy
 
-    async def probe(self) -> bool:
-        """Try Redis now (even inside the retry interval); True when it answered. For health checks and tests."""
-        return self.link is not None and await self.link.probe()
+    async def probe(self, timeout_s: float | None = None) -> bool:
+        """Try Redis now (even inside the retry interval), loading the script; True when it answered. Call it at
+        start-up (with a longer timeout) so the first requests find a connection and the script ready."""
+        return self.link is not None and await self.link.probe(timeout_s)
 
     # ---- state ----------------------------------------------------------------------------------------------
     async def refresh(self) -> None:

@@ -1,8 +1,8 @@
 """The limiter's side of Redis: whether to call it, the queue of settle and refund charges, what it last said.
 
 - Health: a call that fails or times out marks Redis down for `retry_interval_s`; until then no request calls it
-  (so an outage costs one timeout, not one per request); the first call after that tries again, and an answer
-  marks it up (`on_recover` then runs, and queued charges are sent).
+  (so an outage costs one timeout, not one per request); then a single call tries again (the others keep to the
+  policy meanwhile), and an answer marks it up (`on_recover` then runs, and queued charges are sent).
 - Queue: settle and refund deltas are summed per (key, slot) and sent in batches of up to 256 ops by one
   background task, so closing a stream never waits for Redis. A batch is sent with an id that the script
   remembers for an hour; a batch without an answer is resent unchanged, first, so it counts exactly once even
@@ -76,7 +76,18 @@ class RedisLink:
 
     # ---- health -----------------------------------------------------------------------------------------------
     def usable(self) -> bool:
+        """Whether Redis may be called now (no state change; see `claim`)."""
         return self.clock() >= self._down_until
+
+    def claim(self) -> bool:
+        """`usable()`, and when Redis is down, let only this caller try it: the others keep to the policy for
+        another retry interval unless this call answers (half-open: one probe per interval, not a stampede)."""
+        now = self.clock()
+        if now < self._down_until:
+            return False
+        if not self.healthy:
+            self._down_until = now + self.retry_interval_s
+        return True
 
     def failed(self, exc: StoreUnavailable, op: str) -> None:
         self._down_until = self.clock() + self.retry_interval_s
@@ -91,6 +102,7 @@ class RedisLink:
         if self.healthy:
             return
         self.healthy = True
+        self._down_until = -INF
         self.metrics.redis_up(True)
         log.warning("rate limits: redis at %s answers again; shared limits are global again", self.store.address)
         self.on_recover()
@@ -108,10 +120,10 @@ class RedisLink:
         self.remember(ops, res)
         return ok, res
 
-    async def probe(self) -> bool:
-        """Ping now, even inside the retry interval."""
+    async def probe(self, timeout_s: float | None = None) -> bool:
+        """Ping now (loading the script), even inside the retry interval."""
         self._down_until = -INF
-        if await self.store.ping():
+        if await self.store.ping(timeout_s):
             self.answered()
             return True
         self.failed(StoreUnavailable("error", f"redis at {self.store.address} did not answer a ping"), "probe")
@@ -143,7 +155,7 @@ class RedisLink:
 
     async def _flush(self) -> None:
         async with self._lock:
-            while self.usable() and (self._retry or self._pending):
+            while (self._retry or self._pending) and self.claim():
                 if not self._retry:
                     keys = list(self._pending)[:BATCH]
                     self._retry.append((uuid.uuid4().hex, [self._pending.pop(k) for k in keys]))
@@ -187,7 +199,7 @@ class RedisLink:
             yield lim, label, remaining, reset, age
 
     async def refresh(self) -> None:
-        if not self._view or not self.usable():
+        if not self._view or not self.claim():
             return
         items = list(self._view.items())
         for i in range(0, len(items), BATCH):

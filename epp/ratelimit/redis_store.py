@@ -310,9 +310,11 @@ class RedisStore:
                                 int(reply[base + 3])))
         return bool(int(reply[0])), out
 
-    async def ping(self) -> bool:
+    async def ping(self, timeout_s: float | None = None) -> bool:
+        """Whether the server answers, by loading the script (SCRIPT LOAD): at start-up this also opens a pooled
+        connection and spares the first admissions a NOSCRIPT round trip."""
         try:
-            await _bounded(self._client.ping(), self.timeout_s)
+            await _bounded(self._client.script_load(SCRIPT), timeout_s or self.timeout_s)
             return True
         except (TimeoutError, asyncio.TimeoutError, RedisError, OSError):
             return False

@@ -1,6 +1,6 @@
 """One 'Pointsman process' for the shared-limit tests: a Limiter on a real Redis, hammered by concurrent requests.
 
-    python -m tests.support.ratelimit_driver --redis-url URL --scenario rate|budget --amount N [--start-at T]
+    python -m tests.support.ratelimit_driver --redis-url URL --scenario rate|budget --amount N [--barrier]
 
 Each of `--concurrency` workers loops: admit a request with a random input size (and output estimate), hold it a
 moment, settle it with a random real output (never above the estimate, so a budget is never overdrawn by
@@ -61,14 +61,17 @@ async def main(argv: list[str]) -> None:
     p.add_argument("--give-up", type=int, default=25)
     p.add_argument("--max-seconds", type=float, default=60.0)
     p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--start-at", type=float, default=0.0, help="wall-clock time to start (line up two processes)")
+    p.add_argument("--barrier", action="store_true",
+                   help="print 'ready', then start when a line arrives on stdin (lines up several processes)")
     a = p.parse_args(argv)
     store = RedisStore(a.redis_url, timeout_s=2.0)  # generous: this test is about exactness, not latency
     limiter = Limiter(redis=store, redis_down="fail-open")
     applied = [(lim, "") for lim in limits(a.scenario, a.amount)]
     stats = {"admitted": 0.0, "refused": 0.0, "admitted_input": 0.0, "settled_total": 0.0, "degraded": 0.0}
-    if a.start_at:
-        await asyncio.sleep(max(0.0, a.start_at - time.time()))
+    await limiter.admit(applied, 0, dry_run=True)  # connected, script loaded: ready to go at once
+    if a.barrier:
+        print("ready", flush=True)
+        await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
     deadline = time.monotonic() + a.max_seconds
     await asyncio.gather(*(worker(limiter, applied, random.Random(a.seed * 1000 + i), stats, a.give_up, deadline)
                            for i in range(a.concurrency)))
