@@ -250,8 +250,12 @@ def test_redis_killed_local_policy_then_back(own_redis: RedisServer) -> None:
         assert 'pointsman_ratelimit_redis_fallback_total{op="admit",policy="local",reason="down"} 1.0' in text
         assert not await limiter.probe()  # still dead
         own_redis.restart()  # an empty server: no state, no script loaded
-        await asyncio.sleep(0.35)
-        back = await limiter.admit([(shared, "")], 60)
+        for _ in range(10):  # the next try after the retry interval finds it (a loaded machine may need two)
+            await asyncio.sleep(0.35)
+            back = await limiter.admit([(shared, "")], 60)
+            if not back.degraded:
+                break
+            limiter.refund(back.ticket)
         assert back.allowed and not back.degraded and limiter.redis_healthy
         assert dict(back.headers)["x-ratelimit-remaining"] == "40"  # global again, from Redis's (new) state
         assert "pointsman_ratelimit_redis_up 1.0" in generate_latest(metrics.registry).decode()
