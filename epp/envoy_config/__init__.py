@@ -17,6 +17,7 @@ nothing on the request path imports it.
 
 from __future__ import annotations
 
+import warnings
 from typing import TYPE_CHECKING, Any
 
 import yaml
@@ -35,11 +36,13 @@ _EXPLICIT_FALSE = ("failure_mode_allow", "allow_mode_override")
 
 def build_bootstrap(spec: EnvoyConfigSpec) -> Bootstrap:
     spec.check()
-    from envoy_data_plane.envoy.config.bootstrap.v3 import Admin, Bootstrap, BootstrapStaticResources
-    from envoy_data_plane.envoy.config.core.v3 import Node
+    with warnings.catch_warnings():  # the generated classes trip pydantic deprecation warnings at import
+        warnings.simplefilter("ignore", DeprecationWarning)
+        from envoy_data_plane.envoy.config.bootstrap.v3 import Admin, Bootstrap, BootstrapStaticResources
+        from envoy_data_plane.envoy.config.core.v3 import Node
 
-    from epp.envoy_config.clusters import epp_cluster, pool_cluster
-    from epp.envoy_config.listener import connection_manager, ext_proc_filter, listener, socket
+        from epp.envoy_config.clusters import epp_cluster, pool_cluster
+        from epp.envoy_config.listener import connection_manager, ext_proc_filter, listener, socket
 
     hcm = connection_manager(spec, ext_proc_filter(spec))
     return Bootstrap(
