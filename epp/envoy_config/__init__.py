@@ -10,9 +10,9 @@ trailers SEND (as GIE's reference config):
   `eds=True` an EDS cluster that Pointsman keeps up to date (epp/xds) over the `epp` cluster.
 
 `render(spec)` gives the bootstrap as a dict (snake_case field names, as Envoy's YAML uses), `render_yaml(spec)`
-as text, `build_bootstrap(spec)` as the typed `Bootstrap` message. envoy-data-plane takes about two seconds to
+as text, `build_bootstrap(spec)` as the typed `Bootstrap` message. envoy-data-plane takes about a second to
 import, so the typed builders load on first use only: importing this package for `EnvoyConfigSpec` is cheap, and
-nothing on the request path imports it.
+nothing on the request path imports it (measured: bench/bench_import_cost.py).
 """
 
 from __future__ import annotations
