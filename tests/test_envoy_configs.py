@@ -38,8 +38,9 @@ def test_generated_configs_validate(tmp_path, variant, phases):
 
 
 @pytest.mark.parametrize("extra", [[], ["--epp-tls"], ["--response-phases", "lean"], ["--variant", "override-host"],
-                                   ["--epp", "[::1]:9002", "--pool-name", "llama"]],
-                         ids=["plain", "tls", "lean", "explicit-variant", "ipv6-epp"])
+                                   ["--epp", "[::1]:9002", "--pool-name", "llama"],
+                                   ["--epp", "pointsman-epp.default.svc:9002"]],
+                         ids=["plain", "tls", "lean", "explicit-variant", "ipv6-epp", "dns-epp"])
 def test_eds_configs_validate(tmp_path, extra):
     out = tmp_path / "envoy.yaml"
     assert epp_main(["envoy-config", "--eds", *extra, "-o", str(out)]) == 0
@@ -58,6 +59,8 @@ def test_eds_configs_validate(tmp_path, extra):
     policy = pool["load_balancing_policy"]["policies"][0]["typed_extension_config"]
     assert policy["name"] == "envoy.load_balancing_policies.override_host"
     assert doc["node"]["id"], "xDS needs a node id"
+    epp = doc["static_resources"]["clusters"][0]
+    assert epp["type"] == ("STRICT_DNS" if "pointsman-epp.default.svc:9002" in extra else "STATIC")
 
 
 def test_eds_pool_name_comes_from_the_endpoints_file(tmp_path):

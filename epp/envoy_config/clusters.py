@@ -8,6 +8,8 @@ A pool cluster is assembled from two independent parts, so each can change witho
 
 from __future__ import annotations
 
+import ipaddress
+
 from envoy_data_plane.envoy.config.cluster.v3 import (
     CircuitBreakers,
     CircuitBreakersThresholds,
@@ -71,13 +73,22 @@ def _static_assignment(name: str, endpoints: list[tuple[str, int]]) -> ClusterLo
     return ClusterLoadAssignment(cluster_name=name, endpoints=[LocalityLbEndpoints(lb_endpoints=lb)])
 
 
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        return False
+    return True
+
+
 def epp_cluster(spec: EnvoyConfigSpec) -> Cluster:
     """Pointsman's gRPC port over HTTP/2: the ext_proc streams and, with --eds, the EDS stream."""
     http2 = HttpProtocolOptions(explicit_http_config=HttpProtocolOptionsExplicitHttpConfig(
         http2_protocol_options=Http2ProtocolOptions()))
     cluster = Cluster(
         name=EPP_CLUSTER,
-        type=ClusterDiscoveryType.STATIC,
+        # An IP is dialled as is; a name (a Kubernetes Service, a compose host) is resolved by DNS.
+        type=ClusterDiscoveryType.STATIC if _is_ip(spec.epp_host) else ClusterDiscoveryType.STRICT_DNS,
         connect_timeout=seconds(CONNECT_TIMEOUT_S),
         load_assignment=_static_assignment(EPP_CLUSTER, [(spec.epp_host, spec.epp_port)]),
         typed_extension_protocol_options={HTTP_OPTIONS_KEY: Any.pack(http2)},
