@@ -329,3 +329,36 @@ async def test_eds_can_be_turned_off(tmp_path):
         assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED
     finally:
         await a.stop(0)
+
+
+async def test_a_change_found_while_answering_one_stream_reaches_the_others(ds):
+    """Health changes are found by refreshing the table, by the poll or by any stream's request; whoever finds
+    the change, every stream must hear of it (here the poll is off, so only stream A's request can find it)."""
+    from epp.xds import EdsService, add_eds_service
+
+    service = EdsService(ds, poll_s=3600)
+    server = grpc.aio.server()
+    add_eds_service(server, service)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    service.start()
+    a, b = RawClient(port), RawClient(port)
+    try:
+        a.send(request())
+        b.send(request())
+        first_a, first_b = await a.recv(5), await b.recv(5)
+        assert first_a is not None and first_b is not None
+        a.send(request(version=first_a.version_info, nonce=first_a.nonce))
+        b.send(request(version=first_b.version_info, nonce=first_b.nonce))
+        await asyncio.sleep(0.3)
+        ds.set_unhealthy("10.0.0.1:8001", True)  # no notification
+        a.send(request(["pool", "other"], version=first_a.version_info, nonce=first_a.nonce))
+        assert await a.recv(3) is not None
+        pushed = await b.recv(3)
+        assert pushed is not None, "stream B never heard of the change stream A's request found"
+        assert dict((p, h) for _, p, h in unpack(pushed)["pool"])[8001] == UNHEALTHY
+    finally:
+        await a.close()
+        await b.close()
+        await service.stop()
+        await server.stop(0)

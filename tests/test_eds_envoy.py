@@ -13,6 +13,7 @@ import orjson
 import pytest
 import yaml
 
+from epp.xds import ResourceTable, version_of
 from tests.support.envoy import cluster_hosts, stats
 from tests.support.stack import Stack
 
@@ -125,17 +126,29 @@ async def test_a_rejected_update_is_logged_not_looped_and_the_fix_goes_through(s
         return stats(stack.admin_port, "cluster.pool.").get("cluster.pool.update_rejected", 0)
 
     await wait_until(lambda: rejected() >= 1, 5, "Envoy to reject the bad address")
-    # The bad endpoint's health changes once (never scraped -> failed scrapes -> UNHEALTHY): at most one more
-    # version; after that nothing is resent.
-    await asyncio.sleep(1.5)
+    # The bad endpoint's health changes once (never scraped -> three failed scrapes -> UNHEALTHY), which is one
+    # more version, rejected too. Wait for that, and for Envoy to have answered every push; then nothing more
+    # may be sent.
+    await wait_until(lambda: "not-an-ip:8000" in stack.app.datastore.unhealthy, 15, "the bad endpoint to fail")
+    stream = next(iter(stack.app.eds.streams))
+
+    def current_version() -> str:  # what the datastore holds now, computed apart from the server's own table
+        table = ResourceTable(stack.app.datastore)
+        table.refresh()
+        return version_of(table.resolve(stream.names)[0])
+
+    deadline = time.monotonic() + 5
+    while not (stream.sent_version == current_version() == stream.rejected_version
+               and await asyncio.to_thread(rejected) == stream.nacks):
+        assert time.monotonic() < deadline, "Envoy never rejected the last version sent"
+        await asyncio.sleep(0.05)
     settled = rejected()
     await asyncio.sleep(1.5)
     assert rejected() == settled <= 3, "a rejected version must not be sent again and again"
+    assert stream.nacks == settled and stream.sent_version == stream.rejected_version
     assert set(hosts(stack)) == {a, b}, "Envoy keeps the last good endpoints"
     nacks = [r.message for r in caplog.records if "rejected version" in r.message]
     assert nacks and "not-an-ip" in nacks[0], nacks
-    stream = next(iter(stack.app.eds.streams))
-    assert stream.nacks == settled
 
     stack.endpoints_file([a, b, c])
     await wait_until(lambda: set(hosts(stack)) == {a, b, c}, 3, "the fixed file to reach Envoy")

@@ -46,7 +46,7 @@ class EdsService(eds_pb2_grpc.EndpointDiscoveryServiceServicer):
 
     # ---- lifecycle ---------------------------------------------------------------------------------------
     def start(self) -> None:
-        self.table.refresh()
+        self.refresh()
         if self._task is None or self._task.done():
             self._task = asyncio.get_running_loop().create_task(self._refresh_loop(), name="eds-refresh")
 
@@ -72,9 +72,8 @@ class EdsService(eds_pb2_grpc.EndpointDiscoveryServiceServicer):
                 log.exception("EDS refresh failed")
 
     def refresh(self) -> None:
-        """Rebuild what changed and wake the streams (a no-op when nobody subscribes)."""
-        if not self.streams:
-            return
+        """Rebuild what changed and wake every stream if anything did. Everything that refreshes the table goes
+        through here, so no change is seen by one caller and missed by the streams."""
         changed = self.table.refresh()
         synced = self.table.synced
         if changed or synced != self._synced_seen:
@@ -101,7 +100,7 @@ class EdsService(eds_pb2_grpc.EndpointDiscoveryServiceServicer):
                 if item is _CHANGE:
                     reply = stream.on_change()
                 else:
-                    self.table.refresh()
+                    self.refresh()
                     try:
                         reply = stream.on_request(item)  # type: ignore[arg-type]
                     except ValueError as e:
@@ -127,7 +126,7 @@ class EdsService(eds_pb2_grpc.EndpointDiscoveryServiceServicer):
     ) -> discovery_pb2.DiscoveryResponse:
         if request.type_url and request.type_url != EDS_TYPE_URL:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"this service serves {EDS_TYPE_URL}")
-        self.table.refresh()
+        self.refresh()
         resources, _ = self.table.resolve(request.resource_names)
         return discovery_pb2.DiscoveryResponse(version_info=version_of(resources), type_url=EDS_TYPE_URL,
                                                resources=[r.packed for r in resources])
