@@ -154,3 +154,15 @@ async def test_a_rejected_update_is_logged_not_looped_and_the_fix_goes_through(s
     await wait_until(lambda: set(hosts(stack)) == {a, b, c}, 3, "the fixed file to reach Envoy")
     assert rejected() == settled
     assert await served_by(stack, force=c) == c
+
+
+async def test_eds_rides_the_tls_ext_proc_port(tmp_path):
+    """With --secure-serving the EDS stream uses the same TLS `epp` cluster as ext_proc; nothing else to set."""
+    s = Stack(tmp_path, backends=2, eds=True, epp_flags=("--secure-serving", "true"),
+              envoy_overrides={"epp_tls": True})
+    await s.start()
+    try:
+        await wait_until(lambda: set(hosts(s)) == set(s.ports), 10, "endpoints over TLS EDS")
+        assert await served_by(s) in s.ports
+    finally:
+        await s.stop()
