@@ -11,7 +11,7 @@ from pathlib import Path
 
 from epp.ports import free_port, wait_port
 
-__all__ = ["Envoy", "cluster_hosts", "envoy_binary", "free_port", "stats", "validate", "wait_port"]
+__all__ = ["Envoy", "cluster_addresses", "cluster_hosts", "envoy_binary", "free_port", "stats", "validate", "wait_port"]
 
 
 def envoy_binary() -> str:
@@ -65,8 +65,8 @@ class Envoy:
             shutil.rmtree(self.dir, ignore_errors=True)
 
 
-def cluster_hosts(admin_port: int, cluster: str = "pool") -> dict[int, str]:
-    """Envoy admin /clusters: port -> EDS health status of every host of `cluster` (loopback hosts)."""
+def cluster_addresses(admin_port: int, cluster: str = "pool") -> dict[str, str]:
+    """Envoy admin /clusters: "ip:port" -> EDS health status of every host of `cluster`."""
     import json
     import urllib.request
 
@@ -74,9 +74,17 @@ def cluster_hosts(admin_port: int, cluster: str = "pool") -> dict[int, str]:
         doc = json.loads(r.read())
     for c in doc.get("cluster_statuses", []):
         if c["name"] == cluster:
-            return {h["address"]["socket_address"]["port_value"]: h["health_status"].get("eds_health_status", "")
-                    for h in c.get("host_statuses", [])}
+            out = {}
+            for h in c.get("host_statuses", []):
+                sa = h["address"]["socket_address"]
+                out[f"{sa['address']}:{sa['port_value']}"] = h["health_status"].get("eds_health_status", "")
+            return out
     return {}
+
+
+def cluster_hosts(admin_port: int, cluster: str = "pool") -> dict[int, str]:
+    """Envoy admin /clusters: port -> EDS health status of every host of `cluster` (loopback hosts)."""
+    return {int(k.rpartition(":")[2]): v for k, v in cluster_addresses(admin_port, cluster).items()}
 
 
 def stats(admin_port: int, prefix: str) -> dict[str, int]:
