@@ -42,6 +42,7 @@ class EdsService(eds_pb2_grpc.EndpointDiscoveryServiceServicer):
         self._dirty = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._synced_seen = False
+        self._change_queued: set[EdsStream] = set()
         datastore.on_change(self._on_datastore_change)
 
     # ---- lifecycle ---------------------------------------------------------------------------------------
@@ -78,8 +79,9 @@ class EdsService(eds_pb2_grpc.EndpointDiscoveryServiceServicer):
         synced = self.table.synced
         if changed or synced != self._synced_seen:
             self._synced_seen = synced
-            for queue in self.streams.values():
-                if queue.empty():
+            for stream, queue in self.streams.items():
+                if stream not in self._change_queued:  # one pending wake-up per stream is enough
+                    self._change_queued.add(stream)
                     queue.put_nowait(_CHANGE)
 
     # ---- gRPC methods ------------------------------------------------------------------------------------
@@ -98,6 +100,7 @@ class EdsService(eds_pb2_grpc.EndpointDiscoveryServiceServicer):
                 if item is _CLOSE:
                     break
                 if item is _CHANGE:
+                    self._change_queued.discard(stream)
                     reply = stream.on_change()
                 else:
                     self.refresh()
@@ -109,6 +112,7 @@ class EdsService(eds_pb2_grpc.EndpointDiscoveryServiceServicer):
                     yield reply
         finally:
             self.streams.pop(stream, None)
+            self._change_queued.discard(stream)
             await cancel_and_wait(reader)
             log.info("EDS %s disconnected (sent %d, acked %d, rejected %d)", stream.who, stream.sent,
                      stream.acks, stream.nacks)
