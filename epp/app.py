@@ -58,6 +58,7 @@ class App:
         self.health: Any = None
         self.director: Director | None = None
         self.scraper: MetricsScraper | None = None
+        self.eds: Any = None  # epp.xds.EdsService with --eds
 
     async def start(self) -> None:
         args = self.args
@@ -106,8 +107,9 @@ class App:
             from epp.static_source import apply_static, parse_static_config
 
             path = Path(args.endpoints_file)
+            # Polled every 0.5 s: an edit reaches Envoy (EDS) within a second.
             watcher = FileWatcher(path, parse=yaml_parser(parse_static_config, str(path)),
-                                  apply=lambda parsed: apply_static(ds, *parsed))
+                                  apply=lambda parsed: apply_static(ds, *parsed), interval=0.5)
             await watcher.load_initial()
             watcher.start()
             self.cleanups.append(watcher.stop)
@@ -176,7 +178,13 @@ class App:
         from epp.health import add_health_servicer, start_health_server
 
         stream_cfg = StreamConfig(args.request_body_mode, args.response_body_mode, args.max_body_bytes)
-        self.server, self.extproc = build_server(self.director, stream_cfg)
+        extra: list[Callable[[Any], None]] = []
+        if getattr(args, "eds", False):  # EDS for Envoy's pool cluster, on this same port (epp/xds)
+            from epp.xds import EdsService, add_eds_service
+
+            self.eds = EdsService(self.datastore)
+            extra.append(lambda server: add_eds_service(server, self.eds))
+        self.server, self.extproc = build_server(self.director, stream_cfg, extra_servicers=extra)
         self.health = add_health_servicer(self.server, self.datastore)
         addr = f"{args.grpc_host}:{args.grpc_port}"
         if args.secure_serving:
@@ -188,8 +196,11 @@ class App:
         if not self.port:
             raise RuntimeError(f"cannot bind the gRPC port {addr}")
         await self.server.start()
-        log.info("Pointsman serving ext_proc on %s:%d%s", args.grpc_host, self.port,
-                 " (TLS)" if args.secure_serving else "")
+        log.info("Pointsman serving ext_proc%s on %s:%d%s", " and EDS" if self.eds else "", args.grpc_host,
+                 self.port, " (TLS)" if args.secure_serving else "")
+        if self.eds is not None:
+            self.eds.start()
+            self.cleanups.append(self.eds.stop)
         if args.grpc_health_port:
             health = await start_health_server(self.datastore, args.grpc_health_port, args.grpc_host)
             self.cleanups.append(lambda: health.stop(0))

@@ -25,6 +25,8 @@ def _add_serve_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--metrics-port", type=int, default=9090, help="Prometheus port (9090); 0 disables")
     g.add_argument("--secure-serving", type=_bool, default=False, help="serve TLS on the gRPC port")
     g.add_argument("--cert-path", default=None, help="directory with tls.crt/tls.key (self-signed when absent)")
+    g.add_argument("--eds", type=_bool, default=True,
+                   help="serve the pools' endpoints to Envoy over EDS on the gRPC port (default true)")
 
     g = p.add_argument_group("pool and endpoints")
     g.add_argument("--pool-name", default=os.environ.get("POOL_NAME"), help="InferencePool to serve")
@@ -81,14 +83,18 @@ def build_parser() -> argparse.ArgumentParser:
     _add_serve_flags(serve)
 
     ec = sub.add_parser("envoy-config", help="render an Envoy bootstrap that uses Pointsman")
-    ec.add_argument("--variant", choices=("original-dst", "override-host"), default="original-dst")
+    ec.add_argument("--variant", choices=("original-dst", "override-host"), default=None,
+                    help="original-dst (default), or override-host (the default with --eds)")
     ec.add_argument("--listen-port", type=int, default=8081)
     ec.add_argument("--listen-address", default="127.0.0.1")
     ec.add_argument("--admin-port", type=int, default=9901)
     ec.add_argument("--epp", default="127.0.0.1:9002", help="host:port of Pointsman's gRPC server")
     ec.add_argument("--endpoint", action="append", default=[], help="override-host: a pool endpoint ip:port")
     ec.add_argument("--endpoints-file", default=None, help="override-host: take the endpoints from this file")
-    ec.add_argument("--pool-name", default=None, help="with --endpoints-file: which pool (default: the first)")
+    ec.add_argument("--pool-name", default=None,
+                    help="which pool: with --endpoints-file (default: the first), the EDS resource with --eds")
+    ec.add_argument("--eds", action="store_true",
+                    help="override-host pool cluster fed live by Pointsman's EDS server (on the --epp port)")
     ec.add_argument("--request-body-mode", default="FULL_DUPLEX_STREAMED")
     ec.add_argument("--response-body-mode", default="FULL_DUPLEX_STREAMED")
     ec.add_argument("--response-phases", choices=("full", "lean"), default="full",
@@ -155,6 +161,7 @@ def _envoy_config(args: argparse.Namespace) -> int:
     for e in args.endpoint:
         host, _, port = e.rpartition(":")
         endpoints.append((host.strip("[]"), int(port)))
+    pool_name = args.pool_name
     if args.endpoints_file:
         import yaml
 
@@ -166,16 +173,20 @@ def _envoy_config(args: argparse.Namespace) -> int:
         if not chosen:
             print(f"error: no pool {args.pool_name!r} in {args.endpoints_file}", file=sys.stderr)
             return 2
-        endpoints += [(e.address, e.port) for e in chosen[0][1]]
+        pool_name = chosen[0][0].name
+        if not args.eds:  # with --eds Envoy gets the endpoints from Pointsman, not from the file
+            endpoints += [(e.address, e.port) for e in chosen[0][1]]
     epp_host, _, epp_port = args.epp.rpartition(":")
     spec = EnvoyConfigSpec(
-        variant=args.variant,
+        variant=args.variant or ("override-host" if args.eds else "original-dst"),
         listen_port=args.listen_port,
         listen_address=args.listen_address,
         admin_port=args.admin_port,
-        epp_host=epp_host or "127.0.0.1",
+        epp_host=epp_host.strip("[]") or "127.0.0.1",
         epp_port=int(epp_port),
         endpoints=endpoints,
+        eds=args.eds,
+        pool_name=pool_name or "default",
         request_body_mode=args.request_body_mode,
         response_body_mode=args.response_body_mode,
         response_phases=args.response_phases,

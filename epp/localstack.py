@@ -2,12 +2,18 @@
 
 It shows progress while starting, prints where to send requests, then until Ctrl-C shows live routing: which
 endpoint took which request (from Pointsman's decision log) and each endpoint's queue, KV and in-flight count.
+
+Envoy's pool cluster is fed by Pointsman's EDS server (override-host variant), so the fleet can change live: `+`
+adds a simulated server and `-` takes the last one out of the pool (keys in a terminal; lines `+`/`-` on a piped
+stdin). Editing the generated endpoints file (its path is printed) works the same way: Pointsman reloads it and
+Envoy follows within a second, with no restart.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import queue
 import signal
 import socket
 import subprocess
@@ -20,7 +26,6 @@ from pathlib import Path
 import grpc
 import yaml
 
-from epp.envoy_config import EnvoyConfigSpec, render_yaml
 from epp.ports import wait_port
 from proto import pointsman_pb2 as api
 from proto import pointsman_pb2_grpc
@@ -37,7 +42,8 @@ def add_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--metrics-port", type=int, default=9090)
     p.add_argument("--admin-port", type=int, default=9901)
     p.add_argument("--time-scale", type=float, default=1.0, help="modelsim time scale (1.0 = real time)")
-    p.add_argument("--variant", choices=("original-dst", "override-host"), default="override-host")
+    p.add_argument("--variant", choices=("original-dst", "override-host"), default="override-host",
+                   help="override-host (default): pool cluster fed live by Pointsman's EDS; original-dst: no list")
     p.add_argument("--config-file", default=None, help="scheduling config for Pointsman")
     p.add_argument("--duration", type=float, default=0, help="stop after this many seconds (0 = until Ctrl-C)")
     p.add_argument("--quiet", action="store_true", help="no live view (for scripts)")
@@ -64,6 +70,11 @@ class LocalStack:
         self.procs: list[tuple[str, subprocess.Popen]] = []
         self.decisions: list[str] = []
         self._lock = threading.Lock()
+        self.eps_file = self.dir / "endpoints.yaml"
+        self.active: list[int] = []  # simulated servers in the pool (ports), in the endpoints file
+        self.spare: list[int] = []  # running servers taken out of the pool, reused first by `+`
+        self.commands: queue.Queue[str] = queue.Queue()
+        self._tty: list | None = None  # saved terminal attributes while keys are read
 
     def step(self, msg: str) -> None:
         print(f"  ... {msg}", flush=True)
@@ -83,11 +94,9 @@ class LocalStack:
                                        "--time-scale", str(a.time_scale)])
         for p in ports:
             wait_port(p, proc=sim, what="modelsim")
-        eps = {"pools": [{"name": "default", "endpoints": [
-            {"address": "127.0.0.1", "port": p, "name": f"sim-{i}", "models": [MODEL, ADAPTER]}
-            for i, p in enumerate(ports)]}], "adapters": {ADAPTER: MODEL}}
-        eps_file = self.dir / "endpoints.yaml"
-        eps_file.write_text(yaml.safe_dump(eps))
+        self.active = list(ports)
+        self.write_endpoints()
+        eps_file = self.eps_file
         self.step(f"Pointsman: ext_proc on :{a.grpc_port}, metrics on :{a.metrics_port}")
         cmd = [_bin("epp"), "serve", "--grpc-host", "127.0.0.1", "--grpc-port", str(a.grpc_port),
                "--grpc-health-port", str(a.grpc_port + 1), "--metrics-port", str(a.metrics_port),
@@ -96,9 +105,13 @@ class LocalStack:
             cmd += ["--config-file", a.config_file]
         epp = self._spawn("epp", cmd, capture=True)
         wait_port(a.grpc_port, proc=epp, what="Pointsman")
-        self.step(f"Envoy ({a.variant}): listener :{a.listen_port}, admin :{a.admin_port}")
+        eds = a.variant == "override-host"
+        self.step(f"Envoy ({a.variant}{', endpoints by EDS from Pointsman' if eds else ''}): "
+                  f"listener :{a.listen_port}, admin :{a.admin_port}")
+        from epp.envoy_config import EnvoyConfigSpec, render_yaml
+
         spec = EnvoyConfigSpec(variant=a.variant, listen_port=a.listen_port, admin_port=a.admin_port,
-                               epp_port=a.grpc_port, endpoints=[("127.0.0.1", p) for p in ports])
+                               epp_port=a.grpc_port, eds=eds, pool_name="default")
         cfg = self.dir / "envoy.yaml"
         cfg.write_text(render_yaml(spec))
         envoy = self._spawn("envoy", [_bin("envoy"), "-c", str(cfg), "--concurrency", "2", "--use-dynamic-base-id",
@@ -116,7 +129,87 @@ Ready. Send requests to {url}, for example:
 
 Explain a decision:  {_bin('epp')} explain --addr 127.0.0.1:{a.grpc_port} --body '{{"model": "{MODEL}", "messages": [{{"role": "user", "content": "hi"}}]}}'
 Pointsman metrics:   http://127.0.0.1:{a.metrics_port}/metrics      Files: {self.dir}
-""", flush=True)
+{self._fleet_help(eds)}""", flush=True)
+
+    def _fleet_help(self, eds: bool) -> str:
+        if not eds:
+            return "The fleet is fixed with --variant original-dst (Envoy has no endpoint list to update).\n"
+        return (f"Change the fleet live: + adds a simulated server, - removes one (or edit {self.eps_file};\n"
+                f"Envoy follows through EDS, no restart).\n")
+
+    # ---- the fleet, live -----------------------------------------------------------------------------------
+    def write_endpoints(self) -> None:
+        """Rewrite the endpoints file atomically (Pointsman polls it; a half-written file is never read)."""
+        eps = {"pools": [{"name": "default", "endpoints": [
+            {"address": "127.0.0.1", "port": p, "name": f"sim-{p - self.args.sim_base_port}", "models": [MODEL, ADAPTER]}
+            for p in self.active]}], "adapters": {ADAPTER: MODEL}}
+        tmp = self.eps_file.with_suffix(".tmp")
+        tmp.write_text(yaml.safe_dump(eps, sort_keys=False))
+        tmp.replace(self.eps_file)
+
+    def add_server(self) -> str:
+        a = self.args
+        if self.spare:
+            port = self.spare.pop()
+        else:
+            used = self.active + self.spare + [a.sim_base_port + a.servers - 1]
+            port = max(used) + 1
+            _check_free(port, "a new modelsim server")
+            sim = self._spawn(f"modelsim-{port}", [
+                _bin("modelsim"), "--servers", "1", "--base-port", str(port), "--model", MODEL, "--lora", ADAPTER,
+                "--time-scale", str(a.time_scale)])
+            wait_port(port, proc=sim, what="modelsim")
+        self.active.append(port)
+        self.write_endpoints()
+        return f"added sim-{port - a.sim_base_port} on :{port} ({len(self.active)} in the pool)"
+
+    def remove_server(self) -> str:
+        if len(self.active) <= 1:
+            return "the pool keeps at least one server"
+        port = self.active.pop()
+        self.spare.append(port)  # keeps running: its in-flight requests finish; `+` brings it back
+        self.write_endpoints()
+        return f"removed sim-{port - self.args.sim_base_port} (:{port}) from the pool ({len(self.active)} left)"
+
+    def handle(self, command: str) -> str | None:
+        cmd = command.strip().lower()
+        if cmd in ("+", "add"):
+            return self.add_server()
+        if cmd in ("-", "remove"):
+            return self.remove_server()
+        return None if not cmd else f"unknown command {cmd!r}: + adds a server, - removes one"
+
+    def read_commands(self) -> None:
+        """Feed `+`/`-` from stdin into the command queue: single keys on a terminal, lines otherwise."""
+        if self.args.variant != "override-host" or sys.stdin is None or sys.stdin.closed:
+            return
+        interactive = sys.stdin.isatty() and sys.stdout.isatty()
+        if interactive:
+            import termios
+            import tty
+
+            fd = sys.stdin.fileno()
+            self._tty = [fd, termios.tcgetattr(fd)]
+            tty.setcbreak(fd)  # keys without Enter; Ctrl-C still interrupts
+        threading.Thread(target=self._read_stdin, args=(interactive,), daemon=True).start()
+
+    def _read_stdin(self, keys: bool) -> None:
+        try:
+            while True:
+                data = sys.stdin.read(1) if keys else sys.stdin.readline()
+                if not data:
+                    return
+                if data.strip():
+                    self.commands.put(data)
+        except (OSError, ValueError):
+            return
+
+    def _restore_terminal(self) -> None:
+        if self._tty is not None:
+            import termios
+
+            termios.tcsetattr(self._tty[0], termios.TCSADRAIN, self._tty[1])
+            self._tty = None
 
     def _spawn(self, name: str, cmd: list[str], capture: bool = False) -> subprocess.Popen:
         log = open(self.dir / f"{name}.log", "wb")  # noqa: SIM115 - lives as long as the process
@@ -142,7 +235,7 @@ Pointsman metrics:   http://127.0.0.1:{a.metrics_port}/metrics      Files: {self
         stub = pointsman_pb2_grpc.PointsmanStub(grpc.insecure_channel(f"127.0.0.1:{a.grpc_port}"))
         deadline = time.monotonic() + a.duration if a.duration else None
         while deadline is None or time.monotonic() < deadline:
-            time.sleep(1.0)
+            self._run_commands(until=time.monotonic() + 1.0)
             for name, proc in self.procs:
                 if proc.poll() is not None:
                     raise RuntimeError(f"{name} exited with code {proc.returncode}; see {self.dir}/{name}.log")
@@ -160,7 +253,22 @@ Pointsman metrics:   http://127.0.0.1:{a.metrics_port}/metrics      Files: {self
                             f"inflight={e.inflight}" for e in resp.endpoints)
             print(f"  fleet  {row}", flush=True)
 
+    def _run_commands(self, until: float) -> None:
+        """Apply fleet commands as they come, until `until` (the next live-view tick)."""
+        while (left := until - time.monotonic()) > 0:
+            try:
+                cmd = self.commands.get(timeout=left)
+            except queue.Empty:
+                return
+            try:
+                msg = self.handle(cmd)
+            except (RuntimeError, TimeoutError) as e:
+                msg = f"cannot add a server: {e}"
+            if msg:
+                print(f"  fleet  {msg}", flush=True)
+
     def stop(self) -> None:
+        self._restore_terminal()
         for _name, proc in reversed(self.procs):
             if proc.poll() is None:
                 try:
@@ -183,6 +291,7 @@ def stack_command(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, _interrupt)  # a TERM stops the whole stack too, never orphans it
     try:
         stack.start()
+        stack.read_commands()
         stack.watch()
         return 0
     except KeyboardInterrupt:
