@@ -26,7 +26,7 @@ from pathlib import Path
 import grpc
 import yaml
 
-from epp.ports import wait_port
+from epp.ports import free_port, wait_port
 from proto import pointsman_pb2 as api
 from proto import pointsman_pb2_grpc
 
@@ -36,9 +36,11 @@ ADAPTER = "sql-lora"
 
 def add_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--servers", type=int, default=4, help="simulated vLLM servers (4)")
-    p.add_argument("--sim-base-port", type=int, default=8100)
+    p.add_argument("--sim-base-port", type=int, default=8100,
+                   help="server i listens on this + i (8100); 0: the OS picks a free port for each server")
     p.add_argument("--listen-port", type=int, default=8081, help="where clients send requests (8081)")
     p.add_argument("--grpc-port", type=int, default=9002)
+    p.add_argument("--grpc-health-port", type=int, default=9003)
     p.add_argument("--metrics-port", type=int, default=9090)
     p.add_argument("--admin-port", type=int, default=9901)
     p.add_argument("--time-scale", type=float, default=1.0, help="modelsim time scale (1.0 = real time)")
@@ -73,6 +75,7 @@ class LocalStack:
         self.eps_file = self.dir / "endpoints.yaml"
         self.active: list[int] = []  # simulated servers in the pool (ports), in the endpoints file
         self.spare: list[int] = []  # running servers taken out of the pool, reused first by `+`
+        self.ports_seen: list[int] = []  # every server's port, in start order (sim-<i> names)
         self.commands: queue.Queue[str] = queue.Queue()
         self._tty: list | None = None  # saved terminal attributes while keys are read
 
@@ -81,16 +84,16 @@ class LocalStack:
 
     def start(self) -> None:
         a = self.args
-        ports = [a.sim_base_port + i for i in range(a.servers)]
+        ports = [self._sim_port(i) for i in range(a.servers)]
         for port, what in [(p, "modelsim") for p in ports] + [
             (a.grpc_port, "Pointsman gRPC"), (a.listen_port, "Envoy listener"), (a.admin_port, "Envoy admin"),
-            (a.metrics_port, "Pointsman metrics"), (a.grpc_port + 1, "Pointsman health"),
+            (a.metrics_port, "Pointsman metrics"), (a.grpc_health_port, "Pointsman health"),
         ]:
             _check_free(port, what)
         print("Starting the Pointsman local stack", flush=True)
-        self.step(f"modelsim: {a.servers} simulated vLLM servers on ports {ports[0]}-{ports[-1]} ({MODEL})")
-        sim = self._spawn("modelsim", [_bin("modelsim"), "--servers", str(a.servers), "--base-port",
-                                       str(a.sim_base_port), "--model", MODEL, "--lora", ADAPTER,
+        self.step(f"modelsim: {a.servers} simulated vLLM servers on ports {', '.join(map(str, ports))} ({MODEL})")
+        sim = self._spawn("modelsim", [_bin("modelsim"), "--servers", str(a.servers), "--ports",
+                                       ",".join(map(str, ports)), "--model", MODEL, "--lora", ADAPTER,
                                        "--time-scale", str(a.time_scale)])
         for p in ports:
             wait_port(p, proc=sim, what="modelsim")
@@ -99,7 +102,7 @@ class LocalStack:
         eps_file = self.eps_file
         self.step(f"Pointsman: ext_proc on :{a.grpc_port}, metrics on :{a.metrics_port}")
         cmd = [_bin("epp"), "serve", "--grpc-host", "127.0.0.1", "--grpc-port", str(a.grpc_port),
-               "--grpc-health-port", str(a.grpc_port + 1), "--metrics-port", str(a.metrics_port),
+               "--grpc-health-port", str(a.grpc_health_port), "--metrics-port", str(a.metrics_port),
                "--endpoints-file", str(eps_file), "--pool-name", "default", "--log-decisions"]
         if a.config_file:
             cmd += ["--config-file", a.config_file]
@@ -138,10 +141,20 @@ Pointsman metrics:   http://127.0.0.1:{a.metrics_port}/metrics      Files: {self
                 f"Envoy follows through EDS, no restart).\n")
 
     # ---- the fleet, live -----------------------------------------------------------------------------------
+    def _sim_port(self, index: int) -> int:
+        """Server i's port: base + i, or one the OS picks on its own with --sim-base-port 0."""
+        return self.args.sim_base_port + index if self.args.sim_base_port else free_port()
+
+    def _name(self, port: int) -> str:
+        return f"sim-{self.ports_seen.index(port)}"
+
     def write_endpoints(self) -> None:
         """Rewrite the endpoints file atomically (Pointsman polls it; a half-written file is never read)."""
+        for p in self.active:
+            if p not in self.ports_seen:
+                self.ports_seen.append(p)
         eps = {"pools": [{"name": "default", "endpoints": [
-            {"address": "127.0.0.1", "port": p, "name": f"sim-{p - self.args.sim_base_port}", "models": [MODEL, ADAPTER]}
+            {"address": "127.0.0.1", "port": p, "name": self._name(p), "models": [MODEL, ADAPTER]}
             for p in self.active]}], "adapters": {ADAPTER: MODEL}}
         tmp = self.eps_file.with_suffix(".tmp")
         tmp.write_text(yaml.safe_dump(eps, sort_keys=False))
@@ -152,8 +165,7 @@ Pointsman metrics:   http://127.0.0.1:{a.metrics_port}/metrics      Files: {self
         if self.spare:
             port = self.spare.pop()
         else:
-            used = self.active + self.spare + [a.sim_base_port + a.servers - 1]
-            port = max(used) + 1
+            port = max(self.ports_seen) + 1 if a.sim_base_port else free_port()
             _check_free(port, "a new modelsim server")
             sim = self._spawn(f"modelsim-{port}", [
                 _bin("modelsim"), "--servers", "1", "--base-port", str(port), "--model", MODEL, "--lora", ADAPTER,
@@ -161,7 +173,7 @@ Pointsman metrics:   http://127.0.0.1:{a.metrics_port}/metrics      Files: {self
             wait_port(port, proc=sim, what="modelsim")
         self.active.append(port)
         self.write_endpoints()
-        return f"added sim-{port - a.sim_base_port} on :{port} ({len(self.active)} in the pool)"
+        return f"added {self._name(port)} on :{port} ({len(self.active)} in the pool)"
 
     def remove_server(self) -> str:
         if len(self.active) <= 1:
@@ -169,7 +181,7 @@ Pointsman metrics:   http://127.0.0.1:{a.metrics_port}/metrics      Files: {self
         port = self.active.pop()
         self.spare.append(port)  # keeps running: its in-flight requests finish; `+` brings it back
         self.write_endpoints()
-        return f"removed sim-{port - self.args.sim_base_port} (:{port}) from the pool ({len(self.active)} left)"
+        return f"removed {self._name(port)} (:{port}) from the pool ({len(self.active)} left)"
 
     def handle(self, command: str) -> str | None:
         cmd = command.strip().lower()

@@ -57,6 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--lora", action="append", default=None,
                     help="a LoRA adapter served besides the base model (repeatable, or comma list)")
     ap.add_argument("--roles", help="comma list of per-server roles: both, prefill, decode")
+    ap.add_argument("--ports", help="comma list of one port per server (instead of consecutive --base-port ports)")
     for flag, (_, typ, _, hlp) in _ENGINE_FLAGS.items():
         ap.add_argument(flag, type=typ, help=hlp)
     ap.add_argument("--no-prefix-caching", action="store_true", help="disable prefix caching")
@@ -74,6 +75,8 @@ def config_from_args(args: argparse.Namespace) -> Any:
         data["loras"] = [x for item in args.lora for x in item.split(",") if x]
     if args.roles:
         data["roles"] = args.roles.split(",")
+    if args.ports:
+        data["ports"] = args.ports
     for flag, (key, _, mult, _) in _ENGINE_FLAGS.items():
         v = getattr(args, flag[2:].replace("-", "_"))
         if v is not None:

@@ -47,6 +47,7 @@ class FleetConfig:
     servers: int = 1
     host: str = "127.0.0.1"
     base_port: int = 8100
+    ports: tuple[int, ...] = ()  # one port per server, overriding base_port + i (any order, not consecutive)
     model: str = "meta-llama/Llama-3.1-8B"
     loras: tuple[str, ...] = ()
     time_scale: float = 1.0
@@ -64,11 +65,13 @@ class FleetConfig:
             raise ValueError(f"fleet config: servers must be >= 1, got {self.servers}")
         if self.time_scale <= 0:
             raise ValueError(f"fleet config: time_scale must be > 0, got {self.time_scale}")
+        if self.ports and len(self.ports) != self.servers:
+            raise ValueError(f"fleet config: ports lists {len(self.ports)} ports for {self.servers} servers")
         if not 0.0 <= self.failure_rate <= 1.0:
             raise ValueError(f"fleet config: failure_rate must be in [0, 1], got {self.failure_rate}")
 
     def port(self, index: int) -> int:
-        return self.base_port + index
+        return self.ports[index] if self.ports else self.base_port + index
 
     def role(self, index: int) -> str:
         return self.roles[index] if index < len(self.roles) else "both"
@@ -96,6 +99,12 @@ def fleet_from_mapping(data: dict[str, Any], source: str = "<config>") -> FleetC
         if key in norm and norm[key] is not None:
             v = norm[key]
             norm[key] = tuple(v.split(",")) if isinstance(v, str) else tuple(v)
+    if norm.get("ports") is not None:
+        v = norm["ports"]
+        try:
+            norm["ports"] = tuple(int(p) for p in (v.split(",") if isinstance(v, str) else v))
+        except (TypeError, ValueError):
+            raise ValueError(f"{source}: ports must be a list of port numbers, got {v!r}") from None
     return FleetConfig(**norm, engine=EngineConfig(**eng_raw))
 
 

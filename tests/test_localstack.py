@@ -15,21 +15,26 @@ import orjson
 import pytest
 import yaml
 
-from epp.ports import free_port, free_port_block
+from epp.ports import free_port
 from tests.support.envoy import cluster_hosts
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.envoy
 
 
+def sim_ports(lines: list[str]) -> list[int]:
+    """The simulated servers' ports, from the stack's progress line."""
+    line = next(x for x in lines if "simulated vLLM servers on ports" in x)
+    return [int(p) for p in line.split("on ports", 1)[1].split("(", 1)[0].replace(",", " ").split()]
+
+
 def test_local_stack_routes_and_stops_cleanly():
-    # The stack uses consecutive ports: sim, sim+1 for the two servers and grpc+1 for health.
-    listen, metrics, admin = free_port(), free_port(), free_port()
-    grpc_port, sim = free_port_block(2), free_port_block(2)
+    # Every port is picked by the OS on its own; --sim-base-port 0 lets the stack do the same for each server.
+    listen, metrics, admin, grpc_port, health = (free_port() for _ in range(5))
     proc = subprocess.Popen(
-        [sys.executable, "-m", "epp.cli", "stack", "--servers", "2", "--sim-base-port", str(sim),
-         "--listen-port", str(listen), "--grpc-port", str(grpc_port), "--metrics-port", str(metrics),
-         "--admin-port", str(admin), "--time-scale", "0.05", "--duration", "6"],
+        [sys.executable, "-m", "epp.cli", "stack", "--servers", "2", "--sim-base-port", "0",
+         "--listen-port", str(listen), "--grpc-port", str(grpc_port), "--grpc-health-port", str(health),
+         "--metrics-port", str(metrics), "--admin-port", str(admin), "--time-scale", "0.05", "--duration", "6"],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
     lines: list[str] = []
@@ -52,7 +57,7 @@ def test_local_stack_routes_and_stops_cleanly():
             reply = orjson.loads(r.read())
             pod_port = int(r.headers["x-inference-port"])
         assert reply["usage"]["completion_tokens"] == 4
-        assert pod_port in (sim, sim + 1)
+        assert pod_port in sim_ports(lines)
         out, _ = proc.communicate(timeout=60)
         lines.append(out)
     finally:
@@ -68,13 +73,12 @@ class LiveStack:
     """`epp stack` as a subprocess with a piped stdin (fleet commands) and a thread collecting its output."""
 
     def __init__(self, servers: int) -> None:
-        self.listen, self.metrics, self.admin = free_port(), free_port(), free_port()
-        # sim .. sim+servers-1 for the fleet, then room for the servers `+` adds.
-        self.grpc, self.sim = free_port_block(2), free_port_block(servers + 2)
+        self.listen, self.metrics, self.admin, self.grpc, self.health = (free_port() for _ in range(5))
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "epp.cli", "stack", "--servers", str(servers), "--sim-base-port", str(self.sim),
-             "--listen-port", str(self.listen), "--grpc-port", str(self.grpc), "--metrics-port", str(self.metrics),
-             "--admin-port", str(self.admin), "--time-scale", "0.02", "--duration", "90"],
+            [sys.executable, "-m", "epp.cli", "stack", "--servers", str(servers), "--sim-base-port", "0",
+             "--listen-port", str(self.listen), "--grpc-port", str(self.grpc), "--grpc-health-port",
+             str(self.health), "--metrics-port", str(self.metrics), "--admin-port", str(self.admin),
+             "--time-scale", "0.02", "--duration", "90"],
             cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         )
         self.lines: list[str] = []
@@ -134,24 +138,26 @@ def test_stack_adds_and_removes_servers_live():
     stack = LiveStack(servers=2)
     try:
         stack.wait_line("Ready.")
-        sim = stack.sim
+        first = sim_ports(stack.lines)
+        assert len(first) == 2
         assert "+ adds a simulated server" in "".join(stack.lines)
-        wait_for(lambda: stack.pool_ports() == {sim, sim + 1}, 10, "Envoy's pool from EDS")
+        wait_for(lambda: stack.pool_ports() == set(first), 10, "Envoy's pool from EDS")
 
         stack.command("+")
-        assert f":{sim + 2}" in stack.wait_line("fleet  added")
-        wait_for(lambda: stack.pool_ports() == {sim, sim + 1, sim + 2}, 5, "the added server in Envoy's pool")
+        added = int(stack.wait_line("fleet  added").split(" on :", 1)[1].split()[0])
+        assert added not in first
+        wait_for(lambda: stack.pool_ports() == {*first, added}, 5, "the added server in Envoy's pool")
         served = {stack.request(i) for i in range(30)}
-        assert sim + 2 in served, f"the new server never got a request: {served}"
+        assert added in served, f"the new server never got a request: {served}"
 
         stack.command("-")
-        assert f":{sim + 2}" in stack.wait_line("fleet  removed")
-        wait_for(lambda: stack.pool_ports() == {sim, sim + 1}, 5, "the removed server gone from Envoy's pool")
+        assert f":{added}" in stack.wait_line("fleet  removed")
+        wait_for(lambda: stack.pool_ports() == set(first), 5, "the removed server gone from Envoy's pool")
         served = {stack.request(100 + i) for i in range(20)}
-        assert served <= {sim, sim + 1}, served
+        assert served <= set(first), served
         eps = yaml.safe_load((Path(stack.wait_line("Pointsman metrics:").split("Files:")[1].strip())
                               / "endpoints.yaml").read_text())
-        assert [e["port"] for e in eps["pools"][0]["endpoints"]] == [sim, sim + 1]
+        assert [e["port"] for e in eps["pools"][0]["endpoints"]] == first
     finally:
         code = stack.stop()
     assert code == 0, "".join(stack.lines)
