@@ -153,7 +153,7 @@ class App:
         from epp.health import add_health_servicer, start_health_server
 
         stream_cfg = StreamConfig(args.request_body_mode, args.response_body_mode, args.max_body_bytes)
-        self.server, self.extproc = build_server(self.director, stream_cfg)
+        self.server, self.extproc = build_server(self.director, stream_cfg, metrics=self.metrics)
         self.health = add_health_servicer(self.server, self.datastore)
         addr = f"{args.grpc_host}:{args.grpc_port}"
         if args.secure_serving:
