@@ -142,6 +142,7 @@ class _Stream:
             for reply in machine.feed(req):
                 await context.write(reply)
             if machine.phase is not Phase.DECIDING:  # abandoned or closed: the decision is no longer wanted
+                task.cancel()  # still `deciding`: close() waits for it to settle
                 return not machine.finished
 
     def finish(self) -> None:
