@@ -5,15 +5,18 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
+import aiohttp
 import grpc
 import pytest
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
+from epp.app import App
 from epp.director import Director, RequestExchange
 from epp.metrics import EppMetrics
 from epp.protocol import BodyMode, Outcome
 from epp.server import build_server
+from tests.support.envoy import free_port
 from tests.support.extproc import (
     CHAT,
     body_msg,
@@ -25,6 +28,7 @@ from tests.support.extproc import (
     response_headers_msg,
     trailers_msg,
 )
+from tests.support.stack import serve_args
 
 FD = BodyMode.FULL_DUPLEX_STREAMED
 
@@ -279,3 +283,24 @@ async def test_a_failing_awaitable_decision_is_a_500_and_closes_once(serve):
     assert b"the rate limiter is down" in replies[0].immediate_response.body
     await until(lambda: gate.closes == 1)
     assert inflight(director) == 0
+
+
+async def test_epp_serve_counts_violations_on_its_metrics_endpoint(tmp_path):
+    eps = tmp_path / "eps.yaml"
+    eps.write_text("pools:\n- name: p\n  endpoints: [{address: 127.0.0.1, port: 1}]\n")
+    mport = free_port()
+    app = App(serve_args("--grpc-port", str(free_port()), "--endpoints-file", str(eps), "--metrics-port", str(mport)))
+    await app.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{app.port}") as channel:
+            call = pb_grpc.ExternalProcessorStub(channel).Process()
+            await call.write(pb.ProcessingRequest())
+            replies = await read_all(call)
+        assert kinds(replies) == ["immediate_response"]
+        assert replies[0].immediate_response.body == (
+            b"inference error: BadRequest - ext_proc protocol violation: a ProcessingRequest with no message set")
+        async with aiohttp.ClientSession() as c, c.get(f"http://127.0.0.1:{mport}/metrics") as r:
+            text = await r.text()
+        assert 'pointsman_protocol_violations_total{kind="empty_message"} 1.0' in text
+    finally:
+        await app.stop(0)
