@@ -207,14 +207,15 @@ class RequestMachine:
             return True
         pc = req.protocol_config
         policy = policy_for(pc.request_body_mode, not pc.send_body_without_waiting_for_header_response)
-        if policy is None or pc.response_body_mode not in _KNOWN_MODES:
+        response_mode = _MODES.get(pc.response_body_mode)
+        if policy is None or response_mode is None:
             return False
         self.policy = policy
-        self.response_mode = BodyMode(pc.response_body_mode)
+        self.response_mode = response_mode
         return True
 
 
-_KNOWN_MODES = frozenset(int(m) for m in BodyMode)
+_MODES = {int(m): m for m in BodyMode}
 Handler = Callable[[RequestMachine, pb.ProcessingRequest, str | None], Replies]
 
 

@@ -174,16 +174,16 @@ BUFFERED_PARTIAL = BufferedPartialPolicy()
 FULL_DUPLEX = FullDuplexPolicy()
 
 
+_BY_MODE: dict[tuple[int, bool], BodyPolicy] = {
+    (BodyMode.NONE, True): NONE, (BodyMode.NONE, False): NONE,
+    (BodyMode.STREAMED, True): STREAMED, (BodyMode.STREAMED, False): STREAMED_EARLY,
+    (BodyMode.BUFFERED, True): BUFFERED, (BodyMode.BUFFERED, False): BUFFERED,
+    (BodyMode.BUFFERED_PARTIAL, True): BUFFERED_PARTIAL, (BodyMode.BUFFERED_PARTIAL, False): BUFFERED_PARTIAL,
+    (BodyMode.FULL_DUPLEX_STREAMED, True): FULL_DUPLEX, (BodyMode.FULL_DUPLEX_STREAMED, False): FULL_DUPLEX,
+}
+
+
 def policy_for(mode: int, wait_for_header_reply: bool = True) -> BodyPolicy | None:
-    """The policy for an Envoy body mode; None for a mode Pointsman does not know."""
-    if mode == BodyMode.FULL_DUPLEX_STREAMED:
-        return FULL_DUPLEX
-    if mode == BodyMode.STREAMED:
-        return STREAMED if wait_for_header_reply else STREAMED_EARLY
-    if mode == BodyMode.BUFFERED:
-        return BUFFERED
-    if mode == BodyMode.BUFFERED_PARTIAL:
-        return BUFFERED_PARTIAL
-    if mode == BodyMode.NONE:
-        return NONE
-    return None
+    """The policy for an Envoy body mode (send_body_without_waiting_for_header_response matters for STREAMED
+    only); None for a mode Pointsman does not know."""
+    return _BY_MODE.get((mode, wait_for_header_reply))
