@@ -102,9 +102,9 @@ class _Stream:
                 if req is _EOF:
                     return
                 replies = machine.feed(req)
-                if machine.phase is Phase.DECIDING:
-                    d = machine.decision
-                    result = self.exchange.decide(d.headers, d.body, d.metadata)  # type: ignore[union-attr]
+                d = machine.decision  # set while the machine is DECIDING; asked here once, right after it is set
+                if d is not None:
+                    result = self.exchange.decide(d.headers, d.body, d.metadata)
                     if isinstance(result, Outcome):  # the fast path
                         replies += machine.resolve(result)
                     else:
@@ -184,7 +184,7 @@ def build_server(
     stream_config: StreamConfig | None = None,
     *,
     metrics: ProtocolMetrics | None = None,
-    extra_servicers: list | None = None,
+    extra_servicers: list[Callable[[grpc.aio.Server], object]] | None = None,
 ) -> tuple[grpc.aio.Server, ExtProcService]:
     """A grpc.aio server carrying ExternalProcessor and the Pointsman API (ports are added by the caller)."""
     server = grpc.aio.server(options=grpc_options())

@@ -324,7 +324,7 @@ def _response_trailers(m: RequestMachine, req: pb.ProcessingRequest, kind: str |
 
 
 # ---- the tables --------------------------------------------------------------------------------------------------
-KINDS = ("request_headers", "request_body", "request_trailers", "response_headers", "response_body",
+KINDS: tuple[str | None, ...] = ("request_headers", "request_body", "request_trailers", "response_headers", "response_body",
          "response_trailers", None)  # None: a ProcessingRequest with no message set
 
 # (phase, message kind) -> handler, one row per phase, columns in KINDS order.
@@ -351,5 +351,7 @@ RESPONSE_TABLE: dict[ResponsePhase, tuple[Handler, ...]] = {
 }  # fmt: skip
 
 # Compiled for the hot path: a tuple indexed by phase of dicts keyed by message kind.
-_DISPATCH = tuple(dict(zip(KINDS, TABLE[p], strict=True)) for p in Phase)
-_RESPONSE_DISPATCH = tuple(dict(zip(RESPONSE_KINDS, RESPONSE_TABLE[p], strict=True)) for p in ResponsePhase)
+_DISPATCH: tuple[dict[str | None, Handler], ...] = tuple(
+    dict(zip(KINDS, TABLE[p], strict=True)) for p in Phase)
+_RESPONSE_DISPATCH: tuple[dict[str | None, Handler], ...] = tuple(
+    dict(zip(RESPONSE_KINDS, RESPONSE_TABLE[p], strict=True)) for p in ResponsePhase)
