@@ -89,8 +89,10 @@ class ResponsePhase(enum.IntEnum):
 class RequestMachine:
     """Feed it ProcessingRequests in stream order and send what `feed` (and `resolve`) return, in order.
 
-    After each `feed`, if `phase is Phase.DECIDING` and the driver has not asked yet, it asks the exchange for
-    `decision` and calls `resolve(outcome)`. Once `finished` is set, the stream is over."""
+    `decision` is set by the `feed` that enters DECIDING and stays set until the outcome arrives: the driver asks
+    the exchange once, right after that feed, and passes the outcome to `resolve` (at once, or later while it keeps
+    feeding). If the machine leaves DECIDING without it (a violation, a local reply), `decision` is cleared and the
+    driver cancels what it started. Once `finished` is set the stream is over; `violation` names the broken rule."""
 
     __slots__ = ("exchange", "policy", "response_mode", "max_body_bytes", "phase", "response_phase", "headers",
                  "metadata", "decision", "violation", "finished", "body_messages", "body_eos", "trailers", "_chunks",
