@@ -297,9 +297,12 @@ def director_after(sims: list[Sim], director: Director) -> None:
     assert inflight(director) == 0 and director.datastore.inflight.view() == {}
 
 
+Scenario = tuple[BodyMode, bool, list[tuple[list[pb.ProcessingRequest], Plan]], list[int]]
+
+
 # ---- the properties ------------------------------------------------------------------------------------------------
 @st.composite
-def scenario(draw: st.DrawFn, hostile: bool):  # noqa: ANN201
+def scenario(draw: st.DrawFn, hostile: bool) -> Scenario:
     mode, wait = draw(st.sampled_from(MODES))
     phases = draw(st.sampled_from(PHASES))
     shaped = envoy_stream(mode, wait, phases)
