@@ -184,7 +184,7 @@ class App:
 
             self.eds = EdsService(self.datastore)
             extra.append(lambda server: add_eds_service(server, self.eds))
-        self.server, self.extproc = build_server(self.director, stream_cfg, extra_servicers=extra)
+        self.server, self.extproc = build_server(self.director, stream_cfg, extra_servicers=extra, metrics=self.metrics)
         self.health = add_health_servicer(self.server, self.datastore)
         addr = f"{args.grpc_host}:{args.grpc_port}"
         if args.secure_serving:

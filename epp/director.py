@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -279,7 +279,8 @@ class RequestExchange:
 
     def decide(
         self, headers: Mapping[str, str], body: bytes | None, metadata: Mapping[str, Mapping[str, object]]
-    ) -> Outcome:
+    ) -> Outcome | Awaitable[Outcome]:
+        # Synchronous today (the grpc layer's fast path); an awaitable outcome is also accepted by the driver.
         d = self.d
         self.started = d.clock()
         ctx = None

@@ -10,6 +10,9 @@ Request path (the director calls these):
 - inference_extension_plugin_duration_seconds{extension_point, plugin_type, plugin_name} histogram
 - disagg_decision_total{model_name, decision_type}                                      counter
 
+ext_proc layer (the grpc server calls this):
+- pointsman_protocol_violations_total{kind}   streams ended by an ext_proc protocol violation  counter
+
 Pool gauges, computed from the datastore at scrape time (so never stale):
 - inference_pool_average_kv_cache_utilization{name}, inference_pool_average_queue_size{name},
   inference_pool_ready_pods{name}, inference_pool_per_pod_queue_size{name, model_server_pod}
@@ -92,6 +95,8 @@ class EppMetrics:
                                 ["extension_point", "plugin_type", "plugin_name"], buckets=PLUGIN_BUCKETS, registry=r)
         self.disagg = Counter("disagg_decision_total", "P/D decisions: decode-only or prefill-decode.",
                               ["model_name", "decision_type"], registry=r)
+        self.violations = Counter("pointsman_protocol_violations_total",
+                                  "ext_proc streams ended by a protocol violation, by rule.", ["kind"], registry=r)
         self._pool_collector: _PoolCollector | None = None
         self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
         if datastore is not None:
@@ -138,6 +143,10 @@ class EppMetrics:
 
     def disagg_decision(self, model: str, decision: str) -> None:
         self._child(self.disagg, model, decision).inc()
+
+    # ---- the ext_proc layer's calls -----------------------------------------------------------------------
+    def protocol_violation(self, kind: str) -> None:
+        self._child(self.violations, kind).inc()
 
     # ---- pool gauges -------------------------------------------------------------------------------------
     def bind_datastore(self, datastore: Datastore) -> None:
