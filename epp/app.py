@@ -114,8 +114,15 @@ class App:
             watcher.start()
             self.cleanups.append(watcher.stop)
             return
-        from epp.k8s.discovery import make_api_client, start_pool_discovery, start_selector_discovery
+        from epp.k8s.discovery import (
+            PoolDiscovery,
+            SelectorDiscovery,
+            make_api_client,
+            start_pool_discovery,
+            start_selector_discovery,
+        )
 
+        disc: PoolDiscovery | SelectorDiscovery
         if args.endpoint_selector:
             from epp.k8s.convert import parse_ports, parse_selector
 
@@ -177,6 +184,7 @@ class App:
         args = self.args
         from epp.health import add_health_servicer, start_health_server
 
+        assert self.director is not None, "the director is built before the servers"
         stream_cfg = StreamConfig(args.request_body_mode, args.response_body_mode, args.max_body_bytes)
         extra: list[Callable[[Any], None]] = []
         if getattr(args, "eds", False):  # EDS for Envoy's pool cluster, on this same port (epp/xds)

@@ -37,8 +37,8 @@ def explain_command(args: argparse.Namespace) -> int:
     req = api.ExplainRequest(path=args.path, headers=headers, body=_read_body(args.body), pool=args.pool)
     try:
         resp = _stub(args.addr).Explain(req, timeout=10)
-    except grpc.RpcError as e:
-        print(f"error: cannot reach Pointsman at {args.addr}: {e.code().name} {e.details()}", file=sys.stderr)
+    except grpc.RpcError as err:
+        print(f"error: cannot reach Pointsman at {args.addr}: {err.code().name} {err.details()}", file=sys.stderr)
         return 1
     if args.json:
         print(json_format.MessageToJson(resp, preserving_proto_field_name=True))
@@ -79,8 +79,8 @@ def format_explain(resp: api.ExplainResponse) -> str:
 def endpoints_command(args: argparse.Namespace) -> int:
     try:
         resp = _stub(args.addr).ListEndpoints(api.ListEndpointsRequest(pool=args.pool), timeout=10)
-    except grpc.RpcError as e:
-        print(f"error: cannot reach Pointsman at {args.addr}: {e.code().name} {e.details()}", file=sys.stderr)
+    except grpc.RpcError as err:
+        print(f"error: cannot reach Pointsman at {args.addr}: {err.code().name} {err.details()}", file=sys.stderr)
         return 1
     if args.json:
         print(json_format.MessageToJson(resp, preserving_proto_field_name=True))

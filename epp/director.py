@@ -174,10 +174,11 @@ class Director:
     def candidates(
         self, headers: Mapping[str, str], metadata: Mapping[str, Mapping[str, object]]
     ) -> list[Endpoint]:
-        pool = None
+        pool: str | None = None
         ns, key = self.config.pool_metadata_key
-        if ns in metadata and isinstance(metadata[ns].get(key), str):
-            pool = metadata[ns][key]
+        named = metadata.get(ns, {}).get(key)
+        if isinstance(named, str):
+            pool = named
         snap = self.datastore.snapshot(pool or self.config.default_pool)
         if snap is None:
             raise SchedulingError(
@@ -319,9 +320,9 @@ class RequestExchange:
         self, headers: Mapping[str, str], metadata: Mapping[str, Mapping[str, object]]
     ) -> list[tuple[str, str]]:
         self.scanner = UsageScanner(headers.get("content-type", ""))
-        lb = metadata.get(LB_NS)
-        if lb is not None and isinstance(lb.get(SERVED), str):
-            self.served = lb[SERVED]
+        served = metadata.get(LB_NS, {}).get(SERVED)
+        if isinstance(served, str):
+            self.served = served
         out: list[tuple[str, str]] = []
         if self.result is not None and self.result.response_headers:
             out.extend(self.result.response_headers.items())  # e.g. a session token set by a stateful plugin

@@ -22,6 +22,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import IO, Any
 
 import grpc
 import yaml
@@ -69,7 +70,7 @@ class LocalStack:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
         self.dir = Path(tempfile.mkdtemp(prefix="pointsman-stack-"))
-        self.procs: list[tuple[str, subprocess.Popen]] = []
+        self.procs: list[tuple[str, subprocess.Popen[bytes]]] = []
         self.decisions: list[str] = []
         self._lock = threading.Lock()
         self.eps_file = self.dir / "endpoints.yaml"
@@ -77,7 +78,7 @@ class LocalStack:
         self.spare: list[int] = []  # running servers taken out of the pool, reused first by `+`
         self.ports_seen: list[int] = []  # every server's port, in start order (sim-<i> names)
         self.commands: queue.Queue[str] = queue.Queue()
-        self._tty: list | None = None  # saved terminal attributes while keys are read
+        self._tty: list[Any] | None = None  # saved terminal attributes while keys are read
 
     def step(self, msg: str) -> None:
         print(f"  ... {msg}", flush=True)
@@ -223,7 +224,7 @@ Pointsman metrics:   http://127.0.0.1:{a.metrics_port}/metrics      Files: {self
             termios.tcsetattr(self._tty[0], termios.TCSADRAIN, self._tty[1])
             self._tty = None
 
-    def _spawn(self, name: str, cmd: list[str], capture: bool = False) -> subprocess.Popen:
+    def _spawn(self, name: str, cmd: list[str], capture: bool = False) -> subprocess.Popen[bytes]:
         log = open(self.dir / f"{name}.log", "wb")  # noqa: SIM115 - lives as long as the process
         proc = subprocess.Popen(cmd, stdout=log if not capture else subprocess.PIPE, stderr=subprocess.STDOUT,
                                 start_new_session=True)
@@ -232,7 +233,7 @@ Pointsman metrics:   http://127.0.0.1:{a.metrics_port}/metrics      Files: {self
             threading.Thread(target=self._tail, args=(proc, log), daemon=True).start()
         return proc
 
-    def _tail(self, proc: subprocess.Popen, log) -> None:
+    def _tail(self, proc: subprocess.Popen[bytes], log: IO[bytes]) -> None:
         assert proc.stdout is not None
         for raw in proc.stdout:
             log.write(raw)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import socket
 import subprocess
 import time
+from typing import Any
 
 
 def free_port() -> int:
@@ -14,7 +15,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_port(port: int, timeout: float = 30.0, proc: subprocess.Popen | None = None, what: str = "") -> None:
+def wait_port(port: int, timeout: float = 30.0, proc: subprocess.Popen[Any] | None = None, what: str = "") -> None:
     """Block until something accepts connections on 127.0.0.1:port.
 
     Raises RuntimeError as soon as `proc` (the process expected to listen) exits, TimeoutError after `timeout`."""

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -184,7 +184,7 @@ def build_server(
     stream_config: StreamConfig | None = None,
     *,
     metrics: ProtocolMetrics | None = None,
-    extra_servicers: list[Callable[[grpc.aio.Server], object]] | None = None,
+    extra_servicers: Sequence[Callable[[grpc.aio.Server], object]] | None = None,
 ) -> tuple[grpc.aio.Server, ExtProcService]:
     """A grpc.aio server carrying ExternalProcessor and the Pointsman API (ports are added by the caller)."""
     server = grpc.aio.server(options=grpc_options())

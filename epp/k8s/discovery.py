@@ -63,7 +63,7 @@ def make_api_client(host: str | None = None, kubeconfig: str | None = None) -> k
     return k8s.ApiClient()
 
 
-def _list_call(api: k8s.ApiClient, res: Resource, namespace: str, **selectors: str) -> Any:
+def _list_call(api: k8s.ApiClient, res: Resource, namespace: str, **selectors: Any) -> Any:
     if res not in WATCHED_RESOURCES:  # RBAC in deploy/ is generated from WATCHED_RESOURCES: keep them in step
         raise ValueError(f"{res.plural} is not in epp.k8s.WATCHED_RESOURCES; add it there (and to the RBAC)")
     if res == POD:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from envoy.config.core.v3 import address_pb2, health_check_pb2
 from envoy.config.endpoint.v3 import endpoint_pb2
@@ -58,7 +59,7 @@ def build_assignment(name: str, snap: PoolSnapshot | None, datastore: Datastore)
     return cla
 
 
-def _fingerprint(snap: PoolSnapshot | None, datastore: Datastore) -> tuple:
+def _fingerprint(snap: PoolSnapshot | None, datastore: Datastore) -> tuple[Any, ...]:
     if snap is None:
         return ()
     return tuple((e.key, e.name, health_of(e, datastore)) for e in snap.endpoints)
@@ -84,7 +85,7 @@ class ResourceTable:
 
     def __init__(self, datastore: Datastore) -> None:
         self.datastore = datastore
-        self._cache: dict[str, tuple[tuple, Resource]] = {}
+        self._cache: dict[str, tuple[tuple[Any, ...], Resource]] = {}
 
     def refresh(self) -> set[str]:
         """Bring every pool's resource up to date; return the names whose content changed."""

@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
+from typing import Any
 
 import grpc
 from envoy.service.discovery.v3 import discovery_pb2
@@ -105,7 +106,7 @@ class EdsService(eds_pb2_grpc.EndpointDiscoveryServiceServicer):
                 else:
                     self.refresh()
                     try:
-                        reply = stream.on_request(item)  # type: ignore[arg-type]
+                        reply = stream.on_request(item)
                     except ValueError as e:
                         await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
                 if reply is not None:
@@ -117,7 +118,7 @@ class EdsService(eds_pb2_grpc.EndpointDiscoveryServiceServicer):
             log.info("EDS %s disconnected (sent %d, acked %d, rejected %d)", stream.who, stream.sent,
                      stream.acks, stream.nacks)
 
-    async def _read(self, requests: AsyncIterator[discovery_pb2.DiscoveryRequest], queue: asyncio.Queue) -> None:
+    async def _read(self, requests: AsyncIterator[discovery_pb2.DiscoveryRequest], queue: asyncio.Queue[Any]) -> None:
         try:
             async for req in requests:
                 queue.put_nowait(req)
@@ -135,7 +136,9 @@ class EdsService(eds_pb2_grpc.EndpointDiscoveryServiceServicer):
         return discovery_pb2.DiscoveryResponse(version_info=version_of(resources), type_url=EDS_TYPE_URL,
                                                resources=[r.packed for r in resources])
 
-    async def DeltaEndpoints(self, request_iterator, context):  # noqa: N802 - gRPC method name
+    async def DeltaEndpoints(  # noqa: N802 - gRPC method name
+        self, request_iterator: AsyncIterator[Any], context: grpc.aio.ServicerContext
+    ) -> None:
         await context.abort(grpc.StatusCode.UNIMPLEMENTED,
                             "Pointsman serves state-of-the-world EDS (api_type GRPC), not delta xDS")
 

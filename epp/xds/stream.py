@@ -15,6 +15,7 @@ xDS rules it follows (envoy/api/v3 discovery protocol):
 from __future__ import annotations
 
 import logging
+from typing import TypeAlias
 
 from envoy.service.discovery.v3 import discovery_pb2
 
@@ -22,8 +23,8 @@ from epp.xds.resources import EDS_TYPE_URL, ResourceTable, version_of
 
 log = logging.getLogger("epp.xds")
 
-Request = discovery_pb2.DiscoveryRequest
-Response = discovery_pb2.DiscoveryResponse
+Request: TypeAlias = discovery_pb2.DiscoveryRequest
+Response: TypeAlias = discovery_pb2.DiscoveryResponse
 
 
 class EdsStream:
