@@ -16,7 +16,7 @@ import signal
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from epp.datastore import Datastore
 from epp.director import Director, DirectorConfig
@@ -24,16 +24,24 @@ from epp.scrape.scraper import MetricsScraper
 from epp.server import StreamConfig, build_server
 from scheduling.framework.model_scheduler import ModelScheduler
 
+if TYPE_CHECKING:
+    import grpc
+
+    from epp.health import EppHealthServicer
+    from epp.metrics import EppMetrics
+    from epp.xds import EdsService
+    from scheduling.config.loader import Source
+
 log = logging.getLogger("epp")
 
 
-def build_scheduler(source: Any, rng: random.Random, name: str | None = None) -> Any:
+def build_scheduler(source: Source, rng: random.Random, name: str | None = None) -> ModelScheduler:
     from scheduling.config import load_scheduler
 
     return load_scheduler(source, rng=rng, timer=time.perf_counter, name=name)
 
 
-def load_scheduling(args: argparse.Namespace, rng: random.Random) -> Any:
+def load_scheduling(args: argparse.Namespace, rng: random.Random) -> ModelScheduler:
     """The scheduler from --config-text / --config-file, or the built-in default profile."""
     from scheduling.config import parse_yaml
 
@@ -51,14 +59,14 @@ class App:
         self.args = args
         self.rng = random.Random(args.seed)
         self.datastore = Datastore(default_pool=args.pool_name)
-        self.cleanups: list[Callable[[], Awaitable[Any]]] = []
-        self.server: Any = None
+        self.cleanups: list[Callable[[], Awaitable[object]]] = []
+        self.server: grpc.aio.Server | None = None
         self.port = 0
-        self.metrics: Any = None
-        self.health: Any = None
+        self.metrics: EppMetrics | None = None
+        self.health: EppHealthServicer | None = None
         self.director: Director | None = None
         self.scraper: MetricsScraper | None = None
-        self.eds: Any = None  # epp.xds.EdsService with --eds
+        self.eds: EdsService | None = None  # with --eds
 
     async def start(self) -> None:
         args = self.args
@@ -145,16 +153,16 @@ class App:
                              "in Kubernetes) or --endpoint-selector with --endpoint-target-ports")
         self.cleanups.append(disc.stop)
 
-    async def _watch_scheduling_config(self, path: Path) -> Any:
+    async def _watch_scheduling_config(self, path: Path) -> ModelScheduler:
         """Load the scheduling config and keep watching it; returns the initial scheduler."""
         from epp.reload import FileWatcher
 
-        def parse(text: str) -> Any:
+        def parse(text: str) -> ModelScheduler:
             from scheduling.config import parse_yaml
 
             return build_scheduler([d.data for d in parse_yaml(text, str(path))], self.rng, str(path))
 
-        def apply(scheduler: Any) -> None:
+        def apply(scheduler: ModelScheduler) -> None:
             # New requests use the new scheduler; in-flight ones finish on the one that picked for them.
             if self.director is not None:
                 self.apply_scheduler(scheduler)
@@ -186,12 +194,12 @@ class App:
 
         assert self.director is not None, "the director is built before the servers"
         stream_cfg = StreamConfig(args.request_body_mode, args.response_body_mode, args.max_body_bytes)
-        extra: list[Callable[[Any], None]] = []
-        if getattr(args, "eds", False):  # EDS for Envoy's pool cluster, on this same port (epp/xds)
+        extra: list[Callable[[grpc.aio.Server], object]] = []
+        if args.eds:  # EDS for Envoy's pool cluster, on this same port (epp/xds)
             from epp.xds import EdsService, add_eds_service
 
-            self.eds = EdsService(self.datastore)
-            extra.append(lambda server: add_eds_service(server, self.eds))
+            self.eds = eds = EdsService(self.datastore)
+            extra.append(lambda server: add_eds_service(server, eds))
         self.server, self.extproc = build_server(self.director, stream_cfg, extra_servicers=extra, metrics=self.metrics)
         self.health = add_health_servicer(self.server, self.datastore)
         addr = f"{args.grpc_host}:{args.grpc_port}"

@@ -11,7 +11,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from epp.datastore import Datastore, InflightTicket
 from epp.parsing import api_kind, parse_body, set_model
@@ -47,8 +47,21 @@ class DirectorConfig:
     log_decisions: bool = False
 
 
+class DirectorMetrics(Protocol):
+    """What the director reports; epp.metrics.EppMetrics implements it, NullMetrics ignores it."""
+
+    def request_started(self, model: str, target: str, priority: int) -> None: ...
+    def request_error(self, model: str, target: str, code: str) -> None: ...
+    def request_finished(
+        self, model: str, target: str, duration_s: float, input_tokens: int, output_tokens: int
+    ) -> None: ...
+    def scheduler_duration(self, seconds: float) -> None: ...
+    def plugin_duration(self, ext_point: str, plugin_type: str, name: str, seconds: float) -> None: ...
+    def disagg_decision(self, model: str, decision: str) -> None: ...
+
+
 class NullMetrics:
-    """The metrics interface the director reports to; epp.metrics.EppMetrics implements it for real."""
+    """Metrics that go nowhere (the director's default)."""
 
     def request_started(self, model: str, target: str, priority: int) -> None: ...
     def request_error(self, model: str, target: str, code: str) -> None: ...
@@ -104,7 +117,7 @@ class Director:
         scheduler: Scheduler,
         config: DirectorConfig | None = None,
         *,
-        metrics: Any = None,
+        metrics: DirectorMetrics | None = None,
         clock: Callable[[], float] = time.monotonic,
         admission: Callable[[int, Sequence[Endpoint], float], bool] | None = None,
         rewrite: Callable[[str], str | None] | None = None,
@@ -112,7 +125,7 @@ class Director:
         self.datastore = datastore
         self.scheduler = scheduler
         self.config = config or DirectorConfig()
-        self.metrics = metrics or NullMetrics()
+        self.metrics: DirectorMetrics = metrics or NullMetrics()
         self.clock = clock
         self.admission = admission
         self.rewrite = rewrite

@@ -32,6 +32,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.registry import Collector
 
 from epp.datastore import Datastore
@@ -98,11 +99,11 @@ class EppMetrics:
         self.violations = Counter("pointsman_protocol_violations_total",
                                   "ext_proc streams ended by a protocol violation, by rule.", ["kind"], registry=r)
         self._pool_collector: _PoolCollector | None = None
-        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
+        self._children: dict[tuple[int, tuple[str, ...]], MetricWrapperBase] = {}
         if datastore is not None:
             self.bind_datastore(datastore)
 
-    def _child(self, metric: Any, *labels: str) -> Any:
+    def _child(self, metric: MetricWrapperBase, *labels: str) -> Any:
         """`metric.labels(*labels)`, cached: prometheus_client validates and locks on every labels() call,
         which is a measurable share of the per-request cost on the hot path."""
         key = (id(metric), labels)
