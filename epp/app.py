@@ -54,6 +54,9 @@ class App:
         self.port = 0
         self.metrics: Any = None
         self.health: Any = None
+        self.dashboard: Any = None
+        self.watchers: dict[str, Any] = {}  # hot-reloaded files by what they hold (shown on the dashboard)
+        self.started_at = time.time()
 
     async def start(self) -> None:
         args = self.args
@@ -82,15 +85,41 @@ class App:
             admission=SaturationDetector().admit,
             rewrite=lambda model: choose_rewrite(ds.rewrites, model, self.rng) if ds.rewrites else None,
         )
+        if args.metrics_port:
+            self._make_dashboard()
         await self._start_grpc()
         if args.metrics_port:
-            runner = await start_metrics_server(self.metrics, args.metrics_port)
+            dash = self.dashboard
+            runner = await start_metrics_server(self.metrics, args.metrics_port,
+                                                setup=dash.install if dash is not None else None)
             self.cleanups.append(runner.cleanup)
+            if dash is not None:
+                await dash.start()
+                self.cleanups.append(dash.stop)
+                log.info("dashboard on port %d at %s%s", args.metrics_port, dash.prefix,
+                         " (token required)" if args.dashboard_token else "")
         from epp.scrape.scraper import start_scraper
 
         scraper = await start_scraper(ds, interval=args.refresh_metrics_interval, timeout=1.0,
                                       staleness=args.metrics_staleness_threshold)
         self.cleanups.append(scraper.stop)
+
+    def _make_dashboard(self) -> None:
+        """The live page on the metrics port, and the director's decision recorder that feeds it."""
+        args = self.args
+        if not args.dashboard:
+            return
+        from epp.dashboard import Dashboard
+
+        def source() -> str:
+            if args.config_file:
+                return f"file {args.config_file}"
+            return "inline --config-text" if args.config_text else "built-in default (GIE's default profile)"
+
+        self.dashboard = Dashboard(self.director, prefix=args.dashboard_path_prefix, token=args.dashboard_token,
+                                   capacity=args.dashboard_decisions, config_source=source, watchers=self.watchers,
+                                   started_at=self.started_at)
+        self.director.recorder = self.dashboard.recorder
 
     async def _start_sources(self) -> None:
         args = self.args
@@ -105,6 +134,7 @@ class App:
             await watcher.load_initial()
             watcher.start()
             self.cleanups.append(watcher.stop)
+            self.watchers["endpoints"] = watcher
             return
         from epp.k8s.discovery import make_api_client, start_pool_discovery, start_selector_discovery
 
@@ -146,6 +176,7 @@ class App:
         scheduler = await watcher.load_initial()
         watcher.start()
         self.cleanups.append(watcher.stop)
+        self.watchers["scheduling config"] = watcher
         return scheduler
 
     async def _start_grpc(self) -> None:

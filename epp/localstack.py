@@ -1,7 +1,8 @@
 """`epp stack`: the local stack on loopback, no Docker: a modelsim fleet, Pointsman and Envoy.
 
-It shows progress while starting, prints where to send requests, then until Ctrl-C shows live routing: which
-endpoint took which request (from Pointsman's decision log) and each endpoint's queue, KV and in-flight count.
+It shows progress while starting, prints where to send requests and the dashboard's URL (the live page on the
+metrics port), then until Ctrl-C shows live routing: which endpoint took which request (from Pointsman's decision
+log) and each endpoint's queue, KV and in-flight count.
 """
 
 from __future__ import annotations
@@ -115,6 +116,7 @@ Ready. Send requests to {url}, for example:
     -d '{{"model": "{ADAPTER}", "prompt": "SELECT", "max_tokens": 8, "stream": true}}'
 
 Explain a decision:  {_bin('epp')} explain --addr 127.0.0.1:{a.grpc_port} --body '{{"model": "{MODEL}", "messages": [{{"role": "user", "content": "hi"}}]}}'
+Dashboard:           http://127.0.0.1:{a.metrics_port}/   (fleet, decisions, explain, charts, config)
 Pointsman metrics:   http://127.0.0.1:{a.metrics_port}/metrics      Files: {self.dir}
 """, flush=True)
 
