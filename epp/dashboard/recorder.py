@@ -61,14 +61,13 @@ class DecisionRecord:
         return self.targets[0].key if self.targets else ""
 
 
-def prefix_match(state: Mapping[Any, Any], key: str) -> tuple[int, int]:
-    """(blocks of the prompt the chosen endpoint was believed to hold, blocks in the prompt) from the decision's
-    scratch state; (0, 0) when no prefix-aware plugin ran."""
-    for k, v in state.items():
+def prefix_state_key(state: Mapping[Any, Any]) -> Any:
+    """The key under which the decision's scratch state caches prefix matches, None when no prefix-aware plugin
+    ran. Stable for one scheduler, so the recorder looks it up once and then reads it directly."""
+    for k in state:
         if type(k) is tuple and k and k[0] == PREFIX_MATCH:
-            matches, total = v
-            return matches.get(key, 0), total
-    return 0, 0
+            return k
+    return None
 
 
 class DecisionRecorder:
@@ -87,6 +86,7 @@ class DecisionRecorder:
         self.engine_cached_tokens = 0
         self.errors: dict[str, int] = {}  # inference error code or "HTTP <status>" -> count
         self.ttft: dict[str, list[float]] = {}  # endpoint key -> TTFT samples since the sampler took them
+        self._prefix_key: Any = None
 
     # ---- the director's calls (hot path) -----------------------------------------------------------------
     def decided(
@@ -102,12 +102,16 @@ class DecisionRecorder:
         rec.prefill = result.prefill
         rec.runs = result.profile_results
         rec.candidates = candidates
-        if result.state:
-            matched, total = prefix_match(result.state, result.targets[0].key)
-            if total:
-                rec.prefix_matched, rec.prefix_total = matched, total
-                self.prefix_matched += matched
-                self.prefix_total += total
+        state = result.state
+        got = state.get(self._prefix_key) if self._prefix_key is not None else None
+        if got is None and state:
+            self._prefix_key = prefix_state_key(state)
+            got = state.get(self._prefix_key) if self._prefix_key is not None else None
+        if got is not None and got[1]:
+            rec.prefix_matched = matched = got[0].get(result.targets[0].key, 0)
+            rec.prefix_total = got[1]
+            self.prefix_matched += matched
+            self.prefix_total += got[1]
         self.ring.append(rec)
         return rec
 
