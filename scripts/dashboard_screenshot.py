@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import random
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -30,7 +32,16 @@ from tests.support.localstack import MODEL, LocalStack  # noqa: E402
 SYSTEMS = [f"You are assistant #{i} of the support team. Follow the policy carefully. " * 12 for i in range(4)]
 
 
-async def drive(stack: LocalStack, seconds: float, peak: int) -> None:
+def full_page_png(drv) -> bytes:
+    """The whole page, not just the window (Chrome DevTools' captureBeyondViewport)."""
+    size = drv.execute_cdp_cmd("Page.getLayoutMetrics", {})["cssContentSize"]
+    shot = drv.execute_cdp_cmd("Page.captureScreenshot", {
+        "format": "png", "captureBeyondViewport": True,
+        "clip": {"x": 0, "y": 0, "width": size["width"], "height": size["height"], "scale": 1}})
+    return base64.b64decode(shot["data"])
+
+
+async def drive(stack: LocalStack, seconds: float, peak: int, stop: threading.Event) -> None:
     """A load that rises to `peak` concurrent clients and falls back, so the charts have a shape."""
     url = f"http://127.0.0.1:{stack.listen}/v1/chat/completions"
     rng = random.Random(7)
@@ -51,56 +62,55 @@ async def drive(stack: LocalStack, seconds: float, peak: int) -> None:
 
     async def worker(k: int, session: aiohttp.ClientSession) -> None:
         i = 0
-        while time.monotonic() - start < seconds:
+        while time.monotonic() - start < seconds and not stop.is_set():
             if k >= wanted():
                 await asyncio.sleep(0.2)
                 continue
             i += 1
             try:
                 await one(session, k * 100_000 + i)
-            except aiohttp.ClientError:
+            except (aiohttp.ClientError, asyncio.TimeoutError):
                 await asyncio.sleep(0.1)
 
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
         await asyncio.gather(*(worker(k, session) for k in range(peak)))
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seconds", type=float, default=120.0, help="how long to drive load before the shots")
-    ap.add_argument("--peak", type=int, default=96, help="concurrent clients at the peak")
+    ap.add_argument("--peak", type=int, default=80, help="concurrent clients at the peak")
     ap.add_argument("--out", default=str(ROOT / "docs" / "img"))
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     stack = LocalStack(servers=4, time_scale=1.0)
     print(f"local stack up; dashboard at {stack.dashboard}; driving load for {args.seconds:.0f}s", flush=True)
+    stop = threading.Event()
+    # The load runs on its own thread and loop, so it keeps going while selenium blocks this one.
+    loader = threading.Thread(target=lambda: asyncio.run(drive(stack, args.seconds + 60, args.peak, stop)),
+                              daemon=True)
+    loader.start()
     drv = None
     try:
-        # Shoot while the load is still on: the last seconds of the ramp-down.
-        load = asyncio.new_event_loop()
-        task = load.create_task(drive(stack, args.seconds + 20, args.peak))
-        load.run_until_complete(asyncio.sleep(args.seconds))
+        time.sleep(args.seconds)  # shoot while the load is still on, on its way down
         drv = start_chromium(1600, 1000)
         drv.get(stack.dashboard)
-        load.run_until_complete(asyncio.sleep(6))  # live ticks fill the table and charts
-        height = drv.execute_script("return document.documentElement.scrollHeight")
-        drv.set_window_size(1600, height + 40)
-        load.run_until_complete(asyncio.sleep(1.5))
-        drv.save_screenshot(str(out / "dashboard.png"))
-        drv.set_window_size(1600, 1000)
+        time.sleep(3)
+        drv.execute_script("document.querySelector('#ex-go').click()")  # an Explain result on the page too
+        time.sleep(4)  # live ticks fill the table and charts
+        (out / "dashboard.png").write_bytes(full_page_png(drv))
         drv.execute_script("document.querySelector('#dec-table tbody tr:nth-child(3)').click()")
-        load.run_until_complete(asyncio.sleep(1.5))
-        drv.save_screenshot(str(out / "dashboard-decision.png"))
-        task.cancel()
-        try:
-            load.run_until_complete(task)
-        except asyncio.CancelledError:
-            pass
-        load.close()
+        time.sleep(1.5)
+        assert drv.save_screenshot(str(out / "dashboard-decision.png"))
+    except Exception:
+        print("".join(stack.output), file=sys.stderr)
+        raise
     finally:
+        stop.set()
         if drv is not None:
             stop_chromium(drv)
+        loader.join(60)
         stack.stop()
     for name in ("dashboard.png", "dashboard-decision.png"):
         print(f"wrote {out / name}")

@@ -185,7 +185,7 @@
           ...cols.map((k) => {
             const v = scores[k];
             const bar = el("span", { class: "bar" });
-            bar.style.width = (v ? Math.round(v * 40) : 0) + "px";
+            bar.style.width = (v ? Math.round(v * 24) : 0) + "px";
             return el("td", { class: cls(k) }, v === undefined ? "–" : fix(v, 3), v ? bar : null);
           }),
           el("td", { class: "num dim" }, fix(us, 0))));
