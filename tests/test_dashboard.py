@@ -172,7 +172,7 @@ async def test_the_token_protects_the_page_and_apis_but_not_metrics(tmp_path, ca
             async with s.post(base + "/login", data={"token": "wrong"}, allow_redirects=False) as r:
                 assert r.status == 401 and "set-cookie" not in r.headers
             async with s.post(base + "/login", data={"token": TOKEN}, allow_redirects=False) as r:
-                assert r.status == 303
+                assert r.status == 303 and r.headers["Location"] == "./"
                 cookie = r.cookies["pointsman_dashboard"]
                 assert TOKEN not in cookie.value and cookie["httponly"] and cookie["samesite"] == "Strict"
         async with aiohttp.ClientSession(cookies={"pointsman_dashboard": cookie.value}) as s:

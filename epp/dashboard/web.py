@@ -170,8 +170,8 @@ class Dashboard:
         return guarded
 
     def _login_page(self, message: str, status: int) -> web.Response:
-        html = (self.static["login.html"][0].decode()
-                .replace("{{action}}", self.prefix + "login").replace("{{message}}", message))
+        # Relative URLs, like the page's: they keep working behind a reverse proxy that rewrites the prefix.
+        html = self.static["login.html"][0].decode().replace("{{action}}", "login").replace("{{message}}", message)
         return web.Response(text=html, status=status, content_type="text/html", headers={"Content-Security-Policy": CSP})
 
     async def _login(self, request: web.Request) -> web.Response:
@@ -181,7 +181,7 @@ class Dashboard:
         given = str(form.get("token", "")).strip().encode()
         if not hmac.compare_digest(given, self._token):
             return self._login_page("That token is not right.", 401)
-        resp = web.Response(status=303, headers={"Location": self.prefix})
+        resp = web.Response(status=303, headers={"Location": "./"})
         resp.set_cookie(COOKIE, self._session.decode(), path=self.prefix, httponly=True, samesite="Strict",
                         secure=request.secure)
         return resp
