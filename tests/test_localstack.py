@@ -57,4 +57,3 @@ def test_local_stack_routes_and_stops_cleanly():
     assert proc.returncode == 0, text
     assert "route " in text and f"-> 127.0.0.1:{pod_port}" in text, text
     assert "fleet " in text
-    assert f"Dashboard:           http://127.0.0.1:{metrics}/" in text
