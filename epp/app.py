@@ -16,7 +16,7 @@ import signal
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from epp.datastore import Datastore
 from epp.director import Director, DirectorConfig
@@ -27,8 +27,10 @@ from scheduling.framework.model_scheduler import ModelScheduler
 if TYPE_CHECKING:
     import grpc
 
+    from epp.dashboard import Dashboard
     from epp.health import EppHealthServicer
     from epp.metrics import EppMetrics
+    from epp.reload import FileWatcher
     from epp.xds import EdsService
     from scheduling.config.loader import Source
 
@@ -67,6 +69,9 @@ class App:
         self.director: Director | None = None
         self.scraper: MetricsScraper | None = None
         self.eds: EdsService | None = None  # with --eds
+        self.dashboard: Dashboard | None = None
+        self.watchers: dict[str, FileWatcher[Any]] = {}  # hot-reloaded files by what they hold (shown on the dashboard)
+        self.started_at = time.time()
 
     async def start(self) -> None:
         args = self.args
@@ -102,10 +107,37 @@ class App:
                                            staleness=args.metrics_staleness_threshold)
         self.cleanups.append(self.scraper.stop)
         self.apply_scheduler(scheduler)
+        if args.metrics_port:
+            self._make_dashboard()
         await self._start_grpc()
         if args.metrics_port:
-            runner = await start_metrics_server(self.metrics, args.metrics_port)
+            dash = self.dashboard
+            runner = await start_metrics_server(self.metrics, args.metrics_port,
+                                                setup=dash.install if dash is not None else None)
             self.cleanups.append(runner.cleanup)
+            if dash is not None:
+                await dash.start()
+                self.cleanups.append(dash.stop)
+                log.info("dashboard on port %d at %s%s", args.metrics_port, dash.prefix,
+                         " (token required)" if args.dashboard_token else "")
+
+    def _make_dashboard(self) -> None:
+        """The live page on the metrics port, and the director's decision recorder that feeds it."""
+        args = self.args
+        if not args.dashboard:
+            return
+        from epp.dashboard import Dashboard
+
+        def source() -> str:
+            if args.config_file:
+                return f"file {args.config_file}"
+            return "inline --config-text" if args.config_text else "built-in default (the estimated-latency profile)"
+
+        self.dashboard = Dashboard(self.director, prefix=args.dashboard_path_prefix, token=args.dashboard_token,
+                                   capacity=args.dashboard_decisions, config_source=source, watchers=self.watchers,
+                                   started_at=self.started_at)
+        assert self.director is not None, "the director is built before the dashboard"
+        self.director.recorder = self.dashboard.recorder
 
     async def _start_sources(self) -> None:
         args = self.args
@@ -121,6 +153,7 @@ class App:
             await watcher.load_initial()
             watcher.start()
             self.cleanups.append(watcher.stop)
+            self.watchers["endpoints"] = watcher
             return
         from epp.k8s.discovery import (
             PoolDiscovery,
@@ -172,6 +205,7 @@ class App:
         scheduler = await watcher.load_initial()
         watcher.start()
         self.cleanups.append(watcher.stop)
+        self.watchers["scheduling config"] = watcher
         return scheduler
 
     def apply_scheduler(self, scheduler: ModelScheduler) -> None:

@@ -55,6 +55,16 @@ def _add_serve_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--enable-conformance-header", action="store_true",
                    help="honour test-epp-endpoint-selection (conformance tests only)")
     g.add_argument("--log-decisions", action="store_true", help="log one line per routing decision")
+
+    g = p.add_argument_group("dashboard (a live page on the metrics port; see docs/dashboard.md)")
+    g.add_argument("--dashboard", type=_bool, default=True,
+                   help="serve the dashboard and record decisions for it (true); false turns both off")
+    g.add_argument("--dashboard-path-prefix", default="/", help="URL path of the page on the metrics port (/)")
+    g.add_argument("--dashboard-token", default=os.environ.get("POINTSMAN_DASHBOARD_TOKEN") or None,
+                   help="require this bearer token for the page and its APIs (/metrics stays open); "
+                        "prefer the POINTSMAN_DASHBOARD_TOKEN environment variable, flags show in ps")
+    g.add_argument("--dashboard-decisions", type=int, default=500,
+                   help="recent decisions kept for the page, with their per-plugin scores (500)")
     g.add_argument("-v", "--v", type=int, default=int(os.environ.get("EPP_VERBOSITY", "1")), help="log verbosity")
 
 

@@ -11,7 +11,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from epp.datastore import Datastore, InflightTicket
 from epp.parsing import api_kind, parse_body, set_model
@@ -19,6 +19,9 @@ from epp.protocol import Outcome
 from epp.usage import UsageScanner
 from scheduling.api import Scheduler, SchedulingContext, SchedulingResult
 from scheduling.types import ApiKind, Endpoint, ErrorCode, LLMRequest, SchedulingError
+
+if TYPE_CHECKING:
+    from epp.dashboard.recorder import DecisionRecord, DecisionRecorder
 
 log = logging.getLogger(__name__)
 
@@ -130,6 +133,7 @@ class Director:
         self.admission = admission
         self.rewrite = rewrite
         self._decisions = 0
+        self.recorder: DecisionRecorder | None = None  # set by the app when the dashboard is on
 
     def exchange(self) -> RequestExchange:
         return RequestExchange(self)
@@ -276,7 +280,7 @@ class RequestExchange:
     """The director's side of one stream (implements epp.protocol.Exchange)."""
 
     __slots__ = ("d", "scheduler", "ctx", "result", "started", "scanner", "served", "_closed", "_rewrite_from", "_rewrite_to",
-                 "_ticket")
+                 "_ticket", "rec")
 
     def __init__(self, director: Director) -> None:
         self.d = director
@@ -290,6 +294,7 @@ class RequestExchange:
         self._rewrite_from: bytes | None = None
         self._rewrite_to: bytes | None = None
         self._ticket: InflightTicket | None = None
+        self.rec: DecisionRecord | None = None  # the dashboard's record of this decision
 
     def decide(
         self, headers: Mapping[str, str], body: bytes | None, metadata: Mapping[str, Mapping[str, object]]
@@ -305,10 +310,15 @@ class RequestExchange:
             model = ctx.request.model if ctx else ""
             target = ctx.request.target_model if ctx else ""
             d.metrics.request_error(model, target, err.code.value)
+            if d.recorder is not None:
+                d.recorder.rejected(model, target, err.code.value, headers.get("x-request-id", ""), self.started,
+                                    d.clock())
             return error_outcome(err)
         except Exception as exc:  # never crash a stream: a bug becomes a clear 500
             log.exception("scheduling failed")
             d.metrics.request_error("", "", ErrorCode.INTERNAL.value)
+            if d.recorder is not None:
+                d.recorder.rejected("", "", ErrorCode.INTERNAL.value, "", self.started, d.clock())
             return error_outcome(SchedulingError(ErrorCode.INTERNAL, f"scheduling failed: {exc}"))
         req = ctx.request
         # Commit: from here on, close() must release what this adds.
@@ -321,6 +331,8 @@ class RequestExchange:
         d.metrics.request_started(req.model, req.target_model, req.priority)
         if result.decision:
             d.metrics.disagg_decision(req.target_model, result.decision)
+        if d.recorder is not None:
+            self.rec = d.recorder.decided(req, len(ctx.candidates), result, self.started, d.clock())
         if d.config.log_decisions:
             log.info("decision %s model=%s -> %s%s (profile %s)", req.request_id[:8], req.target_model or "-",
                      result.primary.key, f" prefill={result.prefill.key}" if result.prefill else "", result.profile)
@@ -333,6 +345,8 @@ class RequestExchange:
         self, headers: Mapping[str, str], metadata: Mapping[str, Mapping[str, object]]
     ) -> list[tuple[str, str]]:
         self.scanner = UsageScanner(headers.get("content-type", ""))
+        if self.rec is not None:
+            self.rec.status = headers.get(":status", "")
         served = metadata.get(LB_NS, {}).get(SERVED)
         if isinstance(served, str):
             self.served = served
@@ -349,6 +363,8 @@ class RequestExchange:
         if self.scanner is None:
             self.scanner = UsageScanner()
         self.scanner.feed(chunk, end_of_stream)
+        if self.rec is not None and chunk and not self.rec.first_byte:
+            self.rec.first_byte = self.d.clock()
         if self._rewrite_from is not None and self._rewrite_to is not None:
             chunk = chunk.replace(self._rewrite_from, self._rewrite_to).replace(
                 self._rewrite_from.replace(b":", b": ", 1), self._rewrite_to.replace(b":", b": ", 1)
@@ -380,3 +396,5 @@ class RequestExchange:
             usage.prompt_tokens if usage else 0,
             usage.completion_tokens if usage else 0,
         )
+        if self.rec is not None and d.recorder is not None:
+            d.recorder.finished(self.rec, d.clock(), self.scanner is not None and self.scanner.sse, usage)

@@ -1,7 +1,8 @@
 """`epp stack`: the local stack on loopback, no Docker: a modelsim fleet, Pointsman and Envoy.
 
-It shows progress while starting, prints where to send requests, then until Ctrl-C shows live routing: which
-endpoint took which request (from Pointsman's decision log) and each endpoint's queue, KV and in-flight count.
+It shows progress while starting, prints where to send requests and the dashboard's URL (the live page on the
+metrics port), then until Ctrl-C shows live routing: which endpoint took which request (from Pointsman's decision
+log) and each endpoint's queue, KV and in-flight count.
 
 Envoy's pool cluster is fed by Pointsman's EDS server (override-host variant), so the fleet can change live: `+`
 adds a simulated server and `-` takes the last one out of the pool (keys in a terminal; lines `+`/`-` on a piped
@@ -132,6 +133,7 @@ Ready. Send requests to {url}, for example:
     -d '{{"model": "{ADAPTER}", "prompt": "SELECT", "max_tokens": 8, "stream": true}}'
 
 Explain a decision:  {_bin('epp')} explain --addr 127.0.0.1:{a.grpc_port} --body '{{"model": "{MODEL}", "messages": [{{"role": "user", "content": "hi"}}]}}'
+Dashboard:           http://127.0.0.1:{a.metrics_port}/   (fleet, decisions, explain, charts, config)
 Pointsman metrics:   http://127.0.0.1:{a.metrics_port}/metrics      Files: {self.dir}
 {self._fleet_help(eds)}""", flush=True)
 

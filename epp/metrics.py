@@ -25,7 +25,7 @@ gauge returns to zero.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from aiohttp import web
@@ -161,14 +161,23 @@ class EppMetrics:
         return generate_latest(self.registry)
 
 
-async def start_metrics_server(metrics: EppMetrics, port: int = 9090, host: str = "0.0.0.0") -> web.AppRunner:
-    """Serve GET /metrics on the running loop (`--metrics-port`). Stop with `await runner.cleanup()`."""
+async def start_metrics_server(
+    metrics: EppMetrics,
+    port: int = 9090,
+    host: str = "0.0.0.0",
+    setup: Callable[[web.Application], None] | None = None,
+) -> web.AppRunner:
+    """Serve GET /metrics on the running loop (`--metrics-port`). Stop with `await runner.cleanup()`.
+
+    `setup` adds more routes to the same server (the dashboard, epp.dashboard)."""
 
     async def handle(_: web.Request) -> web.Response:
         return web.Response(body=metrics.exposition(), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     app = web.Application()
     app.router.add_get("/metrics", handle)
+    if setup is not None:
+        setup(app)
     runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
     await runner.setup()
     site = web.TCPSite(runner, host, port)

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Create .venv (once) and install Pointsman with its test extras. Re-runs are cheap: pip runs only when
-# pyproject.toml changed since the last install.
+# pyproject.toml changed since the last install. With --test-deps (scripts/test.sh) it also installs the Debian
+# packages the tests need when they are missing (scripts/debian-packages.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -18,4 +19,7 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
     exit 1
   fi
   touch "$stamp"
+fi
+if [ "${1:-}" = "--test-deps" ]; then
+  bash scripts/debian-packages.sh chromium chromium-driver  # the dashboard's browser tests
 fi
