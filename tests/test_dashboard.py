@@ -7,6 +7,7 @@ import asyncio
 import logging
 import os
 import re
+from pathlib import Path
 
 import aiohttp
 import orjson
@@ -23,10 +24,14 @@ CHAT = {"model": "llama", "messages": [{"role": "user", "content": "Tell me abou
 TOKEN = "s3cret-dashboard-token-0123456789"
 
 
+# GIE's default profile: three weighted scorers, so per-plugin detail is worth showing.
+GIE_DEFAULT = Path(__file__).resolve().parent.parent / "deploy" / "profiles" / "gie-default.yaml"
+
+
 @pytest.fixture
 async def stack(tmp_path):
     metrics = free_port()
-    s = Stack(tmp_path, epp_flags=("--metrics-port", str(metrics)))
+    s = Stack(tmp_path, epp_flags=("--metrics-port", str(metrics), "--config-file", str(GIE_DEFAULT)))
     s.metrics = metrics
     await s.start()
     try:
@@ -133,7 +138,7 @@ async def test_explain_is_the_cli_dry_run_and_changes_nothing(stack):
         assert all(set(p["scores"]) == set(out["candidates"]) for p in scorers)
         assert out["text"].startswith("model 'llama' -> target 'llama'") and "scorer prefix-cache-scorer" in out["text"]
         # A dry run: nothing recorded, nothing in flight, no request counted.
-        assert app.dashboard.recorder.seq == 0 and app.datastore.inflight.total == 0
+        assert app.dashboard.recorder.seq == 0 and app.datastore.inflight.view() == {}
         counted = re.compile(r"^inference_objective_(request_total|running_requests)\{.*$", re.M)
         assert counted.findall(before) == counted.findall(after) == []
         # Bad input gets a clear error.

@@ -23,9 +23,12 @@ ROOT = Path(__file__).resolve().parent.parent
 pytestmark = [pytest.mark.envoy, pytest.mark.slow]
 
 
+GIE_DEFAULT = Path(__file__).resolve().parent.parent / "deploy" / "profiles" / "gie-default.yaml"
+
+
 @pytest.fixture(scope="module")
 def stack():
-    s = LocalStack()
+    s = LocalStack(config_file=str(GIE_DEFAULT))  # three weighted scorers: per-plugin detail worth showing
     yield s
     s.stop()
 
@@ -81,7 +84,7 @@ def test_the_fleet_table_shows_the_stacks_endpoints(stack, browser):
     browser.get(stack.dashboard)
     wait_for(browser, "#fleet-table tbody tr", count=2)
     text = text_of(browser, "#fleet-table tbody tr")
-    for i, port in enumerate((stack.sim, stack.sim + 1)):
+    for i, port in enumerate(tuple(stack.sim_ports)):
         assert f"127.0.0.1:{port}" in text and f"sim-{i}" in text
     wait_for(browser, "#fleet-table tbody tr td .pill-ok", count=2)  # both scraped and fresh
 
@@ -103,7 +106,7 @@ def test_a_request_through_envoy_appears_in_the_decisions_within_2s(stack, brows
     text = text_of(browser, "#detail-body table.scores")
     for scorer in ("queue-scorer", "kv-cache-utilization-scorer", "prefix-cache-scorer", "total"):
         assert scorer in text
-    assert f"127.0.0.1:{stack.sim}" in text and f"127.0.0.1:{stack.sim + 1}" in text
+    assert f"127.0.0.1:{stack.sim_ports[0]}" in text and f"127.0.0.1:{stack.sim_ports[1]}" in text
     save_screenshot(browser, tmp_path_factory.mktemp("dashboard"), "decision-detail.png", capsys)
     browser.find_element("css selector", "#detail-close").click()
     assert console_errors(browser) == []
@@ -122,7 +125,7 @@ def test_explain_renders_scores_for_a_pasted_body_as_a_dry_run(stack, browser):
     table = text_of(browser, "#ex-result table.scores")
     for scorer in ("queue-scorer", "kv-cache-utilization-scorer", "prefix-cache-scorer", "total"):
         assert scorer in table
-    assert f"127.0.0.1:{stack.sim}" in table and f"127.0.0.1:{stack.sim + 1}" in table
+    assert f"127.0.0.1:{stack.sim_ports[0]}" in table and f"127.0.0.1:{stack.sim_ports[1]}" in table
     cli = browser.find_element("css selector", "#ex-result pre.cli").text
     assert cli.startswith(f"model '{MODEL}' -> target '{MODEL}'") and "scorer prefix-cache-scorer" in cli
     assert stack.api("api/decisions")["seq"] == seq, "explain must not record a decision"

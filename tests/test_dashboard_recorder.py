@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 import time
+from pathlib import Path
 
 import orjson
 import pytest
@@ -29,11 +30,14 @@ def chat(content: str = PROMPT, model: str = "llama") -> bytes:
     return orjson.dumps({"model": model, "messages": [{"role": "user", "content": content}]})
 
 
+GIE_DEFAULT = Path(__file__).resolve().parent.parent / "deploy" / "profiles" / "gie-default.yaml"
+
+
 @pytest.fixture
 def director() -> Director:
     ds = Datastore()
     ds.set_pool(PoolSpec("pool"), [ep("10.0.0.1", waiting=4, kv=0.5), ep("10.0.0.2"), ep("10.0.0.3", kv=0.9)])
-    sched = load_scheduler(None, rng=random.Random(1), timer=time.perf_counter)
+    sched = load_scheduler(GIE_DEFAULT, rng=random.Random(1), timer=time.perf_counter)  # three weighted scorers
     d = Director(ds, sched)
     d.recorder = DecisionRecorder(capacity=4)
     return d
@@ -164,8 +168,8 @@ def test_sampler_turns_counters_into_rates_and_the_fleet_table(director):
 
 
 def test_config_view_lists_profiles_scorers_and_weights(director):
-    cfg = views.config_view(director.scheduler, "built-in default", {}, 0.0)
-    assert cfg["default"] == "default" and cfg["bindings"] == []
+    cfg = views.config_view(director.scheduler, "gie-default.yaml", {}, 0.0)
+    assert cfg["default"] == "gie-default" and cfg["bindings"] == []
     (sched,) = cfg["schedulers"]
     (prof,) = sched["profiles"]
     assert [(s["type"], s["weight"]) for s in prof["scorers"]] == [

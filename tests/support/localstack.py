@@ -14,7 +14,7 @@ from pathlib import Path
 import orjson
 
 from epp.localstack import MODEL
-from epp.ports import free_port, free_port_block
+from epp.ports import free_port
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 __all__ = ["MODEL", "LocalStack"]
@@ -23,13 +23,13 @@ __all__ = ["MODEL", "LocalStack"]
 class LocalStack:
     """`epp stack` as a subprocess on free ports; `dashboard` is the URL it prints."""
 
-    def __init__(self, servers: int = 2, time_scale: float = 0.05) -> None:
-        self.listen, self.metrics, self.admin = free_port(), free_port(), free_port()
-        self.grpc, self.sim = free_port_block(2), free_port_block(servers)
+    def __init__(self, servers: int = 2, time_scale: float = 0.05, config_file: str | None = None) -> None:
+        self.listen, self.metrics, self.admin, self.grpc, self.health = (free_port() for _ in range(5))
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "epp.cli", "stack", "--servers", str(servers), "--sim-base-port", str(self.sim),
-             "--listen-port", str(self.listen), "--grpc-port", str(self.grpc), "--metrics-port", str(self.metrics),
-             "--admin-port", str(self.admin), "--time-scale", str(time_scale), "--quiet"],
+            [sys.executable, "-m", "epp.cli", "stack", "--servers", str(servers), "--sim-base-port", "0",
+             "--listen-port", str(self.listen), "--grpc-port", str(self.grpc), "--grpc-health-port", str(self.health),
+             "--metrics-port", str(self.metrics), "--admin-port", str(self.admin), "--time-scale", str(time_scale),
+             "--quiet", *(["--config-file", config_file] if config_file else [])],
             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         )
         self.output: list[str] = []
@@ -46,6 +46,8 @@ class LocalStack:
         if not self.dashboard:
             self.stop()
             raise RuntimeError("epp stack printed no dashboard URL:\n" + "".join(self.output))
+        line = next(x for x in self.output if "simulated vLLM servers on ports" in x)
+        self.sim_ports = [int(p) for p in line.split("on ports", 1)[1].split("(", 1)[0].replace(",", " ").split()]
         threading.Thread(target=self._drain, daemon=True).start()
 
     def _drain(self) -> None:
