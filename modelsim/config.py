@@ -58,6 +58,7 @@ class FleetConfig:
     kv_events_style: str = "vllm"  # "vllm" or "sglang" (one event per block, SGLang's field set)
     kv_events_hash_format: str = "int"  # "int" or "bytes" block hashes
     kv_events_buffer_steps: int = 10_000  # batches retained for replay
+    tokenizer: str | None = None  # a directory with tokenizer.json (+ tokenizer_config.json): real token ids
     roles: tuple[str, ...] = ()  # per server: "both" (default), "prefill" or "decode" (informational)
     oracle_port: int | None = None  # in-process oracle router over the fleet (benchmark aid)
     stream_interval: float = 0.0  # wall s; > 0 coalesces streamed tokens after the first (cheaper at speed)

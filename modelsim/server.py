@@ -46,6 +46,11 @@ class SimServer:
         for name in fleet.loras:
             self._lora_id(name)
         self.engine = Engine(fleet.engine)
+        self.hf = None
+        if fleet.tokenizer:
+            from modelsim.hftok import HFTokenizer
+
+            self.hf = HFTokenizer(fleet.tokenizer)
         self.metrics = ServerMetrics(self.engine, self.model, fleet.engine.max_loras)
         self.rng = random.Random(fleet.seed * 1000 + index)
         self.publisher: KVEventPublisher | None = None
@@ -118,6 +123,12 @@ class SimServer:
         if self.publisher is not None:
             self.publisher.close()
 
+    def request_tokens(self, api: str, body: dict[str, Any]) -> list[int]:
+        """The prompt's token ids, with the real tokenizer when one is configured (raises ValueError)."""
+        if self.hf is not None:
+            return self.hf.request_tokens(api, body)
+        return tk.request_tokens(api, body)
+
     def _lora_id(self, name: str) -> int:
         lid = self.lora_ids.get(name)
         if lid is None:
@@ -185,12 +196,19 @@ class SimServer:
             if body.get("add_generation_prompt", True) and body.get("continue_final_message"):
                 return self._error(400, "Cannot set both `continue_final_message` and `add_generation_prompt` "
                                         "to True.")
-            tokens = tk.request_tokens(tk.API_CHAT, body)
-        elif isinstance(body.get("prompt"), str):
-            tokens = tk.request_tokens(tk.API_COMPLETIONS, {"prompt": body["prompt"]})
-        else:
+        elif not isinstance(body.get("prompt"), str):
             return self._error(400, "either 'prompt' (a string) or 'messages' (a list) is required")
-        strs = [tk.decode([t]) for t in tokens] if body.get("return_token_strs") else None
+        try:
+            if self.hf is not None:
+                tokens = self.hf.tokenize_endpoint(body)
+            elif "messages" in body:
+                tokens = tk.request_tokens(tk.API_CHAT, body)
+            else:
+                tokens = tk.request_tokens(tk.API_COMPLETIONS, {"prompt": body["prompt"]})
+        except ValueError as exc:
+            return self._error(400, str(exc))
+        decode = self.hf.decode if self.hf is not None else tk.decode
+        strs = [decode([t]) for t in tokens] if body.get("return_token_strs") else None
         return _json({"count": len(tokens), "max_model_len": self.fleet.engine.max_model_len, "tokens": tokens,
                       "token_strs": strs})
 
@@ -238,7 +256,10 @@ class SimServer:
         items = inputs if isinstance(inputs, list) and inputs and not isinstance(inputs[0], int) else [inputs]
         data, total = [], 0
         for i, item in enumerate(items):
-            toks = tk.request_tokens(tk.API_EMBEDDINGS, {"input": item})
+            try:
+                toks = self.request_tokens(tk.API_EMBEDDINGS, {"input": item})
+            except ValueError as exc:
+                return self._error(400, str(exc), tk.API_EMBEDDINGS)
             total += len(toks)
             vec = [((t * 2654435761 + k) % 2001) / 1000.0 - 1.0 for k, t in enumerate((toks + [0] * 8)[:8])]
             data.append({"object": "embedding", "index": i, "embedding": vec})
@@ -281,7 +302,7 @@ class SimServer:
         if isinstance(body, web.Response):
             return body
         try:
-            p = A.parse_request(api, body, self.fleet.engine.default_max_tokens)
+            p = A.parse_request(api, body, self.fleet.engine.default_max_tokens, self.request_tokens)
         except (A.BadRequest, ValueError) as exc:
             return self._error(400, str(exc), api)
         if p.model not in self.served_models():

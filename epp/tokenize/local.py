@@ -97,7 +97,10 @@ class LocalTokenizer:
         return cls(tok, template, special, str(d))
 
     def encode_prompt(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        return self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
+        tok = self.tokenizer
+        if hasattr(tok, "encode_batch_fast"):  # tokenizers >= 0.21: no character offsets, ~40% faster
+            return tok.encode_batch_fast([text], add_special_tokens=add_special_tokens)[0].ids
+        return tok.encode(text, add_special_tokens=add_special_tokens).ids
 
     def render_chat(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True,
                     tools: Sequence[Any] | None = None, continue_final_message: bool = False) -> str:
