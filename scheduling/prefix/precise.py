@@ -39,64 +39,33 @@ add_speculative, expire, match, keys_for, state, states, size, counters) and `En
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Sequence
 
 import xxhash
 
+from scheduling.prefix.precise_layout import (
+    CPU,
+    DEFAULT_CAPACITY,
+    GPU,
+    LIVE,
+    MALFORMED,
+    MEDIA,
+    ORPHAN,
+    PENDING,
+    STATE_RANK,
+    UNKNOWN,
+    EndpointMatch,
+    Slot,
+    Speculative,
+    unset,
+    walk,
+)
 from scheduling.prefix.token_keys import ROOT, TOKEN_BYTES, chain_keys, extend_chain, pack_tokens, root_key
 
-GPU, CPU = 0, 1
-MEDIA = {"GPU": GPU, "CPU": CPU}
-PENDING, LIVE, UNKNOWN = "pending", "live", "unknown"
-DEFAULT_CAPACITY = 65_536  # engine blocks per slot and medium
-ORPHAN = -1  # store(): the parent block is unknown, the event was dropped
-MALFORMED = -2  # store(): token count does not fit the hashes and block size
+__all__ = ["CPU", "DEFAULT_CAPACITY", "GPU", "LIVE", "MALFORMED", "MEDIA", "ORPHAN", "PENDING", "UNKNOWN",
+           "EndpointMatch", "PreciseIndex"]
 
 _h = xxhash.xxh3_64_intdigest
-_STATE_RANK = {LIVE: 0, PENDING: 1, UNKNOWN: 2}
-
-
-@dataclass(frozen=True, slots=True)
-class EndpointMatch:
-    """One endpoint's match: `blocks` consecutive blocks from the start, by source, and their weighted score."""
-
-    blocks: int
-    score: float
-    gpu: int
-    cpu: int
-    speculative: int
-    rank: int
-    state: str
-
-    @property
-    def from_events(self) -> int:
-        return self.gpu + self.cpu
-
-
-class _Slot:
-    __slots__ = ("endpoint", "rank", "index", "state", "maps", "orders", "dups", "bits", "sbit", "held")
-
-    def __init__(self, endpoint: str, rank: int, index: int) -> None:
-        self.endpoint = endpoint
-        self.rank = rank
-        self.index = index
-        self.state = PENDING
-        self.maps: tuple[dict[int, object], dict[int, object]] = ({}, {})
-        self.orders: list[deque[int]] = [deque(), deque()]
-        self.dups: tuple[dict[int, int], dict[int, int]] = ({}, {})
-        base = 3 * index
-        self.bits = (1 << base, 1 << (base + 1))
-        self.sbit = 1 << (base + 2)
-        self.held = self.bits[0] | self.bits[1]
-
-
-def _bit_slots(bits: int) -> Iterator[int]:
-    while bits:
-        low = bits & -bits
-        yield (low.bit_length() - 1) // 3
-        bits ^= low
-
 
 class PreciseIndex:
     def __init__(
@@ -119,25 +88,25 @@ class PreciseIndex:
         self.gpu_weight = gpu_weight
         self.cpu_weight = cpu_weight
         self._map: dict[int, int] = {}
-        self._slots: list[_Slot | None] = []
-        self._by: dict[tuple[str, int], _Slot] = {}
-        self._ep: dict[str, list[_Slot]] = {}
+        self._slots: list[Slot | None] = []
+        self._by: dict[tuple[str, int], Slot] = {}
+        self._ep: dict[str, list[Slot]] = {}
         self._caps: dict[str, int] = {}
         self._free: list[int] = []
         self._low = 0  # bit 3s of every allocated slot
         self._roots: dict[str | None, int] = {None: ROOT}
-        self._spec: dict[str, dict[int, float]] = {}
-        self._queue: deque[tuple[float, str, tuple[int, ...]]] = deque()
+        self._specs = Speculative(speculative_ttl)
+        self._spec = self._specs.entries  # endpoint -> key -> expiry
         self.counters = {"stored": 0, "removed": 0, "orphaned": 0, "evicted": 0, "duplicates": 0,
                          "unknown_removals": 0, "malformed": 0, "speculative": 0, "confirmed": 0, "lapsed": 0}
 
     # ---- slots ------------------------------------------------------------------------------------------
-    def _slot(self, endpoint: str, rank: int) -> _Slot:
+    def _slot(self, endpoint: str, rank: int) -> Slot:
         slot = self._by.get((endpoint, rank))
         if slot is not None:
             return slot
         index = self._free.pop() if self._free else len(self._slots)
-        slot = _Slot(endpoint, rank, index)
+        slot = Slot(endpoint, rank, index)
         if index == len(self._slots):
             self._slots.append(slot)
         else:
@@ -154,7 +123,7 @@ class PreciseIndex:
 
     def set_state(self, endpoint: str, rank: int, state: str) -> None:
         """Set a slot's state (creating the slot), without touching what it holds."""
-        if state not in _STATE_RANK:
+        if state not in STATE_RANK:
             raise ValueError(f"unknown slot state {state!r}; expected pending, live or unknown")
         self._slot(endpoint, rank).state = state
 
@@ -163,7 +132,7 @@ class PreciseIndex:
         slots = self._ep.get(endpoint)
         if not slots:
             return None
-        return max((s.state for s in slots), key=_STATE_RANK.__getitem__)
+        return max((s.state for s in slots), key=STATE_RANK.__getitem__)
 
     def states(self) -> dict[str, str]:
         return {ep: self.state(ep) or PENDING for ep in self._ep}
@@ -257,7 +226,7 @@ class PreciseIndex:
             slot.orders[medium] = deque(emap)
         return new
 
-    def _store_aligned(self, slot: _Slot, medium: int, hashes: Sequence[int], prev: int, data: bytes) -> int:
+    def _store_aligned(self, slot: Slot, medium: int, hashes: Sequence[int], prev: int, data: bytes) -> int:
         emap = slot.maps[medium]
         order = slot.orders[medium]
         bit = slot.bits[medium]
@@ -287,7 +256,7 @@ class PreciseIndex:
         return new
 
     def _store_general(
-        self, slot: _Slot, medium: int, hashes: Sequence[int], pkey: int, tail: bytes, data: bytes, eb: int
+        self, slot: Slot, medium: int, hashes: Sequence[int], pkey: int, tail: bytes, data: bytes, eb: int
     ) -> int:
         emap = slot.maps[medium]
         order = slot.orders[medium]
@@ -314,7 +283,7 @@ class PreciseIndex:
         self.counters["stored"] += new
         return new
 
-    def _store_known(self, slot: _Slot, hashes: Sequence[int], medium: int) -> int:
+    def _store_known(self, slot: Slot, hashes: Sequence[int], medium: int) -> int:
         """BlockStored without tokens (a tier update): copy known blocks' entries to `medium`."""
         emap, other = slot.maps[medium], slot.maps[1 - medium]
         bit = slot.bits[medium]
@@ -331,17 +300,6 @@ class PreciseIndex:
             new += 1
         self.counters["stored"] += new
         return new
-
-    def _unset(self, entry: object, bit: int) -> None:
-        m = self._map
-        for k in (entry,) if type(entry) is int else entry[2]:  # type: ignore[index]
-            v = m.get(k)
-            if v is not None and v & bit:
-                v ^= bit
-                if v:
-                    m[k] = v
-                else:
-                    del m[k]
 
     def remove(self, endpoint: str, rank: int, block_hashes: Iterable[int], medium: int = GPU) -> int:
         """Apply one BlockRemoved. Returns the engine blocks dropped."""
@@ -365,13 +323,13 @@ class PreciseIndex:
             if e is None:
                 unknown += 1
                 continue
-            self._unset(e, bit)
+            unset(self._map, e, bit)
             removed += 1
         self.counters["removed"] += removed
         self.counters["unknown_removals"] += unknown
         return removed
 
-    def _trim(self, slot: _Slot, medium: int, cap: int) -> None:
+    def _trim(self, slot: Slot, medium: int, cap: int) -> None:
         emap = slot.maps[medium]
         order = slot.orders[medium]
         dups = slot.dups[medium]
@@ -383,15 +341,15 @@ class PreciseIndex:
             if e is None:
                 continue
             dups.pop(eh, None)
-            self._unset(e, bit)
+            unset(self._map, e, bit)
             evicted += 1
         self.counters["evicted"] += evicted
 
-    def _empty(self, slot: _Slot) -> None:
+    def _empty(self, slot: Slot) -> None:
         for medium in (GPU, CPU):
             bit = slot.bits[medium]
             for e in slot.maps[medium].values():
-                self._unset(e, bit)
+                unset(self._map, e, bit)
             slot.maps[medium].clear()
             slot.orders[medium].clear()
             slot.dups[medium].clear()
@@ -427,30 +385,13 @@ class PreciseIndex:
             bits |= s.sbit
         return bits
 
-    def _clear_sbits(self, key: int, sbits: int) -> None:
-        m = self._map
-        v = m.get(key)
-        if v is not None and v & sbits:
-            v &= ~sbits
-            if v:
-                m[key] = v
-            else:
-                del m[key]
-
     def _confirm(self, endpoint: str, key: int) -> None:
-        spec = self._spec[endpoint]
-        del spec[key]
-        self._clear_sbits(key, self._sbits(endpoint))
+        self._specs.confirm(self._map, endpoint, key, self._sbits(endpoint))
         self.counters["confirmed"] += 1
 
     def _drop_spec(self, endpoint: str) -> None:
-        spec = self._spec.get(endpoint)
-        if not spec:
-            return
-        sbits = self._sbits(endpoint)
-        for k in spec:
-            self._clear_sbits(k, sbits)
-        spec.clear()
+        if self._spec.get(endpoint):
+            self._specs.drop(self._map, endpoint, self._sbits(endpoint))
 
     def add_speculative(self, endpoint: str, keys: Sequence[int], now: float) -> int:
         """Pointsman routed a request with these keys to `endpoint` at `now`: hold them speculatively until events
@@ -461,45 +402,17 @@ class PreciseIndex:
             return 0
         if endpoint not in self._ep:
             self._slot(endpoint, 0)
-        slots = self._ep[endpoint]
         sbits = held = 0
-        for s in slots:
+        for s in self._ep[endpoint]:
             sbits |= s.sbit
             held |= s.held
-        spec = self._spec.setdefault(endpoint, {})
-        exp = now + self.speculative_ttl
-        m = self._map
-        get = m.get
-        added = []
-        for k in keys:
-            v = get(k)
-            if v is not None and v & held:
-                continue
-            spec[k] = exp
-            m[k] = sbits if v is None else v | sbits
-            added.append(k)
-        if added:
-            self._queue.append((exp, endpoint, tuple(added)))
-            self.counters["speculative"] += len(added)
-        return len(added)
+        added = self._specs.add(self._map, endpoint, keys, now, sbits, held)
+        self.counters["speculative"] += added
+        return added
 
     def expire(self, now: float) -> None:
         """Drop speculative entries whose time is up."""
-        q = self._queue
-        while q and q[0][0] <= now:
-            _, endpoint, keys = q.popleft()
-            spec = self._spec.get(endpoint)
-            if not spec:
-                continue
-            sbits = self._sbits(endpoint)
-            lapsed = 0
-            for k in keys:
-                e = spec.get(k)
-                if e is not None and e <= now:
-                    del spec[k]
-                    self._clear_sbits(k, sbits)
-                    lapsed += 1
-            self.counters["lapsed"] += lapsed
+        self.counters["lapsed"] += self._specs.expire(self._map, now, self._sbits)
 
     # ---- matching ---------------------------------------------------------------------------------------
     def match(self, keys: Sequence[int], now: float | None = None) -> dict[str, EndpointMatch]:
@@ -509,36 +422,7 @@ class PreciseIndex:
         low = self._low
         if not keys or not low:
             return {}
-        get = self._map.get
-        alive = low
-        ends: dict[int, int] = {}
-        extra: dict[int, list[int]] = {}  # slot -> [cpu blocks, speculative blocks]
-        n = 0
-        for k in keys:
-            v = get(k)
-            if v is None:
-                break
-            g = v & low
-            if g == v:
-                nxt = alive & g
-            else:
-                nxt = alive & ((g | (v >> 1) | (v >> 2)) & low)
-                ng = nxt & ~g
-                if ng:
-                    c = (v >> 1) & ng
-                    for s in _bit_slots(c):
-                        extra.setdefault(s, [0, 0])[0] += 1
-                    for s in _bit_slots(ng & ~c):
-                        extra.setdefault(s, [0, 0])[1] += 1
-            if nxt != alive:
-                for s in _bit_slots(alive ^ nxt):
-                    ends[s] = n
-                alive = nxt
-                if not alive:
-                    break
-            n += 1
-        for s in _bit_slots(alive):
-            ends[s] = n
+        ends, extra = walk(self._map, low, keys)
         return self._results(ends, extra)
 
     def _results(self, ends: dict[int, int], extra: dict[int, list[int]]) -> dict[str, EndpointMatch]:
