@@ -108,6 +108,7 @@ class Endpoint:
     labels: Mapping[str, str] = field(default_factory=dict)
     models: frozenset[str] = frozenset()  # served models/adapters; empty means "serves whatever it is asked"
     metrics: Metrics = UNKNOWN_METRICS
+    annotations: Mapping[str, str] = field(default_factory=dict)  # pointsman.ai/* pod annotations (or file)
 
     @property
     def role(self) -> str | None:
@@ -127,7 +128,8 @@ class Endpoint:
 
     def with_metrics(self, metrics: Metrics) -> Endpoint:
         return Endpoint(
-            self.key, self.address, self.port, self.name, self.namespace, self.labels, self.models, metrics
+            self.key, self.address, self.port, self.name, self.namespace, self.labels, self.models, metrics,
+            self.annotations,
         )
 
 
