@@ -34,6 +34,20 @@ def _add_serve_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--endpoint-selector", default=None, help="standalone selector mode: k=v,... over pods")
     g.add_argument("--endpoint-target-ports", default=None, help="selector mode: comma list of ports")
     g.add_argument("--kubeconfig", default=None, help="kubeconfig path (default: in-cluster, then ~/.kube)")
+    g.add_argument("--epp-service-name", default=os.environ.get("EPP_SERVICE_NAME") or None,
+                   help="serve every InferencePool of the namespace whose endpointPickerRef names this Service "
+                        "(default: $EPP_SERVICE_NAME); --pool-name stays the default pool")
+
+    g = p.add_argument_group("routes (Kthena ModelRoute, ModelServer, ExternalModelProvider)")
+    g.add_argument("--routes-file", action="append", default=[],
+                   help="route documents, multi-document YAML, hot-reloaded (repeatable)")
+    g.add_argument("--watch-routes", action="store_true",
+                   default=os.environ.get("POINTSMAN_WATCH_ROUTES", "").lower() in ("1", "true", "yes"),
+                   help="watch route documents in --pool-namespace (Kubernetes; default: $POINTSMAN_WATCH_ROUTES)")
+    g.add_argument("--provider-secrets-dir", default=None,
+                   help="standalone provider credentials: <dir>/<secret name>/<key> (the layout of a Secret volume)")
+    g.add_argument("--provider-header", default="x-pointsman-provider",
+                   help="the request header Envoy's provider routes match (Pointsman always sets or removes it)")
 
     g = p.add_argument_group("scheduling")
     g.add_argument("--config-file", default=None, help="scheduling config (EndpointPickerConfig / SchedulingProfile)")
