@@ -39,12 +39,13 @@ class LeastLoaded:
 
 
 def routed(text: str, *, seed: int = 1, ds: Datastore | None = None, secrets_dir: str | None = None,
-           scheduler=None) -> tuple[Director, RoutingService]:
+           scheduler=None, clock=None) -> tuple[Director, RoutingService]:
     ds = ds or Datastore()
     rng = random.Random(seed)
     svc = RoutingService(ds, rng, secrets_dir=secrets_dir)
     svc.load_text(text, "routes.yaml")
-    d = Director(ds, scheduler or LeastLoaded(), DirectorConfig(), router=svc.router)
+    kw = {"clock": clock} if clock is not None else {}
+    d = Director(ds, scheduler or LeastLoaded(), DirectorConfig(), router=svc.router, **kw)
     return d, svc
 
 
