@@ -108,6 +108,13 @@ def build_parser() -> argparse.ArgumentParser:
     ec.add_argument("--response-phases", choices=("full", "lean"), default="full",
                     help="lean: request phases only (half the messages; no usage or served-endpoint reading)")
     ec.add_argument("--epp-tls", action="store_true", help="talk TLS to Pointsman")
+    ec.add_argument("--routes-file", action="append", default=[],
+                    help="route documents: a cluster and route per ExternalModelProvider, retries for ModelServers, "
+                         "and (override-host) the ModelServers' static endpoints (repeatable)")
+    ec.add_argument("--provider-ca-file", default="/etc/ssl/certs/ca-certificates.crt",
+                    help="CA bundle that verifies external providers' certificates (the system bundle)")
+    ec.add_argument("--provider-header", default="x-pointsman-provider",
+                    help="the request header Pointsman sets to send a request to a provider's cluster")
     ec.add_argument("-o", "--output", default="-")
 
     ex = sub.add_parser("explain", help="ask a running Pointsman which endpoint a request would get, and why")
@@ -181,6 +188,17 @@ def _envoy_config(args: argparse.Namespace) -> int:
             print(f"error: no pool {args.pool_name!r} in {args.endpoints_file}", file=sys.stderr)
             return 2
         endpoints += [(e.address, e.port) for e in chosen[0][1]]
+    fragments = None
+    if args.routes_file:  # HOOK (routing layer): epp/envoy_providers.py
+        from epp.envoy_providers import fragments_from_files
+
+        fragments, route_eps, errors = fragments_from_files(args.routes_file, header=args.provider_header,
+                                                            ca_file=args.provider_ca_file)
+        if errors:
+            for e in errors:
+                print(f"error: {e}", file=sys.stderr)
+            return 2
+        endpoints += [e for e in route_eps if e not in endpoints]
     epp_host, _, epp_port = args.epp.rpartition(":")
     spec = EnvoyConfigSpec(
         variant=args.variant,
@@ -194,6 +212,7 @@ def _envoy_config(args: argparse.Namespace) -> int:
         response_body_mode=args.response_body_mode,
         response_phases=args.response_phases,
         epp_tls=args.epp_tls,
+        route_fragments=fragments,
     )
     try:
         text = render_yaml(spec)

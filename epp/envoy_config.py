@@ -47,6 +47,8 @@ class EnvoyConfigSpec:
     upstream_timeout_s: int = 600
     buffer_limit_bytes: int = 64 * 1024 * 1024
     epp_tls: bool = False
+    # HOOK (routing layer): provider clusters and routes, pool-route retries; an epp.envoy_providers.RouteFragments.
+    route_fragments: Any = None
 
 
 def _socket(address: str, port: int) -> dict[str, Any]:
@@ -191,7 +193,7 @@ def render(spec: EnvoyConfigSpec) -> dict[str, Any]:
             {"name": "envoy.filters.http.router", "typed_config": {_T: ROUTER}},
         ],
     }
-    return {
+    bootstrap = {
         "admin": {"address": _socket("127.0.0.1", spec.admin_port)},
         "static_resources": {
             "listeners": [
@@ -207,6 +209,10 @@ def render(spec: EnvoyConfigSpec) -> dict[str, Any]:
             "clusters": [_epp_cluster(spec), _pool_cluster(spec)],
         },
     }
+    # HOOK (routing layer): add the provider clusters/routes and pool retries of epp/envoy_providers.py.
+    if spec.route_fragments is not None:
+        spec.route_fragments.apply(bootstrap)
+    return bootstrap
 
 
 def render_yaml(spec: EnvoyConfigSpec) -> str:
