@@ -63,7 +63,8 @@ def make_certs(directory: Path, hosts: list[str], *, self_signed: bool = False) 
 
 
 class EchoUpstream:
-    """An HTTPS (or HTTP) server that records every request and echoes it: {"model", "path", "headers", ...}."""
+    """An HTTPS (or HTTP) server that records every request and echoes it: {"model", "path", "headers", ...}.
+    GET /metrics answers idle load gauges and is not recorded."""
 
     def __init__(self, port: int, certs: dict[str, Path] | None = None, status: int = 200) -> None:
         self.port = port
@@ -71,6 +72,13 @@ class EchoUpstream:
         self.status = status
         self.requests: list[dict] = []
         self.runner: web.AppRunner | None = None
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        """Load gauges a scraper reads (vLLM and SGLang names), so model-server endpoints scrape cleanly."""
+        text = "".join(f"{name} 0\n" for name in ("vllm:num_requests_waiting", "vllm:num_requests_running",
+                                                  "vllm:kv_cache_usage_perc", "sglang:num_queue_reqs",
+                                                  "sglang:num_running_reqs", "sglang:token_usage"))
+        return web.Response(text=text, content_type="text/plain")
 
     async def _handle(self, request: web.Request) -> web.Response:
         body = await request.read()
@@ -86,6 +94,7 @@ class EchoUpstream:
 
     async def start(self) -> None:
         app = web.Application()
+        app.router.add_get("/metrics", self._metrics)
         app.router.add_route("*", "/{tail:.*}", self._handle)
         self.runner = web.AppRunner(app, access_log=None)
         await self.runner.setup()
