@@ -51,6 +51,8 @@ class MultiPoolDiscovery:
         self.pool_group = pool_group
         self.own_pods = pods is None
         self.pods = pods or PodPools(datastore, api, namespace, **reflector_opts)
+        if pool_name is None:
+            datastore.auto_default = False  # peers: only --pool-name makes one of them the default
         self.served: dict[str, PoolSpec] = {}
         self.objects: dict[str, dict[str, Any]] = {}  # every InferencePool of the namespace, by name
         self.objectives: dict[str, dict[str, Any]] = {}
