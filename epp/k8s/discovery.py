@@ -67,7 +67,8 @@ def make_api_client(host: str | None = None, kubeconfig: str | None = None) -> k
 
 def _list_call(api: k8s.ApiClient, res: Resource, namespace: str, **selectors: str) -> Any:
     if res not in WATCHED_RESOURCES and res not in ROUTE_RESOURCES:  # the RBAC in deploy/ grants exactly these
-        raise ValueError(f"{res.plural} is not in epp.k8s.WATCHED_RESOURCES; add it there (and to the RBAC)")
+        raise ValueError(f"{res.plural} is not in epp.k8s.WATCHED_RESOURCES or ROUTE_RESOURCES; add it there (and "
+                         "to the RBAC)")
     if res == POD:
         return functools.partial(k8s.CoreV1Api(api).list_namespaced_pod, namespace, **selectors)
     if res == SECRET:

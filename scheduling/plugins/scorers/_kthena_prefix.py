@@ -1,17 +1,6 @@
-"""Kthena's prefix scorers on the approximate prefix index: prefix-cache and kvcache-aware.
-
-prefix-cache (Kthena): blocks of blockSizeToHash characters (64), at most maxBlocksToMatch (128):
-    matched(e) = consecutive blocks from the start of the prompt that e is believed to hold
-    score(e)   = matched(e) / total blocks of the prompt        (0 when the prompt is empty)
-kvcache-aware (Kthena): the same formula over blocks of blockSizeToHash tokens (16), at most maxBlocksToMatch
-(128). Kthena reads which blocks each pod holds from the engines' KV events; until Pointsman's precise index is
-there, the blocks come from the approximate index (a token is estimated as 4 characters, so 16 tokens = 64
-characters: both plugins share one index by default).
-
-Both produce the approximate prefix data (like prefix-cache-scorer): the producer records the prompt's blocks for
-the chosen endpoint after the pick. Kthena's maxHashCacheSize (one LRU over all pods) and topKMatches are
-accepted; Pointsman bounds the index per endpoint (lruCapacityPerServer) and scores every candidate.
-"""
+"""Shared by Kthena's prefix scorers (prefix-cache, kvcache-aware): matched / total blocks on the approximate prefix
+index, with Kthena's parameter names; a block of blockSizeToHash units (characters or tokens) must be whole tokens
+for the index (a token is estimated as 4 characters)."""
 
 from __future__ import annotations
 
@@ -20,7 +9,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from scheduling.api import SchedulingContext
-from scheduling.framework import BuildContext, ConfigError, Scorer, register
+from scheduling.framework import BuildContext, ConfigError, Scorer
 from scheduling.framework.data import DataKey, DataRequest
 from scheduling.framework.errors import join_path
 from scheduling.framework.params import bounded
@@ -46,7 +35,7 @@ class TokenParams:
     sglangTokenizerPort: int = bounded(30000, min=1, max=65535)
 
 
-class _KthenaPrefix(PrefixReader[CharParams], Scorer[CharParams]):
+class KthenaPrefix(PrefixReader[CharParams], Scorer[CharParams]):
     clamped = True
     produces_prefix = True
     chars_per_unit: ClassVar[int] = 1  # how many characters one unit of blockSizeToHash is
@@ -69,14 +58,3 @@ class _KthenaPrefix(PrefixReader[CharParams], Scorer[CharParams]):
             return [0.0] * len(candidates)
         get = matches.get
         return [get(e.key, 0) / total for e in candidates]
-
-
-@register("prefix-cache")
-class KthenaPrefixCache(_KthenaPrefix):
-    Params = CharParams
-
-
-@register("kvcache-aware")
-class KthenaKVCacheAware(_KthenaPrefix):
-    Params = TokenParams
-    chars_per_unit = CHARS_PER_TOKEN
