@@ -112,6 +112,36 @@ class RouteFragments:
         return bootstrap
 
 
+SET_METADATA = "type.googleapis.com/envoy.extensions.filters.http.set_metadata.v3.Config"
+POOL_NAMESPACE = "pointsman"
+
+
+def name_pools(bootstrap: dict[str, Any], pools_by_route: dict[str, str]) -> dict[str, Any]:
+    """Several pools behind one Envoy: each route (by its `name`) tells Pointsman its pool in dynamic metadata
+    `pointsman.pool` (a per-route set_metadata config; the filter runs before ext_proc, which forwards the
+    namespace). Edits the bootstrap in place."""
+    for listener in bootstrap["static_resources"]["listeners"]:
+        for chain in listener["filter_chains"]:
+            for f in chain["filters"]:
+                hcm = f.get("typed_config", {})
+                if "route_config" not in hcm:
+                    continue
+                for vh in hcm["route_config"]["virtual_hosts"]:
+                    for r in vh["routes"]:
+                        pool = pools_by_route.get(r.get("name", ""))
+                        if pool is not None:
+                            r.setdefault("typed_per_filter_config", {})["envoy.filters.http.set_metadata"] = {
+                                _T: SET_METADATA, "metadata_namespace": POOL_NAMESPACE, "value": {"pool": pool}}
+                filters = hcm["http_filters"]
+                at = next(i for i, hf in enumerate(filters) if hf["name"] == "envoy.filters.http.ext_proc")
+                filters.insert(at, {"name": "envoy.filters.http.set_metadata", "typed_config": {_T: SET_METADATA}})
+                opts = filters[at + 1]["typed_config"].setdefault("metadata_options", {})
+                fwd = opts.setdefault("forwarding_namespaces", {}).setdefault("untyped", [])
+                if POOL_NAMESPACE not in fwd:
+                    fwd.append(POOL_NAMESPACE)
+    return bootstrap
+
+
 def build_fragments(
     providers: Sequence[ProviderBackend],
     pools: Sequence[PoolBackend] = (),

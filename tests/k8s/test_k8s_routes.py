@@ -4,6 +4,7 @@ many InferencePools in one Pointsman (`--epp-service-name`), against the wire-le
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import orjson
 import pytest
@@ -66,7 +67,8 @@ async def kube():
     api.stop()
 
 
-async def test_watched_routes_servers_providers_and_secrets(kube, tmp_path):
+async def test_watched_routes_servers_providers_and_secrets(kube, tmp_path, caplog):
+    caplog.set_level(logging.DEBUG)
     kube.apply(CORE, "pods", pod("ds-0", "10.0.0.1", {"app": "ds"}))
     kube.apply(CORE, "pods", pod("ds-1", "10.0.0.2", {"app": "ds"}))
     kube.apply(CORE, "pods", pod("other", "10.0.0.9", {"app": "other"}))
@@ -117,6 +119,10 @@ async def test_watched_routes_servers_providers_and_secrets(kube, tmp_path):
         # the route deleted: 404
         kube.delete(K, "modelroutes", "r")
         await eventually(lambda: decide(app, "deepseek").reject_status == 404, what="route gone")
+        text = caplog.text + app.metrics.exposition().decode()
+        assert "ModelServer default/ds" in text  # the logs were captured
+        for value in ("sk-first", "sk-second", "never-read"):
+            assert value not in text
     finally:
         await app.stop(0)
 

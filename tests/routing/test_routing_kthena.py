@@ -206,3 +206,42 @@ def test_parent_refs_are_accepted_and_shown(extra, field):
     assert not svc.documents.errors
     assert svc.router.table.routes[0].parent_refs == ("Gateway infra/gw",)
     assert hdrs(decide(d, "m")[1])["x-gateway-destination-endpoint"] == "10.0.0.1:8000"
+
+
+def test_rate_limit_is_parsed_and_exposed_on_the_decision():
+    text = route("  - {name: x, targetModels: [{modelServerName: a}]}\n",
+                 "  rateLimit:\n    inputTokensPerUnit: 1000\n    outputTokensPerUnit: 50\n    unit: minute\n"
+                 "    global: {redis: {address: 'redis.infra:6379'}}\n")
+    d, _ = routed(text)
+    ctx, _ = d.build({":path": "/v1/chat/completions", ":method": "POST"},
+                     orjson.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]}), {})
+    rl = ctx.route.rate_limit
+    assert (rl.input_tokens_per_unit, rl.output_tokens_per_unit, rl.unit, rl.unit_seconds, rl.redis_address) == \
+        (1000, 50, "minute", 60, "redis.infra:6379")
+    assert ctx.route.rate_limit_key == "ModelRoute/default/r"
+    assert d.admit(ctx) is None  # the admission call site: a no-op until epp/ratelimit plugs in
+    local, _ = routed(route("  - {name: x, targetModels: [{modelServerName: a}]}\n",
+                            "  rateLimit: {outputTokensPerUnit: 7}\n"))
+    ctx, _ = local.build({":path": "/v1/completions"}, orjson.dumps({"model": "m", "prompt": "x"}), {})
+    assert ctx.route.rate_limit == type(rl)(None, 7, "second", 1, None)
+    none, _ = routed(route("  - {name: x, targetModels: [{modelServerName: a}]}\n"))
+    ctx, _ = none.build({":path": "/v1/completions"}, orjson.dumps({"model": "m", "prompt": "x"}), {})
+    assert ctx.route.rate_limit is None
+
+
+def test_decisions_are_counted_by_route_rule_and_target():
+    from epp.datastore import Datastore
+    from epp.director import Director
+    from epp.metrics import EppMetrics
+    from epp.routing.service import RoutingService
+
+    ds = Datastore()
+    metrics = EppMetrics(ds)
+    svc = RoutingService(ds, random.Random(3), metrics=metrics)
+    svc.load_text(route("  - {name: x, targetModels: [{modelServerName: a}]}\n"), "routes.yaml")
+    d = Director(ds, routed("")[0].scheduler, router=svc.router)
+    for _ in range(3):
+        decide(d, "m")[0].close()
+    text = metrics.exposition().decode()
+    assert 'pointsman_route_decisions_total{route="ModelRoute/default/r",rule="x",target="default/a"} 3.0' in text
+    assert 'pointsman_route_documents{kind="ModelServer"} 3.0' in text
