@@ -26,8 +26,10 @@ log = logging.getLogger(__name__)
 
 Compiled = Route | PoolBackend | ProviderBackend
 Identity = tuple[str, str, str]  # (kind, namespace, name)
-# apiVersion group -> (compile(obj, where, position) -> compiled, identity(obj) -> Identity | None)
-DIALECTS: dict[str, tuple[Callable[[Any, str, float], Compiled], Callable[[Mapping[str, Any]], Identity | None]]] = {
+# apiVersion group -> (compile(obj, where, position), identity(obj) -> Identity | None). A dialect compiles one
+# document to one object (Kthena) or to several (a router document that defines its routes and backends at once).
+Compile = Callable[[Any, str, float], "Compiled | Sequence[Compiled]"]
+DIALECTS: dict[str, tuple[Compile, Callable[[Mapping[str, Any]], Identity | None]]] = {
     kthena.GROUP: (kthena.compile_document, kthena.identity),
 }
 
@@ -67,12 +69,12 @@ def _group(obj: Any) -> str:
 
 class DocumentSet:
     def __init__(self, on_error: Callable[[str, RouteConfigError], None] | None = None) -> None:
-        self._good: dict[str, dict[Identity, Compiled]] = {}  # source -> identity -> compiled
+        self._good: dict[str, dict[Identity, tuple[Compiled, ...]]] = {}  # source -> identity -> compiled
         self.errors: dict[tuple[str, str], str] = {}  # (source, document) -> current error message
         self.error_total = 0
         self.on_error = on_error
 
-    def _compile(self, source: str, doc: RawDocument) -> tuple[Identity | None, Compiled | None]:
+    def _compile(self, source: str, doc: RawDocument) -> tuple[Identity | None, tuple[Compiled, ...] | None]:
         group = _group(doc.obj)
         dialect = DIALECTS.get(group)
         ident = dialect[1](doc.obj) if dialect is not None and isinstance(doc.obj, Mapping) else None
@@ -81,12 +83,12 @@ class DocumentSet:
                 name = kthena.document_name(doc.obj, doc.where)
                 raise RouteConfigError(name, "apiVersion", f"a route API ({', '.join(f'{g}/...' for g in DIALECTS)})"
                                                            f", got {doc.obj.get('apiVersion') if isinstance(doc.obj, Mapping) else doc.obj!r}")
-            compiled = dialect[0](doc.obj, doc.where, doc.position)
+            got = dialect[0](doc.obj, doc.where, doc.position)
         except RouteConfigError as err:
             self._record(source, doc.where, ident, err)
             return ident, None
         self.errors.pop((source, doc.where), None)
-        return ident, compiled
+        return ident, tuple(got) if isinstance(got, Sequence) else (got,)
 
     def _record(self, source: str, where: str, ident: Identity | None, err: RouteConfigError) -> None:
         self.errors[(source, where)] = str(err)
@@ -101,7 +103,7 @@ class DocumentSet:
     def replace(self, source: str, docs: Sequence[RawDocument]) -> None:
         """A source's whole set (a file): documents absent now are removed; a failing one keeps its last good."""
         old = self._good.get(source, {})
-        new: dict[Identity, Compiled] = {}
+        new: dict[Identity, tuple[Compiled, ...]] = {}
         self.errors = {k: v for k, v in self.errors.items() if k[0] != source}
         for doc in docs:
             ident, compiled = self._compile(source, doc)
@@ -140,7 +142,7 @@ class DocumentSet:
         pools: dict[str, PoolBackend] = {}
         providers: dict[str, ProviderBackend] = {}
         for objs in self._good.values():
-            for obj in objs.values():
+            for obj in (o for group in objs.values() for o in group):
                 if isinstance(obj, Route):
                     routes[f"{obj.kind}/{obj.key}"] = obj
                 elif isinstance(obj, PoolBackend):

@@ -118,9 +118,12 @@ class RouteDecision:
     def fallbacks(self, result: SchedulingResult, candidates: Sequence[Endpoint],
                   inflight: Mapping[str, InflightLoad]) -> list[str]:
         """Primary first, then up to `retries` other endpoints Envoy may retry on: the scheduler's own ranking,
-        then the least loaded of the remaining candidates (never a prefill-only endpoint)."""
+        then the least loaded of the remaining candidates (a sticky pin does not narrow them). With P/D pairing,
+        only decode endpoints of the primary's group (the prefill endpoint sent along belongs to that group)."""
         out = [result.primary.key]
         want = 1 + self.retries
+        if want <= 1:
+            return out
         seen = {result.primary.key}
         if result.prefill is not None:
             seen.add(result.prefill.key)
@@ -130,11 +133,15 @@ class RouteDecision:
             lo = inflight.get(e.key)
             return ((lo.requests if lo else 0) + e.metrics.waiting + e.metrics.running, e.key)
 
-        pool += sorted(candidates, key=load)
+        pool += sorted(self.unpinned or candidates, key=load)
+        pd = self.pool.pd if self.pool is not None else None
+        group = result.primary.labels.get(pd.group_key) if pd is not None else None
         for e in pool:
             if len(out) >= want:
                 break
             if e.key in seen or e.labels.get(ROLE_LABEL) == "prefill":
+                continue
+            if pd is not None and e.labels.get(pd.group_key) != group:
                 continue
             seen.add(e.key)
             out.append(e.key)

@@ -194,3 +194,25 @@ def test_retry_attempts_become_fallback_endpoints_in_envoy_lb_metadata():
     _, out = decide(no_retry, "m")
     assert "," not in out.metadata[LB_NS]["x-gateway-destination-endpoint"]
     assert hdrs(out)["x-envoy-max-retries"] == "0"
+
+
+def test_pd_fallbacks_stay_in_the_decode_picks_group():
+    text = PD.replace("  workloadPort: {port: 8000}\n", "  workloadPort: {port: 8000}\n  trafficPolicy: {retry: "
+                      "{attempts: 3}}\n").replace("  - {name: d3, address: 10.1.0.5, labels: {role: d, group: g3}}\n",
+                                                  "  - {name: d4, address: 10.1.0.6, labels: {role: d, group: g1}}\n")
+    d, _ = routed(text)
+    for _ in range(10):
+        _, out = decide(d, "m")
+        lb = out.metadata[LB_NS]["x-gateway-destination-endpoint"].split(",")
+        groups = {"10.1.0.1:8000": "g1", "10.1.0.6:8000": "g1", "10.1.0.3:8000": "g2"}
+        assert all(groups[k] == groups[lb[0]] for k in lb), lb  # never a decode of another group, never prefill
+        assert hdrs(out)["x-envoy-max-retries"] == str(len(lb) - 1)
+
+
+def test_sticky_pin_does_not_narrow_the_fallbacks():
+    text = STICKY.replace("      sessionAffinitySeconds: 30\n", "      sessionAffinitySeconds: 30\n").replace(
+        "  trafficPolicy:\n", "  trafficPolicy:\n    retry: {attempts: 2}\n")
+    d, _ = routed(text, clock=Clock())
+    pick(d, {"x-session-id": "k"})
+    _, out = decide(d, "m", headers={"x-session-id": "k"})
+    assert len(out.metadata[LB_NS]["x-gateway-destination-endpoint"].split(",")) == 3
