@@ -49,6 +49,14 @@ def test_envoy_config_from_routes_is_valid(tmp_path):
     assert routes_[-1]["route"]["retry_policy"]["num_retries"] == 1  # deepseek-v1 retries once
     check = validate(out)
     assert check.returncode == 0, check.stdout + check.stderr
+    ca = tmp_path / "ca.pem"
+    ca.write_text("")  # only its path goes into the config
+    res = envoy_config("--routes-file", str(routes), "--provider-ca-file", str(ca))
+    assert res.returncode == 0, res.stderr
+    cluster = next(c for c in yaml.safe_load(res.stdout)["static_resources"]["clusters"]
+                   if c["name"] == "provider.default.openai")
+    assert cluster["transport_socket"]["typed_config"]["common_tls_context"]["validation_context"][
+        "trusted_ca"]["filename"] == str(ca)
 
 
 def test_envoy_config_names_a_bad_document(tmp_path):
