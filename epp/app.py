@@ -72,18 +72,22 @@ class App:
         self.dashboard: Dashboard | None = None
         self.watchers: dict[str, FileWatcher[Any]] = {}  # hot-reloaded files by what they hold (shown on the dashboard)
         self.started_at = time.time()
+        self.routing: Any = None  # epp.routing.service.RoutingService, with --routes-file / --watch-routes
+        self.pods: Any = None  # epp.k8s.pods.PodPools, shared by the watchers that serve several pools
+        self._api: Any = None
 
     async def start(self) -> None:
         args = self.args
-        await self._start_sources()
-        if args.config_file:
-            scheduler = await self._watch_scheduling_config(Path(args.config_file))
-        else:
-            scheduler = load_scheduling(args, self.rng)
         from epp.metrics import EppMetrics, start_metrics_server
         from epp.rewrite import choose_rewrite
 
         self.metrics = EppMetrics(self.datastore)
+        await self._start_sources()
+        await self._start_routing()
+        if args.config_file:
+            scheduler = await self._watch_scheduling_config(Path(args.config_file))
+        else:
+            scheduler = load_scheduling(args, self.rng)
         cfg = DirectorConfig(
             model_header=args.model_header,
             base_model_header=args.base_model_header,
@@ -97,6 +101,7 @@ class App:
         self.director = director = Director(
             ds, scheduler, cfg, metrics=self.metrics,
             rewrite=lambda model: choose_rewrite(ds.rewrites, model, self.rng) if ds.rewrites else None,
+            router=self.routing.router if self.routing is not None else None,
         )
         # Endpoint lifecycle: whatever scheduler is current forgets a departed endpoint (in-flight counts and the
         # unhealthy mark are the datastore's own; the scraper subscribes itself).
@@ -163,6 +168,16 @@ class App:
             start_selector_discovery,
         )
 
+        if args.epp_service_name:
+            from epp.k8s import pool_resource
+            from epp.k8s.multipool import MultiPoolDiscovery
+
+            pool_resource(args.pool_group)
+            multi = MultiPoolDiscovery(ds, args.pool_namespace, self.api(), args.epp_service_name,
+                                       pool_name=args.pool_name, pool_group=args.pool_group, pods=self.pod_pools())
+            multi.start()
+            self.cleanups.append(multi.stop)
+            return
         disc: PoolDiscovery | SelectorDiscovery
         if args.endpoint_selector:
             from epp.k8s.convert import parse_ports, parse_selector
@@ -181,10 +196,59 @@ class App:
             disc = await start_pool_discovery(ds, args.pool_name, args.pool_namespace,
                                               api=make_api_client(kubeconfig=args.kubeconfig),
                                               pool_group=args.pool_group)
+        elif args.routes_file or args.watch_routes:
+            return  # the route documents name every pool (ModelServers)
         else:
             raise ValueError("no endpoint source: give --endpoints-file (standalone), --pool-name (an InferencePool "
-                             "in Kubernetes) or --endpoint-selector with --endpoint-target-ports")
+                             "in Kubernetes), --epp-service-name, --endpoint-selector with --endpoint-target-ports, "
+                             "or route documents (--routes-file, --watch-routes)")
         self.cleanups.append(disc.stop)
+
+    def api(self) -> Any:
+        """One Kubernetes API client for every watcher."""
+        if self._api is None:
+            from epp.k8s.discovery import make_api_client
+
+            self._api = make_api_client(kubeconfig=self.args.kubeconfig)
+        return self._api
+
+    def pod_pools(self) -> Any:
+        """The namespace-wide pod watch shared by the watchers of several pools (started on first use)."""
+        if self.pods is None:
+            from epp.k8s.pods import PodPools
+
+            self.pods = PodPools(self.datastore, self.api(), self.args.pool_namespace)
+            self.pods.start()
+            self.cleanups.append(self.pods.stop)
+        return self.pods
+
+    async def _start_routing(self) -> None:
+        """Route documents: Kthena's ModelRoute, ModelServer and ExternalModelProvider (docs/coming-from-kthena.md)."""
+        args = self.args
+        if not (args.routes_file or args.watch_routes):
+            return
+        from epp.routing.service import RoutingService
+
+        svc = RoutingService(self.datastore, self.rng, secrets_dir=args.provider_secrets_dir,
+                             provider_header=args.provider_header, metrics=self.metrics)
+        self.routing = svc
+        self.cleanups.append(svc.stop)
+        plain = bool(args.endpoints_file or args.endpoint_selector or args.pool_name or args.epp_service_name)
+        if args.watch_routes:
+            watch = svc.start_kubernetes(self.api(), args.pool_namespace, pods=self.pod_pools())
+            if not plain:
+                async def synced() -> None:
+                    await watch.synced.wait()
+                    self.datastore.synced = True
+
+                task = asyncio.get_running_loop().create_task(synced())
+                self.cleanups.append(lambda: _cancel(task))
+        elif self.pods is not None:
+            svc.set_pods(self.pods)
+        for f in args.routes_file:
+            await svc.add_file(Path(f))
+        if not plain and not args.watch_routes:
+            self.datastore.synced = True
 
     async def _watch_scheduling_config(self, path: Path) -> ModelScheduler:
         """Load the scheduling config and keep watching it; returns the initial scheduler."""
@@ -265,6 +329,12 @@ class App:
         if self.server is not None:
             await self.server.stop(grace)
             self.server = None
+
+
+async def _cancel(task: asyncio.Task[Any]) -> None:
+    from epp.aio import cancel_and_wait
+
+    await cancel_and_wait(task)
 
 
 async def run(args: argparse.Namespace) -> int:

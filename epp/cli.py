@@ -36,6 +36,20 @@ def _add_serve_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--endpoint-selector", default=None, help="standalone selector mode: k=v,... over pods")
     g.add_argument("--endpoint-target-ports", default=None, help="selector mode: comma list of ports")
     g.add_argument("--kubeconfig", default=None, help="kubeconfig path (default: in-cluster, then ~/.kube)")
+    g.add_argument("--epp-service-name", default=os.environ.get("EPP_SERVICE_NAME") or None,
+                   help="serve every InferencePool of the namespace whose endpointPickerRef names this Service "
+                        "(default: $EPP_SERVICE_NAME); --pool-name stays the default pool")
+
+    g = p.add_argument_group("routes (Kthena ModelRoute, ModelServer, ExternalModelProvider)")
+    g.add_argument("--routes-file", action="append", default=[],
+                   help="route documents, multi-document YAML, hot-reloaded (repeatable)")
+    g.add_argument("--watch-routes", action="store_true",
+                   default=os.environ.get("POINTSMAN_WATCH_ROUTES", "").lower() in ("1", "true", "yes"),
+                   help="watch route documents in --pool-namespace (Kubernetes; default: $POINTSMAN_WATCH_ROUTES)")
+    g.add_argument("--provider-secrets-dir", default=None,
+                   help="standalone provider credentials: <dir>/<secret name>/<key> (the layout of a Secret volume)")
+    g.add_argument("--provider-header", default="x-pointsman-provider",
+                   help="the request header Envoy's provider routes match (Pointsman always sets or removes it)")
 
     g = p.add_argument_group("scheduling")
     g.add_argument("--config-file", default=None, help="scheduling config (EndpointPickerConfig / SchedulingProfile)")
@@ -110,6 +124,13 @@ def build_parser() -> argparse.ArgumentParser:
     ec.add_argument("--response-phases", choices=("full", "lean"), default="full",
                     help="lean: request phases only (half the messages; no usage or served-endpoint reading)")
     ec.add_argument("--epp-tls", action="store_true", help="talk TLS to Pointsman")
+    ec.add_argument("--routes-file", action="append", default=[],
+                    help="route documents: a cluster and route per ExternalModelProvider, retries for ModelServers, "
+                         "and (override-host) the ModelServers' static endpoints (repeatable)")
+    ec.add_argument("--provider-ca-file", default="/etc/ssl/certs/ca-certificates.crt",
+                    help="CA bundle that verifies external providers' certificates (the system bundle)")
+    ec.add_argument("--provider-header", default="x-pointsman-provider",
+                    help="the request header Pointsman sets to send a request to a provider's cluster")
     ec.add_argument("-o", "--output", default="-")
 
     ex = sub.add_parser("explain", help="ask a running Pointsman which endpoint a request would get, and why")
@@ -186,6 +207,18 @@ def _envoy_config(args: argparse.Namespace) -> int:
         pool_name = chosen[0][0].name
         if not args.eds:  # with --eds Envoy gets the endpoints from Pointsman, not from the file
             endpoints += [(e.address, e.port) for e in chosen[0][1]]
+    fragments = None
+    if args.routes_file:  # HOOK (routing layer): epp/envoy_providers.py
+        from epp.envoy_providers import fragments_from_files
+
+        fragments, route_eps, errors = fragments_from_files(args.routes_file, header=args.provider_header,
+                                                            ca_file=args.provider_ca_file)
+        if errors:
+            for e in errors:
+                print(f"error: {e}", file=sys.stderr)
+            return 2
+        if not args.eds:  # with --eds the ModelServers' static endpoints come from Pointsman too
+            endpoints += [e for e in route_eps if e not in endpoints]
     epp_host, _, epp_port = args.epp.rpartition(":")
     spec = EnvoyConfigSpec(
         variant=args.variant or ("override-host" if args.eds else "original-dst"),
@@ -201,6 +234,7 @@ def _envoy_config(args: argparse.Namespace) -> int:
         response_body_mode=args.response_body_mode,
         response_phases=args.response_phases,
         epp_tls=args.epp_tls,
+        route_fragments=fragments,
     )
     try:
         text = render_yaml(spec)

@@ -170,6 +170,9 @@ class Datastore:
     def __init__(self, default_pool: str | None = None) -> None:
         self._pools: dict[str, PoolSnapshot] = {}
         self._default = default_pool
+        # The first pool set becomes the default (one pool, or an endpoints file's first); a watcher serving several
+        # peer pools (epp.k8s.multipool) turns this off, so a request's pool is never an accident of listing order.
+        self.auto_default = True
         self.inflight = InflightTracker()
         self.adapters: dict[str, str] = {}  # LoRA adapter -> base model
         self.objectives: dict[str, int] = {}  # InferenceObjective name -> priority
@@ -189,7 +192,7 @@ class Datastore:
             old = self._pools.get(spec.name)
             endpoints = old.endpoints if old else ()
         self._pools[spec.name] = _index(spec, self._carry_metrics(spec.name, endpoints))
-        if self._default is None:
+        if self._default is None and self.auto_default:
             self._default = spec.name
         self._notify(spec.name)
 

@@ -51,6 +51,8 @@ def add_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config-file", default=None, help="scheduling config for Pointsman")
     p.add_argument("--duration", type=float, default=0, help="stop after this many seconds (0 = until Ctrl-C)")
     p.add_argument("--quiet", action="store_true", help="no live view (for scripts)")
+    p.add_argument("--example", choices=("pool", "kthena"), default="pool",
+                   help="pool: one pool of every server; kthena: a Kthena ModelRoute over two ModelServers")
 
 
 def _bin(name: str) -> str:
@@ -102,27 +104,43 @@ class LocalStack:
         self.active = list(ports)
         self.write_endpoints()
         eps_file = self.eps_file
+        source = ["--endpoints-file", str(eps_file), "--pool-name", "default"]
+        fragments = None
+        if a.example == "kthena":  # routes instead of one pool: see kthena_example()
+            from epp.envoy_providers import fragments_from_files
+
+            routes = self.dir / "routes.yaml"
+            routes.write_text(kthena_example(ports))
+            source = ["--routes-file", str(routes)]
+            fragments = fragments_from_files([routes])[0]
+            self.step(f"routes: {routes} (ModelRoute {KTHENA_MODEL}: premium -> v2, others 70/30 v1/v2)")
         self.step(f"Pointsman: ext_proc on :{a.grpc_port}, metrics on :{a.metrics_port}")
         cmd = [_bin("epp"), "serve", "--grpc-host", "127.0.0.1", "--grpc-port", str(a.grpc_port),
                "--grpc-health-port", str(a.grpc_health_port), "--metrics-port", str(a.metrics_port),
-               "--endpoints-file", str(eps_file), "--pool-name", "default", "--log-decisions"]
+               *source, "--log-decisions"]
         if a.config_file:
             cmd += ["--config-file", a.config_file]
         epp = self._spawn("epp", cmd, capture=True)
         wait_port(a.grpc_port, proc=epp, what="Pointsman")
-        eds = a.variant == "override-host"
+        # EDS keeps one pool ("default") current; the Kthena example's ModelServer pools are listed statically.
+        eds = a.variant == "override-host" and a.example != "kthena"
         self.step(f"Envoy ({a.variant}{', endpoints by EDS from Pointsman' if eds else ''}): "
                   f"listener :{a.listen_port}, admin :{a.admin_port}")
         from epp.envoy_config import EnvoyConfigSpec, render_yaml
 
         spec = EnvoyConfigSpec(variant=a.variant, listen_port=a.listen_port, admin_port=a.admin_port,
-                               epp_port=a.grpc_port, eds=eds, pool_name="default")
+                               epp_port=a.grpc_port, eds=eds, pool_name="default",
+                               endpoints=[] if eds else [("127.0.0.1", p) for p in ports],
+                               route_fragments=fragments)
         cfg = self.dir / "envoy.yaml"
         cfg.write_text(render_yaml(spec))
         envoy = self._spawn("envoy", [_bin("envoy"), "-c", str(cfg), "--concurrency", "2", "--use-dynamic-base-id",
                                       "--log-level", "warning", "--log-path", str(self.dir / "envoy.log")])
         wait_port(a.listen_port, proc=envoy, what="Envoy")
         url = f"http://127.0.0.1:{a.listen_port}"
+        if a.example == "kthena":
+            print(kthena_ready(url, a.grpc_port), flush=True)
+            return
         print(f"""
 Ready. Send requests to {url}, for example:
 
@@ -295,6 +313,45 @@ Pointsman metrics:   http://127.0.0.1:{a.metrics_port}/metrics      Files: {self
                 proc.wait(10)
             except subprocess.TimeoutExpired:
                 proc.kill()
+
+
+KTHENA_MODEL = "deepseek-r1"
+
+
+def kthena_example(ports: list[int]) -> str:
+    """Two ModelServers over the simulated servers (v1: the first half, v2: the rest; both serve MODEL, which the
+    route's virtual model name is overwritten to) and a ModelRoute: premium users to v2, the others 70/30."""
+    half = max(1, len(ports) // 2)
+    groups = {"v1": ports[:half], "v2": ports[half:] or ports[:half]}
+    docs = []
+    for name, ps in groups.items():
+        docs.append({"apiVersion": "networking.serving.volcano.sh/v1alpha1", "kind": "ModelServer",
+                     "metadata": {"name": f"llama-{name}", "namespace": "default"},
+                     "spec": {"model": MODEL, "inferenceEngine": "vLLM", "workloadPort": {"port": ps[0]},
+                              "endpoints": [{"name": f"sim-{p}", "address": "127.0.0.1", "port": p} for p in ps],
+                              "trafficPolicy": {"retry": {"attempts": 1}}}})
+    docs.append({"apiVersion": "networking.serving.volcano.sh/v1alpha1", "kind": "ModelRoute",
+                 "metadata": {"name": "deepseek", "namespace": "default"},
+                 "spec": {"modelName": KTHENA_MODEL, "rules": [
+                     {"name": "premium", "modelMatch": {"headers": {"x-user-tier": {"exact": "premium"}}},
+                      "targetModels": [{"modelServerName": "llama-v2"}]},
+                     {"name": "canary", "targetModels": [{"modelServerName": "llama-v1", "weight": 70},
+                                                         {"modelServerName": "llama-v2", "weight": 30}]}]}})
+    return yaml.safe_dump_all(docs, sort_keys=False)
+
+
+def kthena_ready(url: str, grpc_port: int) -> str:
+    body = f'{{"model": "{KTHENA_MODEL}", "messages": [{{"role": "user", "content": "Hello!"}}]}}'
+    return f"""
+Ready. Send requests to {url}, for example:
+
+  curl -s {url}/v1/chat/completions -H 'content-type: application/json' -d '{body}'
+  curl -s {url}/v1/chat/completions -H 'content-type: application/json' -H 'x-user-tier: premium' -d '{body}'
+
+Explain a decision (the rule, the split and the pick):
+  {_bin('epp')} explain --addr 127.0.0.1:{grpc_port} --body '{body}'
+  {_bin('epp')} explain --addr 127.0.0.1:{grpc_port} -H 'x-user-tier: premium' --body '{body}'
+"""
 
 
 def _interrupt(signum: int, frame: object) -> None:

@@ -87,6 +87,12 @@ class Metrics:
     num_gpu_blocks: int | None = None
     updated_at: float | None = None
     stale: bool = True
+    # Engine-reported latency, the mean over the last scrape period (from the engine's histograms); None until two
+    # scrapes have seen requests finish.
+    ttft_s: float | None = None  # time to first token
+    tpot_s: float | None = None  # time per output token (inter-token latency)
+    # The histograms' cumulative (TTFT sum, TTFT count, TPOT sum, TPOT count) the period means come from.
+    latency_totals: tuple[float, float, float, float] | None = None
 
 
 UNKNOWN_METRICS = Metrics()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 VARIANTS = ("original-dst", "override-host")
 
@@ -36,6 +37,9 @@ class EnvoyConfigSpec:
     epp_tls: bool = False
     node_id: str = "pointsman-envoy"
     node_cluster: str = "pointsman"
+    # The routing layer's additions (external provider clusters and routes, pool-route retries): an
+    # epp.envoy_providers.RouteFragments, applied to the rendered bootstrap.
+    route_fragments: Any = None
 
     def check(self) -> None:
         """Raise ValueError with a clear message for a combination Envoy could not run."""

@@ -27,6 +27,8 @@ from epp.k8s import (
     INFERENCE_OBJECTIVE,
     INFERENCE_POOL,
     POD,
+    ROUTE_RESOURCES,
+    SECRET,
     WATCHED_RESOURCES,
     Resource,
     pool_resource,
@@ -64,10 +66,13 @@ def make_api_client(host: str | None = None, kubeconfig: str | None = None) -> k
 
 
 def _list_call(api: k8s.ApiClient, res: Resource, namespace: str, **selectors: Any) -> Any:
-    if res not in WATCHED_RESOURCES:  # RBAC in deploy/ is generated from WATCHED_RESOURCES: keep them in step
-        raise ValueError(f"{res.plural} is not in epp.k8s.WATCHED_RESOURCES; add it there (and to the RBAC)")
+    if res not in WATCHED_RESOURCES and res not in ROUTE_RESOURCES:  # the RBAC in deploy/ grants exactly these
+        raise ValueError(f"{res.plural} is not in epp.k8s.WATCHED_RESOURCES or ROUTE_RESOURCES; add it there (and "
+                         "to the RBAC)")
     if res == POD:
         return functools.partial(k8s.CoreV1Api(api).list_namespaced_pod, namespace, **selectors)
+    if res == SECRET:
+        return functools.partial(k8s.CoreV1Api(api).list_namespaced_secret, namespace, **selectors)
     return functools.partial(
         k8s.CustomObjectsApi(api).list_namespaced_custom_object, res.group, res.version, namespace, res.plural,
         **selectors,
