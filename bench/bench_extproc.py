@@ -132,6 +132,9 @@ def main() -> int:
     ap.add_argument("--duration", type=float, default=5.0)
     ap.add_argument("--conns", default="1,16")
     ap.add_argument("--epp-args", default="", help="extra flags for `epp serve`")
+    ap.add_argument("--compare", action="append", default=[], metavar="FLAGS",
+                    help="also measure a second Pointsman started with these extra flags, behind its own Envoy, "
+                         "interleaved with the first (e.g. --compare=--dashboard=false); repeatable")
     ap.add_argument("--lean", action="store_true", help="Envoy sends Pointsman the request phases only")
     ap.add_argument("--no-peer", action="store_true", help="skip vllm-router")
     ap.add_argument("--toy", choices=("aio", "sync", "gen"), default=None,
@@ -153,15 +156,20 @@ def main() -> int:
         eps = procs.dir / "endpoints.yaml"
         eps.write_text(yaml.safe_dump({"pools": [{"name": "p", "endpoints": [
             {"address": "127.0.0.1", "port": p} for p in backends]}]}))
-        grpc_port = free_port()
-        epp = procs.spawn([bin_path("epp"), "serve", "--grpc-host", "127.0.0.1", "--grpc-port", str(grpc_port),
-                           "--grpc-health-port", "0", "--metrics-port", "0", "--endpoints-file", str(eps), "-v", "0",
-                           *args.epp_args.split()], grpc_port)
-        with_epp = free_port()
-        spec = EnvoyConfigSpec(variant="original-dst", listen_port=with_epp, admin_port=free_port(),
-                               epp_port=grpc_port, response_phases="lean" if args.lean else "full")
-        procs.envoy("with-epp", render(spec), with_epp)
-        paths["Envoy + Pointsman"] = f"http://127.0.0.1:{with_epp}"
+        measured: dict[str, subprocess.Popen] = {}  # path name -> the processor whose CPU time is measured
+        for i, extra in enumerate(["", *args.compare]):
+            grpc_port = free_port()
+            # A metrics port as in production: it also serves the dashboard, whose recorder is on by default.
+            epp = procs.spawn([bin_path("epp"), "serve", "--grpc-host", "127.0.0.1", "--grpc-port", str(grpc_port),
+                               "--grpc-health-port", "0", "--metrics-port", str(free_port()), "--endpoints-file",
+                               str(eps), "-v", "0", *args.epp_args.split(), *extra.split()], grpc_port)
+            with_epp = free_port()
+            spec = EnvoyConfigSpec(variant="original-dst", listen_port=with_epp, admin_port=free_port(),
+                                   epp_port=grpc_port, response_phases="lean" if args.lean else "full")
+            procs.envoy(f"with-epp{i}", render(spec), with_epp)
+            name = "Envoy + Pointsman" + (f" {extra}" if extra else "")
+            paths[name] = f"http://127.0.0.1:{with_epp}"
+            measured[name] = epp
         toy = None
         if args.toy:
             toy_port = free_port()
@@ -173,6 +181,7 @@ def main() -> int:
                                    epp_port=toy_port, response_phases="lean" if args.lean else "full")
             procs.envoy("with-toy", render(spec), with_toy)
             paths[f"Envoy + toy {args.toy} processor"] = f"http://127.0.0.1:{with_toy}"
+            measured[f"Envoy + toy {args.toy} processor"] = toy
         if not args.no_peer and shutil.which(bin_path("vllm-router")):
             vr = free_port()
             procs.spawn([bin_path("vllm-router"), "--host", "127.0.0.1", "--port", str(vr), "--policy",
@@ -185,7 +194,7 @@ def main() -> int:
         for _ in range(args.rounds):
             for conns in [int(c) for c in args.conns.split(",")]:
                 for name, url in paths.items():
-                    proc = epp if "Pointsman" in name else toy if "toy" in name else None
+                    proc = measured.get(name)
                     cpu0 = cpu_seconds(proc.pid) if proc else 0.0
                     rps, p50, total = wrk(url, conns, args.duration, script)
                     cpu = (cpu_seconds(proc.pid) - cpu0) / max(total, 1) * 1e6 if proc else 0.0

@@ -16,7 +16,7 @@ import signal
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from epp.datastore import Datastore
 from epp.director import Director, DirectorConfig
@@ -24,16 +24,26 @@ from epp.scrape.scraper import MetricsScraper
 from epp.server import StreamConfig, build_server
 from scheduling.framework.model_scheduler import ModelScheduler
 
+if TYPE_CHECKING:
+    import grpc
+
+    from epp.dashboard import Dashboard
+    from epp.health import EppHealthServicer
+    from epp.metrics import EppMetrics
+    from epp.reload import FileWatcher
+    from epp.xds import EdsService
+    from scheduling.config.loader import Source
+
 log = logging.getLogger("epp")
 
 
-def build_scheduler(source: Any, rng: random.Random, name: str | None = None) -> Any:
+def build_scheduler(source: Source, rng: random.Random, name: str | None = None) -> ModelScheduler:
     from scheduling.config import load_scheduler
 
     return load_scheduler(source, rng=rng, timer=time.perf_counter, name=name)
 
 
-def load_scheduling(args: argparse.Namespace, rng: random.Random) -> Any:
+def load_scheduling(args: argparse.Namespace, rng: random.Random) -> ModelScheduler:
     """The scheduler from --config-text / --config-file, or the built-in default profile."""
     from scheduling.config import parse_yaml
 
@@ -51,25 +61,33 @@ class App:
         self.args = args
         self.rng = random.Random(args.seed)
         self.datastore = Datastore(default_pool=args.pool_name)
-        self.cleanups: list[Callable[[], Awaitable[Any]]] = []
-        self.server: Any = None
+        self.cleanups: list[Callable[[], Awaitable[object]]] = []
+        self.server: grpc.aio.Server | None = None
         self.port = 0
-        self.metrics: Any = None
-        self.health: Any = None
+        self.metrics: EppMetrics | None = None
+        self.health: EppHealthServicer | None = None
         self.director: Director | None = None
         self.scraper: MetricsScraper | None = None
+        self.eds: EdsService | None = None  # with --eds
+        self.dashboard: Dashboard | None = None
+        self.watchers: dict[str, FileWatcher[Any]] = {}  # hot-reloaded files by what they hold (shown on the dashboard)
+        self.started_at = time.time()
+        self.routing: Any = None  # epp.routing.service.RoutingService, with --routes-file / --watch-routes
+        self.pods: Any = None  # epp.k8s.pods.PodPools, shared by the watchers that serve several pools
+        self._api: Any = None
 
     async def start(self) -> None:
         args = self.args
-        await self._start_sources()
-        if args.config_file:
-            scheduler = await self._watch_scheduling_config(Path(args.config_file))
-        else:
-            scheduler = load_scheduling(args, self.rng)
         from epp.metrics import EppMetrics, start_metrics_server
         from epp.rewrite import choose_rewrite
 
         self.metrics = EppMetrics(self.datastore)
+        await self._start_sources()
+        await self._start_routing()
+        if args.config_file:
+            scheduler = await self._watch_scheduling_config(Path(args.config_file))
+        else:
+            scheduler = load_scheduling(args, self.rng)
         cfg = DirectorConfig(
             model_header=args.model_header,
             base_model_header=args.base_model_header,
@@ -83,6 +101,7 @@ class App:
         self.director = director = Director(
             ds, scheduler, cfg, metrics=self.metrics,
             rewrite=lambda model: choose_rewrite(ds.rewrites, model, self.rng) if ds.rewrites else None,
+            router=self.routing.router if self.routing is not None else None,
         )
         # Endpoint lifecycle: whatever scheduler is current forgets a departed endpoint (in-flight counts and the
         # unhealthy mark are the datastore's own; the scraper subscribes itself).
@@ -93,10 +112,37 @@ class App:
                                            staleness=args.metrics_staleness_threshold)
         self.cleanups.append(self.scraper.stop)
         self.apply_scheduler(scheduler)
+        if args.metrics_port:
+            self._make_dashboard()
         await self._start_grpc()
         if args.metrics_port:
-            runner = await start_metrics_server(self.metrics, args.metrics_port)
+            dash = self.dashboard
+            runner = await start_metrics_server(self.metrics, args.metrics_port,
+                                                setup=dash.install if dash is not None else None)
             self.cleanups.append(runner.cleanup)
+            if dash is not None:
+                await dash.start()
+                self.cleanups.append(dash.stop)
+                log.info("dashboard on port %d at %s%s", args.metrics_port, dash.prefix,
+                         " (token required)" if args.dashboard_token else "")
+
+    def _make_dashboard(self) -> None:
+        """The live page on the metrics port, and the director's decision recorder that feeds it."""
+        args = self.args
+        if not args.dashboard:
+            return
+        from epp.dashboard import Dashboard
+
+        def source() -> str:
+            if args.config_file:
+                return f"file {args.config_file}"
+            return "inline --config-text" if args.config_text else "built-in default (the estimated-latency profile)"
+
+        self.dashboard = Dashboard(self.director, prefix=args.dashboard_path_prefix, token=args.dashboard_token,
+                                   capacity=args.dashboard_decisions, config_source=source, watchers=self.watchers,
+                                   started_at=self.started_at)
+        assert self.director is not None, "the director is built before the dashboard"
+        self.director.recorder = self.dashboard.recorder
 
     async def _start_sources(self) -> None:
         args = self.args
@@ -106,14 +152,33 @@ class App:
             from epp.static_source import apply_static, parse_static_config
 
             path = Path(args.endpoints_file)
+            # Polled every 0.5 s: an edit reaches Envoy (EDS) within a second.
             watcher = FileWatcher(path, parse=yaml_parser(parse_static_config, str(path)),
-                                  apply=lambda parsed: apply_static(ds, *parsed))
+                                  apply=lambda parsed: apply_static(ds, *parsed), interval=0.5)
             await watcher.load_initial()
             watcher.start()
             self.cleanups.append(watcher.stop)
+            self.watchers["endpoints"] = watcher
             return
-        from epp.k8s.discovery import make_api_client, start_pool_discovery, start_selector_discovery
+        from epp.k8s.discovery import (
+            PoolDiscovery,
+            SelectorDiscovery,
+            make_api_client,
+            start_pool_discovery,
+            start_selector_discovery,
+        )
 
+        if args.epp_service_name:
+            from epp.k8s import pool_resource
+            from epp.k8s.multipool import MultiPoolDiscovery
+
+            pool_resource(args.pool_group)
+            multi = MultiPoolDiscovery(ds, args.pool_namespace, self.api(), args.epp_service_name,
+                                       pool_name=args.pool_name, pool_group=args.pool_group, pods=self.pod_pools())
+            multi.start()
+            self.cleanups.append(multi.stop)
+            return
+        disc: PoolDiscovery | SelectorDiscovery
         if args.endpoint_selector:
             from epp.k8s.convert import parse_ports, parse_selector
 
@@ -131,21 +196,70 @@ class App:
             disc = await start_pool_discovery(ds, args.pool_name, args.pool_namespace,
                                               api=make_api_client(kubeconfig=args.kubeconfig),
                                               pool_group=args.pool_group)
+        elif args.routes_file or args.watch_routes:
+            return  # the route documents name every pool (ModelServers)
         else:
             raise ValueError("no endpoint source: give --endpoints-file (standalone), --pool-name (an InferencePool "
-                             "in Kubernetes) or --endpoint-selector with --endpoint-target-ports")
+                             "in Kubernetes), --epp-service-name, --endpoint-selector with --endpoint-target-ports, "
+                             "or route documents (--routes-file, --watch-routes)")
         self.cleanups.append(disc.stop)
 
-    async def _watch_scheduling_config(self, path: Path) -> Any:
+    def api(self) -> Any:
+        """One Kubernetes API client for every watcher."""
+        if self._api is None:
+            from epp.k8s.discovery import make_api_client
+
+            self._api = make_api_client(kubeconfig=self.args.kubeconfig)
+        return self._api
+
+    def pod_pools(self) -> Any:
+        """The namespace-wide pod watch shared by the watchers of several pools (started on first use)."""
+        if self.pods is None:
+            from epp.k8s.pods import PodPools
+
+            self.pods = PodPools(self.datastore, self.api(), self.args.pool_namespace)
+            self.pods.start()
+            self.cleanups.append(self.pods.stop)
+        return self.pods
+
+    async def _start_routing(self) -> None:
+        """Route documents: Kthena's ModelRoute, ModelServer and ExternalModelProvider (docs/coming-from-kthena.md)."""
+        args = self.args
+        if not (args.routes_file or args.watch_routes):
+            return
+        from epp.routing.service import RoutingService
+
+        svc = RoutingService(self.datastore, self.rng, secrets_dir=args.provider_secrets_dir,
+                             provider_header=args.provider_header, metrics=self.metrics)
+        self.routing = svc
+        self.cleanups.append(svc.stop)
+        plain = bool(args.endpoints_file or args.endpoint_selector or args.pool_name or args.epp_service_name)
+        if args.watch_routes:
+            watch = svc.start_kubernetes(self.api(), args.pool_namespace, pods=self.pod_pools())
+            if not plain:
+                async def synced() -> None:
+                    await watch.synced.wait()
+                    self.datastore.synced = True
+
+                task = asyncio.get_running_loop().create_task(synced())
+                self.cleanups.append(lambda: _cancel(task))
+        elif self.pods is not None:
+            svc.set_pods(self.pods)
+        for f in args.routes_file:
+            await svc.add_file(Path(f))
+        if not plain and not args.watch_routes:
+            self.datastore.synced = True
+
+    async def _watch_scheduling_config(self, path: Path) -> ModelScheduler:
         """Load the scheduling config and keep watching it; returns the initial scheduler."""
         from epp.reload import FileWatcher
 
-        def parse(text: str) -> Any:
+        def parse(text: str) -> ModelScheduler:
             from scheduling.config import parse_yaml
 
             return build_scheduler([d.data for d in parse_yaml(text, str(path))], self.rng, str(path))
 
-        def apply(scheduler: Any) -> None:
+        def apply(scheduler: ModelScheduler) -> None:
             # New requests use the new scheduler; in-flight ones finish on the one that picked for them.
             if self.director is not None:
                 self.apply_scheduler(scheduler)
@@ -155,6 +269,7 @@ class App:
         scheduler = await watcher.load_initial()
         watcher.start()
         self.cleanups.append(watcher.stop)
+        self.watchers["scheduling config"] = watcher
         return scheduler
 
     def apply_scheduler(self, scheduler: ModelScheduler) -> None:
@@ -175,8 +290,15 @@ class App:
         args = self.args
         from epp.health import add_health_servicer, start_health_server
 
+        assert self.director is not None, "the director is built before the servers"
         stream_cfg = StreamConfig(args.request_body_mode, args.response_body_mode, args.max_body_bytes)
-        self.server, self.extproc = build_server(self.director, stream_cfg)
+        extra: list[Callable[[grpc.aio.Server], object]] = []
+        if args.eds:  # EDS for Envoy's pool cluster, on this same port (epp/xds)
+            from epp.xds import EdsService, add_eds_service
+
+            self.eds = eds = EdsService(self.datastore)
+            extra.append(lambda server: add_eds_service(server, eds))
+        self.server, self.extproc = build_server(self.director, stream_cfg, extra_servicers=extra, metrics=self.metrics)
         self.health = add_health_servicer(self.server, self.datastore)
         addr = f"{args.grpc_host}:{args.grpc_port}"
         if args.secure_serving:
@@ -188,8 +310,11 @@ class App:
         if not self.port:
             raise RuntimeError(f"cannot bind the gRPC port {addr}")
         await self.server.start()
-        log.info("Pointsman serving ext_proc on %s:%d%s", args.grpc_host, self.port,
-                 " (TLS)" if args.secure_serving else "")
+        log.info("Pointsman serving ext_proc%s on %s:%d%s", " and EDS" if self.eds else "", args.grpc_host,
+                 self.port, " (TLS)" if args.secure_serving else "")
+        if self.eds is not None:
+            self.eds.start()
+            self.cleanups.append(self.eds.stop)
         if args.grpc_health_port:
             health = await start_health_server(self.datastore, args.grpc_health_port, args.grpc_host)
             self.cleanups.append(lambda: health.stop(0))
@@ -204,6 +329,12 @@ class App:
         if self.server is not None:
             await self.server.stop(grace)
             self.server = None
+
+
+async def _cancel(task: asyncio.Task[Any]) -> None:
+    from epp.aio import cancel_and_wait
+
+    await cancel_and_wait(task)
 
 
 async def run(args: argparse.Namespace) -> int:

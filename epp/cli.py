@@ -25,6 +25,8 @@ def _add_serve_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--metrics-port", type=int, default=9090, help="Prometheus port (9090); 0 disables")
     g.add_argument("--secure-serving", type=_bool, default=False, help="serve TLS on the gRPC port")
     g.add_argument("--cert-path", default=None, help="directory with tls.crt/tls.key (self-signed when absent)")
+    g.add_argument("--eds", type=_bool, default=True,
+                   help="serve the pools' endpoints to Envoy over EDS on the gRPC port (default true)")
 
     g = p.add_argument_group("pool and endpoints")
     g.add_argument("--pool-name", default=os.environ.get("POOL_NAME"), help="InferencePool to serve")
@@ -34,6 +36,20 @@ def _add_serve_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--endpoint-selector", default=None, help="standalone selector mode: k=v,... over pods")
     g.add_argument("--endpoint-target-ports", default=None, help="selector mode: comma list of ports")
     g.add_argument("--kubeconfig", default=None, help="kubeconfig path (default: in-cluster, then ~/.kube)")
+    g.add_argument("--epp-service-name", default=os.environ.get("EPP_SERVICE_NAME") or None,
+                   help="serve every InferencePool of the namespace whose endpointPickerRef names this Service "
+                        "(default: $EPP_SERVICE_NAME); --pool-name stays the default pool")
+
+    g = p.add_argument_group("routes (Kthena ModelRoute, ModelServer, ExternalModelProvider)")
+    g.add_argument("--routes-file", action="append", default=[],
+                   help="route documents, multi-document YAML, hot-reloaded (repeatable)")
+    g.add_argument("--watch-routes", action="store_true",
+                   default=os.environ.get("POINTSMAN_WATCH_ROUTES", "").lower() in ("1", "true", "yes"),
+                   help="watch route documents in --pool-namespace (Kubernetes; default: $POINTSMAN_WATCH_ROUTES)")
+    g.add_argument("--provider-secrets-dir", default=None,
+                   help="standalone provider credentials: <dir>/<secret name>/<key> (the layout of a Secret volume)")
+    g.add_argument("--provider-header", default="x-pointsman-provider",
+                   help="the request header Envoy's provider routes match (Pointsman always sets or removes it)")
 
     g = p.add_argument_group("scheduling")
     g.add_argument("--config-file", default=None, help="scheduling config (EndpointPickerConfig / SchedulingProfile)")
@@ -53,6 +69,16 @@ def _add_serve_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--enable-conformance-header", action="store_true",
                    help="honour test-epp-endpoint-selection (conformance tests only)")
     g.add_argument("--log-decisions", action="store_true", help="log one line per routing decision")
+
+    g = p.add_argument_group("dashboard (a live page on the metrics port; see docs/dashboard.md)")
+    g.add_argument("--dashboard", type=_bool, default=True,
+                   help="serve the dashboard and record decisions for it (true); false turns both off")
+    g.add_argument("--dashboard-path-prefix", default="/", help="URL path of the page on the metrics port (/)")
+    g.add_argument("--dashboard-token", default=os.environ.get("POINTSMAN_DASHBOARD_TOKEN") or None,
+                   help="require this bearer token for the page and its APIs (/metrics stays open); "
+                        "prefer the POINTSMAN_DASHBOARD_TOKEN environment variable, flags show in ps")
+    g.add_argument("--dashboard-decisions", type=int, default=500,
+                   help="recent decisions kept for the page, with their per-plugin scores (500)")
     g.add_argument("-v", "--v", type=int, default=int(os.environ.get("EPP_VERBOSITY", "1")), help="log verbosity")
 
 
@@ -81,19 +107,30 @@ def build_parser() -> argparse.ArgumentParser:
     _add_serve_flags(serve)
 
     ec = sub.add_parser("envoy-config", help="render an Envoy bootstrap that uses Pointsman")
-    ec.add_argument("--variant", choices=("original-dst", "override-host"), default="original-dst")
+    ec.add_argument("--variant", choices=("original-dst", "override-host"), default=None,
+                    help="original-dst (default), or override-host (the default with --eds)")
     ec.add_argument("--listen-port", type=int, default=8081)
     ec.add_argument("--listen-address", default="127.0.0.1")
     ec.add_argument("--admin-port", type=int, default=9901)
     ec.add_argument("--epp", default="127.0.0.1:9002", help="host:port of Pointsman's gRPC server")
     ec.add_argument("--endpoint", action="append", default=[], help="override-host: a pool endpoint ip:port")
     ec.add_argument("--endpoints-file", default=None, help="override-host: take the endpoints from this file")
-    ec.add_argument("--pool-name", default=None, help="with --endpoints-file: which pool (default: the first)")
+    ec.add_argument("--pool-name", default=None,
+                    help="which pool: with --endpoints-file (default: the first), the EDS resource with --eds")
+    ec.add_argument("--eds", action="store_true",
+                    help="override-host pool cluster fed live by Pointsman's EDS server (on the --epp port)")
     ec.add_argument("--request-body-mode", default="FULL_DUPLEX_STREAMED")
     ec.add_argument("--response-body-mode", default="FULL_DUPLEX_STREAMED")
     ec.add_argument("--response-phases", choices=("full", "lean"), default="full",
                     help="lean: request phases only (half the messages; no usage or served-endpoint reading)")
     ec.add_argument("--epp-tls", action="store_true", help="talk TLS to Pointsman")
+    ec.add_argument("--routes-file", action="append", default=[],
+                    help="route documents: a cluster and route per ExternalModelProvider, retries for ModelServers, "
+                         "and (override-host) the ModelServers' static endpoints (repeatable)")
+    ec.add_argument("--provider-ca-file", default="/etc/ssl/certs/ca-certificates.crt",
+                    help="CA bundle that verifies external providers' certificates (the system bundle)")
+    ec.add_argument("--provider-header", default="x-pointsman-provider",
+                    help="the request header Pointsman sets to send a request to a provider's cluster")
     ec.add_argument("-o", "--output", default="-")
 
     ex = sub.add_parser("explain", help="ask a running Pointsman which endpoint a request would get, and why")
@@ -155,6 +192,7 @@ def _envoy_config(args: argparse.Namespace) -> int:
     for e in args.endpoint:
         host, _, port = e.rpartition(":")
         endpoints.append((host.strip("[]"), int(port)))
+    pool_name = args.pool_name
     if args.endpoints_file:
         import yaml
 
@@ -166,20 +204,37 @@ def _envoy_config(args: argparse.Namespace) -> int:
         if not chosen:
             print(f"error: no pool {args.pool_name!r} in {args.endpoints_file}", file=sys.stderr)
             return 2
-        endpoints += [(e.address, e.port) for e in chosen[0][1]]
+        pool_name = chosen[0][0].name
+        if not args.eds:  # with --eds Envoy gets the endpoints from Pointsman, not from the file
+            endpoints += [(e.address, e.port) for e in chosen[0][1]]
+    fragments = None
+    if args.routes_file:  # HOOK (routing layer): epp/envoy_providers.py
+        from epp.envoy_providers import fragments_from_files
+
+        fragments, route_eps, errors = fragments_from_files(args.routes_file, header=args.provider_header,
+                                                            ca_file=args.provider_ca_file)
+        if errors:
+            for e in errors:
+                print(f"error: {e}", file=sys.stderr)
+            return 2
+        if not args.eds:  # with --eds the ModelServers' static endpoints come from Pointsman too
+            endpoints += [e for e in route_eps if e not in endpoints]
     epp_host, _, epp_port = args.epp.rpartition(":")
     spec = EnvoyConfigSpec(
-        variant=args.variant,
+        variant=args.variant or ("override-host" if args.eds else "original-dst"),
         listen_port=args.listen_port,
         listen_address=args.listen_address,
         admin_port=args.admin_port,
-        epp_host=epp_host or "127.0.0.1",
+        epp_host=epp_host.strip("[]") or "127.0.0.1",
         epp_port=int(epp_port),
         endpoints=endpoints,
+        eds=args.eds,
+        pool_name=pool_name or "default",
         request_body_mode=args.request_body_mode,
         response_body_mode=args.response_body_mode,
         response_phases=args.response_phases,
         epp_tls=args.epp_tls,
+        route_fragments=fragments,
     )
     try:
         text = render_yaml(spec)

@@ -37,8 +37,8 @@ def explain_command(args: argparse.Namespace) -> int:
     req = api.ExplainRequest(path=args.path, headers=headers, body=_read_body(args.body), pool=args.pool)
     try:
         resp = _stub(args.addr).Explain(req, timeout=10)
-    except grpc.RpcError as e:
-        print(f"error: cannot reach Pointsman at {args.addr}: {e.code().name} {e.details()}", file=sys.stderr)
+    except grpc.RpcError as err:
+        print(f"error: cannot reach Pointsman at {args.addr}: {err.code().name} {err.details()}", file=sys.stderr)
         return 1
     if args.json:
         print(json_format.MessageToJson(resp, preserving_proto_field_name=True))
@@ -50,13 +50,18 @@ def explain_command(args: argparse.Namespace) -> int:
 def format_explain(resp: api.ExplainResponse) -> str:
     if resp.status != 200:
         return f"status {resp.status}: {resp.error}"
-    lines = [
-        f"model {resp.model!r} -> target {resp.target_model!r}",
-        f"endpoint  {resp.endpoint}" + (f"   (fallbacks: {', '.join(resp.fallbacks)})" if resp.fallbacks else ""),
-    ]
+    lines = [f"model {resp.model!r} -> target {resp.target_model!r}"]
+    if resp.HasField("route"):
+        lines.extend(format_route(resp.route))
+    if resp.route.kind == "provider":
+        lines.append(f"provider  {resp.route.target} (Envoy cluster {resp.route.provider_cluster})")
+    else:
+        lines.append(f"endpoint  {resp.endpoint}" +
+                     (f"   (fallbacks: {', '.join(resp.fallbacks)})" if resp.fallbacks else ""))
     if resp.prefill:
         lines.append(f"prefill   {resp.prefill}   ({resp.decision})")
-    lines.append(f"profile   {resp.profile}   candidates: {len(resp.candidates)}")
+    if resp.route.kind != "provider":
+        lines.append(f"profile   {resp.profile}   candidates: {len(resp.candidates)}")
     for run in resp.profiles:
         lines.append(f"\n[{run.profile}] -> {', '.join(run.targets)}")
         eps = sorted(run.totals, key=lambda k: -run.totals[k]) or list(resp.candidates)
@@ -76,11 +81,25 @@ def format_explain(resp: api.ExplainResponse) -> str:
     return "\n".join(lines)
 
 
+def format_route(r: api.RouteInfo) -> list[str]:
+    total = sum(t.weight for t in r.split) or 1
+    split = ", ".join(f"{t.target} {t.weight} ({100 * t.weight / total:.0f}%)" + (" <- picked" if t.chosen else "")
+                      for t in r.split)
+    lines = [f"route     {r.route}   rule {r.rule!r} (#{r.rule_index})",
+             f"split     {split}"]
+    if r.kind == "pool":
+        lines.append(f"pool      {r.pool}" + (f"   engine model {r.engine_model!r}" if r.engine_model else "")
+                     + (f"   session {r.session}" if r.session else ""))
+    if r.rate_limit:
+        lines.append(f"limits    {r.rate_limit}")
+    return lines
+
+
 def endpoints_command(args: argparse.Namespace) -> int:
     try:
         resp = _stub(args.addr).ListEndpoints(api.ListEndpointsRequest(pool=args.pool), timeout=10)
-    except grpc.RpcError as e:
-        print(f"error: cannot reach Pointsman at {args.addr}: {e.code().name} {e.details()}", file=sys.stderr)
+    except grpc.RpcError as err:
+        print(f"error: cannot reach Pointsman at {args.addr}: {err.code().name} {err.details()}", file=sys.stderr)
         return 1
     if args.json:
         print(json_format.MessageToJson(resp, preserving_proto_field_name=True))

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from scheduling.api import InflightLoad
+from scheduling.api import NO_LOAD, InflightLoad
 from scheduling.types import Endpoint, Metrics
 
 log = logging.getLogger(__name__)
@@ -67,18 +67,27 @@ class InflightTracker:
     released without effect, so requests still running on a departed pod never weigh on a new pod that reuses its
     address, and no count goes negative. Only keys with load are kept: the tracker's size is bounded by the
     requests in flight, whatever the churn.
+
+    Other replicas' loads (the replica bus) come in as ABSOLUTE snapshots per peer (`set_remote`), which replace
+    that peer's previous one and disappear with `drop_remote` when it expires: `view()` is then the sum of the local
+    counts and every live peer's, which is what the scheduler reads. `local_view()` is what this process publishes.
     """
 
     def __init__(self) -> None:
         self._loads: dict[str, InflightLoad] = {}
         self._generation: dict[str, int] = {}  # same keys as _loads
         self._next = 0
+        self._remote: dict[str, dict[str, InflightLoad]] = {}  # peer -> its absolute loads
+        self._merged: dict[str, InflightLoad] = {}  # local + remote, kept only while some peer has a snapshot
 
     def view(self) -> Mapping[str, InflightLoad]:
+        return self._merged if self._remote else self._loads
+
+    def local_view(self) -> Mapping[str, InflightLoad]:
         return self._loads
 
     def get(self, key: str) -> InflightLoad:
-        return self._loads.get(key, InflightLoad())
+        return self.view().get(key, NO_LOAD)
 
     def add(self, key: str, tokens: int = 0) -> InflightTicket:
         cur = self._loads.get(key)
@@ -88,6 +97,8 @@ class InflightTracker:
             self._loads[key] = InflightLoad(1, tokens)
         else:
             self._loads[key] = InflightLoad(cur.requests + 1, cur.tokens + tokens)
+        if self._remote:
+            self._remerge(key)
         return InflightTicket(key, self._generation[key], tokens)
 
     def remove(self, ticket: InflightTicket) -> bool:
@@ -101,12 +112,56 @@ class InflightTracker:
             del self._generation[key]
         else:
             self._loads[key] = InflightLoad(cur.requests - 1, max(0, cur.tokens - ticket.tokens))
+        if self._remote:
+            self._remerge(key)
         return True
 
     def forget(self, key: str) -> None:
         """The endpoint left: its count restarts at zero and outstanding tickets become no-ops."""
         self._loads.pop(key, None)
         self._generation.pop(key, None)
+        for loads in self._remote.values():
+            loads.pop(key, None)
+        self._merged.pop(key, None)
+
+    # ---- other replicas ----------------------------------------------------------------------------------
+    def set_remote(self, peer: str, loads: Mapping[str, InflightLoad]) -> None:
+        """Replace `peer`'s absolute snapshot (endpoints it has nothing in flight on are simply absent)."""
+        if not self._remote:
+            self._merged = dict(self._loads)
+        old = self._remote.get(peer, {})
+        self._remote[peer] = dict(loads)
+        for key in old.keys() | loads.keys():
+            self._remerge(key)
+
+    def drop_remote(self, peer: str) -> None:
+        """The peer's snapshot expired (or the peer left): its load no longer counts."""
+        old = self._remote.pop(peer, None)
+        if old is None:
+            return
+        if not self._remote:
+            self._merged = {}
+            return
+        for key in old:
+            self._remerge(key)
+
+    def remote_peers(self) -> list[str]:
+        return list(self._remote)
+
+    def _remerge(self, key: str) -> None:
+        requests = tokens = 0
+        cur = self._loads.get(key)
+        if cur is not None:
+            requests, tokens = cur.requests, cur.tokens
+        for loads in self._remote.values():
+            r = loads.get(key)
+            if r is not None:
+                requests += r.requests
+                tokens += r.tokens
+        if requests or tokens:
+            self._merged[key] = InflightLoad(requests, tokens)
+        else:
+            self._merged.pop(key, None)
 
 
 class Datastore:
@@ -115,6 +170,9 @@ class Datastore:
     def __init__(self, default_pool: str | None = None) -> None:
         self._pools: dict[str, PoolSnapshot] = {}
         self._default = default_pool
+        # The first pool set becomes the default (one pool, or an endpoints file's first); a watcher serving several
+        # peer pools (epp.k8s.multipool) turns this off, so a request's pool is never an accident of listing order.
+        self.auto_default = True
         self.inflight = InflightTracker()
         self.adapters: dict[str, str] = {}  # LoRA adapter -> base model
         self.objectives: dict[str, int] = {}  # InferenceObjective name -> priority
@@ -134,7 +192,7 @@ class Datastore:
             old = self._pools.get(spec.name)
             endpoints = old.endpoints if old else ()
         self._pools[spec.name] = _index(spec, self._carry_metrics(spec.name, endpoints))
-        if self._default is None:
+        if self._default is None and self.auto_default:
             self._default = spec.name
         self._notify(spec.name)
 

@@ -9,16 +9,20 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from epp.datastore import Datastore, InflightTicket
 from epp.parsing import api_kind, parse_body, set_model
+from epp.pool_select import choose_pool
 from epp.protocol import Outcome
 from epp.usage import UsageScanner
 from scheduling.api import Scheduler, SchedulingContext, SchedulingResult
 from scheduling.types import ApiKind, Endpoint, ErrorCode, LLMRequest, SchedulingError
+
+if TYPE_CHECKING:
+    from epp.dashboard.recorder import DecisionRecord, DecisionRecorder
 
 log = logging.getLogger(__name__)
 
@@ -47,8 +51,28 @@ class DirectorConfig:
     log_decisions: bool = False
 
 
+class DirectorMetrics(Protocol):
+    """What the director reports; epp.metrics.EppMetrics implements it, NullMetrics ignores it."""
+
+    def request_started(self, model: str, target: str, priority: int) -> None: ...
+    def request_error(self, model: str, target: str, code: str) -> None: ...
+    def request_finished(
+        self, model: str, target: str, duration_s: float, input_tokens: int, output_tokens: int
+    ) -> None: ...
+    def scheduler_duration(self, seconds: float) -> None: ...
+    def plugin_duration(self, ext_point: str, plugin_type: str, name: str, seconds: float) -> None: ...
+    def disagg_decision(self, model: str, decision: str) -> None: ...
+
+
+@dataclass(slots=True)
+class ShellContext(SchedulingContext):
+    """The scheduler's context plus what only the shell reads: the routing layer's decision (epp/routing), if any."""
+
+    route: Any = None
+
+
 class NullMetrics:
-    """The metrics interface the director reports to; epp.metrics.EppMetrics implements it for real."""
+    """Metrics that go nowhere (the director's default)."""
 
     def request_started(self, model: str, target: str, priority: int) -> None: ...
     def request_error(self, model: str, target: str, code: str) -> None: ...
@@ -104,27 +128,31 @@ class Director:
         scheduler: Scheduler,
         config: DirectorConfig | None = None,
         *,
-        metrics: Any = None,
+        metrics: DirectorMetrics | None = None,
         clock: Callable[[], float] = time.monotonic,
         admission: Callable[[int, Sequence[Endpoint], float], bool] | None = None,
         rewrite: Callable[[str], str | None] | None = None,
+        router: Any = None,
     ) -> None:
         self.datastore = datastore
         self.scheduler = scheduler
         self.config = config or DirectorConfig()
-        self.metrics = metrics or NullMetrics()
+        self.metrics: DirectorMetrics = metrics or NullMetrics()
         self.clock = clock
         self.admission = admission
         self.rewrite = rewrite
+        self.router = router  # epp.routing.Router: routes, rules and weighted targets (None: pools only)
         self._decisions = 0
+        self.recorder: DecisionRecorder | None = None  # set by the app when the dashboard is on
 
     def exchange(self) -> RequestExchange:
         return RequestExchange(self)
 
     # ---- building the scheduling request --------------------------------------------------------------------------
     def build(
-        self, headers: Mapping[str, str], body: bytes | None, metadata: Mapping[str, Mapping[str, object]]
-    ) -> tuple[SchedulingContext, dict[str, Any] | None]:
+        self, headers: Mapping[str, str], body: bytes | None, metadata: Mapping[str, Mapping[str, object]],
+        *, dry_run: bool = False,
+    ) -> tuple[ShellContext, dict[str, Any] | None]:
         """Parse and resolve; raise SchedulingError for bad input or no candidates.
 
         `body` None means a body exists but is not visible before the pick: route on headers and load alone."""
@@ -144,14 +172,18 @@ class Director:
         elif body is not None and kind is not ApiKind.OTHER and headers.get(":method", "POST").upper() == "POST":
             raise SchedulingError(ErrorCode.BAD_REQUEST, f"{kind.value} request has no body")
         target = model
+        # ---- routing layer: route -> rule -> target (a pool to schedule in, or an external provider) ----------
+        route = self.router.decide(headers, model, now=self.clock(), dry_run=dry_run) if self.router else None
         forced = headers.get(MODEL_REWRITE)
-        if forced:
+        if route is not None:
+            target = route.engine_model or model
+        elif forced:
             target = forced
         elif model and self.rewrite is not None:
             target = self.rewrite(model) or model
         objective = headers.get(OBJECTIVE, "")
         priority = self.datastore.objectives.get(objective, 0) if objective else 0
-        base = self.datastore.adapters.get(target)
+        base = route.base_model if route is not None and route.base_model else self.datastore.adapters.get(target)
         request_id = headers.get("x-request-id") or str(uuid.uuid4())
         req = LLMRequest(
             request_id=request_id,
@@ -167,21 +199,39 @@ class Director:
             base_model=base,
             body=parsed_body,
         )
-        candidates = self.candidates(headers, metadata)
-        ctx = SchedulingContext(req, candidates, self.datastore.inflight.view(), self.clock())
+        if route is not None and route.provider is not None:
+            candidates: list[Endpoint] = []  # an external provider: no endpoint to schedule
+        else:
+            candidates = self.candidates(headers, metadata, route=route, model=target)
+        ctx = ShellContext(req, candidates, self.datastore.inflight.view(), self.clock(), route=route)
         return ctx, parsed_body
 
     def candidates(
-        self, headers: Mapping[str, str], metadata: Mapping[str, Mapping[str, object]]
+        self, headers: Mapping[str, str], metadata: Mapping[str, Mapping[str, object]], *, route: Any = None,
+        model: str = "",
     ) -> list[Endpoint]:
-        pool = None
+        pool = route.pool_name if route is not None else None
         ns, key = self.config.pool_metadata_key
-        if ns in metadata and isinstance(metadata[ns].get(key), str):
-            pool = metadata[ns][key]
-        snap = self.datastore.snapshot(pool or self.config.default_pool)
+        named = metadata.get(ns, {}).get(key)
+        if pool is None and isinstance(named, str) and named:
+            pool = named
+        hint = metadata.get(SUBSET_NS)
+        if pool is None:  # several pools may share this Pointsman: see epp/pool_select.py
+            ds = self.datastore
+            pool = choose_pool(ds, default=self.config.default_pool or ds.default_pool, model=model,
+                               hint=_split_list(hint[SUBSET]) if hint is not None and SUBSET in hint else None,
+                               exclude=self.router.materializer.names if self.router is not None else ())
+        snap = self.datastore.snapshot(pool)
         if snap is None:
+            if route is not None:
+                raise SchedulingError(ErrorCode.SERVICE_UNAVAILABLE,
+                                      f"{route.pool.kind} {route.pool.key} has no endpoints")
+            known = ", ".join(self.datastore.pool_names())
             raise SchedulingError(
-                ErrorCode.SERVICE_UNAVAILABLE, f"no inference pool {pool or self.config.default_pool or ''!r} known"
+                ErrorCode.SERVICE_UNAVAILABLE,
+                f"no inference pool {pool or ''!r} known" if pool or not known else
+                f"cannot tell which inference pool serves this request (pools: {known}); name it with Envoy "
+                f"route metadata {ns}.{key}",
             )
         eps: list[Endpoint] = list(snap.endpoints)
         unhealthy = self.datastore.unhealthy
@@ -189,7 +239,6 @@ class Director:
             healthy = [e for e in eps if e.key not in unhealthy]
             # Every endpoint failing its scrapes is more likely a metrics problem than a dead pool: fail open.
             eps = healthy or eps
-        hint = metadata.get(SUBSET_NS)
         if hint is not None and SUBSET in hint:
             eps = restrict(eps, _split_list(hint[SUBSET]), ip_only=True)
             if not eps:
@@ -198,6 +247,8 @@ class Director:
             eps = restrict(eps, _split_list(headers[CONFORMANCE_REQ]), ip_only=False)
         if not eps:
             raise SchedulingError(ErrorCode.SERVICE_UNAVAILABLE, "no candidate endpoints in the inference pool")
+        if route is not None:
+            eps = route.narrow(eps, self.clock())  # P/D pairing, sticky sessions
         return eps
 
     def schedule(self, ctx: SchedulingContext, *, dry_run: bool = False) -> SchedulingResult:
@@ -209,11 +260,12 @@ class Director:
             raise SchedulingError(
                 ErrorCode.RESOURCE_EXHAUSTED, "the pool is saturated and the request is sheddable (priority < 0)"
             )
+        scheduler = self.scheduler_for(ctx)
         if dry_run:
-            result = self.scheduler.schedule(ctx, dry_run=True)
+            result = self._schedule(scheduler, ctx, True)
         else:
             t0 = time.perf_counter()
-            result = self.scheduler.schedule(ctx)
+            result = self._schedule(scheduler, ctx, False)
             metrics = self.metrics
             metrics.scheduler_duration(time.perf_counter() - t0)
             self._decisions += 1
@@ -226,6 +278,23 @@ class Director:
             raise SchedulingError(ErrorCode.SERVICE_UNAVAILABLE, "the scheduler returned no endpoint")
         return result
 
+    def scheduler_for(self, ctx: SchedulingContext) -> Scheduler:
+        """The scheduler deciding for this request: its route's pool's own (P/D pairing), else the director's."""
+        route = getattr(ctx, "route", None)
+        return route.scheduler if route is not None and route.scheduler is not None else self.scheduler
+
+    @staticmethod
+    def _schedule(scheduler: Scheduler, ctx: SchedulingContext, dry_run: bool) -> SchedulingResult:
+        try:
+            return scheduler.schedule(ctx, dry_run=dry_run) if dry_run else scheduler.schedule(ctx)
+        except SchedulingError as err:
+            route = getattr(ctx, "route", None)
+            unpinned = route.unpin() if route is not None and err.code is ErrorCode.RESOURCE_EXHAUSTED else None
+            if not unpinned:
+                raise
+            ctx.candidates = unpinned  # the session's endpoint was filtered out: schedule as a new session
+            return scheduler.schedule(ctx, dry_run=dry_run) if dry_run else scheduler.schedule(ctx)
+
     # ---- turning a decision into mutations ------------------------------------------------------------------------
     def mutations(self, ctx: SchedulingContext, result: SchedulingResult, parsed: dict[str, Any] | None) -> Outcome:
         cfg = self.config
@@ -237,16 +306,20 @@ class Director:
             sets.append((PREFILLER, result.prefill.key))
         else:
             remove.append(PREFILLER)
-        if req.target_model:
-            sets.append((cfg.model_header, req.target_model))
-            sets.append((cfg.base_model_header, req.base_model or req.target_model))
-            if cfg.ai_gateway_model_header:
-                sets.append((cfg.ai_gateway_model_header, req.target_model))
-        if "x-request-id" not in req.headers:
-            sets.append(("x-request-id", req.request_id))
+        self._model_headers(req, sets)
         lb_value = primary
         if cfg.fallbacks > 0 and len(result.targets) > 1:
             lb_value = ",".join(e.key for e in result.targets[: cfg.fallbacks + 1])
+        if self.router is not None:  # routes: fallbacks per pool; Envoy retries exactly on the listed ones
+            route = getattr(ctx, "route", None)
+            if route is not None:
+                sets.extend(route.set_headers)
+                remove.extend(route.remove_headers)
+                keys = route.fallbacks(result, ctx.candidates, ctx.inflight)
+                lb_value = ",".join(keys)
+            else:
+                remove.append(self.router.provider_header)  # a client never chooses a provider
+            sets.append(("x-envoy-max-retries", str(lb_value.count(","))))
         new_body = None
         if parsed is not None and req.target_model != req.model:
             new_body = set_model(parsed, req.target_model)
@@ -257,17 +330,43 @@ class Director:
             body=new_body,
         )
 
+    def _model_headers(self, req: LLMRequest, sets: list[tuple[str, str]]) -> None:
+        cfg = self.config
+        if req.target_model:
+            sets.append((cfg.model_header, req.target_model))
+            sets.append((cfg.base_model_header, req.base_model or req.target_model))
+            if cfg.ai_gateway_model_header:
+                sets.append((cfg.ai_gateway_model_header, req.target_model))
+        if "x-request-id" not in req.headers:
+            sets.append(("x-request-id", req.request_id))
+
+    def admit(self, ctx: ShellContext) -> Outcome | None:
+        """Admission before scheduling: token rate limits per route (`ctx.route.rate_limit`, counted per
+        `ctx.route.rate_limit_key`). None admits. epp/ratelimit replaces this no-op (a 429 Outcome with Retry-After
+        and x-ratelimit-* headers when over the limit)."""
+        return None
+
+    def mutations_for_provider(self, ctx: ShellContext, parsed: dict[str, Any] | None) -> Outcome:
+        """An external provider: Envoy's provider route takes it (the provider header), with the credential, the
+        provider's path and model and the static headers; no endpoint, so no destination header."""
+        req, route = ctx.request, ctx.route
+        sets = list(route.set_headers)
+        self._model_headers(req, sets)
+        remove = [*route.remove_headers, DESTINATION, SERVED, SUBSET, PREFILLER]
+        new_body = set_model(parsed, req.target_model) if parsed is not None and req.target_model != req.model else None
+        return Outcome(set_headers=sets, remove_headers=remove, body=new_body)
+
 
 class RequestExchange:
     """The director's side of one stream (implements epp.protocol.Exchange)."""
 
     __slots__ = ("d", "scheduler", "ctx", "result", "started", "scanner", "served", "_closed", "_rewrite_from", "_rewrite_to",
-                 "_ticket")
+                 "_ticket", "rec")
 
     def __init__(self, director: Director) -> None:
         self.d = director
         self.scheduler: Scheduler | None = None  # the one that picked (a config reload may swap the director's)
-        self.ctx: SchedulingContext | None = None
+        self.ctx: ShellContext | None = None
         self.result: SchedulingResult | None = None
         self.started = 0.0
         self.scanner: UsageScanner | None = None
@@ -276,51 +375,85 @@ class RequestExchange:
         self._rewrite_from: bytes | None = None
         self._rewrite_to: bytes | None = None
         self._ticket: InflightTicket | None = None
+        self.rec: DecisionRecord | None = None  # the dashboard's record of this decision
 
     def decide(
         self, headers: Mapping[str, str], body: bytes | None, metadata: Mapping[str, Mapping[str, object]]
-    ) -> Outcome:
+    ) -> Outcome | Awaitable[Outcome]:
+        # Synchronous today (the grpc layer's fast path); an awaitable outcome is also accepted by the driver.
         d = self.d
         self.started = d.clock()
         ctx = None
         try:
             ctx, parsed = d.build(headers, body, metadata)
+            # ---- admission: token rate limits (epp/ratelimit plugs in here; Director.admit is a no-op until) ----
+            rejected = d.admit(ctx)
+            if rejected is not None:
+                return rejected
+            if ctx.route is not None and ctx.route.provider is not None:
+                return self._to_provider(ctx, parsed)
             result = d.schedule(ctx)
         except SchedulingError as err:
             model = ctx.request.model if ctx else ""
             target = ctx.request.target_model if ctx else ""
             d.metrics.request_error(model, target, err.code.value)
+            if d.recorder is not None:
+                d.recorder.rejected(model, target, err.code.value, headers.get("x-request-id", ""), self.started,
+                                    d.clock())
             return error_outcome(err)
         except Exception as exc:  # never crash a stream: a bug becomes a clear 500
             log.exception("scheduling failed")
             d.metrics.request_error("", "", ErrorCode.INTERNAL.value)
+            if d.recorder is not None:
+                d.recorder.rejected("", "", ErrorCode.INTERNAL.value, "", self.started, d.clock())
             return error_outcome(SchedulingError(ErrorCode.INTERNAL, f"scheduling failed: {exc}"))
         req = ctx.request
         # Commit: from here on, close() must release what this adds.
-        self.ctx, self.result, self.scheduler = ctx, result, d.scheduler
+        self.ctx, self.result, self.scheduler = ctx, result, d.scheduler_for(ctx)
         self._ticket = d.datastore.inflight.add(result.primary.key, req.estimated_tokens)
         try:
             self.scheduler.pre_request(ctx, result)
         except Exception:
             log.exception("pre_request hook failed")
+        if ctx.route is not None:
+            ctx.route.commit(result, ctx.now)  # e.g. bind the sticky session
         d.metrics.request_started(req.model, req.target_model, req.priority)
         if result.decision:
             d.metrics.disagg_decision(req.target_model, result.decision)
+        if d.recorder is not None:
+            self.rec = d.recorder.decided(req, len(ctx.candidates), result, self.started, d.clock())
         if d.config.log_decisions:
-            log.info("decision %s model=%s -> %s%s (profile %s)", req.request_id[:8], req.target_model or "-",
-                     result.primary.key, f" prefill={result.prefill.key}" if result.prefill else "", result.profile)
+            route = f" route={ctx.route.route.key}/{ctx.route.rule.name}->{ctx.route.backend_name}" if ctx.route else ""
+            log.info("decision %s model=%s -> %s%s (profile %s)%s", req.request_id[:8], req.target_model or "-",
+                     result.primary.key, f" prefill={result.prefill.key}" if result.prefill else "", result.profile,
+                     route)
         if req.model and req.target_model != req.model:
             self._rewrite_from = f'"model":"{req.target_model}"'.encode()
             self._rewrite_to = f'"model":"{req.model}"'.encode()
         return d.mutations(ctx, result, parsed)
 
+    def _to_provider(self, ctx: ShellContext, parsed: dict[str, Any] | None) -> Outcome:
+        """An external provider target: no endpoint is scheduled; the stream is counted like any other."""
+        d, req = self.d, ctx.request
+        self.ctx = ctx
+        d.metrics.request_started(req.model, req.target_model, req.priority)
+        if d.config.log_decisions:
+            log.info("decision %s model=%s -> provider %s route=%s/%s", req.request_id[:8], req.target_model or "-",
+                     ctx.route.backend_name, ctx.route.route.key, ctx.route.rule.name)
+        if req.model and req.target_model != req.model:
+            self._rewrite_from = f'"model":"{req.target_model}"'.encode()
+            self._rewrite_to = f'"model":"{req.model}"'.encode()
+        return d.mutations_for_provider(ctx, parsed)
+
     def response_headers(
         self, headers: Mapping[str, str], metadata: Mapping[str, Mapping[str, object]]
     ) -> list[tuple[str, str]]:
         self.scanner = UsageScanner(headers.get("content-type", ""))
-        lb = metadata.get(LB_NS)
-        if lb is not None and isinstance(lb.get(SERVED), str):
-            self.served = lb[SERVED]
+        if self.rec is not None:
+            self.rec.status = headers.get(":status", "")
+        served = metadata.get(LB_NS, {}).get(SERVED)
+        if isinstance(served, str):
+            self.served = served
         out: list[tuple[str, str]] = []
         if self.result is not None and self.result.response_headers:
             out.extend(self.result.response_headers.items())  # e.g. a session token set by a stateful plugin
@@ -334,6 +467,8 @@ class RequestExchange:
         if self.scanner is None:
             self.scanner = UsageScanner()
         self.scanner.feed(chunk, end_of_stream)
+        if self.rec is not None and chunk and not self.rec.first_byte:
+            self.rec.first_byte = self.d.clock()
         if self._rewrite_from is not None and self._rewrite_to is not None:
             chunk = chunk.replace(self._rewrite_from, self._rewrite_to).replace(
                 self._rewrite_from.replace(b":", b": ", 1), self._rewrite_to.replace(b":", b": ", 1)
@@ -344,7 +479,7 @@ class RequestExchange:
         if self._closed:
             return
         self._closed = True
-        if self.ctx is None or self.result is None:
+        if self.ctx is None:
             return
         d = self.d
         live = self._ticket is not None and d.datastore.inflight.remove(self._ticket)
@@ -352,7 +487,7 @@ class RequestExchange:
         try:
             # An endpoint that left while the request ran was already forgotten by every plugin: telling them how
             # the request ended would only bring its state back.
-            if live and self.scheduler is not None:
+            if live and self.scheduler is not None and self.result is not None:
                 self.scheduler.response_complete(self.ctx, self.result)
         except Exception:
             log.exception("response_complete hook failed")
@@ -365,3 +500,5 @@ class RequestExchange:
             usage.prompt_tokens if usage else 0,
             usage.completion_tokens if usage else 0,
         )
+        if self.rec is not None and d.recorder is not None:
+            d.recorder.finished(self.rec, d.clock(), self.scanner is not None and self.scanner.sse, usage)

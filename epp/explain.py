@@ -6,12 +6,39 @@ state), so it shows what the next real request would get without changing it."""
 
 from __future__ import annotations
 
+from collections.abc import Collection
+from typing import Any
+
 import grpc
 
 from epp.director import Director, error_outcome
+from epp.routing.providers import CREDENTIAL_HEADERS
 from proto import pointsman_pb2 as api
 from proto import pointsman_pb2_grpc
 from scheduling.types import SchedulingError
+
+REDACTED = "<redacted>"
+
+
+def redacted(headers: list[tuple[str, str]], sensitive: Collection[str]) -> dict[str, str]:
+    """Headers as explain shows them: a credential's value never leaves the process."""
+    return {k: REDACTED if k in sensitive or k in CREDENTIAL_HEADERS else v for k, v in headers}
+
+
+def describe_route(route: Any, info: api.RouteInfo) -> None:
+    r = route.route
+    info.route, info.rule, info.rule_index = f"{r.kind} {r.key}", route.rule.name, route.rule.index
+    for t in route.rule.targets:
+        info.split.add(target=t.backend, kind=t.kind, weight=t.weight, chosen=t is route.target)
+    info.target, info.kind = route.target.backend, route.target.kind
+    info.pool = route.pool_name or ""
+    info.provider_cluster = route.provider.cluster if route.provider is not None else ""
+    info.engine_model = route.engine_model or ""
+    rl = r.rate_limit
+    if rl is not None:
+        info.rate_limit = (f"input {rl.input_tokens_per_unit or '-'}/{rl.unit}, "
+                           f"output {rl.output_tokens_per_unit or '-'}/{rl.unit}, "
+                           f"{'global (redis)' if rl.redis_address else 'local'}")
 
 
 class PointsmanService(pointsman_pb2_grpc.PointsmanServicer):
@@ -26,9 +53,16 @@ class PointsmanService(pointsman_pb2_grpc.PointsmanServicer):
         metadata = {"pointsman": {"pool": request.pool}} if request.pool else {}
         out = api.ExplainResponse()
         try:
-            ctx, parsed = d.build(headers, request.body, metadata)
+            ctx, parsed = d.build(headers, request.body, metadata, dry_run=True)
             out.model, out.target_model = ctx.request.model, ctx.request.target_model
             out.candidates.extend(e.key for e in ctx.candidates)
+            if ctx.route is not None:
+                describe_route(ctx.route, out.route)
+            if ctx.route is not None and ctx.route.provider is not None:  # no endpoint scheduling
+                out.status = 200
+                outcome = d.mutations_for_provider(ctx, parsed)
+                out.headers.update(redacted(outcome.set_headers, ctx.route.sensitive))
+                return out
             ctx.explain = True
             result = d.schedule(ctx, dry_run=True)
         except SchedulingError as err:
@@ -54,8 +88,11 @@ class PointsmanService(pointsman_pb2_grpc.PointsmanServicer):
                     pl.kept.extend(det.kept)
                 if det.scores is not None:
                     pl.scores.update(det.scores)
+        if ctx.route is not None and ctx.route.sticky is not None:
+            out.route.session = f"pinned {ctx.route.pinned}" if ctx.route.pinned else (
+                "new" if ctx.route.session is not None else "")
         outcome = d.mutations(ctx, result, parsed)
-        out.headers.update(dict(outcome.set_headers))
+        out.headers.update(redacted(outcome.set_headers, ctx.route.sensitive if ctx.route is not None else ()))
         return out
 
     async def Explain(  # noqa: N802

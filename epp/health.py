@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -56,13 +56,17 @@ class EppHealthServicer(health_pb2_grpc.HealthServicer):
                 return NOT_SERVING
         return None
 
-    async def Check(self, request: health_pb2.HealthCheckRequest, context: grpc.aio.ServicerContext):  # noqa: N802
+    async def Check(  # noqa: N802
+        self, request: health_pb2.HealthCheckRequest, context: grpc.aio.ServicerContext
+    ) -> health_pb2.HealthCheckResponse:
         status = self.status_for(request.service)
         if status is None:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown service {request.service!r}")
         return health_pb2.HealthCheckResponse(status=status)
 
-    async def Watch(self, request: health_pb2.HealthCheckRequest, context: grpc.aio.ServicerContext):  # noqa: N802
+    async def Watch(  # noqa: N802
+        self, request: health_pb2.HealthCheckRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[health_pb2.HealthCheckResponse]:
         last = None
         while True:
             status = self.status_for(request.service)

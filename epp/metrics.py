@@ -10,6 +10,9 @@ Request path (the director calls these):
 - inference_extension_plugin_duration_seconds{extension_point, plugin_type, plugin_name} histogram
 - disagg_decision_total{model_name, decision_type}                                      counter
 
+ext_proc layer (the grpc server calls this):
+- pointsman_protocol_violations_total{kind}   streams ended by an ext_proc protocol violation  counter
+
 Pool gauges, computed from the datastore at scrape time (so never stale):
 - inference_pool_average_kv_cache_utilization{name}, inference_pool_average_queue_size{name},
   inference_pool_ready_pods{name}, inference_pool_per_pod_queue_size{name, model_server_pod}
@@ -22,13 +25,14 @@ gauge returns to zero.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.registry import Collector
 
 from epp.datastore import Datastore
@@ -92,12 +96,14 @@ class EppMetrics:
                                 ["extension_point", "plugin_type", "plugin_name"], buckets=PLUGIN_BUCKETS, registry=r)
         self.disagg = Counter("disagg_decision_total", "P/D decisions: decode-only or prefill-decode.",
                               ["model_name", "decision_type"], registry=r)
+        self.violations = Counter("pointsman_protocol_violations_total",
+                                  "ext_proc streams ended by a protocol violation, by rule.", ["kind"], registry=r)
         self._pool_collector: _PoolCollector | None = None
-        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
+        self._children: dict[tuple[int, tuple[str, ...]], MetricWrapperBase] = {}
         if datastore is not None:
             self.bind_datastore(datastore)
 
-    def _child(self, metric: Any, *labels: str) -> Any:
+    def _child(self, metric: MetricWrapperBase, *labels: str) -> Any:
         """`metric.labels(*labels)`, cached: prometheus_client validates and locks on every labels() call,
         which is a measurable share of the per-request cost on the hot path."""
         key = (id(metric), labels)
@@ -139,6 +145,10 @@ class EppMetrics:
     def disagg_decision(self, model: str, decision: str) -> None:
         self._child(self.disagg, model, decision).inc()
 
+    # ---- the ext_proc layer's calls -----------------------------------------------------------------------
+    def protocol_violation(self, kind: str) -> None:
+        self._child(self.violations, kind).inc()
+
     # ---- pool gauges -------------------------------------------------------------------------------------
     def bind_datastore(self, datastore: Datastore) -> None:
         """Serve the inference_pool_* gauges computed from this datastore at every scrape."""
@@ -151,14 +161,23 @@ class EppMetrics:
         return generate_latest(self.registry)
 
 
-async def start_metrics_server(metrics: EppMetrics, port: int = 9090, host: str = "0.0.0.0") -> web.AppRunner:
-    """Serve GET /metrics on the running loop (`--metrics-port`). Stop with `await runner.cleanup()`."""
+async def start_metrics_server(
+    metrics: EppMetrics,
+    port: int = 9090,
+    host: str = "0.0.0.0",
+    setup: Callable[[web.Application], None] | None = None,
+) -> web.AppRunner:
+    """Serve GET /metrics on the running loop (`--metrics-port`). Stop with `await runner.cleanup()`.
+
+    `setup` adds more routes to the same server (the dashboard, epp.dashboard)."""
 
     async def handle(_: web.Request) -> web.Response:
         return web.Response(body=metrics.exposition(), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     app = web.Application()
     app.router.add_get("/metrics", handle)
+    if setup is not None:
+        setup(app)
     runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
     await runner.setup()
     site = web.TCPSite(runner, host, port)

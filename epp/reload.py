@@ -17,6 +17,7 @@ import hashlib
 import inspect
 import logging
 import os
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, Generic, TypeVar
@@ -56,6 +57,8 @@ class FileWatcher(Generic[T]):
         self.reloads = 0  # successful applies, the initial load included
         self.failures = 0  # rejected versions
         self.last_error: str | None = None
+        self.applied_at: float | None = None  # wall-clock time of the last successful apply
+        self.rejected_at: float | None = None  # wall-clock time of the last rejected version
         self._stat: tuple[int, int, int] | None = None
         self._applied_hash: str | None = None
         self._rejected_hash: str | None = None
@@ -101,6 +104,7 @@ class FileWatcher(Generic[T]):
             await self._apply(parsed)
         except Exception as e:  # any parse/validation/apply error: keep the old config
             self.failures += 1
+            self.rejected_at = time.time()
             self._rejected_hash = digest
             self.last_error = f"{type(e).__name__}: {e}"
             log.error("config reload of %s rejected, the previous configuration keeps serving: %s", self.path, e)
@@ -115,6 +119,7 @@ class FileWatcher(Generic[T]):
             await result
         self.current = parsed
         self.reloads += 1
+        self.applied_at = time.time()
 
     # ---- the loop ----------------------------------------------------------------------------------------
     async def run(self) -> None:

@@ -11,6 +11,10 @@ pools:
     labels: {llm-d.ai/role: decode}
     models: [meta-llama/Llama-3.1-8B, sql-lora]   # optional; empty means "serves whatever it is asked"
     role: decode               # optional shorthand for the llm-d.ai/role label
+    kvEvents:                  # optional: where its KV-cache events are published (precise prefix routing)
+      endpoint: tcp://10.0.0.5:5557       # or just "tcp://10.0.0.5:5557" in place of the mapping
+      replay: tcp://10.0.0.5:5558         # optional replay (ROUTER) socket
+      topic: kv@                          # optional topic prefix
 adapters:                      # optional LoRA adapter -> base model map (X-Gateway-Base-Model-Name)
   sql-lora: meta-llama/Llama-3.1-8B
 ```
@@ -25,6 +29,7 @@ from typing import Any
 import yaml
 
 from epp.datastore import Datastore, PoolSpec
+from epp.kvevents.sources import KVEventsConfigError, parse_kv_events_field
 from scheduling.types import Endpoint, endpoint_key
 
 
@@ -39,7 +44,7 @@ def _fail(src: str, path: str, msg: str) -> StaticConfigError:
 def _parse_endpoint(src: str, path: str, raw: Any) -> Endpoint:
     if not isinstance(raw, Mapping):
         raise _fail(src, path, "expected a mapping with address and port")
-    known = {"address", "host", "port", "name", "labels", "models", "role", "namespace"}
+    known = {"address", "host", "port", "name", "labels", "models", "role", "namespace", "kvEvents"}
     unknown = set(raw) - known
     if unknown:
         raise _fail(src, path, f"unknown field(s) {sorted(unknown)}; expected some of {sorted(known)}")
@@ -64,6 +69,12 @@ def _parse_endpoint(src: str, path: str, raw: Any) -> Endpoint:
     if not isinstance(models, list) or not all(isinstance(m, str) for m in models):
         raise _fail(src, f"{path}.models", "expected a list of model names")
     address = address.strip("[]")
+    annotations: dict[str, str] = {}
+    if raw.get("kvEvents") is not None:
+        try:
+            annotations = parse_kv_events_field(raw["kvEvents"], f"{path}.kvEvents")
+        except KVEventsConfigError as e:
+            raise StaticConfigError(f"{src}: {e}") from None
     return Endpoint(
         key=endpoint_key(address, port),
         address=address,
@@ -72,6 +83,7 @@ def _parse_endpoint(src: str, path: str, raw: Any) -> Endpoint:
         namespace=str(raw.get("namespace") or ""),
         labels=labels,
         models=frozenset(models),
+        annotations=annotations,
     )
 
 

@@ -67,7 +67,7 @@ def add_admin_routes(app: web.Application, srv: SimServer) -> None:
     async def _parse(request: web.Request) -> tuple[dict[str, Any], list[int]]:
         api = request.query.get("api", tk.API_CHAT)
         body = orjson.loads(await request.read())
-        return body, tk.request_tokens(api, body)
+        return body, srv.request_tokens(api, body)
 
     async def probe(request: web.Request) -> web.Response:
         try:

@@ -12,7 +12,7 @@ default_max_tokens (16).
 from __future__ import annotations
 
 import struct
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -79,7 +79,8 @@ def natural_length(tokens: Sequence[int], max_tokens: int) -> int:
     return 1 + h % (2 * max_tokens)
 
 
-def parse_request(api: str, body: Any, default_max_tokens: int) -> ParsedRequest:
+def parse_request(api: str, body: Any, default_max_tokens: int,
+                  tokenize: Callable[[str, Mapping[str, Any]], list[int]] = tk.request_tokens) -> ParsedRequest:
     if not isinstance(body, dict):
         raise BadRequest("the request body must be a JSON object")
     model = body.get("model")
@@ -91,7 +92,7 @@ def parse_request(api: str, body: Any, default_max_tokens: int) -> ParsedRequest
         raise BadRequest("'messages' is required and must be a list")
     if api == tk.API_COMPLETIONS and "prompt" not in body:
         raise BadRequest("'prompt' is required")
-    tokens = tk.request_tokens(api, body)
+    tokens = tokenize(api, body)
     if not tokens:
         raise BadRequest("the prompt is empty")
     max_tokens = _max_tokens(api, body, default_max_tokens)

@@ -28,6 +28,12 @@ _FLEET_FLAGS: dict[str, tuple[str, Any, str]] = {
     "--seed": ("seed", int, "RNG seed for failure injection (default 0)"),
     "--kv-events-port": ("kv_events_port", int, "enable ZMQ KV events; server i publishes on this + i"),
     "--kv-events-replay-port": ("kv_events_replay_port", int, "replay ROUTER socket of server i on this + i"),
+    "--kv-events-encoding": ("kv_events_encoding", str, "event encoding: array (vLLM <= 0.23, default) or map"),
+    "--kv-events-style": ("kv_events_style", str, "event style: vllm (default) or sglang (one event per block)"),
+    "--kv-events-hash-format": ("kv_events_hash_format", str, "block hashes as int (default) or bytes"),
+    "--kv-events-buffer-steps": ("kv_events_buffer_steps", int, "batches retained for replay (default 10000)"),
+    "--tokenizer": ("tokenizer", str, "tokenize with this Hugging Face tokenizer dir (tokenizer.json + chat "
+                                      "template) instead of the byte tokenizer"),
     "--oracle-port": ("oracle_port", int, "serve an in-process oracle router over the fleet on this port"),
     "--stream-interval-ms": ("stream_interval", float, "coalesce streamed tokens after the first: wall ms"),
 }
@@ -57,6 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--lora", action="append", default=None,
                     help="a LoRA adapter served besides the base model (repeatable, or comma list)")
     ap.add_argument("--roles", help="comma list of per-server roles: both, prefill, decode")
+    ap.add_argument("--ports", help="comma list of one port per server (instead of consecutive --base-port ports)")
     for flag, (_, typ, _, hlp) in _ENGINE_FLAGS.items():
         ap.add_argument(flag, type=typ, help=hlp)
     ap.add_argument("--no-prefix-caching", action="store_true", help="disable prefix caching")
@@ -74,6 +81,8 @@ def config_from_args(args: argparse.Namespace) -> Any:
         data["loras"] = [x for item in args.lora for x in item.split(",") if x]
     if args.roles:
         data["roles"] = args.roles.split(",")
+    if args.ports:
+        data["ports"] = args.ports
     for flag, (key, _, mult, _) in _ENGINE_FLAGS.items():
         v = getattr(args, flag[2:].replace("-", "_"))
         if v is not None:

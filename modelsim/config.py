@@ -47,6 +47,7 @@ class FleetConfig:
     servers: int = 1
     host: str = "127.0.0.1"
     base_port: int = 8100
+    ports: tuple[int, ...] = ()  # one port per server, overriding base_port + i (any order, not consecutive)
     model: str = "meta-llama/Llama-3.1-8B"
     loras: tuple[str, ...] = ()
     time_scale: float = 1.0
@@ -54,6 +55,11 @@ class FleetConfig:
     seed: int = 0
     kv_events_port: int | None = None  # base port of the ZMQ PUB sockets (one per server)
     kv_events_replay_port: int | None = None  # base port of the replay ROUTER sockets (needs kv_events_port)
+    kv_events_encoding: str = "array"  # "array" (vLLM <= ~0.23) or "map" (newer vLLM: maps with "type")
+    kv_events_style: str = "vllm"  # "vllm" or "sglang" (one event per block, SGLang's field set)
+    kv_events_hash_format: str = "int"  # "int" or "bytes" block hashes
+    kv_events_buffer_steps: int = 10_000  # batches retained for replay
+    tokenizer: str | None = None  # a directory with tokenizer.json (+ tokenizer_config.json): real token ids
     roles: tuple[str, ...] = ()  # per server: "both" (default), "prefill" or "decode" (informational)
     oracle_port: int | None = None  # in-process oracle router over the fleet (benchmark aid)
     stream_interval: float = 0.0  # wall s; > 0 coalesces streamed tokens after the first (cheaper at speed)
@@ -64,11 +70,19 @@ class FleetConfig:
             raise ValueError(f"fleet config: servers must be >= 1, got {self.servers}")
         if self.time_scale <= 0:
             raise ValueError(f"fleet config: time_scale must be > 0, got {self.time_scale}")
+        if self.ports and len(self.ports) != self.servers:
+            raise ValueError(f"fleet config: ports lists {len(self.ports)} ports for {self.servers} servers")
         if not 0.0 <= self.failure_rate <= 1.0:
             raise ValueError(f"fleet config: failure_rate must be in [0, 1], got {self.failure_rate}")
+        for name, allowed in (("kv_events_encoding", ("array", "map")), ("kv_events_style", ("vllm", "sglang")),
+                              ("kv_events_hash_format", ("int", "bytes"))):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"fleet config: {name} must be one of {allowed}, got {getattr(self, name)!r}")
+        if self.kv_events_buffer_steps < 1:
+            raise ValueError(f"fleet config: kv_events_buffer_steps must be >= 1, got {self.kv_events_buffer_steps}")
 
     def port(self, index: int) -> int:
-        return self.base_port + index
+        return self.ports[index] if self.ports else self.base_port + index
 
     def role(self, index: int) -> str:
         return self.roles[index] if index < len(self.roles) else "both"
@@ -96,6 +110,12 @@ def fleet_from_mapping(data: dict[str, Any], source: str = "<config>") -> FleetC
         if key in norm and norm[key] is not None:
             v = norm[key]
             norm[key] = tuple(v.split(",")) if isinstance(v, str) else tuple(v)
+    if norm.get("ports") is not None:
+        v = norm["ports"]
+        try:
+            norm["ports"] = tuple(int(p) for p in (v.split(",") if isinstance(v, str) else v))
+        except (TypeError, ValueError):
+            raise ValueError(f"{source}: ports must be a list of port numbers, got {v!r}") from None
     return FleetConfig(**norm, engine=EngineConfig(**eng_raw))
 
 

@@ -56,6 +56,10 @@ class EngineDriver:
         self.engine.cancel(seq, self.now())
         self._after()
 
+    def poke(self) -> None:
+        """The engine changed outside submit/cancel (e.g. a cache reset): publish and re-arm the timer."""
+        self._after()
+
     def _tick(self) -> None:
         if self._timer_at is not None:
             lag = self._loop.time() - self._timer_at

@@ -183,8 +183,16 @@ class Engine:
     def waiting_loras(self) -> list[str]:
         return sorted({s.req.lora for s in self.waiting if s.req.lora})
 
-    def reset_prefix_cache(self) -> None:
-        self.kv.clear()
+    def reset_prefix_cache(self, now: float, reset_running_requests: bool = False) -> bool:
+        """vLLM's reset: refused (False) while running requests hold blocks, unless `reset_running_requests`,
+        which first preempts every running request back to the head of the queue (they are recomputed)."""
+        if reset_running_requests:
+            while self.running:
+                self._preempt(now)  # the latest admitted first, so the queue keeps arrival order
+        ok = self.kv.clear()
+        if reset_running_requests:
+            self._admit(now)
+        return ok
 
     # ---- internals --------------------------------------------------------------------------------
     def _blocks_for(self, tokens: int) -> int:
@@ -235,7 +243,7 @@ class Engine:
         else:
             delay = (cfg.prefill_overhead + (total - cached) * cfg.prefill_per_token) * load
         t_first = max(now + delay, ready)
-        if not self.kv.acquire(hashes, n_hit, n_private, t_first, req.prompt_tokens):
+        if not self.kv.acquire(hashes, n_hit, n_private, t_first, req.prompt_tokens, req.lora):
             return False
         seq.hashes, seq.n_private = hashes, n_private
         seq.state = RUNNING

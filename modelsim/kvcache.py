@@ -7,8 +7,8 @@
 * Partial prompt blocks and decode blocks are *private*: freed when their request ends.
 * A block is evictable only when no request references it; the least recently released goes first
   (the tail of a chain is released before its head, as vLLM does, so heads live longer).
-* Every store and eviction is appended to `events` as ("stored", block hash, parent hash, token ids) or
-  ("removed", block hash); the KV-event publisher drains them.
+* Every store and eviction is appended to `events` as ("stored", block hash, parent hash, token ids, LoRA name)
+  or ("removed", block hash), and a reset as ("cleared",); the KV-event publisher drains them.
 """
 
 from __future__ import annotations
@@ -120,7 +120,8 @@ class KVCache:
         return True
 
     def acquire(
-        self, hashes: Sequence[int], n_hit: int, n_private: int, ready_at: float, tokens: Sequence[int]
+        self, hashes: Sequence[int], n_hit: int, n_private: int, ready_at: float, tokens: Sequence[int],
+        lora: str | None = None,
     ) -> bool:
         """Reference the first `n_hit` cached blocks, store the rest of `hashes`, allocate `n_private`.
 
@@ -149,7 +150,7 @@ class KVCache:
                 self._take_one()
                 self._blocks[h] = _Block(ref=1, ready_at=ready_at, parent=parent)
                 if self.enable_prefix_caching:
-                    self.events.append(("stored", h, parent, list(tokens[i * bs : (i + 1) * bs])))
+                    self.events.append(("stored", h, parent, list(tokens[i * bs : (i + 1) * bs]), lora))
             parent = h
         for _ in range(n_private):
             self._take_one()
@@ -177,12 +178,15 @@ class KVCache:
                 else:
                     del self._blocks[h]
 
-    def clear(self) -> None:
-        """Drop every unreferenced cached block (vLLM's reset_prefix_cache)."""
-        for h in list(self._lru):
-            del self._blocks[h]
+    def clear(self) -> bool:
+        """vLLM's reset_prefix_cache: drop every cached block, only when no block is in use (else False and
+        nothing changes). A successful reset records ("cleared",)."""
+        if self.used:
+            return False
+        self._blocks.clear()
         self._lru.clear()
         self.events.append(("cleared",))
+        return True
 
     def drain_events(self) -> list[tuple]:
         ev, self.events = self.events, []

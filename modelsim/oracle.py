@@ -25,7 +25,6 @@ import orjson
 from aiohttp import web
 
 from modelsim import api as A
-from modelsim import tokenizer as tk
 
 if TYPE_CHECKING:
     from modelsim.server import SimServer
@@ -63,7 +62,7 @@ class OracleRouter:
 
     def choose(self, api: str, body: dict[str, Any]) -> SimServer:
         live = [s for s in self.servers if not s.dead and s.unhung.is_set()] or self.servers
-        tokens = tk.request_tokens(api, body)
+        tokens = live[0].request_tokens(api, body)
         model = body.get("model")
         mt = body.get("max_completion_tokens") or body.get("max_tokens") or body.get("max_output_tokens")
         max_tokens = mt if isinstance(mt, int) and mt > 0 else live[0].fleet.engine.default_max_tokens

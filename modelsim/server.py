@@ -42,7 +42,15 @@ class SimServer:
         self.role = fleet.role(index)
         self.model = fleet.model
         self.loras: dict[str, str] = {name: name for name in fleet.loras}
+        self.lora_ids: dict[str, int] = {}  # vLLM's adapter ids: 1, 2, ... in load order
+        for name in fleet.loras:
+            self._lora_id(name)
         self.engine = Engine(fleet.engine)
+        self.hf = None
+        if fleet.tokenizer:
+            from modelsim.hftok import HFTokenizer
+
+            self.hf = HFTokenizer(fleet.tokenizer)
         self.metrics = ServerMetrics(self.engine, self.model, fleet.engine.max_loras)
         self.rng = random.Random(fleet.seed * 1000 + index)
         self.publisher: KVEventPublisher | None = None
@@ -62,8 +70,11 @@ class SimServer:
             ep = f"tcp://{self.host}:{self.fleet.kv_events_port + self.index}"
             rp = self.fleet.kv_events_replay_port
             replay = f"tcp://{self.host}:{rp + self.index}" if rp is not None else None
-            self.publisher = KVEventPublisher(ep, topic_for(self.host, self.port, self.model),
-                                              self.fleet.engine.block_size, replay)
+            f = self.fleet
+            self.publisher = KVEventPublisher(ep, topic_for(self.host, self.port, self.model), f.engine.block_size,
+                                              replay, f.kv_events_buffer_steps, encoding=f.kv_events_encoding,
+                                              style=f.kv_events_style, hash_format=f.kv_events_hash_format,
+                                              lora_id=self._lora_id)
         self.driver = EngineDriver(self.engine, self.fleet.time_scale, on_finish=self.metrics.observe_finished,
                                    on_advance=self._publish)
         app = web.Application(client_max_size=64 * 1024 * 1024, middlewares=[self._middleware])
@@ -112,6 +123,18 @@ class SimServer:
         if self.publisher is not None:
             self.publisher.close()
 
+    def request_tokens(self, api: str, body: dict[str, Any]) -> list[int]:
+        """The prompt's token ids, with the real tokenizer when one is configured (raises ValueError)."""
+        if self.hf is not None:
+            return self.hf.request_tokens(api, body)
+        return tk.request_tokens(api, body)
+
+    def _lora_id(self, name: str) -> int:
+        lid = self.lora_ids.get(name)
+        if lid is None:
+            lid = self.lora_ids[name] = len(self.lora_ids) + 1
+        return lid
+
     def _publish(self) -> None:
         raw = self.engine.kv.drain_events()
         if self.publisher is not None and raw:
@@ -158,15 +181,36 @@ class SimServer:
         return web.Response(body=self.metrics.render(), content_type="text/plain", charset="utf-8")
 
     async def tokenize(self, request: web.Request) -> web.Response:
+        """vLLM's /tokenize: ``{"prompt"}`` or ``{"messages"}`` (the chat template applied: here the messages'
+        canonical JSON) → ``{"count", "max_model_len", "tokens", "token_strs"}``. The ids are exactly those the
+        engine caches (and publishes in BlockStored) for the same prompt."""
         body = await self._body(request)
         if isinstance(body, web.Response):
             return body
-        api = tk.API_CHAT if "messages" in body else tk.API_COMPLETIONS
+        model = body.get("model")
+        if model is not None and model not in self.served_models():
+            return self._error(404, f"The model `{model}` does not exist.")
+        if "messages" in body:
+            if not isinstance(body["messages"], list):
+                return self._error(400, "'messages' must be a list")
+            if body.get("add_generation_prompt", True) and body.get("continue_final_message"):
+                return self._error(400, "Cannot set both `continue_final_message` and `add_generation_prompt` "
+                                        "to True.")
+        elif not isinstance(body.get("prompt"), str):
+            return self._error(400, "either 'prompt' (a string) or 'messages' (a list) is required")
         try:
-            tokens = tk.request_tokens(api, body)
+            if self.hf is not None:
+                tokens = self.hf.tokenize_endpoint(body)
+            elif "messages" in body:
+                tokens = tk.request_tokens(tk.API_CHAT, body)
+            else:
+                tokens = tk.request_tokens(tk.API_COMPLETIONS, {"prompt": body["prompt"]})
         except ValueError as exc:
             return self._error(400, str(exc))
-        return _json({"count": len(tokens), "max_model_len": self.fleet.engine.max_model_len, "tokens": tokens})
+        decode = self.hf.decode if self.hf is not None else tk.decode
+        strs = [decode([t]) for t in tokens] if body.get("return_token_strs") else None
+        return _json({"count": len(tokens), "max_model_len": self.fleet.engine.max_model_len, "tokens": tokens,
+                      "token_strs": strs})
 
     async def load_lora(self, request: web.Request) -> web.Response:
         body = await self._body(request)
@@ -178,6 +222,7 @@ class SimServer:
         if name in self.loras:
             return self._error(400, f"The lora adapter '{name}' has already been loaded.")
         self.loras[name] = str(body.get("lora_path") or name)
+        self._lora_id(name)
         return web.Response(text=f"Success: LoRA adapter '{name}' added successfully.")
 
     async def unload_lora(self, request: web.Request) -> web.Response:
@@ -191,8 +236,14 @@ class SimServer:
         return web.Response(text=f"Success: LoRA adapter '{name}' removed successfully.")
 
     async def reset_prefix_cache(self, request: web.Request) -> web.Response:
-        self.engine.reset_prefix_cache()
-        self._publish()
+        """vLLM's dev endpoint: 200 and AllBlocksCleared on success; 409 while running requests hold blocks,
+        unless ``?reset_running_requests=true`` (they are preempted and recomputed)."""
+        force = request.query.get("reset_running_requests", "false").lower() in ("1", "true", "yes")
+        assert self.driver is not None
+        ok = self.engine.reset_prefix_cache(self.driver.now(), force)
+        self.driver.poke()
+        if not ok:
+            return self._error(409, "Prefix cache reset failed.")
         return web.Response(status=200)
 
     async def embeddings(self, request: web.Request) -> web.Response:
@@ -205,7 +256,10 @@ class SimServer:
         items = inputs if isinstance(inputs, list) and inputs and not isinstance(inputs[0], int) else [inputs]
         data, total = [], 0
         for i, item in enumerate(items):
-            toks = tk.request_tokens(tk.API_EMBEDDINGS, {"input": item})
+            try:
+                toks = self.request_tokens(tk.API_EMBEDDINGS, {"input": item})
+            except ValueError as exc:
+                return self._error(400, str(exc), tk.API_EMBEDDINGS)
             total += len(toks)
             vec = [((t * 2654435761 + k) % 2001) / 1000.0 - 1.0 for k, t in enumerate((toks + [0] * 8)[:8])]
             data.append({"object": "embedding", "index": i, "embedding": vec})
@@ -248,7 +302,7 @@ class SimServer:
         if isinstance(body, web.Response):
             return body
         try:
-            p = A.parse_request(api, body, self.fleet.engine.default_max_tokens)
+            p = A.parse_request(api, body, self.fleet.engine.default_max_tokens, self.request_tokens)
         except (A.BadRequest, ValueError) as exc:
             return self._error(400, str(exc), api)
         if p.model not in self.served_models():

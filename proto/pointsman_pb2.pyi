@@ -70,7 +70,7 @@ class ProfileRun(_message.Message):
     def __init__(self, profile: _Optional[str] = ..., targets: _Optional[_Iterable[str]] = ..., totals: _Optional[_Mapping[str, float]] = ..., plugins: _Optional[_Iterable[_Union[PluginRun, _Mapping]]] = ...) -> None: ...
 
 class ExplainResponse(_message.Message):
-    __slots__ = ("status", "error", "endpoint", "fallbacks", "prefill", "profile", "decision", "candidates", "profiles", "headers", "model", "target_model")
+    __slots__ = ("status", "error", "endpoint", "fallbacks", "prefill", "profile", "decision", "candidates", "profiles", "headers", "model", "target_model", "route")
     class HeadersEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -90,6 +90,7 @@ class ExplainResponse(_message.Message):
     HEADERS_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     TARGET_MODEL_FIELD_NUMBER: _ClassVar[int]
+    ROUTE_FIELD_NUMBER: _ClassVar[int]
     status: int
     error: str
     endpoint: str
@@ -102,7 +103,46 @@ class ExplainResponse(_message.Message):
     headers: _containers.ScalarMap[str, str]
     model: str
     target_model: str
-    def __init__(self, status: _Optional[int] = ..., error: _Optional[str] = ..., endpoint: _Optional[str] = ..., fallbacks: _Optional[_Iterable[str]] = ..., prefill: _Optional[str] = ..., profile: _Optional[str] = ..., decision: _Optional[str] = ..., candidates: _Optional[_Iterable[str]] = ..., profiles: _Optional[_Iterable[_Union[ProfileRun, _Mapping]]] = ..., headers: _Optional[_Mapping[str, str]] = ..., model: _Optional[str] = ..., target_model: _Optional[str] = ...) -> None: ...
+    route: RouteInfo
+    def __init__(self, status: _Optional[int] = ..., error: _Optional[str] = ..., endpoint: _Optional[str] = ..., fallbacks: _Optional[_Iterable[str]] = ..., prefill: _Optional[str] = ..., profile: _Optional[str] = ..., decision: _Optional[str] = ..., candidates: _Optional[_Iterable[str]] = ..., profiles: _Optional[_Iterable[_Union[ProfileRun, _Mapping]]] = ..., headers: _Optional[_Mapping[str, str]] = ..., model: _Optional[str] = ..., target_model: _Optional[str] = ..., route: _Optional[_Union[RouteInfo, _Mapping]] = ...) -> None: ...
+
+class RouteInfo(_message.Message):
+    __slots__ = ("route", "rule", "rule_index", "split", "target", "kind", "pool", "provider_cluster", "engine_model", "session", "rate_limit")
+    ROUTE_FIELD_NUMBER: _ClassVar[int]
+    RULE_FIELD_NUMBER: _ClassVar[int]
+    RULE_INDEX_FIELD_NUMBER: _ClassVar[int]
+    SPLIT_FIELD_NUMBER: _ClassVar[int]
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    POOL_FIELD_NUMBER: _ClassVar[int]
+    PROVIDER_CLUSTER_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_MODEL_FIELD_NUMBER: _ClassVar[int]
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    RATE_LIMIT_FIELD_NUMBER: _ClassVar[int]
+    route: str
+    rule: str
+    rule_index: int
+    split: _containers.RepeatedCompositeFieldContainer[RouteSplit]
+    target: str
+    kind: str
+    pool: str
+    provider_cluster: str
+    engine_model: str
+    session: str
+    rate_limit: str
+    def __init__(self, route: _Optional[str] = ..., rule: _Optional[str] = ..., rule_index: _Optional[int] = ..., split: _Optional[_Iterable[_Union[RouteSplit, _Mapping]]] = ..., target: _Optional[str] = ..., kind: _Optional[str] = ..., pool: _Optional[str] = ..., provider_cluster: _Optional[str] = ..., engine_model: _Optional[str] = ..., session: _Optional[str] = ..., rate_limit: _Optional[str] = ...) -> None: ...
+
+class RouteSplit(_message.Message):
+    __slots__ = ("target", "kind", "weight", "chosen")
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_FIELD_NUMBER: _ClassVar[int]
+    CHOSEN_FIELD_NUMBER: _ClassVar[int]
+    target: str
+    kind: str
+    weight: int
+    chosen: bool
+    def __init__(self, target: _Optional[str] = ..., kind: _Optional[str] = ..., weight: _Optional[int] = ..., chosen: _Optional[bool] = ...) -> None: ...
 
 class ListEndpointsRequest(_message.Message):
     __slots__ = ("pool",)

@@ -49,6 +49,7 @@ class PluginDetail:
     weight: float | None = None  # scorers
     kept: list[str] | None = None  # filters: endpoint keys that passed
     scores: dict[str, float] | None = None  # scorers: raw clamped score by endpoint key
+    values: Sequence[float] | None = None  # scorers: the clamped scores in ProfileResult.scored order (by reference)
 
 
 @dataclass(slots=True)
@@ -57,6 +58,10 @@ class ProfileResult:
     targets: list[Endpoint]  # ordered, best first
     totals: dict[str, float] = field(default_factory=dict)  # weighted sum by endpoint key (explain only)
     details: list[PluginDetail] = field(default_factory=list)
+    # The endpoints the scorers saw and their weighted totals, in the same order: references to the lists the
+    # run computed anyway (no copy), for cheap after-the-fact views such as the dashboard's decision stream.
+    scored: Sequence[Endpoint] | None = None
+    score_totals: Sequence[float] | None = None
 
 
 @dataclass(slots=True)

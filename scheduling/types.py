@@ -87,6 +87,12 @@ class Metrics:
     num_gpu_blocks: int | None = None
     updated_at: float | None = None
     stale: bool = True
+    # Engine-reported latency, the mean over the last scrape period (from the engine's histograms); None until two
+    # scrapes have seen requests finish.
+    ttft_s: float | None = None  # time to first token
+    tpot_s: float | None = None  # time per output token (inter-token latency)
+    # The histograms' cumulative (TTFT sum, TTFT count, TPOT sum, TPOT count) the period means come from.
+    latency_totals: tuple[float, float, float, float] | None = None
 
 
 UNKNOWN_METRICS = Metrics()
@@ -108,6 +114,7 @@ class Endpoint:
     labels: Mapping[str, str] = field(default_factory=dict)
     models: frozenset[str] = frozenset()  # served models/adapters; empty means "serves whatever it is asked"
     metrics: Metrics = UNKNOWN_METRICS
+    annotations: Mapping[str, str] = field(default_factory=dict)  # pointsman.ai/* pod annotations (or file)
 
     @property
     def role(self) -> str | None:
@@ -127,7 +134,8 @@ class Endpoint:
 
     def with_metrics(self, metrics: Metrics) -> Endpoint:
         return Endpoint(
-            self.key, self.address, self.port, self.name, self.namespace, self.labels, self.models, metrics
+            self.key, self.address, self.port, self.name, self.namespace, self.labels, self.models, metrics,
+            self.annotations,
         )
 
 

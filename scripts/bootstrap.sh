@@ -1,10 +1,9 @@
 #!/usr/bin/env bash
 # Create .venv (once) and install Pointsman with its test extras. Re-runs are cheap: pip runs only when
-# pyproject.toml changed since the last install.
+# pyproject.toml changed since the last install. With --test-deps (scripts/test.sh) it also installs the Debian
+# packages the tests need when they are missing (scripts/debian-packages.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# Debian packages the tests run for real (silent when installed).
-bash scripts/ensure-debian-packages.sh redis-server
 PY=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
   echo "==> creating .venv"
@@ -20,4 +19,8 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
     exit 1
   fi
   touch "$stamp"
+fi
+if [ "${1:-}" = "--test-deps" ]; then
+  # the dashboard's browser tests; the shared rate-limit tests (a real redis-server)
+  bash scripts/debian-packages.sh chromium chromium-driver redis-server
 fi

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from epp.cli import main as epp_main
-from epp.envoy_config import VARIANTS, EnvoyConfigSpec, render
+from epp.envoy_config import VARIANTS, EnvoyConfigSpec, build_bootstrap, render
 from tests.support.envoy import validate
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -35,6 +35,70 @@ def test_generated_configs_validate(tmp_path, variant, phases):
     assert epp_main(argv) == 0
     res = validate(out)
     assert res.returncode == 0, res.stdout + res.stderr
+
+
+@pytest.mark.parametrize("extra", [[], ["--epp-tls"], ["--response-phases", "lean"], ["--variant", "override-host"],
+                                   ["--epp", "[::1]:9002", "--pool-name", "llama"],
+                                   ["--epp", "pointsman-epp.default.svc:9002"]],
+                         ids=["plain", "tls", "lean", "explicit-variant", "ipv6-epp", "dns-epp"])
+def test_eds_configs_validate(tmp_path, extra):
+    out = tmp_path / "envoy.yaml"
+    assert epp_main(["envoy-config", "--eds", *extra, "-o", str(out)]) == 0
+    res = validate(out)
+    assert res.returncode == 0, res.stdout + res.stderr
+    doc = yaml.safe_load(out.read_text())
+    pool = next(c for c in doc["static_resources"]["clusters"] if c["name"] == "pool")
+    assert pool["type"] == "EDS" and "load_assignment" not in pool
+    source = pool["eds_cluster_config"]["eds_config"]
+    assert source["resource_api_version"] == "V3"
+    api = source["api_config_source"]
+    assert api["api_type"] == "GRPC" and api["transport_api_version"] == "V3"
+    # EDS rides the `epp` cluster (Pointsman's gRPC port, HTTP/2, TLS when --epp-tls).
+    assert api["grpc_services"][0]["envoy_grpc"]["cluster_name"] == "epp"
+    assert pool["eds_cluster_config"]["service_name"] == ("llama" if "llama" in extra else "default")
+    policy = pool["load_balancing_policy"]["policies"][0]["typed_extension_config"]
+    assert policy["name"] == "envoy.load_balancing_policies.override_host"
+    assert doc["node"]["id"], "xDS needs a node id"
+    epp = doc["static_resources"]["clusters"][0]
+    assert epp["type"] == ("STRICT_DNS" if "pointsman-epp.default.svc:9002" in extra else "STATIC")
+
+
+def test_eds_pool_name_comes_from_the_endpoints_file(tmp_path):
+    eps = tmp_path / "eps.yaml"
+    eps.write_text(yaml.safe_dump({"pools": [{"name": "first", "endpoints": [{"address": "10.0.0.1", "port": 1}]},
+                                             {"name": "second", "endpoints": []}]}))
+    out = tmp_path / "envoy.yaml"
+    assert epp_main(["envoy-config", "--eds", "--endpoints-file", str(eps), "-o", str(out)]) == 0
+    pool = yaml.safe_load(out.read_text())["static_resources"]["clusters"][1]
+    assert pool["eds_cluster_config"]["service_name"] == "first"
+    assert "load_assignment" not in pool, "with --eds the endpoints come from Pointsman, not the file"
+    assert epp_main(["envoy-config", "--eds", "--endpoints-file", str(eps), "--pool-name", "second",
+                     "-o", str(out)]) == 0
+    assert yaml.safe_load(out.read_text())["static_resources"]["clusters"][1]["eds_cluster_config"][
+        "service_name"] == "second"
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--eds", "--variant", "original-dst"], "original-dst variant has no endpoint list"),
+    (["--eds", "--endpoint", "10.0.0.1:8000"], "do not also list them"),
+    (["--request-body-mode", "SIDEWAYS"], "unknown ext_proc body mode"),
+])
+def test_bad_combinations_are_clear_errors(capsys, argv, message):
+    assert epp_main(["envoy-config", *argv]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_the_builder_uses_typed_messages():
+    from envoy_data_plane.envoy.config.bootstrap.v3 import Bootstrap
+    from envoy_data_plane.envoy.config.cluster.v3 import ClusterDiscoveryType
+
+    boot = build_bootstrap(EnvoyConfigSpec(variant="override-host", eds=True))
+    assert isinstance(boot, Bootstrap)
+    assert [c.name for c in boot.static_resources.clusters] == ["epp", "pool"]
+    assert boot.static_resources.clusters[1].type == ClusterDiscoveryType.EDS
+    # The wire form round-trips: what Envoy would receive over xDS equals what the YAML says.
+    again = Bootstrap.parse(bytes(boot))
+    assert again.to_dict() == boot.to_dict()
 
 
 def test_ext_proc_filter_settings_match_the_contract():
@@ -88,3 +152,20 @@ def test_docker_files_are_consistent():
     run = subprocess.run([sys.executable, "-c", "import sys; from modelsim.cli import build_parser; "
                           "build_parser().parse_args(sys.argv[1:])", *sim_cmd], capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
+
+
+# How envoy/*.yaml were generated (the docker-compose addresses); regenerate with these after a builder change.
+SHIPPED = {
+    "original-dst.yaml": ["--variant", "original-dst"],
+    "override-host.yaml": ["--variant", "override-host", "--endpoints-file", "envoy/endpoints.example.yaml"],
+    "override-host-eds.yaml": ["--eds", "--endpoints-file", "envoy/endpoints.example.yaml"],
+}
+
+
+@pytest.mark.parametrize("name", sorted(SHIPPED))
+def test_shipped_configs_are_what_the_generator_writes(tmp_path, monkeypatch, name):
+    monkeypatch.chdir(ROOT)
+    out = tmp_path / name
+    argv = ["envoy-config", "--listen-address", "0.0.0.0", "--epp", "172.28.0.20:9002", *SHIPPED[name], "-o", str(out)]
+    assert epp_main(argv) == 0
+    assert out.read_text() == (ROOT / "envoy" / name).read_text(), f"regenerate envoy/{name}: epp {' '.join(argv)}"

@@ -2,29 +2,39 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
 
 import orjson
 import pytest
+import yaml
 
-from epp.ports import free_port, free_port_block
+from epp.ports import free_port
+from tests.support.envoy import cluster_hosts
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.envoy
 
 
+def sim_ports(lines: list[str]) -> list[int]:
+    """The simulated servers' ports, from the stack's progress line."""
+    line = next(x for x in lines if "simulated vLLM servers on ports" in x)
+    return [int(p) for p in line.split("on ports", 1)[1].split("(", 1)[0].replace(",", " ").split()]
+
+
 def test_local_stack_routes_and_stops_cleanly():
-    # The stack uses consecutive ports: sim, sim+1 for the two servers and grpc+1 for health.
-    listen, metrics, admin = free_port(), free_port(), free_port()
-    grpc_port, sim = free_port_block(2), free_port_block(2)
+    # Every port is picked by the OS on its own; --sim-base-port 0 lets the stack do the same for each server.
+    listen, metrics, admin, grpc_port, health = (free_port() for _ in range(5))
     proc = subprocess.Popen(
-        [sys.executable, "-m", "epp.cli", "stack", "--servers", "2", "--sim-base-port", str(sim),
-         "--listen-port", str(listen), "--grpc-port", str(grpc_port), "--metrics-port", str(metrics),
-         "--admin-port", str(admin), "--time-scale", "0.05", "--duration", "6"],
+        [sys.executable, "-m", "epp.cli", "stack", "--servers", "2", "--sim-base-port", "0",
+         "--listen-port", str(listen), "--grpc-port", str(grpc_port), "--grpc-health-port", str(health),
+         "--metrics-port", str(metrics), "--admin-port", str(admin), "--time-scale", "0.05", "--duration", "6"],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
     lines: list[str] = []
@@ -47,7 +57,7 @@ def test_local_stack_routes_and_stops_cleanly():
             reply = orjson.loads(r.read())
             pod_port = int(r.headers["x-inference-port"])
         assert reply["usage"]["completion_tokens"] == 4
-        assert pod_port in (sim, sim + 1)
+        assert pod_port in sim_ports(lines)
         out, _ = proc.communicate(timeout=60)
         lines.append(out)
     finally:
@@ -57,3 +67,97 @@ def test_local_stack_routes_and_stops_cleanly():
     assert proc.returncode == 0, text
     assert "route " in text and f"-> 127.0.0.1:{pod_port}" in text, text
     assert "fleet " in text
+
+
+class LiveStack:
+    """`epp stack` as a subprocess with a piped stdin (fleet commands) and a thread collecting its output."""
+
+    def __init__(self, servers: int) -> None:
+        self.listen, self.metrics, self.admin, self.grpc, self.health = (free_port() for _ in range(5))
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "epp.cli", "stack", "--servers", str(servers), "--sim-base-port", "0",
+             "--listen-port", str(self.listen), "--grpc-port", str(self.grpc), "--grpc-health-port",
+             str(self.health), "--metrics-port", str(self.metrics), "--admin-port", str(self.admin),
+             "--time-scale", "0.02", "--duration", "90"],
+            cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )
+        self.lines: list[str] = []
+        threading.Thread(target=self._collect, daemon=True).start()
+
+    def _collect(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line)
+
+    def wait_line(self, prefix: str, timeout: float = 60) -> str:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for line in list(self.lines):
+                if line.strip().startswith(prefix):
+                    return line
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.05)
+        raise AssertionError(f"no line starting with {prefix!r}:\n{''.join(self.lines)}")
+
+    def command(self, cmd: str) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(cmd + "\n")
+        self.proc.stdin.flush()
+
+    def pool_ports(self) -> set[int]:
+        return set(cluster_hosts(self.admin))
+
+    def request(self, i: int) -> int:
+        body = orjson.dumps({"model": "meta-llama/Llama-3.1-8B", "max_tokens": 2,
+                             "messages": [{"role": "user", "content": f"question {i} {os.urandom(6).hex()}"}]})
+        req = urllib.request.Request(f"http://127.0.0.1:{self.listen}/v1/chat/completions", data=body,
+                                     headers={"content-type": "application/json"})
+        with urllib.request.urlopen(req, timeout=20) as r:
+            return int(r.headers["x-inference-port"])
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return -9
+
+
+def wait_for(cond, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def test_stack_adds_and_removes_servers_live():
+    stack = LiveStack(servers=2)
+    try:
+        stack.wait_line("Ready.")
+        first = sim_ports(stack.lines)
+        assert len(first) == 2
+        assert "+ adds a simulated server" in "".join(stack.lines)
+        wait_for(lambda: stack.pool_ports() == set(first), 10, "Envoy's pool from EDS")
+
+        stack.command("+")
+        added = int(stack.wait_line("fleet  added").split(" on :", 1)[1].split()[0])
+        assert added not in first
+        wait_for(lambda: stack.pool_ports() == {*first, added}, 5, "the added server in Envoy's pool")
+        served = {stack.request(i) for i in range(30)}
+        assert added in served, f"the new server never got a request: {served}"
+
+        stack.command("-")
+        assert f":{added}" in stack.wait_line("fleet  removed")
+        wait_for(lambda: stack.pool_ports() == set(first), 5, "the removed server gone from Envoy's pool")
+        served = {stack.request(100 + i) for i in range(20)}
+        assert served <= set(first), served
+        eps = yaml.safe_load((Path(stack.wait_line("Pointsman metrics:").split("Files:")[1].strip())
+                              / "endpoints.yaml").read_text())
+        assert [e["port"] for e in eps["pools"][0]["endpoints"]] == first
+    finally:
+        code = stack.stop()
+    assert code == 0, "".join(stack.lines)

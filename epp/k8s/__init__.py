@@ -33,11 +33,21 @@ INFERENCE_MODEL_REWRITE = Resource(
     "inference.networking.x-k8s.io", "v1alpha2", "inferencemodelrewrites", "InferenceModelRewrite"
 )
 
+# Kthena's routing documents (`--watch-routes`) and the Secrets their ExternalModelProviders name.
+KTHENA_GROUP = "networking.serving.volcano.sh"
+MODEL_ROUTE = Resource(KTHENA_GROUP, "v1alpha1", "modelroutes", "ModelRoute")
+MODEL_SERVER = Resource(KTHENA_GROUP, "v1alpha1", "modelservers", "ModelServer")
+EXTERNAL_MODEL_PROVIDER = Resource(KTHENA_GROUP, "v1alpha1", "externalmodelproviders", "ExternalModelProvider")
+SECRET = Resource("", "v1", "secrets", "Secret")
+
 # Every resource a watcher reads, and the verbs it needs (RBAC must grant these, and nothing more is needed).
 WATCH_VERBS: tuple[str, ...] = ("get", "list", "watch")
 WATCHED_RESOURCES: tuple[Resource, ...] = (
     POD, INFERENCE_POOL, INFERENCE_POOL_V1ALPHA2, INFERENCE_OBJECTIVE, INFERENCE_MODEL_REWRITE
 )
+# What `--watch-routes` reads on top (deploy/kthena grants it; Secrets only by name, one watch per Secret named by
+# an ExternalModelProvider).
+ROUTE_RESOURCES: tuple[Resource, ...] = (MODEL_ROUTE, MODEL_SERVER, EXTERNAL_MODEL_PROVIDER, SECRET)
 
 
 def pool_resource(group: str) -> Resource:
@@ -73,8 +83,13 @@ __all__ = [
     "INFERENCE_OBJECTIVE",
     "INFERENCE_POOL",
     "INFERENCE_POOL_V1ALPHA2",
+    "EXTERNAL_MODEL_PROVIDER",
+    "MODEL_ROUTE",
+    "MODEL_SERVER",
     "POOL_RESOURCES",
     "POD",
+    "ROUTE_RESOURCES",
+    "SECRET",
     "WATCHED_RESOURCES",
     "WATCH_VERBS",
     "Resource",

@@ -5,7 +5,8 @@
 - InferencePool v1alpha2 (`inference.networking.x-k8s.io/v1alpha2`, GIE up to v0.5): `spec.selector` (the labels
   themselves), `spec.targetPortNumber` (one port) → `PoolSpec`.
 - Pod → endpoints: one per target port, only while the pod is Ready, has an IP and is not terminating. The
-  annotation `inference.networking.k8s.io/active-ports` (comma list) narrows the ports to those listed.
+  annotation `inference.networking.k8s.io/active-ports` (comma list) narrows the ports to those listed. The pod's
+  `pointsman.ai/*` annotations (e.g. where it publishes KV events) ride along on each endpoint.
 - InferenceObjective (`inference.networking.x-k8s.io/v1alpha2`): `spec.priority` (default 0), for our pool only.
 - InferenceModelRewrite (same group): `spec.rules[]` → `epp.rewrite.RewriteRule`, for our pool only.
 """
@@ -30,6 +31,7 @@ ACTIVE_PORTS_ANNOTATION = "inference.networking.k8s.io/active-ports"
 MODELS_ANNOTATION = "llm-d.ai/models"
 MODEL_LABELS = ("llm-d.ai/model", "mif.moreh.io/model")
 MAX_TARGET_PORTS = 8
+POINTSMAN_ANNOTATION_PREFIX = "pointsman.ai/"
 
 
 class InvalidObject(ValueError):
@@ -173,6 +175,8 @@ def pod_endpoints(pod: Mapping[str, Any], target_ports: Iterable[int]) -> list[E
     meta = _meta(pod)
     ip = str((pod.get("status") or {}).get("podIP")).strip("[]")
     labels = {str(k): str(v) for k, v in (meta.get("labels") or {}).items()}
+    annotations = {str(k): str(v) for k, v in (meta.get("annotations") or {}).items()
+                   if str(k).startswith(POINTSMAN_ANNOTATION_PREFIX)}
     models = pod_models(pod)
     return [
         Endpoint(
@@ -183,6 +187,7 @@ def pod_endpoints(pod: Mapping[str, Any], target_ports: Iterable[int]) -> list[E
             namespace=str(meta.get("namespace") or ""),
             labels=labels,
             models=models,
+            annotations=annotations,
         )
         for port in pod_ports(pod, target_ports)
     ]

@@ -21,12 +21,15 @@ from typing import Any
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 
+from epp.aio import wait_set
 from epp.datastore import Datastore, PoolSpec
 from epp.k8s import (
     INFERENCE_MODEL_REWRITE,
     INFERENCE_OBJECTIVE,
     INFERENCE_POOL,
     POD,
+    ROUTE_RESOURCES,
+    SECRET,
     WATCHED_RESOURCES,
     Resource,
     pool_resource,
@@ -63,11 +66,14 @@ def make_api_client(host: str | None = None, kubeconfig: str | None = None) -> k
     return k8s.ApiClient()
 
 
-def _list_call(api: k8s.ApiClient, res: Resource, namespace: str, **selectors: str) -> Any:
-    if res not in WATCHED_RESOURCES:  # RBAC in deploy/ is generated from WATCHED_RESOURCES: keep them in step
-        raise ValueError(f"{res.plural} is not in epp.k8s.WATCHED_RESOURCES; add it there (and to the RBAC)")
+def _list_call(api: k8s.ApiClient, res: Resource, namespace: str, **selectors: Any) -> Any:
+    if res not in WATCHED_RESOURCES and res not in ROUTE_RESOURCES:  # the RBAC in deploy/ grants exactly these
+        raise ValueError(f"{res.plural} is not in epp.k8s.WATCHED_RESOURCES or ROUTE_RESOURCES; add it there (and "
+                         "to the RBAC)")
     if res == POD:
         return functools.partial(k8s.CoreV1Api(api).list_namespaced_pod, namespace, **selectors)
+    if res == SECRET:
+        return functools.partial(k8s.CoreV1Api(api).list_namespaced_secret, namespace, **selectors)
     return functools.partial(
         k8s.CustomObjectsApi(api).list_namespaced_custom_object, res.group, res.version, namespace, res.plural,
         **selectors,
@@ -140,11 +146,7 @@ class _Base:
             log.info("kubernetes discovery synced (%s)", ", ".join(sorted(self._needed)))
 
     async def wait_synced(self, timeout: float | None = None) -> bool:
-        try:
-            await asyncio.wait_for(self._synced.wait(), timeout)
-        except asyncio.TimeoutError:
-            return False
-        return True
+        return await wait_set(self._synced, timeout)
 
     def _reflectors(self) -> list[Reflector]:
         return [self.pod_reflector] if self.pod_reflector else []

@@ -130,6 +130,28 @@ def _count(v: float | None) -> int:
     return max(0, int(v))
 
 
+def _histogram(data: bytes, name: bytes) -> tuple[float, float] | None:
+    """(sum, count) of a histogram over all its series, or None when the engine does not export it."""
+    sums = samples(data, name + b"_sum", grouped=False)
+    counts = samples(data, name + b"_count", grouped=False)
+    if not counts:
+        return None
+    return sum(v for _, v in sums), sum(v for _, v in counts)
+
+
+def latency_totals(data: bytes, ttft: bytes, tpot: tuple[bytes, ...]) -> tuple[float, float, float, float] | None:
+    """Cumulative (TTFT sum, count, TPOT sum, count); the TPOT histogram is the first of `tpot` exported."""
+    first = _histogram(data, ttft)
+    second = None
+    for name in tpot:
+        second = _histogram(data, name)
+        if second is not None:
+            break
+    if first is None and second is None:
+        return None
+    return (*(first or (0.0, 0.0)), *(second or (0.0, 0.0)))
+
+
 def _build(
     engine: str, now: float, waiting: float | None, running: float | None, kv: float | None, **extra: object
 ) -> Metrics:
@@ -174,6 +196,8 @@ def parse_vllm(data: bytes, now: float) -> Metrics:
         active_loras=active,
         waiting_loras=waiting_l,
         max_lora=max_lora,
+        latency_totals=latency_totals(data, b"vllm:time_to_first_token_seconds",
+                                      (b"vllm:inter_token_latency_seconds", b"vllm:time_per_output_token_seconds")),
     )
 
 
@@ -190,6 +214,8 @@ def parse_sglang(data: bytes, now: float) -> Metrics:
         _mean(samples(data, b"sglang:token_usage")),
         block_size=block_size,
         num_gpu_blocks=num_blocks,
+        latency_totals=latency_totals(data, b"sglang:time_to_first_token_seconds",
+                                      (b"sglang:inter_token_latency_seconds", b"sglang:time_per_output_token_seconds")),
     )
 
 

@@ -38,6 +38,25 @@ class _State:
     pending: asyncio.Task[Metrics] | None = None
 
 
+def period_latency(new: Metrics, old: Metrics | None) -> Metrics:
+    """TTFT and TPOT as the mean over the last scrape period: Δsum / Δcount of the engine's histograms. A period
+    in which no request finished keeps the previous means; a counter that went back (engine restart) starts over."""
+    totals = new.latency_totals
+    if totals is None:
+        return new
+    prev = old.latency_totals if old is not None else None
+    ttft = old.ttft_s if old is not None else None
+    tpot = old.tpot_s if old is not None else None
+    if prev is not None and all(n >= p for n, p in zip(totals, prev, strict=True)):
+        if totals[1] > prev[1]:
+            ttft = (totals[0] - prev[0]) / (totals[1] - prev[1])
+        if totals[3] > prev[3]:
+            tpot = (totals[2] - prev[2]) / (totals[3] - prev[3])
+    elif prev is not None:
+        ttft = tpot = None
+    return replace(new, ttft_s=ttft, tpot_s=tpot)
+
+
 class MetricsScraper:
     def __init__(
         self,
@@ -146,7 +165,8 @@ class MetricsScraper:
                 continue
             err = task.exception()
             if err is None:
-                updates[key] = task.result()
+                ep = endpoints.get(key)
+                updates[key] = period_latency(task.result(), ep.metrics if ep is not None else None)
                 if st.failures >= self.failure_threshold:
                     log.info("endpoint %s scrapes again; back in rotation", key)
                 st.failures, st.last_error = 0, ""

@@ -114,6 +114,7 @@ class Profile:
                         scores={e.key: float(v) for e, v in zip(cands, values, strict=True)}
                         if explain
                         else None,
+                        values=values,
                     )
                 )
         totals = self._combine(*all_values) if all_values else [0.0] * n
@@ -127,7 +128,7 @@ class Profile:
             if details is not None:
                 details.append(PluginDetail(picker.name, picker.type_name, "picker"))
         targets = [cands[i] for i in picked]
-        result = ProfileResult(self.name, targets)
+        result = ProfileResult(self.name, targets, scored=cands, score_totals=totals)
         if explain:
             result.totals = {e.key: t for e, t in zip(cands, totals, strict=True)}
         if details is not None:

@@ -44,6 +44,9 @@ ALIASES: dict[str, str] = {
     "disagg": "pd-profile-handler",
     "by-label": "by-label-filter",
     "low-queue-filter": "saturation-filter",
+    # Kthena spellings (the others are plugins of their own: least-request, least-latency, prefix-cache,
+    # kvcache-aware, lora-affinity): gpu-usage is exactly 1 − KV-cache usage
+    "gpu-usage": "kv-cache-utilization-scorer",
 }
 
 # Dialect-specific aliases win over ALIASES: Heimdall's kv-cache-utilization-scorer is block occupancy.

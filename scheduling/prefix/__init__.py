@@ -1,6 +1,6 @@
 """Prefix-cache state: prompt block hashing, a bounded per-endpoint block index and its one producer."""
 
-from scheduling.prefix.cycle import cycle_blocks, cycle_hashes, cycle_matches
+from scheduling.prefix.cycle import cycle_blocks, cycle_hashes, cycle_matches, decision_matches
 from scheduling.prefix.hashing import BlockHasher, block_hashes, chain_seed
 from scheduling.prefix.index import PrefixIndex
 from scheduling.prefix.shared import (
@@ -24,4 +24,5 @@ __all__ = [
     "cycle_blocks",
     "cycle_hashes",
     "cycle_matches",
+    "decision_matches",
 ]

@@ -12,6 +12,15 @@ from scheduling.framework.plugin import State
 from scheduling.prefix.hashing import BlockHasher
 from scheduling.prefix.index import PrefixIndex
 
+_LAST_MATCH = "prefix.last_match"
+
+
+def decision_matches(state: State) -> tuple[dict[str, int], int] | None:
+    """The prefix matches this decision computed, if any prefix-aware plugin ran: (endpoint key -> matched blocks,
+    total blocks). For observers (the dashboard, explain); reading it never computes anything."""
+    got: tuple[dict[str, int], int] | None = state.get(_LAST_MATCH)
+    return got
+
 
 def cycle_blocks(
     ctx: SchedulingContext, state: State, block_tokens: int, max_blocks: int
@@ -42,5 +51,5 @@ def cycle_matches(
     got: tuple[dict[str, int], int] | None = state.get(key)
     if got is None:
         blocks = cycle_blocks(ctx, state, block_tokens, max_blocks)
-        got = state[key] = (index.match_lazy(blocks), blocks.total)
+        got = state[key] = state[_LAST_MATCH] = (index.match_lazy(blocks), blocks.total)
     return got

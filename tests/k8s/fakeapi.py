@@ -1,7 +1,8 @@
 """A wire-level fake Kubernetes API server for the discovery tests.
 
-A real HTTP/1.1 server (http.server in a thread) speaking the list/watch JSON protocol for pods, inferencepools,
-inferenceobjectives and inferencemodelrewrites:
+A real HTTP/1.1 server (http.server in a thread) speaking the list/watch JSON protocol for pods, secrets,
+inferencepools, inferenceobjectives, inferencemodelrewrites and Kthena's modelroutes, modelservers and
+externalmodelproviders:
 
 - LIST  GET /api/v1/namespaces/{ns}/pods, GET /apis/{group}/{version}/namespaces/{ns}/{plural}
   → {"kind": "...List", "metadata": {"resourceVersion"}, "items": [...]}; labelSelector (k=v, k!=v) and
@@ -29,12 +30,17 @@ from urllib.parse import parse_qs, urlparse
 
 KINDS = {
     ("", "pods"): "Pod",
+    ("", "secrets"): "Secret",
+    ("networking.serving.volcano.sh", "modelroutes"): "ModelRoute",
+    ("networking.serving.volcano.sh", "modelservers"): "ModelServer",
+    ("networking.serving.volcano.sh", "externalmodelproviders"): "ExternalModelProvider",
     ("inference.networking.k8s.io", "inferencepools"): "InferencePool",
     ("inference.networking.x-k8s.io", "inferencepools"): "InferencePool",
     ("inference.networking.x-k8s.io", "inferenceobjectives"): "InferenceObjective",
     ("inference.networking.x-k8s.io", "inferencemodelrewrites"): "InferenceModelRewrite",
 }
-VERSIONS = {"": "v1", "inference.networking.k8s.io": "v1", "inference.networking.x-k8s.io": "v1alpha2"}
+VERSIONS = {"": "v1", "inference.networking.k8s.io": "v1", "inference.networking.x-k8s.io": "v1alpha2",
+            "networking.serving.volcano.sh": "v1alpha1"}
 
 
 def _match_labels(labels: dict[str, str], selector: str) -> bool:
@@ -308,12 +314,20 @@ def pod(name: str, ip: str | None, labels: dict[str, str], ready: bool = True, n
     return {"metadata": meta, "spec": {"containers": [{"name": "vllm", "image": "vllm/vllm-openai"}]}, "status": status}
 
 
-def pool(name: str, selector: dict[str, str], ports: list[int], namespace: str = "default") -> dict[str, Any]:
+def pool(name: str, selector: dict[str, str], ports: list[int], namespace: str = "default",
+         epp: str | None = None) -> dict[str, Any]:
     return {"metadata": {"name": name, "namespace": namespace}, "spec": {
         "selector": {"matchLabels": selector},
         "targetPorts": [{"number": p} for p in ports],
-        "endpointPickerRef": {"name": f"{name}-epp", "port": {"number": 9002}, "failureMode": "FailClose"},
+        "endpointPickerRef": {"name": epp or f"{name}-epp", "port": {"number": 9002}, "failureMode": "FailClose"},
     }}
+
+
+def secret(name: str, data: dict[str, str], namespace: str = "default") -> dict[str, Any]:
+    import base64
+
+    return {"metadata": {"name": name, "namespace": namespace}, "type": "Opaque",
+            "data": {k: base64.b64encode(v.encode()).decode() for k, v in data.items()}}
 
 
 def objective(name: str, pool_name: str, priority: int | None, namespace: str = "default") -> dict[str, Any]:

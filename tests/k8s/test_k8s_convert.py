@@ -1,7 +1,7 @@
 import pytest
 from fakeapi import pod, pool, rewrite
 
-from epp.k8s import WATCHED_RESOURCES, Resource
+from epp.k8s import ROUTE_RESOURCES, WATCHED_RESOURCES, Resource
 from epp.k8s.convert import (
     InvalidObject,
     parse_ports,
@@ -56,10 +56,10 @@ def test_rewrite_rules_validation():
 
 def test_watchers_only_for_declared_resources():
     api = make_api_client(host="http://127.0.0.1:1")
-    for res in WATCHED_RESOURCES:
+    for res in (*WATCHED_RESOURCES, *ROUTE_RESOURCES):
         assert callable(_list_call(api, res, "default"))
     with pytest.raises(ValueError, match="WATCHED_RESOURCES"):
-        _list_call(api, Resource("", "v1", "secrets", "Secret"), "default")
+        _list_call(api, Resource("", "v1", "configmaps", "ConfigMap"), "default")
 
 
 def test_v1alpha2_pool_spec():

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from epp.ports import free_port, wait_port
 
-__all__ = ["Envoy", "envoy_binary", "free_port", "validate", "wait_port"]
+__all__ = ["Envoy", "cluster_addresses", "cluster_hosts", "envoy_binary", "free_port", "stats", "validate", "wait_port"]
 
 
 def envoy_binary() -> str:
@@ -63,3 +63,39 @@ class Envoy:
                 self.proc.kill()
         if not os.environ.get("POINTSMAN_KEEP_ENVOY_LOGS"):
             shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def cluster_addresses(admin_port: int, cluster: str = "pool") -> dict[str, str]:
+    """Envoy admin /clusters: "ip:port" -> EDS health status of every host of `cluster`."""
+    import json
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{admin_port}/clusters?format=json", timeout=5) as r:
+        doc = json.loads(r.read())
+    for c in doc.get("cluster_statuses", []):
+        if c["name"] == cluster:
+            out = {}
+            for h in c.get("host_statuses", []):
+                sa = h["address"]["socket_address"]
+                out[f"{sa['address']}:{sa['port_value']}"] = h["health_status"].get("eds_health_status", "")
+            return out
+    return {}
+
+
+def cluster_hosts(admin_port: int, cluster: str = "pool") -> dict[int, str]:
+    """Envoy admin /clusters: port -> EDS health status of every host of `cluster` (loopback hosts)."""
+    return {int(k.rpartition(":")[2]): v for k, v in cluster_addresses(admin_port, cluster).items()}
+
+
+def stats(admin_port: int, prefix: str) -> dict[str, int]:
+    """Envoy admin /stats counters and gauges whose name starts with `prefix`."""
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{admin_port}/stats?filter=^{prefix}", timeout=5) as r:
+        lines = r.read().decode().splitlines()
+    out = {}
+    for line in lines:
+        name, _, value = line.partition(": ")
+        if value.strip().lstrip("-").isdigit():
+            out[name] = int(value)
+    return out

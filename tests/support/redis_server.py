@@ -1,6 +1,7 @@
 """A real Debian redis-server for tests: on an OS-chosen loopback port, in a temp dir, never daemonized.
 
-`scripts/bootstrap.sh` installs redis-server (through scripts/ensure-debian-packages.sh) when it is missing.
+`scripts/test.sh` installs redis-server when it is missing (`scripts/bootstrap.sh --test-deps`, which calls
+scripts/debian-packages.sh).
 The server can be paused (SIGSTOP: it stops answering, connections hang), resumed, killed and restarted on the
 same port, which is how the tests make Redis hang, die and come back.
 """
@@ -21,8 +22,8 @@ def redis_binary() -> str:
     path = shutil.which("redis-server") or ("/usr/bin/redis-server" if os.path.exists("/usr/bin/redis-server")
                                             else None)
     if path is None:
-        raise RuntimeError("redis-server is not installed: run `bash scripts/bootstrap.sh` (it installs Debian's "
-                           "redis-server) or `apt-get install -y redis-server`")
+        raise RuntimeError("redis-server is not installed: run `bash scripts/bootstrap.sh --test-deps` (it installs "
+                           "Debian's redis-server) or `apt-get install -y redis-server`")
     return path
 
 

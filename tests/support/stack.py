@@ -21,7 +21,7 @@ def serve_args(*extra: str):
 
 class Stack:
     def __init__(self, tmp: Path, variant: str = "original-dst", backends: int = 3, epp_flags: tuple[str, ...] = (),
-                 models: list[str] | None = None, envoy_overrides: dict | None = None) -> None:
+                 models: list[str] | None = None, envoy_overrides: dict | None = None, eds: bool = False) -> None:
         self.tmp = tmp
         self.variant = variant
         self.ports = [free_port() for _ in range(backends)]
@@ -32,6 +32,8 @@ class Stack:
         self.epp_flags = epp_flags
         self.models = models or []
         self.envoy_overrides = envoy_overrides or {}
+        self.eds = eds  # override-host pool cluster fed by Pointsman's EDS (the endpoints file drives both)
+        self.active = list(self.ports)  # the ports in the endpoints file
         self.app: App | None = None
         self.envoy: Envoy | None = None
 
@@ -39,12 +41,17 @@ class Stack:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.listen_port}"
 
-    def endpoints_file(self) -> Path:
+    def endpoints_file(self, ports: list[int] | None = None, address: str = "127.0.0.1") -> Path:
+        """Write the endpoints file (all of `ports`, default the active ones); atomic, as an editor would save."""
+        if ports is not None:
+            self.active = list(ports)
         doc = {"pools": [{"name": "pool", "endpoints": [
-            {"address": "127.0.0.1", "port": p, "name": f"echo-{i}", "models": self.models}
-            for i, p in enumerate(self.ports)]}]}
+            {"address": address, "port": p, "name": f"echo-{p}", "models": self.models}
+            for p in self.active]}]}
         path = self.tmp / "endpoints.yaml"
-        path.write_text(yaml.safe_dump(doc))
+        tmp = self.tmp / "endpoints.yaml.tmp"
+        tmp.write_text(yaml.safe_dump(doc))
+        tmp.replace(path)
         return path
 
     async def start_epp(self) -> None:
@@ -61,9 +68,13 @@ class Stack:
     async def start(self) -> None:
         await self.fleet.start()
         await self.start_epp()
-        spec = EnvoyConfigSpec(variant=self.variant, listen_port=self.listen_port, admin_port=self.admin_port,
-                               epp_port=self.epp_port, endpoints=[("127.0.0.1", p) for p in self.ports],
-                               **self.envoy_overrides)
+        if self.eds:
+            spec = EnvoyConfigSpec(variant="override-host", eds=True, pool_name="pool", listen_port=self.listen_port,
+                                   admin_port=self.admin_port, epp_port=self.epp_port, **self.envoy_overrides)
+        else:
+            spec = EnvoyConfigSpec(variant=self.variant, listen_port=self.listen_port, admin_port=self.admin_port,
+                                   epp_port=self.epp_port, endpoints=[("127.0.0.1", p) for p in self.ports],
+                                   **self.envoy_overrides)
         self.envoy = Envoy(render_yaml(spec), self.listen_port, self.admin_port)
         await asyncio.to_thread(self.envoy.start)
 

@@ -1,4 +1,4 @@
-"""kv-cache-utilization-scorer (Heimdall: kv-utilization-scorer): free KV cache scores higher.
+"""kv-cache-utilization-scorer (Heimdall: kv-utilization-scorer; Kthena: gpu-usage): free KV cache scores higher.
 
 score(e) = 1 − kv_usage(e)        (kv_usage in [0, 1])
 """

@@ -19,7 +19,7 @@ from __future__ import annotations
 import base64
 import binascii
 from collections import OrderedDict
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -83,6 +83,23 @@ def _jwt_claim(headers: Mapping[str, str], name: str) -> str:
     return "" if value is None else str(value)
 
 
+def session_key(headers: Mapping[str, str], sources: Sequence[tuple[str, str]]) -> str:
+    """The first non-empty value of the sources `(header | cookie | query | jwtClaim, name)`, in order; header names
+    are lower-case (as the shell delivers headers). "" when every source is empty."""
+    for kind, name in sources:
+        if kind == "header":
+            value = headers.get(name, "")
+        elif kind == "cookie":
+            value = _cookie(headers, name)
+        elif kind == "query":
+            value = _query(headers, name)
+        else:
+            value = _jwt_claim(headers, name)
+        if value:
+            return value
+    return ""
+
+
 def decode_token(token: str) -> str:
     try:
         return base64.b64decode(token + "=" * (-len(token) % 4), validate=False).decode("utf-8")
@@ -121,18 +138,7 @@ class SessionAffinityScorer(Scorer[Params]):
         self.sessions: OrderedDict[int, tuple[str, float]] = OrderedDict()  # hash -> (endpoint key, last use)
 
     def session_key(self, headers: Mapping[str, str]) -> str:
-        for kind, name in self._sources:
-            if kind == "header":
-                value = headers.get(name, "")
-            elif kind == "cookie":
-                value = _cookie(headers, name)
-            elif kind == "query":
-                value = _query(headers, name)
-            else:
-                value = _jwt_claim(headers, name)
-            if value:
-                return value
-        return ""
+        return session_key(headers, self._sources)
 
     def _expire(self, now: float) -> None:
         ttl = self.params.ttlSeconds

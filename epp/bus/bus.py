@@ -1,0 +1,280 @@
+"""The replica bus: Pointsman processes (replicas and workers) share what only they know, over ZMQ PUB/SUB.
+
+Theory of operation
+- Every process binds one PUB socket at its own bus address and connects one SUB socket to every peer's. ZMQ
+  reconnects by itself, queues nothing for a peer that is down (PUB drops), and never blocks the publisher, so a
+  lost peer costs nothing but its messages. Peers come from a static list, the workers of one pod, or a headless
+  Service's endpoints; `set_peers` follows changes.
+- What is shared, and how it stays right when messages are lost:
+  * in-flight requests per endpoint: ABSOLUTE snapshots ("load" messages) of what each process itself has in
+    flight, sent when its counts change (at most every `min_gap`) and at least every `heartbeat`; a receiver
+    replaces the sender's previous snapshot and drops it `ttl` after the last one arrived. A lost message is fixed
+    by the next, a dead peer's load disappears after `ttl`: no phantom load, ever.
+  * absolute per-endpoint state of plugins (`add_state`, e.g. the prefill backlog a process has sent): the same way.
+  * idempotent records (`add_channel`, e.g. the prefix blocks of a pick, session bindings): sent as they happen;
+    applying one twice is harmless, losing one costs a little accuracy.
+- A replica that loses the bus keeps routing on its own view (peers' snapshots expire); one that joins hears every
+  peer's snapshot within one heartbeat.
+- Every received message is validated (epp/bus/codec.py); malformed ones, ones from a sender that is not a current
+  peer, ones failing the shared-secret HMAC and stale ones are dropped and counted in `dropped[reason]`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import zmq
+import zmq.asyncio
+
+from epp.aio import wait_set
+from epp.bus.codec import BusMessage, BusMessageError, decode, encode
+from epp.datastore import InflightTracker
+from scheduling.api import InflightLoad
+
+log = logging.getLogger(__name__)
+
+RecordSource = Callable[[], list[Any]]  # records produced since the last call
+RecordSink = Callable[[str, list[Any]], None]  # (peer, records)
+StateSource = Callable[[], dict[str, float]]  # absolute per-endpoint values of this process
+StateSink = Callable[[str, "dict[str, float] | None"], None]  # (peer, values, or None when the peer expired)
+
+
+@dataclass(slots=True)
+class _Peer:
+    incarnation: int = -1
+    seq: int = -1
+    expires: float = 0.0
+    connected: bool = False
+
+
+class ReplicaBus:
+    def __init__(
+        self,
+        address: str,
+        inflight: InflightTracker,
+        *,
+        bind: str | None = None,
+        peers: Iterable[str] = (),
+        secret: bytes | None = None,
+        ttl: float = 1.0,
+        heartbeat: float = 0.1,
+        min_gap: float = 0.01,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """`address` is how peers know this process ("host:port" for tcp, or an "ipc://" path); `bind` is what the
+        PUB socket binds (default: the address itself, tcp on all interfaces)."""
+        if not 0 < heartbeat < ttl:
+            raise ValueError("the bus needs 0 < heartbeat < ttl")
+        self.address = address
+        self.bind = bind or _zmq_url(address, bind_all=True)
+        self.inflight = inflight
+        self.secret = secret
+        self.ttl, self.heartbeat, self.min_gap = ttl, heartbeat, min_gap
+        self.clock = clock
+        self.incarnation = random.SystemRandom().getrandbits(63)
+        self._seq = 0
+        self._peers: dict[str, _Peer] = {}
+        self._wanted: set[str] = {p for p in peers if p != address}
+        self._channels: dict[str, tuple[RecordSource, RecordSink]] = {}
+        self._states: dict[str, tuple[StateSource, StateSink]] = {}
+        self.received: Counter[str] = Counter()
+        self.dropped: Counter[str] = Counter()
+        self.published = 0
+        self._ctx: zmq.asyncio.Context | None = None
+        self._pub: zmq.asyncio.Socket | None = None
+        self._sub: zmq.asyncio.Socket | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._wake = asyncio.Event()
+        self._last_local: Mapping[str, InflightLoad] = {}
+
+    # ---- wiring ------------------------------------------------------------------------------------------
+    def add_channel(self, name: str, source: RecordSource, sink: RecordSink) -> None:
+        self._channels[name] = (source, sink)
+
+    def add_state(self, name: str, source: StateSource, sink: StateSink) -> None:
+        self._states[name] = (source, sink)
+
+    def notify(self) -> None:
+        """Something local changed (a pick, a release, a record): publish soon."""
+        self._wake.set()
+
+    @property
+    def peers(self) -> list[str]:
+        return sorted(self._wanted)
+
+    def live_peers(self) -> list[str]:
+        now = self.clock()
+        return sorted(p for p, st in self._peers.items() if st.expires > now)
+
+    # ---- lifecycle ---------------------------------------------------------------------------------------
+    async def start(self) -> None:
+        self._ctx = zmq.asyncio.Context()
+        self._pub = self._ctx.socket(zmq.PUB)
+        self._pub.setsockopt(zmq.LINGER, 0)
+        self._pub.setsockopt(zmq.SNDHWM, 1000)
+        self._pub.bind(self.bind)
+        self._sub = self._ctx.socket(zmq.SUB)
+        self._sub.setsockopt(zmq.LINGER, 0)
+        self._sub.setsockopt(zmq.RCVHWM, 10000)
+        self._sub.setsockopt(zmq.SUBSCRIBE, b"")
+        self.set_peers(self._wanted)
+        loop = asyncio.get_running_loop()
+        self._tasks = [loop.create_task(self._receive_loop(), name="bus-receive"),
+                       loop.create_task(self._publish_loop(), name="bus-publish")]
+        log.info("replica bus %s bound %s; peers %s", self.address, self.bind, ", ".join(self.peers) or "(none)")
+
+    async def stop(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+        self._tasks = []
+        for peer in list(self._peers):
+            self._forget_peer(peer)
+        for sock in (self._pub, self._sub):
+            if sock is not None:
+                sock.close(0)
+        if self._ctx is not None:
+            self._ctx.term()
+        self._pub = self._sub = None
+        self._ctx = None
+
+    def set_peers(self, peers: Iterable[str]) -> None:
+        """Follow the current peer set: connect to new peers, disconnect (and forget) departed ones."""
+        wanted = {p for p in peers if p != self.address}
+        for gone in self._wanted - wanted:
+            self._forget_peer(gone)
+        self._wanted = wanted
+        if self._sub is None:
+            return
+        for peer in wanted:
+            st = self._peers.setdefault(peer, _Peer())
+            if not st.connected:
+                self._sub.connect(_zmq_url(peer))
+                st.connected = True
+
+    def _forget_peer(self, peer: str) -> None:
+        st = self._peers.pop(peer, None)
+        if st is not None and st.connected and self._sub is not None:
+            with contextlib.suppress(zmq.ZMQError):
+                self._sub.disconnect(_zmq_url(peer))
+        self._expire(peer)
+
+    def _expire(self, peer: str) -> None:
+        self.inflight.drop_remote(peer)
+        for _, sink in self._states.values():
+            sink(peer, None)
+
+    # ---- publishing --------------------------------------------------------------------------------------
+    def _next(self, kind: str, body: Mapping[str, Any]) -> list[bytes]:
+        self._seq += 1
+        return encode(BusMessage(self.address, self.incarnation, self._seq, kind, body), self.secret)
+
+    def load_message(self) -> list[bytes]:
+        inflight = {k: [v.requests, v.tokens] for k, v in self.inflight.local_view().items()}
+        state = {name: source() for name, (source, _) in self._states.items()}
+        return self._next("load", {"ttl": self.ttl, "inflight": inflight, "state": state})
+
+    async def _publish_loop(self) -> None:
+        last = 0.0
+        while True:
+            await wait_set(self._wake, self.heartbeat)
+            self._wake.clear()
+            try:
+                self._sweep()
+                await self._publish_records()
+                local = self.inflight.local_view()
+                now = self.clock()
+                if local != self._last_local or now - last >= self.heartbeat:
+                    await self._send(self.load_message())
+                    self._last_local = dict(local)
+                    last = now
+            except Exception:  # the bus must survive anything one round throws
+                log.exception("replica bus publish failed")
+            await asyncio.sleep(self.min_gap)
+
+    async def _publish_records(self) -> None:
+        for name, (source, _) in self._channels.items():
+            items = source()
+            if items:
+                await self._send(self._next("records", {"name": name, "items": items}))
+
+    async def _send(self, frames: list[bytes]) -> None:
+        assert self._pub is not None
+        try:
+            await self._pub.send_multipart(frames, flags=zmq.NOBLOCK)
+            self.published += 1
+        except zmq.Again:
+            self.dropped["send-queue-full"] += 1
+
+    def _sweep(self) -> None:
+        now = self.clock()
+        for peer, st in self._peers.items():
+            if st.expires and st.expires <= now:
+                st.expires = 0.0
+                self._expire(peer)
+
+    # ---- receiving ---------------------------------------------------------------------------------------
+    async def _receive_loop(self) -> None:
+        assert self._sub is not None
+        while True:
+            frames = await self._sub.recv_multipart()
+            try:
+                self.accept(frames)
+            except BusMessageError as err:
+                self.dropped[err.reason] += 1
+                log.debug("replica bus dropped a message: %s", err)
+            except Exception:  # a bug in a sink must not stop the bus
+                self.dropped["error"] += 1
+                log.exception("replica bus failed to apply a message")
+
+    def accept(self, frames: list[bytes]) -> BusMessage:
+        """Validate one received message and apply it (public for tests of hostile input)."""
+        msg = decode(frames, self.secret)
+        peer = msg.sender
+        st = self._peers.get(peer)
+        if peer not in self._wanted or st is None:
+            raise BusMessageError("unknown-peer", f"sender {peer!r} is not a peer")
+        if msg.incarnation != st.incarnation:
+            if st.incarnation != -1:
+                log.info("replica bus peer %s restarted; dropping what it had shared", peer)
+                self._expire(peer)
+            st.incarnation, st.seq = msg.incarnation, -1
+        if msg.seq <= st.seq:
+            raise BusMessageError("stale", f"sequence {msg.seq} after {st.seq} from {peer}")
+        st.seq = msg.seq
+        self.received[msg.kind] += 1
+        if msg.kind == "load":
+            self._apply_load(peer, st, msg.body)
+        else:
+            channel = self._channels.get(msg.body["name"])
+            if channel is None:
+                raise BusMessageError("unknown-channel", f"no channel {msg.body['name']!r}")
+            channel[1](peer, msg.body["items"])
+        return msg
+
+    def _apply_load(self, peer: str, st: _Peer, body: Mapping[str, Any]) -> None:
+        st.expires = self.clock() + float(body["ttl"])
+        self.inflight.set_remote(peer, {k: InflightLoad(v[0], v[1]) for k, v in body["inflight"].items()})
+        state = body.get("state", {})
+        for name, (_, sink) in self._states.items():
+            sink(peer, {k: float(v) for k, v in state.get(name, {}).items()})
+
+
+def _zmq_url(address: str, *, bind_all: bool = False) -> str:
+    """"host:port" -> tcp://host:port (tcp://*:port to bind on every interface); ipc:// and tcp:// pass through."""
+    if "://" in address:
+        return address
+    host, _, port = address.rpartition(":")
+    if bind_all:
+        return f"tcp://*:{port}"
+    return f"tcp://{host}:{port}"

@@ -1,0 +1,289 @@
+"""The routing layer the director consults after parsing and before choosing candidates.
+
+`Router.decide(headers, model)` answers, for one request:
+- which route and rule matched, the rule's split and the target it picked (weighted, from the injected RNG);
+- for a pool target: the datastore pool to schedule in, the model the engine sees (the backend's `model`, unless
+  the model named a LoRA adapter), the P/D scheduler when the pool pairs prefill and decode, the sticky-session
+  binding, and how many fallback endpoints Envoy may retry on;
+- for a provider target: no endpoint scheduling; the headers that send the request to the provider's cluster with
+  its credential, the provider's path and model;
+- or: no route names the model (None, and the request is scheduled as before when plain pools exist), or routes
+  name it but no rule matched (404).
+A decision made for explain (`dry_run`) uses a copy of the RNG and changes nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from epp.datastore import Datastore
+from epp.routing.matcher import select
+from epp.routing.model import PoolBackend, ProviderBackend, RateLimit, Route, RoutingTable, Rule, Target
+from epp.routing.pools import ROLE_LABEL, PodSource, PoolMaterializer, pd_scheduler
+from epp.routing.providers import (
+    PROVIDER_HEADER,
+    Credentials,
+    client_headers_to_remove,
+    credential_header,
+    upstream_path,
+)
+from epp.routing.sticky import StickyTable
+from scheduling.api import InflightLoad, SchedulingResult
+from scheduling.types import Endpoint, ErrorCode, SchedulingError
+
+log = logging.getLogger(__name__)
+MAX_RETRIES_HEADER = "x-envoy-max-retries"
+
+
+@dataclass(slots=True)
+class RouteDecision:
+    route: Route
+    rule: Rule
+    target: Target
+    by_adapter: bool = False
+    pool: PoolBackend | None = None
+    provider: ProviderBackend | None = None
+    engine_model: str | None = None  # the model the engine (or provider) is asked for; None keeps the request's
+    base_model: str | None = None  # for a LoRA adapter: its ModelServer's model
+    scheduler: Any = None  # the pool's own scheduler (P/D pairing); None: the director's
+    sticky: StickyTable | None = None
+    session: int | None = None  # hash of the session key
+    pinned: str | None = None  # the endpoint the session is bound to, when it is a candidate
+    unpinned: list[Endpoint] = field(default_factory=list)  # the candidates before the pin (if the pin fails)
+    set_headers: list[tuple[str, str]] = field(default_factory=list)
+    remove_headers: list[str] = field(default_factory=list)
+    sensitive: frozenset[str] = frozenset()  # header names whose values are never shown (credentials)
+
+    @property
+    def kind(self) -> str:
+        return self.target.kind
+
+    @property
+    def pool_name(self) -> str | None:
+        return self.pool.pool if self.pool is not None else None
+
+    @property
+    def backend_name(self) -> str:
+        return self.target.backend
+
+    @property
+    def rate_limit(self) -> RateLimit | None:
+        """The route's token rate limits (None: unlimited)."""
+        return self.route.rate_limit
+
+    @property
+    def rate_limit_key(self) -> str:
+        """What the limits are counted per: the route (`ModelRoute/<namespace>/<name>`)."""
+        return f"{self.route.kind}/{self.route.key}"
+
+    @property
+    def retries(self) -> int:
+        return self.pool.retries if self.pool is not None else 0
+
+    # ---- candidates ----------------------------------------------------------------------------------------
+    def narrow(self, candidates: list[Endpoint], now: float) -> list[Endpoint]:
+        """P/D: only decode endpoints with a prefill endpoint in their group. Sticky: the bound endpoint alone."""
+        pool = self.pool
+        if pool is None:
+            return candidates
+        if pool.pd is not None:
+            key = pool.pd.group_key
+            groups = {e.labels.get(key) for e in candidates if e.labels.get(ROLE_LABEL) in ("prefill", "both")}
+            kept = [e for e in candidates
+                    if e.labels.get(ROLE_LABEL) in ("prefill", "both") or e.labels.get(key) in groups]
+            if not any(e.labels.get(ROLE_LABEL) in ("decode", "both") for e in kept):
+                raise SchedulingError(ErrorCode.SERVICE_UNAVAILABLE,
+                                      f"no decode endpoint of {pool.kind} {pool.key} has a prefill endpoint in its "
+                                      f"{key!r} group")
+            return kept
+        if self.sticky is not None and self.session is not None:
+            bound = self.sticky.lookup(self.session, now)
+            for e in candidates:
+                if e.key == bound:
+                    self.pinned, self.unpinned = e.key, candidates
+                    return [e]
+        return candidates
+
+    def unpin(self) -> list[Endpoint] | None:
+        """The candidates without the sticky pin, when a pin was applied (the bound endpoint was filtered out)."""
+        if self.pinned is None:
+            return None
+        self.pinned = None
+        return self.unpinned
+
+    def fallbacks(self, result: SchedulingResult, candidates: Sequence[Endpoint],
+                  inflight: Mapping[str, InflightLoad]) -> list[str]:
+        """Primary first, then up to `retries` other endpoints Envoy may retry on: the scheduler's own ranking,
+        then the least loaded of the remaining candidates (a sticky pin does not narrow them). With P/D pairing,
+        only decode endpoints of the primary's group (the prefill endpoint sent along belongs to that group)."""
+        out = [result.primary.key]
+        want = 1 + self.retries
+        if want <= 1:
+            return out
+        seen = {result.primary.key}
+        if result.prefill is not None:
+            seen.add(result.prefill.key)
+        pool: list[Endpoint] = [*result.targets[1:]]
+
+        def load(e: Endpoint) -> tuple[int, str]:
+            lo = inflight.get(e.key)
+            return ((lo.requests if lo else 0) + e.metrics.waiting + e.metrics.running, e.key)
+
+        pool += sorted(self.unpinned or candidates, key=load)
+        pd = self.pool.pd if self.pool is not None else None
+        group = result.primary.labels.get(pd.group_key) if pd is not None else None
+        for e in pool:
+            if len(out) >= want:
+                break
+            if e.key in seen or e.labels.get(ROLE_LABEL) == "prefill":
+                continue
+            if pd is not None and e.labels.get(pd.group_key) != group:
+                continue
+            seen.add(e.key)
+            out.append(e.key)
+        return out
+
+    def commit(self, result: SchedulingResult, now: float) -> None:
+        """The pick is committed: bind (or refresh) the session."""
+        if self.sticky is not None and self.session is not None and result.targets:
+            self.sticky.bind(self.session, result.primary.key, now)
+
+
+class Router:
+    def __init__(
+        self,
+        datastore: Datastore,
+        rng: random.Random,
+        *,
+        credentials: Credentials | None = None,
+        pods: PodSource | None = None,
+        provider_header: str = PROVIDER_HEADER,
+        on_decision: Callable[[RouteDecision], None] | None = None,
+    ) -> None:
+        self.datastore = datastore
+        self.rng = rng
+        self.credentials = credentials or Credentials()
+        self.provider_header = provider_header.lower()
+        self.materializer = PoolMaterializer(datastore, pods)
+        self.table = RoutingTable()
+        self.on_decision = on_decision
+        self._sticky: dict[str, StickyTable] = {}
+        self._pd: dict[str, Any] = {}  # group key -> scheduler
+        datastore.on_endpoint_removed(self.endpoint_removed)
+
+    # ---- configuration -------------------------------------------------------------------------------------
+    def set_pods(self, pods: PodSource) -> None:
+        self.materializer.pods = pods
+        self.materializer.apply(self.table.pools)
+
+    def apply(self, table: RoutingTable) -> None:
+        """Make `table` current: backend pools follow it; sticky tables and P/D schedulers are kept when their
+        backend did not change."""
+        self.materializer.apply(table.pools)
+        for key in sorted(self.materializer.unserved):
+            log.warning("%s selects pods, but Pointsman is not watching Kubernetes: it has no endpoints "
+                        "(list spec.endpoints to run it standalone)", key)
+        sticky = {}
+        for key, b in table.pools.items():
+            if b.sticky is not None:
+                old = self._sticky.get(key)
+                sticky[key] = old if old is not None and old.spec == b.sticky else StickyTable(b.sticky)
+            if b.pd is not None and b.pd.group_key not in self._pd:
+                self._pd[b.pd.group_key] = pd_scheduler(b.pd.group_key, self.rng)
+        self._sticky = sticky
+        self.table = table
+
+    def endpoint_removed(self, key: str) -> None:
+        for t in self._sticky.values():
+            t.endpoint_removed(key)
+        for s in self._pd.values():
+            s.endpoint_removed(key)
+
+    def owns_pool(self, name: str) -> bool:
+        return name in self.materializer.names
+
+    def plain_pools(self) -> list[str]:
+        """Pools that are not route backends (an InferencePool, an endpoints file)."""
+        return [p for p in self.datastore.pool_names() if p not in self.materializer.names]
+
+    def schedulers(self) -> list[Any]:
+        return list(self._pd.values())
+
+    # ---- the decision --------------------------------------------------------------------------------------
+    def decide(self, headers: Mapping[str, str], model: str, *, now: float, dry_run: bool = False
+               ) -> RouteDecision | None:
+        """Raises SchedulingError: 404 (routes name the model but no rule matched, or nothing routes it and no plain
+        pool exists; a target that does not exist), 400 (a path the provider does not take), 503 (a provider
+        whose credential is not loaded)."""
+        path = headers.get(":path", "/")
+        rng = random.Random() if dry_run else self.rng
+        if dry_run:
+            rng.setstate(self.rng.getstate())
+        sel = select(self.table, model, path, headers, rng)
+        if sel.route is None or sel.rule is None or sel.target is None:
+            if sel.had_routes:
+                names = ", ".join(r.key for r in self.table.routes_for(model)[0])
+                raise SchedulingError(ErrorCode.NOT_FOUND, f"no rule of route(s) {names} matches this request "
+                                                           f"for model {model!r}")
+            if model and self.plain_pools():
+                return None  # not a routed model: scheduled in its pool as before
+            raise SchedulingError(ErrorCode.NOT_FOUND, f"no route for model {model!r}")
+        d = RouteDecision(route=sel.route, rule=sel.rule, target=sel.target, by_adapter=sel.by_adapter)
+        if sel.target.kind == "provider":
+            self._provider(d, headers, path)
+        else:
+            self._pool(d, headers)
+        if self.on_decision is not None and not dry_run:
+            self.on_decision(d)
+        return d
+
+    def _missing(self, d: RouteDecision, what: str) -> SchedulingError:
+        return SchedulingError(ErrorCode.NOT_FOUND, f"{what} {d.target.backend}, the target of {d.route.kind} "
+                                                    f"{d.route.key} rule {d.rule.name!r}, does not exist")
+
+    def _pool(self, d: RouteDecision, headers: Mapping[str, str]) -> None:
+        b = self.table.pools.get(d.target.backend)
+        if b is None:
+            raise self._missing(d, "ModelServer")
+        d.pool = b
+        if d.by_adapter:
+            d.base_model = b.model
+        else:
+            d.engine_model = b.model
+        if b.pd is not None:
+            d.scheduler = self._pd.get(b.pd.group_key)
+        elif b.sticky is not None:
+            d.sticky = self._sticky.get(b.key)
+            if d.sticky is not None:
+                d.session = d.sticky.key_hash(headers)
+        d.remove_headers.append(self.provider_header)
+
+    def _provider(self, d: RouteDecision, headers: Mapping[str, str], path: str) -> None:
+        p = self.table.providers.get(d.target.backend)
+        if p is None:
+            raise self._missing(d, "ExternalModelProvider")
+        d.provider = p
+        d.engine_model = p.model
+        new_path = upstream_path(p, path)
+        if new_path is None:
+            raise SchedulingError(ErrorCode.BAD_REQUEST, f"provider type {p.provider_type} does not support path "
+                                                         f"{path.split('?', 1)[0]!r}")
+        sets: list[tuple[str, str]] = [(self.provider_header, p.cluster), (":path", new_path)]
+        sensitive: set[str] = set()
+        if p.auth is not None:
+            cred = self.credentials.get(p.namespace, p.auth.secret_name, p.auth.secret_key)
+            if cred is None:
+                raise SchedulingError(ErrorCode.SERVICE_UNAVAILABLE,
+                                      f"external provider {p.key} is not ready: its credential (Secret "
+                                      f"{p.auth.secret_name!r}, key {p.auth.secret_key!r}) is not loaded")
+            name, value = credential_header(p, cred)
+            sets.append((name, value))
+            sensitive.add(name)
+        sets.extend(p.headers)
+        d.set_headers = sets
+        d.sensitive = frozenset(sensitive)
+        d.remove_headers = client_headers_to_remove(p, headers, {k for k, _ in sets})

@@ -1,0 +1,97 @@
+"""The routing layer as `epp serve` runs it: documents from files and/or Kubernetes, the Router, the credentials and
+the routing metrics, kept in step.
+
+    svc = RoutingService(datastore, rng, secrets_dir=...)
+    await svc.add_file(Path("routes.yaml"))          # hot-reloaded; multi-document YAML
+    svc.start_kubernetes(api, namespace, pods)       # ModelRoute / ModelServer / ExternalModelProvider / Secrets
+    director.router = svc.router
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from epp.datastore import Datastore
+from epp.routing.documents import DocumentSet, RawDocument, read_yaml
+from epp.routing.model import RouteConfigError
+from epp.routing.pools import PodSource
+from epp.routing.providers import PROVIDER_HEADER, Credentials
+from epp.routing.router import RouteDecision, Router
+
+log = logging.getLogger(__name__)
+
+
+class RoutingService:
+    def __init__(self, datastore: Datastore, rng: random.Random, *, secrets_dir: str | None = None,
+                 provider_header: str = PROVIDER_HEADER, metrics: Any = None) -> None:
+        self.datastore = datastore
+        self.metrics = metrics
+        self.documents = DocumentSet(on_error=self._on_error)
+        self.credentials = Credentials(secrets_dir)
+        self.router = Router(datastore, rng, credentials=self.credentials, provider_header=provider_header,
+                             on_decision=self._on_decision)
+        self.cleanups: list[Callable[[], Awaitable[Any]]] = []
+        if metrics is not None:
+            from epp.routing.metrics import RoutingMetrics
+
+            self.rmetrics: Any = RoutingMetrics(metrics.registry, self)
+        else:
+            self.rmetrics = None
+
+    def _on_error(self, kind: str, err: RouteConfigError) -> None:
+        if self.rmetrics is not None:
+            self.rmetrics.document_error(kind)
+
+    def _on_decision(self, d: RouteDecision) -> None:
+        if self.rmetrics is not None:
+            self.rmetrics.decision(d)
+
+    def refresh(self) -> None:
+        """Rebuild the table from the documents and make it current."""
+        self.router.apply(self.documents.table())
+
+    def set_pods(self, pods: PodSource) -> None:
+        self.router.set_pods(pods)
+
+    # ---- files ---------------------------------------------------------------------------------------------
+    def load_text(self, text: str, label: str) -> None:
+        """Replace the documents of `label` (raises RouteConfigError only for YAML that does not parse)."""
+        self.apply_documents(f"file:{label}", read_yaml(text, label))
+
+    def apply_documents(self, source: str, docs: list[RawDocument]) -> None:
+        self.documents.replace(source, docs)
+        self.refresh()
+        counts = self.documents.counts()
+        log.info("routes from %s: %s", source, ", ".join(f"{n} {k}" for k, n in sorted(counts.items())) or "none")
+
+    async def add_file(self, path: Path, interval: float = 1.0) -> None:
+        from epp.reload import FileWatcher
+
+        label = str(path)
+        watcher: FileWatcher[list[RawDocument]] = FileWatcher(
+            path, parse=lambda text: read_yaml(text, label),
+            apply=lambda docs: self.apply_documents(f"file:{label}", docs), interval=interval)
+        await watcher.load_initial()
+        watcher.start()
+        self.cleanups.append(watcher.stop)
+
+    # ---- Kubernetes ----------------------------------------------------------------------------------------
+    def start_kubernetes(self, api: Any, namespace: str, *, pods: Any = None, **reflector_opts: Any) -> Any:
+        from epp.routing.k8s import RouteWatch
+
+        watch = RouteWatch(self, api, namespace, pods=pods, **reflector_opts)
+        watch.start()
+        self.cleanups.append(watch.stop)
+        return watch
+
+    async def stop(self) -> None:
+        for fn in reversed(self.cleanups):
+            try:
+                await fn()
+            except Exception:  # noqa: BLE001 - stopping must go on
+                log.exception("stopping the routing layer")
+        self.cleanups.clear()

@@ -1,0 +1,115 @@
+"""Field readers for route documents: every error names the document, the field and what was expected."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from epp.routing.model import RouteConfigError
+
+DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+HEADER_NAME = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")  # an RFC 9110 token
+
+
+def _join(path: str, key: str | int) -> str:
+    if isinstance(key, int):
+        return f"{path}[{key}]"
+    return f"{path}.{key}" if path else key
+
+
+def _show(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+class Doc:
+    """One document being read; `name` is how errors call it, e.g. "ModelRoute default/r (routes.yaml, document 2)"."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def fail(self, path: str, expected: str) -> RouteConfigError:
+        return RouteConfigError(self.name, path, expected)
+
+    def mapping(self, value: Any, path: str, known: Iterable[str] | None = None, *, required: bool = False
+                ) -> Mapping[str, Any]:
+        """A mapping (an absent optional one reads as {}); with `known`, an unknown field is an error."""
+        if value is None:
+            if required:
+                raise self.fail(path, "a mapping (it is required)")
+            return {}
+        if not isinstance(value, Mapping):
+            raise self.fail(path, f"a mapping, got {_show(value)}")
+        if known is not None:
+            allowed = set(known)
+            unknown = sorted(str(k) for k in value if k not in allowed)
+            if unknown:
+                raise self.fail(_join(path, unknown[0]), f"one of the fields {', '.join(sorted(allowed))} "
+                                                         f"(unknown field {unknown[0]!r})")
+        return value
+
+    def list(self, value: Any, path: str, *, max_items: int | None = None, min_items: int = 0) -> list[Any]:
+        if value is None:
+            value = []
+        if not isinstance(value, list):
+            raise self.fail(path, f"a list, got {_show(value)}")
+        if len(value) < min_items:
+            raise self.fail(path, f"at least {min_items} item(s), got {len(value)}")
+        if max_items is not None and len(value) > max_items:
+            raise self.fail(path, f"at most {max_items} items, got {len(value)}")
+        return value
+
+    def string(self, value: Any, path: str, *, required: bool = False, max_len: int | None = None,
+               pattern: re.Pattern[str] | None = None, what: str = "a string") -> str | None:
+        if value is None or (value == "" and not required):
+            if required:
+                raise self.fail(path, f"{what} (it is required)")
+            return None
+        if not isinstance(value, str) or (required and not value):
+            raise self.fail(path, f"{what}, got {_show(value)}")
+        if max_len is not None and len(value) > max_len:
+            raise self.fail(path, f"{what} of at most {max_len} characters, got {len(value)}")
+        if pattern is not None and not pattern.match(value):
+            raise self.fail(path, f"{what} matching {pattern.pattern}, got {_show(value)}")
+        return value
+
+    def integer(self, value: Any, path: str, *, lo: int | None = None, hi: int | None = None,
+                default: int | None = None) -> int | None:
+        if value is None:
+            return default
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise self.fail(path, f"an integer, got {_show(value)}")
+        if (lo is not None and value < lo) or (hi is not None and value > hi):
+            rng = f"{lo if lo is not None else '-inf'}..{hi if hi is not None else 'inf'}"
+            raise self.fail(path, f"an integer in {rng}, got {value}")
+        return value
+
+    def boolean(self, value: Any, path: str, default: bool = False) -> bool:
+        if value is None:
+            return default
+        if not isinstance(value, bool):
+            raise self.fail(path, f"true or false, got {_show(value)}")
+        return value
+
+    def enum(self, value: Any, path: str, choices: Iterable[str], default: str | None = None) -> str | None:
+        options = list(choices)
+        if value is None or value == "":
+            return default
+        if value not in options:
+            raise self.fail(path, f"one of {', '.join(options)}, got {_show(value)}")
+        return str(value)
+
+    def labels(self, value: Any, path: str, *, non_empty: bool = False) -> dict[str, str]:
+        m = self.mapping(value, path)
+        if non_empty and not m:
+            raise self.fail(path, "a non-empty map of label -> value")
+        out: dict[str, str] = {}
+        for k, v in m.items():
+            if not isinstance(k, str) or not k or not isinstance(v, (str, int, float, bool)) or isinstance(v, bool):
+                raise self.fail(_join(path, str(k)), f"a label key -> string value, got {_show(v)}")
+            out[k] = str(v)
+        return out
+
+
+join = _join

@@ -1,0 +1,123 @@
+"""Tokenize each request as its engine will, for the precise prefix index.
+
+Sources, tried in order (`RequestTokenizer.tokenize`):
+
+1. ``prompt``: the request is already token ids (a completions prompt given as ids) — exact;
+2. ``local``: the model's Hugging Face tokenizer (``tokenizer.json`` + the chat template of
+   ``tokenizer_config.json``) — exact when it is the engine's tokenizer (epp.tokenize.local);
+3. ``engine``: the engine's own ``POST /tokenize`` (vLLM's API), cached, with a timeout and a back-off
+   (epp.tokenize.engine) — exact, costs a round trip on a cache miss;
+4. ``approx``: the character approximation, 4 UTF-8 bytes of Pointsman's prompt text per token (big-endian,
+   NUL-padded; this is exactly modelsim's tokenizer, and only an estimate for a real one).
+
+`TokenizeResult.source` says which one produced the tokens, and `detail` why earlier ones were passed over;
+`counts` (and the optional Prometheus counter ``pointsman_tokenize_requests_total{source}``) count them.
+`tokenize_nowait` never awaits: it skips the engine (and a local tokenizer not loaded yet).
+
+Public API: `RequestTokenizer`, `TokenizeResult`, `TokenizeInput`, `tokenize_input`, `approx_tokens`,
+`LocalTokenizer`, `TokenizerRegistry`, `EngineTokenizer`.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from epp.tokenize.engine import EngineTokenizer
+from epp.tokenize.local import LocalTokenizer, TokenizerLoadError, TokenizerRegistry
+from epp.tokenize.request import TokenizeInput, tokenize_input
+
+SOURCES = ("prompt", "local", "engine", "approx")
+
+__all__ = ["SOURCES", "EngineTokenizer", "LocalTokenizer", "RequestTokenizer", "TokenizeInput", "TokenizeResult",
+           "TokenizerLoadError", "TokenizerRegistry", "approx_tokens", "tokenize_input"]
+
+
+def approx_tokens(text: str) -> list[int]:
+    """The character approximation: each 4 bytes of UTF-8 are one token (the last chunk NUL-padded)."""
+    data = text.encode("utf-8")
+    rem = len(data) % 4
+    if rem:
+        data += b"\0" * (4 - rem)
+    return list(struct.unpack(f">{len(data) // 4}I", data))
+
+
+@dataclass(frozen=True, slots=True)
+class TokenizeResult:
+    tokens: list[int]
+    source: str  # one of SOURCES
+    detail: str = ""
+
+
+class RequestTokenizer:
+    def __init__(self, local: TokenizerRegistry | None = None, engine: EngineTokenizer | None = None,
+                 registry: object | None = None) -> None:
+        self.local = local
+        self.engine = engine
+        self.counts = dict.fromkeys(SOURCES, 0)
+        self._counter = None
+        if registry is not None:
+            from prometheus_client import Counter
+
+            self._counter = Counter("pointsman_tokenize_requests_total", "Requests tokenized, by source.",
+                                    ["source"], registry=registry)  # type: ignore[arg-type]
+
+    def _done(self, tokens: Sequence[int], source: str, detail: str) -> TokenizeResult:
+        self.counts[source] += 1
+        if self._counter is not None:
+            self._counter.labels(source).inc()
+        return TokenizeResult(list(tokens), source, detail)
+
+    def _local(self, tok: LocalTokenizer | None, req: TokenizeInput) -> tuple[list[int] | None, str]:
+        if tok is None:
+            return None, f"no local tokenizer for {req.model}"
+        try:
+            if req.messages is not None:
+                return tok.encode_chat(req.messages, req.add_generation_prompt, req.tools,
+                                       req.continue_final_message), ""
+            if req.prompt is not None:
+                return tok.encode_prompt(req.prompt), ""
+        except ValueError as e:
+            return None, f"local: {e}"
+        return None, "local: nothing to tokenize"
+
+    async def tokenize(self, req: TokenizeInput, engine_urls: Sequence[str] = ()) -> TokenizeResult:
+        """Tokens for `req`; `engine_urls` are base URLs of endpoints serving the model (tried in order)."""
+        if req.prompt_ids is not None:
+            return self._done(req.prompt_ids, "prompt", "")
+        notes = []
+        if self.local is not None:
+            tokens, why = self._local(await self.local.aget(req.model), req)
+            if tokens is not None:
+                return self._done(tokens, "local", "")
+            notes.append(why)
+        if self.engine is not None and (req.messages is not None or req.prompt is not None):
+            kw = {"prompt": req.prompt if req.messages is None else None, "messages": req.messages,
+                  "add_generation_prompt": req.add_generation_prompt,
+                  "continue_final_message": req.continue_final_message, "tools": req.tools}
+            tokens = self.engine.lookup(req.request_model, **kw)  # type: ignore[arg-type]
+            if tokens is not None:
+                self.engine.hits += 1
+                return self._done(tokens, "engine", "; ".join(notes))
+            url = next((u for u in engine_urls if self.engine.usable(u)), None)
+            if url is not None:  # one call per request at most: a failing engine is backed off
+                tokens = await self.engine.tokenize(url, req.request_model, **kw)  # type: ignore[arg-type]
+                if tokens is not None:
+                    return self._done(tokens, "engine", "; ".join(notes))
+                notes.append(f"engine: {url} failed")
+            else:
+                notes.append("engine: no usable endpoint")
+        return self._done(approx_tokens(req.approx_text), "approx", "; ".join(notes))
+
+    def tokenize_nowait(self, req: TokenizeInput) -> TokenizeResult:
+        """Like `tokenize` without the engine and without loading a tokenizer (never awaits)."""
+        if req.prompt_ids is not None:
+            return self._done(req.prompt_ids, "prompt", "")
+        notes = []
+        if self.local is not None:
+            tokens, why = self._local(self.local.loaded(req.model), req)
+            if tokens is not None:
+                return self._done(tokens, "local", "")
+            notes.append(why)
+        return self._done(approx_tokens(req.approx_text), "approx", "; ".join(notes))

@@ -1,0 +1,444 @@
+"""The precise prefix index: which endpoint holds which prompt block, from the engines' own KV-cache events.
+
+Pure: no I/O, no clock (every time-dependent call takes `now`). One writer applies the engines' events (the
+KV-event subscriber, through `store` / `remove` / `clear` / `mark_unknown`); the scheduler records its own
+picks as speculative entries (`add_speculative`) and reads with `match`.
+
+Keys are Pointsman's own (scheduling.prefix.token_keys), computed from BlockStored's token ids at this
+index's `block_size`, so the engine's block size and hash seed do not matter. A per-slot map from engine block
+hash to key resolves BlockRemoved and links the next BlockStored to its parent.
+
+Slots. Each (endpoint, data-parallel rank) is one slot with a state:
+- ``pending``: no event seen yet (just subscribed);
+- ``live``: the slot has seen every batch since the engine started, or since its last AllBlocksCleared;
+- ``unknown``: batches were lost and could not be replayed. The slot is emptied when it turns unknown; what it
+  holds afterwards is true but incomplete. It turns live again on AllBlocksCleared or a publisher restart.
+
+Layout (memory-conscious, in the style of scheduling.prefix.index):
+- ``_map: dict[key -> int]``, a bit set over slots, three bits per slot s: bit 3s = on the GPU (events),
+  3s+1 = on the CPU (events), 3s+2 = speculative (Pointsman routed a request there; not yet confirmed).
+  One entry per distinct key, shared by every slot holding it; single-holder values are interned ints.
+- per slot and medium: ``dict[engine hash -> entry]``; the entry is the key itself when one engine block is one
+  key block (the common case), else a tuple (last full key, partial tail as packed tokens, own keys). A deque of
+  engine hashes in store order bounds the slot (`capacity` per medium): past it, the least recently stored
+  blocks are dropped (engines publish nothing on a cache hit, so store order is the only recency there is).
+  Duplicate stores of one hash (vLLM can cache two physical blocks with equal content) are counted, so one
+  BlockRemoved does not drop a block that is still cached.
+- speculative entries: per endpoint ``dict[key -> expiry]`` and a FIFO expiry queue. An event storing the key
+  confirms it (the speculative bit goes); otherwise it lapses after `speculative_ttl` seconds.
+
+Matching walks the request's keys from the start, AND-ing holder sets: a slot's match is the longest run of
+consecutive blocks it holds in any form. Each matched block counts once, from the best source: GPU (events) >
+CPU (events) > speculative; the score weighs GPU and speculative blocks with `gpu_weight`, CPU blocks with
+`cpu_weight`. An endpoint's result is its best rank.
+
+Public API: `PreciseIndex` (store, remove, clear, mark_unknown, set_state, forget, set_capacity,
+add_speculative, expire, match, keys_for, state, states, size, counters) and `EndpointMatch`.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable, Sequence
+
+import xxhash
+
+from scheduling.prefix.precise_layout import (
+    CPU,
+    DEFAULT_CAPACITY,
+    GPU,
+    LIVE,
+    MALFORMED,
+    MEDIA,
+    ORPHAN,
+    PENDING,
+    STATE_RANK,
+    UNKNOWN,
+    EndpointMatch,
+    Slot,
+    Speculative,
+    unset,
+    walk,
+)
+from scheduling.prefix.token_keys import ROOT, TOKEN_BYTES, chain_keys, extend_chain, pack_tokens, root_key
+
+__all__ = ["CPU", "DEFAULT_CAPACITY", "GPU", "LIVE", "MALFORMED", "MEDIA", "ORPHAN", "PENDING", "UNKNOWN",
+           "EndpointMatch", "PreciseIndex"]
+
+_h = xxhash.xxh3_64_intdigest
+
+class PreciseIndex:
+    def __init__(
+        self,
+        block_size: int = 16,
+        capacity: int = DEFAULT_CAPACITY,
+        speculative_ttl: float = 2.0,
+        gpu_weight: float = 1.0,
+        cpu_weight: float = 0.8,
+    ) -> None:
+        if block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {block_size}")
+        if capacity < 1:
+            raise ValueError(f"capacity must be >= 1, got {capacity}")
+        if speculative_ttl < 0:
+            raise ValueError(f"speculative_ttl must be >= 0, got {speculative_ttl}")
+        self.block_size = block_size
+        self.capacity = capacity
+        self.speculative_ttl = speculative_ttl
+        self.gpu_weight = gpu_weight
+        self.cpu_weight = cpu_weight
+        self._map: dict[int, int] = {}
+        self._slots: list[Slot | None] = []
+        self._by: dict[tuple[str, int], Slot] = {}
+        self._ep: dict[str, list[Slot]] = {}
+        self._caps: dict[str, int] = {}
+        self._free: list[int] = []
+        self._low = 0  # bit 3s of every allocated slot
+        self._roots: dict[str | None, int] = {None: ROOT}
+        self._specs = Speculative(speculative_ttl)
+        self._spec = self._specs.entries  # endpoint -> key -> expiry
+        self.counters = {"stored": 0, "removed": 0, "orphaned": 0, "evicted": 0, "duplicates": 0,
+                         "unknown_removals": 0, "malformed": 0, "speculative": 0, "confirmed": 0, "lapsed": 0}
+
+    # ---- slots ------------------------------------------------------------------------------------------
+    def _slot(self, endpoint: str, rank: int) -> Slot:
+        slot = self._by.get((endpoint, rank))
+        if slot is not None:
+            return slot
+        index = self._free.pop() if self._free else len(self._slots)
+        slot = Slot(endpoint, rank, index)
+        if index == len(self._slots):
+            self._slots.append(slot)
+        else:
+            self._slots[index] = slot
+        self._by[(endpoint, rank)] = slot
+        self._ep.setdefault(endpoint, []).append(slot)
+        self._low |= slot.bits[GPU]
+        spec = self._spec.get(endpoint)
+        if spec:  # a new rank of an endpoint with speculative entries gets them too
+            m = self._map
+            for k in spec:
+                m[k] = m.get(k, 0) | slot.sbit
+        return slot
+
+    def set_state(self, endpoint: str, rank: int, state: str) -> None:
+        """Set a slot's state (creating the slot), without touching what it holds."""
+        if state not in STATE_RANK:
+            raise ValueError(f"unknown slot state {state!r}; expected pending, live or unknown")
+        self._slot(endpoint, rank).state = state
+
+    def state(self, endpoint: str) -> str | None:
+        """The endpoint's state: the worst of its ranks (unknown > pending > live); None if it has no slot."""
+        slots = self._ep.get(endpoint)
+        if not slots:
+            return None
+        return max((s.state for s in slots), key=STATE_RANK.__getitem__)
+
+    def states(self) -> dict[str, str]:
+        return {ep: self.state(ep) or PENDING for ep in self._ep}
+
+    def slot_states(self, endpoint: str) -> dict[int, str]:
+        return {s.rank: s.state for s in self._ep.get(endpoint, ())}
+
+    def endpoints(self) -> list[str]:
+        return list(self._ep)
+
+    def size(self, endpoint: str, medium: int | None = None) -> int:
+        """Engine blocks held by the endpoint (all ranks; one medium or both)."""
+        media = (GPU, CPU) if medium is None else (medium,)
+        return sum(len(s.maps[m]) for s in self._ep.get(endpoint, ()) for m in media)
+
+    def __len__(self) -> int:
+        """Distinct keys in the index."""
+        return len(self._map)
+
+    def set_capacity(self, endpoint: str, capacity: int) -> None:
+        """Bound each of the endpoint's slots to `capacity` engine blocks per medium (drops the oldest now)."""
+        if capacity < 1:
+            raise ValueError(f"capacity must be >= 1, got {capacity}")
+        self._caps[endpoint] = capacity
+        for slot in self._ep.get(endpoint, ()):
+            for medium in (GPU, CPU):
+                self._trim(slot, medium, capacity)
+
+    def keys_for(self, tokens: Sequence[int], lora: str | None = None, max_blocks: int | None = None) -> list[int]:
+        """The request-side keys of a tokenized prompt at this index's block size."""
+        return chain_keys(tokens, self.block_size, lora, max_blocks)
+
+    def _root(self, lora: str | None) -> int:
+        r = self._roots.get(lora)
+        if r is None:
+            if len(self._roots) > 4096:
+                self._roots.clear()
+                self._roots[None] = ROOT
+            r = self._roots[lora] = root_key(lora)
+        return r
+
+    # ---- engine events ----------------------------------------------------------------------------------
+    def store(
+        self,
+        endpoint: str,
+        rank: int,
+        block_hashes: Sequence[int],
+        parent: int | None,
+        token_ids: Sequence[int],
+        block_size: int,
+        lora: str | None = None,
+        medium: int = GPU,
+    ) -> int:
+        """Apply one BlockStored. Returns the engine blocks newly indexed, or ORPHAN (parent unknown: dropped)
+        or MALFORMED. An event without tokens re-homes already known blocks on `medium` (offloading)."""
+        slot = self._slot(endpoint, rank)
+        n = len(block_hashes)
+        if n == 0:
+            return 0
+        if not token_ids:
+            return self._store_known(slot, block_hashes, medium)
+        emap = slot.maps[medium]
+        if parent is None:
+            pkey, ptail = self._root(lora), b""
+        else:
+            e = emap.get(parent)
+            if e is None:
+                e = slot.maps[1 - medium].get(parent)
+            if e is None:
+                self.counters["orphaned"] += n
+                return ORPHAN
+            pkey, ptail = (e, b"") if type(e) is int else (e[0], e[1])  # type: ignore[index]
+        ntok = len(token_ids)
+        if ntok == n * block_size:
+            eb = block_size
+        elif n == 1 or ntok % n == 0:
+            eb = ntok // n
+        else:
+            self.counters["malformed"] += 1
+            return MALFORMED
+        data = pack_tokens(token_ids)
+        if not ptail and eb == self.block_size:
+            new = self._store_aligned(slot, medium, block_hashes, pkey, data)
+        else:
+            new = self._store_general(slot, medium, block_hashes, pkey, ptail, data, eb)
+        cap = self._caps.get(endpoint, self.capacity)
+        if len(emap) > cap:
+            self._trim(slot, medium, cap)
+        order = slot.orders[medium]
+        if len(order) > 2 * len(emap) + 64:
+            slot.orders[medium] = deque(emap)
+        return new
+
+    def _store_aligned(self, slot: Slot, medium: int, hashes: Sequence[int], prev: int, data: bytes) -> int:
+        emap = slot.maps[medium]
+        order = slot.orders[medium]
+        bit = slot.bits[medium]
+        m = self._map
+        get = m.get
+        h = _h
+        step = self.block_size * TOKEN_BYTES
+        spec = self._spec.get(slot.endpoint)
+        new = 0
+        pos = 0
+        for eh in hashes:
+            prev = h(prev.to_bytes(8, "little") + data[pos : pos + step])
+            pos += step
+            if eh in emap:
+                dups = slot.dups[medium]
+                dups[eh] = dups.get(eh, 0) + 1
+                self.counters["duplicates"] += 1
+                continue
+            emap[eh] = prev
+            order.append(eh)
+            v = get(prev)
+            m[prev] = bit if v is None else v | bit
+            new += 1
+            if spec and prev in spec:
+                self._confirm(slot.endpoint, prev)
+        self.counters["stored"] += new
+        return new
+
+    def _store_general(
+        self, slot: Slot, medium: int, hashes: Sequence[int], pkey: int, tail: bytes, data: bytes, eb: int
+    ) -> int:
+        emap = slot.maps[medium]
+        order = slot.orders[medium]
+        bit = slot.bits[medium]
+        m = self._map
+        spec = self._spec.get(slot.endpoint)
+        step = eb * TOKEN_BYTES
+        new = 0
+        for i, eh in enumerate(hashes):
+            keys, pkey, tail = extend_chain(pkey, tail, data[i * step : (i + 1) * step], self.block_size)
+            if eh in emap:
+                dups = slot.dups[medium]
+                dups[eh] = dups.get(eh, 0) + 1
+                self.counters["duplicates"] += 1
+                continue
+            emap[eh] = keys[0] if (len(keys) == 1 and not tail) else (pkey, tail, tuple(keys))
+            order.append(eh)
+            for k in keys:
+                v = m.get(k)
+                m[k] = bit if v is None else v | bit
+                if spec and k in spec:
+                    self._confirm(slot.endpoint, k)
+            new += 1
+        self.counters["stored"] += new
+        return new
+
+    def _store_known(self, slot: Slot, hashes: Sequence[int], medium: int) -> int:
+        """BlockStored without tokens (a tier update): copy known blocks' entries to `medium`."""
+        emap, other = slot.maps[medium], slot.maps[1 - medium]
+        bit = slot.bits[medium]
+        m = self._map
+        new = 0
+        for eh in hashes:
+            e = other.get(eh)
+            if e is None or eh in emap:
+                continue
+            emap[eh] = e
+            slot.orders[medium].append(eh)
+            for k in (e,) if type(e) is int else e[2]:  # type: ignore[index]
+                m[k] = m.get(k, 0) | bit
+            new += 1
+        self.counters["stored"] += new
+        return new
+
+    def remove(self, endpoint: str, rank: int, block_hashes: Iterable[int], medium: int = GPU) -> int:
+        """Apply one BlockRemoved. Returns the engine blocks dropped."""
+        slot = self._by.get((endpoint, rank))
+        if slot is None:
+            return 0
+        emap = slot.maps[medium]
+        dups = slot.dups[medium]
+        bit = slot.bits[medium]
+        removed = 0
+        unknown = 0
+        for eh in block_hashes:
+            if dups and eh in dups:
+                c = dups[eh] - 1
+                if c:
+                    dups[eh] = c
+                else:
+                    del dups[eh]
+                continue
+            e = emap.pop(eh, None)
+            if e is None:
+                unknown += 1
+                continue
+            unset(self._map, e, bit)
+            removed += 1
+        self.counters["removed"] += removed
+        self.counters["unknown_removals"] += unknown
+        return removed
+
+    def _trim(self, slot: Slot, medium: int, cap: int) -> None:
+        emap = slot.maps[medium]
+        order = slot.orders[medium]
+        dups = slot.dups[medium]
+        bit = slot.bits[medium]
+        evicted = 0
+        while len(emap) > cap and order:
+            eh = order.popleft()
+            e = emap.pop(eh, None)
+            if e is None:
+                continue
+            dups.pop(eh, None)
+            unset(self._map, e, bit)
+            evicted += 1
+        self.counters["evicted"] += evicted
+
+    def _empty(self, slot: Slot) -> None:
+        for medium in (GPU, CPU):
+            bit = slot.bits[medium]
+            for e in slot.maps[medium].values():
+                unset(self._map, e, bit)
+            slot.maps[medium].clear()
+            slot.orders[medium].clear()
+            slot.dups[medium].clear()
+
+    def clear(self, endpoint: str, rank: int, state: str = LIVE) -> None:
+        """AllBlocksCleared, or a publisher that started afresh: the slot holds nothing and is `state`.
+        The endpoint's speculative entries go too (they predate the reset)."""
+        slot = self._slot(endpoint, rank)
+        self._empty(slot)
+        self._drop_spec(endpoint)
+        slot.state = state
+
+    def mark_unknown(self, endpoint: str, rank: int) -> None:
+        """Batches were lost: empty the slot and mark it unknown until a reset or a restart."""
+        self.clear(endpoint, rank, UNKNOWN)
+
+    def forget(self, endpoint: str) -> None:
+        """The endpoint left: drop its slots, entries and speculative entries."""
+        self._drop_spec(endpoint)
+        self._spec.pop(endpoint, None)
+        self._caps.pop(endpoint, None)
+        for slot in self._ep.pop(endpoint, ()):
+            self._empty(slot)
+            del self._by[(endpoint, slot.rank)]
+            self._slots[slot.index] = None
+            self._low &= ~slot.bits[GPU]
+            self._free.append(slot.index)
+
+    # ---- speculative entries ----------------------------------------------------------------------------
+    def _sbits(self, endpoint: str) -> int:
+        bits = 0
+        for s in self._ep.get(endpoint, ()):
+            bits |= s.sbit
+        return bits
+
+    def _confirm(self, endpoint: str, key: int) -> None:
+        self._specs.confirm(self._map, endpoint, key, self._sbits(endpoint))
+        self.counters["confirmed"] += 1
+
+    def _drop_spec(self, endpoint: str) -> None:
+        if self._spec.get(endpoint):
+            self._specs.drop(self._map, endpoint, self._sbits(endpoint))
+
+    def add_speculative(self, endpoint: str, keys: Sequence[int], now: float) -> int:
+        """Pointsman routed a request with these keys to `endpoint` at `now`: hold them speculatively until events
+        confirm them or `speculative_ttl` passes. Keys the endpoint already holds by events are skipped.
+        Returns the number of speculative entries added or refreshed."""
+        self.expire(now)
+        if self.speculative_ttl <= 0 or not keys:
+            return 0
+        if endpoint not in self._ep:
+            self._slot(endpoint, 0)
+        sbits = held = 0
+        for s in self._ep[endpoint]:
+            sbits |= s.sbit
+            held |= s.held
+        added = self._specs.add(self._map, endpoint, keys, now, sbits, held)
+        self.counters["speculative"] += added
+        return added
+
+    def expire(self, now: float) -> None:
+        """Drop speculative entries whose time is up."""
+        self.counters["lapsed"] += self._specs.expire(self._map, now, self._sbits)
+
+    # ---- matching ---------------------------------------------------------------------------------------
+    def match(self, keys: Sequence[int], now: float | None = None) -> dict[str, EndpointMatch]:
+        """Endpoint → its best rank's longest consecutive matched prefix (endpoints matching nothing omitted)."""
+        if now is not None:
+            self.expire(now)
+        low = self._low
+        if not keys or not low:
+            return {}
+        ends, extra = walk(self._map, low, keys)
+        return self._results(ends, extra)
+
+    def _results(self, ends: dict[int, int], extra: dict[int, list[int]]) -> dict[str, EndpointMatch]:
+        out: dict[str, EndpointMatch] = {}
+        gw, cw = self.gpu_weight, self.cpu_weight
+        slots = self._slots
+        for s, blocks in ends.items():
+            if not blocks:
+                continue
+            slot = slots[s]
+            if slot is None:
+                continue
+            cpu, spec = extra.get(s, (0, 0))
+            gpu = blocks - cpu - spec
+            res = EndpointMatch(blocks, (gpu + spec) * gw + cpu * cw, gpu, cpu, spec, slot.rank, slot.state)
+            best = out.get(slot.endpoint)
+            if best is None or (res.score, res.blocks, -res.rank) > (best.score, best.blocks, -best.rank):
+                out[slot.endpoint] = res
+        return out
