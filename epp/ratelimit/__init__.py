@@ -71,6 +71,8 @@ utilization), `RateLimitMetrics` (counters plus gauges computed at scrape time, 
 `pointsman_budget_utilization{budget}`), `refresh()` to re-read shared states from Redis for the metrics page.
 """
 
+from typing import TYPE_CHECKING, Any
+
 from epp.ratelimit.admission import (
     ADMITTED,
     Admission,
@@ -95,7 +97,19 @@ from epp.ratelimit.limits import (
     tokens,
 )
 from epp.ratelimit.metrics import RateLimitMetrics
-from epp.ratelimit.redis_store import RedisStore, StoreUnavailable, redact
+from epp.ratelimit.state import StoreUnavailable
+
+if TYPE_CHECKING:
+    from epp.ratelimit.redis_store import RedisStore, redact
+
+
+def __getattr__(name: str) -> Any:
+    """`RedisStore` and `redact` load the redis package on first use: local-only limits never import it."""
+    if name in ("RedisStore", "redact"):
+        from epp.ratelimit import redis_store
+
+        return getattr(redis_store, name)
+    raise AttributeError(f"module 'epp.ratelimit' has no attribute {name!r}")
 
 __all__ = [
     "ADMITTED",

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING
 
 from epp.ratelimit.admission import (
     ADMITTED,
@@ -21,8 +22,10 @@ from epp.ratelimit.admission import (
 from epp.ratelimit.headers import LimitStatus
 from epp.ratelimit.limits import Kind, Limit, Metric, Price, scope_key, scope_label, tokens
 from epp.ratelimit.link import MetricsSink, NullRateLimitMetrics, RedisLink
-from epp.ratelimit.redis_store import RedisStore, StoreUnavailable
-from epp.ratelimit.state import LocalStore, Mode, Op, OpResult, StoreFull
+from epp.ratelimit.state import LocalStore, Mode, Op, OpResult, StoreFull, StoreUnavailable
+
+if TYPE_CHECKING:  # redis is imported only when a Redis is configured
+    from epp.ratelimit.redis_store import RedisStore
 
 Applied = tuple[Limit, str]  # a limit and the scope value it applies to ('' when unscoped)
 

@@ -18,11 +18,13 @@ import logging
 import uuid
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterator, Sequence
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from epp.ratelimit.limits import Algorithm, Limit
-from epp.ratelimit.redis_store import RedisStore, StoreUnavailable
-from epp.ratelimit.state import INF, Mode, Op, OpResult
+from epp.ratelimit.state import INF, Mode, Op, OpResult, StoreUnavailable
+
+if TYPE_CHECKING:
+    from epp.ratelimit.redis_store import RedisStore
 
 log = logging.getLogger("epp.ratelimit")
 

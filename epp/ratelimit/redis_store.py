@@ -31,7 +31,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import NoScriptError, RedisError
 
 from epp.ratelimit.limits import Algorithm
-from epp.ratelimit.state import INF, Mode, Op, OpResult
+from epp.ratelimit.state import INF, Mode, Op, OpResult, StoreUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -186,14 +186,6 @@ return reply
 """
 
 SCRIPT_SHA = hashlib.sha1(SCRIPT.encode()).hexdigest()
-
-
-class StoreUnavailable(Exception):
-    """Redis did not answer in time or failed; `reason` is 'timeout' or 'error'."""
-
-    def __init__(self, reason: str, message: str) -> None:
-        super().__init__(message)
-        self.reason = reason
 
 
 def redact(url: str) -> str:

@@ -70,6 +70,14 @@ class StoreFull(Exception):
     """The store holds `max_keys` live states and a request needs a new one."""
 
 
+class StoreUnavailable(Exception):
+    """The shared store (Redis) did not answer in time or failed; `reason` is 'timeout' or 'error'."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
 @dataclass(slots=True)
 class _Bucket:
     limit: Limit
