@@ -17,6 +17,7 @@ How the director uses it, in `RequestExchange.decide` after `build` and before `
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Awaitable, Sequence
 from typing import Any
 
@@ -26,7 +27,27 @@ from epp.ratelimit.limiter import Applied, Limiter
 from epp.ratelimit.limits import Limit, Metric, Price, declared_output
 
 
+class _RateHold:
+    """What an admitted request holds: its charge, refunded if it never reaches an engine, else settled."""
+
+    __slots__ = ("gate", "ticket", "price")
+
+    def __init__(self, gate: RateLimitGate, ticket: Ticket, price: Price | None) -> None:
+        self.gate, self.ticket, self.price = gate, ticket, price
+
+    def undo(self) -> None:
+        self.gate.limiter.refund(self.ticket)
+
+    def done(self, usage: Any) -> None:
+        self.gate.settle(self.ticket, usage, price=self.price)
+
+
 class RateLimitGate:
+    """The director's admission gate for token rate limits (epp/gates.py): `check` answers None (no limit), a 429
+    Outcome, or a hold on the charge; an awaitable when a shared limit asks Redis."""
+
+    name = "rate-limit"
+
     def __init__(self, limiter: Limiter, *, default_output_tokens: int = 0) -> None:
         self.limiter = limiter
         self.default_output_tokens = default_output_tokens
@@ -72,6 +93,23 @@ class RateLimitGate:
         if adm is not None:
             return adm
         return self.limiter.admit(applied, input_tokens, output, price, dry_run=dry_run)
+
+    def check(self, ctx: Any, parsed: Any, *, dry_run: bool = False) -> Any:
+        """The gate interface (epp/gates.py): input tokens are the request's (tokenized, or estimated)."""
+        if not self.applied(ctx):
+            return None
+        adm = self.admit(ctx, ctx.request.estimated_tokens, parsed, dry_run=dry_run)
+        if inspect.isawaitable(adm):
+            return self._answer_later(adm)
+        return self._answer(adm)
+
+    async def _answer_later(self, adm: Awaitable[Admission]) -> Any:
+        return self._answer(await adm)
+
+    def _answer(self, adm: Admission) -> Any:
+        if not adm.allowed:
+            return self.rejection(adm)
+        return _RateHold(self, adm.ticket, None) if adm.ticket is not None else None
 
     @staticmethod
     def rejection(adm: Admission) -> Outcome:
