@@ -109,6 +109,8 @@ def decide(spec: ModelRouterSpec, f: Features, health: Health, rng: random.Rando
             usable = [b for b in usable if b.weight > 0]
             if drained:
                 notes.append(f"rule {rule.name!r}: {', '.join(drained)} drained (weight 0)")
+        if down and usable:
+            notes.append(f"rule {rule.name!r}: skipped {'; '.join(down)}")
         if not usable:
             why = "; ".join(down) or ("its backends are cloud-tier and the request is classified " + label
                                       if sens else "no backend is eligible")

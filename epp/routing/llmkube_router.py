@@ -103,6 +103,7 @@ class ModelRouterDecision(RouteDecision):
     timeout_s: float | None = None
     mirror_endpoints: list[tuple[str, str]] = field(default_factory=list)  # (backend, ip:port)
     fallback_keys: tuple[str, ...] = ()  # set once scheduled: the endpoints after the primary in envoy.lb
+    classifications: frozenset[str] = frozenset()  # what the request carries (normalized)
     owner: Any = None  # LLMKubeRouting
 
     @property
@@ -250,7 +251,7 @@ class LLMKubeRouting:
         rule = spec.route.rules[plan.rule.index] if not plan.rule.synthetic else Rule(
             plan.rule.name, plan.rule.index, Match(), (b.target,))
         d = ModelRouterDecision(route=spec.route, rule=rule, target=b.target, spec=spec, runtime=rt, plan=plan,
-                                backend=b, owner=self)
+                                backend=b, owner=self, classifications=f.classifications)
         router = self.router
         if b.kind == "pool":
             pb = router.table.pools[b.target.backend]
