@@ -69,6 +69,7 @@ def test_backend_defaults_tier_weight_published_name_and_provider_urls():
     assert not docs.errors
     [spec] = docs.table().routers
     a, b, c = spec.backends["a"], spec.backends["b"], spec.backends["c"]
+    assert c.tier == "cloud" and c.kind == "provider"
     assert (a.tier, a.weight, a.published) == ("local", 1, "a")
     assert (b.tier, b.published) == ("cloud", "gpt-5-2025")
     providers = docs.table().providers
