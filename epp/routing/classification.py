@@ -9,7 +9,9 @@ mistaken for a harmless one:
 - every value counts: "public, pii" carries both; a repeated header arrives joined with ',' (Envoy's ext_proc
   delivers each copy; Pointsman joins them), so two copies carry both values too;
 - each value is compared normalized (epp.routing.llmkube_model.normalize_label): Unicode NFKC, case-folded,
-  trimmed of blanks and quotes ("PII", " Pii ", "\"pii\"" and the full-width "ＰＩＩ" all read "pii").
+  trimmed of blanks and quotes ("PII", " Pii ", "\"pii\"" and the full-width "ＰＩＩ" all read "pii");
+- a sensitive word inside a decorated value counts too ("pii;source=crm", "pii data"): the guard errs on the side
+  of keeping data local.
 LLMKube's proxy reads only the first value of the header, lower-cased; Pointsman reads all of them, so a request
 labelled sensitive anywhere in the header is treated as sensitive.
 
@@ -22,16 +24,20 @@ matches a sensitive classification must be failClosed and list local backends on
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 
 from epp.routing.llmkube_model import COMPLEXITY_HEADER, Features, normalize_label
 
 MAX_VALUES = 32  # a header with more values than this is read for its first 32 and the sensitive ones
+_WORDS = re.compile(r"[;\s|/=]+")
 
 
 def classifications(headers: Mapping[str, str], header_key: str, sensitive: Iterable[str] = ()) -> frozenset[str]:
-    """Every classification the request carries, normalized. Values past MAX_VALUES are kept only when they are
-    sensitive, so a long header can neither hide a sensitive value nor make the set large."""
+    """Every classification the request carries, normalized. A comma-separated value is one classification; a
+    sensitive word inside a value ("pii;source=crm", "pii data") counts too, so decoration cannot hide it. Values
+    past MAX_VALUES are kept only when they are sensitive, so a long header can neither hide a sensitive value nor
+    make the set large."""
     raw = headers.get(header_key, "")
     if not raw:
         return frozenset()
@@ -39,8 +45,12 @@ def classifications(headers: Mapping[str, str], header_key: str, sensitive: Iter
     out: set[str] = set()
     for i, part in enumerate(raw.split(",")):
         value = normalize_label(part)
-        if value and (i < MAX_VALUES or value in keep):
+        if not value:
+            continue
+        if i < MAX_VALUES or value in keep:
             out.add(value)
+        if keep:
+            out.update(w for w in (normalize_label(x) for x in _WORDS.split(value)) if w in keep)
     return frozenset(out)
 
 
