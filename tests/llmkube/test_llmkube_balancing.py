@@ -69,8 +69,8 @@ def test_load_aware_sends_to_the_pod_with_the_least_work():
     r.ds.update_metrics({PODS[1]: Metrics(waiting=5, running=5, updated_at=r.clock(), stale=False)})
     _, out4 = r.decide()
     assert served(out4) == PODS[2]  # p3: 5 < p1: 7 < p2: 10
-    for ex in (ex, ex2, ex3):
-        ex.close()
+    for e in (ex, ex2, ex3):
+        e.close()
 
 
 def test_load_aware_without_engine_metrics_counts_in_flight_requests():
