@@ -107,6 +107,7 @@ class BudgetGate:
             return []
         from epp.ratelimit.limits import scope_label
 
+        team = {f"{ctx.route.spec.key}/{b.name}" for b in ctx.route.spec.budgets if b.scope == "team"}
         wanted = {(lim.name, scope_label(scope)): scope for lim, scope in applied}
         rows = {(b.name, b.scope): b for b in self.limiter.budgets()}
         out = []
@@ -114,7 +115,7 @@ class BudgetGate:
             lims = [lim for lim, s in applied if lim.name == name and s == scope]
             row = rows.get((name, label))
             out.append({
-                "name": name, "scope": label, "window_s": lims[0].period_s,
+                "name": name, "scope": label or ("(no team)" if name in team else ""), "window_s": lims[0].period_s,
                 "tokens_used": row.tokens_used if row else 0, "usd_used": row.usd_used if row else 0.0,
                 "max_tokens": next((lim.amount for lim in lims if lim.metric is Metric.TOTAL_TOKENS), None),
                 "max_usd": next((lim.amount for lim in lims if lim.metric is Metric.USD), None),
