@@ -33,3 +33,15 @@ def test_envoy_config_from_the_example_validates(tmp_path):
     assert "provider.default.coding-router.cloud-opus" in text and "idle_timeout: 300s" in text
     assert "num_retries: 1" in text  # the longest fallback list: one backend after the first
     assert validate(tmp_path / "envoy.yaml").returncode == 0
+
+
+def test_envoy_config_with_routes_lists_every_pool_of_the_endpoints_file(tmp_path):
+    eps = tmp_path / "eps.yaml"
+    eps.write_text("pools:\n- {name: qwen3-coder, endpoints: [{address: 10.0.0.1, port: 8000}]}\n"
+                   "- {name: llama, endpoints: [{address: 10.0.0.2, port: 8000}]}\n")
+    out = subprocess.run([sys.executable, "-m", "epp.cli", "envoy-config", "--variant", "override-host",
+                          "--routes-file", str(EXAMPLE), "--endpoints-file", str(eps), "-o", str(tmp_path / "e.yaml")],
+                         cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    text = (tmp_path / "e.yaml").read_text()
+    assert "address: 10.0.0.1" in text and "address: 10.0.0.2" in text
