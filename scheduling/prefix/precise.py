@@ -393,12 +393,13 @@ class PreciseIndex:
         if self._spec.get(endpoint):
             self._specs.drop(self._map, endpoint, self._sbits(endpoint))
 
-    def add_speculative(self, endpoint: str, keys: Sequence[int], now: float) -> int:
+    def add_speculative(self, endpoint: str, keys: Sequence[int], now: float, ttl: float | None = None) -> int:
         """Pointsman routed a request with these keys to `endpoint` at `now`: hold them speculatively until events
-        confirm them or `speculative_ttl` passes. Keys the endpoint already holds by events are skipped.
-        Returns the number of speculative entries added or refreshed."""
+        confirm them or `ttl` (default `speculative_ttl`) seconds pass. Keys the endpoint already holds by events
+        are skipped. Returns the number of speculative entries added or refreshed."""
         self.expire(now)
-        if self.speculative_ttl <= 0 or not keys:
+        ttl = self.speculative_ttl if ttl is None else ttl
+        if ttl <= 0 or not keys:
             return 0
         if endpoint not in self._ep:
             self._slot(endpoint, 0)
@@ -406,7 +407,7 @@ class PreciseIndex:
         for s in self._ep[endpoint]:
             sbits |= s.sbit
             held |= s.held
-        added = self._specs.add(self._map, endpoint, keys, now, sbits, held)
+        added = self._specs.add(self._map, endpoint, keys, now, sbits, held, ttl)
         self.counters["speculative"] += added
         return added
 
