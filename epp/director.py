@@ -142,6 +142,7 @@ class Director:
         self.admission = admission
         self.rewrite = rewrite
         self.router = router  # epp.routing.Router: routes, rules and weighted targets (None: pools only)
+        self.tokens: Any = None  # epp.tokenize.shell.RequestTokens: tokens for configs that read them (the app)
         self._decisions = 0
         self.recorder: DecisionRecorder | None = None  # set by the app when the dashboard is on
 
@@ -380,12 +381,36 @@ class RequestExchange:
     def decide(
         self, headers: Mapping[str, str], body: bytes | None, metadata: Mapping[str, Mapping[str, object]]
     ) -> Outcome | Awaitable[Outcome]:
-        # Synchronous today (the grpc layer's fast path); an awaitable outcome is also accepted by the driver.
+        # Synchronous (the grpc layer's fast path), except when the deciding config reads token ids that only an
+        # awaitable can produce (a local tokenizer to load, the engine's /tokenize): the driver awaits it.
         d = self.d
         self.started = d.clock()
+        built: tuple[ShellContext, dict[str, Any] | None] | Exception | None = None
+        if d.tokens is not None:  # HOOK (precise prefix routing): epp/tokenize/shell.py
+            try:
+                built = d.build(headers, body, metadata)
+                pending = d.tokens.prepare(built[0], d.scheduler_for(built[0]))
+            except Exception as exc:  # answered by _decide, with every other error
+                built, pending = exc, None
+            if pending is not None:
+                return self._decide_later(pending, headers, built)
+        return self._decide(headers, body, metadata, built)
+
+    async def _decide_later(self, pending: Awaitable[object], headers: Mapping[str, str],
+                            built: tuple[ShellContext, dict[str, Any] | None] | Exception | None) -> Outcome:
+        await pending  # never raises: tokenization falls back to the approximation; a client leaving cancels it
+        return self._decide(headers, None, {}, built)
+
+    def _decide(
+        self, headers: Mapping[str, str], body: bytes | None, metadata: Mapping[str, Mapping[str, object]],
+        built: tuple[ShellContext, dict[str, Any] | None] | Exception | None,
+    ) -> Outcome:
+        d = self.d
         ctx = None
         try:
-            ctx, parsed = d.build(headers, body, metadata)
+            if isinstance(built, Exception):
+                raise built
+            ctx, parsed = built if built is not None else d.build(headers, body, metadata)
             # ---- admission: token rate limits (epp/ratelimit plugs in here; Director.admit is a no-op until) ----
             rejected = d.admit(ctx)
             if rejected is not None:
