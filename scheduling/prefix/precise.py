@@ -132,6 +132,8 @@ class PreciseIndex:
         slots = self._ep.get(endpoint)
         if not slots:
             return None
+        if len(slots) == 1:
+            return slots[0].state
         return max((s.state for s in slots), key=STATE_RANK.__getitem__)
 
     def states(self) -> dict[str, str]:

@@ -140,10 +140,31 @@ class PreciseReader(Plugin[P]):
             self.precise = producer  # type: ignore[assignment]
 
 
-def _approximate(matches: Mapping[str, int], total: int, block_tokens: int, key: str,
-                 state: str | None) -> PrefixHit:
-    m = matches.get(key, 0)
-    return PrefixHit(APPROXIMATE, m, total, block_tokens, float(m), state=state)
+class _Hits:
+    """Builds one decision's hits; endpoints matching nothing share one hit per (source, state)."""
+
+    __slots__ = ("zeros", "amatches", "atotal", "ablock", "total", "block")
+
+    def __init__(self, amatches: Mapping[str, int], atotal: int, ablock: int, total: int, block: int) -> None:
+        self.zeros: dict[tuple[str, str | None], PrefixHit] = {}
+        self.amatches, self.atotal, self.ablock = amatches, atotal, ablock
+        self.total, self.block = total, block
+
+    def zero(self, source: str, state: str | None) -> PrefixHit:
+        hit = self.zeros.get((source, state))
+        if hit is None:
+            if source == EVENTS:
+                hit = PrefixHit(EVENTS, 0, self.total, self.block, 0.0, state=state)
+            else:
+                hit = PrefixHit(APPROXIMATE, 0, self.atotal, self.ablock, 0.0, state=state)
+            self.zeros[(source, state)] = hit
+        return hit
+
+    def approximate(self, key: str, state: str | None) -> PrefixHit:
+        m = self.amatches.get(key, 0)
+        if not m:
+            return self.zero(APPROXIMATE, state)
+        return PrefixHit(APPROXIMATE, m, self.atotal, self.ablock, float(m), state=state)
 
 
 def prefix_hits(
@@ -157,29 +178,29 @@ def prefix_hits(
     if cached is not None and all(e.key in cached for e in candidates):
         return cached
     amatches, atotal = approx.matches(ctx, state)
-    ablock = approx.block_tokens
     pm = precise.matches(ctx, state) if precise is not None else None
     out: dict[str, PrefixHit] = dict(cached) if cached else {}
     if pm is None or precise is None:
+        hits = _Hits(amatches, atotal, approx.block_tokens, 0, 0)
         for e in candidates:
-            out[e.key] = _approximate(amatches, atotal, ablock, e.key, None)
+            out[e.key] = hits.approximate(e.key, None)
     else:
-        index = precise.index
+        hits = _Hits(amatches, atotal, approx.block_tokens, pm.total, precise.block_tokens)
+        index_state = precise.index.state
         gw, cw = precise.gpu_weight, precise.cpu_weight
         by = pm.by_endpoint
-        total = pm.total
-        bt = precise.block_tokens
         for e in candidates:
-            st = index.state(e.key)
+            key = e.key
+            st = index_state(key)
             if st != LIVE:
-                out[e.key] = _approximate(amatches, atotal, ablock, e.key, st)
+                out[key] = hits.approximate(key, st)
                 continue
-            m = by.get(e.key)
+            m = by.get(key)
             if m is None:
-                out[e.key] = PrefixHit(EVENTS, 0, total, bt, 0.0, state=st)
+                out[key] = hits.zero(EVENTS, st)
             else:
                 w = (m.gpu + m.speculative) * gw + m.cpu * cw
-                out[e.key] = PrefixHit(EVENTS, m.blocks, total, bt, w, m.gpu, m.cpu, m.speculative, st)
+                out[key] = PrefixHit(EVENTS, m.blocks, pm.total, hits.block, w, m.gpu, m.cpu, m.speculative, st)
     state[cache_key] = state[_LAST_HITS] = out
     return out
 
