@@ -390,18 +390,18 @@ class RequestExchange:
             try:
                 built = d.build(headers, body, metadata)
                 pending = d.tokens.prepare(built[0], d.scheduler_for(built[0]))
-            except Exception as exc:  # answered by _decide, with every other error
+            except Exception as exc:  # answered by _commit_decision, with every other error
                 built, pending = exc, None
             if pending is not None:
-                return self._decide_later(pending, headers, built)
-        return self._decide(headers, body, metadata, built)
+                return self._after_tokens(pending, headers, built)
+        return self._commit_decision(headers, body, metadata, built)
 
-    async def _decide_later(self, pending: Awaitable[object], headers: Mapping[str, str],
+    async def _after_tokens(self, pending: Awaitable[object], headers: Mapping[str, str],
                             built: tuple[ShellContext, dict[str, Any] | None] | Exception | None) -> Outcome:
         await pending  # never raises: tokenization falls back to the approximation; a client leaving cancels it
-        return self._decide(headers, None, {}, built)
+        return self._commit_decision(headers, None, {}, built)
 
-    def _decide(
+    def _commit_decision(
         self, headers: Mapping[str, str], body: bytes | None, metadata: Mapping[str, Mapping[str, object]],
         built: tuple[ShellContext, dict[str, Any] | None] | Exception | None,
     ) -> Outcome:
