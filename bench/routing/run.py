@@ -39,6 +39,8 @@ class Regime:
     qps: tuple[float, ...]
     outside: float = 0.0  # fraction of requests sent straight to a (uniformly chosen) server, bypassing the router
     reset_every: float = 0.0  # model seconds between prefix-cache resets of one server (rotating); 0 = none
+    warmup: bool = False  # one unmeasured request per group through the router first (the disturbances, not the
+    # cold start, are what these regimes measure)
 
 
 @dataclass(frozen=True)
@@ -79,12 +81,12 @@ def regimes(fleet: FleetSpec) -> dict[str, Regime]:
         "outside-traffic": Regime("outside-traffic", WorkloadSpec(num_groups=pressure_groups, prompts_per_group=5,
                                                                   system_prompt_len=2000, question_len=200,
                                                                   output_len=64),
-                                  (10, 20, 30), outside=0.3),
+                                  (10, 20, 30), outside=0.3, warmup=True),
         # the pressure workload while one server's prefix cache is reset every 10 s (a restart, an operator's
         # /reset_prefix_cache), running requests included
         "cache-resets": Regime("cache-resets", WorkloadSpec(num_groups=pressure_groups, prompts_per_group=5,
                                                             system_prompt_len=2000, question_len=200, output_len=64),
-                               (10, 20, 30), reset_every=10.0),
+                               (10, 20, 30), reset_every=10.0, warmup=True),
     }
 
 
@@ -162,6 +164,9 @@ async def run_one(router: str, regime: Regime, fs: FleetSpec, duration: float, m
             await wait_http(f"{u}/health", fleet_proc, 30.0)
         launched = await ROUTERS[router](fleet, wd)
         wl = Workload(regime.spec, MODEL, seed)
+        if regime.warmup:
+            await run_stage(launched.url + "/v1/chat/completions", wl.warmup(8.0), fs.time_scale,
+                            request_timeout=60.0, stage_timeout=120.0)
         for i, qps in enumerate(regime.qps):
             plan = wl.plan(qps, duration, max_requests, stage_seed=i)
             direct = outside_plan(plan, fleet.urls, regime.outside, f"{seed}/outside/{i}/{qps}")

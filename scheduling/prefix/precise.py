@@ -413,6 +413,11 @@ class PreciseIndex:
         self.counters["speculative"] += added
         return added
 
+    def end_speculative(self, endpoint: str, keys: Sequence[int], now: float, ttl: float | None = None) -> int:
+        """The request that made these speculative entries ended at `now`: those events have not confirmed yet
+        expire `ttl` (default `speculative_ttl`) later at the latest. Returns how many were shortened."""
+        return self._specs.shorten(endpoint, keys, now + (self.speculative_ttl if ttl is None else ttl))
+
     def expire(self, now: float) -> None:
         """Drop speculative entries whose time is up."""
         self.counters["lapsed"] += self._specs.expire(self._map, now, self._sbits)

@@ -161,6 +161,22 @@ class Speculative:
                     lapsed += 1
         return lapsed
 
+    def shorten(self, endpoint: str, keys: Sequence[int], exp: float) -> int:
+        """Make the endpoint's still-speculative `keys` expire by `exp` at the latest. Returns how many changed."""
+        spec = self.entries.get(endpoint)
+        if not spec:
+            return 0
+        changed = []
+        for k in keys:
+            e = spec.get(k)
+            if e is not None and e > exp:
+                spec[k] = exp
+                changed.append(k)
+        if changed:
+            self._seq += 1
+            heapq.heappush(self._queue, (exp, self._seq, endpoint, tuple(changed)))
+        return len(changed)
+
     def confirm(self, m: dict[int, int], endpoint: str, key: int, sbits: int) -> None:
         del self.entries[endpoint][key]
         clear_bits(m, key, sbits)

@@ -131,7 +131,7 @@ def test_without_token_ids_every_endpoint_is_approximate():
     assert plugin_scores(res) == {a.key: 0.0, ep(1).key: 0.0}
 
 
-def test_picks_enter_as_speculative_entries_until_events_confirm_them_or_they_expire():
+def test_picks_enter_as_speculative_entries_until_events_confirm_them_or_they_lapse_after_the_request():
     idx = PreciseIndex()
     a, b = ep(0), ep(1)
     for e in (a, b):
@@ -152,12 +152,21 @@ def test_picks_enter_as_speculative_entries_until_events_confirm_them_or_they_ex
     r3 = sched.schedule(ctx(tokreq(), [a, b], now=101.5, explain=True))
     h3 = decision_prefix_hits(r3.state)
     assert h3 is not None and (h3[chosen.key].gpu, h3[chosen.key].speculative) == (4, 6)
-    # past the TTL only what events confirmed is left
-    r4 = sched.schedule(ctx(tokreq(), [a, b], now=102.5, explain=True))
+    # the request still runs (queued in the engine, say): past the TTL its entries are still held
+    r4 = sched.schedule(ctx(tokreq(), [a, b], now=110.0, explain=True))
     h4 = decision_prefix_hits(r4.state)
-    assert h4 is not None and (h4[chosen.key].gpu, h4[chosen.key].speculative) == (4, 0)
-    assert h4[other.key].blocks == 0
-    assert plugin_scores(r4)[chosen.key] == pytest.approx(0.4)
+    assert h4 is not None and (h4[chosen.key].gpu, h4[chosen.key].speculative) == (4, 6)
+    # it ends at 111: what events never confirmed lapses a TTL later
+    c1.now = 111.0
+    sched.response_complete(c1, r1)
+    r5 = sched.schedule(ctx(tokreq(), [a, b], now=112.9, explain=True))
+    h5 = decision_prefix_hits(r5.state)
+    assert h5 is not None and h5[chosen.key].speculative == 6
+    r6 = sched.schedule(ctx(tokreq(), [a, b], now=113.1, explain=True))
+    h6 = decision_prefix_hits(r6.state)
+    assert h6 is not None and (h6[chosen.key].gpu, h6[chosen.key].speculative) == (4, 0)
+    assert h6[other.key].blocks == 0
+    assert plugin_scores(r6)[chosen.key] == pytest.approx(0.4)
 
 
 def test_speculative_indexing_can_be_turned_off():

@@ -7,8 +7,10 @@ what the engines really cache, built from their KV events (docs/kv-events.md).
                 GPU (events) > CPU (events) > speculative
     weighted  = (gpu + speculative) × gpuWeight (1.0) + cpu × cpuWeight (0.8)      (in scheduling.prefix.precise_data)
     pre_request: with speculativeIndexing (on), the prompt's keys are held for the chosen endpoint (and the P/D
-                 prefill endpoint) as speculative entries until the engine's BlockStored confirms them or
-                 speculativeTTL (2 s) passes
+                 prefill endpoint) as speculative entries until the engine's BlockStored confirms them, for as
+                 long as the request runs (an engine keeps a running request's blocks; it may wait in the queue
+                 long before it is admitted and its blocks published) and speculativeTTL (2 s) after it ends
+                 (and at most SPECULATIVE_HOLD, 600 s, for a request whose end is never reported)
 
 The index is the shell's (the service `precise-index`, kept across config reloads; the KV-event subscriber
 writes the events and forgets departed endpoints); a scheduler loaded without the shell gets a private empty one
@@ -34,6 +36,7 @@ from scheduling.prefix.precise_data import PRECISE_INDEX, PRECISE_PREFIX, Precis
 
 _MATCH = "precise-prefix.match"
 _RECORDED = "precise-prefix.recorded"
+SPECULATIVE_HOLD = 600.0  # seconds: the longest a running request's speculative entries are held
 
 
 @dataclass(frozen=True)
@@ -98,7 +101,18 @@ class PrecisePrefixProducer(Producer[Params]):
             return
         for ep in (result.targets[0] if result.targets else None, result.prefill):
             if ep is not None:
-                self.index.add_speculative(ep.key, m.keys, ctx.now, self.ttl)
+                self.index.add_speculative(ep.key, m.keys, ctx.now, max(self.ttl, SPECULATIVE_HOLD))
+
+    def response_complete(self, ctx: SchedulingContext, result: SchedulingResult, state: State) -> None:
+        """The request ended: what events have not confirmed yet lapses speculativeTTL from now."""
+        if state.get(_RECORDED) is not self:
+            return
+        m: PreciseMatch | None = state.get(_MATCH)
+        if m is None or not m.keys:
+            return
+        for ep in (result.targets[0] if result.targets else None, result.prefill):
+            if ep is not None:
+                self.index.end_speculative(ep.key, m.keys, ctx.now, self.ttl)
 
     def endpoint_removed(self, key: str) -> None:
         if self.owned:  # the shell's index is forgotten by the shell (the subscriber is its writer)
