@@ -210,6 +210,15 @@ async def start_pointsman_best(fleet: FleetInfo, workdir: Path) -> Launched:
     return await start_pointsman(fleet, workdir, extra=f"--config-file {profile} {os.environ.get('POINTSMAN_EPP_ARGS', '')}")
 
 
+GIE_DEFAULT_PROFILE = ROOT / "deploy" / "profiles" / "gie-default.yaml"
+
+
+async def start_pointsman_gie(fleet: FleetInfo, workdir: Path) -> Launched:
+    """Pointsman with GIE's default profile (queue ×2, KV ×2, prefix ×3), its own default until this benchmark."""
+    return await start_pointsman(
+        fleet, workdir, extra=f"--config-file {GIE_DEFAULT_PROFILE} {os.environ.get('POINTSMAN_EPP_ARGS', '')}")
+
+
 async def start_pointsman(fleet: FleetInfo, workdir: Path, extra: str | None = None) -> Launched:
     epp = _epp_command()
     grpc, health, metrics, listen, admin = free_ports(5)
@@ -240,9 +249,10 @@ ROUTERS: dict[str, Adapter] = {
     "vllm-router-kv": start_vllm_router_kv,
     "sglang-router": start_sglang_router,
     "pointsman": start_pointsman,
+    "pointsman-gie": start_pointsman_gie,
     "pointsman-best": start_pointsman_best,
     "oracle": start_oracle,
     "oracle-proxy": start_oracle_proxy,
 }
-DEFAULT_ROUTERS = ["envoy-rr", "vllm-router", "vllm-router-kv", "sglang-router", "pointsman", "pointsman-best",
-                   "oracle"]
+DEFAULT_ROUTERS = ["envoy-rr", "vllm-router", "vllm-router-kv", "sglang-router", "pointsman", "pointsman-gie",
+                   "pointsman-best", "oracle"]
