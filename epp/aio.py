@@ -14,3 +14,12 @@ async def cancel_and_wait(task: asyncio.Task[Any] | None) -> None:
     task.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await task
+
+
+async def wait_set(event: asyncio.Event, timeout: float | None) -> bool:
+    """Wait until `event` is set or `timeout` passes; True if it was set."""
+    try:
+        await asyncio.wait_for(event.wait(), timeout)
+    except asyncio.TimeoutError:
+        return False
+    return True

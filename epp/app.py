@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from epp.health import EppHealthServicer
     from epp.kvevents.service import PreciseService
     from epp.metrics import EppMetrics
+    from epp.ratelimit.gate import RateLimitGate
     from epp.reload import FileWatcher
     from epp.tokenize.shell import RequestTokens
     from epp.xds import EdsService
@@ -78,6 +79,7 @@ class App:
         self.watchers: dict[str, FileWatcher[Any]] = {}  # hot-reloaded files by what they hold (shown on the dashboard)
         self.started_at = time.time()
         self.routing: Any = None  # epp.routing.service.RoutingService, with --routes-file / --watch-routes
+        self.ratelimit: RateLimitGate | None = None  # token rate limits of the routes (epp/ratelimit)
         self.pods: Any = None  # epp.k8s.pods.PodPools, shared by the watchers that serve several pools
         self._api: Any = None
         self.precise: PreciseService | None = None  # the precise prefix index and its KV-event subscriptions
@@ -106,10 +108,18 @@ class App:
             log_decisions=args.log_decisions,
         )
         ds = self.datastore
+        gates = []
+        if self.routing is not None:  # routes may carry token rate limits (Kthena's ModelRoute.rateLimit)
+            from epp.ratelimit.wiring import build_gate
+
+            self.ratelimit = await build_gate(args, self.metrics.registry, self.routing.router.table)
+            self.cleanups.append(self.ratelimit.limiter.close)
+            gates.append(self.ratelimit)
         self.director = director = Director(
             ds, scheduler, cfg, metrics=self.metrics,
             rewrite=lambda model: choose_rewrite(ds.rewrites, model, self.rng) if ds.rewrites else None,
             router=self.routing.router if self.routing is not None else None,
+            gates=gates,
         )
         director.tokens = self.tokens  # HOOK (precise prefix routing): tokenize for configs that read tokens
         # Endpoint lifecycle: whatever scheduler is current forgets a departed endpoint (in-flight counts and the

@@ -58,6 +58,10 @@ def _add_serve_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--metrics-staleness-threshold", type=_duration, default=2.0, help="stale after (2s)")
     g.add_argument("--seed", type=int, default=None, help="seed the scheduler's random source")
 
+    from epp.ratelimit.wiring import add_flags as add_ratelimit_flags
+
+    add_ratelimit_flags(p, _duration)
+
     g = p.add_argument_group("protocol")
     g.add_argument("--request-body-mode", type=BodyMode.parse, default=BodyMode.FULL_DUPLEX_STREAMED)
     g.add_argument("--response-body-mode", type=BodyMode.parse, default=BodyMode.FULL_DUPLEX_STREAMED)

@@ -6,6 +6,8 @@ It parses the body once, resolves model, rewrite, objective and candidates, asks
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import logging
 import time
 import uuid
@@ -14,6 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from epp.datastore import Datastore, InflightTicket
+from epp.gates import Answer, Gate, Hold
 from epp.parsing import api_kind, parse_body, set_model
 from epp.pool_select import choose_pool
 from epp.protocol import Outcome
@@ -133,6 +136,7 @@ class Director:
         admission: Callable[[int, Sequence[Endpoint], float], bool] | None = None,
         rewrite: Callable[[str], str | None] | None = None,
         router: Any = None,
+        gates: Sequence[Gate] = (),
     ) -> None:
         self.datastore = datastore
         self.scheduler = scheduler
@@ -142,6 +146,7 @@ class Director:
         self.admission = admission
         self.rewrite = rewrite
         self.router = router  # epp.routing.Router: routes, rules and weighted targets (None: pools only)
+        self.gates: list[Gate] = list(gates)  # admission after parsing and routing, in order (epp/gates.py)
         self.tokens: Any = None  # epp.tokenize.shell.RequestTokens: tokens for configs that read them (the app)
         self._decisions = 0
         self.recorder: DecisionRecorder | None = None  # set by the app when the dashboard is on
@@ -341,12 +346,6 @@ class Director:
         if "x-request-id" not in req.headers:
             sets.append(("x-request-id", req.request_id))
 
-    def admit(self, ctx: ShellContext) -> Outcome | None:
-        """Admission before scheduling: token rate limits per route (`ctx.route.rate_limit`, counted per
-        `ctx.route.rate_limit_key`). None admits. epp/ratelimit replaces this no-op (a 429 Outcome with Retry-After
-        and x-ratelimit-* headers when over the limit)."""
-        return None
-
     def mutations_for_provider(self, ctx: ShellContext, parsed: dict[str, Any] | None) -> Outcome:
         """An external provider: Envoy's provider route takes it (the provider header), with the credential, the
         provider's path and model and the static headers; no endpoint, so no destination header."""
@@ -362,7 +361,7 @@ class RequestExchange:
     """The director's side of one stream (implements epp.protocol.Exchange)."""
 
     __slots__ = ("d", "scheduler", "ctx", "result", "started", "scanner", "served", "_closed", "_rewrite_from", "_rewrite_to",
-                 "_ticket", "rec")
+                 "_ticket", "rec", "_holds")
 
     def __init__(self, director: Director) -> None:
         self.d = director
@@ -377,61 +376,113 @@ class RequestExchange:
         self._rewrite_to: bytes | None = None
         self._ticket: InflightTicket | None = None
         self.rec: DecisionRecord | None = None  # the dashboard's record of this decision
+        self._holds: list[Hold] = []  # what the admission gates hold until the stream ends
 
     def decide(
         self, headers: Mapping[str, str], body: bytes | None, metadata: Mapping[str, Mapping[str, object]]
     ) -> Outcome | Awaitable[Outcome]:
-        # Synchronous (the grpc layer's fast path), except when the deciding config reads token ids that only an
-        # awaitable can produce (a local tokenizer to load, the engine's /tokenize): the driver awaits it.
+        """Build, pass the admission gates, tokenize (only for configs that read token ids), schedule, commit.
+        Synchronous (the grpc layer's fast path) unless a gate must wait (a shared rate limit asks Redis) or the
+        tokens need an awaitable (a local tokenizer to load, the engine's /tokenize): then an awaitable, which a
+        client going away cancels."""
         d = self.d
         self.started = d.clock()
-        built: tuple[ShellContext, dict[str, Any] | None] | Exception | None = None
-        if d.tokens is not None:  # HOOK (precise prefix routing): epp/tokenize/shell.py
-            try:
-                built = d.build(headers, body, metadata)
-                pending = d.tokens.prepare(built[0], d.scheduler_for(built[0]))
-            except Exception as exc:  # answered by _commit_decision, with every other error
-                built, pending = exc, None
-            if pending is not None:
-                return self._after_tokens(pending, headers, built)
-        return self._commit_decision(headers, body, metadata, built)
-
-    async def _after_tokens(self, pending: Awaitable[object], headers: Mapping[str, str],
-                            built: tuple[ShellContext, dict[str, Any] | None] | Exception | None) -> Outcome:
-        await pending  # never raises: tokenization falls back to the approximation; a client leaving cancels it
-        return self._commit_decision(headers, None, {}, built)
-
-    def _commit_decision(
-        self, headers: Mapping[str, str], body: bytes | None, metadata: Mapping[str, Mapping[str, object]],
-        built: tuple[ShellContext, dict[str, Any] | None] | Exception | None,
-    ) -> Outcome:
-        d = self.d
-        ctx = None
         try:
-            if isinstance(built, Exception):
-                raise built
-            ctx, parsed = built if built is not None else d.build(headers, body, metadata)
-            # ---- admission: token rate limits (epp/ratelimit plugs in here; Director.admit is a no-op until) ----
-            rejected = d.admit(ctx)
-            if rejected is not None:
-                return rejected
+            ctx, parsed = d.build(headers, body, metadata)
+        except SchedulingError as err:
+            return self._refuse(None, err, headers)
+        except Exception as exc:  # never crash a stream: a bug becomes a clear 500
+            return self._fail(exc)
+        return self._through_gates(ctx, parsed, headers, 0)
+
+    # ---- admission gates (epp/gates.py) -----------------------------------------------------------------------
+    def _through_gates(
+        self, ctx: ShellContext, parsed: dict[str, Any] | None, headers: Mapping[str, str], start: int
+    ) -> Outcome | Awaitable[Outcome]:
+        gates = self.d.gates
+        for i in range(start, len(gates)):
+            try:
+                answer = gates[i].check(ctx, parsed)
+            except Exception as exc:
+                return self._fail(exc)
+            if inspect.isawaitable(answer):
+                return self._gate_later(answer, ctx, parsed, headers, i)
+            refused = self._take(answer, ctx, headers)
+            if refused is not None:
+                return refused
+        return self._tokenized(ctx, parsed, headers)
+
+    # ---- tokens for configs that read them (precise prefix routing: epp/tokenize/shell.py) ---------------------
+    def _tokenized(
+        self, ctx: ShellContext, parsed: dict[str, Any] | None, headers: Mapping[str, str]
+    ) -> Outcome | Awaitable[Outcome]:
+        tokens = self.d.tokens
+        if tokens is not None:
+            try:
+                pending = tokens.prepare(ctx, self.d.scheduler_for(ctx))
+            except Exception as exc:
+                return self._fail(exc)
+            if pending is not None:
+                return self._schedule_after(pending, ctx, parsed, headers)
+        return self._schedule(ctx, parsed, headers)
+
+    async def _schedule_after(
+        self, pending: Awaitable[object], ctx: ShellContext, parsed: dict[str, Any] | None, headers: Mapping[str, str]
+    ) -> Outcome:
+        try:
+            await pending  # never raises: tokenization falls back to the approximation
+        except asyncio.CancelledError:
+            self._undo_holds()  # the client went away while waiting: hold nothing
+            raise
+        return self._schedule(ctx, parsed, headers)
+
+    async def _gate_later(
+        self, pending: Awaitable[Answer], ctx: ShellContext, parsed: dict[str, Any] | None,
+        headers: Mapping[str, str], i: int,
+    ) -> Outcome:
+        try:
+            answer = await pending
+        except asyncio.CancelledError:
+            self._undo_holds()  # the client went away while waiting: hold nothing
+            raise
+        except Exception as exc:
+            return self._fail(exc)
+        refused = self._take(answer, ctx, headers)
+        if refused is not None:
+            return refused
+        rest = self._through_gates(ctx, parsed, headers, i + 1)
+        return await rest if inspect.isawaitable(rest) else rest
+
+    def _take(self, answer: Answer, ctx: ShellContext, headers: Mapping[str, str]) -> Outcome | None:
+        """Keep a gate's hold; a refusal undoes what earlier gates took and is counted like any rejection."""
+        if answer is None:
+            return None
+        if isinstance(answer, Outcome):
+            self._undo_holds()
+            self._count_rejection(ctx, ErrorCode.RESOURCE_EXHAUSTED.value, headers)
+            return answer
+        self._holds.append(answer)
+        return None
+
+    def _undo_holds(self) -> None:
+        holds, self._holds = self._holds, []
+        for hold in holds:
+            try:
+                hold.undo()
+            except Exception:
+                log.exception("undoing an admission hold failed")
+
+    # ---- scheduling and commit ----------------------------------------------------------------------------------
+    def _schedule(self, ctx: ShellContext, parsed: dict[str, Any] | None, headers: Mapping[str, str]) -> Outcome:
+        d = self.d
+        try:
             if ctx.route is not None and ctx.route.provider is not None:
                 return self._to_provider(ctx, parsed)
             result = d.schedule(ctx)
         except SchedulingError as err:
-            model = ctx.request.model if ctx else ""
-            target = ctx.request.target_model if ctx else ""
-            d.metrics.request_error(model, target, err.code.value)
-            if d.recorder is not None:
-                d.recorder.rejected(model, target, err.code.value, headers.get("x-request-id", ""), self.started,
-                                    d.clock())
-            return error_outcome(err)
+            return self._refuse(ctx, err, headers)
         except Exception as exc:  # never crash a stream: a bug becomes a clear 500
-            log.exception("scheduling failed")
-            d.metrics.request_error("", "", ErrorCode.INTERNAL.value)
-            if d.recorder is not None:
-                d.recorder.rejected("", "", ErrorCode.INTERNAL.value, "", self.started, d.clock())
-            return error_outcome(SchedulingError(ErrorCode.INTERNAL, f"scheduling failed: {exc}"))
+            return self._fail(exc)
         req = ctx.request
         # Commit: from here on, close() must release what this adds.
         self.ctx, self.result, self.scheduler = ctx, result, d.scheduler_for(ctx)
@@ -456,6 +507,29 @@ class RequestExchange:
             self._rewrite_from = f'"model":"{req.target_model}"'.encode()
             self._rewrite_to = f'"model":"{req.model}"'.encode()
         return d.mutations(ctx, result, parsed)
+
+    def _count_rejection(self, ctx: ShellContext | None, code: str, headers: Mapping[str, str]) -> None:
+        d = self.d
+        model = ctx.request.model if ctx else ""
+        target = ctx.request.target_model if ctx else ""
+        d.metrics.request_error(model, target, code)
+        if d.recorder is not None:
+            d.recorder.rejected(model, target, code, headers.get("x-request-id", ""), self.started, d.clock())
+
+    def _refuse(self, ctx: ShellContext | None, err: SchedulingError, headers: Mapping[str, str]) -> Outcome:
+        """The request never reaches an engine: give back what the gates took, count it, answer the error."""
+        self._undo_holds()
+        self._count_rejection(ctx, err.code.value, headers)
+        return error_outcome(err)
+
+    def _fail(self, exc: BaseException) -> Outcome:
+        self._undo_holds()
+        log.exception("scheduling failed", exc_info=exc)
+        d = self.d
+        d.metrics.request_error("", "", ErrorCode.INTERNAL.value)
+        if d.recorder is not None:
+            d.recorder.rejected("", "", ErrorCode.INTERNAL.value, "", self.started, d.clock())
+        return error_outcome(SchedulingError(ErrorCode.INTERNAL, f"scheduling failed: {exc}"))
 
     def _to_provider(self, ctx: ShellContext, parsed: dict[str, Any] | None) -> Outcome:
         """An external provider target: no endpoint is scheduled; the stream is counted like any other."""
@@ -517,6 +591,12 @@ class RequestExchange:
         except Exception:
             log.exception("response_complete hook failed")
         usage = self.scanner.usage if self.scanner else None
+        holds, self._holds = self._holds, []
+        for hold in holds:  # e.g. settle a rate-limit charge with the usage the response reported
+            try:
+                hold.done(usage)
+            except Exception:
+                log.exception("releasing an admission hold failed")
         req = self.ctx.request
         d.metrics.request_finished(
             req.model,

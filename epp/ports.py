@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import socket
 import subprocess
 import time
@@ -32,22 +33,26 @@ def wait_port(port: int, timeout: float = 30.0, proc: subprocess.Popen[Any] | No
     raise TimeoutError(f"{name} did not listen on 127.0.0.1:{port} within {timeout:.0f}s")
 
 
-def free_port_block(n: int, attempts: int = 100) -> int:
-    """A base port such that base .. base+n-1 were all free on 127.0.0.1 a moment ago."""
-    for _ in range(attempts):
-        base = free_port()
-        if base + n > 65536:
-            continue
+# Blocks of ports are picked below the kernel's ephemeral range (32768+): client sockets in TIME_WAIT after a busy
+# run occupy ports there, and a bind to one of them fails.
+_BLOCK_LO, _BLOCK_HI = 20000, 32000
+_rng = random.Random()
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            socks = []
-            for p in range(base, base + n):
-                s = socket.socket()
-                socks.append(s)
-                s.bind(("127.0.0.1", p))
-            return base
+            s.bind(("127.0.0.1", port))
         except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise RuntimeError(f"no block of {n} free ports found on 127.0.0.1")
+            return False
+    return True
+
+
+def free_port_block(n: int, attempts: int = 200) -> int:
+    """A base port such that base .. base+n-1 were all free on 127.0.0.1 a moment ago (below the ephemeral range)."""
+    for _ in range(attempts):
+        base = _rng.randrange(_BLOCK_LO, _BLOCK_HI - n)
+        if all(_bindable(p) for p in range(base, base + n)):
+            return base
+    raise RuntimeError(f"no block of {n} free ports found in {_BLOCK_LO}-{_BLOCK_HI}")

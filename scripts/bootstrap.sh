@@ -21,5 +21,6 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   touch "$stamp"
 fi
 if [ "${1:-}" = "--test-deps" ]; then
-  bash scripts/debian-packages.sh chromium chromium-driver  # the dashboard's browser tests
+  # the dashboard's browser tests; the shared rate-limit tests (a real redis-server)
+  bash scripts/debian-packages.sh chromium chromium-driver redis-server
 fi

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-import random
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Sequence
@@ -14,32 +12,9 @@ from pathlib import Path
 
 import aiohttp
 
+from epp.ports import free_port_block
+
 ROOT = Path(__file__).resolve().parents[2]
-
-
-# Ports are picked below the kernel's ephemeral range (32768+), where client sockets in TIME_WAIT would
-# block a bind after a busy run.
-_PORT_LO, _PORT_HI = 20000, 32000
-_rng = random.Random()
-
-
-def _bindable(port: int) -> bool:
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
-def free_port_block(n: int) -> int:
-    """A base port with n consecutive free ports."""
-    for _ in range(200):
-        base = _rng.randrange(_PORT_LO, _PORT_HI - n)
-        if all(_bindable(p) for p in range(base, base + n)):
-            return base
-    raise RuntimeError(f"no block of {n} free ports found in {_PORT_LO}-{_PORT_HI}")
 
 
 def free_ports(n: int) -> list[int]:

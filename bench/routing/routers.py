@@ -235,6 +235,15 @@ async def start_pointsman_precise(fleet: FleetInfo, workdir: Path) -> Launched:
                                                        f"{os.environ.get('POINTSMAN_EPP_ARGS', '')}", kv_events=True)
 
 
+GIE_DEFAULT_PROFILE = ROOT / "deploy" / "profiles" / "gie-default.yaml"
+
+
+async def start_pointsman_gie(fleet: FleetInfo, workdir: Path) -> Launched:
+    """Pointsman with GIE's default profile (queue ×2, KV ×2, prefix ×3), its own default until this benchmark."""
+    return await start_pointsman(
+        fleet, workdir, extra=f"--config-file {GIE_DEFAULT_PROFILE} {os.environ.get('POINTSMAN_EPP_ARGS', '')}")
+
+
 async def start_pointsman(fleet: FleetInfo, workdir: Path, extra: str | None = None,
                           kv_events: bool = False) -> Launched:
     epp = _epp_command()
@@ -266,11 +275,13 @@ ROUTERS: dict[str, Adapter] = {
     "vllm-router-kv": start_vllm_router_kv,
     "sglang-router": start_sglang_router,
     "pointsman": start_pointsman,
+    "pointsman-gie": start_pointsman_gie,
     "pointsman-best": start_pointsman_best,
     "pointsman-approx": start_pointsman_approx,
     "pointsman-precise": start_pointsman_precise,
     "oracle": start_oracle,
     "oracle-proxy": start_oracle_proxy,
 }
-DEFAULT_ROUTERS = ["envoy-rr", "vllm-router", "vllm-router-kv", "sglang-router", "pointsman", "pointsman-approx",
-                   "pointsman-precise", "oracle"]
+# pointsman-best is pointsman-approx (the same profile and index), so only the latter runs by default.
+DEFAULT_ROUTERS = ["envoy-rr", "vllm-router", "vllm-router-kv", "sglang-router", "pointsman", "pointsman-gie",
+                   "pointsman-approx", "pointsman-precise", "oracle"]

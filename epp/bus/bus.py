@@ -34,6 +34,7 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
+from epp.aio import wait_set
 from epp.bus.codec import BusMessage, BusMessageError, decode, encode
 from epp.datastore import InflightTracker
 from scheduling.api import InflightLoad
@@ -186,8 +187,7 @@ class ReplicaBus:
     async def _publish_loop(self) -> None:
         last = 0.0
         while True:
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout=self.heartbeat)
+            await wait_set(self._wake, self.heartbeat)
             self._wake.clear()
             try:
                 self._sweep()

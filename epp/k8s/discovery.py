@@ -21,6 +21,7 @@ from typing import Any
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 
+from epp.aio import wait_set
 from epp.datastore import Datastore, PoolSpec
 from epp.k8s import (
     INFERENCE_MODEL_REWRITE,
@@ -145,11 +146,7 @@ class _Base:
             log.info("kubernetes discovery synced (%s)", ", ".join(sorted(self._needed)))
 
     async def wait_synced(self, timeout: float | None = None) -> bool:
-        try:
-            await asyncio.wait_for(self._synced.wait(), timeout)
-        except asyncio.TimeoutError:
-            return False
-        return True
+        return await wait_set(self._synced, timeout)
 
     def _reflectors(self) -> list[Reflector]:
         return [self.pod_reflector] if self.pod_reflector else []

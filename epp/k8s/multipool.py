@@ -15,6 +15,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+from epp.aio import wait_set
 from epp.datastore import Datastore, PoolSpec
 from epp.k8s import INFERENCE_MODEL_REWRITE, INFERENCE_OBJECTIVE, pool_resource
 from epp.k8s.convert import (
@@ -85,11 +86,7 @@ class MultiPoolDiscovery:
             await self.pods.stop()
 
     async def wait_synced(self, timeout: float | None = None) -> bool:
-        try:
-            await asyncio.wait_for(self._synced.wait(), timeout)
-        except asyncio.TimeoutError:
-            return False
-        return True
+        return await wait_set(self._synced, timeout)
 
     async def _await_pods(self) -> None:
         await self.pods.synced.wait()

@@ -72,8 +72,8 @@ class RequestTokens:
         if producer is None:
             return None
         model = req.target_model or req.model
-        if ctx.candidates and not any(_serves(e, model, req.base_model) for e in ctx.candidates):
-            return None  # nobody serves the model: scheduling will say so; tokenizing would be wasted
+        if not any(_serves(e, model, req.base_model) for e in ctx.candidates):
+            return None  # an external provider, or nobody serves the model (scheduling says so): nothing to do
         inp = self.input_for(req, producer)
         urls = self._urls(ctx, producer)
         got = self.tokenizer.try_now(inp, urls, record=not dry_run, wait=wait)

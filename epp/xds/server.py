@@ -13,7 +13,6 @@ the state-of-the-world API, and a pool's assignment is small.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import AsyncIterator
 from typing import Any
@@ -22,7 +21,7 @@ import grpc
 from envoy.service.discovery.v3 import discovery_pb2
 from envoy.service.endpoint.v3 import eds_pb2_grpc
 
-from epp.aio import cancel_and_wait
+from epp.aio import cancel_and_wait, wait_set
 from epp.datastore import Datastore
 from epp.xds.resources import EDS_TYPE_URL, ResourceTable, version_of
 from epp.xds.stream import EdsStream
@@ -65,8 +64,7 @@ class EdsService(eds_pb2_grpc.EndpointDiscoveryServiceServicer):
 
     async def _refresh_loop(self) -> None:
         while True:
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._dirty.wait(), self.poll_s)
+            await wait_set(self._dirty, self.poll_s)
             self._dirty.clear()
             try:
                 self.refresh()

@@ -7,9 +7,9 @@ from aiohttp import web
 
 from bench.routing.client import run_stage
 from bench.routing.oracle import build_app
-from bench.routing.procs import free_port_block
 from bench.routing.report import markdown, summarize
 from bench.routing.workload import Workload, WorkloadSpec
+from epp.ports import free_port_block
 from modelsim.config import EngineConfig
 
 MODEL = "meta-llama/Llama-3.1-8B"

@@ -219,7 +219,6 @@ def test_rate_limit_is_parsed_and_exposed_on_the_decision():
     assert (rl.input_tokens_per_unit, rl.output_tokens_per_unit, rl.unit, rl.unit_seconds, rl.redis_address) == \
         (1000, 50, "minute", 60, "redis.infra:6379")
     assert ctx.route.rate_limit_key == "ModelRoute/default/r"
-    assert d.admit(ctx) is None  # the admission call site: a no-op until epp/ratelimit plugs in
     local, _ = routed(route("  - {name: x, targetModels: [{modelServerName: a}]}\n",
                             "  rateLimit: {outputTokensPerUnit: 7}\n"))
     ctx, _ = local.build({":path": "/v1/completions"}, orjson.dumps({"model": "m", "prompt": "x"}), {})

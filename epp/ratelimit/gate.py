@@ -1,0 +1,127 @@
+"""The director's side of rate limits: which limits a routed request carries, its admission, the 429 Outcome.
+
+A Kthena ModelRoute's `rateLimit` (parsed by epp/routing into `RouteDecision.rate_limit`) becomes two token
+buckets counted per route (`RouteDecision.rate_limit_key`, e.g. `ModelRoute/default/deepseek`): input tokens and
+output tokens per unit, shared through Redis when the route sets `global` (and the limiter has a Redis; without
+one they are enforced in each replica, as Kthena's local limits are). Budgets (LLMKube) add their own limits
+through `extra`.
+
+How the director uses it, in `RequestExchange.decide` after `build` and before `schedule`:
+
+    adm = gate.admit(ctx, input_tokens, parsed_body)      # an Admission, or an awaitable one (shared limits)
+    (await it when it is awaitable: `decide` may return an awaitable Outcome)
+    if not adm.allowed: return gate.rejection(adm)        # 429 + Retry-After + x-ratelimit-*
+    keep adm.ticket; on a SchedulingError after this point: gate.limiter.refund(ticket)
+    in close(): gate.settle(ticket, usage)                # usage None (lean phases): the estimates stay
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Awaitable, Sequence
+from typing import Any
+
+from epp.protocol import Outcome
+from epp.ratelimit.admission import ADMITTED, Admission, Ticket
+from epp.ratelimit.limiter import Applied, Limiter
+from epp.ratelimit.limits import Limit, Metric, Price, declared_output
+
+
+class _RateHold:
+    """What an admitted request holds: its charge, refunded if it never reaches an engine, else settled."""
+
+    __slots__ = ("gate", "ticket", "price")
+
+    def __init__(self, gate: RateLimitGate, ticket: Ticket, price: Price | None) -> None:
+        self.gate, self.ticket, self.price = gate, ticket, price
+
+    def undo(self) -> None:
+        self.gate.limiter.refund(self.ticket)
+
+    def done(self, usage: Any) -> None:
+        self.gate.settle(self.ticket, usage, price=self.price)
+
+
+class RateLimitGate:
+    """The director's admission gate for token rate limits (epp/gates.py): `check` answers None (no limit), a 429
+    Outcome, or a hold on the charge; an awaitable when a shared limit asks Redis."""
+
+    name = "rate-limit"
+
+    def __init__(self, limiter: Limiter, *, default_output_tokens: int = 0) -> None:
+        self.limiter = limiter
+        self.default_output_tokens = default_output_tokens
+        self._routes: dict[tuple[str, Any], list[Limit]] = {}
+
+    def route_limits(self, key: str, rate_limit: Any) -> list[Limit]:
+        """The limits of one route's `RateLimit` (epp.routing.model), built once per (route, configuration)."""
+        cached = self._routes.get((key, rate_limit))
+        if cached is not None:
+            return cached
+        if len(self._routes) > 10_000:
+            self._routes.clear()  # routes were reconfigured many times: forget the old ones
+        shared = rate_limit.redis_address is not None
+        out: list[Limit] = []
+        if rate_limit.input_tokens_per_unit is not None:
+            out.append(Limit.per_unit(key, Metric.INPUT_TOKENS, rate_limit.input_tokens_per_unit, rate_limit.unit,
+                                      shared=shared))
+        if rate_limit.output_tokens_per_unit is not None:
+            out.append(Limit.per_unit(key, Metric.OUTPUT_TOKENS, rate_limit.output_tokens_per_unit,
+                                      rate_limit.unit, shared=shared))
+        self._routes[(key, rate_limit)] = out
+        return out
+
+    def applied(self, ctx: Any, extra: Sequence[Applied] = ()) -> list[Applied]:
+        """The limits a request's context carries: its route's rate limits, plus `extra` (e.g. budgets)."""
+        route = getattr(ctx, "route", None)
+        rate = getattr(route, "rate_limit", None)
+        out: list[Applied] = []
+        if route is not None and rate is not None:
+            out = [(lim, "") for lim in self.route_limits(route.rate_limit_key, rate)]
+        out.extend(extra)
+        return out
+
+    def admit(self, ctx: Any, input_tokens: int, body: Any = None, *, extra: Sequence[Applied] = (),
+              price: Price | None = None, dry_run: bool = False) -> Admission | Awaitable[Admission]:
+        """Admission for one request: an `Admission` at once unless Redis must be asked (then an awaitable).
+        The output estimate is the request's declared bound (`max_tokens` ...) or the configured default."""
+        applied = self.applied(ctx, extra)
+        if not applied:
+            return ADMITTED
+        output = declared_output(body, self.default_output_tokens)
+        adm = self.limiter.admit_nowait(applied, input_tokens, output, price, dry_run=dry_run)
+        if adm is not None:
+            return adm
+        return self.limiter.admit(applied, input_tokens, output, price, dry_run=dry_run)
+
+    def check(self, ctx: Any, parsed: Any, *, dry_run: bool = False) -> Any:
+        """The gate interface (epp/gates.py): input tokens are the request's (tokenized, or estimated)."""
+        if not self.applied(ctx):
+            return None
+        adm = self.admit(ctx, ctx.request.estimated_tokens, parsed, dry_run=dry_run)
+        if inspect.isawaitable(adm):
+            return self._answer_later(adm)
+        return self._answer(adm)
+
+    async def _answer_later(self, adm: Awaitable[Admission]) -> Any:
+        return self._answer(await adm)
+
+    def _answer(self, adm: Admission) -> Any:
+        if not adm.allowed:
+            return self.rejection(adm)
+        return _RateHold(self, adm.ticket, None) if adm.ticket is not None else None
+
+    @staticmethod
+    def rejection(adm: Admission) -> Outcome:
+        """The 429 for a refused admission."""
+        return Outcome(reject_status=adm.status_code, reject_body=adm.message, reject_headers=adm.headers)
+
+    def settle(self, ticket: Ticket | None, usage: Any = None, *, price: Price | None = None) -> None:
+        """Settle with a response's usage (epp.usage.Usage); None or usage not found keeps the estimates."""
+        if ticket is None:
+            return
+        if usage is None or not getattr(usage, "found", False):
+            self.limiter.settle(ticket, price=price)
+        else:
+            self.limiter.settle(ticket, input_tokens=usage.prompt_tokens, output_tokens=usage.completion_tokens,
+                                price=price)

@@ -1,0 +1,372 @@
+"""The Limiter: admits one request against the limits that apply to it, then settles or refunds its charges.
+
+See the package docstring (`epp.ratelimit`) for the theory of operation.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING
+
+from epp.ratelimit.admission import (
+    ADMITTED,
+    Admission,
+    BudgetState,
+    Charged,
+    LimitState,
+    RedisDownPolicy,
+    Ticket,
+    utilization,
+)
+from epp.ratelimit.headers import LimitStatus
+from epp.ratelimit.limits import Kind, Limit, Metric, Price, scope_key, scope_label, tokens
+from epp.ratelimit.link import MetricsSink, NullRateLimitMetrics, RedisLink
+from epp.ratelimit.state import LocalStore, Mode, Op, OpResult, StoreFull, StoreUnavailable
+
+if TYPE_CHECKING:  # redis is imported only when a Redis is configured
+    from epp.ratelimit.redis_store import RedisStore
+
+Applied = tuple[Limit, str]  # a limit and the scope value it applies to ('' when unscoped)
+
+
+def _need(limit: Limit, known: float) -> float:
+    """What must remain for a request: its input part and, for limits that count output, room for one more unit
+    (not when the input alone fills the whole amount: then an empty limit admits it)."""
+    if limit.metric.counts_output and known <= limit.amount:
+        return min(known + limit.metric.epsilon, limit.amount)
+    return known
+
+
+class _Plan:
+    __slots__ = ("local", "shared", "input_tokens", "output_estimate", "price")
+
+    def __init__(self, input_tokens: int, output_estimate: int, price: Price | None) -> None:
+        self.local: list[Op] = []
+        self.shared: list[Op] = []
+        self.input_tokens = input_tokens
+        self.output_estimate = output_estimate
+        self.price = price
+
+
+class Limiter:
+    """Admission against token rate limits and budgets; one per process.
+
+    - `redis`: where shared limits live (None: shared limits are enforced in the process, at their full amount);
+    - `redis_down`: `local` (default) or `fail-open`, with `replicas` the expected replica count that `local`
+      divides a shared amount by; `retry_interval_s` between two tries of a Redis that failed;
+    - `clock`: monotonic seconds (injected in tests); `max_keys`: states kept per store; `max_pending`: settle
+      charges that may wait for Redis; `metrics`: a `RateLimitMetrics` (or anything with its methods).
+    """
+
+    def __init__(
+        self,
+        *,
+        redis: RedisStore | None = None,
+        redis_down: RedisDownPolicy | str = RedisDownPolicy.LOCAL,
+        replicas: int = 1,
+        retry_interval_s: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
+        max_keys: int = 100_000,
+        max_pending: int = 10_000,
+        metrics: MetricsSink | None = None,
+    ) -> None:
+        if replicas < 1:
+            raise ValueError(f"replicas must be >= 1, got {replicas}")
+        self.redis = redis
+        self.policy = RedisDownPolicy.parse(redis_down)
+        self.replicas = replicas
+        self.clock = clock
+        self.metrics: MetricsSink = metrics if metrics is not None else NullRateLimitMetrics()
+        self.local = LocalStore(max_keys=max_keys)
+        self.fallback = LocalStore(max_keys=max_keys)  # shared limits while Redis is down (policy LOCAL)
+        self.link = None if redis is None else RedisLink(
+            redis, policy=self.policy.value, retry_interval_s=retry_interval_s, clock=clock, metrics=self.metrics,
+            max_keys=max_keys, max_pending=max_pending, on_recover=self.fallback.clear)
+        self._scaled: dict[tuple[str, float, float], Limit] = {}
+        self._registered: dict[str, Limit] = {}
+        self._scopes: dict[str, tuple[str, str]] = {}  # scope value -> (key, label), a small cache
+
+    # ---- configuration --------------------------------------------------------------------------------------
+    def configure(self, limits: Iterable[Limit]) -> None:
+        """Name the limits in force (for snapshots and gauges; admission takes its limits per request)."""
+        self._registered = {lim.id: lim for lim in limits}
+
+    @property
+    def limits(self) -> list[Limit]:
+        return list(self._registered.values())
+
+    @property
+    def needs_response_usage(self) -> bool:
+        """True when a configured limit counts output tokens or cost (read from response usage)."""
+        return any(lim.metric.counts_output for lim in self._registered.values())
+
+    # ---- admission ------------------------------------------------------------------------------------------
+    def _plan(self, applied: Sequence[Applied], input_tokens: object, output_estimate: object,
+              price: Price | None) -> _Plan:
+        plan = _Plan(tokens(input_tokens), tokens(output_estimate), price)
+        seen: set[str] = set()
+        scopes = self._scopes
+        for limit, scope in applied:
+            scope = scope if isinstance(scope, str) else ""
+            hashed = scopes.get(scope)
+            if hashed is None:
+                if len(scopes) >= 4096:
+                    scopes.clear()
+                hashed = scopes[scope] = (scope_key(scope), scope_label(scope))
+            key = f"{limit.id}|{hashed[0]}"
+            if key in seen:
+                continue
+            seen.add(key)
+            if limit.id not in self._registered:
+                self._registered[limit.id] = limit
+            known, later = limit.metric.parts(plan.input_tokens, plan.output_estimate, price)
+            op = Op(key, limit, _need(limit, known), known + later, -1, hashed[1], known)
+            (plan.shared if limit.shared and self.redis is not None else plan.local).append(op)
+        return plan
+
+    def admit_nowait(self, applied: Sequence[Applied], input_tokens: object = 0, output_estimate: object = 0,
+                     price: Price | None = None, *, dry_run: bool = False) -> Admission | None:
+        """`admit` without awaiting, when no Redis call is needed; None when the caller must `await admit(...)`."""
+        if not applied:
+            return ADMITTED
+        plan = self._plan(applied, input_tokens, output_estimate, price)
+        if plan.shared and self.link is not None and self.link.usable():
+            return None
+        return self._admit_local(plan, dry_run)
+
+    async def admit(self, applied: Sequence[Applied], input_tokens: object = 0, output_estimate: object = 0,
+                    price: Price | None = None, *, dry_run: bool = False) -> Admission:
+        """Admit a request and charge it, all or nothing, against every limit in `applied`.
+
+        Charged at once: the input tokens (and their cost), plus `output_estimate` output tokens for limits that
+        count output. A limit that counts output must not be exhausted; the input part must fit. `dry_run`
+        checks without charging (explain). Never raises for bad numbers: they count as 0 or are capped.
+        """
+        if not applied:
+            return ADMITTED
+        plan = self._plan(applied, input_tokens, output_estimate, price)
+        link = self.link
+        if not plan.shared or link is None or not link.claim():
+            return self._admit_local(plan, dry_run)
+        mode = Mode.PEEK if dry_run else Mode.ADMIT
+        now = self.clock()
+        try:
+            ok, results = self.local.run(plan.local, mode, now)
+        except StoreFull:
+            return self._overflow()
+        statuses = [self._status(op, res, "local") for op, res in zip(plan.local, results, strict=True)]
+        if not ok:
+            return self._refused(statuses, dry_run)
+        try:
+            gok, gres = await link.run(plan.shared, mode)
+        except StoreUnavailable:
+            return self._after_redis_failure(plan, results, statuses, dry_run)
+        except BaseException:  # cancelled (the stream went away) while waiting: no ticket, so nothing stays charged
+            if not dry_run:
+                self._undo(self.local, plan.local, results)
+            raise
+        statuses += [self._status(op, res, "redis") for op, res in zip(plan.shared, gres, strict=True)]
+        if not gok:
+            if not dry_run:
+                self._undo(self.local, plan.local, results)
+            return self._refused(statuses, dry_run)
+        return self._admitted(plan, statuses, results, gres, "redis", dry_run)
+
+    def _admit_local(self, plan: _Plan, dry_run: bool) -> Admission:
+        mode = Mode.PEEK if dry_run else Mode.ADMIT
+        now = self.clock()
+        try:
+            ok, results = self.local.run(plan.local, mode, now)
+        except StoreFull:
+            return self._overflow()
+        statuses = [self._status(op, res, "local") for op, res in zip(plan.local, results, strict=True)]
+        if not ok:
+            return self._refused(statuses, dry_run)
+        if plan.shared:
+            if not dry_run:
+                self.metrics.fallback("admit", "down", self.policy.value)
+            return self._after_redis_failure(plan, results, statuses, dry_run)
+        return self._admitted(plan, statuses, results, [], "none", dry_run)
+
+    def _after_redis_failure(self, plan: _Plan, results: list[OpResult], statuses: list[LimitStatus],
+                             dry_run: bool) -> Admission:
+        """The shared limits of an admission whose local limits are already charged, Redis being down."""
+        if self.policy is RedisDownPolicy.FAIL_OPEN:
+            gres = [OpResult(op.limit.amount, 0.0, 0.0) for op in plan.shared]
+            statuses += [self._status(op, res, "fail-open") for op, res in zip(plan.shared, gres, strict=True)]
+            return self._admitted(plan, statuses, results, gres, "none", dry_run)
+        fops = [self._fallback_op(op) for op in plan.shared]
+        try:
+            gok, gres = self.fallback.run(fops, Mode.PEEK if dry_run else Mode.ADMIT, self.clock())
+        except StoreFull:
+            if not dry_run:
+                self._undo(self.local, plan.local, results)
+            return self._overflow()
+        statuses += [self._status(op, res, "fallback") for op, res in zip(fops, gres, strict=True)]
+        if not gok:
+            if not dry_run:
+                self._undo(self.local, plan.local, results)
+            return self._refused(statuses, dry_run)
+        plan.shared = fops
+        return self._admitted(plan, statuses, results, gres, "fallback", dry_run)
+
+    def _admitted(self, plan: _Plan, statuses: list[LimitStatus], lres: list[OpResult],
+                  gres: list[OpResult], gstore: str, dry_run: bool) -> Admission:
+        if dry_run:
+            return Admission(True, statuses)
+        entries = [Charged(op, "local", res.slot) for op, res in zip(plan.local, lres, strict=True)]
+        entries += [Charged(op, gstore, res.slot) for op, res in zip(plan.shared, gres, strict=True)]
+        self.metrics.decision(True)
+        ticket = Ticket(entries, plan.input_tokens, plan.output_estimate, plan.price)
+        return Admission(True, statuses, ticket)
+
+    def _refused(self, statuses: list[LimitStatus], dry_run: bool) -> Admission:
+        if dry_run:
+            return Admission(False, statuses)
+        self.metrics.decision(False)
+        for s in statuses:
+            if s.refused:
+                self.metrics.rejected(s.limit)
+        return Admission(False, statuses)
+
+    def _overflow(self) -> Admission:
+        self.metrics.decision(False)
+        self.metrics.overflow()
+        return Admission(False, overflow=True)
+
+    @staticmethod
+    def _status(op: Op, res: OpResult, source: str) -> LimitStatus:
+        return LimitStatus(op.limit, op.label, res.remaining, res.reset_after, res.retry_after, op.known, source)
+
+    def _undo(self, store: LocalStore, ops: list[Op], results: list[OpResult]) -> None:
+        back = [Op(op.key, op.limit, 0.0, -op.charge, res.slot, op.label)
+                for op, res in zip(ops, results, strict=True) if op.charge]
+        if back:
+            store.run(back, Mode.CHARGE, self.clock())
+
+    def _fallback_op(self, op: Op) -> Op:
+        k = (op.limit.id, op.limit.amount, op.limit.period_s)
+        lim = self._scaled.get(k)
+        if lim is None:
+            if len(self._scaled) > 4 * len(self._registered) + 64:
+                self._scaled.clear()  # limits were reconfigured many times: forget the old ones
+            lim = self._scaled[k] = op.limit.scaled(1.0 / self.replicas)
+        return Op(op.key, lim, _need(lim, op.known), op.charge, op.slot, op.label, op.known)
+
+    # ---- settling -------------------------------------------------------------------------------------------
+    def settle(self, ticket: Ticket | None, *, input_tokens: object = None, output_tokens: object = None,
+               price: Price | None = None) -> None:
+        """Replace the admission's estimates with what the response's usage reported, exactly once.
+
+        None keeps the estimate (a response without usage, or lean response phases: the output estimate stays
+        charged). `price` re-prices USD limits (the backend that served). Shared limits are updated in the
+        background (`flush`), so this never waits.
+        """
+        if ticket is None or ticket.closed:
+            return
+        ticket.closed = True
+        inp = ticket.input_tokens if input_tokens is None else tokens(input_tokens)
+        out = ticket.output_estimate if output_tokens is None else tokens(output_tokens)
+        p = price if price is not None else ticket.price
+        self._apply([(e, e.op.limit.metric.amount(inp, out, p) - e.op.charge) for e in ticket.entries])
+
+    def refund(self, ticket: Ticket | None) -> None:
+        """Undo an admission whose request never reached an engine (exactly once; settle after it does nothing)."""
+        if ticket is None or ticket.closed:
+            return
+        ticket.closed = True
+        self._apply([(e, -e.op.charge) for e in ticket.entries])
+
+    def _apply(self, deltas: list[tuple[Charged, float]]) -> None:
+        local: list[Op] = []
+        fallback: list[Op] = []
+        for e, delta in deltas:
+            if not delta:
+                continue
+            op = Op(e.op.key, e.op.limit, 0.0, delta, e.slot if delta < 0 else -1, e.op.label)
+            if e.store == "local":
+                local.append(op)
+            elif e.store == "fallback":
+                fallback.append(op)
+            elif e.store == "redis" and self.link is not None:
+                self.link.queue(op)
+        for store, ops in ((self.local, local), (self.fallback, fallback)):
+            if ops:
+                before = store.dropped
+                store.run(ops, Mode.CHARGE, self.clock())
+                if store.dropped > before:
+                    self.metrics.lost(store.dropped - before)
+
+    async def flush(self) -> None:
+        """Send pending settle/refund charges to Redis now (tests, shutdown)."""
+        if self.link is not None:
+            await self.link.flush()
+
+    @property
+    def pending(self) -> int:
+        """Settle/refund charges not yet in Redis."""
+        return 0 if self.link is None else self.link.pending
+
+    @property
+    def redis_healthy(self) -> bool:
+        return self.link is None or self.link.healthy
+
+    async def probe(self, timeout_s: float | None = None) -> bool:
+        """Try Redis now (even inside the retry interval), loading the script; True when it answered. Call it at
+        start-up (with a longer timeout) so the first requests find a connection and the script ready."""
+        return self.link is not None and await self.link.probe(timeout_s)
+
+    # ---- state ----------------------------------------------------------------------------------------------
+    async def refresh(self) -> None:
+        """Re-read from Redis the shared states this process has seen (for the metrics page)."""
+        if self.link is not None:
+            await self.link.refresh()
+
+    def snapshot(self) -> list[LimitState]:
+        """Every stored state: local limits, shared limits as last answered by Redis, the fallback's; plus one
+        zero row for each configured limit without any state."""
+        now = self.clock()
+        rows: list[LimitState] = []
+        seen: set[str] = set()
+
+        def add(lim: Limit, label: str, remaining: float, reset: float, source: str, age: float = 0.0) -> None:
+            seen.add(lim.id)
+            used = lim.amount - remaining
+            rows.append(LimitState(lim.name, lim.kind.value, lim.metric.value, lim.algorithm.value, label,
+                                   lim.shared, lim.amount, lim.period_s, remaining, used,
+                                   utilization(used, lim.amount), reset, source, age))
+
+        for lim, label, remaining, reset in self.local.states(now):
+            add(lim, label, remaining, reset, "local")
+        if self.link is not None:
+            for lim, label, remaining, reset, age in self.link.rows(now):
+                add(lim, label, remaining, reset, "redis", age)
+        for lim, label, remaining, reset in self.fallback.states(now):
+            add(lim, label, remaining, reset, "fallback")
+        for lim in self._registered.values():
+            if lim.id not in seen:
+                add(lim, "", lim.amount, 0.0, "local")
+        return rows
+
+    def budgets(self) -> list[BudgetState]:
+        """Budget usage per (budget, scope), as LLMKube's `status.budgetUtilization` reports it."""
+        groups: dict[tuple[str, str], dict[Metric, LimitState]] = {}
+        for row in self.snapshot():
+            if row.kind != Kind.BUDGET.value:
+                continue
+            groups.setdefault((row.name, row.scope), {})[Metric(row.metric)] = row
+        out: list[BudgetState] = []
+        for (name, scope), by_metric in sorted(groups.items()):
+            tok = by_metric.get(Metric.TOTAL_TOKENS)
+            usd = by_metric.get(Metric.USD)
+            util = max((r.utilization for r in by_metric.values()), default=0.0)
+            out.append(BudgetState(name, scope, int(max(0.0, tok.used)) if tok else 0,
+                                   max(0.0, usd.used) if usd else 0.0, tok.amount if tok else None,
+                                   usd.amount if usd else None, util))
+        return out
+
+    async def close(self) -> None:
+        """Flush what is pending (bounded by the Redis timeout) and close the Redis connections."""
+        if self.link is not None:
+            await self.link.close()
