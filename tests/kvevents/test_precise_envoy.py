@@ -56,6 +56,8 @@ async def test_repeated_prefix_follows_the_engine_cache_and_a_reset_within_100ms
         await wait_for(lambda: index.size(keys[1]) >= 10 and index.size(keys[2]) >= 10)
         picks = [await through_envoy(url, chat(f"question {i}")) for i in range(6)]
         assert set(picks) <= {ports[1], ports[2]}, picks
+        assert app.metrics is not None  # each routed request was tokenized by an engine's /tokenize, and counted
+        assert app.metrics.registry.get_sample_value("pointsman_tokenize_requests_total", {"source": "engine"}) == 6
         # Reset server 1's cache (preempting whatever runs): within 100 ms only server 2 holds the prefix.
         async with aiohttp.ClientSession() as s:
             async with s.post(f"{fleet.urls[1]}/reset_prefix_cache?reset_running_requests=true") as r:

@@ -157,3 +157,20 @@ async def test_an_llm_d_kv_events_config_port_is_the_template_when_the_command_l
         assert svc.subscriber.sources() == {} and svc.index.endpoints() == []
     finally:
         await svc.close()
+
+
+async def test_bad_precise_flags_stop_the_start_with_a_clear_error(tmp_path: Path):
+    eps = tmp_path / "eps.yaml"
+    eps.write_text("pools:\n- name: p\n  endpoints: [{address: 127.0.0.1, port: 1}]\n")
+    for flags, message in ((["--tokenize-timeout", "0"], "--tokenize-timeout"),
+                           (["--kv-events-port", "70000"], "--kv-events-port"),
+                           (["--kv-events-block-size", "0"], "--kv-events-block-size")):
+        app = App(serve_args("--grpc-port", str(free_port()), "--endpoints-file", str(eps), *flags))
+        try:
+            await app.start()
+        except ValueError as e:
+            assert message in str(e)
+        else:
+            raise AssertionError(f"{flags} started")
+        finally:
+            await app.stop(0)
