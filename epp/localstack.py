@@ -111,15 +111,7 @@ class LocalStack:
         ]:
             _check_free(port, what)
         print("Starting the Pointsman local stack", flush=True)
-        self.step(f"modelsim: {a.servers} simulated vLLM servers on ports {', '.join(map(str, ports))} ({MODEL})")
-        sim = self._spawn("modelsim", [_bin("modelsim"), "--servers", str(a.servers), "--ports",
-                                       ",".join(map(str, ports)), "--model", MODEL, "--lora", ADAPTER,
-                                       "--time-scale", str(a.time_scale), *self._kv_flags(ports)])
-        if a.kv_events:
-            pubs = ", ".join(f"{p}->{self.kv_ports[p][0]}" for p in ports)
-            self.step(f"KV events: each server publishes (server->port: {pubs}) and replays; Pointsman subscribes")
-        for p in ports:
-            wait_port(p, proc=sim, what="modelsim")
+        self._start_fleet(ports)
         self.active = list(ports)
         self.write_endpoints()
         eps_file = self.eps_file
@@ -174,6 +166,19 @@ Explain a decision:  {_bin('epp')} explain --addr 127.0.0.1:{a.grpc_port} --body
 Dashboard:           http://127.0.0.1:{a.metrics_port}/   (fleet, decisions, explain, charts, config)
 Pointsman metrics:   http://127.0.0.1:{a.metrics_port}/metrics      Files: {self.dir}
 {self._fleet_help(eds)}""", flush=True)
+
+    def _start_fleet(self, ports: list[int]) -> None:
+        """The simulated servers, publishing KV events (with --kv-events) on ports of their own."""
+        a = self.args
+        self.step(f"modelsim: {a.servers} simulated vLLM servers on ports {', '.join(map(str, ports))} ({MODEL})")
+        sim = self._spawn("modelsim", [_bin("modelsim"), "--servers", str(a.servers), "--ports",
+                                       ",".join(map(str, ports)), "--model", MODEL, "--lora", ADAPTER,
+                                       "--time-scale", str(a.time_scale), *self._kv_flags(ports)])
+        if a.kv_events:
+            pubs = ", ".join(f"{p}->{self.kv_ports[p][0]}" for p in ports)
+            self.step(f"KV events: each server publishes (server->port: {pubs}) and replays; Pointsman subscribes")
+        for p in ports:
+            wait_port(p, proc=sim, what="modelsim")
 
     def _fleet_help(self, eds: bool) -> str:
         if not eds:
