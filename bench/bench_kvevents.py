@@ -11,6 +11,10 @@
 3. Per-request cost at 64 endpoints: tokenization (a local BPE tokenizer with a chat template, built here, and the
    character approximation), keys, and `match`, interleaved per request with the approximate index's lookup of
    the same prompt (scheduling.prefix: characters hashed, `match_lazy`). Medians in µs.
+4. The whole decision at 64 endpoints, as the director makes it: the tokenization step (epp.tokenize.shell, the
+   local tokenizer loaded) + `schedule` + `pre_request` (the producers record the pick: speculative entries, the
+   approximate index), for the shipped profiles reading the precise index and for those that do not (which pay
+   no tokenization), interleaved per request. Medians in µs.
 
     python bench/bench_kvevents.py [--quick]
 """
@@ -267,6 +271,76 @@ def bench_request(endpoints: int, requests: int, system_chars: int, user_chars: 
     return out
 
 
+DECISION_CONFIGS = {
+    "precise-prefix-cache-scorer": "precise-prefix-cache-scorer",
+    "estimated-latency, prefixSource precise": "estimated-latency-precise.yaml",
+    "estimated-latency (approximate; the default)": "estimated-latency.yaml",
+    "prefix-cache-scorer (approximate)": "prefix-cache-scorer",
+}
+
+
+def _decision_scheduler(what: str, services: dict[str, object]) -> object:
+    from scheduling.config import load_scheduler
+
+    root = Path(__file__).resolve().parents[1]
+    if what.endswith(".yaml"):
+        return load_scheduler(root / "deploy" / "profiles" / what, rng=random.Random(0), services=services)
+    doc = {"apiVersion": "inference.networking.x-k8s.io/v1alpha1", "kind": "EndpointPickerConfig",
+           "plugins": [{"type": what}, {"type": "max-score-picker"}],
+           "schedulingProfiles": [{"name": "default", "plugins": [{"pluginRef": what},
+                                                                   {"pluginRef": "max-score-picker"}]}]}
+    return load_scheduler([doc], rng=random.Random(0), services=services)
+
+
+def bench_decision(endpoints: int, requests: int, system_chars: int, user_chars: int, tmp: Path
+                   ) -> dict[str, list[float]]:
+    """Microseconds per whole decision (tokenize if the config reads tokens, schedule, pre_request)."""
+    import orjson
+
+    from epp.tokenize import RequestTokenizer, TokenizerRegistry, tokenize_input
+    from epp.tokenize.shell import RequestTokens
+    from scheduling.api import SchedulingContext
+    from scheduling.prefix.precise_data import PRECISE_INDEX
+    from scheduling.types import ApiKind, Endpoint, LLMRequest
+
+    rnd = random.Random(5)
+    reg = TokenizerRegistry(models={"bench": build_tokenizer(tmp / "tok2")})
+    reg.get("bench")
+    tokens = RequestTokens(RequestTokenizer(reg))
+    eps = [Endpoint(f"10.0.0.{i}:8000", f"10.0.0.{i}", 8000) for i in range(endpoints)]
+    idx = PreciseIndex(block_size=BS)
+    for e in eps:
+        idx.clear(e.key, 0)  # live
+    scheds = {label: _decision_scheduler(what, {PRECISE_INDEX: idx}) for label, what in DECISION_CONFIGS.items()}
+    systems = [_text(rnd, system_chars) for _ in range(32)]
+    bodies = [{"model": "bench", "messages": [{"role": "system", "content": systems[i % 32]},
+                                              {"role": "user", "content": _text(rnd, user_chars)}]}
+              for i in range(requests + endpoints * 4)]
+    h = 1
+    for i, body in enumerate(bodies[: endpoints * 4]):  # each endpoint's engine cached 4 conversations
+        text = orjson.dumps(body["messages"]).decode()
+        toks = tokens.tokenizer.tokenize_nowait(tokenize_input(ApiKind.CHAT, body, "bench", prompt_text=text)).tokens
+        n = len(toks) // BS
+        idx.store(eps[i % endpoints].key, 0, list(range(h, h + n)), None, toks[: n * BS], BS)
+        h += n
+    out: dict[str, list[float]] = {label: [] for label in scheds}
+    clock = time.perf_counter_ns
+    now = 0.0
+    for body in bodies[endpoints * 4:]:
+        text = orjson.dumps(body["messages"]).decode()
+        for label, sched in scheds.items():
+            now += 0.001
+            req = LLMRequest("r", "bench", "bench", ApiKind.CHAT, prompt=text, body=body)
+            ctx = SchedulingContext(req, eps, {}, now)
+            t0 = clock()
+            pending = tokens.prepare(ctx, sched)
+            assert pending is None  # the local tokenizer is loaded: never an awaitable here
+            result = sched.schedule(ctx)  # type: ignore[attr-defined]
+            sched.pre_request(ctx, result)  # type: ignore[attr-defined]
+            out[label].append((clock() - t0) / 1e3)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true")
@@ -303,6 +377,16 @@ def main() -> None:
     print(f"| {statistics.median(r['tokens']):,.0f} | {statistics.median(r['matched']):,.0f} | "
           f"{med('tokenize_local')} | {med('keys')} | {med('match')} | {med('precise_total')} | "
           f"{med('tokenize_approx')} | {med('approx_index_total')} |")
+    print("\n## the whole decision at 64 endpoints: tokenize (if read) + schedule + pre_request "
+          "(µs, median [p90])\n")
+    with tempfile.TemporaryDirectory() as tmp:
+        d = bench_decision(64, 100 if q else 400, 6000, 1200, Path(tmp))
+    print("| config | tokenizes | µs per decision |")
+    print("|---|---|---|")
+    for label, xs in d.items():
+        v = sorted(xs)
+        reads = "yes (local)" if "precise" in label else "no"
+        print(f"| {label} | {reads} | {statistics.median(v):,.0f} [{v[int(0.9 * (len(v) - 1))]:,.0f}] |")
 
 
 if __name__ == "__main__":

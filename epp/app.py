@@ -14,7 +14,7 @@ import logging
 import random
 import signal
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -29,30 +29,35 @@ if TYPE_CHECKING:
 
     from epp.dashboard import Dashboard
     from epp.health import EppHealthServicer
+    from epp.kvevents.service import PreciseService
     from epp.metrics import EppMetrics
     from epp.ratelimit.gate import RateLimitGate
     from epp.reload import FileWatcher
+    from epp.tokenize.shell import RequestTokens
     from epp.xds import EdsService
     from scheduling.config.loader import Source
 
 log = logging.getLogger("epp")
 
 
-def build_scheduler(source: Source, rng: random.Random, name: str | None = None) -> ModelScheduler:
+def build_scheduler(source: Source, rng: random.Random, name: str | None = None,
+                    services: Mapping[str, Any] | None = None) -> ModelScheduler:
     from scheduling.config import load_scheduler
 
-    return load_scheduler(source, rng=rng, timer=time.perf_counter, name=name)
+    return load_scheduler(source, rng=rng, timer=time.perf_counter, name=name, services=services)
 
 
-def load_scheduling(args: argparse.Namespace, rng: random.Random) -> ModelScheduler:
+def load_scheduling(args: argparse.Namespace, rng: random.Random,
+                    services: Mapping[str, Any] | None = None) -> ModelScheduler:
     """The scheduler from --config-text / --config-file, or the built-in default profile."""
     from scheduling.config import parse_yaml
 
     if args.config_text:
-        return build_scheduler([d.data for d in parse_yaml(args.config_text, "--config-text")], rng, "--config-text")
+        docs = [d.data for d in parse_yaml(args.config_text, "--config-text")]
+        return build_scheduler(docs, rng, "--config-text", services)
     if args.config_file:
-        return build_scheduler(Path(args.config_file), rng)
-    return build_scheduler(None, rng)
+        return build_scheduler(Path(args.config_file), rng, services=services)
+    return build_scheduler(None, rng, services=services)
 
 
 class App:
@@ -77,6 +82,8 @@ class App:
         self.ratelimit: RateLimitGate | None = None  # token rate limits of the routes (epp/ratelimit)
         self.pods: Any = None  # epp.k8s.pods.PodPools, shared by the watchers that serve several pools
         self._api: Any = None
+        self.precise: PreciseService | None = None  # the precise prefix index and its KV-event subscriptions
+        self.tokens: RequestTokens | None = None  # tokenizes requests for configs that read token ids
 
     async def start(self) -> None:
         args = self.args
@@ -84,12 +91,13 @@ class App:
         from epp.rewrite import choose_rewrite
 
         self.metrics = EppMetrics(self.datastore)
+        self._start_precise()
         await self._start_sources()
         await self._start_routing()
         if args.config_file:
             scheduler = await self._watch_scheduling_config(Path(args.config_file))
         else:
-            scheduler = load_scheduling(args, self.rng)
+            scheduler = load_scheduling(args, self.rng, self.services())
         cfg = DirectorConfig(
             model_header=args.model_header,
             base_model_header=args.base_model_header,
@@ -117,6 +125,7 @@ class App:
             gates=gates,
             watchers=watchers,
         )
+        director.tokens = self.tokens  # HOOK (precise prefix routing): tokenize for configs that read tokens
         # Endpoint lifecycle: whatever scheduler is current forgets a departed endpoint (in-flight counts and the
         # unhealthy mark are the datastore's own; the scraper subscribes itself).
         ds.on_endpoint_removed(lambda key: director.scheduler.endpoint_removed(key))
@@ -139,6 +148,25 @@ class App:
                 self.cleanups.append(dash.stop)
                 log.info("dashboard on port %d at %s%s", args.metrics_port, dash.prefix,
                          " (token required)" if args.dashboard_token else "")
+
+    def _start_precise(self) -> None:
+        """The precise prefix index with its KV-event subscriptions (following the datastore), and tokenization
+        (docs/kv-events.md). Both are the shell's: they outlive scheduling-config reloads."""
+        from epp.kvevents.service import PreciseService
+        from epp.tokenize.shell import tokens_from_args
+
+        registry = self.metrics.registry if self.metrics is not None else None
+        self.precise = PreciseService.from_args(self.args, self.datastore, registry)
+        self.precise.attach()
+        self.cleanups.append(self.precise.close)
+        self.tokens = tokens_from_args(self.args, registry)
+        engine = self.tokens.tokenizer.engine
+        if engine is not None:
+            self.cleanups.append(engine.close)
+
+    def services(self) -> dict[str, Any]:
+        """What the shell lends every loaded scheduler (scheduling.framework.plugin.BuildContext.services)."""
+        return self.precise.services() if self.precise is not None else {}
 
     def _make_dashboard(self) -> None:
         """The live page on the metrics port, and the director's decision recorder that feeds it."""
@@ -272,7 +300,8 @@ class App:
         def parse(text: str) -> ModelScheduler:
             from scheduling.config import parse_yaml
 
-            return build_scheduler([d.data for d in parse_yaml(text, str(path))], self.rng, str(path))
+            return build_scheduler([d.data for d in parse_yaml(text, str(path))], self.rng, str(path),
+                                   self.services())
 
         def apply(scheduler: ModelScheduler) -> None:
             # New requests use the new scheduler; in-flight ones finish on the one that picked for them.
@@ -300,6 +329,8 @@ class App:
         self.director.admission = detector.admit
         if self.scraper is not None:
             self.scraper.configure(shell.scrape)
+        if self.precise is not None:
+            self.precise.apply_config(scheduler)  # an llm-d kvEventsConfig may name the engines' event port
 
     async def _start_grpc(self) -> None:
         args = self.args

@@ -85,6 +85,13 @@ def _add_serve_flags(p: argparse.ArgumentParser) -> None:
                    help="recent decisions kept for the page, with their per-plugin scores (500)")
     g.add_argument("-v", "--v", type=int, default=int(os.environ.get("EPP_VERBOSITY", "1")), help="log verbosity")
 
+    # Precise prefix routing (docs/kv-events.md): the engines' KV events and request tokenization.
+    from epp.kvevents.sources import add_kv_events_flags
+    from epp.tokenize.shell import add_tokenize_flags
+
+    add_kv_events_flags(p)
+    add_tokenize_flags(p)
+
 
 def _bool(text: str) -> bool:
     if text.lower() in ("1", "true", "yes", "on"):

@@ -62,6 +62,9 @@ def format_explain(resp: api.ExplainResponse) -> str:
         lines.append(f"prefill   {resp.prefill}   ({resp.decision})")
     if resp.route.kind != "provider":
         lines.append(f"profile   {resp.profile}   candidates: {len(resp.candidates)}")
+    if resp.token_source:
+        lines.append(f"tokens    {resp.prompt_tokens} ({resp.token_source})")
+    lines.extend(format_prefix(resp))
     for run in resp.profiles:
         lines.append(f"\n[{run.profile}] -> {', '.join(run.targets)}")
         eps = sorted(run.totals, key=lambda k: -run.totals[k]) or list(resp.candidates)
@@ -79,6 +82,23 @@ def format_explain(resp: api.ExplainResponse) -> str:
     if resp.headers:
         lines.append("\nheaders set: " + ", ".join(f"{k}: {v}" for k, v in sorted(resp.headers.items())))
     return "\n".join(lines)
+
+
+def format_prefix(resp: api.ExplainResponse) -> list[str]:
+    """Per endpoint, the prompt blocks it holds and where that came from (events: GPU/CPU/speculative)."""
+    if not resp.prefix:
+        return []
+    lines = ["prefix    endpoint               blocks    source"]
+    for m in resp.prefix:
+        held = f"{m.blocks}/{m.total_blocks}" if m.total_blocks else str(m.blocks)
+        if m.source == "events":
+            parts = [f"{n} {what}" for n, what in ((m.gpu_blocks, "GPU"), (m.cpu_blocks, "CPU"),
+                                                    (m.speculative_blocks, "speculative")) if n]
+            where = "events" + (f" ({', '.join(parts)})" if parts else "")
+        else:
+            where = "approximate" + (f" (index {m.index_state})" if m.index_state else "")
+        lines.append(f"          {m.endpoint:<22} {held:<9} {where}")
+    return lines
 
 
 def format_route(r: api.RouteInfo) -> list[str]:

@@ -159,6 +159,7 @@ class Director:
         self.router = router  # epp.routing.Router: routes, rules and weighted targets (None: pools only)
         self.gates: list[Gate] = list(gates)  # admission after parsing and routing, in order (epp/gates.py)
         self.watchers: list[Watcher] = list(watchers)  # see the response path of committed requests (epp/watch.py)
+        self.tokens: Any = None  # epp.tokenize.shell.RequestTokens: tokens for configs that read them (the app)
         self._decisions = 0
         self.recorder: DecisionRecorder | None = None  # set by the app when the dashboard is on
 
@@ -395,8 +396,10 @@ class RequestExchange:
     def decide(
         self, headers: Mapping[str, str], body: bytes | None, metadata: Mapping[str, Mapping[str, object]]
     ) -> Outcome | Awaitable[Outcome]:
-        """Build, pass the admission gates, schedule, commit. Synchronous (the grpc layer's fast path) unless a gate
-        must wait (a shared rate limit asks Redis): then an awaitable, which a client going away cancels."""
+        """Build, pass the admission gates, tokenize (only for configs that read token ids), schedule, commit.
+        Synchronous (the grpc layer's fast path) unless a gate must wait (a shared rate limit asks Redis) or the
+        tokens need an awaitable (a local tokenizer to load, the engine's /tokenize): then an awaitable, which a
+        client going away cancels."""
         d = self.d
         self.started = d.clock()
         try:
@@ -422,6 +425,30 @@ class RequestExchange:
             refused = self._take(answer, ctx, headers)
             if refused is not None:
                 return refused
+        return self._tokenized(ctx, parsed, headers)
+
+    # ---- tokens for configs that read them (precise prefix routing: epp/tokenize/shell.py) ---------------------
+    def _tokenized(
+        self, ctx: ShellContext, parsed: dict[str, Any] | None, headers: Mapping[str, str]
+    ) -> Outcome | Awaitable[Outcome]:
+        tokens = self.d.tokens
+        if tokens is not None:
+            try:
+                pending = tokens.prepare(ctx, self.d.scheduler_for(ctx))
+            except Exception as exc:
+                return self._fail(exc)
+            if pending is not None:
+                return self._schedule_after(pending, ctx, parsed, headers)
+        return self._schedule(ctx, parsed, headers)
+
+    async def _schedule_after(
+        self, pending: Awaitable[object], ctx: ShellContext, parsed: dict[str, Any] | None, headers: Mapping[str, str]
+    ) -> Outcome:
+        try:
+            await pending  # never raises: tokenization falls back to the approximation
+        except asyncio.CancelledError:
+            self._undo_holds()  # the client went away while waiting: hold nothing
+            raise
         return self._schedule(ctx, parsed, headers)
 
     async def _gate_later(

@@ -6,16 +6,18 @@ state), so it shows what the next real request would get without changing it."""
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from typing import Any
 
 import grpc
 
-from epp.director import Director, error_outcome
+from epp.director import Director, ShellContext, error_outcome
 from epp.routing.providers import CREDENTIAL_HEADERS
 from proto import pointsman_pb2 as api
 from proto import pointsman_pb2_grpc
-from scheduling.types import SchedulingError
+from scheduling.prefix.cycle import decision_matches
+from scheduling.prefix.precise_data import APPROXIMATE, decision_prefix_hits
+from scheduling.types import Endpoint, SchedulingError
 
 REDACTED = "<redacted>"
 
@@ -73,11 +75,57 @@ def describe_budgets(gates: Any, ctx: Any, info: api.RouteInfo) -> None:
                              utilization=row["utilization"])
 
 
+def describe_prefix(state: dict[Any, Any], candidates: Sequence[Endpoint], out: api.ExplainResponse) -> None:
+    """Per candidate, the prefix it holds and where that came from: the engines' KV events (GPU, CPU, Pointsman's
+    speculative picks) or the approximate index, as the decision's prefix-aware plugins saw it."""
+    hits = decision_prefix_hits(state)
+    if hits is not None:
+        for e in candidates:
+            h = hits.get(e.key)
+            if h is not None:
+                out.prefix.add(endpoint=e.key, source=h.source, blocks=h.blocks, total_blocks=h.total,
+                               block_tokens=h.block_tokens, gpu_blocks=h.gpu, cpu_blocks=h.cpu,
+                               speculative_blocks=h.speculative, index_state=h.state or "", weighted=h.weighted)
+        return
+    approx = decision_matches(state)
+    if approx is not None:
+        matches, total = approx
+        for e in candidates:
+            m = matches.get(e.key, 0)
+            out.prefix.add(endpoint=e.key, source=APPROXIMATE, blocks=m, total_blocks=total, weighted=float(m))
+
+
 class PointsmanService(pointsman_pb2_grpc.PointsmanServicer):
     def __init__(self, director: Director) -> None:
         self.director = director
 
     def explain(self, request: api.ExplainRequest) -> api.ExplainResponse:
+        """The dry run, synchronously: a request is tokenized only from what needs no waiting (the engine's
+        /tokenize is not called; see `explain_async`, which the gRPC API uses)."""
+        out, built = self._begin(request)
+        if built is None:
+            return out
+        tokens = self.director.tokens
+        if tokens is not None:
+            tokens.prepare(built[0], self.director.scheduler_for(built[0]), dry_run=True, wait=False)
+        return self._decide(out, *built)
+
+    async def explain_async(self, request: api.ExplainRequest) -> api.ExplainResponse:
+        """The dry run exactly as a request would be decided, tokenization included."""
+        out, built = self._begin(request)
+        if built is None:
+            return out
+        tokens = self.director.tokens
+        if tokens is not None:
+            pending = tokens.prepare(built[0], self.director.scheduler_for(built[0]), dry_run=True)
+            if pending is not None:
+                await pending
+        return self._decide(out, *built)
+
+    def _begin(
+        self, request: api.ExplainRequest
+    ) -> tuple[api.ExplainResponse, tuple[ShellContext, dict[str, Any] | None] | None]:
+        """Parse and resolve; (the response so far, None) when it is already complete."""
         d = self.director
         headers = {k.lower(): v for k, v in request.headers.items()}
         headers.setdefault(":path", request.path or "/v1/chat/completions")
@@ -86,16 +134,29 @@ class PointsmanService(pointsman_pb2_grpc.PointsmanServicer):
         out = api.ExplainResponse()
         try:
             ctx, parsed = d.build(headers, request.body, metadata, dry_run=True)
-            out.model, out.target_model = ctx.request.model, ctx.request.target_model
-            out.candidates.extend(e.key for e in ctx.candidates)
-            if ctx.route is not None:
-                describe_route(ctx.route, out.route)
-                describe_budgets(d.gates, ctx, out.route)
-            if ctx.route is not None and ctx.route.provider is not None:  # no endpoint scheduling
-                out.status = 200
-                outcome = d.mutations_for_provider(ctx, parsed)
-                out.headers.update(redacted(outcome.set_headers, ctx.route.sensitive))
-                return out
+        except SchedulingError as err:
+            rej = error_outcome(err)
+            out.status, out.error = rej.reject_status, rej.reject_body
+            return out, None
+        out.model, out.target_model = ctx.request.model, ctx.request.target_model
+        out.candidates.extend(e.key for e in ctx.candidates)
+        if ctx.route is not None:
+            describe_route(ctx.route, out.route)
+            describe_budgets(d.gates, ctx, out.route)
+        if ctx.route is not None and ctx.route.provider is not None:  # no endpoint scheduling
+            out.status = 200
+            outcome = d.mutations_for_provider(ctx, parsed)
+            out.headers.update(redacted(outcome.set_headers, ctx.route.sensitive))
+            return out, None
+        return out, (ctx, parsed)
+
+    def _decide(self, out: api.ExplainResponse, ctx: ShellContext, parsed: dict[str, Any] | None
+                ) -> api.ExplainResponse:
+        d = self.director
+        req = ctx.request
+        out.token_source = req.token_source
+        out.prompt_tokens = req.estimated_tokens
+        try:
             ctx.explain = True
             result = d.schedule(ctx, dry_run=True)
         except SchedulingError as err:
@@ -121,6 +182,7 @@ class PointsmanService(pointsman_pb2_grpc.PointsmanServicer):
                     pl.kept.extend(det.kept)
                 if det.scores is not None:
                     pl.scores.update(det.scores)
+        describe_prefix(result.state, ctx.candidates, out)
         if ctx.route is not None and ctx.route.sticky is not None:
             out.route.session = f"pinned {ctx.route.pinned}" if ctx.route.pinned else (
                 "new" if ctx.route.session is not None else "")
@@ -131,7 +193,7 @@ class PointsmanService(pointsman_pb2_grpc.PointsmanServicer):
     async def Explain(  # noqa: N802
         self, request: api.ExplainRequest, context: grpc.aio.ServicerContext
     ) -> api.ExplainResponse:
-        return self.explain(request)
+        return await self.explain_async(request)
 
     def list_endpoints(self, request: api.ListEndpointsRequest) -> api.ListEndpointsResponse:
         ds = self.director.datastore

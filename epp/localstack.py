@@ -48,12 +48,27 @@ def add_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--time-scale", type=float, default=1.0, help="modelsim time scale (1.0 = real time)")
     p.add_argument("--variant", choices=("original-dst", "override-host"), default="override-host",
                    help="override-host (default): pool cluster fed live by Pointsman's EDS; original-dst: no list")
-    p.add_argument("--config-file", default=None, help="scheduling config for Pointsman")
+    p.add_argument("--config-file", default=None,
+                   help="scheduling config for Pointsman (default: deploy/profiles/estimated-latency-precise.yaml "
+                        "with --kv-events, else the built-in default)")
+    p.add_argument("--kv-events", type=_bool, default=True,
+                   help="modelsim publishes KV-cache events (and replays them) and Pointsman subscribes (true)")
     p.add_argument("--duration", type=float, default=0, help="stop after this many seconds (0 = until Ctrl-C)")
     p.add_argument("--quiet", action="store_true", help="no live view (for scripts)")
     p.add_argument("--example", choices=("pool", "kthena", "llmkube"), default="pool",
                    help="pool: one pool of every server; kthena: a Kthena ModelRoute over two ModelServers; "
                         "llmkube: an LLMKube ModelRouter over two InferenceServices, with budgets")
+
+
+def _bool(text: str) -> bool:
+    if text.lower() in ("1", "true", "yes", "on"):
+        return True
+    if text.lower() in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
+PRECISE_PROFILE = Path(__file__).resolve().parent.parent / "deploy" / "profiles" / "estimated-latency-precise.yaml"
 
 
 def _bin(name: str) -> str:
@@ -82,6 +97,7 @@ class LocalStack:
         self.spare: list[int] = []  # running servers taken out of the pool, reused first by `+`
         self.ports_seen: list[int] = []  # every server's port, in start order (sim-<i> names)
         self.commands: queue.Queue[str] = queue.Queue()
+        self.kv_ports: dict[int, tuple[int, int]] = {}  # server port -> (KV-event PUB port, replay port)
         self._tty: list[Any] | None = None  # saved terminal attributes while keys are read
 
     def step(self, msg: str) -> None:
@@ -96,12 +112,7 @@ class LocalStack:
         ]:
             _check_free(port, what)
         print("Starting the Pointsman local stack", flush=True)
-        self.step(f"modelsim: {a.servers} simulated vLLM servers on ports {', '.join(map(str, ports))} ({MODEL})")
-        sim = self._spawn("modelsim", [_bin("modelsim"), "--servers", str(a.servers), "--ports",
-                                       ",".join(map(str, ports)), "--model", MODEL, "--lora", ADAPTER,
-                                       "--time-scale", str(a.time_scale)])
-        for p in ports:
-            wait_port(p, proc=sim, what="modelsim")
+        self._start_fleet(ports)
         self.active = list(ports)
         self.write_endpoints()
         eps_file = self.eps_file
@@ -128,8 +139,9 @@ class LocalStack:
         cmd = [_bin("epp"), "serve", "--grpc-host", "127.0.0.1", "--grpc-port", str(a.grpc_port),
                "--grpc-health-port", str(a.grpc_health_port), "--metrics-port", str(a.metrics_port),
                *source, "--log-decisions"]
-        if a.config_file:
-            cmd += ["--config-file", a.config_file]
+        config = a.config_file or (str(PRECISE_PROFILE) if a.kv_events else None)
+        if config:
+            cmd += ["--config-file", config]
         epp = self._spawn("epp", cmd, capture=True)
         wait_port(a.grpc_port, proc=epp, what="Pointsman")
         # EDS keeps one pool ("default") current; the examples' pools are listed statically.
@@ -170,6 +182,19 @@ Dashboard:           http://127.0.0.1:{a.metrics_port}/   (fleet, decisions, exp
 Pointsman metrics:   http://127.0.0.1:{a.metrics_port}/metrics      Files: {self.dir}
 {self._fleet_help(eds)}""", flush=True)
 
+    def _start_fleet(self, ports: list[int]) -> None:
+        """The simulated servers, publishing KV events (with --kv-events) on ports of their own."""
+        a = self.args
+        self.step(f"modelsim: {a.servers} simulated vLLM servers on ports {', '.join(map(str, ports))} ({MODEL})")
+        sim = self._spawn("modelsim", [_bin("modelsim"), "--servers", str(a.servers), "--ports",
+                                       ",".join(map(str, ports)), "--model", MODEL, "--lora", ADAPTER,
+                                       "--time-scale", str(a.time_scale), *self._kv_flags(ports)])
+        if a.kv_events:
+            pubs = ", ".join(f"{p}->{self.kv_ports[p][0]}" for p in ports)
+            self.step(f"KV events: each server publishes (server->port: {pubs}) and replays; Pointsman subscribes")
+        for p in ports:
+            wait_port(p, proc=sim, what="modelsim")
+
     def _fleet_help(self, eds: bool) -> str:
         if not eds:
             return "The fleet is fixed with --variant original-dst (Envoy has no endpoint list to update).\n"
@@ -181,6 +206,22 @@ Pointsman metrics:   http://127.0.0.1:{a.metrics_port}/metrics      Files: {self
         """Server i's port: base + i, or one the OS picks on its own with --sim-base-port 0."""
         return self.args.sim_base_port + index if self.args.sim_base_port else free_port()
 
+    def _kv_flags(self, ports: list[int]) -> list[str]:
+        """modelsim's flags for its servers' KV-event sockets: two free ports per server (PUB, replay)."""
+        if not self.args.kv_events:
+            return []
+        for p in ports:
+            self.kv_ports[p] = (free_port(), free_port())
+        return ["--kv-events-ports", ",".join(str(self.kv_ports[p][0]) for p in ports),
+                "--kv-events-replay-ports", ",".join(str(self.kv_ports[p][1]) for p in ports)]
+
+    def _endpoint(self, port: int) -> dict[str, Any]:
+        ep: dict[str, Any] = {"address": "127.0.0.1", "port": port, "name": self._name(port), "models": [MODEL, ADAPTER]}
+        kv = self.kv_ports.get(port)
+        if kv is not None:
+            ep["kvEvents"] = {"endpoint": f"tcp://127.0.0.1:{kv[0]}", "replay": f"tcp://127.0.0.1:{kv[1]}"}
+        return ep
+
     def _name(self, port: int) -> str:
         return f"sim-{self.ports_seen.index(port)}"
 
@@ -189,13 +230,12 @@ Pointsman metrics:   http://127.0.0.1:{a.metrics_port}/metrics      Files: {self
         for p in self.active:
             if p not in self.ports_seen:
                 self.ports_seen.append(p)
-        eps = {"pools": [{"name": "default", "endpoints": [
-            {"address": "127.0.0.1", "port": p, "name": self._name(p), "models": [MODEL, ADAPTER]}
-            for p in self.active]}], "adapters": {ADAPTER: MODEL}}
+        eps = {"pools": [{"name": "default", "endpoints": [self._endpoint(p) for p in self.active]}],
+               "adapters": {ADAPTER: MODEL}}
         if self.args.example == "llmkube":  # the ModelRouter's two InferenceServices
             from epp.localstack_llmkube import pools
 
-            eps["pools"] = pools(self.active, MODEL, ADAPTER)
+            eps["pools"] = pools(self.active, self._endpoint)
         tmp = self.eps_file.with_suffix(".tmp")
         tmp.write_text(yaml.safe_dump(eps, sort_keys=False))
         tmp.replace(self.eps_file)
@@ -209,7 +249,7 @@ Pointsman metrics:   http://127.0.0.1:{a.metrics_port}/metrics      Files: {self
             _check_free(port, "a new modelsim server")
             sim = self._spawn(f"modelsim-{port}", [
                 _bin("modelsim"), "--servers", "1", "--base-port", str(port), "--model", MODEL, "--lora", ADAPTER,
-                "--time-scale", str(a.time_scale)])
+                "--time-scale", str(a.time_scale), *self._kv_flags([port])])
             wait_port(port, proc=sim, what="modelsim")
         self.active.append(port)
         self.write_endpoints()

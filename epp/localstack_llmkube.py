@@ -12,6 +12,7 @@ backends' costPerMillionTokens. Quarantine: 5 s.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import yaml
@@ -20,13 +21,12 @@ NAME = "coding-router"
 SERVICES = ("qwen3-coder", "llama")
 
 
-def pools(ports: list[int], model: str, adapter: str) -> list[dict[str, Any]]:
-    """The two InferenceServices' endpoints (the first half of the servers, and the rest)."""
+def pools(ports: list[int], endpoint: Callable[[int], dict[str, Any]]) -> list[dict[str, Any]]:
+    """The two InferenceServices' endpoints (the first half of the servers, and the rest), each as the stack
+    writes a server into the endpoints file (`endpoint(port)`)."""
     half = max(1, len(ports) // 2)
     groups = {SERVICES[0]: ports[:half], SERVICES[1]: ports[half:] or ports[:half]}
-    return [{"name": svc, "endpoints": [{"address": "127.0.0.1", "port": p, "name": f"{svc}-{i}",
-                                         "models": [model, adapter]} for i, p in enumerate(ps)]}
-            for svc, ps in groups.items()]
+    return [{"name": svc, "endpoints": [endpoint(p) for p in ps]} for svc, ps in groups.items()]
 
 
 def router() -> str:

@@ -64,6 +64,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="a LoRA adapter served besides the base model (repeatable, or comma list)")
     ap.add_argument("--roles", help="comma list of per-server roles: both, prefill, decode")
     ap.add_argument("--ports", help="comma list of one port per server (instead of consecutive --base-port ports)")
+    ap.add_argument("--kv-events-ports", help="comma list of one KV-event PUB port per server (instead of "
+                                              "--kv-events-port + i)")
+    ap.add_argument("--kv-events-replay-ports", help="comma list of one replay port per server (instead of "
+                                                     "--kv-events-replay-port + i)")
     for flag, (_, typ, _, hlp) in _ENGINE_FLAGS.items():
         ap.add_argument(flag, type=typ, help=hlp)
     ap.add_argument("--no-prefix-caching", action="store_true", help="disable prefix caching")
@@ -83,6 +87,10 @@ def config_from_args(args: argparse.Namespace) -> Any:
         data["roles"] = args.roles.split(",")
     if args.ports:
         data["ports"] = args.ports
+    if args.kv_events_ports:
+        data["kv_events_ports"] = args.kv_events_ports
+    if args.kv_events_replay_ports:
+        data["kv_events_replay_ports"] = args.kv_events_replay_ports
     for flag, (key, _, mult, _) in _ENGINE_FLAGS.items():
         v = getattr(args, flag[2:].replace("-", "_"))
         if v is not None:

@@ -55,6 +55,8 @@ class FleetConfig:
     seed: int = 0
     kv_events_port: int | None = None  # base port of the ZMQ PUB sockets (one per server)
     kv_events_replay_port: int | None = None  # base port of the replay ROUTER sockets (needs kv_events_port)
+    kv_events_ports: tuple[int, ...] = ()  # one PUB port per server, instead of kv_events_port + i
+    kv_events_replay_ports: tuple[int, ...] = ()  # one replay port per server, instead of kv_events_replay_port + i
     kv_events_encoding: str = "array"  # "array" (vLLM <= ~0.23) or "map" (newer vLLM: maps with "type")
     kv_events_style: str = "vllm"  # "vllm" or "sglang" (one event per block, SGLang's field set)
     kv_events_hash_format: str = "int"  # "int" or "bytes" block hashes
@@ -78,11 +80,28 @@ class FleetConfig:
                               ("kv_events_hash_format", ("int", "bytes"))):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"fleet config: {name} must be one of {allowed}, got {getattr(self, name)!r}")
+        for name in ("kv_events_ports", "kv_events_replay_ports"):
+            ports = getattr(self, name)
+            if ports and len(ports) != self.servers:
+                raise ValueError(f"fleet config: {name} lists {len(ports)} ports for {self.servers} servers")
+        if self.kv_events_replay_ports and not (self.kv_events_ports or self.kv_events_port is not None):
+            raise ValueError("fleet config: kv_events_replay_ports needs KV events (kv_events_port or _ports)")
         if self.kv_events_buffer_steps < 1:
             raise ValueError(f"fleet config: kv_events_buffer_steps must be >= 1, got {self.kv_events_buffer_steps}")
 
     def port(self, index: int) -> int:
         return self.ports[index] if self.ports else self.base_port + index
+
+    def kv_events_port_of(self, index: int) -> int | None:
+        """Server `index`'s KV-event PUB port (None: no events)."""
+        if self.kv_events_ports:
+            return self.kv_events_ports[index]
+        return None if self.kv_events_port is None else self.kv_events_port + index
+
+    def kv_events_replay_port_of(self, index: int) -> int | None:
+        if self.kv_events_replay_ports:
+            return self.kv_events_replay_ports[index]
+        return None if self.kv_events_replay_port is None else self.kv_events_replay_port + index
 
     def role(self, index: int) -> str:
         return self.roles[index] if index < len(self.roles) else "both"
@@ -110,12 +129,13 @@ def fleet_from_mapping(data: dict[str, Any], source: str = "<config>") -> FleetC
         if key in norm and norm[key] is not None:
             v = norm[key]
             norm[key] = tuple(v.split(",")) if isinstance(v, str) else tuple(v)
-    if norm.get("ports") is not None:
-        v = norm["ports"]
-        try:
-            norm["ports"] = tuple(int(p) for p in (v.split(",") if isinstance(v, str) else v))
-        except (TypeError, ValueError):
-            raise ValueError(f"{source}: ports must be a list of port numbers, got {v!r}") from None
+    for key in ("ports", "kv_events_ports", "kv_events_replay_ports"):
+        if norm.get(key) is not None:
+            v = norm[key]
+            try:
+                norm[key] = tuple(int(p) for p in (v.split(",") if isinstance(v, str) else v))
+            except (TypeError, ValueError):
+                raise ValueError(f"{source}: {key} must be a list of port numbers, got {v!r}") from None
     return FleetConfig(**norm, engine=EngineConfig(**eng_raw))
 
 

@@ -66,10 +66,11 @@ class SimServer:
 
     # ---- lifecycle -------------------------------------------------------------------------------
     async def start(self) -> None:
-        if self.fleet.kv_events_port is not None:
-            ep = f"tcp://{self.host}:{self.fleet.kv_events_port + self.index}"
-            rp = self.fleet.kv_events_replay_port
-            replay = f"tcp://{self.host}:{rp + self.index}" if rp is not None else None
+        pub = self.fleet.kv_events_port_of(self.index)
+        if pub is not None:
+            ep = f"tcp://{self.host}:{pub}"
+            rp = self.fleet.kv_events_replay_port_of(self.index)
+            replay = f"tcp://{self.host}:{rp}" if rp is not None else None
             f = self.fleet
             self.publisher = KVEventPublisher(ep, topic_for(self.host, self.port, self.model), f.engine.block_size,
                                               replay, f.kv_events_buffer_steps, encoding=f.kv_events_encoding,

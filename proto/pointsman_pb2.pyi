@@ -70,7 +70,7 @@ class ProfileRun(_message.Message):
     def __init__(self, profile: _Optional[str] = ..., targets: _Optional[_Iterable[str]] = ..., totals: _Optional[_Mapping[str, float]] = ..., plugins: _Optional[_Iterable[_Union[PluginRun, _Mapping]]] = ...) -> None: ...
 
 class ExplainResponse(_message.Message):
-    __slots__ = ("status", "error", "endpoint", "fallbacks", "prefill", "profile", "decision", "candidates", "profiles", "headers", "model", "target_model", "route")
+    __slots__ = ("status", "error", "endpoint", "fallbacks", "prefill", "profile", "decision", "candidates", "profiles", "headers", "model", "target_model", "route", "prefix", "token_source", "prompt_tokens")
     class HeadersEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -91,6 +91,9 @@ class ExplainResponse(_message.Message):
     MODEL_FIELD_NUMBER: _ClassVar[int]
     TARGET_MODEL_FIELD_NUMBER: _ClassVar[int]
     ROUTE_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_SOURCE_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     status: int
     error: str
     endpoint: str
@@ -104,7 +107,34 @@ class ExplainResponse(_message.Message):
     model: str
     target_model: str
     route: RouteInfo
-    def __init__(self, status: _Optional[int] = ..., error: _Optional[str] = ..., endpoint: _Optional[str] = ..., fallbacks: _Optional[_Iterable[str]] = ..., prefill: _Optional[str] = ..., profile: _Optional[str] = ..., decision: _Optional[str] = ..., candidates: _Optional[_Iterable[str]] = ..., profiles: _Optional[_Iterable[_Union[ProfileRun, _Mapping]]] = ..., headers: _Optional[_Mapping[str, str]] = ..., model: _Optional[str] = ..., target_model: _Optional[str] = ..., route: _Optional[_Union[RouteInfo, _Mapping]] = ...) -> None: ...
+    prefix: _containers.RepeatedCompositeFieldContainer[PrefixMatch]
+    token_source: str
+    prompt_tokens: int
+    def __init__(self, status: _Optional[int] = ..., error: _Optional[str] = ..., endpoint: _Optional[str] = ..., fallbacks: _Optional[_Iterable[str]] = ..., prefill: _Optional[str] = ..., profile: _Optional[str] = ..., decision: _Optional[str] = ..., candidates: _Optional[_Iterable[str]] = ..., profiles: _Optional[_Iterable[_Union[ProfileRun, _Mapping]]] = ..., headers: _Optional[_Mapping[str, str]] = ..., model: _Optional[str] = ..., target_model: _Optional[str] = ..., route: _Optional[_Union[RouteInfo, _Mapping]] = ..., prefix: _Optional[_Iterable[_Union[PrefixMatch, _Mapping]]] = ..., token_source: _Optional[str] = ..., prompt_tokens: _Optional[int] = ...) -> None: ...
+
+class PrefixMatch(_message.Message):
+    __slots__ = ("endpoint", "source", "blocks", "total_blocks", "block_tokens", "gpu_blocks", "cpu_blocks", "speculative_blocks", "index_state", "weighted")
+    ENDPOINT_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    GPU_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    CPU_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    SPECULATIVE_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    INDEX_STATE_FIELD_NUMBER: _ClassVar[int]
+    WEIGHTED_FIELD_NUMBER: _ClassVar[int]
+    endpoint: str
+    source: str
+    blocks: int
+    total_blocks: int
+    block_tokens: int
+    gpu_blocks: int
+    cpu_blocks: int
+    speculative_blocks: int
+    index_state: str
+    weighted: float
+    def __init__(self, endpoint: _Optional[str] = ..., source: _Optional[str] = ..., blocks: _Optional[int] = ..., total_blocks: _Optional[int] = ..., block_tokens: _Optional[int] = ..., gpu_blocks: _Optional[int] = ..., cpu_blocks: _Optional[int] = ..., speculative_blocks: _Optional[int] = ..., index_state: _Optional[str] = ..., weighted: _Optional[float] = ...) -> None: ...
 
 class RouteInfo(_message.Message):
     __slots__ = ("route", "rule", "rule_index", "split", "target", "kind", "pool", "provider_cluster", "engine_model", "session", "rate_limit", "strategy", "backend", "fallbacks", "mirrors", "classification", "timeout", "notes", "budgets")

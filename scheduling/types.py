@@ -6,7 +6,7 @@ mutates one that a scheduling cycle may be reading.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -152,6 +152,11 @@ class LLMRequest:
 
     `prompt` is the text that prefix-cache plugins hash: for chat the JSON of messages (plus system/tools for
     Anthropic), the prompt for completions, instructions/tools/input for responses. `prompt_chars` is its length.
+
+    `token_ids` are the prompt's tokens as the engine will see them, set by the shell before scheduling only when
+    the loaded scheduler reads them (a plugin requests the `token-ids` data); `token_source` says where they came
+    from: "prompt" (the request was token ids), "local" (a local tokenizer), "engine" (the engine's /tokenize) or
+    "approx" (the character approximation).
     """
 
     request_id: str
@@ -166,6 +171,8 @@ class LLMRequest:
     lora_adapter: str | None = None  # set when target_model is a known adapter
     base_model: str | None = None
     body: Mapping[str, Any] | None = None  # the parsed body (read-only for plugins)
+    token_ids: Sequence[int] | None = None  # the prompt's tokens, when the scheduler reads them (see above)
+    token_source: str = ""  # prompt | local | engine | approx ("" when not tokenized)
 
     @property
     def prompt_chars(self) -> int:
@@ -173,5 +180,8 @@ class LLMRequest:
 
     @property
     def estimated_tokens(self) -> int:
-        """Prompt tokens, estimated from characters (CHARS_PER_TOKEN)."""
+        """Prompt tokens: the real count when the request was tokenized, else estimated from characters
+        (CHARS_PER_TOKEN, the one place that approximation is made for a count)."""
+        if self.token_ids is not None:
+            return len(self.token_ids)
         return len(self.prompt) // CHARS_PER_TOKEN

@@ -34,7 +34,7 @@ def test_local_stack_routes_and_stops_cleanly():
     proc = subprocess.Popen(
         [sys.executable, "-m", "epp.cli", "stack", "--servers", "2", "--sim-base-port", "0",
          "--listen-port", str(listen), "--grpc-port", str(grpc_port), "--grpc-health-port", str(health),
-         "--metrics-port", str(metrics), "--admin-port", str(admin), "--time-scale", "0.05", "--duration", "6"],
+         "--metrics-port", str(metrics), "--admin-port", str(admin), "--time-scale", "0.05", "--duration", "12"],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
     lines: list[str] = []
@@ -49,8 +49,9 @@ def test_local_stack_routes_and_stops_cleanly():
             if line.startswith("Ready."):
                 break
         assert any(line.startswith("Ready.") for line in lines), "".join(lines)
-        body = orjson.dumps({"model": "meta-llama/Llama-3.1-8B", "max_tokens": 4,
-                            "messages": [{"role": "user", "content": "hello"}]})
+        assert any("KV events: each server publishes" in line for line in lines), "".join(lines)
+        body = orjson.dumps({"model": "meta-llama/Llama-3.1-8B", "max_tokens": 4, "ignore_eos": True,
+                            "messages": [{"role": "user", "content": "hello, tell me about caches " * 20}]})
         req = urllib.request.Request(f"http://127.0.0.1:{listen}/v1/chat/completions", data=body,
                                      headers={"content-type": "application/json"})
         with urllib.request.urlopen(req, timeout=20) as r:
@@ -58,6 +59,21 @@ def test_local_stack_routes_and_stops_cleanly():
             pod_port = int(r.headers["x-inference-port"])
         assert reply["usage"]["completion_tokens"] == 4
         assert pod_port in sim_ports(lines)
+        # The engine published what it cached; Pointsman's explain shows the match and that it came from events.
+        held = {}
+        for _ in range(50):
+            explained = subprocess.run([sys.executable, "-m", "epp.cli", "explain", "--addr", f"127.0.0.1:{grpc_port}",
+                                        "--json", "--body", body.decode()], cwd=ROOT, capture_output=True, text=True,
+                                       timeout=30)
+            assert explained.returncode == 0, explained.stdout + explained.stderr
+            doc = orjson.loads(explained.stdout)
+            held = {m["endpoint"]: m for m in doc.get("prefix", []) if m.get("source") == "events"
+                    and m.get("gpu_blocks", 0) > 0}
+            if held:
+                break
+            time.sleep(0.1)
+        assert list(held) == [f"127.0.0.1:{pod_port}"], doc
+        assert doc["endpoint"] == f"127.0.0.1:{pod_port}" and doc["token_source"] == "engine"
         out, _ = proc.communicate(timeout=60)
         lines.append(out)
     finally:

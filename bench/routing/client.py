@@ -28,6 +28,7 @@ class Result:
     cached_tokens: int = 0
     pod: str = ""
     error: str = ""
+    direct: bool = False  # sent straight to a server, bypassing the router (the outside-traffic regime)
 
 
 def _usage_from_tail(tail: bytes) -> dict | None:
@@ -44,7 +45,14 @@ def _usage_from_tail(tail: bytes) -> dict | None:
         return None
 
 
-async def _one(session: aiohttp.ClientSession, url: str, p: Planned, scale: float, timeout: float) -> Result:
+async def _one(session: aiohttp.ClientSession, url: str, p: Planned, scale: float, timeout: float,
+               direct: bool = False) -> Result:
+    r = await _send(session, url, p, scale, timeout)
+    r.direct = direct
+    return r
+
+
+async def _send(session: aiohttp.ClientSession, url: str, p: Planned, scale: float, timeout: float) -> Result:
     t0 = time.monotonic()
     ttft = None
     tail = b""
@@ -68,23 +76,26 @@ async def _one(session: aiohttp.ClientSession, url: str, p: Planned, scale: floa
 
 
 async def run_stage(url: str, plan: list[Planned], time_scale: float, request_timeout: float = 120.0,
-                    stage_timeout: float = 600.0) -> tuple[list[Result], float]:
+                    stage_timeout: float = 600.0, direct: dict[int, str] | None = None) -> tuple[list[Result], float]:
     """Send every planned request at its arrival time; returns the results and the stage's model duration.
 
-    Bounded: each request by `request_timeout` and the whole stage by `stage_timeout` (wall seconds);
-    requests still running at the stage deadline are cancelled and counted as errors.
+    `direct` maps plan indexes to the server URL (…/v1/chat/completions) that request goes to instead of `url`:
+    traffic that bypasses the router. Bounded: each request by `request_timeout` and the whole stage by
+    `stage_timeout` (wall seconds); requests still running at the stage deadline are cancelled and counted as errors.
     """
+    direct = direct or {}
     conn = aiohttp.TCPConnector(limit=0, force_close=False)
     async with aiohttp.ClientSession(connector=conn) as session:
         start = time.monotonic()
 
-        async def fire(p: Planned) -> Result:
+        async def fire(i: int, p: Planned) -> Result:
             delay = start + p.at * time_scale - time.monotonic()
             if delay > 0:
                 await asyncio.sleep(delay)
-            return await _one(session, url, p, time_scale, request_timeout)
+            target = direct.get(i)
+            return await _one(session, target or url, p, time_scale, request_timeout, target is not None)
 
-        tasks = [asyncio.ensure_future(fire(p)) for p in plan]
+        tasks = [asyncio.ensure_future(fire(i, p)) for i, p in enumerate(plan)]
         done, pending = await asyncio.wait(tasks, timeout=stage_timeout)
         for t in pending:
             t.cancel()

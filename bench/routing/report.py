@@ -24,6 +24,8 @@ class Row:
     output_tok_s: float
     hit_rate: float  # cached prompt tokens / prompt tokens
     error_sample: str = ""
+    direct: int = 0  # requests sent straight to the servers (not in the latency and hit columns)
+    resets: int = 0  # prefix-cache resets during the stage
 
 
 def percentile(xs: Sequence[float], q: float) -> float | None:
@@ -36,17 +38,22 @@ def percentile(xs: Sequence[float], q: float) -> float | None:
     return s[lo] + (s[hi] - s[lo]) * (k - lo)
 
 
-def summarize(regime: str, router: str, qps: float, results: list[Result], elapsed: float) -> Row:
+def summarize(regime: str, router: str, qps: float, results: list[Result], elapsed: float, resets: int = 0) -> Row:
+    """Latency, hit rate and errors of the requests that went through the router (those sent straight to the
+    servers are counted in `direct`); output tokens/s of all of them (what the fleet delivered)."""
+    direct = [r for r in results if r.direct]
+    out = sum(r.output_tokens for r in direct if r.status == 200)
+    results = [r for r in results if not r.direct]
     ok = [r for r in results if r.status == 200 and r.ttft is not None]
     errs = [r for r in results if not (r.status == 200 and r.ttft is not None)]
     ttfts = [r.ttft for r in ok if r.ttft is not None]
     e2es = [r.e2e for r in ok if r.e2e is not None]
     prompt = sum(r.prompt_tokens for r in ok)
     cached = sum(r.cached_tokens for r in ok)
-    out = sum(r.output_tokens for r in ok)
+    out += sum(r.output_tokens for r in ok)
     return Row(regime, router, qps, len(results), len(errs), percentile(ttfts, 0.5), percentile(ttfts, 0.9),
                percentile(e2es, 0.5), percentile(e2es, 0.9), out / elapsed if elapsed > 0 else 0.0,
-               cached / prompt if prompt else 0.0, (errs[0].error[:120] if errs else ""))
+               cached / prompt if prompt else 0.0, (errs[0].error[:120] if errs else ""), len(direct), resets)
 
 
 def _f(x: float | None, nd: int = 3) -> str:

@@ -37,6 +37,7 @@ class FleetInfo:
     oracle_url: str | None = None  # modelsim's in-process oracle router (--oracle-port)
     time_scale: float = 1.0  # wall seconds per model second
     max_num_seqs: int = 16
+    kv_replay_endpoints: list[str] = field(default_factory=list)  # the KV events' replay (ROUTER) sockets
 
 
 @dataclass
@@ -181,21 +182,30 @@ def _epp_command() -> str:
     raise Unavailable("epp is not available (no POINTSMAN_EPP, no `epp` on PATH, `import epp.cli` fails)")
 
 
-def write_endpoints_file(fleet: FleetInfo, path: Path) -> None:
+def write_endpoints_file(fleet: FleetInfo, path: Path, kv_events: bool = False) -> None:
     eps = []
     for i, u in enumerate(fleet.urls):
         host, port = u.rsplit("//", 1)[1].rsplit(":", 1)
-        eps.append({"address": host, "port": int(port), "name": f"modelsim-{i}", "models": [fleet.model]})
+        ep: dict[str, object] = {"address": host, "port": int(port), "name": f"modelsim-{i}", "models": [fleet.model]}
+        if kv_events and fleet.kv_event_endpoints:
+            kv = {"endpoint": fleet.kv_event_endpoints[i]}
+            if fleet.kv_replay_endpoints:
+                kv["replay"] = fleet.kv_replay_endpoints[i]
+            ep["kvEvents"] = kv
+        eps.append(ep)
     path.write_text(yaml.safe_dump({"pools": [{"name": "default", "namespace": "default", "endpoints": eps}]}))
 
 
 BEST_PROFILE = ROOT / "deploy" / "profiles" / "estimated-latency.yaml"
 
 
-def write_best_profile(fleet: FleetInfo, path: Path) -> Path:
-    """deploy/profiles/estimated-latency.yaml with its engine timings in this fleet's wall-clock seconds."""
+def write_best_profile(fleet: FleetInfo, path: Path, prefix_source: str | None = None) -> Path:
+    """deploy/profiles/estimated-latency.yaml with its engine timings in this fleet's wall-clock seconds (and, when
+    given, its prefixSource: approximate or precise)."""
     doc = yaml.safe_load(BEST_PROFILE.read_text())
     params = doc["plugins"][0]["parameters"]
+    if prefix_source is not None:
+        params["prefixSource"] = prefix_source
     params["prefillSecondsPerToken"] *= fleet.time_scale
     params["overheadSeconds"] *= fleet.time_scale
     params["interTokenSeconds"] *= fleet.time_scale
@@ -210,11 +220,36 @@ async def start_pointsman_best(fleet: FleetInfo, workdir: Path) -> Launched:
     return await start_pointsman(fleet, workdir, extra=f"--config-file {profile} {os.environ.get('POINTSMAN_EPP_ARGS', '')}")
 
 
-async def start_pointsman(fleet: FleetInfo, workdir: Path, extra: str | None = None) -> Launched:
+async def start_pointsman_approx(fleet: FleetInfo, workdir: Path) -> Launched:
+    """The best profile on the approximate prefix index (Pointsman's own past picks)."""
+    profile = write_best_profile(fleet, workdir / "pointsman-approx-profile.yaml", "approximate")
+    return await start_pointsman(fleet, workdir, extra=f"--config-file {profile} "
+                                                       f"{os.environ.get('POINTSMAN_EPP_ARGS', '')}")
+
+
+async def start_pointsman_precise(fleet: FleetInfo, workdir: Path) -> Launched:
+    """The same profile on the precise index: the engines' KV events (subscribed from the endpoints file), requests
+    tokenized by the engine's /tokenize (Pointsman's default when no local tokenizer is configured)."""
+    profile = write_best_profile(fleet, workdir / "pointsman-precise-profile.yaml", "precise")
+    return await start_pointsman(fleet, workdir, extra=f"--config-file {profile} "
+                                                       f"{os.environ.get('POINTSMAN_EPP_ARGS', '')}", kv_events=True)
+
+
+GIE_DEFAULT_PROFILE = ROOT / "deploy" / "profiles" / "gie-default.yaml"
+
+
+async def start_pointsman_gie(fleet: FleetInfo, workdir: Path) -> Launched:
+    """Pointsman with GIE's default profile (queue ×2, KV ×2, prefix ×3), its own default until this benchmark."""
+    return await start_pointsman(
+        fleet, workdir, extra=f"--config-file {GIE_DEFAULT_PROFILE} {os.environ.get('POINTSMAN_EPP_ARGS', '')}")
+
+
+async def start_pointsman(fleet: FleetInfo, workdir: Path, extra: str | None = None,
+                          kv_events: bool = False) -> Launched:
     epp = _epp_command()
     grpc, health, metrics, listen, admin = free_ports(5)
     endpoints, envoy_cfg = workdir / "pointsman-endpoints.yaml", workdir / "pointsman-envoy.yaml"
-    write_endpoints_file(fleet, endpoints)
+    write_endpoints_file(fleet, endpoints, kv_events)
     values = {"epp": epp, "grpc_port": grpc, "health_port": health, "metrics_port": metrics,
               "endpoints_file": endpoints, "listen_port": listen, "admin_port": admin, "envoy_config": envoy_cfg,
               "extra": os.environ.get("POINTSMAN_EPP_ARGS", "") if extra is None else extra,
@@ -240,9 +275,13 @@ ROUTERS: dict[str, Adapter] = {
     "vllm-router-kv": start_vllm_router_kv,
     "sglang-router": start_sglang_router,
     "pointsman": start_pointsman,
+    "pointsman-gie": start_pointsman_gie,
     "pointsman-best": start_pointsman_best,
+    "pointsman-approx": start_pointsman_approx,
+    "pointsman-precise": start_pointsman_precise,
     "oracle": start_oracle,
     "oracle-proxy": start_oracle_proxy,
 }
-DEFAULT_ROUTERS = ["envoy-rr", "vllm-router", "vllm-router-kv", "sglang-router", "pointsman", "pointsman-best",
-                   "oracle"]
+# pointsman-best is pointsman-approx (the same profile and index), so only the latter runs by default.
+DEFAULT_ROUTERS = ["envoy-rr", "vllm-router", "vllm-router-kv", "sglang-router", "pointsman", "pointsman-gie",
+                   "pointsman-approx", "pointsman-precise", "oracle"]

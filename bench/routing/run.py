@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import random
 import signal
 import sys
 import time
@@ -26,7 +27,7 @@ from bench.routing.client import run_stage
 from bench.routing.procs import ROOT, Proc, free_port_block, wait_http
 from bench.routing.report import Row, markdown, summarize, write_outputs
 from bench.routing.routers import DEFAULT_ROUTERS, ROUTERS, FleetInfo, Launched, Unavailable
-from bench.routing.workload import Workload, WorkloadSpec
+from bench.routing.workload import Planned, Workload, WorkloadSpec
 
 MODEL = "meta-llama/Llama-3.1-8B"
 
@@ -36,6 +37,10 @@ class Regime:
     name: str
     spec: WorkloadSpec
     qps: tuple[float, ...]
+    outside: float = 0.0  # fraction of requests sent straight to a (uniformly chosen) server, bypassing the router
+    reset_every: float = 0.0  # model seconds between prefix-cache resets of one server (rotating); 0 = none
+    warmup: bool = False  # one unmeasured request per group through the router first (the disturbances, not the
+    # cold start, are what these regimes measure)
 
 
 @dataclass(frozen=True)
@@ -71,22 +76,36 @@ def regimes(fleet: FleetSpec) -> dict[str, Regime]:
         # nothing shared: every prompt unique
         "no-sharing": Regime("no-sharing", WorkloadSpec(num_groups=1, prompts_per_group=10**9, system_prompt_len=0,
                                                         question_len=1500, output_len=64), (5, 10, 20)),
+        # the pressure workload, with 30% of the requests sent straight to the servers (another router, batch
+        # jobs): they fill and evict caches that only the engines' own KV events tell a router about
+        "outside-traffic": Regime("outside-traffic", WorkloadSpec(num_groups=pressure_groups, prompts_per_group=5,
+                                                                  system_prompt_len=2000, question_len=200,
+                                                                  output_len=64),
+                                  (10, 20, 30), outside=0.3, warmup=True),
+        # the pressure workload while one server's prefix cache is reset every 10 s (a restart, an operator's
+        # /reset_prefix_cache), running requests included
+        "cache-resets": Regime("cache-resets", WorkloadSpec(num_groups=pressure_groups, prompts_per_group=5,
+                                                            system_prompt_len=2000, question_len=200, output_len=64),
+                               (10, 20, 30), reset_every=10.0, warmup=True),
     }
 
 
 def start_fleet(fs: FleetSpec, workdir: Path, name: str) -> tuple[Proc, FleetInfo]:
     base = free_port_block(fs.servers)
     kv_base = free_port_block(fs.servers)
+    replay_base = free_port_block(fs.servers)
     oracle_port = free_port_block(1)
     argv = [sys.executable, "-m", "modelsim", "--servers", str(fs.servers), "--base-port", str(base),
             "--model", MODEL, "--time-scale", str(fs.time_scale), "--kv-cache-size", str(fs.kv_cache_size),
             "--max-num-seqs", str(fs.max_num_seqs), "--kv-events-port", str(kv_base),
+            "--kv-events-replay-port", str(replay_base),
             "--stream-interval-ms", str(fs.stream_interval_ms), "--oracle-port", str(oracle_port)]
     proc = Proc(f"modelsim-{name}", argv, workdir)
     urls = [f"http://127.0.0.1:{base + i}" for i in range(fs.servers)]
     kv = [f"tcp://127.0.0.1:{kv_base + i}" for i in range(fs.servers)]
+    replay = [f"tcp://127.0.0.1:{replay_base + i}" for i in range(fs.servers)]
     return proc, FleetInfo(urls, MODEL, kv, f"http://127.0.0.1:{oracle_port}", time_scale=fs.time_scale,
-                           max_num_seqs=fs.max_num_seqs)
+                           max_num_seqs=fs.max_num_seqs, kv_replay_endpoints=replay)
 
 
 async def _fleet_stats(fleet: FleetInfo) -> str:
@@ -104,6 +123,35 @@ async def _fleet_stats(fleet: FleetInfo) -> str:
     return "; ".join(parts)
 
 
+def outside_plan(plan: list[Planned], urls: list[str], fraction: float, seed: str) -> dict[int, str]:
+    """Which planned requests bypass the router, and the server each goes to (seeded: the same for every router)."""
+    if fraction <= 0:
+        return {}
+    rng = random.Random(seed)
+    out = {}
+    for i in range(len(plan)):
+        if rng.random() < fraction:
+            out[i] = rng.choice(urls) + "/v1/chat/completions"
+    return out
+
+
+async def reset_caches(fleet: FleetInfo, every_wall: float, done: list[int]) -> None:
+    """Every `every_wall` seconds, reset one server's prefix cache (in turn), running requests included."""
+    async with aiohttp.ClientSession() as s:
+        i = 0
+        while True:
+            await asyncio.sleep(every_wall)
+            url = fleet.urls[i % len(fleet.urls)]
+            i += 1
+            try:
+                async with s.post(f"{url}/reset_prefix_cache?reset_running_requests=true",
+                                  timeout=aiohttp.ClientTimeout(total=5)) as r:
+                    if r.status == 200:
+                        done.append(i)
+            except (aiohttp.ClientError, asyncio.TimeoutError):
+                pass
+
+
 async def run_one(router: str, regime: Regime, fs: FleetSpec, duration: float, max_requests: int,
                   workdir: Path, seed: int) -> list[Row]:
     wd = workdir / f"{router}-{regime.name}"
@@ -116,13 +164,25 @@ async def run_one(router: str, regime: Regime, fs: FleetSpec, duration: float, m
             await wait_http(f"{u}/health", fleet_proc, 30.0)
         launched = await ROUTERS[router](fleet, wd)
         wl = Workload(regime.spec, MODEL, seed)
+        if regime.warmup:
+            await run_stage(launched.url + "/v1/chat/completions", wl.warmup(8.0), fs.time_scale,
+                            request_timeout=60.0, stage_timeout=120.0)
         for i, qps in enumerate(regime.qps):
             plan = wl.plan(qps, duration, max_requests, stage_seed=i)
+            direct = outside_plan(plan, fleet.urls, regime.outside, f"{seed}/outside/{i}/{qps}")
             t0 = time.monotonic()
-            results, elapsed = await run_stage(launched.url + "/v1/chat/completions", plan, fs.time_scale,
-                                               request_timeout=max(60.0, 20 * duration * fs.time_scale),
-                                               stage_timeout=max(120.0, 6 * duration * fs.time_scale))
-            row = summarize(regime.name, router, qps, results, elapsed)
+            resets: list[int] = []
+            resetter = (asyncio.ensure_future(reset_caches(fleet, regime.reset_every * fs.time_scale, resets))
+                        if regime.reset_every > 0 else None)
+            try:
+                results, elapsed = await run_stage(launched.url + "/v1/chat/completions", plan, fs.time_scale,
+                                                   request_timeout=max(60.0, 20 * duration * fs.time_scale),
+                                                   stage_timeout=max(120.0, 6 * duration * fs.time_scale),
+                                                   direct=direct)
+            finally:
+                if resetter is not None:
+                    resetter.cancel()
+            row = summarize(regime.name, router, qps, results, elapsed, len(resets))
             rows.append(row)
             print(f"  {router:15s} {regime.name:10s} qps={qps:<5g} n={row.requests:<5d} err={row.errors:<4d} "
                   f"ttft p50/p90={row.ttft_p50 or 0:.3f}/{row.ttft_p90 or 0:.3f}s out={row.output_tok_s:.0f} tok/s "
@@ -205,7 +265,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="short run: fits+pressure, 2 QPS points, 15 s stages")
     ap.add_argument("--routers", help=f"comma list from {','.join(ROUTERS)} (default: all but oracle-proxy)")
-    ap.add_argument("--regimes", help="comma list from fits,pressure,skew,no-sharing (default: all)")
+    ap.add_argument("--regimes", help="comma list from fits,pressure,skew,no-sharing,outside-traffic,cache-resets "
+                                      "(default: all)")
     ap.add_argument("--qps", help="comma list overriding every regime's QPS ladder (model time)")
     ap.add_argument("--duration", type=float, help="model seconds per QPS stage (default 45, quick 15)")
     ap.add_argument("--max-requests", type=int, default=3000, help="cap per stage (default 3000)")

@@ -80,6 +80,10 @@ class Workload:
                 hi = mid
         return lo
 
+    def warmup(self, qps: float) -> list[Planned]:
+        """One request per group (its first question), evenly spaced at `qps`: every shared prefix computed once."""
+        return [Planned(g / qps, g, self.body(g, 0)) for g in range(self.spec.num_groups)]
+
     def plan(self, qps: float, duration: float, max_requests: int, stage_seed: int = 0) -> list[Planned]:
         """Poisson arrivals at `qps` for `duration` model seconds, at most `max_requests`."""
         rng = random.Random(f"{self.seed}/plan/{stage_seed}/{qps}")

@@ -133,6 +133,18 @@ def explain(
 ) -> dict[str, Any]:
     """The dry-run decision exactly as `epp explain --json` returns it, plus `text` as `epp explain` prints it."""
     resp = service.explain(api.ExplainRequest(path=path, headers=dict(headers), body=body, pool=pool))
+    return _explained(resp)
+
+
+async def explain_async(
+    service: PointsmanService, path: str, headers: Mapping[str, str], body: bytes, pool: str
+) -> dict[str, Any]:
+    """As `explain`, tokenizing the request as a real one would be (the engine's /tokenize included)."""
+    resp = await service.explain_async(api.ExplainRequest(path=path, headers=dict(headers), body=body, pool=pool))
+    return _explained(resp)
+
+
+def _explained(resp: api.ExplainResponse) -> dict[str, Any]:
     out = json_format.MessageToDict(resp, preserving_proto_field_name=True)
     out["text"] = format_explain(resp)
     return out

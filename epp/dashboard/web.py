@@ -248,9 +248,9 @@ class Dashboard:
             body = req.get("body") or ""
             if not isinstance(body, str):
                 raise ValueError("body must be a string (the request body as sent)")
-            out = views.explain(self.explainer, str(req.get("path") or "/v1/chat/completions"),
-                                {str(k).lower(): str(v) for k, v in headers.items()}, body.encode(),
-                                str(req.get("pool") or ""))
+            out = await views.explain_async(self.explainer, str(req.get("path") or "/v1/chat/completions"),
+                                            {str(k).lower(): str(v) for k, v in headers.items()}, body.encode(),
+                                            str(req.get("pool") or ""))
         except ValueError as e:
             return _json({"error": str(e)}, 400)
         return _json(out)

@@ -194,6 +194,8 @@ def add_kv_events_flags(parser: argparse.ArgumentParser) -> None:
                    help="topic prefix to subscribe to; {ip}, {port}, {model} are filled in (default: all topics)")
     g.add_argument("--kv-events-dp-size", type=int, default=1,
                    help="data-parallel ranks per endpoint; rank r publishes on PORT + r (default 1)")
+    g.add_argument("--kv-events-block-size", type=int, default=16,
+                   help="tokens per block of the precise index's own keys, whatever the engines' block size (16)")
 
 
 def template_from_args(args: argparse.Namespace) -> KVEventsTemplate | None:

@@ -117,8 +117,10 @@ class EngineTokenizer:
 
     async def tokenize(self, base_url: str, model: str, *, prompt: str | None = None,
                        messages: Sequence[Mapping[str, Any]] | None = None, add_generation_prompt: bool = True,
-                       continue_final_message: bool = False, tools: Sequence[Any] | None = None) -> list[int] | None:
-        """Token ids from the engine at `base_url` (cached), or None (reason counted in `errors`)."""
+                       continue_final_message: bool = False, tools: Sequence[Any] | None = None,
+                       timeout: float | None = None) -> list[int] | None:
+        """Token ids from the engine at `base_url` (cached), or None (reason counted in `errors`). `timeout`
+        overrides the tokenizer's own for this call."""
         body = self._body(model, prompt, messages, add_generation_prompt, continue_final_message, tools)
         key = self._key(model, body)
         hit = self._get(key)
@@ -132,7 +134,8 @@ class EngineTokenizer:
         if self._session is None:
             self._session = aiohttp.ClientSession()
         try:
-            status, raw = await asyncio.wait_for(self._post(base_url, body), self.timeout)
+            status, raw = await asyncio.wait_for(self._post(base_url, body),
+                                                 self.timeout if timeout is None else timeout)
         except asyncio.TimeoutError:
             self._fail(base_url, "timeout")
             return None

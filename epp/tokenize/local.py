@@ -28,6 +28,7 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
+MAX_MISSING = 4096  # models remembered as having no local tokenizer
 SPECIAL_TOKEN_KEYS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 
 
@@ -203,6 +204,18 @@ class TokenizerRegistry:
     def loaded(self, model: str) -> LocalTokenizer | None:
         """The tokenizer if it is already loaded (never loads)."""
         return self._loaded.get(model)
+
+    def lookup_nowait(self, model: str) -> tuple[bool, LocalTokenizer | None]:
+        """(known, tokenizer) without loading: known is False when the model has a tokenizer directory that is not
+        loaded yet (`await aget(model)` loads it). A model without one is remembered (at most MAX_MISSING)."""
+        if model in self._loaded:
+            return True, self._loaded[model]
+        if self.directory(model) is not None:
+            return False, None
+        if len(self._loaded) >= MAX_MISSING:
+            self._loaded = {k: v for k, v in self._loaded.items() if v is not None}
+        self._loaded[model] = None
+        return True, None
 
     def preload(self, models: Iterable[str]) -> dict[str, bool]:
         return {m: self.get(m) is not None for m in models}

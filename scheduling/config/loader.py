@@ -21,11 +21,19 @@ from scheduling.config.heimdall import build_scheduling_profile
 from scheduling.framework import ConfigError, ProfileScheduler, Timer
 from scheduling.framework.data import ProducerFactory, wire_data
 from scheduling.framework.model_scheduler import ModelScheduler
+from scheduling.framework.plugin import SERVICES
 from scheduling.plugins.producers.approx_prefix import create_approx_prefix
+from scheduling.plugins.producers.precise_prefix import create_precise_prefix
+from scheduling.plugins.producers.token_producer import create_token_producer
+from scheduling.prefix.precise_data import PRECISE_PREFIX, TOKEN_IDS
 from scheduling.prefix.shared import APPROX_PREFIX
 
 # Producers the loader creates when plugins request data that no declared producer provides.
-PRODUCER_FACTORIES: dict[str, ProducerFactory] = {APPROX_PREFIX: create_approx_prefix}
+PRODUCER_FACTORIES: dict[str, ProducerFactory] = {
+    APPROX_PREFIX: create_approx_prefix,
+    PRECISE_PREFIX: create_precise_prefix,
+    TOKEN_IDS: create_token_producer,
+}
 
 Source = Union[None, str, "os.PathLike[str]", Mapping[str, Any], Sequence[Mapping[str, Any]]]
 
@@ -82,15 +90,17 @@ def load_scheduler(
     timer: Timer | None = None,
     name: str | None = None,
     filter_served_models: bool = True,
+    services: Mapping[str, Any] | None = None,
 ) -> ModelScheduler:
     """Build the scheduler from any mix of: at most one EndpointPickerConfig, SchedulingProfiles and at most one
     binding document (ModelBinding or AIGateway). `None` (or no documents) gives the built-in default.
 
     `rng` drives every random choice (ties, exploration, weighted picks); `timer` (e.g. time.perf_counter),
-    when given, times every plugin into ProfileResult.details[].duration_s.
+    when given, times every plugin into ProfileResult.details[].duration_s. `services` is what the shell lends the
+    plugins (scheduling.framework.plugin.BuildContext.services), e.g. its precise prefix index ("precise-index").
     """
     docs = read_documents(source, name=name)
-    shared: dict[Any, Any] = {}
+    shared: dict[Any, Any] = {SERVICES: dict(services or {})}
     epp: ProfileScheduler | None = None
     shell = ShellConfig()
     profiles: dict[str, ProfileScheduler] = {}

@@ -16,7 +16,7 @@ from scheduling.api import SchedulingContext, SchedulingResult, ShellConfig
 from scheduling.framework.plugin import Plugin
 from scheduling.framework.scheduler import ProfileScheduler
 from scheduling.plugins.filters.served_model import serves
-from scheduling.types import ErrorCode, SchedulingError
+from scheduling.types import ErrorCode, LLMRequest, SchedulingError
 
 _ROUTE = "model_scheduler.route"
 
@@ -56,6 +56,10 @@ class ModelScheduler:
     def scheduler_for(self, model: str, target_model: str = "") -> ProfileScheduler:
         by = self._by_model
         return by.get(model) or (by.get(target_model) if target_model else None) or self.default
+
+    def producer(self, request: LLMRequest, name: str) -> Plugin[Any] | None:
+        """The producer of the data named `name` read by the config deciding for `request`, if any."""
+        return self.scheduler_for(request.model, request.target_model).producer(name)
 
     def schedule(self, ctx: SchedulingContext, *, dry_run: bool = False) -> SchedulingResult:
         """Decide. Scheduling changes no state (the lifecycle hooks do); with `dry_run` it does not even advance

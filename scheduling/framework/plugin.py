@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import random
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
@@ -33,6 +33,8 @@ if TYPE_CHECKING:
     from scheduling.framework.data import DataKey, DataRequest
 
 State = dict[Any, Any]  # per-decision scratch space, keyed by whatever its writer chooses
+SERVICES = "services"  # BuildContext.shared key of the shell's services
+_NO_SERVICES: Mapping[str, Any] = {}
 P = TypeVar("P")  # a plugin's typed parameters (its Params dataclass), or None
 
 
@@ -42,6 +44,8 @@ class BuildContext:
 
     `shared` is scoped to one loaded scheduler: plugins that must agree on state (the prefix index) look it
     up there. `dialect` is "epp" (GIE/llm-d EndpointPickerConfig) or "heimdall" (SchedulingProfile).
+    `services` is what the shell lends the scheduler (`load_scheduler(services=...)`, kept in `shared`): data the
+    shell owns and keeps across config reloads, such as the precise prefix index fed by the engines' KV events.
     """
 
     source: str = "<builtin>"
@@ -49,6 +53,11 @@ class BuildContext:
     dialect: str = "epp"
     shared: dict[Any, Any] = field(default_factory=dict)
     given: frozenset[str] = frozenset()  # the parameter names the config set explicitly
+
+    @property
+    def services(self) -> Mapping[str, Any]:
+        got: Mapping[str, Any] = self.shared.get(SERVICES, _NO_SERVICES)
+        return got
 
 
 class Plugin(ABC, Generic[P]):
@@ -69,6 +78,7 @@ class Plugin(ABC, Generic[P]):
         self.given_params: frozenset[str] = build.given
         self.source = build.source
         self.path = build.path
+        self.services = build.services  # the shell's services (empty when the scheduler is loaded on its own)
         self.producers: dict[DataKey, Producer[Any]] = {}
         self.setup(build)
 

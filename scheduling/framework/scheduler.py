@@ -50,6 +50,15 @@ class ProfileScheduler:
             for producer in plugin.producers.values():
                 producers.setdefault(id(producer), producer)
         self._stateful = stateful + [p for p in producers.values() if p not in stateful]
+        self._data: dict[str, Plugin[Any]] = {}
+        for plugin in used:
+            for key, producer in plugin.producers.items():
+                self._data.setdefault(key.name, producer)
+
+    def producer(self, name: str) -> Plugin[Any] | None:
+        """The producer of the shared data named `name` (a DataKey name) that a plugin of a profile reads, if any:
+        how the shell learns what a decision needs before it is made (e.g. the request's token ids)."""
+        return self._data.get(name)
 
     def used_plugins(self) -> list[Plugin[Any]]:
         """The handler and every plugin of every profile (what a decision can call)."""

@@ -132,6 +132,8 @@ class PreciseIndex:
         slots = self._ep.get(endpoint)
         if not slots:
             return None
+        if len(slots) == 1:
+            return slots[0].state
         return max((s.state for s in slots), key=STATE_RANK.__getitem__)
 
     def states(self) -> dict[str, str]:
@@ -393,12 +395,13 @@ class PreciseIndex:
         if self._spec.get(endpoint):
             self._specs.drop(self._map, endpoint, self._sbits(endpoint))
 
-    def add_speculative(self, endpoint: str, keys: Sequence[int], now: float) -> int:
+    def add_speculative(self, endpoint: str, keys: Sequence[int], now: float, ttl: float | None = None) -> int:
         """Pointsman routed a request with these keys to `endpoint` at `now`: hold them speculatively until events
-        confirm them or `speculative_ttl` passes. Keys the endpoint already holds by events are skipped.
-        Returns the number of speculative entries added or refreshed."""
+        confirm them or `ttl` (default `speculative_ttl`) seconds pass. Keys the endpoint already holds by events
+        are skipped. Returns the number of speculative entries added or refreshed."""
         self.expire(now)
-        if self.speculative_ttl <= 0 or not keys:
+        ttl = self.speculative_ttl if ttl is None else ttl
+        if ttl <= 0 or not keys:
             return 0
         if endpoint not in self._ep:
             self._slot(endpoint, 0)
@@ -406,9 +409,14 @@ class PreciseIndex:
         for s in self._ep[endpoint]:
             sbits |= s.sbit
             held |= s.held
-        added = self._specs.add(self._map, endpoint, keys, now, sbits, held)
+        added = self._specs.add(self._map, endpoint, keys, now, sbits, held, ttl)
         self.counters["speculative"] += added
         return added
+
+    def end_speculative(self, endpoint: str, keys: Sequence[int], now: float, ttl: float | None = None) -> int:
+        """The request that made these speculative entries ended at `now`: those events have not confirmed yet
+        expire `ttl` (default `speculative_ttl`) later at the latest. Returns how many were shortened."""
+        return self._specs.shorten(endpoint, keys, now + (self.speculative_ttl if ttl is None else ttl))
 
     def expire(self, now: float) -> None:
         """Drop speculative entries whose time is up."""

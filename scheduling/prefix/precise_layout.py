@@ -3,6 +3,7 @@ matching walk over the shared key → slot bit set, and the speculative entries.
 
 from __future__ import annotations
 
+import heapq
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -116,16 +117,19 @@ def walk(m: dict[int, int], low: int, keys: Sequence[int]) -> tuple[dict[int, in
 
 
 class Speculative:
-    """Pointsman's own picks, held per endpoint until an event confirms them or `ttl` seconds pass."""
+    """Pointsman's own picks, held per endpoint until an event confirms them or their TTL passes (`ttl` unless a
+    call gives its own; expiries are kept in a heap, so different TTLs lapse in order)."""
 
     def __init__(self, ttl: float) -> None:
         self.ttl = ttl
         self.entries: dict[str, dict[int, float]] = {}
-        self._queue: deque[tuple[float, str, tuple[int, ...]]] = deque()
+        self._queue: list[tuple[float, int, str, tuple[int, ...]]] = []
+        self._seq = 0
 
-    def add(self, m: dict[int, int], endpoint: str, keys: Sequence[int], now: float, sbits: int, held: int) -> int:
+    def add(self, m: dict[int, int], endpoint: str, keys: Sequence[int], now: float, sbits: int, held: int,
+            ttl: float | None = None) -> int:
         spec = self.entries.setdefault(endpoint, {})
-        exp = now + self.ttl
+        exp = now + (self.ttl if ttl is None else ttl)
         get = m.get
         added = []
         for k in keys:
@@ -136,14 +140,15 @@ class Speculative:
             m[k] = sbits if v is None else v | sbits
             added.append(k)
         if added:
-            self._queue.append((exp, endpoint, tuple(added)))
+            self._seq += 1
+            heapq.heappush(self._queue, (exp, self._seq, endpoint, tuple(added)))
         return len(added)
 
     def expire(self, m: dict[int, int], now: float, sbits_of: Callable[[str], int]) -> int:
         q = self._queue
         lapsed = 0
         while q and q[0][0] <= now:
-            _, endpoint, keys = q.popleft()
+            _, _, endpoint, keys = heapq.heappop(q)
             spec = self.entries.get(endpoint)
             if not spec:
                 continue
@@ -155,6 +160,22 @@ class Speculative:
                     clear_bits(m, k, sbits)
                     lapsed += 1
         return lapsed
+
+    def shorten(self, endpoint: str, keys: Sequence[int], exp: float) -> int:
+        """Make the endpoint's still-speculative `keys` expire by `exp` at the latest. Returns how many changed."""
+        spec = self.entries.get(endpoint)
+        if not spec:
+            return 0
+        changed = []
+        for k in keys:
+            e = spec.get(k)
+            if e is not None and e > exp:
+                spec[k] = exp
+                changed.append(k)
+        if changed:
+            self._seq += 1
+            heapq.heappush(self._queue, (exp, self._seq, endpoint, tuple(changed)))
+        return len(changed)
 
     def confirm(self, m: dict[int, int], endpoint: str, key: int, sbits: int) -> None:
         del self.entries[endpoint][key]

@@ -299,3 +299,16 @@ def test_match_agrees_with_a_naive_model(seed: int) -> None:
                 if best:
                     want[e] = best
             assert got == want
+
+
+def test_ending_a_request_shortens_its_speculative_entries_and_never_extends_them() -> None:
+    idx = PreciseIndex(block_size=16, speculative_ttl=2.0)
+    keys = idx.keys_for(list(range(64)))
+    idx.add_speculative("a", keys, now=0.0, ttl=600.0)  # held while the request runs
+    idx.add_speculative("b", keys[:2], now=0.0)  # another endpoint, the default TTL
+    assert idx.end_speculative("a", keys, now=50.0) == 4
+    assert idx.match(keys, now=51.9)["a"].speculative == 4
+    assert "a" not in idx.match(keys, now=52.1)
+    assert idx.end_speculative("b", keys[:2], now=1.0, ttl=5.0) == 0  # 1 + 5 is later than its own 2: unchanged
+    assert "b" not in idx.match(keys, now=2.1)
+    assert idx.counters["lapsed"] == 6

@@ -1,8 +1,13 @@
 """estimated-latency-scorer (Pointsman): scores endpoints by the predicted latency of the request there, so prefix
 affinity and load are traded in one currency (seconds) instead of by hand-tuned weights.
 
-    tokens         = prompt characters / CHARS_PER_TOKEN
-    uncached(e)    = max(0, tokens − matched(e) × blockSizeTokens)      matched: the approximate prefix data
+    tokens         = the request's prompt tokens (its token ids when tokenized, else characters / CHARS_PER_TOKEN)
+    uncached(e)    = max(0, tokens − cached(e))
+    cached(e)      = matched(e) × blockSizeTokens                       prefixSource "approximate" (default): the
+                                                                        approximate prefix data
+                   = the prefix hit's tokens (scheduling.prefix.precise_data): prefixSource "precise": blocks the
+                     engine holds by its KV events, weighted by medium (GPU 1.0, CPU 0.8) with Pointsman's
+                     speculative picks, where e's index is live; the approximate data elsewhere
     backlog(e)     = prefill tokens sent to e and not yet worked off; it drains at 1 / prefillSecondsPerToken
                      tokens per second (a fluid model of the engine's prefill queue)
     n(e)           = max(in-flight requests to e (exact), waiting(e) + running(e) from fresh metrics)
@@ -13,6 +18,7 @@ affinity and load are traded in one currency (seconds) instead of by hand-tuned 
                                                                        (or max_completion_tokens), else defaultOutputTokens
     evict(e)       = evictionWeight × max(0, ⌈uncached(e) / blockSizeTokens⌉ − free(e)) × blockSizeTokens × prefillSecondsPerToken
                      free(e): blocks the prefix index believes e can still take before evicting another prefix
+                     (precise and live: (num_gpu_blocks − blocks the engine holds) × engine block / blockSizeTokens)
     cost(e)        = ttft(e) + decodeWeight × decode(e) + evict(e)
     score(e)       = min over candidates of cost / cost(e)                (the best endpoint scores 1)
 
@@ -32,7 +38,8 @@ eviction term prices the prefixes a full endpoint would lose to make room (recom
 under KV pressure hot prefixes are replicated only when the load gain pays for it.
 
 Like prefix-cache-scorer it produces the approximate prefix data for its blockSizeTokens (the producer records the
-prompt's blocks after the pick). pre_request adds uncached(chosen) to the chosen endpoint's backlog;
+prompt's blocks after the pick); with prefixSource precise it also reads the precise prefix data and the request's
+token ids (so the shell tokenizes the request; the approximate data stays the fallback). pre_request adds uncached(chosen) to the chosen endpoint's backlog;
 response_complete feeds the request's duration into D; endpoint_removed drops both for a departed endpoint.
 The defaults are the reference vLLM profile (8B on H100: 250 µs per prompt token, 30 ms overhead, F = 2,
 max-num-seqs 16, 12 ms per output token); set them in wall-clock seconds for the engines behind the pool.
@@ -42,14 +49,16 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from scheduling.api import NO_LOAD, SchedulingContext, SchedulingResult
 from scheduling.framework import BuildContext, Scorer, register
 from scheduling.framework.params import bounded
 from scheduling.framework.plugin import State
 from scheduling.prefix import PrefixReader
-from scheduling.types import CHARS_PER_TOKEN, Endpoint
+from scheduling.prefix.precise import GPU
+from scheduling.prefix.precise_data import EVENTS, PreciseReader, PrefixHit, prefix_hits
+from scheduling.types import Endpoint
 
 _START = "estimated-latency.start"
 
@@ -71,6 +80,7 @@ class Params:
     lruCapacityPerServer: int = bounded(31_250, min=1)
     calibrate: bool = True
     calibrationAlpha: float = bounded(0.05, min=0.0, max=1.0)
+    prefixSource: Literal["approximate", "precise"] = "approximate"
 
 
 CALIBRATION_RANGE = (0.02, 50.0)
@@ -88,10 +98,14 @@ def output_tokens(body: Mapping[str, Any] | None, default: int) -> int:
 
 
 @register("estimated-latency-scorer")
-class EstimatedLatencyScorer(PrefixReader[Params], Scorer[Params]):
+class EstimatedLatencyScorer(PreciseReader[Params], PrefixReader[Params], Scorer[Params]):
     Params = Params
     clamped = True
     produces_prefix = True
+
+    @property
+    def reads_precise(self) -> bool:
+        return self.params.prefixSource == "precise"
 
     def setup(self, build: BuildContext) -> None:
         self._backlog: dict[str, tuple[float, float]] = {}  # endpoint -> (tokens, as of time)
@@ -110,17 +124,33 @@ class EstimatedLatencyScorer(PrefixReader[Params], Scorer[Params]):
         tokens, since = got
         return max(0.0, tokens - (now - since) / (k * self.params.prefillSecondsPerToken))
 
-    def _uncached(self, ctx: SchedulingContext, state: State) -> tuple[float, dict[str, int]]:
-        tokens = ctx.request.prompt_chars / CHARS_PER_TOKEN
+    def _cached(
+        self, ctx: SchedulingContext, state: State, candidates: list[Endpoint]
+    ) -> tuple[float, dict[str, float], dict[str, PrefixHit]]:
+        """(prompt tokens, endpoint -> prompt tokens it is expected to hold, the precise hits when read)."""
+        tokens = float(ctx.request.estimated_tokens)
         if not tokens:
-            return 0.0, {}
+            return 0.0, {}, {}
+        if self.precise is not None:
+            hits = prefix_hits(ctx, state, candidates, self.precise, self.prefix)
+            return tokens, {k: h.tokens for k, h in hits.items()}, hits
         matches, _total = self.prefix.matches(ctx, state)
-        return tokens, matches
+        block = self.params.blockSizeTokens
+        return tokens, {k: float(m * block) for k, m in matches.items()}, {}
+
+    def _free_blocks(self, e: Endpoint, hit: PrefixHit | None) -> float:
+        """Blocks (of blockSizeTokens) e can take before evicting a cached prefix."""
+        m = e.metrics
+        if hit is not None and hit.source == EVENTS and self.precise is not None and m.num_gpu_blocks and m.block_size:
+            held = self.precise.index.size(e.key, GPU)
+            return (m.num_gpu_blocks - held) * m.block_size / self.params.blockSizeTokens
+        index = self.prefix.index
+        return float(index.capacity(e.key) - index.size(e.key))
 
     def score(self, ctx: SchedulingContext, candidates: list[Endpoint], state: State) -> list[float]:
         p = self.params
         now = ctx.now
-        tokens, matches = self._uncached(ctx, state)
+        tokens, cached, hits = self._cached(ctx, state, candidates)
         block = p.blockSizeTokens
         s1 = p.maxNumSeqs - 1
         f1 = p.loadFactor - 1.0
@@ -128,7 +158,6 @@ class EstimatedLatencyScorer(PrefixReader[Params], Scorer[Params]):
         full_decode = p.interTokenSeconds * output_tokens(ctx.request.body, p.defaultOutputTokens)
         decode = p.decodeWeight * full_decode
         evict_w = p.evictionWeight
-        index = self.prefix.index
         costs = []
         models: list[float] = []  # per candidate, in reference-engine seconds: the calibration's denominator
         waits: list[float] = []
@@ -138,12 +167,12 @@ class EstimatedLatencyScorer(PrefixReader[Params], Scorer[Params]):
             m = e.metrics
             if not m.stale:
                 n = max(n, m.waiting + m.running)
-            uncached = max(0.0, tokens - matches.get(e.key, 0) * block)
+            uncached = max(0.0, tokens - cached.get(e.key, 0.0))
             prefill = p.overheadSeconds + (self._backlog_at(e.key, now, k) + uncached) * p.prefillSecondsPerToken
             slow = 1.0 + f1 * min(n, s1) / s1
             cost = k * (prefill + decode) * slow
             if evict_w and uncached:
-                free = index.capacity(e.key) - index.size(e.key)
+                free = self._free_blocks(e, hits.get(e.key))
                 over = -(-uncached // block) - free
                 if over > 0:
                     cost += k * evict_w * over * block * p.prefillSecondsPerToken
@@ -161,13 +190,12 @@ class EstimatedLatencyScorer(PrefixReader[Params], Scorer[Params]):
         return [best / c for c in costs]
 
     def pre_request(self, ctx: SchedulingContext, result: SchedulingResult, state: State) -> None:
-        p = self.params
         if not result.targets:
             return
         chosen = result.targets[0]
         now = ctx.now
-        tokens, matches = self._uncached(ctx, state)
-        uncached = max(0.0, tokens - matches.get(chosen.key, 0) * p.blockSizeTokens)
+        tokens, cached, _ = self._cached(ctx, state, [chosen])
+        uncached = max(0.0, tokens - cached.get(chosen.key, 0.0))
         k = self.scale(chosen.key)
         self._backlog[chosen.key] = (self._backlog_at(chosen.key, now, k) + uncached, now)
         state[_START] = now

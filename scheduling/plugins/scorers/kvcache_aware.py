@@ -5,9 +5,11 @@
     score(e)   = matched(e) / blocks        (0 for every endpoint when nothing matches or the prompt is empty)
 
 Kthena learns which blocks a pod holds from the engines' KV events (through Redis, on the engine's own tokens).
-Until Pointsman's precise KV-event index is there, the blocks come from the approximate index: a token is estimated
-as 4 characters (16 tokens = 64 characters, so by default it shares one index with prefix-cache). Kthena's
-vllmTokenizerPort / sglangTokenizerPort are accepted (no remote tokenizer is called).
+With the shell's precise index (KV events, docs/kv-events.md) so does Pointsman: matched(e) comes from e's events
+(weighted by medium, with Pointsman's speculative picks) where e's index is live, and from the approximate index
+elsewhere, where a token is estimated as 4 characters (16 tokens = 64 characters, so by default it shares one
+index with prefix-cache). The request is tokenized by the shell (token-producer); Kthena's vllmTokenizerPort /
+sglangTokenizerPort are accepted (the shell asks the engine's own /tokenize on its serving port).
 """
 
 from __future__ import annotations

@@ -6,7 +6,8 @@
 
 It produces the approximate prefix data (the producer records the prompt's blocks for the chosen endpoint after the
 pick). Kthena's maxHashCacheSize (one LRU over all pods) and topKMatches are accepted; Pointsman bounds the index
-per endpoint (lruCapacityPerServer) and scores every candidate.
+per endpoint (lruCapacityPerServer) and scores every candidate. With the shell's precise index (KV events) the
+matches of endpoints whose index is live come from their events instead (scheduling.prefix.precise_data).
 """
 
 from __future__ import annotations
