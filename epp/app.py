@@ -108,18 +108,22 @@ class App:
             log_decisions=args.log_decisions,
         )
         ds = self.datastore
-        gates = []
+        gates: list[Any] = []
+        watchers: list[Any] = []
         if self.routing is not None:  # routes may carry token rate limits (Kthena's ModelRoute.rateLimit)
-            from epp.ratelimit.wiring import build_gate
+            from epp.ratelimit.wiring import build_budgets, build_gate
 
             self.ratelimit = await build_gate(args, self.metrics.registry, self.routing.router.table)
             self.cleanups.append(self.ratelimit.limiter.close)
             gates.append(self.ratelimit)
+            gates.append(build_budgets(self.ratelimit, self.routing, self.cleanups))  # LLMKube budgets
+            watchers.append(self.routing.router.llmkube)  # LLMKube quarantine and first-byte latency
         self.director = director = Director(
             ds, scheduler, cfg, metrics=self.metrics,
             rewrite=lambda model: choose_rewrite(ds.rewrites, model, self.rng) if ds.rewrites else None,
             router=self.routing.router if self.routing is not None else None,
             gates=gates,
+            watchers=watchers,
         )
         director.tokens = self.tokens  # HOOK (precise prefix routing): tokenize for configs that read tokens
         # Endpoint lifecycle: whatever scheduler is current forgets a departed endpoint (in-flight counts and the
@@ -268,7 +272,8 @@ class App:
         from epp.routing.service import RoutingService
 
         svc = RoutingService(self.datastore, self.rng, secrets_dir=args.provider_secrets_dir,
-                             provider_header=args.provider_header, metrics=self.metrics)
+                             provider_header=args.provider_header, metrics=self.metrics,
+                             gateway_headers=(args.base_model_header, args.ai_gateway_model_header or ""))
         self.routing = svc
         self.cleanups.append(svc.stop)
         plain = bool(args.endpoints_file or args.endpoint_selector or args.pool_name or args.epp_service_name)

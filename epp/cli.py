@@ -216,8 +216,11 @@ def _envoy_config(args: argparse.Namespace) -> int:
             print(f"error: no pool {args.pool_name!r} in {args.endpoints_file}", file=sys.stderr)
             return 2
         pool_name = chosen[0][0].name
+        # Route documents name several pools (a ModelRouter's InferenceServices): with no --pool-name, the pool
+        # cluster holds them all, since Pointsman picks the pod.
+        listed = chosen if args.routes_file and args.pool_name is None else chosen[:1]
         if not args.eds:  # with --eds Envoy gets the endpoints from Pointsman, not from the file
-            endpoints += [(e.address, e.port) for e in chosen[0][1]]
+            endpoints += [(e.address, e.port) for _, eps in listed for e in eps]
     fragments = None
     if args.routes_file:  # HOOK (routing layer): epp/envoy_providers.py
         from epp.envoy_providers import fragments_from_files

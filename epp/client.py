@@ -105,13 +105,31 @@ def format_route(r: api.RouteInfo) -> list[str]:
     total = sum(t.weight for t in r.split) or 1
     split = ", ".join(f"{t.target} {t.weight} ({100 * t.weight / total:.0f}%)" + (" <- picked" if t.chosen else "")
                       for t in r.split)
-    lines = [f"route     {r.route}   rule {r.rule!r} (#{r.rule_index})",
-             f"split     {split}"]
+    lines = [f"route     {r.route}   rule {r.rule!r} (#{r.rule_index})"]
+    if r.strategy and r.strategy != "weighted":  # LLMKube primary-fallback / shadow: an order, not a split
+        lines.append("backends  " + ", ".join(t.target + (" <- serves" if t.chosen else "") for t in r.split))
+    else:
+        lines.append(f"split     {split}")
     if r.kind == "pool":
         lines.append(f"pool      {r.pool}" + (f"   engine model {r.engine_model!r}" if r.engine_model else "")
                      + (f"   session {r.session}" if r.session else ""))
     if r.rate_limit:
         lines.append(f"limits    {r.rate_limit}")
+    if r.strategy:  # an LLMKube ModelRouter decision
+        lines.append(f"backend   {r.backend}   strategy {r.strategy}"
+                     + (f"   fallbacks {', '.join(r.fallbacks)}" if r.fallbacks else "")
+                     + (f"   timeout {r.timeout}" if r.timeout else ""))
+        if r.classification:
+            lines.append(f"class     {r.classification}")
+        if r.mirrors:
+            lines.append(f"mirrors   {', '.join(r.mirrors)}")
+        for note in r.notes:
+            lines.append(f"note      {note}")
+    for b in r.budgets:
+        caps = ", ".join(x for x in (f"{b.tokens_used}/{b.max_tokens:.0f} tokens" if b.max_tokens else "",
+                                     f"${b.usd_used:.4f}/${b.max_usd:g}" if b.max_usd else "") if x)
+        lines.append(f"budget    {b.name}{f' [{b.scope}]' if b.scope else ''}: {caps} in {b.window_seconds:g}s "
+                     f"({100 * b.utilization:.0f}% used)")
     return lines
 
 

@@ -21,6 +21,7 @@ from epp.parsing import api_kind, parse_body, set_model
 from epp.pool_select import choose_pool
 from epp.protocol import Outcome
 from epp.usage import UsageScanner
+from epp.watch import ResponseWatch, Watcher
 from scheduling.api import Scheduler, SchedulingContext, SchedulingResult
 from scheduling.types import ApiKind, Endpoint, ErrorCode, LLMRequest, SchedulingError
 
@@ -87,6 +88,15 @@ class NullMetrics:
     def disagg_decision(self, model: str, decision: str) -> None: ...
 
 
+def merge_headers(sets: list[tuple[str, str]], extra: Sequence[tuple[str, str]]) -> None:
+    """Append `extra` to `sets`; a name already in `sets` takes the value from `extra` (names are case-insensitive)."""
+    if not extra:
+        return
+    names = {k.lower() for k, _ in extra}
+    sets[:] = [(k, v) for k, v in sets if k.lower() not in names]
+    sets.extend(extra)
+
+
 def error_outcome(err: SchedulingError) -> Outcome:
     return Outcome(reject_status=err.code.http_status, reject_body=str(err))
 
@@ -137,6 +147,7 @@ class Director:
         rewrite: Callable[[str], str | None] | None = None,
         router: Any = None,
         gates: Sequence[Gate] = (),
+        watchers: Sequence[Watcher] = (),
     ) -> None:
         self.datastore = datastore
         self.scheduler = scheduler
@@ -147,6 +158,7 @@ class Director:
         self.rewrite = rewrite
         self.router = router  # epp.routing.Router: routes, rules and weighted targets (None: pools only)
         self.gates: list[Gate] = list(gates)  # admission after parsing and routing, in order (epp/gates.py)
+        self.watchers: list[Watcher] = list(watchers)  # see the response path of committed requests (epp/watch.py)
         self.tokens: Any = None  # epp.tokenize.shell.RequestTokens: tokens for configs that read them (the app)
         self._decisions = 0
         self.recorder: DecisionRecorder | None = None  # set by the app when the dashboard is on
@@ -179,7 +191,8 @@ class Director:
             raise SchedulingError(ErrorCode.BAD_REQUEST, f"{kind.value} request has no body")
         target = model
         # ---- routing layer: route -> rule -> target (a pool to schedule in, or an external provider) ----------
-        route = self.router.decide(headers, model, now=self.clock(), dry_run=dry_run) if self.router else None
+        route = self.router.decide(headers, model, now=self.clock(), dry_run=dry_run, metadata=metadata,
+                                   body=parsed_body) if self.router else None
         forced = headers.get(MODEL_REWRITE)
         if route is not None:
             target = route.engine_model or model
@@ -319,12 +332,12 @@ class Director:
         if self.router is not None:  # routes: fallbacks per pool; Envoy retries exactly on the listed ones
             route = getattr(ctx, "route", None)
             if route is not None:
-                sets.extend(route.set_headers)
+                merge_headers(sets, route.set_headers)
                 remove.extend(route.remove_headers)
                 keys = route.fallbacks(result, ctx.candidates, ctx.inflight)
                 lb_value = ",".join(keys)
             else:
-                remove.append(self.router.provider_header)  # a client never chooses a provider
+                remove.extend(self.router.reserved_headers)  # a client never chooses a provider (nor a mirror)
             sets.append(("x-envoy-max-retries", str(lb_value.count(","))))
         new_body = None
         if parsed is not None and req.target_model != req.model:
@@ -350,8 +363,9 @@ class Director:
         """An external provider: Envoy's provider route takes it (the provider header), with the credential, the
         provider's path and model and the static headers; no endpoint, so no destination header."""
         req, route = ctx.request, ctx.route
-        sets = list(route.set_headers)
+        sets: list[tuple[str, str]] = []
         self._model_headers(req, sets)
+        merge_headers(sets, route.set_headers)
         remove = [*route.remove_headers, DESTINATION, SERVED, SUBSET, PREFILLER]
         new_body = set_model(parsed, req.target_model) if parsed is not None and req.target_model != req.model else None
         return Outcome(set_headers=sets, remove_headers=remove, body=new_body)
@@ -361,7 +375,7 @@ class RequestExchange:
     """The director's side of one stream (implements epp.protocol.Exchange)."""
 
     __slots__ = ("d", "scheduler", "ctx", "result", "started", "scanner", "served", "_closed", "_rewrite_from", "_rewrite_to",
-                 "_ticket", "rec", "_holds")
+                 "_ticket", "rec", "_holds", "_watches")
 
     def __init__(self, director: Director) -> None:
         self.d = director
@@ -377,6 +391,7 @@ class RequestExchange:
         self._ticket: InflightTicket | None = None
         self.rec: DecisionRecord | None = None  # the dashboard's record of this decision
         self._holds: list[Hold] = []  # what the admission gates hold until the stream ends
+        self._watches: list[ResponseWatch] = []  # the response path, reported to the director's watchers
 
     def decide(
         self, headers: Mapping[str, str], body: bytes | None, metadata: Mapping[str, Mapping[str, object]]
@@ -493,6 +508,8 @@ class RequestExchange:
             log.exception("pre_request hook failed")
         if ctx.route is not None:
             ctx.route.commit(result, ctx.now)  # e.g. bind the sticky session
+        if d.watchers:
+            self._watch(ctx, result)
         d.metrics.request_started(req.model, req.target_model, req.priority)
         if result.decision:
             d.metrics.disagg_decision(req.target_model, result.decision)
@@ -535,6 +552,8 @@ class RequestExchange:
         """An external provider target: no endpoint is scheduled; the stream is counted like any other."""
         d, req = self.d, ctx.request
         self.ctx = ctx
+        if d.watchers:
+            self._watch(ctx, None)
         d.metrics.request_started(req.model, req.target_model, req.priority)
         if d.config.log_decisions:
             log.info("decision %s model=%s -> provider %s route=%s/%s", req.request_id[:8], req.target_model or "-",
@@ -543,6 +562,16 @@ class RequestExchange:
             self._rewrite_from = f'"model":"{req.target_model}"'.encode()
             self._rewrite_to = f'"model":"{req.model}"'.encode()
         return d.mutations_for_provider(ctx, parsed)
+
+    def _watch(self, ctx: ShellContext, result: SchedulingResult | None) -> None:
+        for watcher in self.d.watchers:
+            try:
+                w = watcher.watch(ctx, result)
+            except Exception:
+                log.exception("a response watcher failed")
+                continue
+            if w is not None:
+                self._watches.append(w)
 
     def response_headers(
         self, headers: Mapping[str, str], metadata: Mapping[str, Mapping[str, object]]
@@ -553,6 +582,9 @@ class RequestExchange:
         served = metadata.get(LB_NS, {}).get(SERVED)
         if isinstance(served, str):
             self.served = served
+        for w in self._watches:
+            status = headers.get(":status", "")
+            w.response_headers(int(status) if status.isdigit() else 0, self.served)
         out: list[tuple[str, str]] = []
         if self.result is not None and self.result.response_headers:
             out.extend(self.result.response_headers.items())  # e.g. a session token set by a stateful plugin
@@ -566,6 +598,8 @@ class RequestExchange:
         if self.scanner is None:
             self.scanner = UsageScanner()
         self.scanner.feed(chunk, end_of_stream)
+        for w in self._watches:
+            w.response_chunk(end_of_stream)
         if self.rec is not None and chunk and not self.rec.first_byte:
             self.rec.first_byte = self.d.clock()
         if self._rewrite_from is not None and self._rewrite_to is not None:
@@ -578,6 +612,8 @@ class RequestExchange:
         if self._closed:
             return
         self._closed = True
+        for w in self._watches:
+            w.closed()
         if self.ctx is None:
             return
         d = self.d

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from epp.envoy_llmkube import idle_timeout, max_fallbacks, mirror_count, mirror_routes, shadow_cluster
 from epp.routing.model import PoolBackend, ProviderBackend
 from epp.routing.providers import PROVIDER_HEADER
 
@@ -41,6 +42,8 @@ def _is_ip(host: str) -> bool:
 
 
 def provider_cluster(p: ProviderBackend, ca_file: str, connect_timeout_s: float = 5.0) -> dict[str, Any]:
+    if not p.tls:
+        return _plain_cluster(p, connect_timeout_s)
     common: dict[str, Any] = {"alpn_protocols": ["h2", "http/1.1"]}
     if not p.insecure_skip_verify:
         common["validation_context"] = {
@@ -74,8 +77,20 @@ def provider_cluster(p: ProviderBackend, ca_file: str, connect_timeout_s: float 
     }
 
 
+def _plain_cluster(p: ProviderBackend, connect_timeout_s: float) -> dict[str, Any]:
+    """A plain-HTTP provider (an in-cluster LiteLLM proxy, as LLMKube allows): no TLS, HTTP/1.1."""
+    return {
+        "name": p.cluster,
+        "type": "LOGICAL_DNS",
+        "dns_lookup_family": "V4_PREFERRED",
+        "connect_timeout": f"{connect_timeout_s:g}s",
+        "load_assignment": {"cluster_name": p.cluster, "endpoints": [{"lb_endpoints": [{"endpoint": {
+            "address": {"socket_address": {"address": p.host, "port_value": p.port}}, "hostname": p.host}}]}]},
+    }
+
+
 def provider_route(p: ProviderBackend, header: str, timeout_s: int) -> dict[str, Any]:
-    host = p.host if p.port == 443 else f"{p.host}:{p.port}"
+    host = p.host if p.port == (443 if p.tls else 80) else f"{p.host}:{p.port}"
     return {
         "name": f"provider:{p.key}",
         "match": {"prefix": "/", "headers": [{"name": header, "string_match": {"exact": p.cluster}}]},
@@ -89,6 +104,8 @@ class RouteFragments:
     clusters: list[dict[str, Any]] = field(default_factory=list)
     routes: list[dict[str, Any]] = field(default_factory=list)  # ahead of the pool route
     max_retries: int = 0  # > 0: the pool route gets a retry policy
+    mirrors: int = 0  # LLMKube shadow: mirror routes for 1..mirrors copies (epp/envoy_llmkube.py)
+    idle_timeout_s: float | None = None  # LLMKube streamIdleTimeout on the pool routes (0: off)
 
     def apply(self, bootstrap: dict[str, Any]) -> dict[str, Any]:
         """Add the fragments to a bootstrap rendered by epp.envoy_config (in place; returned for chaining)."""
@@ -104,7 +121,10 @@ class RouteFragments:
                         if self.max_retries > 0:
                             for r in vh["routes"]:
                                 r["route"]["retry_policy"] = {"retry_on": RETRY_ON, "num_retries": self.max_retries}
-                        vh["routes"][:0] = self.routes
+                        vh["routes"][:0] = self.routes + mirror_routes(vh["routes"], self.mirrors)
+                        if self.idle_timeout_s is not None:
+                            for r in vh["routes"]:
+                                r["route"]["idle_timeout"] = f"{self.idle_timeout_s:g}s"
                     for hf in hcm.get("http_filters", []):
                         if hf.get("name") == "envoy.filters.http.ext_proc":
                             # Pointsman sets x-envoy-max-retries (and nothing else under x-envoy-).
@@ -149,12 +169,16 @@ def build_fragments(
     header: str = PROVIDER_HEADER,
     ca_file: str = SYSTEM_CA,
     timeout_s: int = 600,
+    routers: Sequence[Any] = (),
 ) -> RouteFragments:
     ordered = sorted(providers, key=lambda p: p.cluster)
+    mirrors = mirror_count(routers)
     return RouteFragments(
-        clusters=[provider_cluster(p, ca_file) for p in ordered],
+        clusters=[provider_cluster(p, ca_file) for p in ordered] + [shadow_cluster(i) for i in range(1, mirrors + 1)],
         routes=[provider_route(p, header.lower(), timeout_s) for p in ordered],
-        max_retries=max((b.retries for b in pools), default=0),
+        max_retries=max(max((b.retries for b in pools), default=0), max_fallbacks(routers)),
+        mirrors=mirrors,
+        idle_timeout_s=idle_timeout(routers),
     )
 
 
@@ -176,4 +200,4 @@ def fragments_from_files(paths: Sequence[str | Path], *, header: str = PROVIDER_
     table = docs.table()
     endpoints = sorted({(e.address, e.port) for b in table.pools.values() for e in b.endpoints})
     return (build_fragments(list(table.providers.values()), list(table.pools.values()), header=header,
-                            ca_file=ca_file), endpoints, errors)
+                            ca_file=ca_file, routers=table.routers), endpoints, errors)

@@ -36,11 +36,43 @@ def describe_route(route: Any, info: api.RouteInfo) -> None:
     info.pool = route.pool_name or ""
     info.provider_cluster = route.provider.cluster if route.provider is not None else ""
     info.engine_model = route.engine_model or ""
+    plan = getattr(route, "plan", None)
+    if plan is not None:  # an LLMKube ModelRouter decision
+        describe_model_router(route, info)
     rl = r.rate_limit
     if rl is not None:
         info.rate_limit = (f"input {rl.input_tokens_per_unit or '-'}/{rl.unit}, "
                            f"output {rl.output_tokens_per_unit or '-'}/{rl.unit}, "
                            f"{'global (redis)' if rl.redis_address else 'local'}")
+
+
+def describe_model_router(route: Any, info: api.RouteInfo) -> None:
+    plan = route.plan
+    info.strategy = plan.strategy
+    info.backend = f"{plan.backend.name} ({plan.backend.tier})"
+    info.fallbacks.extend(f"{b.name} ({b.tier})" for b in plan.fallbacks)
+    info.mirrors.extend(f"{name} {key}" for name, key in route.mirror_endpoints)
+    info.classification = ", ".join(sorted(route.classifications))
+    if route.timeout_s is not None:
+        info.timeout = f"{route.timeout_s:g}s"
+    info.notes.extend(plan.notes)
+    for t in info.split:
+        t.chosen = t.target == route.target.backend
+    if plan.rule.synthetic:
+        del info.split[:]
+        info.split.add(target=route.target.backend, kind=route.target.kind, weight=1, chosen=True)
+
+
+def describe_budgets(gates: Any, ctx: Any, info: api.RouteInfo) -> None:
+    for gate in gates:
+        describe = getattr(gate, "describe", None)
+        if describe is None:
+            continue
+        for row in describe(ctx):
+            info.budgets.add(name=row["name"], scope=row["scope"], window_seconds=row["window_s"],
+                             tokens_used=int(row["tokens_used"]), usd_used=row["usd_used"],
+                             max_tokens=row["max_tokens"] or 0.0, max_usd=row["max_usd"] or 0.0,
+                             utilization=row["utilization"])
 
 
 def describe_prefix(state: dict[Any, Any], candidates: Sequence[Endpoint], out: api.ExplainResponse) -> None:
@@ -110,6 +142,7 @@ class PointsmanService(pointsman_pb2_grpc.PointsmanServicer):
         out.candidates.extend(e.key for e in ctx.candidates)
         if ctx.route is not None:
             describe_route(ctx.route, out.route)
+            describe_budgets(d.gates, ctx, out.route)
         if ctx.route is not None and ctx.route.provider is not None:  # no endpoint scheduling
             out.status = 200
             outcome = d.mutations_for_provider(ctx, parsed)

@@ -55,8 +55,9 @@ def add_flags(p: argparse.ArgumentParser) -> None:
                    help="modelsim publishes KV-cache events (and replays them) and Pointsman subscribes (true)")
     p.add_argument("--duration", type=float, default=0, help="stop after this many seconds (0 = until Ctrl-C)")
     p.add_argument("--quiet", action="store_true", help="no live view (for scripts)")
-    p.add_argument("--example", choices=("pool", "kthena"), default="pool",
-                   help="pool: one pool of every server; kthena: a Kthena ModelRoute over two ModelServers")
+    p.add_argument("--example", choices=("pool", "kthena", "llmkube"), default="pool",
+                   help="pool: one pool of every server; kthena: a Kthena ModelRoute over two ModelServers; "
+                        "llmkube: an LLMKube ModelRouter over two InferenceServices, with budgets")
 
 
 def _bool(text: str) -> bool:
@@ -125,6 +126,15 @@ class LocalStack:
             source = ["--routes-file", str(routes)]
             fragments = fragments_from_files([routes])[0]
             self.step(f"routes: {routes} (ModelRoute {KTHENA_MODEL}: premium -> v2, others 70/30 v1/v2)")
+        if a.example == "llmkube":  # a ModelRouter over the endpoints file's two InferenceService pools
+            from epp.envoy_providers import fragments_from_files
+            from epp.localstack_llmkube import router
+
+            routes = self.dir / "routes.yaml"
+            routes.write_text(router())
+            source = ["--endpoints-file", str(eps_file), "--routes-file", str(routes)]
+            fragments = fragments_from_files([routes])[0]
+            self.step(f"routes: {routes} (ModelRouter coding-router: pii -> qwen, complex -> llama, budgets)")
         self.step(f"Pointsman: ext_proc on :{a.grpc_port}, metrics on :{a.metrics_port}")
         cmd = [_bin("epp"), "serve", "--grpc-host", "127.0.0.1", "--grpc-port", str(a.grpc_port),
                "--grpc-health-port", str(a.grpc_health_port), "--metrics-port", str(a.metrics_port),
@@ -134,8 +144,8 @@ class LocalStack:
             cmd += ["--config-file", config]
         epp = self._spawn("epp", cmd, capture=True)
         wait_port(a.grpc_port, proc=epp, what="Pointsman")
-        # EDS keeps one pool ("default") current; the Kthena example's ModelServer pools are listed statically.
-        eds = a.variant == "override-host" and a.example != "kthena"
+        # EDS keeps one pool ("default") current; the examples' pools are listed statically.
+        eds = a.variant == "override-host" and a.example == "pool"
         self.step(f"Envoy ({a.variant}{', endpoints by EDS from Pointsman' if eds else ''}): "
                   f"listener :{a.listen_port}, admin :{a.admin_port}")
         from epp.envoy_config import EnvoyConfigSpec, render_yaml
@@ -152,6 +162,11 @@ class LocalStack:
         url = f"http://127.0.0.1:{a.listen_port}"
         if a.example == "kthena":
             print(kthena_ready(url, a.grpc_port), flush=True)
+            return
+        if a.example == "llmkube":
+            from epp.localstack_llmkube import ready
+
+            print(ready(url, a.grpc_port, a.metrics_port, _bin("epp"), MODEL), flush=True)
             return
         print(f"""
 Ready. Send requests to {url}, for example:
@@ -217,6 +232,10 @@ Pointsman metrics:   http://127.0.0.1:{a.metrics_port}/metrics      Files: {self
                 self.ports_seen.append(p)
         eps = {"pools": [{"name": "default", "endpoints": [self._endpoint(p) for p in self.active]}],
                "adapters": {ADAPTER: MODEL}}
+        if self.args.example == "llmkube":  # the ModelRouter's two InferenceServices
+            from epp.localstack_llmkube import pools
+
+            eps["pools"] = pools(self.active, self._endpoint)
         tmp = self.eps_file.with_suffix(".tmp")
         tmp.write_text(yaml.safe_dump(eps, sort_keys=False))
         tmp.replace(self.eps_file)

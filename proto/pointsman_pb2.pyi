@@ -137,7 +137,7 @@ class PrefixMatch(_message.Message):
     def __init__(self, endpoint: _Optional[str] = ..., source: _Optional[str] = ..., blocks: _Optional[int] = ..., total_blocks: _Optional[int] = ..., block_tokens: _Optional[int] = ..., gpu_blocks: _Optional[int] = ..., cpu_blocks: _Optional[int] = ..., speculative_blocks: _Optional[int] = ..., index_state: _Optional[str] = ..., weighted: _Optional[float] = ...) -> None: ...
 
 class RouteInfo(_message.Message):
-    __slots__ = ("route", "rule", "rule_index", "split", "target", "kind", "pool", "provider_cluster", "engine_model", "session", "rate_limit")
+    __slots__ = ("route", "rule", "rule_index", "split", "target", "kind", "pool", "provider_cluster", "engine_model", "session", "rate_limit", "strategy", "backend", "fallbacks", "mirrors", "classification", "timeout", "notes", "budgets")
     ROUTE_FIELD_NUMBER: _ClassVar[int]
     RULE_FIELD_NUMBER: _ClassVar[int]
     RULE_INDEX_FIELD_NUMBER: _ClassVar[int]
@@ -149,6 +149,14 @@ class RouteInfo(_message.Message):
     ENGINE_MODEL_FIELD_NUMBER: _ClassVar[int]
     SESSION_FIELD_NUMBER: _ClassVar[int]
     RATE_LIMIT_FIELD_NUMBER: _ClassVar[int]
+    STRATEGY_FIELD_NUMBER: _ClassVar[int]
+    BACKEND_FIELD_NUMBER: _ClassVar[int]
+    FALLBACKS_FIELD_NUMBER: _ClassVar[int]
+    MIRRORS_FIELD_NUMBER: _ClassVar[int]
+    CLASSIFICATION_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_FIELD_NUMBER: _ClassVar[int]
+    NOTES_FIELD_NUMBER: _ClassVar[int]
+    BUDGETS_FIELD_NUMBER: _ClassVar[int]
     route: str
     rule: str
     rule_index: int
@@ -160,7 +168,35 @@ class RouteInfo(_message.Message):
     engine_model: str
     session: str
     rate_limit: str
-    def __init__(self, route: _Optional[str] = ..., rule: _Optional[str] = ..., rule_index: _Optional[int] = ..., split: _Optional[_Iterable[_Union[RouteSplit, _Mapping]]] = ..., target: _Optional[str] = ..., kind: _Optional[str] = ..., pool: _Optional[str] = ..., provider_cluster: _Optional[str] = ..., engine_model: _Optional[str] = ..., session: _Optional[str] = ..., rate_limit: _Optional[str] = ...) -> None: ...
+    strategy: str
+    backend: str
+    fallbacks: _containers.RepeatedScalarFieldContainer[str]
+    mirrors: _containers.RepeatedScalarFieldContainer[str]
+    classification: str
+    timeout: str
+    notes: _containers.RepeatedScalarFieldContainer[str]
+    budgets: _containers.RepeatedCompositeFieldContainer[BudgetInfo]
+    def __init__(self, route: _Optional[str] = ..., rule: _Optional[str] = ..., rule_index: _Optional[int] = ..., split: _Optional[_Iterable[_Union[RouteSplit, _Mapping]]] = ..., target: _Optional[str] = ..., kind: _Optional[str] = ..., pool: _Optional[str] = ..., provider_cluster: _Optional[str] = ..., engine_model: _Optional[str] = ..., session: _Optional[str] = ..., rate_limit: _Optional[str] = ..., strategy: _Optional[str] = ..., backend: _Optional[str] = ..., fallbacks: _Optional[_Iterable[str]] = ..., mirrors: _Optional[_Iterable[str]] = ..., classification: _Optional[str] = ..., timeout: _Optional[str] = ..., notes: _Optional[_Iterable[str]] = ..., budgets: _Optional[_Iterable[_Union[BudgetInfo, _Mapping]]] = ...) -> None: ...
+
+class BudgetInfo(_message.Message):
+    __slots__ = ("name", "scope", "window_seconds", "tokens_used", "usd_used", "max_tokens", "max_usd", "utilization")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    SCOPE_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_USED_FIELD_NUMBER: _ClassVar[int]
+    USD_USED_FIELD_NUMBER: _ClassVar[int]
+    MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    MAX_USD_FIELD_NUMBER: _ClassVar[int]
+    UTILIZATION_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    scope: str
+    window_seconds: float
+    tokens_used: int
+    usd_used: float
+    max_tokens: float
+    max_usd: float
+    utilization: float
+    def __init__(self, name: _Optional[str] = ..., scope: _Optional[str] = ..., window_seconds: _Optional[float] = ..., tokens_used: _Optional[int] = ..., usd_used: _Optional[float] = ..., max_tokens: _Optional[float] = ..., max_usd: _Optional[float] = ..., utilization: _Optional[float] = ...) -> None: ...
 
 class RouteSplit(_message.Message):
     __slots__ = ("target", "kind", "weight", "chosen")

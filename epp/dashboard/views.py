@@ -181,8 +181,20 @@ def _profile_scheduler(sched: Any) -> dict[str, Any]:
             "profiles": profiles}
 
 
-def config_view(scheduler: Any, source: str, watchers: Mapping[str, Any], started_at: float) -> dict[str, Any]:
-    """The effective scheduling configs, the model bindings and how each hot-reloaded file last fared."""
+def budget_states(gates: Sequence[Any]) -> list[dict[str, Any]]:
+    """LLMKube budgets' usage (name, scope, tokens and USD used and allowed, window, utilization), from the
+    director's budget gate (epp/ratelimit/budgets.py); [] without one."""
+    for gate in gates:
+        states = getattr(gate, "states", None)
+        if callable(states):
+            return list(states())
+    return []
+
+
+def config_view(scheduler: Any, source: str, watchers: Mapping[str, Any], started_at: float,
+                budgets: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
+    """The effective scheduling configs, the model bindings, how each hot-reloaded file last fared, and the state
+    of the budgets."""
     scheds: Sequence[Any]
     if hasattr(scheduler, "schedulers"):  # scheduling.framework.model_scheduler.ModelScheduler
         named = dict(scheduler.schedulers)
@@ -215,4 +227,5 @@ def config_view(scheduler: Any, source: str, watchers: Mapping[str, Any], starte
         "bindings": bindings,
         "schedulers": [_profile_scheduler(s) for s in scheds],
         "reloads": reloads,
+        "budgets": [dict(b) for b in budgets],
     }

@@ -228,7 +228,7 @@ class Dashboard:
 
     async def _config(self, request: web.Request) -> web.Response:
         return _json(views.config_view(self.director.scheduler, self.config_source(), self.watchers,
-                                       self.started_at))
+                                       self.started_at, views.budget_states(getattr(self.director, "gates", ()))))
 
     async def _explain(self, request: web.Request) -> web.Response:
         try:

@@ -39,6 +39,8 @@ MODEL_ROUTE = Resource(KTHENA_GROUP, "v1alpha1", "modelroutes", "ModelRoute")
 MODEL_SERVER = Resource(KTHENA_GROUP, "v1alpha1", "modelservers", "ModelServer")
 EXTERNAL_MODEL_PROVIDER = Resource(KTHENA_GROUP, "v1alpha1", "externalmodelproviders", "ExternalModelProvider")
 SECRET = Resource("", "v1", "secrets", "Secret")
+# LLMKube's ModelRouter (`--watch-routes` too; docs/coming-from-llmkube.md).
+MODEL_ROUTER = Resource("inference.llmkube.dev", "v1alpha1", "modelrouters", "ModelRouter")
 
 # Every resource a watcher reads, and the verbs it needs (RBAC must grant these, and nothing more is needed).
 WATCH_VERBS: tuple[str, ...] = ("get", "list", "watch")
@@ -46,8 +48,8 @@ WATCHED_RESOURCES: tuple[Resource, ...] = (
     POD, INFERENCE_POOL, INFERENCE_POOL_V1ALPHA2, INFERENCE_OBJECTIVE, INFERENCE_MODEL_REWRITE
 )
 # What `--watch-routes` reads on top (deploy/kthena grants it; Secrets only by name, one watch per Secret named by
-# an ExternalModelProvider).
-ROUTE_RESOURCES: tuple[Resource, ...] = (MODEL_ROUTE, MODEL_SERVER, EXTERNAL_MODEL_PROVIDER, SECRET)
+# an ExternalModelProvider or a ModelRouter's external backend).
+ROUTE_RESOURCES: tuple[Resource, ...] = (MODEL_ROUTE, MODEL_SERVER, EXTERNAL_MODEL_PROVIDER, MODEL_ROUTER, SECRET)
 
 
 def pool_resource(group: str) -> Resource:

@@ -48,9 +48,28 @@ async def build_gate(args: argparse.Namespace, registry: CollectorRegistry, tabl
         from epp.ratelimit.redis_store import RedisStore
 
         store = RedisStore(url, timeout_s=args.ratelimit_redis_timeout)
+    metrics = RateLimitMetrics(registry)
     limiter = Limiter(redis=store, redis_down=args.ratelimit_redis_down, replicas=max(1, args.ratelimit_replicas),
-                      metrics=RateLimitMetrics(registry))
+                      metrics=metrics)
+    metrics.bind(limiter)  # utilization gauges (pointsman_ratelimit_utilization, pointsman_budget_utilization)
     if store is not None:
         ok = await limiter.probe(timeout_s=2.0)
         log.info("rate limits: shared limits in Redis %s%s", store.address, "" if ok else " (not reachable yet)")
     return RateLimitGate(limiter, default_output_tokens=max(0, args.ratelimit_default_output_tokens))
+
+
+def build_budgets(gate: RateLimitGate, routing: Any, cleanups: list[Any]) -> Any:
+    """LLMKube's budgets on the same limiter: kept in step with the loaded ModelRouters; with a Redis, the shared
+    states are re-read every 2 s for the metrics page."""
+    import asyncio
+
+    from epp.aio import cancel_and_wait
+    from epp.ratelimit.budgets import BudgetGate
+
+    budgets = BudgetGate(gate)
+    budgets.sync(routing.router.table.routers)
+    routing.on_table.append(lambda table: budgets.sync(table.routers))
+    if gate.limiter.redis is not None:
+        task = asyncio.get_running_loop().create_task(budgets.refresh_loop(), name="budget-refresh")
+        cleanups.append(lambda: cancel_and_wait(task))
+    return budgets

@@ -1,6 +1,6 @@
 """Route documents from any source, compiled per document with last-good semantics.
 
-Every document is compiled on its own by the dialect of its apiVersion group (Kthena's today). A document that
+Every document is compiled on its own by the dialect of its apiVersion group (Kthena's; LLMKube's ModelRouter). A document that
 fails keeps the last good version of the same object (kind, namespace, name) from the same source, so a bad
 document never takes down the good ones, nor the object's previous version; the error is logged with the
 document, the field and what was expected, and counted. The current RoutingTable is the union of every source's
@@ -19,18 +19,20 @@ from typing import Any
 
 import yaml
 
-from epp.routing import kthena
+from epp.routing import kthena, llmkube
+from epp.routing.llmkube_model import ModelRouterSpec
 from epp.routing.model import PoolBackend, ProviderBackend, Route, RouteConfigError, RoutingTable
 
 log = logging.getLogger(__name__)
 
-Compiled = Route | PoolBackend | ProviderBackend
+Compiled = Route | PoolBackend | ProviderBackend | ModelRouterSpec
 Identity = tuple[str, str, str]  # (kind, namespace, name)
 # apiVersion group -> (compile(obj, where, position), identity(obj) -> Identity | None). A dialect compiles one
 # document to one object (Kthena) or to several (a router document that defines its routes and backends at once).
 Compile = Callable[[Any, str, float], "Compiled | Sequence[Compiled]"]
 DIALECTS: dict[str, tuple[Compile, Callable[[Mapping[str, Any]], Identity | None]]] = {
     kthena.GROUP: (kthena.compile_document, kthena.identity),
+    llmkube.GROUP: (llmkube.compile_document, llmkube.identity),
 }
 
 
@@ -141,12 +143,16 @@ class DocumentSet:
         routes: dict[str, Route] = {}
         pools: dict[str, PoolBackend] = {}
         providers: dict[str, ProviderBackend] = {}
+        routers: dict[str, ModelRouterSpec] = {}
         for objs in self._good.values():
             for obj in (o for group in objs.values() for o in group):
                 if isinstance(obj, Route):
                     routes[f"{obj.kind}/{obj.key}"] = obj
                 elif isinstance(obj, PoolBackend):
                     pools[obj.key] = obj
+                elif isinstance(obj, ModelRouterSpec):
+                    routers[obj.key] = obj
                 else:
                     providers[obj.key] = obj
-        return RoutingTable.build(list(routes.values()), list(pools.values()), list(providers.values()))
+        return RoutingTable.build(list(routes.values()), list(pools.values()), list(providers.values()),
+                                  list(routers.values()))

@@ -1,9 +1,11 @@
-"""Kubernetes watch of Kthena's routing documents (`--watch-routes`), with the real client.
+"""Kubernetes watch of the routing documents (`--watch-routes`), with the real client.
 
-- ModelRoute, ModelServer and ExternalModelProvider in the namespace, each listed and watched; every object is
-  compiled on its own (a bad one keeps its last good version and never takes the others down);
-- ModelServers that select pods get their endpoints from one namespace-wide pod watch (epp.k8s.pods.PodPools);
-- the Secrets that ExternalModelProviders name, one watch per Secret by name (field selector metadata.name), so
+- Kthena's ModelRoute, ModelServer and ExternalModelProvider, and LLMKube's ModelRouter, in the namespace, each
+  listed and watched (a kind whose CRD is not installed lists as empty); every object is compiled on its own (a
+  bad one keeps its last good version and never takes the others down);
+- ModelServers and InferenceServices (ModelRouter backends) get their pods from one namespace-wide pod watch
+  (epp.k8s.pods.PodPools);
+- the Secrets that ExternalModelProviders and ModelRouter external backends name, one watch per Secret by name (field selector metadata.name), so
   Pointsman reads no Secret it was not pointed at. Secret values go to the credential store and nowhere else.
 """
 
@@ -17,7 +19,9 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from epp.k8s import EXTERNAL_MODEL_PROVIDER, MODEL_ROUTE, MODEL_SERVER, SECRET, Resource
+from kubernetes.client.exceptions import ApiException
+
+from epp.k8s import EXTERNAL_MODEL_PROVIDER, MODEL_ROUTE, MODEL_ROUTER, MODEL_SERVER, SECRET, Resource
 from epp.k8s.convert import obj_name
 from epp.k8s.discovery import _list_call
 from epp.k8s.pods import PodPools
@@ -25,7 +29,29 @@ from epp.k8s.reflector import Reflector
 from epp.routing.documents import RawDocument
 
 log = logging.getLogger(__name__)
-KINDS = (MODEL_ROUTE, MODEL_SERVER, EXTERNAL_MODEL_PROVIDER)
+KINDS = (MODEL_ROUTE, MODEL_SERVER, EXTERNAL_MODEL_PROVIDER, MODEL_ROUTER)
+
+
+def _tolerant(res: Resource, call: Any, on_missing: Any) -> Any:
+    """A list call that reports a kind whose CRD is not installed (HTTP 404) through `on_missing` (logged once), so a
+    Kthena installation without the ModelRouter CRD, or an LLMKube one without Kthena's, still syncs; the reflector
+    keeps retrying the list with back-off, so a CRD installed later is picked up."""
+    warned = False
+
+    def list_call(*args: Any, **kwargs: Any) -> Any:
+        nonlocal warned
+        try:
+            return call(*args, **kwargs)
+        except ApiException as e:
+            if e.status == 404 and not kwargs.get("watch"):
+                if not warned:
+                    warned = True
+                    log.info("%s (%s) is not served by the API server (its CRD is not installed); none to route "
+                             "by until it is", res.plural, res.api_version)
+                on_missing(res)
+            raise
+
+    return list_call
 
 
 def _doc(res: Resource, obj: Mapping[str, Any]) -> RawDocument:
@@ -55,15 +81,17 @@ class RouteWatch:
         self.own_pods = pods is None
         self.pods = pods or PodPools(service.datastore, api, namespace, **reflector_opts)
         self.reflectors = [
-            Reflector(f"{res.plural}[{namespace}]", _list_call(api, res, namespace),
+            Reflector(f"{res.plural}[{namespace}]", _tolerant(res, _list_call(api, res, namespace), self._missing),
                       functools.partial(self._listed, res), functools.partial(self._event, res), **reflector_opts)
             for res in KINDS
         ]
         self.secrets: dict[str, Reflector] = {}
         self.synced = asyncio.Event()
         self._listed_kinds: set[str] = set()
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
         self.service.set_pods(self.pods)
         if self.own_pods:
             self.pods.start()
@@ -83,9 +111,17 @@ class RouteWatch:
     def _listed(self, res: Resource, items: list[dict[str, Any]]) -> None:
         self.service.documents.replace(self._source(res), [_doc(res, o) for o in items])
         self._changed()
+        self._kind_done(res)
+
+    def _kind_done(self, res: Resource) -> None:
         self._listed_kinds.add(res.plural)
         if len(self._listed_kinds) == len(KINDS):
             self.synced.set()
+
+    def _missing(self, res: Resource) -> None:
+        """(a reflector thread) The kind's CRD is not installed: nothing of it to wait for."""
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._kind_done, res)
 
     def _event(self, res: Resource, etype: str, obj: dict[str, Any]) -> None:
         if etype == "DELETED":

@@ -9,6 +9,8 @@ today, LLMKube's ModelRouter later).
       pools:     PoolBackend      endpoints scheduled by Pointsman: model overwrite, P/D pairing, sticky sessions,
                                   retries (fallback endpoints), the engine (metrics mapping)
       providers: ProviderBackend  an external HTTPS upstream: model overwrite, static headers, a credential
+      routers:   LLMKube ModelRouters (llmkube_model.py): catch-all routers with their own rules and policy,
+                 consulted when no route names the requested model
 
 Everything here is an immutable value; nothing does I/O.
 """
@@ -18,7 +20,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 TargetKind = Literal["pool", "provider"]
 POOL: TargetKind = "pool"
@@ -161,11 +163,12 @@ class PoolBackend:
     pd: PDPairing | None = None
     sticky: Sticky | None = None
     retries: int = 0  # fallback endpoints Envoy may retry on
+    pool_name: str = ""  # the datastore pool's name when it is not "<kind>:<key>"
 
     @property
     def pool(self) -> str:
         """The datastore pool holding its endpoints."""
-        return f"{self.kind.lower()}:{self.key}"
+        return self.pool_name or f"{self.kind.lower()}:{self.key}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,6 +193,8 @@ class ProviderBackend:
     headers: tuple[tuple[str, str], ...] = ()  # static, non-sensitive
     auth: ProviderAuth | None = None
     cluster: str = ""  # the Envoy cluster (and the value of the provider header)
+    tls: bool = True  # https (Kthena requires it); False: plain http (an in-cluster LiteLLM, LLMKube allows it)
+    paths: tuple[str, ...] = ()  # the request paths it takes; () = its provider type's (providers.PATHS)
 
 
 @dataclass(frozen=True)
@@ -197,6 +202,7 @@ class RoutingTable:
     routes: tuple[Route, ...] = ()
     pools: Mapping[str, PoolBackend] = field(default_factory=dict)
     providers: Mapping[str, ProviderBackend] = field(default_factory=dict)
+    routers: tuple[Any, ...] = ()  # LLMKube ModelRouters (llmkube_model.ModelRouterSpec), oldest first
     by_model: Mapping[str, tuple[Route, ...]] = field(default_factory=dict, compare=False)
     by_adapter: Mapping[str, tuple[Route, ...]] = field(default_factory=dict, compare=False)
 
@@ -206,6 +212,7 @@ class RoutingTable:
         routes: list[Route],
         pools: list[PoolBackend],
         providers: list[ProviderBackend],
+        routers: list[Any] | None = None,
     ) -> RoutingTable:
         by_model: dict[str, list[Route]] = {}
         by_adapter: dict[str, list[Route]] = {}
@@ -219,6 +226,7 @@ class RoutingTable:
             routes=tuple(ordered),
             pools={p.key: p for p in pools},
             providers={p.key: p for p in providers},
+            routers=tuple(sorted(routers or (), key=lambda r: r.order)),
             by_model={k: tuple(v) for k, v in by_model.items()},
             by_adapter={k: tuple(v) for k, v in by_adapter.items()},
         )

@@ -46,7 +46,7 @@ CREDENTIAL_HEADERS = frozenset(("authorization", "x-api-key"))
 def upstream_path(p: ProviderBackend, path: str) -> str | None:
     """The provider's path for a request path (query kept), or None when the provider does not take that path."""
     bare, sep, query = path.partition("?")
-    if bare not in PATHS[p.provider_type]:
+    if bare not in (p.paths or PATHS[p.provider_type]):
         return None
     trim = bool(p.base_path) if p.provider_type == "OpenAI" else p.base_path.endswith("/v1")
     suffix = bare[len("/v1"):] if trim else bare

@@ -163,6 +163,7 @@ class Router:
         pods: PodSource | None = None,
         provider_header: str = PROVIDER_HEADER,
         on_decision: Callable[[RouteDecision], None] | None = None,
+        gateway_headers: Sequence[str] = ("x-gateway-base-model-name", "x-ai-eg-model"),
     ) -> None:
         self.datastore = datastore
         self.rng = rng
@@ -173,6 +174,9 @@ class Router:
         self.on_decision = on_decision
         self._sticky: dict[str, StickyTable] = {}
         self._pd: dict[str, Any] = {}  # group key -> scheduler
+        from epp.routing.llmkube_router import LLMKubeRouting
+
+        self.llmkube = LLMKubeRouting(self, gateway_headers=gateway_headers)  # LLMKube ModelRouters
         datastore.on_endpoint_removed(self.endpoint_removed)
 
     # ---- configuration -------------------------------------------------------------------------------------
@@ -185,6 +189,10 @@ class Router:
         backend did not change."""
         self.materializer.apply(table.pools)
         for key in sorted(self.materializer.unserved):
+            if table.pools[key].kind == "InferenceService":
+                log.info("%s: Pointsman is not watching Kubernetes; its endpoints are the --endpoints-file pool "
+                         "named after the InferenceService", key)
+                continue
             log.warning("%s selects pods, but Pointsman is not watching Kubernetes: it has no endpoints "
                         "(list spec.endpoints to run it standalone)", key)
         sticky = {}
@@ -196,12 +204,21 @@ class Router:
                 self._pd[b.pd.group_key] = pd_scheduler(b.pd.group_key, self.rng)
         self._sticky = sticky
         self.table = table
+        self.llmkube.apply(table.routers)
 
     def endpoint_removed(self, key: str) -> None:
         for t in self._sticky.values():
             t.endpoint_removed(key)
         for s in self._pd.values():
             s.endpoint_removed(key)
+        self.llmkube.endpoint_removed(key)
+
+    @property
+    def reserved_headers(self) -> tuple[str, ...]:
+        """Request headers only Pointsman may set: removed from every request it does not set them on."""
+        from epp.routing.llmkube_router import RESERVED_HEADERS
+
+        return (self.provider_header, *RESERVED_HEADERS)
 
     def owns_pool(self, name: str) -> bool:
         return name in self.materializer.names
@@ -214,17 +231,26 @@ class Router:
         return list(self._pd.values())
 
     # ---- the decision --------------------------------------------------------------------------------------
-    def decide(self, headers: Mapping[str, str], model: str, *, now: float, dry_run: bool = False
+    def decide(self, headers: Mapping[str, str], model: str, *, now: float, dry_run: bool = False,
+               metadata: Mapping[str, Mapping[str, object]] | None = None, body: Mapping[str, Any] | None = None,
                ) -> RouteDecision | None:
         """Raises SchedulingError: 404 (routes name the model but no rule matched, or nothing routes it and no plain
         pool exists; a target that does not exist), 400 (a path the provider does not take), 503 (a provider
-        whose credential is not loaded)."""
+        whose credential is not loaded; a ModelRouter that refuses the request).
+
+        A model no route names goes to the LLMKube ModelRouter when one is loaded (llmkube_router.py)."""
         path = headers.get(":path", "/")
         rng = random.Random() if dry_run else self.rng
         if dry_run:
             rng.setstate(self.rng.getstate())
         sel = select(self.table, model, path, headers, rng)
         if sel.route is None or sel.rule is None or sel.target is None:
+            if not sel.had_routes and self.table.routers:
+                d: RouteDecision = self.llmkube.decide(headers, model, now=now, rng=rng, metadata=metadata or {},
+                                                       body=body)
+                if self.on_decision is not None and not dry_run:
+                    self.on_decision(d)
+                return d
             if sel.had_routes:
                 names = ", ".join(r.key for r in self.table.routes_for(model)[0])
                 raise SchedulingError(ErrorCode.NOT_FOUND, f"no rule of route(s) {names} matches this request "
@@ -233,6 +259,7 @@ class Router:
                 return None  # not a routed model: scheduled in its pool as before
             raise SchedulingError(ErrorCode.NOT_FOUND, f"no route for model {model!r}")
         d = RouteDecision(route=sel.route, rule=sel.rule, target=sel.target, by_adapter=sel.by_adapter)
+        d.remove_headers.extend(h for h in self.reserved_headers if h != self.provider_header)
         if sel.target.kind == "provider":
             self._provider(d, headers, path)
         else:

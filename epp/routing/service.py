@@ -27,13 +27,15 @@ log = logging.getLogger(__name__)
 
 class RoutingService:
     def __init__(self, datastore: Datastore, rng: random.Random, *, secrets_dir: str | None = None,
-                 provider_header: str = PROVIDER_HEADER, metrics: Any = None) -> None:
+                 provider_header: str = PROVIDER_HEADER, metrics: Any = None,
+                 gateway_headers: tuple[str, ...] = ("x-gateway-base-model-name", "x-ai-eg-model")) -> None:
         self.datastore = datastore
         self.metrics = metrics
         self.documents = DocumentSet(on_error=self._on_error)
         self.credentials = Credentials(secrets_dir)
         self.router = Router(datastore, rng, credentials=self.credentials, provider_header=provider_header,
-                             on_decision=self._on_decision)
+                             on_decision=self._on_decision, gateway_headers=gateway_headers)
+        self.on_table: list[Callable[[Any], None]] = []  # told the new routing table after every change
         self.cleanups: list[Callable[[], Awaitable[Any]]] = []
         if metrics is not None:
             from epp.routing.metrics import RoutingMetrics
@@ -52,7 +54,13 @@ class RoutingService:
 
     def refresh(self) -> None:
         """Rebuild the table from the documents and make it current."""
-        self.router.apply(self.documents.table())
+        table = self.documents.table()
+        self.router.apply(table)
+        for fn in self.on_table:
+            try:
+                fn(table)
+            except Exception:  # noqa: BLE001 - a listener never stops the routing layer
+                log.exception("a routing-table listener failed")
 
     def set_pods(self, pods: PodSource) -> None:
         self.router.set_pods(pods)

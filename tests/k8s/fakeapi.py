@@ -34,13 +34,14 @@ KINDS = {
     ("networking.serving.volcano.sh", "modelroutes"): "ModelRoute",
     ("networking.serving.volcano.sh", "modelservers"): "ModelServer",
     ("networking.serving.volcano.sh", "externalmodelproviders"): "ExternalModelProvider",
+    ("inference.llmkube.dev", "modelrouters"): "ModelRouter",
     ("inference.networking.k8s.io", "inferencepools"): "InferencePool",
     ("inference.networking.x-k8s.io", "inferencepools"): "InferencePool",
     ("inference.networking.x-k8s.io", "inferenceobjectives"): "InferenceObjective",
     ("inference.networking.x-k8s.io", "inferencemodelrewrites"): "InferenceModelRewrite",
 }
 VERSIONS = {"": "v1", "inference.networking.k8s.io": "v1", "inference.networking.x-k8s.io": "v1alpha2",
-            "networking.serving.volcano.sh": "v1alpha1"}
+            "networking.serving.volcano.sh": "v1alpha1", "inference.llmkube.dev": "v1alpha1"}
 
 
 def _match_labels(labels: dict[str, str], selector: str) -> bool:
@@ -67,8 +68,9 @@ def _match_fields(obj: dict[str, Any], selector: str) -> bool:
 
 
 class FakeKubeAPI:
-    def __init__(self, gone_mode: str = "event") -> None:
+    def __init__(self, gone_mode: str = "event", missing: frozenset[str] = frozenset()) -> None:
         self.gone_mode = gone_mode
+        self.missing = set(missing)  # plurals whose CRD is "not installed": 404 (set or clear it while running)
         self.rv = 100
         self.objects: dict[tuple[str, str, str, str], dict[str, Any]] = {}  # (group, plural, ns, name)
         self.log: list[tuple[int, str, tuple[str, str, str], dict[str, Any] | None, dict[str, Any]]] = []
@@ -187,7 +189,7 @@ class FakeKubeAPI:
                         return self._json(404, self._status(404, "NotFound", f"no {group}/{parts[2]}"))
                 else:
                     return self._json(404, self._status(404, "NotFound", url.path))
-                if (group, plural) not in KINDS:
+                if (group, plural) not in KINDS or plural in api.missing:
                     return self._json(404, self._status(404, "NotFound", plural))
                 watch = params.get("watch") in ("true", "1")
                 with api.cond:

@@ -75,7 +75,7 @@ BAD = [
     ("apiVersion: networking.serving.volcano.sh/v1beta9\nkind: ModelRoute\nmetadata: {name: x}\nspec: {}\n",
      "apiVersion", "'networking.serving.volcano.sh/v1alpha1', got 'networking.serving.volcano.sh/v1beta9'"),
     ("apiVersion: example.com/v1\nkind: Route\nmetadata: {name: x}\nspec: {}\n", "apiVersion",
-     "a route API (networking.serving.volcano.sh/...), got 'example.com/v1'"),
+     "a route API (networking.serving.volcano.sh/..., inference.llmkube.dev/...), got 'example.com/v1'"),
     (HEAD + "kind: ModelRoute\nmetadata: {name: Bad_Name}\nspec: {modelName: m}\n", "metadata.name",
      "a DNS-1123 name"),
 ]

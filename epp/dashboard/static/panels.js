@@ -143,6 +143,19 @@
           pluginLine(prof.picker, "picker ")));
       }
     }
+    if (c.budgets && c.budgets.length) {  // LLMKube ModelRouter budgets (status.budgetUtilization)
+      parts.push(el("h3", {}, "Budgets"));
+      const fmt = (used, max, usd) => max == null ? "–" : (usd ? "$" + used.toFixed(4) + " / $" + max : used + " / " + max);
+      parts.push(el("table", { class: "tbl", id: "budgets" },
+        el("thead", {}, el("tr", {}, ...["budget", "scope", "tokens", "USD", "window", "used"].map((h) => el("th", {}, h)))),
+        el("tbody", {}, ...c.budgets.map((b) => el("tr", {},
+          el("td", { class: "mono" }, b.name), el("td", {}, b.scope || "–"),
+          el("td", { class: "num" }, fmt(b.tokens_used, b.max_tokens, false)),
+          el("td", { class: "num" }, fmt(b.usd_used, b.max_usd, true)),
+          el("td", { class: "num" }, b.window_s == null ? "–" : b.window_s + " s"),
+          el("td", { class: "num" }, el("span", { class: "pill " + (b.utilization >= 1 ? "pill-bad" : "pill-ok") },
+            Math.round(100 * b.utilization) + "%")))))));
+    }
     parts.push(el("h3", {}, "Reloads"));
     if (!c.reloads.length) parts.push(el("p", { class: "dim" }, "no hot-reloaded files: loaded at startup"));
     else parts.push(el("table", { class: "tbl" },
