@@ -28,6 +28,7 @@ from typing import IO, Any
 import grpc
 import yaml
 
+from epp.children import die_with_parent
 from epp.ports import free_port, wait_port
 from proto import pointsman_pb2 as api
 from proto import pointsman_pb2_grpc
@@ -306,7 +307,7 @@ Pointsman metrics:   http://127.0.0.1:{a.metrics_port}/metrics      Files: {self
     def _spawn(self, name: str, cmd: list[str], capture: bool = False) -> subprocess.Popen[bytes]:
         log = open(self.dir / f"{name}.log", "wb")  # noqa: SIM115 - lives as long as the process
         proc = subprocess.Popen(cmd, stdout=log if not capture else subprocess.PIPE, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+                                start_new_session=True, preexec_fn=die_with_parent)
         self.procs.append((name, proc))
         if capture:
             threading.Thread(target=self._tail, args=(proc, log), daemon=True).start()

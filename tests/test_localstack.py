@@ -177,3 +177,42 @@ def test_stack_adds_and_removes_servers_live():
     finally:
         code = stack.stop()
     assert code == 0, "".join(stack.lines)
+
+
+def test_a_killed_stack_takes_its_processes_with_it():
+    """SIGKILL on `epp stack` (a test timeout, an OOM kill) must not leave modelsim, Pointsman or Envoy running:
+    the children get SIGTERM from the kernel when their parent dies (PR_SET_PDEATHSIG)."""
+    import socket
+
+    listen, metrics, admin, grpc_port, health = (free_port() for _ in range(5))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "epp.cli", "stack", "--servers", "1", "--sim-base-port", "0",
+         "--listen-port", str(listen), "--grpc-port", str(grpc_port), "--grpc-health-port", str(health),
+         "--metrics-port", str(metrics), "--admin-port", str(admin), "--time-scale", "0.05", "--quiet"],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    lines: list[str] = []
+    try:
+        assert proc.stdout is not None
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not any(x.startswith("Ready.") for x in lines):
+            line = proc.stdout.readline()
+            if not line:
+                break
+            lines.append(line)
+        assert any(x.startswith("Ready.") for x in lines), "".join(lines)
+        sims = sim_ports(lines)
+    finally:
+        proc.kill()
+        proc.wait(10)
+
+    def listening(port: int) -> bool:
+        with socket.socket() as s:
+            s.settimeout(0.2)
+            return s.connect_ex(("127.0.0.1", port)) == 0
+
+    ports = [listen, grpc_port, admin, *sims]
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and any(listening(p) for p in ports):
+        time.sleep(0.2)
+    assert not [p for p in ports if listening(p)], "processes of the killed stack still listen"

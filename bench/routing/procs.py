@@ -12,6 +12,7 @@ from pathlib import Path
 
 import aiohttp
 
+from epp.children import die_with_parent
 from epp.ports import free_port_block
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -39,7 +40,7 @@ class Proc:
         full_env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
         full_env.update(env or {})
         self.popen = subprocess.Popen(self.argv, stdout=self._log, stderr=subprocess.STDOUT, env=full_env,
-                                      cwd=str(log_dir), start_new_session=True)
+                                      cwd=str(log_dir), start_new_session=True, preexec_fn=die_with_parent)
 
     def alive(self) -> bool:
         return self.popen.poll() is None
