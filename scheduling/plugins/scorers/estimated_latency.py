@@ -34,6 +34,10 @@ under KV pressure hot prefixes are replicated only when the load gain pays for i
 Like prefix-cache-scorer it produces the approximate prefix data for its blockSizeTokens (the producer records the
 prompt's blocks after the pick). pre_request adds uncached(chosen) to the chosen endpoint's backlog;
 response_complete feeds the request's duration into D; endpoint_removed drops both for a departed endpoint.
+
+Replication (scheduling/framework/replication.py): the backlog is shared state. Each process publishes its own
+share of every endpoint's backlog (absolute, as of the moment it publishes); a peer's shares join the same fluid
+queue, which drains at the engine's rate whoever sent the tokens (scheduling/plugins/scorers/_backlog.py).
 The defaults are the reference vLLM profile (8B on H100: 250 µs per prompt token, 30 ms overhead, F = 2,
 max-num-seqs 16, 12 ms per output token); set them in wall-clock seconds for the engines behind the pool.
 """
@@ -48,6 +52,7 @@ from scheduling.api import NO_LOAD, SchedulingContext, SchedulingResult
 from scheduling.framework import BuildContext, Scorer, register
 from scheduling.framework.params import bounded
 from scheduling.framework.plugin import State
+from scheduling.plugins.scorers._backlog import SharedBacklog
 from scheduling.prefix import PrefixReader
 from scheduling.types import CHARS_PER_TOKEN, Endpoint
 
@@ -94,7 +99,7 @@ class EstimatedLatencyScorer(PrefixReader[Params], Scorer[Params]):
     produces_prefix = True
 
     def setup(self, build: BuildContext) -> None:
-        self._backlog: dict[str, tuple[float, float]] = {}  # endpoint -> (tokens, as of time)
+        self._backlog = SharedBacklog()  # prefill tokens queued per endpoint, from this process and its peers
         self._duration: dict[str, float] = {}  # endpoint -> EWMA of request seconds
         self._scale: dict[str, float] = {}  # endpoint -> calibration factor k(e)
         self.pool_scale = 1.0  # the pool-wide calibration factor (prior for endpoints without samples)
@@ -104,11 +109,11 @@ class EstimatedLatencyScorer(PrefixReader[Params], Scorer[Params]):
         return self._scale.get(key, self.pool_scale)
 
     def _backlog_at(self, key: str, now: float, k: float) -> float:
-        got = self._backlog.get(key)
-        if got is None:
-            return 0.0
-        tokens, since = got
-        return max(0.0, tokens - (now - since) / (k * self.params.prefillSecondsPerToken))
+        return self._backlog.total(key, now, 1.0 / (k * self.params.prefillSecondsPerToken))
+
+    def _drain_rate(self, key: str) -> float:
+        """Prefill tokens per second endpoint `key` works off."""
+        return 1.0 / (self.scale(key) * self.params.prefillSecondsPerToken)
 
     def _uncached(self, ctx: SchedulingContext, state: State) -> tuple[float, dict[str, int]]:
         tokens = ctx.request.prompt_chars / CHARS_PER_TOKEN
@@ -168,8 +173,7 @@ class EstimatedLatencyScorer(PrefixReader[Params], Scorer[Params]):
         now = ctx.now
         tokens, matches = self._uncached(ctx, state)
         uncached = max(0.0, tokens - matches.get(chosen.key, 0) * p.blockSizeTokens)
-        k = self.scale(chosen.key)
-        self._backlog[chosen.key] = (self._backlog_at(chosen.key, now, k) + uncached, now)
+        self._backlog.add(chosen.key, uncached, now, self._drain_rate(chosen.key))
         state[_START] = now
 
     def response_complete(self, ctx: SchedulingContext, result: SchedulingResult, state: State) -> None:
@@ -201,9 +205,19 @@ class EstimatedLatencyScorer(PrefixReader[Params], Scorer[Params]):
         self.pool_scale = (1 - a) * self.pool_scale + a * sample
 
     def endpoint_removed(self, key: str) -> None:
-        self._backlog.pop(key, None)
+        self._backlog.forget(key)
         self._duration.pop(key, None)
         self._scale.pop(key, None)
 
     def tracked_endpoints(self) -> Collection[str]:
-        return self._backlog.keys() | self._duration.keys() | self._scale.keys()
+        return self._backlog.endpoints() | self._duration.keys() | self._scale.keys()
+
+    # ---- replication -------------------------------------------------------------------------------------
+    def replication_key(self) -> str:
+        return "prefill-backlog"
+
+    def export_state(self, now: float) -> dict[str, float]:
+        return self._backlog.own(now, self._drain_rate)
+
+    def apply_peer_state(self, peer: str, values: Mapping[str, float] | None, now: float) -> None:
+        self._backlog.set_peer(peer, values, now, self._drain_rate)
