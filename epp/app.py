@@ -74,6 +74,7 @@ class App:
         self.started_at = time.time()
         self.routing: Any = None  # epp.routing.service.RoutingService, with --routes-file / --watch-routes
         self.pods: Any = None  # epp.k8s.pods.PodPools, shared by the watchers that serve several pools
+        self.bus: Any = None  # epp.bus.shell.BusRuntime, with --bus-peers / --bus-service / --workers
         self._api: Any = None
 
     async def start(self) -> None:
@@ -111,6 +112,7 @@ class App:
         self.scraper = await start_scraper(ds, interval=args.refresh_metrics_interval, timeout=1.0,
                                            staleness=args.metrics_staleness_threshold)
         self.cleanups.append(self.scraper.stop)
+        await self._start_bus()
         self.apply_scheduler(scheduler)
         if args.metrics_port:
             self._make_dashboard()
@@ -125,6 +127,20 @@ class App:
                 self.cleanups.append(dash.stop)
                 log.info("dashboard on port %d at %s%s", args.metrics_port, dash.prefix,
                          " (token required)" if args.dashboard_token else "")
+
+    async def _start_bus(self) -> None:
+        """The replica bus (epp/bus/shell.py): shared in-flight load and replicated plugin state."""
+        from epp.bus.shell import bus_settings, start_bus
+
+        settings = bus_settings(self.args)
+        if settings is None:
+            return
+        self.bus = await start_bus(self.args, self.datastore, self.api() if settings.service else None)
+        self.cleanups.append(self.bus.stop)
+        assert self.metrics is not None
+        from epp.bus.metrics import register_bus_metrics
+
+        register_bus_metrics(self.metrics.registry, self.bus, self.args.worker_index)
 
     def _make_dashboard(self) -> None:
         """The live page on the metrics port, and the director's decision recorder that feeds it."""
@@ -285,6 +301,8 @@ class App:
         self.director.admission = detector.admit
         if self.scraper is not None:
             self.scraper.configure(shell.scrape)
+        if self.bus is not None:  # the new scheduler's plugins replicate instead of the old one's
+            self.bus.replication.attach(scheduler)
 
     async def _start_grpc(self) -> None:
         args = self.args

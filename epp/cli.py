@@ -81,6 +81,10 @@ def _add_serve_flags(p: argparse.ArgumentParser) -> None:
                    help="recent decisions kept for the page, with their per-plugin scores (500)")
     g.add_argument("-v", "--v", type=int, default=int(os.environ.get("EPP_VERBOSITY", "1")), help="log verbosity")
 
+    from epp.bus.flags import add_bus_flags  # HOOK (replicas): --workers, --bus-*
+
+    add_bus_flags(p)
+
 
 def _bool(text: str) -> bool:
     if text.lower() in ("1", "true", "yes", "on"):
@@ -158,6 +162,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not argv or argv[0].startswith("-") and argv[0] not in ("-h", "--help"):
         argv = ["serve", *argv]  # `epp --pool-name x` works like GIE's binary
     args = build_parser().parse_args(argv)
+    if args.command == "serve" and args.workers > 1 and args.worker_index is None:  # HOOK (replicas)
+        from epp.workers import supervise
+
+        return supervise(args, argv)
     if args.command == "serve":
         from epp.app import run
 
