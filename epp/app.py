@@ -114,9 +114,13 @@ class App:
         self.cleanups.append(self.scraper.stop)
         await self._start_bus()
         self.apply_scheduler(scheduler)
-        if args.metrics_port:
+        if args.metrics_port or args.worker_index is not None:
             self._make_dashboard()
         await self._start_grpc()
+        if args.worker_index is not None:  # HOOK (replicas): a worker of `epp serve --workers N` (epp/workers)
+            from epp.workers.control import start_worker_control
+
+            self.cleanups.append(await start_worker_control(self))
         if args.metrics_port:
             dash = self.dashboard
             runner = await start_metrics_server(self.metrics, args.metrics_port,
@@ -316,7 +320,8 @@ class App:
 
             self.eds = eds = EdsService(self.datastore)
             extra.append(lambda server: add_eds_service(server, eds))
-        self.server, self.extproc = build_server(self.director, stream_cfg, extra_servicers=extra, metrics=self.metrics)
+        self.server, self.extproc = build_server(self.director, stream_cfg, extra_servicers=extra, metrics=self.metrics,
+                                                 reuse_port=args.worker_index is not None)
         self.health = add_health_servicer(self.server, self.datastore)
         addr = f"{args.grpc_host}:{args.grpc_port}"
         if args.secure_serving:

@@ -162,7 +162,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not argv or argv[0].startswith("-") and argv[0] not in ("-h", "--help"):
         argv = ["serve", *argv]  # `epp --pool-name x` works like GIE's binary
     args = build_parser().parse_args(argv)
-    if args.command == "serve" and args.workers > 1 and args.worker_index is None:  # HOOK (replicas)
+    if args.command == "serve" and args.workers != 1 and args.worker_index is None:  # HOOK (replicas)
         from epp.workers import supervise
 
         return supervise(args, argv)

@@ -56,7 +56,9 @@ async def route(stub: pb_grpc.ExternalProcessorStub, body: bytes, **headers: str
 
 
 def stub_for(port: int) -> tuple[grpc.aio.Channel, pb_grpc.ExternalProcessorStub]:
-    ch = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+    """A channel with its own TCP connection (gRPC shares one connection among equal channels of a process
+    otherwise; SO_REUSEPORT spreads connections, so a test of spreading needs real ones)."""
+    ch = grpc.aio.insecure_channel(f"127.0.0.1:{port}", options=[("grpc.use_local_subchannel_pool", 1)])
     return ch, pb_grpc.ExternalProcessorStub(ch)
 
 
