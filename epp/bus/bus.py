@@ -162,6 +162,7 @@ class ReplicaBus:
         log.info("replica bus %s bound %s; peers %s", self.address, self.bind, ", ".join(self.peers) or "(none)")
 
     async def stop(self) -> None:
+        pub, self._pub = self._pub, None  # the publish loop ends at its next turn even if a cancel is lost
         for t in self._tasks:
             t.cancel()
         for t in self._tasks:
@@ -172,7 +173,7 @@ class ReplicaBus:
             self.inflight.on_local_change = None
         for peer in list(self._peers):
             self._forget_peer(peer)
-        for sock in (self._pub, self._sub):
+        for sock in (pub, self._sub):
             if sock is not None:
                 sock.close(0)
         if self._ctx is not None:
@@ -218,9 +219,15 @@ class ReplicaBus:
 
     async def _publish_loop(self) -> None:
         last = 0.0
-        while True:
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout=self.heartbeat)
+        loop = asyncio.get_running_loop()
+        while self._pub is not None:
+            # Wake on notify() or after a heartbeat. (Not asyncio.wait_for: on Python 3.11 it can swallow the
+            # cancellation that stop() sends when the event fires at the same moment, and the loop would never end.)
+            timer = loop.call_later(self.heartbeat, self._wake.set)
+            try:
+                await self._wake.wait()
+            finally:
+                timer.cancel()
             self._wake.clear()
             try:
                 self._sweep()
@@ -253,9 +260,11 @@ class ReplicaBus:
             await self._send_records(name, snapshot())
 
     async def _send(self, frames: list[bytes]) -> None:
-        assert self._pub is not None
+        pub = self._pub
+        if pub is None:  # stopping
+            return
         try:
-            await self._pub.send_multipart(frames, flags=zmq.NOBLOCK)
+            await pub.send_multipart(frames, flags=zmq.NOBLOCK)
             self.published += 1
         except zmq.Again:
             self.dropped["send-queue-full"] += 1
