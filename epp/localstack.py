@@ -49,6 +49,8 @@ def add_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--variant", choices=("original-dst", "override-host"), default="override-host",
                    help="override-host (default): pool cluster fed live by Pointsman's EDS; original-dst: no list")
     p.add_argument("--config-file", default=None, help="scheduling config for Pointsman")
+    p.add_argument("--workers", type=int, default=1,
+                   help="Pointsman worker processes sharing the gRPC port and their state (docs/replicas.md)")
     p.add_argument("--duration", type=float, default=0, help="stop after this many seconds (0 = until Ctrl-C)")
     p.add_argument("--quiet", action="store_true", help="no live view (for scripts)")
     p.add_argument("--example", choices=("pool", "kthena"), default="pool",
@@ -114,12 +116,15 @@ class LocalStack:
             source = ["--routes-file", str(routes)]
             fragments = fragments_from_files([routes])[0]
             self.step(f"routes: {routes} (ModelRoute {KTHENA_MODEL}: premium -> v2, others 70/30 v1/v2)")
-        self.step(f"Pointsman: ext_proc on :{a.grpc_port}, metrics on :{a.metrics_port}")
+        workers = f" ({a.workers} workers)" if a.workers > 1 else ""
+        self.step(f"Pointsman{workers}: ext_proc on :{a.grpc_port}, metrics on :{a.metrics_port}")
         cmd = [_bin("epp"), "serve", "--grpc-host", "127.0.0.1", "--grpc-port", str(a.grpc_port),
                "--grpc-health-port", str(a.grpc_health_port), "--metrics-port", str(a.metrics_port),
                *source, "--log-decisions"]
         if a.config_file:
             cmd += ["--config-file", a.config_file]
+        if a.workers > 1:
+            cmd += ["--workers", str(a.workers)]
         epp = self._spawn("epp", cmd, capture=True)
         wait_port(a.grpc_port, proc=epp, what="Pointsman")
         # EDS keeps one pool ("default") current; the Kthena example's ModelServer pools are listed statically.
@@ -131,7 +136,7 @@ class LocalStack:
         spec = EnvoyConfigSpec(variant=a.variant, listen_port=a.listen_port, admin_port=a.admin_port,
                                epp_port=a.grpc_port, eds=eds, pool_name="default",
                                endpoints=[] if eds else [("127.0.0.1", p) for p in ports],
-                               route_fragments=fragments)
+                               route_fragments=fragments, epp_workers=a.workers)
         cfg = self.dir / "envoy.yaml"
         cfg.write_text(render_yaml(spec))
         envoy = self._spawn("envoy", [_bin("envoy"), "-c", str(cfg), "--concurrency", "2", "--use-dynamic-base-id",

@@ -33,10 +33,9 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import zmq
-import zmq.asyncio
 
 from epp.bus.codec import BusMessage, BusMessageError, decode, encode
 from epp.datastore import InflightTracker
@@ -52,6 +51,7 @@ StateSink = Callable[[str, "dict[str, float] | None"], None]  # (peer, values, o
 
 
 MAX_RECORDS_PER_MESSAGE = 512  # records are sent in chunks of this many (a message stays far below the size cap)
+MAX_DRAIN = 256  # messages handled per turn of the event loop; the rest in the next turn
 
 
 @dataclass(slots=True)
@@ -101,9 +101,14 @@ class ReplicaBus:
         self.ignored = 0  # received entries for endpoints this process does not know
         self.replays = 0
         self.published = 0
-        self._ctx: zmq.asyncio.Context | None = None
-        self._pub: zmq.asyncio.Socket | None = None
-        self._sub: zmq.asyncio.Socket | None = None
+        # Plain (non-asyncio) ZMQ sockets: the PUB never blocks (NOBLOCK; a full queue drops and counts) and the
+        # SUB is read from the event loop when its file descriptor signals, draining every queued message at once.
+        # (zmq.asyncio's per-message futures cost several times the decoding itself.)
+        self._ctx: zmq.Context[Any] | None = None
+        self._pub: zmq.Socket[Any] | None = None
+        self._sub: zmq.Socket[Any] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._fd: int | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._wake = asyncio.Event()
         self._last_local: Mapping[str, InflightLoad] = {}
@@ -145,7 +150,7 @@ class ReplicaBus:
 
     # ---- lifecycle ---------------------------------------------------------------------------------------
     async def start(self) -> None:
-        self._ctx = zmq.asyncio.Context()
+        self._ctx = zmq.Context()
         self._pub = self._ctx.socket(zmq.PUB)
         self._pub.setsockopt(zmq.LINGER, 0)
         self._pub.setsockopt(zmq.SNDHWM, 1000)
@@ -156,9 +161,11 @@ class ReplicaBus:
         self._sub.setsockopt(zmq.SUBSCRIBE, b"")
         self.set_peers(self._wanted)
         self.inflight.on_local_change = self.notify
-        loop = asyncio.get_running_loop()
-        self._tasks = [loop.create_task(self._receive_loop(), name="bus-receive"),
-                       loop.create_task(self._publish_loop(), name="bus-publish")]
+        self._loop = loop = asyncio.get_running_loop()
+        self._fd = cast(int, self._sub.getsockopt(zmq.FD))
+        loop.add_reader(self._fd, self._drain)
+        loop.call_soon(self._drain)
+        self._tasks = [loop.create_task(self._publish_loop(), name="bus-publish")]
         log.info("replica bus %s bound %s; peers %s", self.address, self.bind, ", ".join(self.peers) or "(none)")
 
     async def stop(self) -> None:
@@ -169,6 +176,9 @@ class ReplicaBus:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
         self._tasks = []
+        if self._fd is not None and self._loop is not None:
+            self._loop.remove_reader(self._fd)
+            self._fd = None
         if self.inflight.on_local_change == self.notify:
             self.inflight.on_local_change = None
         for peer in list(self._peers):
@@ -230,41 +240,42 @@ class ReplicaBus:
                 timer.cancel()
             self._wake.clear()
             try:
+                self._drain()  # a safety net: the descriptor signals edges, never miss queued messages
                 self._sweep()
-                await self._publish_records()
+                self._publish_records()
                 if self._replay_at and self.clock() >= self._replay_at:
                     self._replay_at = 0.0
-                    await self._replay()
+                    self._replay()
                 local = self.inflight.local_view()
                 now = self.clock()
                 if local != self._last_local or now - last >= self.heartbeat:
-                    await self._send(self.load_message())
+                    self._send(self.load_message())
                     self._last_local = dict(local)
                     last = now
             except Exception:  # the bus must survive anything one round throws
                 log.exception("replica bus publish failed")
             await asyncio.sleep(self.min_gap)
 
-    async def _publish_records(self) -> None:
+    def _publish_records(self) -> None:
         for name, (source, _) in list(self._channels.items()):
-            await self._send_records(name, source())
+            self._send_records(name, source())
 
-    async def _send_records(self, name: str, items: list[Any]) -> None:
+    def _send_records(self, name: str, items: list[Any]) -> None:
         for i in range(0, len(items), MAX_RECORDS_PER_MESSAGE):
-            await self._send(self._next("records", {"name": name, "items": items[i:i + MAX_RECORDS_PER_MESSAGE]}))
+            self._send(self._next("records", {"name": name, "items": items[i:i + MAX_RECORDS_PER_MESSAGE]}))
 
-    async def _replay(self) -> None:
+    def _replay(self) -> None:
         """Peers joined: send every channel's snapshot of recent records (idempotent for the others)."""
         self.replays += 1
         for name, snapshot in list(self._snapshots.items()):
-            await self._send_records(name, snapshot())
+            self._send_records(name, snapshot())
 
-    async def _send(self, frames: list[bytes]) -> None:
+    def _send(self, frames: list[bytes]) -> None:
         pub = self._pub
         if pub is None:  # stopping
             return
         try:
-            await pub.send_multipart(frames, flags=zmq.NOBLOCK)
+            pub.send_multipart(frames, flags=zmq.NOBLOCK)
             self.published += 1
         except zmq.Again:
             self.dropped["send-queue-full"] += 1
@@ -277,18 +288,31 @@ class ReplicaBus:
                 self._expire(peer)
 
     # ---- receiving ---------------------------------------------------------------------------------------
-    async def _receive_loop(self) -> None:
-        assert self._sub is not None
-        while True:
-            frames = await self._sub.recv_multipart()
+    def _drain(self) -> None:
+        """Handle every message queued on the SUB socket (at most MAX_DRAIN now, the rest in the next turn)."""
+        sub = self._sub
+        if sub is None:
+            return
+        for _ in range(MAX_DRAIN):
             try:
-                self.accept(frames)
-            except BusMessageError as err:
-                self.dropped[err.reason] += 1
-                log.debug("replica bus dropped a message: %s", err)
-            except Exception:  # a bug in a sink must not stop the bus
-                self.dropped["error"] += 1
-                log.exception("replica bus failed to apply a message")
+                frames = sub.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            except zmq.ZMQError:
+                return  # closing
+            self._receive(frames)
+        if self._loop is not None:
+            self._loop.call_soon(self._drain)
+
+    def _receive(self, frames: list[bytes]) -> None:
+        try:
+            self.accept(frames)
+        except BusMessageError as err:
+            self.dropped[err.reason] += 1
+            log.debug("replica bus dropped a message: %s", err)
+        except Exception:  # a bug in a sink must not stop the bus
+            self.dropped["error"] += 1
+            log.exception("replica bus failed to apply a message")
 
     def accept(self, frames: list[bytes]) -> BusMessage:
         """Validate one received message and apply it (public for tests of hostile input)."""
