@@ -185,6 +185,43 @@ def test_backlog_state_replicates_between_estimated_latency_scorers():
     assert b.tracked_endpoints() == set()
 
 
+def finish(p, request, candidates, chosen, start, end):
+    """One request through the scorer's lifecycle: scored and sent at `start`, finished at `end`."""
+    st = state()
+    c = ctx(request, candidates, now=start)
+    p.score(c, candidates, st)
+    res = SchedulingResult(targets=[chosen])
+    p.pre_request(c, res, st)
+    c.now = end
+    p.response_complete(c, res, st)
+
+
+def test_finished_requests_teach_every_replica_as_one_scorer_learns():
+    """Durations and calibration samples travel as records: replicas sharing them learn what one scorer that saw
+    every request learns (so two replicas calibrate as fast as one)."""
+    one, a, b = (plugin("estimated-latency-scorer") for _ in range(3))
+    a.set_replicating(True)
+    b.set_replicating(True)
+    e1, e2 = ep(1), ep(2)
+    for i in range(20):  # the engines are 3x faster than the reference: every request takes a third
+        side = a if i % 2 else b
+        for p in (one, side):
+            finish(p, req("x" * 400 + str(i)), [e1, e2], e1 if i % 3 else e2, 10.0 * i, 10.0 * i + 0.6)
+        # each replica hands its finished requests to the other (the bus)
+        for src, dst in ((a, b), (b, a)):
+            assert dst.apply_records("peer", wire(src.export_records(10.0 * i)), 10.0 * i) == 0
+    for p in (a, b):
+        assert p.scale(e1.key) == pytest.approx(one.scale(e1.key), rel=1e-2)
+        assert p.pool_scale == pytest.approx(one.pool_scale, rel=1e-2)
+        assert p._duration[e2.key] == pytest.approx(one._duration[e2.key], rel=1e-2)
+    assert one.scale(e1.key) < 0.9  # it did learn something
+    # a replica that joins takes what the others learnt, without a request of its own
+    late = plugin("estimated-latency-scorer")
+    assert late.apply_records("a", wire(a.snapshot_records(0.0)), 0.0) == 0
+    assert late.scale(e1.key) == pytest.approx(a.scale(e1.key))
+    assert late.apply_records("a", [[e1.key, float("nan"), 1.0], [e1.key, 1.0, 99.0], [e1.key, 1.0]], 0.0) == 3
+
+
 def test_backlog_rejects_nonsense_values():
     s = plugin("estimated-latency-scorer")
     e1 = ep(1)
@@ -223,6 +260,7 @@ schedulingProfiles:
     assert sorted(recs1) == [
         "config/approx-prefix-cache-producer[16]:approx-prefix/16",
         "config/approx-prefix-cache-producer[64]:approx-prefix/64",
+        "config/estimated-latency-scorer:estimated-latency",
         "config/session-affinity-scorer:session-affinity",
     ]
-    assert list(states1) == ["config/estimated-latency-scorer:prefill-backlog"] == list(states2)
+    assert list(states1) == ["config/estimated-latency-scorer:estimated-latency"] == list(states2)

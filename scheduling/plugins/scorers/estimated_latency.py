@@ -35,16 +35,22 @@ Like prefix-cache-scorer it produces the approximate prefix data for its blockSi
 prompt's blocks after the pick). pre_request adds uncached(chosen) to the chosen endpoint's backlog;
 response_complete feeds the request's duration into D; endpoint_removed drops both for a departed endpoint.
 
-Replication (scheduling/framework/replication.py): the backlog is shared state. Each process publishes its own
-share of every endpoint's backlog (absolute, as of the moment it publishes); a peer's shares join the same fluid
-queue, which drains at the engine's rate whoever sent the tokens (scheduling/plugins/scorers/_backlog.py).
+Replication (scheduling/framework/replication.py), so that several replicas model the engines as one would:
+- the backlog is shared state: each process publishes its own share of every endpoint's backlog (absolute, as of
+  the moment it publishes); a peer's shares join the same fluid queue, which drains at the engine's rate whoever
+  sent the tokens (scheduling/plugins/scorers/_backlog.py);
+- what finished requests teach (D(e) and the calibration k(e)) travels as records [endpoint, seconds, sample]: every
+  replica learns from every request, so N replicas calibrate as fast as one (each learning from 1/N of the requests
+  would leave the model uncalibrated N times longer, overestimating backlogs and spreading prefixes meanwhile).
 The defaults are the reference vLLM profile (8B on H100: 250 µs per prompt token, 30 ms overhead, F = 2,
 max-num-seqs 16, 12 ms per output token); set them in wall-clock seconds for the engines behind the pool.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+import math
+from collections import deque
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,6 +58,7 @@ from scheduling.api import NO_LOAD, SchedulingContext, SchedulingResult
 from scheduling.framework import BuildContext, Scorer, register
 from scheduling.framework.params import bounded
 from scheduling.framework.plugin import State
+from scheduling.framework.replication import Record
 from scheduling.plugins.scorers._backlog import SharedBacklog
 from scheduling.prefix import PrefixReader
 from scheduling.types import CHARS_PER_TOKEN, Endpoint
@@ -79,6 +86,7 @@ class Params:
 
 
 CALIBRATION_RANGE = (0.02, 50.0)
+MAX_OUTBOX = 4096  # finished requests kept for the bus between two exports
 _PRED = "estimated-latency.pred"
 
 
@@ -103,6 +111,7 @@ class EstimatedLatencyScorer(PrefixReader[Params], Scorer[Params]):
         self._duration: dict[str, float] = {}  # endpoint -> EWMA of request seconds
         self._scale: dict[str, float] = {}  # endpoint -> calibration factor k(e)
         self.pool_scale = 1.0  # the pool-wide calibration factor (prior for endpoints without samples)
+        self._outbox: deque[Record] | None = None  # finished requests for the bus, while replicating
 
     def scale(self, key: str) -> float:
         """k(e): how much slower (> 1) or faster (< 1) than the reference engine this endpoint has proved."""
@@ -180,29 +189,34 @@ class EstimatedLatencyScorer(PrefixReader[Params], Scorer[Params]):
         start = state.get(_START)
         if start is None or not result.targets:
             return
-        p = self.params
         key = result.targets[0].key
         seconds = max(0.0, ctx.now - start)
-        a = p.durationEwmaAlpha
+        pred = state.get(_PRED)
+        sample = self._sample(key, seconds, pred) if self.params.calibrate and pred is not None else None
+        self._learn(key, seconds, sample)
+        if self._outbox is not None:
+            self._outbox.append([key, seconds, -1.0 if sample is None else sample])
+
+    def _learn(self, key: str, seconds: float, sample: float | None) -> None:
+        """One finished request on `key` (here or at a peer): its duration, and its calibration sample."""
+        a = self.params.durationEwmaAlpha
         prev = self._duration.get(key)
         self._duration[key] = seconds if prev is None else (1 - a) * prev + a * seconds
-        pred = state.get(_PRED)
-        if p.calibrate and pred is not None:
-            self._calibrate(key, seconds, pred)
+        if sample is not None:
+            a = self.params.calibrationAlpha
+            self._scale[key] = (1 - a) * self._scale.get(key, self.pool_scale) + a * sample
+            self.pool_scale = (1 - a) * self.pool_scale + a * sample
 
-    def _calibrate(self, key: str, seconds: float, pred: tuple[list[Endpoint], list[float], list[float]]) -> None:
+    def _sample(self, key: str, seconds: float, pred: tuple[list[Endpoint], list[float], list[float]]) -> float | None:
         candidates, models, waits = pred
         i = next((j for j, e in enumerate(candidates) if e.key == key), -1)
         if i < 0:
-            return
+            return None
         model = models[i]
         if model <= 0.0:
-            return
+            return None
         lo, hi = CALIBRATION_RANGE
-        sample = min(hi, max(lo, (seconds - waits[i]) / model))
-        a = self.params.calibrationAlpha
-        self._scale[key] = (1 - a) * self._scale.get(key, self.pool_scale) + a * sample
-        self.pool_scale = (1 - a) * self.pool_scale + a * sample
+        return min(hi, max(lo, (seconds - waits[i]) / model))
 
     def endpoint_removed(self, key: str) -> None:
         self._backlog.forget(key)
@@ -214,10 +228,49 @@ class EstimatedLatencyScorer(PrefixReader[Params], Scorer[Params]):
 
     # ---- replication -------------------------------------------------------------------------------------
     def replication_key(self) -> str:
-        return "prefill-backlog"
+        return "estimated-latency"
 
     def export_state(self, now: float) -> dict[str, float]:
         return self._backlog.own(now, self._drain_rate)
 
     def apply_peer_state(self, peer: str, values: Mapping[str, float] | None, now: float) -> None:
         self._backlog.set_peer(peer, values, now, self._drain_rate)
+
+    def set_replicating(self, on: bool) -> None:
+        self._outbox = deque(maxlen=MAX_OUTBOX) if on else None
+
+    def export_records(self, now: float) -> list[Record]:
+        """[endpoint, seconds, calibration sample or -1] per request that finished here since the last call."""
+        if not self._outbox:
+            return []
+        out = list(self._outbox)
+        self._outbox.clear()
+        return out
+
+    def snapshot_records(self, now: float) -> list[Record]:
+        """What was learnt so far, for a peer that joins: [endpoint, D(e), k(e) or -1, 1]."""
+        out: list[Record] = [[key, d, self._scale.get(key, -1.0), 1] for key, d in self._duration.items()]
+        return out
+
+    def apply_records(self, peer: str, records: Sequence[Record], now: float) -> int:
+        """A peer's finished requests teach this scorer as its own do (so every replica calibrates on all of
+        them); a snapshot fills in only what this scorer has not learnt itself."""
+        bad = 0
+        lo, hi = CALIBRATION_RANGE
+        for rec in records:
+            if not (3 <= len(rec) <= 4 and all(_finite(v) for v in rec[1:]) and 0.0 <= rec[1] < 1e6
+                    and (rec[2] == -1.0 or lo <= rec[2] <= hi)):
+                bad += 1
+                continue
+            key, seconds, sample = rec[0], float(rec[1]), None if rec[2] == -1.0 else float(rec[2])
+            if len(rec) == 3:
+                self._learn(key, seconds, sample)
+            elif key not in self._duration:
+                self._duration[key] = seconds
+                if sample is not None and key not in self._scale:
+                    self._scale[key] = sample
+        return bad
+
+
+def _finite(v: object) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
