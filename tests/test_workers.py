@@ -110,14 +110,22 @@ async def fleet():
     await f.stop()
 
 
+SECRET = "sekrit-bus-key-4711"
+
+
 async def test_two_workers_share_the_port_the_load_and_one_metrics_endpoint(tmp_path, fleet):
-    g = Group(tmp_path, fleet)
+    g = Group(tmp_path, fleet, "--bus-secret", SECRET)
     channels = []
     try:
         await eventually(g.ready, what="both workers ready")
         assert await g.readiness() == health_pb2.HealthCheckResponse.SERVING
-        pids = [p["pid"] for p in (await g.workers())["processes"]]
+        procs = (await g.workers())["processes"]
+        pids = [p["pid"] for p in procs]
         assert len(set(pids)) == 2 and g.proc.pid not in pids
+        # The workers talk over signed bus messages; the secret reached them through the environment only.
+        await eventually(lambda: _bus_up(g), 5, "the workers hear each other")
+        for pid in pids:
+            assert SECRET.encode() not in Path(f"/proc/{pid}/cmdline").read_bytes()
 
         # Many connections (one per channel): SO_REUSEPORT hands them to both workers.
         channels = [stub_for(g.grpc) for _ in range(16)]
@@ -191,8 +199,14 @@ async def test_two_workers_share_the_port_the_load_and_one_metrics_endpoint(tmp_
             await ch.close()
         code = g.stop()
     assert code == 0, g.log.read_text()[-3000:]
+    assert SECRET not in g.log.read_text()
     for pid in pids:
         assert not _alive(pid)
+
+
+async def _bus_up(g: Group) -> bool:
+    ps = (await g.workers())["processes"]
+    return all(p["status"]["bus"]["live_peers"] == 1 and p["status"]["bus"]["dropped"] == 0 for p in ps)
 
 
 async def _served(g: Group, n: int) -> bool:
