@@ -5,7 +5,7 @@ routing path, not a model. wrk sends the same ~120-byte chat POST at 1 and 16 co
 round we record req/s and p50 latency; for Pointsman also its CPU time per request (utime+stime from /proc).
 Medians over rounds are printed as a markdown table with ratios against Envoy direct.
 
-    .venv/bin/python bench/bench_extproc.py --rounds 3 --duration 5
+    .venv/bin/python bench/bench_extproc.py --rounds 3 --duration 5 [--workers 1,2]
 Needs wrk (Debian package `wrk`; installed with apt-get when missing) and, for the peer, `pip install vllm-router`.
 """
 
@@ -105,8 +105,16 @@ class Procs:
 
 
 def cpu_seconds(pid: int) -> float:
+    """CPU time of `pid` and of its live children (the workers of `epp serve --workers N`)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    total = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    for task in Path(f"/proc/{pid}/task").glob("*/children"):
+        for child in task.read_text().split():
+            try:
+                total += cpu_seconds(int(child))
+            except (FileNotFoundError, ProcessLookupError):
+                pass
+    return total
 
 
 def wrk(url: str, conns: int, duration: float, script: Path) -> tuple[float, float, int]:
@@ -136,6 +144,9 @@ def main() -> int:
                     help="also measure a second Pointsman started with these extra flags, behind its own Envoy, "
                          "interleaved with the first (e.g. --compare=--dashboard=false); repeatable")
     ap.add_argument("--lean", action="store_true", help="Envoy sends Pointsman the request phases only")
+    ap.add_argument("--workers", default="1",
+                    help="comma list of `epp serve --workers` counts to measure side by side, e.g. 1,2 (each behind "
+                         "its own Envoy, configured with --epp-workers; CPU is the whole process group's)")
     ap.add_argument("--no-peer", action="store_true", help="skip vllm-router")
     ap.add_argument("--toy", choices=("aio", "sync", "gen"), default=None,
                     help="also measure bench/toy_extproc.py (the gRPC floor) behind a second Envoy")
@@ -157,15 +168,19 @@ def main() -> int:
         eps.write_text(yaml.safe_dump({"pools": [{"name": "p", "endpoints": [
             {"address": "127.0.0.1", "port": p} for p in backends]}]}))
         measured: dict[str, subprocess.Popen] = {}  # path name -> the processor whose CPU time is measured
-        for i, extra in enumerate(["", *args.compare]):
+        variants = [("", int(w)) for w in args.workers.split(",")] + [(c, 1) for c in args.compare]
+        for i, (extra, workers) in enumerate(variants):
             grpc_port = free_port()
+            if workers > 1:
+                extra = f"{extra} --workers {workers}".strip()
             # A metrics port as in production: it also serves the dashboard, whose recorder is on by default.
             epp = procs.spawn([bin_path("epp"), "serve", "--grpc-host", "127.0.0.1", "--grpc-port", str(grpc_port),
                                "--grpc-health-port", "0", "--metrics-port", str(free_port()), "--endpoints-file",
                                str(eps), "-v", "0", *args.epp_args.split(), *extra.split()], grpc_port)
             with_epp = free_port()
             spec = EnvoyConfigSpec(variant="original-dst", listen_port=with_epp, admin_port=free_port(),
-                                   epp_port=grpc_port, response_phases="lean" if args.lean else "full")
+                                   epp_port=grpc_port, response_phases="lean" if args.lean else "full",
+                                   epp_workers=workers)
             procs.envoy(f"with-epp{i}", render(spec), with_epp)
             name = "Envoy + Pointsman" + (f" {extra}" if extra else "")
             paths[name] = f"http://127.0.0.1:{with_epp}"

@@ -17,9 +17,23 @@ async def cancel_and_wait(task: asyncio.Task[Any] | None) -> None:
 
 
 async def wait_set(event: asyncio.Event, timeout: float | None) -> bool:
-    """Wait until `event` is set or `timeout` passes; True if it was set."""
+    """Wait until `event` is set or `timeout` passes; True if it was set.
+
+    Not asyncio.wait_for: on Python 3.11 it can swallow a cancellation that arrives as the event fires, and a loop
+    that waits here would then never stop. A timer that sets a private event cannot lose it."""
+    if event.is_set():
+        return True
+    if timeout is None:
+        await event.wait()
+        return True
+    loop = asyncio.get_running_loop()
+    woken = asyncio.Event()
+    waiter = loop.create_task(event.wait())
+    timer = loop.call_later(timeout, woken.set)
+    waiter.add_done_callback(lambda _: woken.set())
     try:
-        await asyncio.wait_for(event.wait(), timeout)
-    except asyncio.TimeoutError:
-        return False
-    return True
+        await woken.wait()
+    finally:
+        timer.cancel()
+        waiter.cancel()
+    return event.is_set()

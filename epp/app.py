@@ -81,6 +81,7 @@ class App:
         self.routing: Any = None  # epp.routing.service.RoutingService, with --routes-file / --watch-routes
         self.ratelimit: RateLimitGate | None = None  # token rate limits of the routes (epp/ratelimit)
         self.pods: Any = None  # epp.k8s.pods.PodPools, shared by the watchers that serve several pools
+        self.bus: Any = None  # epp.bus.shell.BusRuntime, with --bus-peers / --bus-service / --workers
         self._api: Any = None
         self.precise: PreciseService | None = None  # the precise prefix index and its KV-event subscriptions
         self.tokens: RequestTokens | None = None  # tokenizes requests for configs that read token ids
@@ -134,10 +135,15 @@ class App:
         self.scraper = await start_scraper(ds, interval=args.refresh_metrics_interval, timeout=1.0,
                                            staleness=args.metrics_staleness_threshold)
         self.cleanups.append(self.scraper.stop)
+        await self._start_bus()
         self.apply_scheduler(scheduler)
-        if args.metrics_port:
+        if args.metrics_port or args.worker_index is not None:
             self._make_dashboard()
         await self._start_grpc()
+        if args.worker_index is not None:  # HOOK (replicas): a worker of `epp serve --workers N` (epp/workers)
+            from epp.workers.control import start_worker_control
+
+            self.cleanups.append(await start_worker_control(self))
         if args.metrics_port:
             dash = self.dashboard
             runner = await start_metrics_server(self.metrics, args.metrics_port,
@@ -167,6 +173,20 @@ class App:
     def services(self) -> dict[str, Any]:
         """What the shell lends every loaded scheduler (scheduling.framework.plugin.BuildContext.services)."""
         return self.precise.services() if self.precise is not None else {}
+
+    async def _start_bus(self) -> None:
+        """The replica bus (epp/bus/shell.py): shared in-flight load and replicated plugin state."""
+        from epp.bus.shell import bus_settings, start_bus
+
+        settings = bus_settings(self.args)
+        if settings is None:
+            return
+        self.bus = await start_bus(self.args, self.datastore, self.api() if settings.service else None)
+        self.cleanups.append(self.bus.stop)
+        assert self.metrics is not None
+        from epp.bus.metrics import register_bus_metrics
+
+        register_bus_metrics(self.metrics.registry, self.bus, self.args.worker_index)
 
     def _make_dashboard(self) -> None:
         """The live page on the metrics port, and the director's decision recorder that feeds it."""
@@ -331,6 +351,8 @@ class App:
             self.scraper.configure(shell.scrape)
         if self.precise is not None:
             self.precise.apply_config(scheduler)  # an llm-d kvEventsConfig may name the engines' event port
+        if self.bus is not None:  # the new scheduler's plugins replicate instead of the old one's
+            self.bus.replication.attach(scheduler)
 
     async def _start_grpc(self) -> None:
         args = self.args
@@ -344,7 +366,8 @@ class App:
 
             self.eds = eds = EdsService(self.datastore)
             extra.append(lambda server: add_eds_service(server, eds))
-        self.server, self.extproc = build_server(self.director, stream_cfg, extra_servicers=extra, metrics=self.metrics)
+        self.server, self.extproc = build_server(self.director, stream_cfg, extra_servicers=extra, metrics=self.metrics,
+                                                 reuse_port=args.worker_index is not None)
         self.health = add_health_servicer(self.server, self.datastore)
         addr = f"{args.grpc_host}:{args.grpc_port}"
         if args.secure_serving:

@@ -92,6 +92,10 @@ def _add_serve_flags(p: argparse.ArgumentParser) -> None:
     add_kv_events_flags(p)
     add_tokenize_flags(p)
 
+    from epp.bus.flags import add_bus_flags  # HOOK (replicas): --workers, --bus-*
+
+    add_bus_flags(p)
+
 
 def _bool(text: str) -> bool:
     if text.lower() in ("1", "true", "yes", "on"):
@@ -123,7 +127,15 @@ def build_parser() -> argparse.ArgumentParser:
     ec.add_argument("--listen-port", type=int, default=8081)
     ec.add_argument("--listen-address", default="127.0.0.1")
     ec.add_argument("--admin-port", type=int, default=9901)
-    ec.add_argument("--epp", default="127.0.0.1:9002", help="host:port of Pointsman's gRPC server")
+    ec.add_argument("--epp", action="append", default=None,
+                    help="host:port of Pointsman's gRPC server (127.0.0.1:9002); repeat it for several replicas")
+    ec.add_argument("--epp-workers", type=int, default=1,
+                    help="workers per Pointsman (`epp serve --workers N`): opens enough connections to spread over "
+                         "them (docs/replicas.md)")
+    ec.add_argument("--epp-max-streams-per-connection", type=int, default=0,
+                    help="HTTP/2 streams per connection to Pointsman (8 with --epp-workers > 1; 0: Envoy's default)")
+    ec.add_argument("--epp-max-requests-per-connection", type=int, default=0,
+                    help="replace a connection to Pointsman after this many streams (1000 with --epp-workers > 1)")
     ec.add_argument("--endpoint", action="append", default=[], help="override-host: a pool endpoint ip:port")
     ec.add_argument("--endpoints-file", default=None, help="override-host: take the endpoints from this file")
     ec.add_argument("--pool-name", default=None,
@@ -169,6 +181,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not argv or argv[0].startswith("-") and argv[0] not in ("-h", "--help"):
         argv = ["serve", *argv]  # `epp --pool-name x` works like GIE's binary
     args = build_parser().parse_args(argv)
+    if args.command == "serve" and args.workers != 1 and args.worker_index is None:  # HOOK (replicas)
+        from epp.workers import supervise
+
+        return supervise(args, argv)
     if args.command == "serve":
         from epp.app import run
 
@@ -233,14 +249,25 @@ def _envoy_config(args: argparse.Namespace) -> int:
             return 2
         if not args.eds:  # with --eds the ModelServers' static endpoints come from Pointsman too
             endpoints += [e for e in route_eps if e not in endpoints]
-    epp_host, _, epp_port = args.epp.rpartition(":")
+    epps = []
+    for e in args.epp or ["127.0.0.1:9002"]:
+        host, _, port = e.rpartition(":")
+        if not port.isdigit():
+            print(f"error: --epp {e!r}: expected host:port", file=sys.stderr)
+            return 2
+        epps.append((host.strip("[]") or "127.0.0.1", int(port)))
+    (epp_host, epp_port), *replicas = epps
     spec = EnvoyConfigSpec(
         variant=args.variant or ("override-host" if args.eds else "original-dst"),
         listen_port=args.listen_port,
         listen_address=args.listen_address,
         admin_port=args.admin_port,
-        epp_host=epp_host.strip("[]") or "127.0.0.1",
-        epp_port=int(epp_port),
+        epp_host=epp_host,
+        epp_port=epp_port,
+        epp_replicas=replicas,  # HOOK (replicas): several Pointsman replicas, workers per replica
+        epp_workers=args.epp_workers,
+        epp_max_streams_per_connection=args.epp_max_streams_per_connection,
+        epp_max_requests_per_connection=args.epp_max_requests_per_connection,
         endpoints=endpoints,
         eds=args.eds,
         pool_name=pool_name or "default",

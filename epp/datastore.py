@@ -70,7 +70,8 @@ class InflightTracker:
 
     Other replicas' loads (the replica bus) come in as ABSOLUTE snapshots per peer (`set_remote`), which replace
     that peer's previous one and disappear with `drop_remote` when it expires: `view()` is then the sum of the local
-    counts and every live peer's, which is what the scheduler reads. `local_view()` is what this process publishes.
+    counts and every live peer's, which is what the scheduler reads. `local_view()` is what this process publishes;
+    `on_local_change` (the bus's notify) hears of every local change.
     """
 
     def __init__(self) -> None:
@@ -79,6 +80,7 @@ class InflightTracker:
         self._next = 0
         self._remote: dict[str, dict[str, InflightLoad]] = {}  # peer -> its absolute loads
         self._merged: dict[str, InflightLoad] = {}  # local + remote, kept only while some peer has a snapshot
+        self.on_local_change: Callable[[], None] | None = None
 
     def view(self) -> Mapping[str, InflightLoad]:
         return self._merged if self._remote else self._loads
@@ -99,6 +101,8 @@ class InflightTracker:
             self._loads[key] = InflightLoad(cur.requests + 1, cur.tokens + tokens)
         if self._remote:
             self._remerge(key)
+        if self.on_local_change is not None:
+            self.on_local_change()
         return InflightTicket(key, self._generation[key], tokens)
 
     def remove(self, ticket: InflightTicket) -> bool:
@@ -114,6 +118,8 @@ class InflightTracker:
             self._loads[key] = InflightLoad(cur.requests - 1, max(0, cur.tokens - ticket.tokens))
         if self._remote:
             self._remerge(key)
+        if self.on_local_change is not None:
+            self.on_local_change()
         return True
 
     def forget(self, key: str) -> None:

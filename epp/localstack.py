@@ -54,6 +54,8 @@ def add_flags(p: argparse.ArgumentParser) -> None:
                         "with --kv-events, else the built-in default)")
     p.add_argument("--kv-events", type=_bool, default=True,
                    help="modelsim publishes KV-cache events (and replays them) and Pointsman subscribes (true)")
+    p.add_argument("--workers", type=int, default=1,
+                   help="Pointsman worker processes sharing the gRPC port and their state (docs/replicas.md)")
     p.add_argument("--duration", type=float, default=0, help="stop after this many seconds (0 = until Ctrl-C)")
     p.add_argument("--quiet", action="store_true", help="no live view (for scripts)")
     p.add_argument("--example", choices=("pool", "kthena", "llmkube"), default="pool",
@@ -136,13 +138,16 @@ class LocalStack:
             source = ["--endpoints-file", str(eps_file), "--routes-file", str(routes)]
             fragments = fragments_from_files([routes])[0]
             self.step(f"routes: {routes} (ModelRouter coding-router: pii -> qwen, complex -> llama, budgets)")
-        self.step(f"Pointsman: ext_proc on :{a.grpc_port}, metrics on :{a.metrics_port}")
+        workers = f" ({a.workers} workers)" if a.workers > 1 else ""
+        self.step(f"Pointsman{workers}: ext_proc on :{a.grpc_port}, metrics on :{a.metrics_port}")
         cmd = [_bin("epp"), "serve", "--grpc-host", "127.0.0.1", "--grpc-port", str(a.grpc_port),
                "--grpc-health-port", str(a.grpc_health_port), "--metrics-port", str(a.metrics_port),
                *source, "--log-decisions"]
         config = a.config_file or (str(PRECISE_PROFILE) if a.kv_events else None)
         if config:
             cmd += ["--config-file", config]
+        if a.workers > 1:
+            cmd += ["--workers", str(a.workers)]
         epp = self._spawn("epp", cmd, capture=True)
         wait_port(a.grpc_port, proc=epp, what="Pointsman")
         # EDS keeps one pool ("default") current; the examples' pools are listed statically.
@@ -154,7 +159,7 @@ class LocalStack:
         spec = EnvoyConfigSpec(variant=a.variant, listen_port=a.listen_port, admin_port=a.admin_port,
                                epp_port=a.grpc_port, eds=eds, pool_name="default",
                                endpoints=[] if eds else [("127.0.0.1", p) for p in ports],
-                               route_fragments=fragments)
+                               route_fragments=fragments, epp_workers=a.workers)
         cfg = self.dir / "envoy.yaml"
         cfg.write_text(render_yaml(spec))
         envoy = self._spawn("envoy", [_bin("envoy"), "-c", str(cfg), "--concurrency", "2", "--use-dynamic-base-id",

@@ -88,8 +88,9 @@ class EppMetrics:
                                       REQ_LABELS, buckets=TOKEN_BUCKETS, registry=r)
         self.output_tokens = Histogram("inference_objective_output_tokens", "Output tokens per request.",
                                        REQ_LABELS, buckets=TOKEN_BUCKETS, registry=r)
+        # livesum: with `epp serve --workers N` (prometheus-client multiprocess mode) the live workers' sum.
         self.running = Gauge("inference_objective_running_requests", "Requests in flight per model.",
-                             ["model_name"], registry=r)
+                             ["model_name"], registry=r, multiprocess_mode="livesum")
         self.scheduler = Histogram("inference_extension_scheduler_e2e_duration_seconds",
                                    "Scheduling latency per request.", buckets=SCHEDULER_BUCKETS, registry=r)
         self.plugin = Histogram("inference_extension_plugin_duration_seconds", "Latency of one plugin call.",

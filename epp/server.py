@@ -169,11 +169,13 @@ def _close_after(exchange: Exchange) -> Callable[[asyncio.Future[Any]], None]:
     return done
 
 
-def grpc_options() -> list[tuple[str, int]]:
+def grpc_options(reuse_port: bool = False) -> list[tuple[str, int]]:
+    """`reuse_port`: the workers of `epp serve --workers N` share one port (SO_REUSEPORT); otherwise a port in use
+    is an error, never silently shared."""
     return [
         ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
         ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-        ("grpc.so_reuseport", 0),
+        ("grpc.so_reuseport", 1 if reuse_port else 0),
         ("grpc.http2.max_pings_without_data", 0),
         ("grpc.keepalive_permit_without_calls", 1),
     ]
@@ -185,9 +187,10 @@ def build_server(
     *,
     metrics: ProtocolMetrics | None = None,
     extra_servicers: Sequence[Callable[[grpc.aio.Server], object]] | None = None,
+    reuse_port: bool = False,
 ) -> tuple[grpc.aio.Server, ExtProcService]:
     """A grpc.aio server carrying ExternalProcessor and the Pointsman API (ports are added by the caller)."""
-    server = grpc.aio.server(options=grpc_options())
+    server = grpc.aio.server(options=grpc_options(reuse_port))
     svc = ExtProcService(director, stream_config, metrics)
     pb_grpc.add_ExternalProcessorServicer_to_server(svc, server)
     pointsman_pb2_grpc.add_PointsmanServicer_to_server(PointsmanService(director), server)

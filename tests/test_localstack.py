@@ -28,13 +28,15 @@ def sim_ports(lines: list[str]) -> list[int]:
     return [int(p) for p in line.split("on ports", 1)[1].split("(", 1)[0].replace(",", " ").split()]
 
 
-def test_local_stack_routes_and_stops_cleanly():
+@pytest.mark.parametrize("workers", [1, 2])
+def test_local_stack_routes_and_stops_cleanly(workers):
     # Every port is picked by the OS on its own; --sim-base-port 0 lets the stack do the same for each server.
     listen, metrics, admin, grpc_port, health = (free_port() for _ in range(5))
     proc = subprocess.Popen(
         [sys.executable, "-m", "epp.cli", "stack", "--servers", "2", "--sim-base-port", "0",
          "--listen-port", str(listen), "--grpc-port", str(grpc_port), "--grpc-health-port", str(health),
-         "--metrics-port", str(metrics), "--admin-port", str(admin), "--time-scale", "0.05", "--duration", "12"],
+         "--metrics-port", str(metrics), "--admin-port", str(admin), "--time-scale", "0.05", "--duration", "12",
+         "--workers", str(workers)],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
     lines: list[str] = []
@@ -74,6 +76,11 @@ def test_local_stack_routes_and_stops_cleanly():
             time.sleep(0.1)
         assert list(held) == [f"127.0.0.1:{pod_port}"], doc
         assert doc["endpoint"] == f"127.0.0.1:{pod_port}" and doc["token_source"] == "engine"
+        if workers > 1:  # the supervisor's view of its workers, on the metrics port
+            with urllib.request.urlopen(f"http://127.0.0.1:{metrics}/-/workers", timeout=10) as r:
+                group = orjson.loads(r.read())
+            assert group["workers"] == 2 and all(p["alive"] for p in group["processes"])
+            pids = [p["pid"] for p in group["processes"]]
         out, _ = proc.communicate(timeout=60)
         lines.append(out)
     finally:
@@ -83,6 +90,10 @@ def test_local_stack_routes_and_stops_cleanly():
     assert proc.returncode == 0, text
     assert "route " in text and f"-> 127.0.0.1:{pod_port}" in text, text
     assert "fleet " in text
+    if workers > 1:
+        assert "(2 workers)" in text
+        for pid in pids:  # the stack stopped every worker with the supervisor
+            assert not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split()[2] == "Z"
 
 
 class LiveStack:

@@ -269,6 +269,64 @@ async def start_pointsman(fleet: FleetInfo, workdir: Path, extra: str | None = N
     return Launched(f"http://127.0.0.1:{listen}", [epp_proc, envoy])
 
 
+async def start_pointsman_replicas(fleet: FleetInfo, workdir: Path, *, replicas: int = 2, bus: bool = True,
+                                   workers: int = 1) -> Launched:
+    """Several Pointsman replicas (`epp serve` processes) behind one Envoy whose `epp` cluster lists them all, so
+    each decides 1/replicas of the requests; with `bus` they share load and routing state over the replica bus,
+    without it each routes on its own view (what a second GIE EPP replica does). `workers` > 1: one replica with
+    that many worker processes instead (`epp serve --workers N`)."""
+    epp = _epp_command()
+    endpoints, envoy_cfg = workdir / "pointsman-endpoints.yaml", workdir / "pointsman-envoy.yaml"
+    write_endpoints_file(fleet, endpoints)
+    ports = free_ports(2 + 4 * replicas)  # one draw: ports of separate draws could collide
+    listen, admin = ports[:2]
+    extra = os.environ.get("POINTSMAN_EPP_ARGS", "")
+    bus_ports = ports[2:2 + replicas]
+    peers = ",".join(f"127.0.0.1:{p}" for p in bus_ports)
+    procs: list[Proc] = []
+    grpcs: list[int] = []
+    try:
+        for i in range(replicas):
+            grpc, health, metrics = ports[2 + replicas + 3 * i:5 + replicas + 3 * i]
+            values = {"epp": epp, "grpc_port": grpc, "health_port": health, "metrics_port": metrics,
+                      "endpoints_file": endpoints, "extra": extra}
+            cmd = POINTSMAN_EPP_SERVE.format(**values)
+            if bus and replicas > 1:
+                cmd += f" --bus-address 127.0.0.1 --bus-port {bus_ports[i]} --bus-peers {peers}"
+            if workers > 1:
+                cmd += f" --workers {workers}"
+            procs.append(Proc(f"pointsman-epp-{i}", ["/bin/sh", "-c", "exec " + cmd], workdir))
+            grpcs.append(grpc)
+        epps = " ".join(f"--epp 127.0.0.1:{g}" for g in grpcs)
+        rendered = subprocess.run(
+            f"{epp} envoy-config --variant override-host --listen-port {listen} --admin-port {admin} {epps} "
+            f"--epp-workers {workers} --endpoints-file {endpoints} "
+            f"--response-phases {os.environ.get('POINTSMAN_RESPONSE_PHASES', 'lean')} -o {envoy_cfg}",
+            shell=True, cwd=str(workdir), capture_output=True, timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT)})
+        if rendered.returncode != 0:
+            raise Unavailable(f"`epp envoy-config` failed: {rendered.stderr.decode(errors='replace')[-800:]}")
+        for proc, grpc in zip(procs, grpcs, strict=True):
+            await wait_tcp(grpc, proc, 30.0)
+        procs.append(await _start_envoy("pointsman-envoy", envoy_cfg, workdir, listen, admin))
+    except BaseException:
+        for p in reversed(procs):
+            p.stop()
+        raise
+    return Launched(f"http://127.0.0.1:{listen}", procs)
+
+
+async def start_pointsman_2r_bus(fleet: FleetInfo, workdir: Path) -> Launched:
+    return await start_pointsman_replicas(fleet, workdir, replicas=2, bus=True)
+
+
+async def start_pointsman_2r_nobus(fleet: FleetInfo, workdir: Path) -> Launched:
+    return await start_pointsman_replicas(fleet, workdir, replicas=2, bus=False)
+
+
+async def start_pointsman_2w(fleet: FleetInfo, workdir: Path) -> Launched:
+    return await start_pointsman_replicas(fleet, workdir, replicas=1, workers=2)
+
+
 ROUTERS: dict[str, Adapter] = {
     "envoy-rr": start_envoy_rr,
     "vllm-router": start_vllm_router,
@@ -279,6 +337,9 @@ ROUTERS: dict[str, Adapter] = {
     "pointsman-best": start_pointsman_best,
     "pointsman-approx": start_pointsman_approx,
     "pointsman-precise": start_pointsman_precise,
+    "pointsman-2r-bus": start_pointsman_2r_bus,  # 2 replicas sharing state over the replica bus
+    "pointsman-2r-nobus": start_pointsman_2r_nobus,  # 2 replicas, each on its own view
+    "pointsman-2w": start_pointsman_2w,  # 1 replica, 2 worker processes (epp serve --workers 2)
     "oracle": start_oracle,
     "oracle-proxy": start_oracle_proxy,
 }

@@ -14,7 +14,11 @@ Theory of operation
   * idempotent records (`add_channel`, e.g. the prefix blocks of a pick, session bindings): sent as they happen;
     applying one twice is harmless, losing one costs a little accuracy.
 - A replica that loses the bus keeps routing on its own view (peers' snapshots expire); one that joins hears every
-  peer's snapshot within one heartbeat.
+  peer's snapshot within one heartbeat, and every peer that hears a new incarnation replays a bounded snapshot of
+  its recent records (`add_channel(..., snapshot=)`) one heartbeat later, so the newcomer does not start from
+  nothing.
+- Entries for endpoints this process does not know (`known`, the datastore's members) are ignored: a peer can
+  never create state here for an endpoint that is not in this process's pools (counted in `ignored`).
 - Every received message is validated (epp/bus/codec.py); malformed ones, ones from a sender that is not a current
   peer, ones failing the shared-secret HMAC and stale ones are dropped and counted in `dropped[reason]`.
 """
@@ -29,10 +33,9 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import zmq
-import zmq.asyncio
 
 from epp.aio import wait_set
 from epp.bus.codec import BusMessage, BusMessageError, decode, encode
@@ -43,8 +46,13 @@ log = logging.getLogger(__name__)
 
 RecordSource = Callable[[], list[Any]]  # records produced since the last call
 RecordSink = Callable[[str, list[Any]], None]  # (peer, records)
+RecordSnapshot = Callable[[], list[Any]]  # recent records, for a peer that joined
 StateSource = Callable[[], dict[str, float]]  # absolute per-endpoint values of this process
 StateSink = Callable[[str, "dict[str, float] | None"], None]  # (peer, values, or None when the peer expired)
+
+
+MAX_RECORDS_PER_MESSAGE = 512  # records are sent in chunks of this many (a message stays far below the size cap)
+MAX_DRAIN = 256  # messages handled per turn of the event loop; the rest in the next turn
 
 
 @dataclass(slots=True)
@@ -68,6 +76,7 @@ class ReplicaBus:
         heartbeat: float = 0.1,
         min_gap: float = 0.01,
         clock: Callable[[], float] = time.monotonic,
+        known: Callable[[str], bool] | None = None,
     ) -> None:
         """`address` is how peers know this process ("host:port" for tcp, or an "ipc://" path); `bind` is what the
         PUB socket binds (default: the address itself, tcp on all interfaces)."""
@@ -79,28 +88,54 @@ class ReplicaBus:
         self.secret = secret
         self.ttl, self.heartbeat, self.min_gap = ttl, heartbeat, min_gap
         self.clock = clock
+        self.known = known  # endpoint keys this process may hold state for (None: any)
         self.incarnation = random.SystemRandom().getrandbits(63)
         self._seq = 0
         self._peers: dict[str, _Peer] = {}
         self._wanted: set[str] = {p for p in peers if p != address}
         self._channels: dict[str, tuple[RecordSource, RecordSink]] = {}
+        self._snapshots: dict[str, RecordSnapshot] = {}
         self._states: dict[str, tuple[StateSource, StateSink]] = {}
+        self._replay_at = 0.0  # when to replay recent records to peers that joined (0: nothing due)
         self.received: Counter[str] = Counter()
         self.dropped: Counter[str] = Counter()
+        self.ignored = 0  # received entries for endpoints this process does not know
+        self.replays = 0
         self.published = 0
-        self._ctx: zmq.asyncio.Context | None = None
-        self._pub: zmq.asyncio.Socket | None = None
-        self._sub: zmq.asyncio.Socket | None = None
+        # Plain (non-asyncio) ZMQ sockets: the PUB never blocks (NOBLOCK; a full queue drops and counts) and the
+        # SUB is read from the event loop when its file descriptor signals, draining every queued message at once.
+        # (zmq.asyncio's per-message futures cost several times the decoding itself.)
+        self._ctx: zmq.Context[Any] | None = None
+        self._pub: zmq.Socket[Any] | None = None
+        self._sub: zmq.Socket[Any] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._fd: int | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._wake = asyncio.Event()
         self._last_local: Mapping[str, InflightLoad] = {}
 
     # ---- wiring ------------------------------------------------------------------------------------------
-    def add_channel(self, name: str, source: RecordSource, sink: RecordSink) -> None:
+    def add_channel(self, name: str, source: RecordSource, sink: RecordSink,
+                    snapshot: RecordSnapshot | None = None) -> None:
         self._channels[name] = (source, sink)
+        if snapshot is not None:
+            self._snapshots[name] = snapshot
 
     def add_state(self, name: str, source: StateSource, sink: StateSink) -> None:
         self._states[name] = (source, sink)
+
+    def remove_channel(self, name: str) -> None:
+        self._channels.pop(name, None)
+        self._snapshots.pop(name, None)
+
+    def remove_state(self, name: str) -> None:
+        self._states.pop(name, None)
+
+    def channels(self) -> list[str]:
+        return sorted(self._channels)
+
+    def states(self) -> list[str]:
+        return sorted(self._states)
 
     def notify(self) -> None:
         """Something local changed (a pick, a release, a record): publish soon."""
@@ -116,7 +151,7 @@ class ReplicaBus:
 
     # ---- lifecycle ---------------------------------------------------------------------------------------
     async def start(self) -> None:
-        self._ctx = zmq.asyncio.Context()
+        self._ctx = zmq.Context()
         self._pub = self._ctx.socket(zmq.PUB)
         self._pub.setsockopt(zmq.LINGER, 0)
         self._pub.setsockopt(zmq.SNDHWM, 1000)
@@ -126,21 +161,30 @@ class ReplicaBus:
         self._sub.setsockopt(zmq.RCVHWM, 10000)
         self._sub.setsockopt(zmq.SUBSCRIBE, b"")
         self.set_peers(self._wanted)
-        loop = asyncio.get_running_loop()
-        self._tasks = [loop.create_task(self._receive_loop(), name="bus-receive"),
-                       loop.create_task(self._publish_loop(), name="bus-publish")]
+        self.inflight.on_local_change = self.notify
+        self._loop = loop = asyncio.get_running_loop()
+        self._fd = cast(int, self._sub.getsockopt(zmq.FD))
+        loop.add_reader(self._fd, self._drain)
+        loop.call_soon(self._drain)
+        self._tasks = [loop.create_task(self._publish_loop(), name="bus-publish")]
         log.info("replica bus %s bound %s; peers %s", self.address, self.bind, ", ".join(self.peers) or "(none)")
 
     async def stop(self) -> None:
+        pub, self._pub = self._pub, None  # the publish loop ends at its next turn even if a cancel is lost
         for t in self._tasks:
             t.cancel()
         for t in self._tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
         self._tasks = []
+        if self._fd is not None and self._loop is not None:
+            self._loop.remove_reader(self._fd)
+            self._fd = None
+        if self.inflight.on_local_change == self.notify:
+            self.inflight.on_local_change = None
         for peer in list(self._peers):
             self._forget_peer(peer)
-        for sock in (self._pub, self._sub):
+        for sock in (pub, self._sub):
             if sock is not None:
                 sock.close(0)
         if self._ctx is not None:
@@ -186,32 +230,46 @@ class ReplicaBus:
 
     async def _publish_loop(self) -> None:
         last = 0.0
-        while True:
+        while self._pub is not None:
             await wait_set(self._wake, self.heartbeat)
             self._wake.clear()
             try:
+                self._drain()  # a safety net: the descriptor signals edges, never miss queued messages
                 self._sweep()
-                await self._publish_records()
+                self._publish_records()
+                if self._replay_at and self.clock() >= self._replay_at:
+                    self._replay_at = 0.0
+                    self._replay()
                 local = self.inflight.local_view()
                 now = self.clock()
                 if local != self._last_local or now - last >= self.heartbeat:
-                    await self._send(self.load_message())
+                    self._send(self.load_message())
                     self._last_local = dict(local)
                     last = now
             except Exception:  # the bus must survive anything one round throws
                 log.exception("replica bus publish failed")
             await asyncio.sleep(self.min_gap)
 
-    async def _publish_records(self) -> None:
-        for name, (source, _) in self._channels.items():
-            items = source()
-            if items:
-                await self._send(self._next("records", {"name": name, "items": items}))
+    def _publish_records(self) -> None:
+        for name, (source, _) in list(self._channels.items()):
+            self._send_records(name, source())
 
-    async def _send(self, frames: list[bytes]) -> None:
-        assert self._pub is not None
+    def _send_records(self, name: str, items: list[Any]) -> None:
+        for i in range(0, len(items), MAX_RECORDS_PER_MESSAGE):
+            self._send(self._next("records", {"name": name, "items": items[i:i + MAX_RECORDS_PER_MESSAGE]}))
+
+    def _replay(self) -> None:
+        """Peers joined: send every channel's snapshot of recent records (idempotent for the others)."""
+        self.replays += 1
+        for name, snapshot in list(self._snapshots.items()):
+            self._send_records(name, snapshot())
+
+    def _send(self, frames: list[bytes]) -> None:
+        pub = self._pub
+        if pub is None:  # stopping
+            return
         try:
-            await self._pub.send_multipart(frames, flags=zmq.NOBLOCK)
+            pub.send_multipart(frames, flags=zmq.NOBLOCK)
             self.published += 1
         except zmq.Again:
             self.dropped["send-queue-full"] += 1
@@ -224,18 +282,31 @@ class ReplicaBus:
                 self._expire(peer)
 
     # ---- receiving ---------------------------------------------------------------------------------------
-    async def _receive_loop(self) -> None:
-        assert self._sub is not None
-        while True:
-            frames = await self._sub.recv_multipart()
+    def _drain(self) -> None:
+        """Handle every message queued on the SUB socket (at most MAX_DRAIN now, the rest in the next turn)."""
+        sub = self._sub
+        if sub is None:
+            return
+        for _ in range(MAX_DRAIN):
             try:
-                self.accept(frames)
-            except BusMessageError as err:
-                self.dropped[err.reason] += 1
-                log.debug("replica bus dropped a message: %s", err)
-            except Exception:  # a bug in a sink must not stop the bus
-                self.dropped["error"] += 1
-                log.exception("replica bus failed to apply a message")
+                frames = sub.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            except zmq.ZMQError:
+                return  # closing
+            self._receive(frames)
+        if self._loop is not None:
+            self._loop.call_soon(self._drain)
+
+    def _receive(self, frames: list[bytes]) -> None:
+        try:
+            self.accept(frames)
+        except BusMessageError as err:
+            self.dropped[err.reason] += 1
+            log.debug("replica bus dropped a message: %s", err)
+        except Exception:  # a bug in a sink must not stop the bus
+            self.dropped["error"] += 1
+            log.exception("replica bus failed to apply a message")
 
     def accept(self, frames: list[bytes]) -> BusMessage:
         """Validate one received message and apply it (public for tests of hostile input)."""
@@ -248,7 +319,11 @@ class ReplicaBus:
             if st.incarnation != -1:
                 log.info("replica bus peer %s restarted; dropping what it had shared", peer)
                 self._expire(peer)
+            else:
+                log.info("replica bus peer %s joined", peer)
             st.incarnation, st.seq = msg.incarnation, -1
+            if self._snapshots and not self._replay_at:  # a newcomer: replay recent records once it listens
+                self._replay_at = self.clock() + self.heartbeat
         if msg.seq <= st.seq:
             raise BusMessageError("stale", f"sequence {msg.seq} after {st.seq} from {peer}")
         st.seq = msg.seq
@@ -264,10 +339,18 @@ class ReplicaBus:
 
     def _apply_load(self, peer: str, st: _Peer, body: Mapping[str, Any]) -> None:
         st.expires = self.clock() + float(body["ttl"])
-        self.inflight.set_remote(peer, {k: InflightLoad(v[0], v[1]) for k, v in body["inflight"].items()})
+        self.inflight.set_remote(peer, {k: InflightLoad(v[0], v[1]) for k, v in self._known(body["inflight"])})
         state = body.get("state", {})
-        for name, (_, sink) in self._states.items():
-            sink(peer, {k: float(v) for k, v in state.get(name, {}).items()})
+        for name, (_, sink) in list(self._states.items()):
+            sink(peer, {k: float(v) for k, v in self._known(state.get(name, {}))})
+
+    def _known(self, entries: Mapping[str, Any]) -> list[tuple[str, Any]]:
+        known = self.known
+        if known is None:
+            return list(entries.items())
+        out = [(k, v) for k, v in entries.items() if known(k)]
+        self.ignored += len(entries) - len(out)
+        return out
 
 
 def _zmq_url(address: str, *, bind_all: bool = False) -> str:

@@ -8,7 +8,8 @@ Under the path prefix P (default "/"):
     GET  P + "api/decisions"    recent decisions (?since=<seq>), newest last
     GET  P + "api/decisions/N"  one decision with its per-plugin scores
     GET  P + "api/series"       the last 15 minutes of chart data
-    GET  P + "api/config"       effective scheduling configs, model bindings, last reloads
+    GET  P + "api/config"       effective scheduling configs, model bindings, last reloads; `scope` names the worker
+                                the page shows with `epp serve --workers N` (null otherwise)
     POST P + "api/explain"      a dry-run decision for {path, headers, body, pool}, as `epp explain` returns it
     GET  P + "api/events"       server-sent events: `decisions`, `outcomes`, `tick` (fleet + the newest point)
 
@@ -104,6 +105,8 @@ class Dashboard:
         self.started_at = started_at or time.time()
         self.static = _load_static()
         self.clients = 0
+        # With `epp serve --workers N` the page is one worker's (epp/workers): {"label": ..., "note": ...}.
+        self.scope: dict[str, str] | None = None
         self._task: asyncio.Task[None] | None = None
         self._closing = asyncio.Event()
 
@@ -227,8 +230,9 @@ class Dashboard:
         return _json(self.sampler.series())
 
     async def _config(self, request: web.Request) -> web.Response:
-        return _json(views.config_view(self.director.scheduler, self.config_source(), self.watchers,
-                                       self.started_at, views.budget_states(getattr(self.director, "gates", ()))))
+        view = views.config_view(self.director.scheduler, self.config_source(), self.watchers, self.started_at,
+                                 views.budget_states(getattr(self.director, "gates", ())))
+        return _json({**view, "scope": self.scope})
 
     async def _explain(self, request: web.Request) -> web.Response:
         try:

@@ -29,7 +29,6 @@ from envoy_data_plane.envoy.config.core.v3 import (
     ConfigSource,
     GrpcService,
     GrpcServiceEnvoyGrpc,
-    Http2ProtocolOptions,
     RetryPolicy,
     TransportSocket,
     TypedExtensionConfig,
@@ -82,19 +81,24 @@ def _is_ip(host: str) -> bool:
 
 
 def epp_cluster(spec: EnvoyConfigSpec) -> Cluster:
-    """Pointsman's gRPC port over HTTP/2: the ext_proc streams and, with --eds, the EDS stream."""
+    """Pointsman's gRPC port over HTTP/2: the ext_proc streams and, with --eds, the EDS stream. Several replicas and
+    workers: epp/envoy_config/replicas.py."""
+    from epp.envoy_config.replicas import add_replica_health, common_options, epp_hosts, http2_options
+
+    hosts = epp_hosts(spec)
     http2 = HttpProtocolOptions(explicit_http_config=HttpProtocolOptionsExplicitHttpConfig(
-        http2_protocol_options=Http2ProtocolOptions()))
+        http2_protocol_options=http2_options(spec)), common_http_protocol_options=common_options(spec))
     cluster = Cluster(
         name=EPP_CLUSTER,
         # An IP is dialled as is; a name (a Kubernetes Service, a compose host) is resolved by DNS.
-        type=ClusterDiscoveryType.STATIC if _is_ip(spec.epp_host) else ClusterDiscoveryType.STRICT_DNS,
+        type=ClusterDiscoveryType.STATIC if all(_is_ip(h) for h, _ in hosts) else ClusterDiscoveryType.STRICT_DNS,
         connect_timeout=seconds(CONNECT_TIMEOUT_S),
-        load_assignment=_static_assignment(EPP_CLUSTER, [(spec.epp_host, spec.epp_port)]),
+        load_assignment=_static_assignment(EPP_CLUSTER, hosts),
         typed_extension_protocol_options={HTTP_OPTIONS_KEY: Any.pack(http2)},
         circuit_breakers=CircuitBreakers(thresholds=[
             CircuitBreakersThresholds(max_requests=100000, max_pending_requests=100000)]),
     )
+    add_replica_health(spec, cluster)
     if spec.epp_tls:
         tls = UpstreamTlsContext(common_tls_context=CommonTlsContext(alpn_protocols=["h2"]))
         cluster.transport_socket = TransportSocket(name="envoy.transport_sockets.tls", typed_config=Any.pack(tls))

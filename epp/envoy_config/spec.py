@@ -16,6 +16,14 @@ class EnvoyConfigSpec:
     admin_port: int = 9901
     epp_host: str = "127.0.0.1"
     epp_port: int = 9002
+    # Replicas: more Pointsman addresses behind the `epp` cluster, besides epp_host:epp_port (round robin per
+    # ext_proc stream), and how many workers each runs behind its one port (`epp serve --workers N`): the kernel
+    # spreads connections, not streams, over the workers, so Envoy needs several connections per replica
+    # (epp/envoy_config/replicas.py). 0 below: Envoy's default (unlimited streams per connection, no recycling).
+    epp_replicas: list[tuple[str, int]] = field(default_factory=list)
+    epp_workers: int = 1
+    epp_max_streams_per_connection: int = 0
+    epp_max_requests_per_connection: int = 0
     # override-host with a static list: the pool's endpoints, written into the file once.
     endpoints: list[tuple[str, int]] = field(default_factory=list)
     # override-host with EDS: the pool cluster's endpoints come from Pointsman's EDS server (on the ext_proc
@@ -47,6 +55,8 @@ class EnvoyConfigSpec:
             raise ValueError(f"unknown Envoy config variant {self.variant!r}; expected one of {VARIANTS}")
         if self.response_phases not in ("full", "lean"):
             raise ValueError(f"response_phases must be 'full' or 'lean', got {self.response_phases!r}")
+        if self.epp_workers < 1 or self.epp_max_streams_per_connection < 0 or self.epp_max_requests_per_connection < 0:
+            raise ValueError("--epp-workers must be at least 1, and the per-connection limits 0 or more")
         if self.eds and self.variant != "override-host":
             raise ValueError("--eds feeds the override-host pool cluster; the original-dst variant has no "
                              "endpoint list (use --variant override-host)")

@@ -1,4 +1,5 @@
-"""Kubernetes discovery: InferencePool, its pods, InferenceObjectives and InferenceModelRewrites.
+"""Kubernetes discovery: InferencePool, its pods, InferenceObjectives and InferenceModelRewrites; the replica bus's
+peers (the EndpointSlices of a headless Service, epp/bus/peers.py).
 
 Everything the watchers read is listed in WATCHED_RESOURCES; a reflector can only be built for a resource listed
 there, and tests/deploy checks that the RBAC in deploy/ grants exactly these. GIE_FLAGS lists the command-line
@@ -41,11 +42,13 @@ EXTERNAL_MODEL_PROVIDER = Resource(KTHENA_GROUP, "v1alpha1", "externalmodelprovi
 SECRET = Resource("", "v1", "secrets", "Secret")
 # LLMKube's ModelRouter (`--watch-routes` too; docs/coming-from-llmkube.md).
 MODEL_ROUTER = Resource("inference.llmkube.dev", "v1alpha1", "modelrouters", "ModelRouter")
+# The replica bus finds its peers in the EndpointSlices of a headless Service (`--bus-service`).
+ENDPOINT_SLICE = Resource("discovery.k8s.io", "v1", "endpointslices", "EndpointSlice")
 
 # Every resource a watcher reads, and the verbs it needs (RBAC must grant these, and nothing more is needed).
 WATCH_VERBS: tuple[str, ...] = ("get", "list", "watch")
 WATCHED_RESOURCES: tuple[Resource, ...] = (
-    POD, INFERENCE_POOL, INFERENCE_POOL_V1ALPHA2, INFERENCE_OBJECTIVE, INFERENCE_MODEL_REWRITE
+    POD, INFERENCE_POOL, INFERENCE_POOL_V1ALPHA2, INFERENCE_OBJECTIVE, INFERENCE_MODEL_REWRITE, ENDPOINT_SLICE
 )
 # What `--watch-routes` reads on top (deploy/kthena grants it; Secrets only by name, one watch per Secret named by
 # an ExternalModelProvider or a ModelRouter's external backend).
@@ -80,6 +83,7 @@ GIE_FLAGS: tuple[str, ...] = (
 )
 
 __all__ = [
+    "ENDPOINT_SLICE",
     "GIE_FLAGS",
     "INFERENCE_MODEL_REWRITE",
     "INFERENCE_OBJECTIVE",

@@ -24,6 +24,7 @@ from kubernetes import config as k8s_config
 from epp.aio import wait_set
 from epp.datastore import Datastore, PoolSpec
 from epp.k8s import (
+    ENDPOINT_SLICE,
     INFERENCE_MODEL_REWRITE,
     INFERENCE_OBJECTIVE,
     INFERENCE_POOL,
@@ -74,6 +75,8 @@ def _list_call(api: k8s.ApiClient, res: Resource, namespace: str, **selectors: A
         return functools.partial(k8s.CoreV1Api(api).list_namespaced_pod, namespace, **selectors)
     if res == SECRET:
         return functools.partial(k8s.CoreV1Api(api).list_namespaced_secret, namespace, **selectors)
+    if res == ENDPOINT_SLICE:
+        return functools.partial(k8s.DiscoveryV1Api(api).list_namespaced_endpoint_slice, namespace, **selectors)
     return functools.partial(
         k8s.CustomObjectsApi(api).list_namespaced_custom_object, res.group, res.version, namespace, res.plural,
         **selectors,

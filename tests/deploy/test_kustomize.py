@@ -39,6 +39,10 @@ def one(docs, kind, name=None):
     return found[0]
 
 
+def epp_service(docs):
+    return one(docs, "Service", "pointsman-epp")
+
+
 def container(docs):
     return one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]
 
@@ -100,8 +104,10 @@ def test_probes_ports_and_service(docs):
     assert c["readinessProbe"]["grpc"] == {"port": health_port, "service": "readiness"}
     assert "liveness" in LIVENESS_SERVICES and "readiness" in READINESS_SERVICES
     ports = {p["containerPort"] for p in c["ports"]}
-    assert ports == {int(args["--grpc-port"]), health_port, int(args["--metrics-port"])}
-    svc = one(docs, "Service")
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    assert ports == {int(args["--grpc-port"]), health_port, int(args["--metrics-port"]),
+                     int(env["POINTSMAN_BUS_PORT"])}
+    svc = epp_service(docs)
     by_port = {p["port"]: p for p in svc["spec"]["ports"]}
     assert by_port[9002]["appProtocol"] in ("http2", "kubernetes.io/h2c")
     assert 9090 in by_port
@@ -114,7 +120,7 @@ def test_inference_pool_points_at_the_service(docs):
     pool = one(docs, "InferencePool")
     assert pool["apiVersion"] == "inference.networking.k8s.io/v1"
     ref = pool["spec"]["endpointPickerRef"]
-    svc = one(docs, "Service")
+    svc = epp_service(docs)
     assert ref["name"] == svc["metadata"]["name"]
     assert ref["port"]["number"] in {p["port"] for p in svc["spec"]["ports"]}
     assert 1 <= len(pool["spec"]["targetPorts"]) <= 8 and pool["spec"]["selector"]["matchLabels"]
@@ -142,3 +148,51 @@ def test_gateway_examples_route_to_the_pool(docs, gw):
     )
     gateways = {d["metadata"]["name"] for d in gdocs if d["kind"] == "Gateway"}
     assert all(p["name"] in gateways for r in routes for p in r["spec"]["parentRefs"])
+
+
+# ---- active-active: two replicas, a PodDisruptionBudget, the replica bus's headless Service ------------------------
+def test_two_replicas_with_a_disruption_budget_that_keeps_one(docs):
+    dep = one(docs, "Deployment")
+    replicas = dep["spec"]["replicas"]
+    assert replicas >= 2
+    pdb = one(docs, "PodDisruptionBudget")
+    labels = dep["spec"]["template"]["metadata"]["labels"]
+    assert all(labels.get(k) == v for k, v in pdb["spec"]["selector"]["matchLabels"].items())
+    assert 1 <= pdb["spec"]["minAvailable"] < replicas  # a drain can proceed, and one replica always routes
+
+
+def test_the_bus_finds_peers_through_a_headless_service_the_cli_reads(docs, monkeypatch):
+    c = container(docs)
+    env = {e["name"]: e for e in c["env"]}
+    svc_name = env["POINTSMAN_BUS_SERVICE"]["value"]
+    bus_port = int(env["POINTSMAN_BUS_PORT"]["value"])
+    svc = one(docs, "Service", svc_name)
+    assert svc["spec"]["clusterIP"] == "None" and svc["spec"]["publishNotReadyAddresses"] is True
+    tpl_labels = one(docs, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    assert all(tpl_labels.get(k) == v for k, v in svc["spec"]["selector"].items())
+    assert [p["targetPort"] for p in svc["spec"]["ports"]] == [bus_port]
+    assert env["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+    secret = env["POINTSMAN_BUS_SECRET"]["valueFrom"]["secretKeyRef"]
+    assert secret["optional"] is True  # the secret is the operator's to create, never shipped in the repo
+    # the environment the Deployment sets is what the CLI reads
+    from epp.bus.shell import bus_settings
+
+    for name in ("POINTSMAN_BUS_SERVICE", "POINTSMAN_BUS_PORT"):
+        monkeypatch.setenv(name, env[name]["value"])
+    monkeypatch.setenv("POD_IP", "10.1.2.3")
+    argv = [*c["command"][1:], *[a.replace("$(POD_NAMESPACE)", "default") for a in c["args"]]]
+    settings = bus_settings(build_parser().parse_args(argv))
+    assert settings is not None and settings.service == svc_name
+    assert settings.address == f"10.1.2.3:{bus_port}" and settings.bind == f"tcp://10.1.2.3:{bus_port}"
+
+
+def test_only_pointsman_pods_reach_the_bus_port(docs):
+    pol = one(docs, "NetworkPolicy")
+    c = container(docs)
+    bus_port = int({e["name"]: e.get("value") for e in c["env"]}["POINTSMAN_BUS_PORT"])
+    tpl_labels = one(docs, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    assert all(tpl_labels.get(k) == v for k, v in pol["spec"]["podSelector"]["matchLabels"].items())
+    bus_rules = [r for r in pol["spec"]["ingress"] if any(p["port"] == bus_port for p in r["ports"])]
+    assert len(bus_rules) == 1 and bus_rules[0]["from"] == [{"podSelector": {"matchLabels": {"app": "pointsman"}}}]
+    open_ports = {p["port"] for r in pol["spec"]["ingress"] if "from" not in r for p in r["ports"]}
+    assert {p["containerPort"] for p in c["ports"]} - {bus_port} <= open_ports  # the other ports stay reachable

@@ -1,7 +1,7 @@
 """A wire-level fake Kubernetes API server for the discovery tests.
 
 A real HTTP/1.1 server (http.server in a thread) speaking the list/watch JSON protocol for pods, secrets,
-inferencepools, inferenceobjectives, inferencemodelrewrites and Kthena's modelroutes, modelservers and
+endpointslices, inferencepools, inferenceobjectives, inferencemodelrewrites and Kthena's modelroutes, modelservers and
 externalmodelproviders:
 
 - LIST  GET /api/v1/namespaces/{ns}/pods, GET /apis/{group}/{version}/namespaces/{ns}/{plural}
@@ -39,9 +39,10 @@ KINDS = {
     ("inference.networking.x-k8s.io", "inferencepools"): "InferencePool",
     ("inference.networking.x-k8s.io", "inferenceobjectives"): "InferenceObjective",
     ("inference.networking.x-k8s.io", "inferencemodelrewrites"): "InferenceModelRewrite",
+    ("discovery.k8s.io", "endpointslices"): "EndpointSlice",
 }
 VERSIONS = {"": "v1", "inference.networking.k8s.io": "v1", "inference.networking.x-k8s.io": "v1alpha2",
-            "networking.serving.volcano.sh": "v1alpha1", "inference.llmkube.dev": "v1alpha1"}
+            "networking.serving.volcano.sh": "v1alpha1", "inference.llmkube.dev": "v1alpha1", "discovery.k8s.io": "v1"}
 
 
 def _match_labels(labels: dict[str, str], selector: str) -> bool:
@@ -323,6 +324,16 @@ def pool(name: str, selector: dict[str, str], ports: list[int], namespace: str =
         "targetPorts": [{"number": p} for p in ports],
         "endpointPickerRef": {"name": epp or f"{name}-epp", "port": {"number": 9002}, "failureMode": "FailClose"},
     }}
+
+
+def endpoint_slice(name: str, service: str, ips: list[str], port: int = 9004, ready: bool = True,
+                   namespace: str = "default") -> dict[str, Any]:
+    """An EndpointSlice of a (headless) Service, as the EndpointSlice controller writes it."""
+    return {"metadata": {"name": name, "namespace": namespace, "labels": {"kubernetes.io/service-name": service}},
+            "addressType": "IPv4",
+            "endpoints": [{"addresses": [ip], "conditions": {"ready": ready, "serving": ready, "terminating": False},
+                           "targetRef": {"kind": "Pod", "name": f"pod-{ip}"}} for ip in ips],
+            "ports": [{"name": "bus", "port": port, "protocol": "TCP"}]}
 
 
 def secret(name: str, data: dict[str, str], namespace: str = "default") -> dict[str, Any]:

@@ -125,6 +125,9 @@
     const r = await getJSON("api/config");
     if (!r.ok) return;
     const c = r.body;
+    const scope = $("#scope");
+    scope.hidden = !c.scope;
+    if (c.scope) { scope.textContent = c.scope.label; scope.title = c.scope.note; }
     const parts = [kvlist([["source", c.source], ["running since", new Date(c.started_at * 1000).toLocaleString()],
       ["default config", c.default], ["served-model filter", c.filter_served_models ? "on" : "off"]])];
     parts.push(el("h3", {}, "Model bindings"));

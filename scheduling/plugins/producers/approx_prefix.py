@@ -14,11 +14,17 @@ with seed xxh64(model ‖ cache_salt), trailing partial block included, at most 
 
 It is declared in a config's plugin list, or created by the loader for the plugins that produce prefix data
 (prefix-cache-scorer, estimated-latency-scorer); every prefix-aware plugin with the same blockSizeTokens reads it.
+
+Replication (scheduling/framework/replication.py): the blocks of every pick are idempotent records
+[endpoint key, [block hash, ...]]; a peer's records are recorded into this index as if this process had made the
+pick, so every replica's index holds what every replica sent (what the engines really cache).
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from array import array
+from collections import deque
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,11 +33,14 @@ from scheduling.framework import BuildContext, Plugin, Producer, register
 from scheduling.framework.data import DataKey
 from scheduling.framework.params import bounded
 from scheduling.framework.plugin import State
+from scheduling.framework.replication import Record, is_count
 from scheduling.prefix.cycle import cycle_hashes, cycle_matches
 from scheduling.prefix.index import PrefixIndex
 from scheduling.prefix.shared import APPROX_PREFIX
 
 _RECORDED = "approx-prefix.recorded"
+MAX_OUTBOX = 4096  # records kept for the bus between two exports; the oldest go first if it stalls
+RECENT = 1024  # picks kept (as packed hashes) for peers that join
 
 
 @dataclass(frozen=True)
@@ -55,6 +64,8 @@ class ApproxPrefixProducer(Producer[Params]):
         self.max_blocks = p.maxPrefixBlocksToMatch
         self.index = PrefixIndex(p.lruCapacityPerServer)
         self._records = 0
+        self._outbox: deque[Record] | None = None  # set while replicating
+        self._recent: deque[tuple[str, array[int]]] = deque(maxlen=RECENT)
 
     def data_key(self) -> DataKey:
         return DataKey(APPROX_PREFIX, self.block_tokens)
@@ -86,12 +97,49 @@ class ApproxPrefixProducer(Producer[Params]):
                     if cap != index.capacity(ep.key):
                         index.set_capacity(ep.key, cap)
             index.record(ep.key, hashes, ctx.now)
+            if self._outbox is not None:
+                self._outbox.append([ep.key, hashes])
+                self._recent.append((ep.key, array("Q", hashes)))
 
     def endpoint_removed(self, key: str) -> None:
         self.index.forget(key)
+        if any(k == key for k, _ in self._recent):
+            self._recent = deque(((k, h) for k, h in self._recent if k != key), maxlen=RECENT)
 
     def tracked_endpoints(self) -> Collection[str]:
         return self.index.endpoints()
+
+    # ---- replication -------------------------------------------------------------------------------------
+    def replication_key(self) -> str:
+        return f"approx-prefix/{self.block_tokens}"
+
+    def set_replicating(self, on: bool) -> None:
+        self._outbox = deque(maxlen=MAX_OUTBOX) if on else None
+        self._recent.clear()
+
+    def snapshot_records(self, now: float) -> list[Record]:
+        """The last RECENT picks (of endpoints still held)."""
+        held = set(self.index.endpoints())
+        return [[key, hashes.tolist()] for key, hashes in self._recent if key in held]
+
+    def export_records(self, now: float) -> list[Record]:
+        if not self._outbox:
+            return []
+        out = list(self._outbox)
+        self._outbox.clear()
+        return out
+
+    def apply_records(self, peer: str, records: Sequence[Record], now: float) -> int:
+        """Record a peer's picks: [endpoint key, [block hash, ...]] (at most maxPrefixBlocksToMatch hashes)."""
+        bad = 0
+        for rec in records:
+            if (len(rec) != 2 or not isinstance(rec[1], list) or len(rec[1]) > self.max_blocks
+                    or not all(is_count(h) for h in rec[1])):
+                bad += 1
+                continue
+            if rec[1]:
+                self.index.record(rec[0], rec[1], now)
+        return bad
 
 
 def create_approx_prefix(key: DataKey, params: Mapping[str, object], requesters: list[Plugin[Any]]) -> Producer[Any]:

@@ -41,13 +41,23 @@ Like prefix-cache-scorer it produces the approximate prefix data for its blockSi
 prompt's blocks after the pick); with prefixSource precise it also reads the precise prefix data and the request's
 token ids (so the shell tokenizes the request; the approximate data stays the fallback). pre_request adds uncached(chosen) to the chosen endpoint's backlog;
 response_complete feeds the request's duration into D; endpoint_removed drops both for a departed endpoint.
+
+Replication (scheduling/framework/replication.py), so that several replicas model the engines as one would:
+- the backlog is shared state: each process publishes its own share of every endpoint's backlog (absolute, as of
+  the moment it publishes); a peer's shares join the same fluid queue, which drains at the engine's rate whoever
+  sent the tokens (scheduling/plugins/scorers/_backlog.py);
+- what finished requests teach (D(e) and the calibration k(e)) travels as records [endpoint, seconds, sample]: every
+  replica learns from every request, so N replicas calibrate as fast as one (each learning from 1/N of the requests
+  would leave the model uncalibrated N times longer, overestimating backlogs and spreading prefixes meanwhile).
 The defaults are the reference vLLM profile (8B on H100: 250 µs per prompt token, 30 ms overhead, F = 2,
 max-num-seqs 16, 12 ms per output token); set them in wall-clock seconds for the engines behind the pool.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+import math
+from collections import deque
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -55,6 +65,8 @@ from scheduling.api import NO_LOAD, SchedulingContext, SchedulingResult
 from scheduling.framework import BuildContext, Scorer, register
 from scheduling.framework.params import bounded
 from scheduling.framework.plugin import State
+from scheduling.framework.replication import Record
+from scheduling.plugins.scorers._backlog import SharedBacklog
 from scheduling.prefix import PrefixReader
 from scheduling.prefix.precise import GPU
 from scheduling.prefix.precise_data import EVENTS, PreciseReader, PrefixHit, prefix_hits
@@ -84,6 +96,7 @@ class Params:
 
 
 CALIBRATION_RANGE = (0.02, 50.0)
+MAX_OUTBOX = 4096  # finished requests kept for the bus between two exports
 _PRED = "estimated-latency.pred"
 
 
@@ -108,21 +121,22 @@ class EstimatedLatencyScorer(PreciseReader[Params], PrefixReader[Params], Scorer
         return self.params.prefixSource == "precise"
 
     def setup(self, build: BuildContext) -> None:
-        self._backlog: dict[str, tuple[float, float]] = {}  # endpoint -> (tokens, as of time)
+        self._backlog = SharedBacklog()  # prefill tokens queued per endpoint, from this process and its peers
         self._duration: dict[str, float] = {}  # endpoint -> EWMA of request seconds
         self._scale: dict[str, float] = {}  # endpoint -> calibration factor k(e)
         self.pool_scale = 1.0  # the pool-wide calibration factor (prior for endpoints without samples)
+        self._outbox: deque[Record] | None = None  # finished requests for the bus, while replicating
 
     def scale(self, key: str) -> float:
         """k(e): how much slower (> 1) or faster (< 1) than the reference engine this endpoint has proved."""
         return self._scale.get(key, self.pool_scale)
 
     def _backlog_at(self, key: str, now: float, k: float) -> float:
-        got = self._backlog.get(key)
-        if got is None:
-            return 0.0
-        tokens, since = got
-        return max(0.0, tokens - (now - since) / (k * self.params.prefillSecondsPerToken))
+        return self._backlog.total(key, now, 1.0 / (k * self.params.prefillSecondsPerToken))
+
+    def _drain_rate(self, key: str) -> float:
+        """Prefill tokens per second endpoint `key` works off."""
+        return 1.0 / (self.scale(key) * self.params.prefillSecondsPerToken)
 
     def _cached(
         self, ctx: SchedulingContext, state: State, candidates: list[Endpoint]
@@ -196,42 +210,95 @@ class EstimatedLatencyScorer(PreciseReader[Params], PrefixReader[Params], Scorer
         now = ctx.now
         tokens, cached, _ = self._cached(ctx, state, [chosen])
         uncached = max(0.0, tokens - cached.get(chosen.key, 0.0))
-        k = self.scale(chosen.key)
-        self._backlog[chosen.key] = (self._backlog_at(chosen.key, now, k) + uncached, now)
+        self._backlog.add(chosen.key, uncached, now, self._drain_rate(chosen.key))
         state[_START] = now
 
     def response_complete(self, ctx: SchedulingContext, result: SchedulingResult, state: State) -> None:
         start = state.get(_START)
         if start is None or not result.targets:
             return
-        p = self.params
         key = result.targets[0].key
         seconds = max(0.0, ctx.now - start)
-        a = p.durationEwmaAlpha
+        pred = state.get(_PRED)
+        sample = self._sample(key, seconds, pred) if self.params.calibrate and pred is not None else None
+        self._learn(key, seconds, sample)
+        if self._outbox is not None:
+            self._outbox.append([key, seconds, -1.0 if sample is None else sample])
+
+    def _learn(self, key: str, seconds: float, sample: float | None) -> None:
+        """One finished request on `key` (here or at a peer): its duration, and its calibration sample."""
+        a = self.params.durationEwmaAlpha
         prev = self._duration.get(key)
         self._duration[key] = seconds if prev is None else (1 - a) * prev + a * seconds
-        pred = state.get(_PRED)
-        if p.calibrate and pred is not None:
-            self._calibrate(key, seconds, pred)
+        if sample is not None:
+            a = self.params.calibrationAlpha
+            self._scale[key] = (1 - a) * self._scale.get(key, self.pool_scale) + a * sample
+            self.pool_scale = (1 - a) * self.pool_scale + a * sample
 
-    def _calibrate(self, key: str, seconds: float, pred: tuple[list[Endpoint], list[float], list[float]]) -> None:
+    def _sample(self, key: str, seconds: float, pred: tuple[list[Endpoint], list[float], list[float]]) -> float | None:
         candidates, models, waits = pred
         i = next((j for j, e in enumerate(candidates) if e.key == key), -1)
         if i < 0:
-            return
+            return None
         model = models[i]
         if model <= 0.0:
-            return
+            return None
         lo, hi = CALIBRATION_RANGE
-        sample = min(hi, max(lo, (seconds - waits[i]) / model))
-        a = self.params.calibrationAlpha
-        self._scale[key] = (1 - a) * self._scale.get(key, self.pool_scale) + a * sample
-        self.pool_scale = (1 - a) * self.pool_scale + a * sample
+        return min(hi, max(lo, (seconds - waits[i]) / model))
 
     def endpoint_removed(self, key: str) -> None:
-        self._backlog.pop(key, None)
+        self._backlog.forget(key)
         self._duration.pop(key, None)
         self._scale.pop(key, None)
 
     def tracked_endpoints(self) -> Collection[str]:
-        return self._backlog.keys() | self._duration.keys() | self._scale.keys()
+        return self._backlog.endpoints() | self._duration.keys() | self._scale.keys()
+
+    # ---- replication -------------------------------------------------------------------------------------
+    def replication_key(self) -> str:
+        return "estimated-latency"
+
+    def export_state(self, now: float) -> dict[str, float]:
+        return self._backlog.own(now, self._drain_rate)
+
+    def apply_peer_state(self, peer: str, values: Mapping[str, float] | None, now: float) -> None:
+        self._backlog.set_peer(peer, values, now, self._drain_rate)
+
+    def set_replicating(self, on: bool) -> None:
+        self._outbox = deque(maxlen=MAX_OUTBOX) if on else None
+
+    def export_records(self, now: float) -> list[Record]:
+        """[endpoint, seconds, calibration sample or -1] per request that finished here since the last call."""
+        if not self._outbox:
+            return []
+        out = list(self._outbox)
+        self._outbox.clear()
+        return out
+
+    def snapshot_records(self, now: float) -> list[Record]:
+        """What was learnt so far, for a peer that joins: [endpoint, D(e), k(e) or -1, 1]."""
+        out: list[Record] = [[key, d, self._scale.get(key, -1.0), 1] for key, d in self._duration.items()]
+        return out
+
+    def apply_records(self, peer: str, records: Sequence[Record], now: float) -> int:
+        """A peer's finished requests teach this scorer as its own do (so every replica calibrates on all of
+        them); a snapshot fills in only what this scorer has not learnt itself."""
+        bad = 0
+        lo, hi = CALIBRATION_RANGE
+        for rec in records:
+            if not (3 <= len(rec) <= 4 and all(_finite(v) for v in rec[1:]) and 0.0 <= rec[1] < 1e6
+                    and (rec[2] == -1.0 or lo <= rec[2] <= hi)):
+                bad += 1
+                continue
+            key, seconds, sample = rec[0], float(rec[1]), None if rec[2] == -1.0 else float(rec[2])
+            if len(rec) == 3:
+                self._learn(key, seconds, sample)
+            elif key not in self._duration:
+                self._duration[key] = seconds
+                if sample is not None and key not in self._scale:
+                    self._scale[key] = sample
+        return bad
+
+
+def _finite(v: object) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)

@@ -12,13 +12,16 @@ Only an xxh3-128 hash of the key is stored, with an idle TTL (ttlSeconds, 300) m
     no session key                                                             -> 0.0 everywhere
 pre_request binds the session to the chosen endpoint, drops idle ones and sets response header x-session-token;
 scoring never changes state (an expired binding is simply not used). A departed endpoint's sessions are dropped.
+
+Replication (scheduling/framework/replication.py): every binding is an idempotent record
+[endpoint key, 16-byte hash, age in seconds]; the most recent binding of a session wins, wherever it was made.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,10 +35,13 @@ from scheduling.framework import BuildContext, ConfigError, Scorer, register
 from scheduling.framework.errors import join_path
 from scheduling.framework.params import bounded
 from scheduling.framework.plugin import State
+from scheduling.framework.replication import Record
 from scheduling.types import Endpoint
 
 _KEY = "session-affinity.key"
 _TYPES = ("header", "cookie", "query", "jwtClaim")
+MAX_OUTBOX = 4096  # bindings kept for the bus between two exports
+SNAPSHOT = 4096  # the most recent bindings given to a peer that joins
 
 
 @dataclass(frozen=True)
@@ -136,6 +142,7 @@ class SessionAffinityScorer(Scorer[Params]):
             srcs.append((src["type"], name.lower() if src["type"] == "header" else name))
         self._sources = srcs
         self.sessions: OrderedDict[int, tuple[str, float]] = OrderedDict()  # hash -> (endpoint key, last use)
+        self._outbox: deque[tuple[int, str, float]] | None = None  # (hash, endpoint, at): set while replicating
 
     def session_key(self, headers: Mapping[str, str]) -> str:
         return session_key(headers, self._sources)
@@ -194,6 +201,8 @@ class SessionAffinityScorer(Scorer[Params]):
         sessions.move_to_end(h)
         while len(sessions) > self.params.maxSessions:
             sessions.popitem(last=False)
+        if self._outbox is not None:
+            self._outbox.append((h, key, ctx.now))
 
     def endpoint_removed(self, key: str) -> None:
         """Sessions bound to a departed endpoint start over (an ip:port that comes back is a new pod)."""
@@ -203,3 +212,49 @@ class SessionAffinityScorer(Scorer[Params]):
 
     def tracked_endpoints(self) -> Collection[str]:
         return {ep for ep, _ in self.sessions.values()}
+
+    # ---- replication -------------------------------------------------------------------------------------
+    def replication_key(self) -> str:
+        return "session-affinity"
+
+    def set_replicating(self, on: bool) -> None:
+        self._outbox = deque(maxlen=MAX_OUTBOX) if on else None
+
+    def export_records(self, now: float) -> list[Record]:
+        """[endpoint key, hash as 16 big-endian bytes, age in seconds as of `now`]: an age, not a time, so that
+        receivers on other clocks place the binding right."""
+        if not self._outbox:
+            return []
+        out: list[Record] = [[key, h.to_bytes(16, "big"), max(0.0, now - at)] for h, key, at in self._outbox]
+        self._outbox.clear()
+        return out
+
+    def snapshot_records(self, now: float) -> list[Record]:
+        """The SNAPSHOT most recently used live bindings, newest first."""
+        out: list[Record] = []
+        ttl = self.params.ttlSeconds
+        for h, (key, last) in reversed(self.sessions.items()):
+            if len(out) >= SNAPSHOT or now - last > ttl:
+                break
+            out.append([key, h.to_bytes(16, "big"), max(0.0, now - last)])
+        return out
+
+    def apply_records(self, peer: str, records: Sequence[Record], now: float) -> int:
+        bad = 0
+        ttl = self.params.ttlSeconds
+        sessions = self.sessions
+        for rec in records:
+            if (len(rec) != 3 or not isinstance(rec[1], bytes) or len(rec[1]) != 16
+                    or not isinstance(rec[2], (int, float)) or isinstance(rec[2], bool) or not 0 <= rec[2] < 1e9):
+                bad += 1
+                continue
+            last = now - min(float(rec[2]), ttl)
+            h = int.from_bytes(rec[1], "big")
+            cur = sessions.get(h)
+            if cur is not None and cur[1] >= last:
+                continue  # what this process knows is as recent
+            sessions[h] = (rec[0], last)
+            sessions.move_to_end(h)
+        while len(sessions) > self.params.maxSessions:
+            sessions.popitem(last=False)
+        return bad

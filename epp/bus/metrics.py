@@ -1,0 +1,63 @@
+"""Prometheus metrics of the replica bus, computed from its counters at scrape time.
+
+- pointsman_bus_messages_published_total                       messages this process published
+- pointsman_bus_messages_received_total{kind}                  messages accepted, by kind (load, records)
+- pointsman_bus_messages_dropped_total{reason}                 messages dropped: malformed, auth, unknown-peer,
+                                                               stale, unknown-channel, error, send-queue-full
+- pointsman_bus_records_dropped_total{reason}                  records not applied: unknown-endpoint, malformed
+- pointsman_bus_entries_ignored_total                          load/state entries for endpoints not known here
+- pointsman_bus_replays_total                                  snapshots replayed to peers that joined
+- pointsman_bus_peers / pointsman_bus_live_peers               peers configured / heard from within the ttl
+
+With `--workers N` every worker has its own bus; the series carry a `worker` label then.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+
+class BusCollector(Collector):
+    def __init__(self, runtime: Any, worker: int | None = None) -> None:
+        self.runtime = runtime  # epp.bus.shell.BusRuntime
+        self.extra = [] if worker is None else [str(worker)]
+        self.labels = [] if worker is None else ["worker"]
+
+    def _counter(self, name: str, doc: str, by: str | None = None) -> CounterMetricFamily:
+        return CounterMetricFamily(name, doc, labels=[*self.labels, *([by] if by else [])])
+
+    def collect(self) -> Iterator[Metric]:
+        bus, repl = self.runtime.bus, self.runtime.replication
+        x = self.extra
+        pub = self._counter("pointsman_bus_messages_published", "Replica bus messages published.")
+        pub.add_metric(x, bus.published)
+        rec = self._counter("pointsman_bus_messages_received", "Replica bus messages accepted, by kind.", "kind")
+        for kind in ("load", "records"):
+            rec.add_metric([*x, kind], bus.received[kind])
+        drop = self._counter("pointsman_bus_messages_dropped", "Replica bus messages dropped, by reason.", "reason")
+        for reason, n in sorted(bus.dropped.items()):
+            drop.add_metric([*x, reason], n)
+        rdrop = self._counter("pointsman_bus_records_dropped", "Replicated records not applied, by reason.",
+                              "reason")
+        for reason in ("unknown-endpoint", "malformed"):
+            rdrop.add_metric([*x, reason], repl.dropped[reason])
+        ignored = self._counter("pointsman_bus_entries_ignored",
+                                "Shared load and state entries for endpoints this process does not know.")
+        ignored.add_metric(x, bus.ignored)
+        replays = self._counter("pointsman_bus_replays", "Record snapshots replayed to peers that joined.")
+        replays.add_metric(x, bus.replays)
+        peers = GaugeMetricFamily("pointsman_bus_peers", "Replica bus peers configured.", labels=self.labels)
+        peers.add_metric(x, len(bus.peers))
+        live = GaugeMetricFamily("pointsman_bus_live_peers", "Replica bus peers heard from within the ttl.",
+                                 labels=self.labels)
+        live.add_metric(x, len(bus.live_peers()))
+        yield from (pub, rec, drop, rdrop, ignored, replays, peers, live)
+
+
+def register_bus_metrics(registry: CollectorRegistry, runtime: Any, worker: int | None = None) -> None:
+    registry.register(BusCollector(runtime, worker))

@@ -1,0 +1,299 @@
+"""Two Pointsman replicas behind one real Envoy (the `epp` cluster lists both; each gets half the ext_proc streams):
+prefix affinity holds whichever replica decides, load is balanced on shared in-flight counts, and when one replica
+is killed mid-traffic the survivor's view stays right and clients lose what Envoy's ext_proc failure policy says
+(docs/replicas.md): the requests whose stream was on the dead replica, nothing after Envoy stops sending it streams.
+`epp serve --workers 2` behind Envoy: every worker gets a share of the streams."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import aiohttp
+import grpc
+import orjson
+import pytest
+import yaml
+
+from epp.app import App
+from epp.envoy_config import EnvoyConfigSpec, render_yaml
+from epp.ports import free_port, wait_port
+from proto import pointsman_pb2 as api
+from proto import pointsman_pb2_grpc
+from tests.support.envoy import Envoy
+from tests.support.extproc_requests import chat, open_request, stub_for
+from tests.support.holding import HoldingFleet
+from tests.support.stack import serve_args
+
+pytestmark = pytest.mark.envoy
+ROOT = Path(__file__).resolve().parent.parent
+
+CONFIG = """
+apiVersion: inference.networking.x-k8s.io/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- type: prefix-cache-scorer
+- type: inflight-requests-scorer
+- type: max-score-picker
+schedulingProfiles:
+- name: default
+  plugins:
+  - {pluginRef: prefix-cache-scorer, weight: 3}
+  - {pluginRef: inflight-requests-scorer, weight: 1}
+  - pluginRef: max-score-picker
+"""
+
+
+def body(prompt: str) -> bytes:
+    return orjson.dumps({"model": "llama", "messages": [{"role": "user", "content": prompt}]})
+
+
+async def post(s: aiohttp.ClientSession, url: str, prompt: str, **headers: str) -> tuple[int, int | None]:
+    async with s.post(url + "/v1/chat/completions", data=body(prompt),
+                      headers={"content-type": "application/json", **headers}) as r:
+        await r.read()
+        served = r.headers.get("x-served-by")
+        return r.status, int(served) if served else None
+
+
+def endpoints_file(tmp: Path, ports: list[int]) -> Path:
+    path = tmp / "endpoints.yaml"
+    path.write_text(yaml.safe_dump({"pools": [{"name": "pool", "endpoints": [
+        {"address": "127.0.0.1", "port": p, "name": f"server-{p}"} for p in ports]}]}))
+    return path
+
+
+def envoy_for(epp_ports: list[int], listen: int, admin: int, **spec: object) -> Envoy:
+    cfg = EnvoyConfigSpec(variant="original-dst", listen_port=listen, admin_port=admin, epp_port=epp_ports[0],
+                          epp_replicas=[("127.0.0.1", p) for p in epp_ports[1:]], response_phases="lean",
+                          **spec)  # type: ignore[arg-type]
+    return Envoy(render_yaml(cfg), listen, admin)
+
+
+async def inflight_view(grpc_port: int) -> dict[str, int]:
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{grpc_port}") as ch:
+        resp = await pointsman_pb2_grpc.PointsmanStub(ch).ListEndpoints(api.ListEndpointsRequest(), timeout=5)
+    return {e.key: e.inflight for e in resp.endpoints if e.inflight}
+
+
+async def test_two_replicas_keep_prefix_affinity_and_balance_shared_load(tmp_path):
+    ports = [free_port() for _ in range(3)]
+    fleet = HoldingFleet(ports, delay=0.0)
+    await fleet.start()
+    eps = endpoints_file(tmp_path, ports)
+    bus = [free_port(), free_port()]
+    peers = ",".join(f"127.0.0.1:{p}" for p in bus)
+    grpc_ports = [free_port(), free_port()]
+    apps = [App(serve_args("--grpc-port", str(g), "--endpoints-file", str(eps), "--config-text", CONFIG,
+                           "--enable-conformance-header", "--bus-port", str(b), "--bus-peers", peers))
+            for g, b in zip(grpc_ports, bus, strict=True)]
+    listen, admin = free_port(), free_port()
+    envoy = envoy_for(grpc_ports, listen, admin)
+    url = f"http://127.0.0.1:{listen}"
+    try:
+        for app in apps:
+            await app.start()
+        await asyncio.to_thread(envoy.start)
+        async with aiohttp.ClientSession() as s:
+            # Prefix affinity: 8 groups x 4 requests, one after the other; Envoy alternates the replicas, so each
+            # group's requests are decided by both. Every group stays on one server (a replica that did not see
+            # the group's first pick follows it through the replicated prefix record).
+            groups: dict[int, list[int]] = {}
+            for i in range(8):
+                system = f"group {i} system prompt " * 100
+                for j in range(4):
+                    status, served = await post(s, url, system + f" question {j}")
+                    assert status == 200
+                    groups.setdefault(i, []).append(served)
+                    await asyncio.sleep(0.03)
+            assert all(len(set(v)) == 1 for v in groups.values()), groups
+            assert len({v[0] for v in groups.values()}) >= 2  # groups spread over servers: not one hot spot
+            decided = [app.metrics.requests.collect()[0].samples for app in apps]
+            assert all(sum(x.value for x in d if x.name.endswith("_total")) >= 10 for d in decided)
+
+            # Shared load: 3 requests pinned to one server through replica 0, then 9 unpinned ones through Envoy
+            # (both replicas). Balancing on shared in-flight counts ends at exactly 4 per server.
+            fleet.delay = None
+            fleet.hold()
+            pinned = f"127.0.0.1:{ports[0]}"
+            ch, stub = stub_for(grpc_ports[0])
+            async with ch:
+                held = [await open_request(stub, chat(f"pinned {k}"), **{"test-epp-endpoint-selection": pinned})
+                        for k in range(3)]
+                tasks = []
+                for k in range(9):
+                    tasks.append(asyncio.create_task(post(s, url, f"unique request {k} " * 20)))
+                    await asyncio.sleep(0.06)
+                await asyncio.sleep(0.3)
+                truth = {f"127.0.0.1:{p}": n for p, n in fleet.inflight.items() if n}
+                truth[pinned] = truth.get(pinned, 0) + 3  # the pinned ones are held at the EPP, not the server
+                assert sorted(truth.values()) == [4, 4, 4], truth
+                # every replica's view is the whole truth, not its half
+                for g in grpc_ports:
+                    assert await inflight_view(g) == truth
+                fleet.release()
+                assert all(st == 200 for st, _ in await asyncio.gather(*tasks))
+                for r in held:
+                    await r.finish()
+    finally:
+        envoy.stop()
+        for app in apps:
+            await app.stop(0)
+        await fleet.stop()
+
+
+class ReplicaProcess:
+    def __init__(self, tmp: Path, eps: Path, bus_port: int, peers: str, *extra: str) -> None:
+        self.grpc, self.metrics = free_port(), free_port()
+        self.log = tmp / f"replica-{bus_port}.log"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "epp.cli", "serve", "--grpc-host", "127.0.0.1", "--grpc-port", str(self.grpc),
+             "--grpc-health-port", "0", "--metrics-port", str(self.metrics), "--dashboard", "false",
+             "--endpoints-file", str(eps), "--bus-port", str(bus_port), "--bus-peers", peers, *extra],
+            cwd=ROOT, stdout=open(self.log, "wb"), stderr=subprocess.STDOUT)  # noqa: SIM115
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+
+async def test_killing_a_replica_mid_traffic_loses_only_its_streams_and_leaves_no_phantom_load(tmp_path):
+    ports = [free_port() for _ in range(3)]
+    fleet = HoldingFleet(ports, delay=0.2)
+    await fleet.start()
+    eps = endpoints_file(tmp_path, ports)
+    bus = [free_port(), free_port()]
+    peers = ",".join(f"127.0.0.1:{p}" for p in bus)
+    a, b = (ReplicaProcess(tmp_path, eps, p, peers) for p in bus)
+    listen, admin = free_port(), free_port()
+    envoy = envoy_for([a.grpc, b.grpc], listen, admin)
+    url = f"http://127.0.0.1:{listen}"
+    results: list[tuple[float, float, int]] = []
+    outstanding = 0
+    try:
+        for r in (a, b):
+            await asyncio.to_thread(wait_port, r.grpc, 30.0)
+        await asyncio.to_thread(envoy.start)
+        stop_at = time.monotonic() + 5.0
+
+        async def client(i: int) -> None:
+            nonlocal outstanding
+            async with aiohttp.ClientSession() as s:
+                n = 0
+                while time.monotonic() < stop_at:
+                    n += 1
+                    t0 = time.monotonic()
+                    outstanding += 1
+                    try:
+                        status, _ = await post(s, url, f"client {i} request {n}")
+                    except aiohttp.ClientError:
+                        status = -1  # a reset: the client saw no status at all
+                    finally:
+                        outstanding -= 1
+                    results.append((t0, time.monotonic(), status))
+
+        clients = [asyncio.create_task(client(i)) for i in range(8)]
+        await asyncio.sleep(1.5)
+        assert await inflight_view(a.grpc)  # traffic flows, and a sees load
+        killed_at = time.monotonic()
+        os.kill(b.proc.pid, signal.SIGKILL)
+        await asyncio.sleep(1.5)  # past the bus ttl (1 s): b's last snapshot has expired at a
+        view = await inflight_view(a.grpc)
+        assert sum(view.values()) <= outstanding <= 8, (view, outstanding)  # only real requests, no phantom
+        await asyncio.gather(*clients)
+    finally:
+        envoy.stop()
+    try:
+        failed = [(t0 - killed_at, t1 - killed_at, st) for t0, t1, st in results if st != 200]
+        # Envoy's ext_proc failure policy (failure_mode_allow: false, docs/replicas.md): a request whose ext_proc
+        # stream breaks gets a 500; the streams open on the killed replica are lost (with any Envoy put on its
+        # connection in the instant before the close reached it), and nothing else: Envoy's health check sees the
+        # replica's connection close and sends it no new stream.
+        assert failed, "no stream was open on the killed replica: the test measured nothing"
+        assert all(st == 500 and t0 < 0.1 and -0.05 < t1 < 0.5 for t0, t1, st in failed), failed
+        assert len(failed) <= 8
+        assert sum(1 for t0, _, st in results if t0 > killed_at and st == 200) > 20  # the survivor carried on
+        await asyncio.sleep(0.5)
+        assert await inflight_view(a.grpc) == {}  # nothing in flight, nothing phantom
+        async with aiohttp.ClientSession() as s, s.get(f"http://127.0.0.1:{a.metrics}/metrics") as r:
+            assert "pointsman_bus_live_peers 0.0" in await r.text()
+    finally:
+        a.stop()
+        b.stop()
+        await fleet.stop()
+
+
+async def test_every_worker_gets_a_share_of_envoys_streams(tmp_path):
+    """SO_REUSEPORT spreads connections, not streams: with Envoy's default (one HTTP/2 connection per Envoy thread)
+    one worker takes every stream; with the `--epp-workers` settings (a stream cap per connection, connections
+    recycled) both workers get a share."""
+    ports = [free_port() for _ in range(2)]
+    fleet = HoldingFleet(ports, delay=0.02)
+    await fleet.start()
+    eps = endpoints_file(tmp_path, ports)
+    grpc_port, metrics = free_port(), free_port()
+    group = subprocess.Popen(
+        [sys.executable, "-m", "epp.cli", "serve", "--workers", "2", "--grpc-host", "127.0.0.1", "--grpc-port",
+         str(grpc_port), "--grpc-health-port", "0", "--metrics-port", str(metrics), "--endpoints-file", str(eps),
+         "-v", "0"], cwd=ROOT)
+    envoys: list[Envoy] = []
+
+    async def per_worker() -> list[int]:
+        async with aiohttp.ClientSession() as s, s.get(f"http://127.0.0.1:{metrics}/-/workers") as r:
+            doc = await r.json()
+        return [p["status"]["requests"] if p["status"] else 0 for p in doc["processes"]]
+
+    async def drive(url: str, n: int) -> None:
+        async with aiohttp.ClientSession() as s:
+            async def one(k: int) -> None:
+                for j in range(n // 16):
+                    status, _ = await post(s, url, f"stream {k} {j}")
+                    assert status == 200
+            await asyncio.gather(*(one(k) for k in range(16)))
+
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                async with aiohttp.ClientSession() as s, s.get(f"http://127.0.0.1:{metrics}/-/workers") as r:
+                    if (await r.json())["ready"]:
+                        break
+            except (aiohttp.ClientError, OSError):
+                pass
+            assert time.monotonic() < deadline and group.poll() is None, "the worker group did not start"
+            await asyncio.sleep(0.2)
+        plain_listen, spread_listen = free_port(), free_port()
+        envoys = [envoy_for([grpc_port], plain_listen, free_port()),
+                  envoy_for([grpc_port], spread_listen, free_port(), epp_workers=2,
+                            epp_max_requests_per_connection=25)]
+        for e in envoys:
+            await asyncio.to_thread(e.start)
+        async def served_by_each(url: str, n: int) -> list[int]:
+            before = await per_worker()
+            await drive(url, n)
+            deadline = time.monotonic() + 5
+            while True:  # the supervisor polls the workers' counts every 0.25 s
+                delta = [a - b for a, b in zip(await per_worker(), before, strict=True)]
+                if sum(delta) >= n or time.monotonic() > deadline:
+                    return delta
+                await asyncio.sleep(0.1)
+
+        plain = await served_by_each(f"http://127.0.0.1:{plain_listen}", 160)
+        assert sorted(plain) == [0, 160], plain  # one connection: one worker takes every stream
+        spread = await served_by_each(f"http://127.0.0.1:{spread_listen}", 400)
+        assert sum(spread) == 400 and min(spread) >= 40, spread  # both workers take a real share
+    finally:
+        for e in envoys:
+            e.stop()
+        group.terminate()
+        group.wait(30)
+        await fleet.stop()
