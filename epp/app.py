@@ -59,6 +59,9 @@ class App:
         self.director: Director | None = None
         self.scraper: MetricsScraper | None = None
         self.eds: Any = None  # epp.xds.EdsService with --eds
+        self.flow: Any = None  # epp.flowcontrol.FlowController while the config turns flow control on
+        self.pressure: Any = None  # epp.flowcontrol.PoolPressure: the pool saturation flow control reads
+        self._background: set[asyncio.Task[Any]] = set()
 
     async def start(self) -> None:
         args = self.args
@@ -88,6 +91,13 @@ class App:
         # Endpoint lifecycle: whatever scheduler is current forgets a departed endpoint (in-flight counts and the
         # unhealthy mark are the datastore's own; the scraper subscribes itself).
         ds.on_endpoint_removed(lambda key: director.scheduler.endpoint_removed(key))
+        from epp.admission import SaturationDetector
+        from epp.flowcontrol import PoolPressure
+
+        self.pressure = PoolPressure(ds, director.routable, SaturationDetector())
+        ds.on_endpoint_removed(self.pressure.forget)
+        ds.on_metrics_updated(self._metrics_arrived)
+        self.cleanups.append(self._stop_flow_control)
         from epp.scrape.scraper import start_scraper
 
         self.scraper = await start_scraper(ds, interval=args.refresh_metrics_interval, timeout=1.0,
@@ -160,18 +170,52 @@ class App:
         return scheduler
 
     def apply_scheduler(self, scheduler: ModelScheduler) -> None:
-        """Make `scheduler` current, with what its config's shell sections say (admission thresholds, scraping)."""
-        from epp.admission import SaturationDetector
+        """Make `scheduler` current, with what its config's shell sections say (admission thresholds, flow
+        control, scraping)."""
+        from epp.admission import detector_for
 
         shell = scheduler.shell
-        sat = shell.saturation
-        detector = SaturationDetector(sat.queue_depth_threshold, sat.kv_cache_util_threshold,
-                                      sat.metrics_staleness_s, sat.headroom)
+        detector = detector_for(shell.saturation, self.datastore.inflight)
         assert self.director is not None, "the director is created before any scheduler is applied"
         self.director.scheduler = scheduler
         self.director.admission = detector.admit
+        self._apply_flow_control(shell.flow_control, detector)
         if self.scraper is not None:
             self.scraper.configure(shell.scrape)
+
+    def _apply_flow_control(self, config: Any, detector: Any) -> None:
+        """Turn flow control on, reconfigure it, or turn it off (queued requests are then dispatched)."""
+        from epp.flowcontrol import FlowController
+
+        assert self.director is not None
+        if self.pressure is not None:
+            self.pressure.detector = detector
+        if config is None:
+            old, self.flow = self.flow, None
+            self.director.flow = None
+            if old is not None:
+                task = asyncio.get_running_loop().create_task(old.close(release=True))
+                self._background.add(task)
+                task.add_done_callback(self._background.discard)
+            return
+        if self.flow is None:
+            self.flow = FlowController(config, self.pressure, metrics=self.metrics)
+            self.director.flow = self.flow
+        else:
+            self.flow.configure(config)
+
+    def _metrics_arrived(self, keys: Any) -> None:
+        if self.pressure is not None:
+            self.pressure.metrics_updated(keys)
+        if self.flow is not None:
+            self.flow.kick()
+
+    async def _stop_flow_control(self) -> None:
+        flow, self.flow = self.flow, None
+        if self.director is not None:
+            self.director.flow = None
+        if flow is not None:
+            await flow.close()
 
     async def _start_grpc(self) -> None:
         args = self.args

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from epp.datastore import Datastore, InflightTicket
+from epp.flowcontrol.gate import flow_gate
 from epp.parsing import api_kind, parse_body, set_model
 from epp.protocol import Outcome
 from epp.usage import UsageScanner
@@ -116,6 +117,7 @@ class Director:
         self.clock = clock
         self.admission = admission
         self.rewrite = rewrite
+        self.flow: Any = None  # epp.flowcontrol.FlowController while flow control is on
         self._decisions = 0
 
     def exchange(self) -> RequestExchange:
@@ -171,24 +173,36 @@ class Director:
         ctx = SchedulingContext(req, candidates, self.datastore.inflight.view(), self.clock())
         return ctx, parsed_body
 
+    def pool_of(self, metadata: Mapping[str, Mapping[str, object]]) -> str | None:
+        """The pool a request is for: route metadata set by Envoy, else the default pool."""
+        ns, key = self.config.pool_metadata_key
+        if ns in metadata:
+            pool = metadata[ns].get(key)
+            if isinstance(pool, str) and pool:
+                return pool
+        return self.config.default_pool or self.datastore.default_pool
+
+    def routable(self, pool: str | None) -> list[Endpoint]:
+        """The pool's endpoints in rotation (all of them when none is); [] for an unknown pool."""
+        snap = self.datastore.snapshot(pool)
+        if snap is None:
+            return []
+        eps: list[Endpoint] = list(snap.endpoints)
+        ds = self.datastore
+        unhealthy, ejected = ds.unhealthy, ds.ejected
+        if unhealthy or ejected:
+            healthy = [e for e in eps if e.key not in unhealthy and e.key not in ejected]
+            # Every endpoint out of rotation is more likely a metrics problem than a dead pool: fail open.
+            eps = healthy or eps
+        return eps
+
     def candidates(
         self, headers: Mapping[str, str], metadata: Mapping[str, Mapping[str, object]]
     ) -> list[Endpoint]:
-        pool = None
-        ns, key = self.config.pool_metadata_key
-        if ns in metadata and isinstance(metadata[ns].get(key), str):
-            pool = metadata[ns][key]
-        snap = self.datastore.snapshot(pool or self.config.default_pool)
-        if snap is None:
-            raise SchedulingError(
-                ErrorCode.SERVICE_UNAVAILABLE, f"no inference pool {pool or self.config.default_pool or ''!r} known"
-            )
-        eps: list[Endpoint] = list(snap.endpoints)
-        unhealthy = self.datastore.unhealthy
-        if unhealthy:
-            healthy = [e for e in eps if e.key not in unhealthy]
-            # Every endpoint failing its scrapes is more likely a metrics problem than a dead pool: fail open.
-            eps = healthy or eps
+        pool = self.pool_of(metadata)
+        if self.datastore.snapshot(pool) is None:
+            raise SchedulingError(ErrorCode.SERVICE_UNAVAILABLE, f"no inference pool {pool or ''!r} known")
+        eps = self.routable(pool)
         hint = metadata.get(SUBSET_NS)
         if hint is not None and SUBSET in hint:
             eps = restrict(eps, _split_list(hint[SUBSET]), ip_only=True)
@@ -280,22 +294,45 @@ class RequestExchange:
     def decide(
         self, headers: Mapping[str, str], body: bytes | None, metadata: Mapping[str, Mapping[str, object]]
     ) -> Outcome | Awaitable[Outcome]:
-        # Synchronous today (the grpc layer's fast path); an awaitable outcome is also accepted by the driver.
+        # Synchronous unless flow control queues the request (then an awaitable the driver waits on).
         d = self.d
         self.started = d.clock()
-        ctx = None
         try:
             ctx, parsed = d.build(headers, body, metadata)
+        except SchedulingError as err:
+            return self.reject(err, None)
+        except Exception as exc:  # never crash a stream: a bug becomes a clear 500
+            return self._failed(exc)
+        if d.flow is not None:
+            waiting = flow_gate(d.flow, self, ctx, parsed, headers, metadata, body)
+            if waiting is not None:
+                return waiting
+        return self.route(ctx, parsed)
+
+    def route(self, ctx: SchedulingContext, parsed: dict[str, Any] | None) -> Outcome:
+        """Schedule and commit now (flow control calls this when a queued request's turn comes)."""
+        d = self.d
+        try:
             result = d.schedule(ctx)
         except SchedulingError as err:
-            model = ctx.request.model if ctx else ""
-            target = ctx.request.target_model if ctx else ""
-            d.metrics.request_error(model, target, err.code.value)
-            return error_outcome(err)
-        except Exception as exc:  # never crash a stream: a bug becomes a clear 500
-            log.exception("scheduling failed")
-            d.metrics.request_error("", "", ErrorCode.INTERNAL.value)
-            return error_outcome(SchedulingError(ErrorCode.INTERNAL, f"scheduling failed: {exc}"))
+            return self.reject(err, ctx)
+        except Exception as exc:
+            return self._failed(exc)
+        return self._commit(ctx, result, parsed)
+
+    def reject(self, err: SchedulingError, ctx: SchedulingContext | None) -> Outcome:
+        model = ctx.request.model if ctx else ""
+        target = ctx.request.target_model if ctx else ""
+        self.d.metrics.request_error(model, target, err.code.value)
+        return error_outcome(err)
+
+    def _failed(self, exc: Exception) -> Outcome:
+        log.exception("scheduling failed")
+        self.d.metrics.request_error("", "", ErrorCode.INTERNAL.value)
+        return error_outcome(SchedulingError(ErrorCode.INTERNAL, f"scheduling failed: {exc}"))
+
+    def _commit(self, ctx: SchedulingContext, result: SchedulingResult, parsed: dict[str, Any] | None) -> Outcome:
+        d = self.d
         req = ctx.request
         # Commit: from here on, close() must release what this adds.
         self.ctx, self.result, self.scheduler = ctx, result, d.scheduler
@@ -349,6 +386,8 @@ class RequestExchange:
             return
         d = self.d
         live = self._ticket is not None and d.datastore.inflight.remove(self._ticket)
+        if d.flow is not None:
+            d.flow.kick()  # capacity freed: queued requests may go
         self.ctx.now = d.clock()  # plugins see the time the request ended
         try:
             # An endpoint that left while the request ran was already forgotten by every plugin: telling them how

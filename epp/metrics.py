@@ -13,6 +13,15 @@ Request path (the director calls these):
 ext_proc layer (the grpc server calls this):
 - pointsman_protocol_violations_total{kind}   streams ended by an ext_proc protocol violation  counter
 
+Flow control (epp.flowcontrol calls these; GIE's names and labels):
+- inference_extension_flow_control_request_queue_duration_seconds{fairness_id, priority, outcome, inference_pool,
+  model_name, target_model_name}                                                         histogram
+- inference_extension_flow_control_request_enqueue_duration_seconds{fairness_id, priority, outcome}  histogram
+- inference_extension_flow_control_dispatch_cycle_duration_seconds                       histogram
+- inference_extension_flow_control_queue_size / _queue_bytes{fairness_id, priority, inference_pool, model_name,
+  target_model_name}                                                                     gauges
+- inference_extension_flow_control_pool_saturation{inference_pool}                       gauge
+
 Pool gauges, computed from the datastore at scrape time (so never stale):
 - inference_pool_average_kv_cache_utilization{name}, inference_pool_average_queue_size{name},
   inference_pool_ready_pods{name}, inference_pool_per_pod_queue_size{name, model_server_pod}
@@ -44,6 +53,7 @@ DURATION_BUCKETS = (0.005, 0.025, 0.05, 0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 1.25, 1.5,
 TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32778, 65536, 131072, 262144,
                  524288, 1048576)
 SCHEDULER_BUCKETS = (0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1)
+FLOW_BUCKETS = (0.0001, 0.0005, 0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 PLUGIN_BUCKETS = (0.00001, 0.00002, 0.00005, 0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05)
 
 
@@ -97,6 +107,26 @@ class EppMetrics:
                               ["model_name", "decision_type"], registry=r)
         self.violations = Counter("pointsman_protocol_violations_total",
                                   "ext_proc streams ended by a protocol violation, by rule.", ["kind"], registry=r)
+        flow_labels = ["fairness_id", "priority", "inference_pool", *REQ_LABELS]
+        self.flow_duration = Histogram(
+            "inference_extension_flow_control_request_queue_duration_seconds",
+            "Time requests spend in flow control, from enqueue to their outcome.",
+            ["fairness_id", "priority", "outcome", "inference_pool", *REQ_LABELS], buckets=FLOW_BUCKETS, registry=r)
+        self.flow_enqueue_duration = Histogram(
+            "inference_extension_flow_control_request_enqueue_duration_seconds",
+            "Time taken to enqueue requests into flow control.", ["fairness_id", "priority", "outcome"],
+            buckets=SCHEDULER_BUCKETS, registry=r)
+        self.flow_cycle_duration = Histogram(
+            "inference_extension_flow_control_dispatch_cycle_duration_seconds",
+            "Time taken by one flow-control dispatch cycle.", buckets=SCHEDULER_BUCKETS, registry=r)
+        self.flow_size = Gauge("inference_extension_flow_control_queue_size",
+                               "Requests held in the flow-control queue.", flow_labels, registry=r)
+        self.flow_bytes = Gauge("inference_extension_flow_control_queue_bytes",
+                                "Bytes of the requests held in the flow-control queue.", flow_labels, registry=r)
+        self.flow_saturation_gauge = Gauge("inference_extension_flow_control_pool_saturation",
+                                           "Saturation of the inference pool as flow control sees it (1 = full).",
+                                           ["inference_pool"], registry=r)
+        self._flow_queued: dict[tuple[str, ...], int] = {}
         self._pool_collector: _PoolCollector | None = None
         self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
         if datastore is not None:
@@ -147,6 +177,37 @@ class EppMetrics:
     # ---- the ext_proc layer's calls -----------------------------------------------------------------------
     def protocol_violation(self, kind: str) -> None:
         self._child(self.violations, kind).inc()
+
+    # ---- flow control ------------------------------------------------------------------------------------
+    def flow_queue(self, fairness_id: str, priority: int, pool: str, model: str, target: str, count: int,
+                   size: int) -> None:
+        labels = (fairness_id, str(priority), pool, model, target)
+        left = self._flow_queued.get(labels, 0) + count
+        self._child(self.flow_size, *labels).inc(count)
+        self._child(self.flow_bytes, *labels).inc(size)
+        if left > 0:
+            self._flow_queued[labels] = left
+        else:  # the flow has nothing queued: drop its series (fairness ids come from clients)
+            self._flow_queued.pop(labels, None)
+            for metric in (self.flow_size, self.flow_bytes):
+                self._children.pop((id(metric), labels), None)
+                try:
+                    metric.remove(*labels)
+                except KeyError:
+                    pass
+
+    def flow_outcome(self, fairness_id: str, priority: int, outcome: str, pool: str, model: str, target: str,
+                     seconds: float) -> None:
+        self._child(self.flow_duration, fairness_id, str(priority), outcome, pool, model, target).observe(seconds)
+
+    def flow_enqueue(self, fairness_id: str, priority: int, outcome: str, seconds: float) -> None:
+        self._child(self.flow_enqueue_duration, fairness_id, str(priority), outcome).observe(seconds)
+
+    def flow_saturation(self, pool: str, saturation: float) -> None:
+        self._child(self.flow_saturation_gauge, pool).set(saturation)
+
+    def flow_cycle(self, seconds: float) -> None:
+        self.flow_cycle_duration.observe(seconds)
 
     # ---- pool gauges -------------------------------------------------------------------------------------
     def bind_datastore(self, datastore: Datastore) -> None:
