@@ -98,11 +98,14 @@ class App:
         ds.on_endpoint_removed(self.pressure.forget)
         ds.on_metrics_updated(self._metrics_arrived)
         self.cleanups.append(self._stop_flow_control)
-        from epp.scrape.scraper import start_scraper
+        from epp.scrape.scraper import bounded_timeout, start_scraper
 
-        self.scraper = await start_scraper(ds, interval=args.refresh_metrics_interval, timeout=1.0,
-                                           staleness=args.metrics_staleness_threshold)
+        staleness = args.metrics_staleness_threshold
+        timeout = getattr(args, "scrape_timeout", None) or bounded_timeout(staleness, 3, args.refresh_metrics_interval)
+        self.scraper = await start_scraper(ds, interval=args.refresh_metrics_interval, timeout=timeout,
+                                           staleness=staleness)
         self.cleanups.append(self.scraper.stop)
+        self._start_passive_health()
         self.apply_scheduler(scheduler)
         await self._start_grpc()
         if args.metrics_port:
@@ -168,6 +171,28 @@ class App:
         watcher.start()
         self.cleanups.append(watcher.stop)
         return scheduler
+
+    def _start_passive_health(self) -> None:
+        """Response-path failures take endpoints out of rotation (epp/passive.py); off with --passive-health=false."""
+        args = self.args
+        if not getattr(args, "passive_health", True):
+            return
+        from epp.passive import PassiveHealth
+
+        passive = PassiveHealth(
+            self.datastore,
+            failure_threshold=args.passive_failure_threshold,
+            cooldown=args.passive_cooldown,
+            max_cooldown=max(args.passive_max_cooldown, args.passive_cooldown),
+            silence_timeout=args.passive_silence_timeout,
+            metrics=self.metrics,
+        )
+        passive.scraper = self.scraper
+        assert self.director is not None
+        self.director.passive = passive
+        self.metrics.bind_health(passive)
+        passive.start()
+        self.cleanups.append(passive.stop)
 
     def apply_scheduler(self, scheduler: ModelScheduler) -> None:
         """Make `scheduler` current, with what its config's shell sections say (admission thresholds, flow

@@ -44,6 +44,21 @@ def _add_serve_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--metrics-staleness-threshold", type=_duration, default=2.0, help="stale after (2s)")
     g.add_argument("--seed", type=int, default=None, help="seed the scheduler's random source")
 
+    g = p.add_argument_group("health (scraping and passive)")
+    g.add_argument("--scrape-timeout", type=_duration, default=None,
+                   help="timeout of one metrics scrape (default: 3 hung scrapes in a row fit in the staleness "
+                        "threshold: 0.55s with 2s)")
+    g.add_argument("--passive-health", type=_bool, default=True,
+                   help="count failed responses (5xx, resets, silent streams) against endpoints (default true)")
+    g.add_argument("--passive-failure-threshold", type=int, default=5,
+                   help="failed responses in a row that take an endpoint out (5)")
+    g.add_argument("--passive-cooldown", type=_duration, default=10.0,
+                   help="how long an endpoint stays out before one probe request is let through (10s)")
+    g.add_argument("--passive-max-cooldown", type=_duration, default=300.0,
+                   help="each failed probe doubles the cool-down, up to this (5m)")
+    g.add_argument("--passive-silence-timeout", type=_duration, default=60.0,
+                   help="a streaming response silent this long counts as failed (60s)")
+
     g = p.add_argument_group("protocol")
     g.add_argument("--request-body-mode", type=BodyMode.parse, default=BodyMode.FULL_DUPLEX_STREAMED)
     g.add_argument("--response-body-mode", type=BodyMode.parse, default=BodyMode.FULL_DUPLEX_STREAMED)

@@ -118,6 +118,7 @@ class Director:
         self.admission = admission
         self.rewrite = rewrite
         self.flow: Any = None  # epp.flowcontrol.FlowController while flow control is on
+        self.passive: Any = None  # epp.passive.PassiveHealth: response-path failures take endpoints out
         self._decisions = 0
 
     def exchange(self) -> RequestExchange:
@@ -276,7 +277,7 @@ class RequestExchange:
     """The director's side of one stream (implements epp.protocol.Exchange)."""
 
     __slots__ = ("d", "scheduler", "ctx", "result", "started", "scanner", "served", "_closed", "_rewrite_from", "_rewrite_to",
-                 "_ticket")
+                 "_ticket", "_watch")
 
     def __init__(self, director: Director) -> None:
         self.d = director
@@ -290,6 +291,7 @@ class RequestExchange:
         self._rewrite_from: bytes | None = None
         self._rewrite_to: bytes | None = None
         self._ticket: InflightTicket | None = None
+        self._watch: Any = None  # passive health's view of this request once routed
 
     def decide(
         self, headers: Mapping[str, str], body: bytes | None, metadata: Mapping[str, Mapping[str, object]]
@@ -337,6 +339,8 @@ class RequestExchange:
         # Commit: from here on, close() must release what this adds.
         self.ctx, self.result, self.scheduler = ctx, result, d.scheduler
         self._ticket = d.datastore.inflight.add(result.primary.key, req.estimated_tokens)
+        if d.passive is not None:
+            self._watch = d.passive.routed(result.primary.key, req)
         try:
             self.scheduler.pre_request(ctx, result)
         except Exception:
@@ -359,6 +363,8 @@ class RequestExchange:
         lb = metadata.get(LB_NS)
         if lb is not None and isinstance(lb.get(SERVED), str):
             self.served = lb[SERVED]
+        if self._watch is not None:
+            self.d.passive.response_started(self._watch, headers.get(":status", ""), self.served)
         out: list[tuple[str, str]] = []
         if self.result is not None and self.result.response_headers:
             out.extend(self.result.response_headers.items())  # e.g. a session token set by a stateful plugin
@@ -372,16 +378,24 @@ class RequestExchange:
         if self.scanner is None:
             self.scanner = UsageScanner()
         self.scanner.feed(chunk, end_of_stream)
+        if self._watch is not None:
+            self.d.passive.progress(self._watch, end_of_stream)
         if self._rewrite_from is not None and self._rewrite_to is not None:
             chunk = chunk.replace(self._rewrite_from, self._rewrite_to).replace(
                 self._rewrite_from.replace(b":", b": ", 1), self._rewrite_to.replace(b":", b": ", 1)
             )
         return chunk
 
+    def response_end(self) -> None:
+        if self._watch is not None:
+            self.d.passive.progress(self._watch, True)
+
     def close(self) -> None:
         if self._closed:
             return
         self._closed = True
+        if self._watch is not None:
+            self.d.passive.closed(self._watch)
         if self.ctx is None or self.result is None:
             return
         d = self.d

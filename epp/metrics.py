@@ -22,6 +22,13 @@ Flow control (epp.flowcontrol calls these; GIE's names and labels):
   target_model_name}                                                                     gauges
 - inference_extension_flow_control_pool_saturation{inference_pool}                       gauge
 
+Endpoint health (epp.passive and the scraper):
+- pointsman_endpoint_response_failures_total{endpoint, reason}   failed responses: http_5xx | cut_short | silent
+- pointsman_endpoint_ejections_total{endpoint, source}           times passive health took it out of rotation
+- pointsman_endpoint_state{endpoint, state}                      1 for its state: healthy | out (failed scrapes) |
+                                                                 ejected | probing (computed at scrape time)
+- pointsman_endpoint_scrape_failures{endpoint}                   consecutive failed scrapes (computed at scrape time)
+
 Pool gauges, computed from the datastore at scrape time (so never stale):
 - inference_pool_average_kv_cache_utilization{name}, inference_pool_average_queue_size{name},
   inference_pool_ready_pods{name}, inference_pool_per_pod_queue_size{name, model_server_pod}
@@ -83,6 +90,25 @@ class _PoolCollector(Collector):
         yield from (kv, queue, ready, per_pod)
 
 
+class _HealthCollector(Collector):
+    def __init__(self, passive: Any) -> None:
+        self.passive = passive
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        state = GaugeMetricFamily("pointsman_endpoint_state", "1 for the endpoint's health state.",
+                                  labels=["endpoint", "state"])
+        scrapes = GaugeMetricFamily("pointsman_endpoint_scrape_failures", "Consecutive failed metrics scrapes.",
+                                    labels=["endpoint"])
+        passive = self.passive
+        scraper = passive.scraper
+        for key in sorted(passive.datastore.members()):
+            state.add_metric([key, passive.view(key)[0]], 1.0)
+            if scraper is not None:
+                scrapes.add_metric([key], float(scraper.failures(key)))
+        yield state
+        yield scrapes
+
+
 class EppMetrics:
     def __init__(self, datastore: Datastore | None = None) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
@@ -126,6 +152,13 @@ class EppMetrics:
         self.flow_saturation_gauge = Gauge("inference_extension_flow_control_pool_saturation",
                                            "Saturation of the inference pool as flow control sees it (1 = full).",
                                            ["inference_pool"], registry=r)
+        self.endpoint_failures = Counter("pointsman_endpoint_response_failures_total",
+                                         "Failed responses by endpoint and kind (passive health).",
+                                         ["endpoint", "reason"], registry=r)
+        self.endpoint_ejections = Counter("pointsman_endpoint_ejections_total",
+                                          "Times an endpoint was taken out of rotation.", ["endpoint", "source"],
+                                          registry=r)
+        self._health_collector: _HealthCollector | None = None
         self._flow_queued: dict[tuple[str, ...], int] = {}
         self._pool_collector: _PoolCollector | None = None
         self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
@@ -208,6 +241,20 @@ class EppMetrics:
 
     def flow_cycle(self, seconds: float) -> None:
         self.flow_cycle_duration.observe(seconds)
+
+    # ---- endpoint health -------------------------------------------------------------------------------
+    def endpoint_failure(self, key: str, kind: str) -> None:
+        self._child(self.endpoint_failures, key, kind).inc()
+
+    def endpoint_ejected(self, key: str, source: str) -> None:
+        self._child(self.endpoint_ejections, key, source).inc()
+
+    def bind_health(self, passive: Any) -> None:
+        """Serve the endpoint state gauges from this passive-health tracker (and its scraper)."""
+        if self._health_collector is not None:
+            self.registry.unregister(self._health_collector)
+        self._health_collector = _HealthCollector(passive)
+        self.registry.register(self._health_collector)
 
     # ---- pool gauges -------------------------------------------------------------------------------------
     def bind_datastore(self, datastore: Datastore) -> None:

@@ -70,7 +70,9 @@ async def test_explain_and_endpoints_commands(app):
                                   BODY.decode())
     assert json.loads(res.stdout)["status"] == 200
     res = await asyncio.to_thread(run, "endpoints", "--addr", f"127.0.0.1:{app.port}")
-    assert res.returncode == 0 and res.stdout.count("10.0.0.") == 3
+    rows = [line.split() for line in res.stdout.splitlines()[1:]]
+    assert res.returncode == 0 and [r[1] for r in rows] == ["10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000"]
+    assert all(r[8] in ("healthy", "out") for r in rows), res.stdout  # the state column
 
 
 def test_generated_proto_code_matches_the_proto(tmp_path):
