@@ -10,12 +10,13 @@ override_host reports it, else Pointsman's pick):
 - failure `silent`: no response progress for `silence_timeout` (a hung server). Armed for a request that asked to
   stream (`"stream": true`) while it waits for its response headers, and for any response whose body has begun;
   a non-streaming response legitimately says nothing until it is complete (Envoy's route timeout, a 504, covers it);
-- success: response headers below 500. A stream that ends without any response (the client went away first)
+- success: a response below 500 that ended (its body's end, or trailers; or, when Envoy sends no body messages,
+  the stream's end after the headers). A stream that ends without any response (the client went away first)
   counts as neither.
 
 States: `healthy` → (`failure_threshold` consecutive failures) → `ejected` for `cooldown` → `probing`: the endpoint
 is a candidate again, and the first request routed to it is the probe; until the probe answers no other request is
-sent there. A good probe makes it `healthy`; a failed probe ejects it again for twice the cool-down (up to
+sent there. A probe answered below 500 makes it `healthy`; a failed probe ejects it again for twice the cool-down (up to
 `max_cooldown`); a probe whose client left unanswered lets the next request probe. Ejected endpoints sit in
 `Datastore.ejected` (this module is its only writer): the director skips them (routing to every endpoint when all
 are out), and EDS reports them UNHEALTHY so a fail-open fallback avoids them too.
@@ -138,19 +139,24 @@ class PassiveHealth:
         w.status = int(status) if status.isdigit() else 0
         if w.status >= 500:
             self._fail(w, f"HTTP {w.status}", "http_5xx")
-        else:
-            self._succeed(w)
+        elif w.probe:
+            self._restore(w)  # it answers: back in rotation (the response's end still counts for the streak)
 
     def progress(self, w: Watch, end: bool) -> None:
         w.last = self.clock()
         w.chunks += 1
-        if end:
+        if end and not w.complete:
             w.complete = True
+            if 0 < w.status < 500:
+                self._succeed(w)
 
     def closed(self, w: Watch) -> None:
         self.live.discard(w)
-        if w.chunks and not w.complete and w.status < 500:
-            self._fail(w, "the response was cut short (reset, or the client left)", "cut_short")
+        if 0 < w.status < 500 and not w.complete and not w.failed:
+            if w.chunks:
+                self._fail(w, "the response was cut short (reset, or the client left)", "cut_short")
+            else:
+                self._succeed(w)  # headers without body messages: Envoy sends response headers only
         self._release_probe(w)
 
     # ---- verdicts ------------------------------------------------------------------------------------------------
@@ -164,10 +170,13 @@ class PassiveHealth:
         st = self._state(w.key)
         st.successes += 1
         st.consecutive = 0
-        if w.probe and st.probe is w:
+
+    def _restore(self, w: Watch) -> None:
+        st = self._state(w.key)
+        if st.probe is w:
             st.probe = None
             w.probe = False
-            st.state, st.since, st.cooldown = HEALTHY, self.clock(), 0.0
+            st.state, st.since, st.cooldown, st.consecutive = HEALTHY, self.clock(), 0.0, 0
             self.datastore.ejected.discard(w.key)
             log.info("endpoint %s answered its probe; back in rotation", w.key)
 
