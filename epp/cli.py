@@ -110,11 +110,22 @@ def build_parser() -> argparse.ArgumentParser:
                     help="which pool: with --endpoints-file (default: the first), the EDS resource with --eds")
     ec.add_argument("--eds", action="store_true",
                     help="override-host pool cluster fed live by Pointsman's EDS server (on the --epp port)")
-    ec.add_argument("--request-body-mode", default="FULL_DUPLEX_STREAMED")
-    ec.add_argument("--response-body-mode", default="FULL_DUPLEX_STREAMED")
-    ec.add_argument("--response-phases", choices=("full", "lean"), default="full",
-                    help="lean: request phases only (half the messages; no usage or served-endpoint reading)")
+    ec.add_argument("--request-body-mode", default="",
+                    help="ext_proc request body mode (default FULL_DUPLEX_STREAMED; BUFFERED with --failure-mode open)")
+    ec.add_argument("--response-body-mode", default="",
+                    help="ext_proc response body mode (default FULL_DUPLEX_STREAMED; STREAMED with --failure-mode open)")
+    ec.add_argument("--response-phases", choices=("full", "headers", "lean"), default="full",
+                    help="full: every response phase; headers: response headers, no body (status for passive "
+                         "health, no usage); lean: request phases only (half the messages; no usage, no "
+                         "served-endpoint reading, passive health blind)")
     ec.add_argument("--epp-tls", action="store_true", help="talk TLS to Pointsman")
+    ec.add_argument("--failure-mode", choices=("closed", "open"), default="closed",
+                    help="closed (default): requests fail while Pointsman is down; open: they go on to the "
+                         "fallback policy over the pool's endpoints (needs --eds or an endpoint list; the "
+                         "InferencePool's failureMode FailOpen)")
+    ec.add_argument("--message-timeout", type=_duration, default=0.0,
+                    help="ext_proc message timeout (300s closed, 30s open; Envoy does not apply it in "
+                         "FULL_DUPLEX_STREAMED): keep it above the flow-control request TTL")
     ec.add_argument("-o", "--output", default="-")
 
     ex = sub.add_parser("explain", help="ask a running Pointsman which endpoint a request would get, and why")
@@ -192,8 +203,9 @@ def _envoy_config(args: argparse.Namespace) -> int:
         if not args.eds:  # with --eds Envoy gets the endpoints from Pointsman, not from the file
             endpoints += [(e.address, e.port) for e in chosen[0][1]]
     epp_host, _, epp_port = args.epp.rpartition(":")
+    open_mode = args.failure_mode == "open"
     spec = EnvoyConfigSpec(
-        variant=args.variant or ("override-host" if args.eds else "original-dst"),
+        variant=args.variant or ("override-host" if args.eds or open_mode else "original-dst"),
         listen_port=args.listen_port,
         listen_address=args.listen_address,
         admin_port=args.admin_port,
@@ -206,7 +218,13 @@ def _envoy_config(args: argparse.Namespace) -> int:
         response_body_mode=args.response_body_mode,
         response_phases=args.response_phases,
         epp_tls=args.epp_tls,
+        failure_mode=args.failure_mode,
+        message_timeout_s=args.message_timeout,
     )
+    if spec.failure_mode == "open" and "FULL_DUPLEX_STREAMED" in spec.body_modes():
+        print("warning: with a FULL_DUPLEX_STREAMED body Envoy answers 500 to requests whose ext_proc stream breaks "
+              "(the body chunks it sent are lost), until health checks take Pointsman out (about 2 s); the "
+              "fail-open defaults are BUFFERED requests and STREAMED responses", file=sys.stderr)
     try:
         text = render_yaml(spec)
     except ValueError as e:
