@@ -13,7 +13,6 @@ from epp.passive import EJECTED, HEALTHY, PROBING, PassiveHealth
 from epp.scrape.scraper import bounded_timeout
 from proto import pointsman_pb2 as api
 from scheduling.types import Endpoint, endpoint_key
-from tests.test_director import LeastLoaded
 
 A, B = endpoint_key("10.0.0.1", 8000), endpoint_key("10.0.0.2", 8000)
 

@@ -43,11 +43,11 @@ from envoy_data_plane.envoy.config.endpoint.v3 import (
     LbEndpoint,
     LocalityLbEndpoints,
 )
+from envoy_data_plane.envoy.extensions.load_balancing_policies.least_request.v3 import LeastRequest
 from envoy_data_plane.envoy.extensions.load_balancing_policies.override_host.v3 import (
     OverrideHost,
     OverrideHostOverrideHostSource,
 )
-from envoy_data_plane.envoy.extensions.load_balancing_policies.least_request.v3 import LeastRequest
 from envoy_data_plane.envoy.extensions.load_balancing_policies.round_robin.v3 import RoundRobin
 from envoy_data_plane.envoy.extensions.transport_sockets.tls.v3 import CommonTlsContext, UpstreamTlsContext
 from envoy_data_plane.envoy.extensions.upstreams.http.v3 import (
