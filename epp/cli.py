@@ -47,7 +47,7 @@ def _add_serve_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("health (scraping and passive)")
     g.add_argument("--scrape-timeout", type=_duration, default=None,
                    help="timeout of one metrics scrape (default: 3 hung scrapes in a row fit in the staleness "
-                        "threshold: 0.55s with 2s)")
+                        "threshold: 0.45s with 2s)")
     g.add_argument("--passive-health", type=_bool, default=True,
                    help="count failed responses (5xx, resets, silent streams) against endpoints (default true)")
     g.add_argument("--passive-failure-threshold", type=int, default=5,

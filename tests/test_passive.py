@@ -193,6 +193,6 @@ def test_a_departed_endpoint_is_forgotten(rig):
 
 
 def test_scrape_timeout_fits_the_staleness_threshold():
-    assert bounded_timeout(2.0, 3, 0.05) == pytest.approx(0.55)
+    assert bounded_timeout(2.0, 3, 0.05) == pytest.approx(0.45)
     assert 3 * (bounded_timeout(2.0, 3, 0.05) + 0.05) < 2.0
     assert bounded_timeout(60.0) == 1.0 and bounded_timeout(0.1) == 0.05
