@@ -117,11 +117,11 @@ class App:
         ds = self.datastore
         if args.endpoints_file:
             from epp.reload import FileWatcher, yaml_parser
-            from epp.static_source import apply_static, parse_static_config
+            from epp.static_source import apply_static, parse_static_file
 
             path = Path(args.endpoints_file)
             # Polled every 0.5 s: an edit reaches Envoy (EDS) within a second.
-            watcher = FileWatcher(path, parse=yaml_parser(parse_static_config, str(path)),
+            watcher = FileWatcher(path, parse=yaml_parser(parse_static_file, str(path)),
                                   apply=lambda parsed: apply_static(ds, *parsed), interval=0.5)
             await watcher.load_initial()
             watcher.start()

@@ -124,6 +124,13 @@ class FlowControl:
     default_band: PriorityBand = field(default_factory=PriorityBand)
     bands: tuple[PriorityBand, ...] = ()
     usage_limit: float = 1.0
+    sheddable_usage_limit: float | None = None  # priority-usage-limit-policy: the ceiling for priorities < 0
+
+    def limit(self, priority: int) -> float:
+        """The saturation below which requests of `priority` are dispatched."""
+        if priority < 0 and self.sheddable_usage_limit is not None:
+            return min(self.usage_limit, self.sheddable_usage_limit)
+        return self.usage_limit
 
     def band(self, priority: int) -> PriorityBand:
         """The configured band for `priority`, else the default band's template at that priority."""

@@ -356,3 +356,21 @@ async def test_app_turns_flow_control_on_and_off_with_the_config(tmp_path):
         assert app.director.flow is None and app.flow is None
     finally:
         await app.stop(0)
+
+
+async def test_priority_usage_limit_keeps_room_for_the_others():
+    rig = Rig(FlowControl(sheddable_usage_limit=0.5), per_endpoint=2)  # capacity 4; sheddable stop at 2
+    shed = [rig.send(i, "sheddable") for i in range(3)]
+    assert [isinstance(out, Outcome) for _, out in shed] == [True, True, False]  # the third would pass 0.5
+    critical = [rig.send(10 + i, "critical") for i in range(3)]
+    assert [isinstance(out, Outcome) for _, out in critical] == [True, True, False]  # the pool is full at 4
+    critical[0][0].close()  # a slot frees: the queued critical request goes, the sheddable one still waits
+    await settle()
+    assert critical[2][1].done() and not shed[2][1].done()
+    for ex, _ in critical[1:] + shed[:2]:
+        ex.close()
+    await asyncio.wait_for(shed[2][1], 1)
+    shed[2][0].close()
+    critical[2][0].close()
+    assert rig.ds.inflight.view() == {}
+    await rig.flow.close()

@@ -4,14 +4,15 @@ GIE semantics (v1.5 flow control):
 - a request's flow is (fairness id, priority): the `x-gateway-inference-fairness-id` header (`default-flow` when
   absent) and its InferenceObjective priority;
 - dispatch order: strict priority between bands, the band's fairness policy between flows, FCFS within a flow;
-- a request is dispatched while the pool's saturation is below the usage limit (1.0); while it is not, nothing is
-  dispatched (head-of-line blocking, so lower priorities never make it worse for higher ones);
+- a request is dispatched while the pool's saturation is below the usage limit of its priority (1.0; with the
+  priority-usage-limit-policy lower for sheddable priorities); while the highest queued band may not go, nothing
+  is dispatched (head-of-line blocking, so lower priorities never make it worse for higher ones);
 - a request that does not fit the queue's limits is refused at once: 429 `ResourceExhausted`; a queued request
   whose TTL runs out: 503 `ServiceUnavailable`; both carry `x-llm-d-request-dropped-reason`;
 - a request whose client goes away while queued leaves the queue at once (outcome `EvictedContextCancelled`).
 
-Pointsman specifics: with nothing queued and the pool not saturated, `admit` returns None and the request is routed
-synchronously (no future, no task). A queued request holds no scheduling state: its `dispatch` callback schedules
+Pointsman specifics: with nothing queued at its priority or above and the pool below its limit, `admit` returns
+None and the request is routed synchronously (no future, no task). A queued request holds no scheduling state: its `dispatch` callback schedules
 and commits it, synchronously inside the dispatch cycle, so every dispatch is counted in flight before the next
 saturation check. Dispatch cycles run when something may have changed: a request is queued, a request ends
 (`kick` from the director), metrics arrive (`kick` from the datastore), and every `tick` (50 ms) while anything is
@@ -112,9 +113,10 @@ class FlowController:
         cfg = self.config
         fid, prio = fairness_id or DEFAULT_FLOW, req.priority
         pq = self._pools.get(pool)
-        if (pq is None or not pq.count) and not self._closed:
+        # Nothing queued at this priority or above: the request would be next in line, so it may go now.
+        if (pq is None or not pq.order or prio > pq.order[0]) and not self._closed:
             sat = self.saturation(pool)
-            if sat < cfg.usage_limit:
+            if sat < cfg.limit(prio):
                 self.outcomes[DISPATCHED] += 1
                 self.metrics.flow_outcome(fid, prio, DISPATCHED, pool, req.model, req.target_model, 0.0)
                 return None
@@ -215,15 +217,15 @@ class FlowController:
         t0 = time.perf_counter()
         now = self.clock()
         self._expire(now)
-        limit = self.config.usage_limit
+        limit = self.config.limit
         sent = 0
         for pool, pq in list(self._pools.items()):
             while pq.count:
                 sat = self.saturation(pool)
-                if sat >= limit:
-                    break  # head-of-line blocking: nothing of this pool goes while it is saturated
-                item = pq.pop()
-                assert item is not None
+                # Head-of-line blocking: nothing of this pool goes while its highest queued band may not.
+                item = pq.pop(lambda priority, sat=sat: sat < limit(priority))
+                if item is None:
+                    break
                 if self._dispatch(item, now):
                     sent += 1
             else:

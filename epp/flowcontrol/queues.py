@@ -135,12 +135,16 @@ class PoolQueues:
         band.remove(item)
         self._account(item, band)
 
-    def pop(self) -> Item | None:
-        """The next item by strict priority, then the band's fairness policy, then FCFS; removed."""
+    def pop(self, allowed: Callable[[int], bool] | None = None) -> Item | None:
+        """The next item by strict priority, then the band's fairness policy, then FCFS; removed. With `allowed`,
+        the highest band with queued requests must be allowed to dispatch, else nothing is (head-of-line
+        blocking: a lower band never goes ahead of a blocked higher one)."""
         for p in self.order:
             band = self.bands[p]
             item = band.next()
             if item is not None:
+                if allowed is not None and not allowed(p):
+                    return None
                 band.served(item)
                 self._account(item, band)
                 return item

@@ -4,7 +4,7 @@
       maxBytes: 1Gi              # every queued request of the pool together (Kubernetes quantity); 0/absent: no limit
       maxRequests: 1k
       defaultRequestTTL: 30s     # how long a request may wait; 0/absent: until its client goes away
-      usageLimitPolicyPluginRef: static-usage-limit-policy
+      usageLimitPolicyPluginRef: static-usage-limit-policy   # or a declared priority-usage-limit-policy
       defaultPriorityBand: {maxBytes, maxRequests, fairnessPolicyRef, orderingPolicyRef}   # for unlisted priorities
       priorityBands:
       - priority: 10             # higher is served first (InferenceObjective spec.priority)
@@ -30,6 +30,7 @@ from scheduling.framework.params import parse_duration
 from scheduling.plugins.system.flow_control_policies import (
     FairnessPolicy,
     OrderingPolicy,
+    PriorityUsageLimit,
     StaticUsageLimit,
 )
 
@@ -143,17 +144,21 @@ def build_flow_control(raw: Any, plugins: Mapping[str, Plugin[Any]], src: str) -
             raise ConfigError(src, join_path(path, "defaultRequestTTL"), str(err)) from None
         if ttl < 0:
             raise ConfigError(src, join_path(path, "defaultRequestTTL"), f"expected a duration >= 0, got {ttl}")
-    limit = 1.0
+    limit, sheddable = 1.0, None
     if sec.get("usageLimitPolicyPluginRef"):
         rpath = join_path(path, "usageLimitPolicyPluginRef")
         ref = expect_str(sec["usageLimitPolicyPluginRef"], src, rpath, "a plugin name")
         declared = plugins.get(ref)
         if isinstance(declared, StaticUsageLimit):
             limit = declared.params.threshold
+        elif isinstance(declared, PriorityUsageLimit):
+            limit, sheddable = declared.params.threshold, declared.params.sheddableThreshold
         elif declared is not None:
-            raise ConfigError(src, rpath, f"plugin {declared.describe()} is not a static-usage-limit-policy")
+            raise ConfigError(src, rpath, f"plugin {declared.describe()} is not a usage limit policy "
+                                          "(static-usage-limit-policy or priority-usage-limit-policy)")
         elif ref != "static-usage-limit-policy":
-            raise ConfigError(src, rpath, f"no usage limit policy named {ref!r}; declare a static-usage-limit-policy")
+            raise ConfigError(src, rpath, f"no usage limit policy named {ref!r}; declare a static-usage-limit-policy "
+                                          "or a priority-usage-limit-policy")
     default_band = PriorityBand()
     if sec.get("defaultPriorityBand") is not None:
         default_band = _band(sec["defaultPriorityBand"], plugins, src, join_path(path, "defaultPriorityBand"),
@@ -174,4 +179,5 @@ def build_flow_control(raw: Any, plugins: Mapping[str, Plugin[Any]], src: str) -
         default_band=default_band,
         bands=tuple(bands),
         usage_limit=limit,
+        sheddable_usage_limit=sheddable,
     )

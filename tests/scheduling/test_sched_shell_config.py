@@ -75,6 +75,19 @@ def test_flow_control_section_is_applied():
     assert fc.band(10) == PriorityBand(10, 10 * 2**20, 100, ROUND_ROBIN, FCFS)
     assert fc.band(-1) == PriorityBand(-1, DEFAULT_BAND_MAX_BYTES, 5, ROUND_ROBIN, FCFS)
     assert fc.band(3) == PriorityBand(3, DEFAULT_BAND_MAX_BYTES, 50, GLOBAL_STRICT, FCFS)
+    assert fc.limit(-1) == fc.limit(0) == 0.8
+
+
+def test_priority_usage_limit_policy_lowers_the_ceiling_of_sheddable_priorities():
+    fc = load(
+        featureGates=["flowControl"],
+        plugins=[{"type": "queue-scorer"},
+                 {"type": "priority-usage-limit-policy", "name": "reserve",
+                  "parameters": {"sheddableThreshold": 0.75}}],
+        schedulingProfiles=[{"name": "default", "plugins": [{"pluginRef": "queue-scorer"}]}],
+        flowControl={"usageLimitPolicyPluginRef": "reserve"},
+    ).shell.flow_control
+    assert fc is not None and (fc.limit(-3), fc.limit(0), fc.limit(7)) == (0.75, 1.0, 1.0)
 
 
 @pytest.mark.parametrize("section, message", [

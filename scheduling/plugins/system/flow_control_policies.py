@@ -6,6 +6,10 @@
   FCFS across the whole band).
 - `fcfs-ordering-policy`: within a flow, the oldest request first (the only ordering Pointsman implements).
 - `static-usage-limit-policy`: dispatch while the pool's saturation is below `threshold` (1.0: no gating).
+- `priority-usage-limit-policy` (Pointsman): the same with a lower ceiling, `sheddableThreshold`, for sheddable
+  priorities (< 0): they stop being dispatched while there is still room, which is kept for the others, so a
+  critical request finds a free slot instead of waiting for a sheddable one to finish (requests cannot be
+  preempted once dispatched).
 
 A band's `fairnessPolicyRef` / `orderingPolicyRef` and the section's `usageLimitPolicyPluginRef` name either a
 declared plugin of these types or, as in GIE where the defaults are injected under their type names, the type name
@@ -52,3 +56,14 @@ class UsageLimitParams:
 @register("static-usage-limit-policy")
 class StaticUsageLimit(System[UsageLimitParams]):
     Params = UsageLimitParams
+
+
+@dataclass(frozen=True)
+class PriorityUsageLimitParams:
+    threshold: float = bounded(1.0, min=1e-9, max=1.0)
+    sheddableThreshold: float = bounded(0.8, min=1e-9, max=1.0)
+
+
+@register("priority-usage-limit-policy")
+class PriorityUsageLimit(System[PriorityUsageLimitParams]):
+    Params = PriorityUsageLimitParams
