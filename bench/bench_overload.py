@@ -20,8 +20,9 @@ adds the flowControl gate and section (TTL 5 s, round-robin fairness, a 16-reque
 a priority-usage-limit-policy that stops dispatching batch at 75% of the slots: running requests cannot be
 preempted, so the room a critical request needs must be kept free).
 
-Reported per run and class: offered and served req/s (goodput: 200s that completed), the share of the tenants'
-goodput, p50/p99 TTFT of served requests, and refusals (429, 503). Targets (flow control on, `mixed`): critical p99
+Reported per run and class: offered req/s, served (200s that completed) and goodput (served per second of the
+phase's wall time, from its first request to its last response, so a backlog that drains late does not inflate it),
+the share of the tenants' goodput, p50/p99 TTFT of served requests, and refusals (429, 503). Targets (flow control on, `mixed`): critical p99
 within 3x of its unloaded p99; A and B served alike (served fraction within 10%); the refused requests are batch.
 For `noisy`, the max-min fair share is the yardstick: B (below half the capacity) should get all it asks.
 Results: bench/out/overload/results.md and results.json.
@@ -247,6 +248,7 @@ async def capacity(a: Args, fleet: Fleet) -> float:
 
 # ---- report --------------------------------------------------------------------------------------------------------
 def rows_for(run: str, samples: list[Sample], rates: dict[str, float], seconds: float) -> list[ClassRow]:
+    """`seconds`: the phase's wall time, from its first request to its last response (backlogs included)."""
     served = {c: [s for s in samples if s.cls == c and s.status == 200 and s.done is not None] for c in rates}
     tenant_goodput = sum(len(served[c]) for c in ("tenant-a", "tenant-b") if c in rates)
     out = []
@@ -342,6 +344,7 @@ async def main() -> None:
         cfg = workdir / "epp-config.yaml"
         names = [n for n in PHASES if ns.scenario == "all" or n.startswith(ns.scenario)]
         samples: dict[str, list[Sample]] = {n: [] for n in names}
+        spans = {n: 0.0 for n in names}
         for r in range(ns.rounds):
             order = names[r % len(names):] + names[:r % len(names)]  # a different phase goes first each round
             for name in order:
@@ -350,6 +353,7 @@ async def main() -> None:
                 got = await drive(stack.url + "/v1/chat/completions", {c: x * cap for c, x in rates_c.items()},
                                   a.seconds, a)
                 samples[name] += got
+                spans[name] += max([a.seconds] + [s.done for s in got if s.done is not None])
                 print(f"round {r + 1} {name}: {len(got)} sent, {sum(s.status == 200 for s in got)} served",
                       flush=True)
     finally:
@@ -358,7 +362,7 @@ async def main() -> None:
     rows: list[ClassRow] = []
     for name in names:
         rates = {c: x * cap for c, x in PHASES[name][0].items()}
-        rows += rows_for(name, samples[name], rates, a.seconds * ns.rounds)
+        rows += rows_for(name, samples[name], rates, spans[name])
         errors = collections.Counter(s.error or s.status for s in samples[name] if s.status not in (200, 429, 503))
         if errors:
             print(f"{name}: client errors {dict(errors.most_common(3))}", flush=True)
