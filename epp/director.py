@@ -186,14 +186,15 @@ class Director:
     def routable(self, pool: str | None) -> list[Endpoint]:
         """The pool's endpoints in rotation (all of them when none is); [] for an unknown pool."""
         snap = self.datastore.snapshot(pool)
-        if snap is None:
-            return []
-        eps: list[Endpoint] = list(snap.endpoints)
+        return [] if snap is None else self._in_rotation(snap.endpoints)
+
+    def _in_rotation(self, endpoints: Sequence[Endpoint]) -> list[Endpoint]:
+        eps: list[Endpoint] = list(endpoints)
         ds = self.datastore
         unhealthy, ejected = ds.unhealthy, ds.ejected
         if unhealthy or ejected:
             healthy = [e for e in eps if e.key not in unhealthy and e.key not in ejected]
-            # Every endpoint out of rotation is more likely a metrics problem than a dead pool: fail open.
+            # Every endpoint out of rotation is more likely a problem with the evidence than a dead pool: all go.
             eps = healthy or eps
         return eps
 
@@ -201,9 +202,10 @@ class Director:
         self, headers: Mapping[str, str], metadata: Mapping[str, Mapping[str, object]]
     ) -> list[Endpoint]:
         pool = self.pool_of(metadata)
-        if self.datastore.snapshot(pool) is None:
+        snap = self.datastore.snapshot(pool)
+        if snap is None:
             raise SchedulingError(ErrorCode.SERVICE_UNAVAILABLE, f"no inference pool {pool or ''!r} known")
-        eps = self.routable(pool)
+        eps = self._in_rotation(snap.endpoints)
         hint = metadata.get(SUBSET_NS)
         if hint is not None and SUBSET in hint:
             eps = restrict(eps, _split_list(hint[SUBSET]), ip_only=True)

@@ -21,6 +21,7 @@ Flow control (epp.flowcontrol calls these; GIE's names and labels):
 - inference_extension_flow_control_queue_size / _queue_bytes{fairness_id, priority, inference_pool, model_name,
   target_model_name}                                                                     gauges
 - inference_extension_flow_control_pool_saturation{inference_pool}                       gauge
+  (fairness_id: the first 1000 distinct ids, then "other": they come from a client header)
 
 Endpoint health (epp.passive and the scraper):
 - pointsman_endpoint_response_failures_total{endpoint, reason}   failed responses: http_5xx | cut_short | silent
@@ -60,6 +61,7 @@ DURATION_BUCKETS = (0.005, 0.025, 0.05, 0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 1.25, 1.5,
 TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32778, 65536, 131072, 262144,
                  524288, 1048576)
 SCHEDULER_BUCKETS = (0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1)
+FAIRNESS_LABELS = 1000  # distinct fairness ids with their own flow-control series; the rest share "other"
 FLOW_BUCKETS = (0.0001, 0.0005, 0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 PLUGIN_BUCKETS = (0.00001, 0.00002, 0.00005, 0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05)
 
@@ -160,6 +162,7 @@ class EppMetrics:
                                           registry=r)
         self._health_collector: _HealthCollector | None = None
         self._flow_queued: dict[tuple[str, ...], int] = {}
+        self._fairness_ids: set[str] = set()
         self._pool_collector: _PoolCollector | None = None
         self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
         if datastore is not None:
@@ -212,9 +215,20 @@ class EppMetrics:
         self._child(self.violations, kind).inc()
 
     # ---- flow control ------------------------------------------------------------------------------------
+    def _fairness_label(self, fairness_id: str) -> str:
+        """Fairness ids come from a client header: the first FAIRNESS_LABELS distinct ones get their own series,
+        later ones share `other`, so a client cannot grow the registry without bound."""
+        seen = self._fairness_ids
+        if fairness_id in seen:
+            return fairness_id
+        if len(seen) < FAIRNESS_LABELS:
+            seen.add(fairness_id)
+            return fairness_id
+        return "other"
+
     def flow_queue(self, fairness_id: str, priority: int, pool: str, model: str, target: str, count: int,
                    size: int) -> None:
-        labels = (fairness_id, str(priority), pool, model, target)
+        labels = (self._fairness_label(fairness_id), str(priority), pool, model, target)
         left = self._flow_queued.get(labels, 0) + count
         self._child(self.flow_size, *labels).inc(count)
         self._child(self.flow_bytes, *labels).inc(size)
@@ -231,10 +245,12 @@ class EppMetrics:
 
     def flow_outcome(self, fairness_id: str, priority: int, outcome: str, pool: str, model: str, target: str,
                      seconds: float) -> None:
-        self._child(self.flow_duration, fairness_id, str(priority), outcome, pool, model, target).observe(seconds)
+        fid = self._fairness_label(fairness_id)
+        self._child(self.flow_duration, fid, str(priority), outcome, pool, model, target).observe(seconds)
 
     def flow_enqueue(self, fairness_id: str, priority: int, outcome: str, seconds: float) -> None:
-        self._child(self.flow_enqueue_duration, fairness_id, str(priority), outcome).observe(seconds)
+        self._child(self.flow_enqueue_duration, self._fairness_label(fairness_id), str(priority),
+                    outcome).observe(seconds)
 
     def flow_saturation(self, pool: str, saturation: float) -> None:
         self._child(self.flow_saturation_gauge, pool).set(saturation)

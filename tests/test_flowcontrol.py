@@ -374,3 +374,14 @@ async def test_priority_usage_limit_keeps_room_for_the_others():
     critical[2][0].close()
     assert rig.ds.inflight.view() == {}
     await rig.flow.close()
+
+
+def test_fairness_ids_from_clients_cannot_grow_the_metrics_without_bound(monkeypatch):
+    import epp.metrics as m
+
+    monkeypatch.setattr(m, "FAIRNESS_LABELS", 3)
+    metrics = EppMetrics()
+    for i in range(10):
+        metrics.flow_outcome(f"tenant-{i}", 0, "Dispatched", POOL, "llama", "llama", 0.0)
+    fids = {s.labels["fairness_id"] for s in metrics.flow_duration.collect()[0].samples}
+    assert fids == {"tenant-0", "tenant-1", "tenant-2", "other"}

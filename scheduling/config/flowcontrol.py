@@ -27,12 +27,9 @@ from scheduling.config.common import check_keys, expect_list, expect_mapping, ex
 from scheduling.framework import ConfigError, Plugin
 from scheduling.framework.errors import join_path
 from scheduling.framework.params import parse_duration
-from scheduling.plugins.system.flow_control_policies import (
-    FairnessPolicy,
-    OrderingPolicy,
-    PriorityUsageLimit,
-    StaticUsageLimit,
-)
+from scheduling.plugins.system._flow_policies import FairnessPolicy, OrderingPolicy
+from scheduling.plugins.system.priority_usage_limit_policy import PriorityUsageLimit
+from scheduling.plugins.system.static_usage_limit_policy import StaticUsageLimit
 
 SECTION_KEYS = ("maxBytes", "maxRequests", "defaultRequestTTL", "defaultPriorityBand", "priorityBands",
                 "usageLimitPolicyPluginRef")
