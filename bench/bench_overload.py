@@ -20,7 +20,7 @@ adds the flowControl gate and section (TTL 5 s, round-robin fairness, a 16-reque
 a priority-usage-limit-policy that stops dispatching batch at 75% of the slots: running requests cannot be
 preempted, so the room a critical request needs must be kept free).
 
-Reported per run and class: offered req/s, served (200s that completed) and goodput (served per second of the
+Reported per run and class (and `critical`, both tenants together): offered req/s, served (200s that completed) and goodput (served per second of the
 phase's wall time, from its first request to its last response, so a backlog that drains late does not inflate it),
 the share of the tenants' goodput, p50/p99 TTFT of served requests, and refusals (429, 503). Targets (flow control on, `mixed`): critical p99
 within 3x of its unloaded p99; A and B served alike (served fraction within 10%); the refused requests are batch.
@@ -252,14 +252,18 @@ def rows_for(run: str, samples: list[Sample], rates: dict[str, float], seconds: 
     served = {c: [s for s in samples if s.cls == c and s.status == 200 and s.done is not None] for c in rates}
     tenant_goodput = sum(len(served[c]) for c in ("tenant-a", "tenant-b") if c in rates)
     out = []
-    for cls, rate in rates.items():
-        mine = [s for s in samples if s.cls == cls]
+    groups = dict(rates)
+    if "tenant-a" in rates and "tenant-b" in rates:
+        groups["critical"] = rates["tenant-a"] + rates["tenant-b"]  # both tenants together: more samples
+        served["critical"] = served["tenant-a"] + served["tenant-b"]
+    for cls, rate in groups.items():
+        mine = [s for s in samples if s.cls == cls or (cls == "critical" and s.cls.startswith("tenant-"))]
         ok = served[cls]
         ttfts = [s.ttft for s in ok if s.ttft is not None]
         p50, p99 = pct(ttfts, 0.5), pct(ttfts, 0.99)
         out.append(ClassRow(
             run=run, cls=cls, offered_rps=rate, sent=len(mine), served=len(ok), goodput_rps=len(ok) / seconds,
-            share=(len(ok) / tenant_goodput if tenant_goodput and cls != "batch" else None),
+            share=(len(ok) / tenant_goodput if tenant_goodput and cls.startswith("tenant-") else None),
             ttft_p50_ms=p50 * 1000 if p50 is not None else None, ttft_p99_ms=p99 * 1000 if p99 is not None else None,
             r429=sum(s.status == 429 for s in mine), r503=sum(s.status == 503 for s in mine),
             other=sum(s.status not in (200, 429, 503) for s in mine)))
@@ -284,7 +288,7 @@ def verdicts(rows: list[ClassRow]) -> list[str]:
     by = {(r.run, r.cls): r for r in rows}
     out = []
     if ("mixed/unloaded", "tenant-a") in by and ("mixed/on", "tenant-a") in by:
-        for cls in ("tenant-a", "tenant-b"):
+        for cls in ("critical", "tenant-a", "tenant-b"):
             base, on = by[("mixed/unloaded", cls)].ttft_p99_ms, by[("mixed/on", cls)].ttft_p99_ms
             if base and on:
                 out.append(f"mixed/on {cls}: TTFT p99 {on:.0f} ms = {on / base:.2f}x unloaded ({base:.0f} ms); "
@@ -374,7 +378,8 @@ async def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.md").write_text(header + "\n\n" + table + "\n\n" + "\n".join(f"- {n}" for n in notes) + "\n")
     (out / "results.json").write_text(json.dumps({"capacity_rps": cap, "args": asdict(a), "rounds": ns.rounds,
-                                                   "rows": [asdict(r) for r in rows], "verdicts": notes}, indent=1))
+                                                   "rows": [asdict(r) for r in rows], "verdicts": notes,
+                                                   "samples": {n: [asdict(x) for x in v] for n, v in samples.items()}}))
     print("\n" + header + "\n\n" + table + "\n")
     for n in notes:
         print("-", n)
