@@ -96,6 +96,7 @@ class ClassRow:
     goodput_rps: float
     share: float | None
     ttft_p50_ms: float | None
+    ttft_p90_ms: float | None
     ttft_p99_ms: float | None
     r429: int
     r503: int
@@ -260,11 +261,12 @@ def rows_for(run: str, samples: list[Sample], rates: dict[str, float], seconds: 
         mine = [s for s in samples if s.cls == cls or (cls == "critical" and s.cls.startswith("tenant-"))]
         ok = served[cls]
         ttfts = [s.ttft for s in ok if s.ttft is not None]
-        p50, p99 = pct(ttfts, 0.5), pct(ttfts, 0.99)
+        p50, p90, p99 = pct(ttfts, 0.5), pct(ttfts, 0.9), pct(ttfts, 0.99)
         out.append(ClassRow(
             run=run, cls=cls, offered_rps=rate, sent=len(mine), served=len(ok), goodput_rps=len(ok) / seconds,
             share=(len(ok) / tenant_goodput if tenant_goodput and cls.startswith("tenant-") else None),
-            ttft_p50_ms=p50 * 1000 if p50 is not None else None, ttft_p99_ms=p99 * 1000 if p99 is not None else None,
+            ttft_p50_ms=p50 * 1000 if p50 is not None else None, ttft_p90_ms=p90 * 1000 if p90 is not None else None,
+            ttft_p99_ms=p99 * 1000 if p99 is not None else None,
             r429=sum(s.status == 429 for s in mine), r503=sum(s.status == 503 for s in mine),
             other=sum(s.status not in (200, 429, 503) for s in mine)))
     return out
@@ -276,11 +278,12 @@ def fmt(x: float | None, nd: int = 0) -> str:
 
 def markdown(rows: list[ClassRow]) -> str:
     lines = ["| run | class | offered req/s | sent | served | goodput req/s | tenant share | TTFT p50 ms | "
-             "TTFT p99 ms | 429 | 503 | other |", "|" + "---|" * 12]
+             "TTFT p90 ms | TTFT p99 ms | 429 | 503 | other |", "|" + "---|" * 13]
     for r in rows:
         lines.append(f"| {r.run} | {r.cls} | {r.offered_rps:.1f} | {r.sent} | {r.served} | {r.goodput_rps:.2f} | "
                      f"{fmt(r.share * 100 if r.share is not None else None)}{'%' if r.share is not None else ''} | "
-                     f"{fmt(r.ttft_p50_ms)} | {fmt(r.ttft_p99_ms)} | {r.r429} | {r.r503} | {r.other} |")
+                     f"{fmt(r.ttft_p50_ms)} | {fmt(r.ttft_p90_ms)} | {fmt(r.ttft_p99_ms)} | {r.r429} | {r.r503} | "
+                     f"{r.other} |")
     return "\n".join(lines)
 
 
@@ -379,6 +382,7 @@ async def main() -> None:
     (out / "results.md").write_text(header + "\n\n" + table + "\n\n" + "\n".join(f"- {n}" for n in notes) + "\n")
     (out / "results.json").write_text(json.dumps({"capacity_rps": cap, "args": asdict(a), "rounds": ns.rounds,
                                                    "rows": [asdict(r) for r in rows], "verdicts": notes,
+                                                   "spans_s": spans,
                                                    "samples": {n: [asdict(x) for x in v] for n, v in samples.items()}}))
     print("\n" + header + "\n\n" + table + "\n")
     for n in notes:
