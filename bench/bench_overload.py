@@ -206,9 +206,10 @@ async def one(session: aiohttp.ClientSession, url: str, cls: str, data: bytes, t
     return s
 
 
-async def drive(url: str, rates: dict[str, float], seconds: float, a: Args) -> list[Sample]:
-    """Open loop: each class sends Poisson arrivals at its rate for `seconds`; waits for every request."""
-    rng = random.Random(a.seed)
+async def drive(url: str, rates: dict[str, float], seconds: float, a: Args, seed: int = 0) -> list[Sample]:
+    """Open loop: each class sends Poisson arrivals at its rate for `seconds`; waits for every request. The
+    arrivals depend on `seed` only: every phase of a round gets the same plan, each round another."""
+    rng = random.Random(a.seed * 1000 + seed)
     plan: list[tuple[float, str]] = []
     for cls, rate in rates.items():
         t = 0.0
@@ -369,7 +370,7 @@ async def main() -> None:
                 rates_c, flow = PHASES[name]
                 await set_flow(cfg, a, flow)
                 got = await drive(stack.url + "/v1/chat/completions", {c: x * cap for c, x in rates_c.items()},
-                                  a.seconds, a)
+                                  a.seconds, a, seed=r)
                 for x in got:
                     x.round = r
                 samples[name] += got
