@@ -348,9 +348,11 @@ async def main() -> None:
     ap.add_argument("--seconds", type=float, default=Args.seconds, help="per phase and round")
     ap.add_argument("--rounds", type=int, default=3, help="the phases run interleaved, this many times each")
     ap.add_argument("--servers", type=int, default=Args.servers)
+    ap.add_argument("--sheddable-threshold", type=float, default=Args.sheddable_threshold,
+                    help="priority-usage-limit-policy sheddableThreshold with flow control on (0.75)")
     ap.add_argument("--out", default=str(ROOT / "bench" / "out" / "overload"))
     ns = ap.parse_args()
-    a = Args(servers=ns.servers, seconds=ns.seconds)
+    a = Args(servers=ns.servers, seconds=ns.seconds, sheddable_threshold=ns.sheddable_threshold)
     out = Path(ns.out)
     workdir = out / "work"
     fleet = await start_modelsim(a, workdir / "fleet")
@@ -391,7 +393,7 @@ async def main() -> None:
     notes = verdicts(rows)
     header = (f"capacity C = {cap:.1f} req/s ({a.servers} modelsim servers x {a.max_num_seqs} slots, {a.max_tokens} "
               f"streamed output tokens, prompts ~{a.prompt_chars // 4} tokens); phases interleaved, "
-              f"{ns.rounds} x {a.seconds:.0f} s each")
+              f"{ns.rounds} x {a.seconds:.0f} s each; sheddableThreshold {a.sheddable_threshold}")
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.md").write_text(header + "\n\n" + table + "\n\n" + "\n".join(f"- {n}" for n in notes) + "\n")
     (out / "results.json").write_text(json.dumps({"capacity_rps": cap, "args": asdict(a), "rounds": ns.rounds,
