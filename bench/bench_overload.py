@@ -353,7 +353,7 @@ async def main() -> None:
     ap.add_argument("--out", default=str(ROOT / "bench" / "out" / "overload"))
     ns = ap.parse_args()
     a = Args(servers=ns.servers, seconds=ns.seconds, sheddable_threshold=ns.sheddable_threshold)
-    out = Path(ns.out)
+    out = Path(ns.out).resolve()
     workdir = out / "work"
     fleet = await start_modelsim(a, workdir / "fleet")
     stack = None
