@@ -1,8 +1,14 @@
-"""Admission control: the utilization (saturation) detector and the sheddable-request gate.
+"""Admission control: the saturation detectors and the sheddable-request gate.
 
-Per endpoint, load = max(waiting / queueDepthThreshold, kv_usage / kvCacheUtilThreshold). An endpoint whose
-metrics are missing, flagged stale, or older than the staleness window (200 ms by default) counts as 1.0.
-Pool saturation = the mean load over the endpoints; with no endpoints it is 1.0.
+utilization-detector: per endpoint, load = max(waiting / queueDepthThreshold, kv_usage / kvCacheUtilThreshold).
+An endpoint whose metrics are missing, flagged stale, or older than the staleness window (200 ms by default) counts
+as 1.0. Pool saturation = the mean load over the endpoints; with no endpoints it is 1.0. Flow control may pass
+`extra_waiting`: requests it dispatched to an endpoint since that endpoint's last scrape, counted as waiting, so a
+burst of dispatches between two scrapes does not overshoot.
+
+concurrency-detector: pool saturation = the picker's in-flight requests (or estimated prompt tokens) on the pool's
+endpoints / (endpoints x maxConcurrency (or maxTokenConcurrency)); with no endpoints it is 1.0. Exact and immediate
+(every pick counts at once, other replicas' too when the replica bus runs), but blind to what the engines do.
 
 A request with negative priority (InferenceObjective `spec.priority` < 0) is sheddable: it is rejected (the
 director answers 429 ResourceExhausted) when saturation >= 1 + headroom. Every other request is admitted.
@@ -12,11 +18,23 @@ Pure: no clock reads; `now` comes from the caller's monotonic clock, the same on
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Protocol
 
+from scheduling.api import NO_LOAD, InflightLoad, Saturation
 from scheduling.framework.params import parse_duration
 from scheduling.types import Endpoint, Metrics
+
+
+class Detector(Protocol):
+    """What admission and flow control ask of a saturation detector."""
+
+    def saturation(
+        self, endpoints: Iterable[Endpoint], now: float, extra_waiting: Mapping[str, int] | None = None
+    ) -> float: ...
+
+    def admit(self, priority: int, endpoints: Iterable[Endpoint], now: float) -> bool: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,19 +54,21 @@ class SaturationDetector:
         if self.headroom < 0:
             raise ValueError(f"headroom must be >= 0, got {self.headroom}")
 
-    def endpoint_load(self, metrics: Metrics, now: float) -> float:
+    def endpoint_load(self, metrics: Metrics, now: float, extra_waiting: int = 0) -> float:
         if metrics.stale or metrics.updated_at is None or now - metrics.updated_at > self.metrics_staleness_s:
             return 1.0
         return max(
-            metrics.waiting / self.queue_depth_threshold,
+            (metrics.waiting + extra_waiting) / self.queue_depth_threshold,
             metrics.kv_usage / self.kv_cache_util_threshold,
         )
 
-    def saturation(self, endpoints: Iterable[Endpoint], now: float) -> float:
+    def saturation(
+        self, endpoints: Iterable[Endpoint], now: float, extra_waiting: Mapping[str, int] | None = None
+    ) -> float:
         total = 0.0
         n = 0
         for ep in endpoints:
-            total += self.endpoint_load(ep.metrics, now)
+            total += self.endpoint_load(ep.metrics, now, extra_waiting.get(ep.key, 0) if extra_waiting else 0)
             n += 1
         return 1.0 if n == 0 else total / n
 
@@ -87,3 +107,60 @@ def detector_from_params(params: dict[str, object] | None) -> SaturationDetector
         metrics_staleness_s=parse_duration(staleness),
         headroom=float(p.get("headroom", 0.0)),  # type: ignore[arg-type]
     )
+
+
+class InflightView(Protocol):
+    def get(self, key: str) -> InflightLoad: ...
+
+
+@dataclass(frozen=True, slots=True)
+class ConcurrencyDetector:
+    """concurrency-detector: saturation from the picker's own in-flight accounting (`inflight.get(key)`)."""
+
+    inflight: InflightView
+    max_concurrency: int = 100
+    headroom: float = 0.0
+    mode: str = "requests"  # or "tokens"
+    max_token_concurrency: int = 1_000_000
+
+    def __post_init__(self) -> None:
+        if self.max_concurrency <= 0 or self.max_token_concurrency <= 0:
+            raise ValueError("maxConcurrency and maxTokenConcurrency must be > 0")
+        if self.mode not in ("requests", "tokens"):
+            raise ValueError(f"concurrencyMode must be requests or tokens, got {self.mode!r}")
+
+    def saturation(
+        self, endpoints: Iterable[Endpoint], now: float, extra_waiting: Mapping[str, int] | None = None
+    ) -> float:
+        load = n = 0
+        tokens = self.mode == "tokens"
+        get = self.inflight.get
+        for ep in endpoints:
+            cur = get(ep.key)
+            load += cur.tokens if tokens else cur.requests
+            n += 1
+        if n == 0:
+            return 1.0
+        return load / (n * (self.max_token_concurrency if tokens else self.max_concurrency))
+
+    def saturated(self, endpoints: Iterable[Endpoint], now: float) -> bool:
+        return self.saturation(endpoints, now) >= 1.0 + self.headroom
+
+    def admit(self, priority: int, endpoints: Iterable[Endpoint], now: float) -> bool:
+        if priority >= 0:
+            return True
+        return not self.saturated(endpoints, now)
+
+
+class _NoInflight:
+    def get(self, key: str) -> InflightLoad:
+        return NO_LOAD
+
+
+def detector_for(sat: Saturation, inflight: InflightView | None = None) -> SaturationDetector | ConcurrencyDetector:
+    """The detector a config's `saturationDetector` section describes."""
+    if sat.detector == "concurrency":
+        return ConcurrencyDetector(inflight or _NoInflight(), sat.max_concurrency, sat.headroom,
+                                   sat.concurrency_mode, sat.max_token_concurrency)
+    return SaturationDetector(sat.queue_depth_threshold, sat.kv_cache_util_threshold, sat.metrics_staleness_s,
+                              sat.headroom)

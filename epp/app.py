@@ -85,6 +85,9 @@ class App:
         self._api: Any = None
         self.precise: PreciseService | None = None  # the precise prefix index and its KV-event subscriptions
         self.tokens: RequestTokens | None = None  # tokenizes requests for configs that read token ids
+        self.flow: Any = None  # epp.flowcontrol.FlowController while the config turns flow control on
+        self.pressure: Any = None  # epp.flowcontrol.PoolPressure: the pool saturation flow control reads
+        self._background: set[asyncio.Task[Any]] = set()
 
     async def start(self) -> None:
         args = self.args
@@ -130,12 +133,22 @@ class App:
         # Endpoint lifecycle: whatever scheduler is current forgets a departed endpoint (in-flight counts and the
         # unhealthy mark are the datastore's own; the scraper subscribes itself).
         ds.on_endpoint_removed(lambda key: director.scheduler.endpoint_removed(key))
-        from epp.scrape.scraper import start_scraper
+        from epp.admission import SaturationDetector
+        from epp.flowcontrol import PoolPressure
 
-        self.scraper = await start_scraper(ds, interval=args.refresh_metrics_interval, timeout=1.0,
-                                           staleness=args.metrics_staleness_threshold)
+        self.pressure = PoolPressure(ds, director.routable, SaturationDetector())
+        ds.on_endpoint_removed(self.pressure.forget)
+        ds.on_metrics_updated(self._metrics_arrived)
+        self.cleanups.append(self._stop_flow_control)
+        from epp.scrape.scraper import bounded_timeout, start_scraper
+
+        staleness = args.metrics_staleness_threshold
+        timeout = getattr(args, "scrape_timeout", None) or bounded_timeout(staleness, 3, args.refresh_metrics_interval)
+        self.scraper = await start_scraper(ds, interval=args.refresh_metrics_interval, timeout=timeout,
+                                           staleness=staleness)
         self.cleanups.append(self.scraper.stop)
         await self._start_bus()
+        self._start_passive_health()
         self.apply_scheduler(scheduler)
         if args.metrics_port or args.worker_index is not None:
             self._make_dashboard()
@@ -211,11 +224,11 @@ class App:
         ds = self.datastore
         if args.endpoints_file:
             from epp.reload import FileWatcher, yaml_parser
-            from epp.static_source import apply_static, parse_static_config
+            from epp.static_source import apply_static, parse_static_file
 
             path = Path(args.endpoints_file)
             # Polled every 0.5 s: an edit reaches Envoy (EDS) within a second.
-            watcher = FileWatcher(path, parse=yaml_parser(parse_static_config, str(path)),
+            watcher = FileWatcher(path, parse=yaml_parser(parse_static_file, str(path)),
                                   apply=lambda parsed: apply_static(ds, *parsed), interval=0.5)
             await watcher.load_initial()
             watcher.start()
@@ -336,23 +349,80 @@ class App:
         self.watchers["scheduling config"] = watcher
         return scheduler
 
+    def _start_passive_health(self) -> None:
+        """Response-path failures take endpoints out of rotation (epp/passive.py); off with --passive-health=false."""
+        args = self.args
+        if not getattr(args, "passive_health", True):
+            return
+        from epp.passive import PassiveHealth
+
+        passive = PassiveHealth(
+            self.datastore,
+            failure_threshold=args.passive_failure_threshold,
+            cooldown=args.passive_cooldown,
+            max_cooldown=max(args.passive_max_cooldown, args.passive_cooldown),
+            silence_timeout=args.passive_silence_timeout,
+            metrics=self.metrics,
+        )
+        passive.scraper = self.scraper
+        assert self.director is not None and self.metrics is not None
+        self.director.passive = passive
+        self.director.watchers.append(passive)
+        self.metrics.bind_health(passive)
+        passive.start()
+        self.cleanups.append(passive.stop)
+
     def apply_scheduler(self, scheduler: ModelScheduler) -> None:
-        """Make `scheduler` current, with what its config's shell sections say (admission thresholds, scraping)."""
-        from epp.admission import SaturationDetector
+        """Make `scheduler` current, with what its config's shell sections say (admission thresholds, flow
+        control, scraping)."""
+        from epp.admission import detector_for
 
         shell = scheduler.shell
-        sat = shell.saturation
-        detector = SaturationDetector(sat.queue_depth_threshold, sat.kv_cache_util_threshold,
-                                      sat.metrics_staleness_s, sat.headroom)
+        detector = detector_for(shell.saturation, self.datastore.inflight)
         assert self.director is not None, "the director is created before any scheduler is applied"
         self.director.scheduler = scheduler
         self.director.admission = detector.admit
+        self._apply_flow_control(shell.flow_control, detector)
         if self.scraper is not None:
             self.scraper.configure(shell.scrape)
         if self.precise is not None:
             self.precise.apply_config(scheduler)  # an llm-d kvEventsConfig may name the engines' event port
         if self.bus is not None:  # the new scheduler's plugins replicate instead of the old one's
             self.bus.replication.attach(scheduler)
+
+    def _apply_flow_control(self, config: Any, detector: Any) -> None:
+        """Turn flow control on, reconfigure it, or turn it off (queued requests are then dispatched)."""
+        from epp.flowcontrol import FlowController
+
+        assert self.director is not None
+        if self.pressure is not None:
+            self.pressure.detector = detector
+        if config is None:
+            old, self.flow = self.flow, None
+            self.director.flow = None
+            if old is not None:
+                task = asyncio.get_running_loop().create_task(old.close(release=True))
+                self._background.add(task)
+                task.add_done_callback(self._background.discard)
+            return
+        if self.flow is None:
+            self.flow = FlowController(config, self.pressure, metrics=self.metrics)
+            self.director.flow = self.flow
+        else:
+            self.flow.configure(config)
+
+    def _metrics_arrived(self, keys: Any) -> None:
+        if self.pressure is not None:
+            self.pressure.metrics_updated(keys)
+        if self.flow is not None:
+            self.flow.kick()
+
+    async def _stop_flow_control(self) -> None:
+        flow, self.flow = self.flow, None
+        if self.director is not None:
+            self.director.flow = None
+        if flow is not None:
+            await flow.close()
 
     async def _start_grpc(self) -> None:
         args = self.args

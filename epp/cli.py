@@ -62,6 +62,21 @@ def _add_serve_flags(p: argparse.ArgumentParser) -> None:
 
     add_ratelimit_flags(p, _duration)
 
+    g = p.add_argument_group("health (scraping and passive)")
+    g.add_argument("--scrape-timeout", type=_duration, default=None,
+                   help="timeout of one metrics scrape (default: 3 hung scrapes in a row fit in the staleness "
+                        "threshold: 0.45s with 2s)")
+    g.add_argument("--passive-health", type=_bool, default=True,
+                   help="count failed responses (5xx, resets, silent streams) against endpoints (default true)")
+    g.add_argument("--passive-failure-threshold", type=int, default=5,
+                   help="failed responses in a row that take an endpoint out (5)")
+    g.add_argument("--passive-cooldown", type=_duration, default=10.0,
+                   help="how long an endpoint stays out before one probe request is let through (10s)")
+    g.add_argument("--passive-max-cooldown", type=_duration, default=300.0,
+                   help="each failed probe doubles the cool-down, up to this (5m)")
+    g.add_argument("--passive-silence-timeout", type=_duration, default=60.0,
+                   help="a streaming response silent this long counts as failed (60s)")
+
     g = p.add_argument_group("protocol")
     g.add_argument("--request-body-mode", type=BodyMode.parse, default=BodyMode.FULL_DUPLEX_STREAMED)
     g.add_argument("--response-body-mode", type=BodyMode.parse, default=BodyMode.FULL_DUPLEX_STREAMED)
@@ -142,10 +157,14 @@ def build_parser() -> argparse.ArgumentParser:
                     help="which pool: with --endpoints-file (default: the first), the EDS resource with --eds")
     ec.add_argument("--eds", action="store_true",
                     help="override-host pool cluster fed live by Pointsman's EDS server (on the --epp port)")
-    ec.add_argument("--request-body-mode", default="FULL_DUPLEX_STREAMED")
-    ec.add_argument("--response-body-mode", default="FULL_DUPLEX_STREAMED")
-    ec.add_argument("--response-phases", choices=("full", "lean"), default="full",
-                    help="lean: request phases only (half the messages; no usage or served-endpoint reading)")
+    ec.add_argument("--request-body-mode", default="",
+                    help="ext_proc request body mode (default FULL_DUPLEX_STREAMED; BUFFERED with --failure-mode open)")
+    ec.add_argument("--response-body-mode", default="",
+                    help="ext_proc response body mode (default FULL_DUPLEX_STREAMED; STREAMED with --failure-mode open)")
+    ec.add_argument("--response-phases", choices=("full", "headers", "lean"), default="full",
+                    help="full: every response phase; headers: response headers, no body (status for passive "
+                         "health, no usage); lean: request phases only (half the messages; no usage, no "
+                         "served-endpoint reading, passive health blind)")
     ec.add_argument("--epp-tls", action="store_true", help="talk TLS to Pointsman")
     ec.add_argument("--routes-file", action="append", default=[],
                     help="route documents: a cluster and route per ExternalModelProvider, retries for ModelServers, "
@@ -154,6 +173,13 @@ def build_parser() -> argparse.ArgumentParser:
                     help="CA bundle that verifies external providers' certificates (the system bundle)")
     ec.add_argument("--provider-header", default="x-pointsman-provider",
                     help="the request header Pointsman sets to send a request to a provider's cluster")
+    ec.add_argument("--failure-mode", choices=("closed", "open"), default="closed",
+                    help="closed (default): requests fail while Pointsman is down; open: they go on to the "
+                         "fallback policy over the pool's endpoints (needs --eds or an endpoint list; the "
+                         "InferencePool's failureMode FailOpen)")
+    ec.add_argument("--message-timeout", type=_duration, default=0.0,
+                    help="ext_proc message timeout (300s closed, 30s open; Envoy does not apply it in "
+                         "FULL_DUPLEX_STREAMED): keep it above the flow-control request TTL")
     ec.add_argument("-o", "--output", default="-")
 
     ex = sub.add_parser("explain", help="ask a running Pointsman which endpoint a request would get, and why")
@@ -257,8 +283,9 @@ def _envoy_config(args: argparse.Namespace) -> int:
             return 2
         epps.append((host.strip("[]") or "127.0.0.1", int(port)))
     (epp_host, epp_port), *replicas = epps
+    open_mode = args.failure_mode == "open"
     spec = EnvoyConfigSpec(
-        variant=args.variant or ("override-host" if args.eds else "original-dst"),
+        variant=args.variant or ("override-host" if args.eds or open_mode else "original-dst"),
         listen_port=args.listen_port,
         listen_address=args.listen_address,
         admin_port=args.admin_port,
@@ -276,7 +303,13 @@ def _envoy_config(args: argparse.Namespace) -> int:
         response_phases=args.response_phases,
         epp_tls=args.epp_tls,
         route_fragments=fragments,
+        failure_mode=args.failure_mode,
+        message_timeout_s=args.message_timeout,
     )
+    if spec.failure_mode == "open" and "FULL_DUPLEX_STREAMED" in spec.body_modes():
+        print("warning: with a FULL_DUPLEX_STREAMED body Envoy answers 500 to requests whose ext_proc stream breaks "
+              "(the body chunks it sent are lost), until health checks take Pointsman out (about 2 s); the "
+              "fail-open defaults are BUFFERED requests and STREAMED responses", file=sys.stderr)
     try:
         text = render_yaml(spec)
     except ValueError as e:

@@ -142,11 +142,12 @@ def endpoints_command(args: argparse.Namespace) -> int:
     if args.json:
         print(json_format.MessageToJson(resp, preserving_proto_field_name=True))
         return 0
-    print(f"{'pool':<12} {'endpoint':<22} {'role':<8} {'wait':>4} {'run':>4} {'kv':>5} {'infl':>4}  state")
+    print(f"{'pool':<12} {'endpoint':<22} {'role':<8} {'wait':>4} {'run':>4} {'kv':>5} {'infl':>4} "
+          f"{'metrics':<7} {'state':<8} {'fail':>4}  reason")
     for e in resp.endpoints:
-        state = "stale" if e.stale else "fresh"
-        if not e.routable:
-            state = "out"
+        metrics = "stale" if e.stale else "fresh"
+        state = e.state or ("healthy" if e.routable else "out")
+        fails = f"{e.consecutive_failures}/{e.failures}" if e.failures else "-"
         print(f"{e.pool:<12} {e.key:<22} {e.role or '-':<8} {e.waiting:>4} {e.running:>4} "
-              f"{e.kv_usage:>5.2f} {e.inflight:>4}  {state}")
+              f"{e.kv_usage:>5.2f} {e.inflight:>4} {metrics:<7} {state:<8} {fails:>4}  {e.reason}".rstrip())
     return 0

@@ -190,6 +190,10 @@ class Datastore:
         self.synced = False  # set by the source once the first full view is in
         # Endpoint keys the scraper took out of rotation after a failure streak; the director skips them.
         self.unhealthy: set[str] = set()
+        # Endpoint keys passive health (epp.passive) holds out of rotation: failed responses, or a probe in
+        # flight. Its only writer is the passive-health tracker; the director skips them too.
+        self.ejected: set[str] = set()
+        self._metrics_listeners: list[Callable[[Iterable[str]], None]] = []
 
     # ---- writers -------------------------------------------------------------------------------------------
     def set_pool(self, spec: PoolSpec, endpoints: Iterable[Endpoint] | None = None) -> None:
@@ -220,6 +224,15 @@ class Datastore:
                 continue
             eps = [e.with_metrics(updates[e.key]) if e.key in updates else e for e in snap.endpoints]
             self._pools[name] = _index(snap.spec, eps)
+        for fn in self._metrics_listeners:
+            try:
+                fn(updates.keys())
+            except Exception:  # a listener must never break a writer
+                log.exception("datastore metrics listener failed")
+
+    def on_metrics_updated(self, fn: Callable[[Iterable[str]], None]) -> None:
+        """`fn(keys)` after every metrics batch, with the keys of the endpoints it updated."""
+        self._metrics_listeners.append(fn)
 
     def _carry_metrics(self, pool: str, endpoints: Iterable[Endpoint]) -> list[Endpoint]:
         """A re-listed endpoint keeps the metrics it had: discovery must not reset what scraping learnt."""
@@ -269,6 +282,7 @@ class Datastore:
         for key in left:
             self.inflight.forget(key)
             self.unhealthy.discard(key)
+            self.ejected.discard(key)
             self._call(self._removed, key)
         for ep in arrived.values():
             self._call(self._added, ep)
@@ -305,8 +319,8 @@ class Datastore:
         return self._members
 
     def is_routable(self, key: str) -> bool:
-        """False while the scraper holds the endpoint out of rotation (consecutive scrape failures)."""
-        return key not in self.unhealthy
+        """False while the scraper (consecutive scrape failures) or passive health holds the endpoint out."""
+        return key not in self.unhealthy and key not in self.ejected
 
     def set_unhealthy(self, key: str, unhealthy: bool) -> None:
         if unhealthy:

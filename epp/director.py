@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from epp.datastore import Datastore, InflightTicket
+from epp.flowcontrol.controller import DROPPED_REASON, FAIRNESS_HEADER
 from epp.gates import Answer, Gate, Hold
 from epp.parsing import api_kind, parse_body, set_model
 from epp.pool_select import choose_pool
@@ -70,9 +71,11 @@ class DirectorMetrics(Protocol):
 
 @dataclass(slots=True)
 class ShellContext(SchedulingContext):
-    """The scheduler's context plus what only the shell reads: the routing layer's decision (epp/routing), if any."""
+    """The scheduler's context plus what only the shell reads: the routing layer's decision (epp/routing), if any,
+    and the pool the candidates came from (flow control queues per pool)."""
 
     route: Any = None
+    pool: str = ""
 
 
 class NullMetrics:
@@ -99,6 +102,13 @@ def merge_headers(sets: list[tuple[str, str]], extra: Sequence[tuple[str, str]])
 
 def error_outcome(err: SchedulingError) -> Outcome:
     return Outcome(reject_status=err.code.http_status, reject_body=str(err))
+
+
+def _content_length(headers: Mapping[str, str]) -> int:
+    try:
+        return max(0, int(headers.get("content-length", "0")))
+    except ValueError:
+        return 0
 
 
 def _split_list(value: object) -> list[str]:
@@ -160,6 +170,8 @@ class Director:
         self.gates: list[Gate] = list(gates)  # admission after parsing and routing, in order (epp/gates.py)
         self.watchers: list[Watcher] = list(watchers)  # see the response path of committed requests (epp/watch.py)
         self.tokens: Any = None  # epp.tokenize.shell.RequestTokens: tokens for configs that read them (the app)
+        self.flow: Any = None  # epp.flowcontrol.FlowController while the config turns flow control on
+        self.passive: Any = None  # epp.passive.PassiveHealth (also one of the watchers), for reporting
         self._decisions = 0
         self.recorder: DecisionRecorder | None = None  # set by the app when the dashboard is on
 
@@ -218,33 +230,67 @@ class Director:
             base_model=base,
             body=parsed_body,
         )
+        pool = ""
         if route is not None and route.provider is not None:
             candidates: list[Endpoint] = []  # an external provider: no endpoint to schedule
         else:
-            candidates = self.candidates(headers, metadata, route=route, model=target)
-        ctx = ShellContext(req, candidates, self.datastore.inflight.view(), self.clock(), route=route)
+            pool = self.resolve_pool(metadata, route=route, model=target) or ""
+            candidates = self.candidates(headers, metadata, route=route, pool=pool)
+        ctx = ShellContext(req, candidates, self.datastore.inflight.view(), self.clock(), route=route, pool=pool)
         return ctx, parsed_body
+
+    def pool_of(self, metadata: Mapping[str, Mapping[str, object]]) -> str | None:
+        """The pool a request is for: route metadata set by Envoy, else the default pool."""
+        ns, key = self.config.pool_metadata_key
+        if ns in metadata:
+            pool = metadata[ns].get(key)
+            if isinstance(pool, str) and pool:
+                return pool
+        return self.config.default_pool or self.datastore.default_pool
+
+    def routable(self, pool: str | None) -> list[Endpoint]:
+        """The pool's endpoints in rotation (all of them when none is); [] for an unknown pool."""
+        snap = self.datastore.snapshot(pool)
+        return [] if snap is None else self._in_rotation(snap.endpoints)
+
+    def _in_rotation(self, endpoints: Sequence[Endpoint]) -> list[Endpoint]:
+        eps: list[Endpoint] = list(endpoints)
+        ds = self.datastore
+        unhealthy, ejected = ds.unhealthy, ds.ejected
+        if unhealthy or ejected:
+            healthy = [e for e in eps if e.key not in unhealthy and e.key not in ejected]
+            # Every endpoint out of rotation is more likely a problem with the evidence than a dead pool: all go.
+            eps = healthy or eps
+        return eps
+
+    def resolve_pool(
+        self, metadata: Mapping[str, Mapping[str, object]], *, route: Any = None, model: str = ""
+    ) -> str | None:
+        """The pool a request schedules in: its route's, else Envoy's route metadata, else the pool chooser's."""
+        if route is not None:
+            pool: str | None = route.pool_name
+            return pool
+        ns, key = self.config.pool_metadata_key
+        named = metadata.get(ns, {}).get(key)
+        if isinstance(named, str) and named:
+            return named
+        hint = metadata.get(SUBSET_NS)
+        ds = self.datastore  # several pools may share this Pointsman: see epp/pool_select.py
+        return choose_pool(ds, default=self.config.default_pool or ds.default_pool, model=model,
+                           hint=_split_list(hint[SUBSET]) if hint is not None and SUBSET in hint else None,
+                           exclude=self.router.materializer.names if self.router is not None else ())
 
     def candidates(
         self, headers: Mapping[str, str], metadata: Mapping[str, Mapping[str, object]], *, route: Any = None,
-        model: str = "",
+        pool: str | None = None,
     ) -> list[Endpoint]:
-        pool = route.pool_name if route is not None else None
-        ns, key = self.config.pool_metadata_key
-        named = metadata.get(ns, {}).get(key)
-        if pool is None and isinstance(named, str) and named:
-            pool = named
-        hint = metadata.get(SUBSET_NS)
-        if pool is None:  # several pools may share this Pointsman: see epp/pool_select.py
-            ds = self.datastore
-            pool = choose_pool(ds, default=self.config.default_pool or ds.default_pool, model=model,
-                               hint=_split_list(hint[SUBSET]) if hint is not None and SUBSET in hint else None,
-                               exclude=self.router.materializer.names if self.router is not None else ())
+        """The endpoints of `pool` (see resolve_pool) this request may go to; SchedulingError when none."""
         snap = self.datastore.snapshot(pool)
         if snap is None:
             if route is not None:
                 raise SchedulingError(ErrorCode.SERVICE_UNAVAILABLE,
                                       f"{route.pool.kind} {route.pool.key} has no endpoints")
+            ns, key = self.config.pool_metadata_key
             known = ", ".join(self.datastore.pool_names())
             raise SchedulingError(
                 ErrorCode.SERVICE_UNAVAILABLE,
@@ -252,12 +298,9 @@ class Director:
                 f"cannot tell which inference pool serves this request (pools: {known}); name it with Envoy "
                 f"route metadata {ns}.{key}",
             )
-        eps: list[Endpoint] = list(snap.endpoints)
-        unhealthy = self.datastore.unhealthy
-        if unhealthy:
-            healthy = [e for e in eps if e.key not in unhealthy]
-            # Every endpoint failing its scrapes is more likely a metrics problem than a dead pool: fail open.
-            eps = healthy or eps
+        # Scrape failures and passive health take endpoints out of rotation (all of them stay when all are out).
+        eps = self._in_rotation(snap.endpoints)
+        hint = metadata.get(SUBSET_NS)
         if hint is not None and SUBSET in hint:
             eps = restrict(eps, _split_list(hint[SUBSET]), ip_only=True)
             if not eps:
@@ -375,7 +418,7 @@ class RequestExchange:
     """The director's side of one stream (implements epp.protocol.Exchange)."""
 
     __slots__ = ("d", "scheduler", "ctx", "result", "started", "scanner", "served", "_closed", "_rewrite_from", "_rewrite_to",
-                 "_ticket", "rec", "_holds", "_watches")
+                 "_ticket", "rec", "_holds", "_watches", "_meta", "_size")
 
     def __init__(self, director: Director) -> None:
         self.d = director
@@ -392,6 +435,8 @@ class RequestExchange:
         self.rec: DecisionRecord | None = None  # the dashboard's record of this decision
         self._holds: list[Hold] = []  # what the admission gates hold until the stream ends
         self._watches: list[ResponseWatch] = []  # the response path, reported to the director's watchers
+        self._meta: Mapping[str, Mapping[str, object]] = {}  # the request's metadata (a queued request re-resolves)
+        self._size = 0  # the request body's size (flow control's queue limits count bytes)
 
     def decide(
         self, headers: Mapping[str, str], body: bytes | None, metadata: Mapping[str, Mapping[str, object]]
@@ -402,6 +447,7 @@ class RequestExchange:
         client going away cancels."""
         d = self.d
         self.started = d.clock()
+        self._meta, self._size = metadata, len(body) if body else _content_length(headers)
         try:
             ctx, parsed = d.build(headers, body, metadata)
         except SchedulingError as err:
@@ -449,7 +495,8 @@ class RequestExchange:
         except asyncio.CancelledError:
             self._undo_holds()  # the client went away while waiting: hold nothing
             raise
-        return self._schedule(ctx, parsed, headers)
+        outcome = self._schedule(ctx, parsed, headers)
+        return await outcome if inspect.isawaitable(outcome) else outcome
 
     async def _gate_later(
         self, pending: Awaitable[Answer], ctx: ShellContext, parsed: dict[str, Any] | None,
@@ -487,8 +534,58 @@ class RequestExchange:
             except Exception:
                 log.exception("undoing an admission hold failed")
 
+    # ---- flow control (epp/flowcontrol): wait while the pool is saturated -----------------------------------
+    def _schedule(
+        self, ctx: ShellContext, parsed: dict[str, Any] | None, headers: Mapping[str, str]
+    ) -> Outcome | Awaitable[Outcome]:
+        flow = self.d.flow
+        if flow is None or (ctx.route is not None and ctx.route.provider is not None):
+            return self._schedule_now(ctx, parsed, headers)
+        try:
+            waiting = flow.admit(ctx.pool, headers.get(FAIRNESS_HEADER, ""), ctx.request, self._size,
+                                 lambda: self._dispatch(ctx, parsed, headers))
+        except Exception as exc:
+            return self._fail(exc)
+        if waiting is None:
+            return self._schedule_now(ctx, parsed, headers)
+        if isinstance(waiting, Outcome):  # refused at once (429); the controller counted it
+            self._undo_holds()
+            self._record_rejection(ctx, ErrorCode.RESOURCE_EXHAUSTED.value, headers)
+            return waiting
+        return self._queued(waiting, ctx, headers)
+
+    def _dispatch(self, ctx: ShellContext, parsed: dict[str, Any] | None, headers: Mapping[str, str]) -> Outcome:
+        """A queued request's turn: schedule it on the pool as it is now, and commit (inside the dispatch cycle)."""
+        d = self.d
+        try:
+            cands = d.candidates(headers, self._meta, route=ctx.route, pool=ctx.pool)
+        except SchedulingError as err:
+            return self._refuse(ctx, err, headers)
+        fresh = ShellContext(ctx.request, cands, d.datastore.inflight.view(), d.clock(), route=ctx.route,
+                             pool=ctx.pool)
+        return self._schedule_now(fresh, parsed, headers)
+
+    def _queued(self, waiting: asyncio.Future[Outcome], ctx: ShellContext, headers: Mapping[str, str]
+                ) -> asyncio.Future[Outcome]:
+        """The controller's future, which the protocol driver awaits; what the gates hold goes back when the
+        request leaves the queue without being routed. (Done callbacks run in the order they were added, so this one
+        runs before the driver's task resumes.)"""
+
+        def settled(fut: asyncio.Future[Outcome]) -> None:
+            if fut.cancelled():  # the client went away while queued (the controller took it out of the queue)
+                self._undo_holds()
+                return
+            outcome = fut.result()
+            if self.ctx is None and any(name == DROPPED_REASON for name, _ in outcome.reject_headers or ()):
+                # Evicted from the queue (its TTL ran out; the controller counted it): nothing reached an engine.
+                self._undo_holds()
+                self._record_rejection(ctx, ErrorCode.SERVICE_UNAVAILABLE.value, headers)
+
+        waiting.add_done_callback(settled)
+        return waiting
+
     # ---- scheduling and commit ----------------------------------------------------------------------------------
-    def _schedule(self, ctx: ShellContext, parsed: dict[str, Any] | None, headers: Mapping[str, str]) -> Outcome:
+    def _schedule_now(self, ctx: ShellContext, parsed: dict[str, Any] | None, headers: Mapping[str, str]) -> Outcome:
         d = self.d
         try:
             if ctx.route is not None and ctx.route.provider is not None:
@@ -526,12 +623,14 @@ class RequestExchange:
         return d.mutations(ctx, result, parsed)
 
     def _count_rejection(self, ctx: ShellContext | None, code: str, headers: Mapping[str, str]) -> None:
+        self.d.metrics.request_error(ctx.request.model if ctx else "", ctx.request.target_model if ctx else "", code)
+        self._record_rejection(ctx, code, headers)
+
+    def _record_rejection(self, ctx: ShellContext | None, code: str, headers: Mapping[str, str]) -> None:
         d = self.d
-        model = ctx.request.model if ctx else ""
-        target = ctx.request.target_model if ctx else ""
-        d.metrics.request_error(model, target, code)
         if d.recorder is not None:
-            d.recorder.rejected(model, target, code, headers.get("x-request-id", ""), self.started, d.clock())
+            d.recorder.rejected(ctx.request.model if ctx else "", ctx.request.target_model if ctx else "", code,
+                                headers.get("x-request-id", ""), self.started, d.clock())
 
     def _refuse(self, ctx: ShellContext | None, err: SchedulingError, headers: Mapping[str, str]) -> Outcome:
         """The request never reaches an engine: give back what the gates took, count it, answer the error."""
@@ -608,6 +707,11 @@ class RequestExchange:
             )
         return chunk
 
+    def response_end(self) -> None:
+        """The response ended without an end-of-stream body message (trailers, or no body messages at all)."""
+        for w in self._watches:
+            w.response_chunk(True)
+
     def close(self) -> None:
         if self._closed:
             return
@@ -618,6 +722,8 @@ class RequestExchange:
             return
         d = self.d
         live = self._ticket is not None and d.datastore.inflight.remove(self._ticket)
+        if d.flow is not None:
+            d.flow.kick()  # capacity freed: queued requests may go
         self.ctx.now = d.clock()  # plugins see the time the request ended
         try:
             # An endpoint that left while the request ran was already forgotten by every plugin: telling them how

@@ -11,7 +11,9 @@ from typing import Any
 
 import grpc
 
+from epp.datastore import Datastore
 from epp.director import Director, ShellContext, error_outcome
+from epp.passive import PassiveHealth
 from epp.routing.providers import CREDENTIAL_HEADERS
 from proto import pointsman_pb2 as api
 from proto import pointsman_pb2_grpc
@@ -198,7 +200,7 @@ class PointsmanService(pointsman_pb2_grpc.PointsmanServicer):
     def list_endpoints(self, request: api.ListEndpointsRequest) -> api.ListEndpointsResponse:
         ds = self.director.datastore
         now = self.director.clock()
-        unhealthy = ds.unhealthy
+        passive = self.director.passive
         out = api.ListEndpointsResponse(pools=ds.pool_names(), default_pool=ds.default_pool or "")
         for pool in [request.pool] if request.pool else ds.pool_names():
             snap = ds.snapshot(pool)
@@ -206,7 +208,7 @@ class PointsmanService(pointsman_pb2_grpc.PointsmanServicer):
                 continue
             for ep in snap.endpoints:
                 m = ep.metrics
-                out.endpoints.add(
+                info = out.endpoints.add(
                     pool=pool,
                     key=ep.key,
                     name=ep.name,
@@ -220,11 +222,26 @@ class PointsmanService(pointsman_pb2_grpc.PointsmanServicer):
                     stale=m.stale,
                     metrics_age_seconds=(now - m.updated_at) if m.updated_at is not None else -1.0,
                     inflight=ds.inflight.get(ep.key).requests,
-                    routable=ep.key not in unhealthy,
+                    routable=ds.is_routable(ep.key),
                 )
+                _health(info, ep.key, ds, passive)
         return out
 
     async def ListEndpoints(  # noqa: N802
         self, request: api.ListEndpointsRequest, context: grpc.aio.ServicerContext
     ) -> api.ListEndpointsResponse:
         return self.list_endpoints(request)
+
+
+def _health(info: api.EndpointInfo, key: str, ds: Datastore, passive: PassiveHealth | None) -> None:
+    """Fill the endpoint's health fields: passive health's view (which includes the scraper's), or the scraper's
+    mark alone when passive health is off."""
+    if passive is None:
+        info.state = "out" if key in ds.unhealthy else "healthy"
+        return
+    state, reason, st = passive.view(key)
+    info.state, info.reason = state, reason
+    if st is not None:
+        info.failures, info.consecutive_failures, info.ejections = st.failures, st.consecutive, st.ejections
+    if passive.scraper is not None:
+        info.scrape_failures = passive.scraper.failures(key)

@@ -13,6 +13,23 @@ Request path (the director calls these):
 ext_proc layer (the grpc server calls this):
 - pointsman_protocol_violations_total{kind}   streams ended by an ext_proc protocol violation  counter
 
+Flow control (epp.flowcontrol calls these; GIE's names and labels):
+- inference_extension_flow_control_request_queue_duration_seconds{fairness_id, priority, outcome, inference_pool,
+  model_name, target_model_name}                                                         histogram
+- inference_extension_flow_control_request_enqueue_duration_seconds{fairness_id, priority, outcome}  histogram
+- inference_extension_flow_control_dispatch_cycle_duration_seconds                       histogram
+- inference_extension_flow_control_queue_size / _queue_bytes{fairness_id, priority, inference_pool, model_name,
+  target_model_name}                                                                     gauges
+- inference_extension_flow_control_pool_saturation{inference_pool}                       gauge
+  (fairness_id: the first 1000 distinct ids, then "other": they come from a client header)
+
+Endpoint health (epp.passive and the scraper):
+- pointsman_endpoint_response_failures_total{endpoint, reason}   failed responses: http_5xx | cut_short | silent
+- pointsman_endpoint_ejections_total{endpoint, source}           times passive health took it out of rotation
+- pointsman_endpoint_state{endpoint, state}                      1 for its state: healthy | out (failed scrapes) |
+                                                                 ejected | probing (computed at scrape time)
+- pointsman_endpoint_scrape_failures{endpoint}                   consecutive failed scrapes (computed at scrape time)
+
 Pool gauges, computed from the datastore at scrape time (so never stale):
 - inference_pool_average_kv_cache_utilization{name}, inference_pool_average_queue_size{name},
   inference_pool_ready_pods{name}, inference_pool_per_pod_queue_size{name, model_server_pod}
@@ -45,6 +62,8 @@ DURATION_BUCKETS = (0.005, 0.025, 0.05, 0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 1.25, 1.5,
 TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32778, 65536, 131072, 262144,
                  524288, 1048576)
 SCHEDULER_BUCKETS = (0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1)
+FAIRNESS_LABELS = 1000  # distinct fairness ids with their own flow-control series; the rest share "other"
+FLOW_BUCKETS = (0.0001, 0.0005, 0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 PLUGIN_BUCKETS = (0.00001, 0.00002, 0.00005, 0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05)
 
 
@@ -74,6 +93,25 @@ class _PoolCollector(Collector):
         yield from (kv, queue, ready, per_pod)
 
 
+class _HealthCollector(Collector):
+    def __init__(self, passive: Any) -> None:
+        self.passive = passive
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        state = GaugeMetricFamily("pointsman_endpoint_state", "1 for the endpoint's health state.",
+                                  labels=["endpoint", "state"])
+        scrapes = GaugeMetricFamily("pointsman_endpoint_scrape_failures", "Consecutive failed metrics scrapes.",
+                                    labels=["endpoint"])
+        passive = self.passive
+        scraper = passive.scraper
+        for key in sorted(passive.datastore.members()):
+            state.add_metric([key, passive.view(key)[0]], 1.0)
+            if scraper is not None:
+                scrapes.add_metric([key], float(scraper.failures(key)))
+        yield state
+        yield scrapes
+
+
 class EppMetrics:
     def __init__(self, datastore: Datastore | None = None) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
@@ -99,6 +137,34 @@ class EppMetrics:
                               ["model_name", "decision_type"], registry=r)
         self.violations = Counter("pointsman_protocol_violations_total",
                                   "ext_proc streams ended by a protocol violation, by rule.", ["kind"], registry=r)
+        flow_labels = ["fairness_id", "priority", "inference_pool", *REQ_LABELS]
+        self.flow_duration = Histogram(
+            "inference_extension_flow_control_request_queue_duration_seconds",
+            "Time requests spend in flow control, from enqueue to their outcome.",
+            ["fairness_id", "priority", "outcome", "inference_pool", *REQ_LABELS], buckets=FLOW_BUCKETS, registry=r)
+        self.flow_enqueue_duration = Histogram(
+            "inference_extension_flow_control_request_enqueue_duration_seconds",
+            "Time taken to enqueue requests into flow control.", ["fairness_id", "priority", "outcome"],
+            buckets=SCHEDULER_BUCKETS, registry=r)
+        self.flow_cycle_duration = Histogram(
+            "inference_extension_flow_control_dispatch_cycle_duration_seconds",
+            "Time taken by one flow-control dispatch cycle.", buckets=SCHEDULER_BUCKETS, registry=r)
+        self.flow_size = Gauge("inference_extension_flow_control_queue_size",
+                               "Requests held in the flow-control queue.", flow_labels, registry=r)
+        self.flow_bytes = Gauge("inference_extension_flow_control_queue_bytes",
+                                "Bytes of the requests held in the flow-control queue.", flow_labels, registry=r)
+        self.flow_saturation_gauge = Gauge("inference_extension_flow_control_pool_saturation",
+                                           "Saturation of the inference pool as flow control sees it (1 = full).",
+                                           ["inference_pool"], registry=r)
+        self.endpoint_failures = Counter("pointsman_endpoint_response_failures_total",
+                                         "Failed responses by endpoint and kind (passive health).",
+                                         ["endpoint", "reason"], registry=r)
+        self.endpoint_ejections = Counter("pointsman_endpoint_ejections_total",
+                                          "Times an endpoint was taken out of rotation.", ["endpoint", "source"],
+                                          registry=r)
+        self._health_collector: _HealthCollector | None = None
+        self._flow_queued: dict[tuple[str, ...], int] = {}
+        self._fairness_ids: set[str] = set()
         self._pool_collector: _PoolCollector | None = None
         self._children: dict[tuple[int, tuple[str, ...]], MetricWrapperBase] = {}
         if datastore is not None:
@@ -149,6 +215,64 @@ class EppMetrics:
     # ---- the ext_proc layer's calls -----------------------------------------------------------------------
     def protocol_violation(self, kind: str) -> None:
         self._child(self.violations, kind).inc()
+
+    # ---- flow control ------------------------------------------------------------------------------------
+    def _fairness_label(self, fairness_id: str) -> str:
+        """Fairness ids come from a client header: the first FAIRNESS_LABELS distinct ones get their own series,
+        later ones share `other`, so a client cannot grow the registry without bound."""
+        seen = self._fairness_ids
+        if fairness_id in seen:
+            return fairness_id
+        if len(seen) < FAIRNESS_LABELS:
+            seen.add(fairness_id)
+            return fairness_id
+        return "other"
+
+    def flow_queue(self, fairness_id: str, priority: int, pool: str, model: str, target: str, count: int,
+                   size: int) -> None:
+        labels = (self._fairness_label(fairness_id), str(priority), pool, model, target)
+        left = self._flow_queued.get(labels, 0) + count
+        self._child(self.flow_size, *labels).inc(count)
+        self._child(self.flow_bytes, *labels).inc(size)
+        if left > 0:
+            self._flow_queued[labels] = left
+        else:  # the flow has nothing queued: drop its series (fairness ids come from clients)
+            self._flow_queued.pop(labels, None)
+            for metric in (self.flow_size, self.flow_bytes):
+                self._children.pop((id(metric), labels), None)
+                try:
+                    metric.remove(*labels)
+                except KeyError:
+                    pass
+
+    def flow_outcome(self, fairness_id: str, priority: int, outcome: str, pool: str, model: str, target: str,
+                     seconds: float) -> None:
+        fid = self._fairness_label(fairness_id)
+        self._child(self.flow_duration, fid, str(priority), outcome, pool, model, target).observe(seconds)
+
+    def flow_enqueue(self, fairness_id: str, priority: int, outcome: str, seconds: float) -> None:
+        self._child(self.flow_enqueue_duration, self._fairness_label(fairness_id), str(priority),
+                    outcome).observe(seconds)
+
+    def flow_saturation(self, pool: str, saturation: float) -> None:
+        self._child(self.flow_saturation_gauge, pool).set(saturation)
+
+    def flow_cycle(self, seconds: float) -> None:
+        self.flow_cycle_duration.observe(seconds)
+
+    # ---- endpoint health -------------------------------------------------------------------------------
+    def endpoint_failure(self, key: str, kind: str) -> None:
+        self._child(self.endpoint_failures, key, kind).inc()
+
+    def endpoint_ejected(self, key: str, source: str) -> None:
+        self._child(self.endpoint_ejections, key, source).inc()
+
+    def bind_health(self, passive: Any) -> None:
+        """Serve the endpoint state gauges from this passive-health tracker (and its scraper)."""
+        if self._health_collector is not None:
+            self.registry.unregister(self._health_collector)
+        self._health_collector = _HealthCollector(passive)
+        self.registry.register(self._health_collector)
 
     # ---- pool gauges -------------------------------------------------------------------------------------
     def bind_datastore(self, datastore: Datastore) -> None:

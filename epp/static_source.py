@@ -17,6 +17,9 @@ pools:
       topic: kv@                          # optional topic prefix
 adapters:                      # optional LoRA adapter -> base model map (X-Gateway-Base-Model-Name)
   sql-lora: meta-llama/Llama-3.1-8B
+objectives:                    # optional InferenceObjective name -> priority (x-gateway-inference-objective);
+  critical: 10                 # what the InferenceObjective CRDs give in Kubernetes: priority bands of flow
+  batch: -1                    # control, and < 0 is sheddable
 ```
 """
 
@@ -24,7 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import yaml
 
@@ -87,12 +90,35 @@ def _parse_endpoint(src: str, path: str, raw: Any) -> Endpoint:
     )
 
 
+class StaticConfig(NamedTuple):
+    pools: list[tuple[PoolSpec, list[Endpoint]]]
+    adapters: dict[str, str]
+    objectives: dict[str, int]
+
+
 def parse_static_config(doc: Any, src: str = "<config>") -> tuple[list[tuple[PoolSpec, list[Endpoint]]], dict[str, str]]:
+    """The pools and adapters of an endpoints file (`parse_static_file` gives the objectives too)."""
+    cfg = parse_static_file(doc, src)
+    return cfg.pools, cfg.adapters
+
+
+def _objectives(src: str, raw: Any) -> dict[str, int]:
+    if not isinstance(raw, Mapping):
+        raise _fail(src, "objectives", "expected a mapping of objective name -> integer priority")
+    out = {}
+    for name, priority in raw.items():
+        if not isinstance(priority, int) or isinstance(priority, bool):
+            raise _fail(src, f"objectives.{name}", f"expected an integer priority, got {priority!r}")
+        out[str(name)] = priority
+    return out
+
+
+def parse_static_file(doc: Any, src: str = "<config>") -> StaticConfig:
     if not isinstance(doc, Mapping):
         raise _fail(src, "$", "expected a mapping with 'pools'")
-    unknown = set(doc) - {"pools", "adapters"}
+    unknown = set(doc) - {"pools", "adapters", "objectives"}
     if unknown:
-        raise _fail(src, "$", f"unknown field(s) {sorted(unknown)}; expected pools, adapters")
+        raise _fail(src, "$", f"unknown field(s) {sorted(unknown)}; expected pools, adapters, objectives")
     pools_raw = doc.get("pools")
     if not isinstance(pools_raw, list) or not pools_raw:
         raise _fail(src, "pools", "expected a non-empty list of pools")
@@ -114,7 +140,8 @@ def parse_static_config(doc: Any, src: str = "<config>") -> tuple[list[tuple[Poo
     adapters = doc.get("adapters") or {}
     if not isinstance(adapters, Mapping):
         raise _fail(src, "adapters", "expected a mapping of adapter -> base model")
-    return pools, {str(k): str(v) for k, v in adapters.items()}
+    return StaticConfig(pools, {str(k): str(v) for k, v in adapters.items()},
+                        _objectives(src, doc.get("objectives") or {}))
 
 
 def load_static_file(path: str | Path, datastore: Datastore) -> None:
@@ -129,7 +156,8 @@ def load_static_file(path: str | Path, datastore: Datastore) -> None:
 
 
 def apply_static(
-    datastore: Datastore, pools: list[tuple[PoolSpec, list[Endpoint]]], adapters: Mapping[str, str]
+    datastore: Datastore, pools: list[tuple[PoolSpec, list[Endpoint]]], adapters: Mapping[str, str],
+    objectives: Mapping[str, int] | None = None,
 ) -> None:
     names = {spec.name for spec, _ in pools}
     for old in datastore.pool_names():
@@ -138,4 +166,5 @@ def apply_static(
     for spec, eps in pools:
         datastore.set_pool(spec, eps)
     datastore.adapters = dict(adapters)
+    datastore.objectives = dict(objectives or {})
     datastore.synced = True

@@ -8,8 +8,10 @@
   ``{"servers": [{"url": ..., "cached_tokens": ..., ...}, ...]}``.
 * ``POST /admin/kill[?seconds=S]`` stop listening and drop in-flight requests; listen again after S
   seconds (wall time) if given, else stay dead.
-* ``POST /admin/hang``           every non-admin request blocks until ``POST /admin/recover``.
-* ``POST /admin/recover``        end a hang.
+* ``POST /admin/hang``           every non-admin request blocks until ``POST /admin/recover``
+  (``?what=metrics``: only /metrics blocks).
+* ``POST /admin/recover``        end a hang and clear every injected fault.
+* ``POST /admin/fail``, ``/admin/stall``, ``/admin/reset``: response-path faults (``modelsim.faults``).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import orjson
 from aiohttp import web
 
 from modelsim import tokenizer as tk
+from modelsim.faults import add_fault_routes
 
 if TYPE_CHECKING:
     from modelsim.server import SimServer
@@ -61,9 +64,6 @@ def probe_one(srv: SimServer, body: dict[str, Any], tokens: list[int]) -> dict[s
 
 
 def add_admin_routes(app: web.Application, srv: SimServer) -> None:
-    async def state(request: web.Request) -> web.Response:
-        return web.json_response(engine_state(srv), dumps=lambda o: orjson.dumps(o).decode())
-
     async def _parse(request: web.Request) -> tuple[dict[str, Any], list[int]]:
         api = request.query.get("api", tk.API_CHAT)
         body = orjson.loads(await request.read())
@@ -98,15 +98,27 @@ def add_admin_routes(app: web.Application, srv: SimServer) -> None:
         task.add_done_callback(srv.background.discard)
         return web.json_response({"killed": srv.pod, "revive_after_s": seconds})
 
+    faults = add_fault_routes(app)
+
+    async def state_with_faults(request: web.Request) -> web.Response:
+        return _orjson({**engine_state(srv), "faults": faults.describe()})
+
     async def hang(request: web.Request) -> web.Response:
-        srv.unhung.clear()
-        return web.json_response({"hung": srv.pod})
+        what = request.query.get("what", "all")
+        if what == "metrics":
+            faults.metrics_hung = True
+        elif what == "all":
+            srv.unhung.clear()
+        else:
+            return web.json_response({"error": f"what must be all or metrics, got {what!r}"}, status=400)
+        return web.json_response({"hung": srv.pod, "what": what})
 
     async def recover(request: web.Request) -> web.Response:
         srv.unhung.set()
+        faults.clear()
         return web.json_response({"recovered": srv.pod})
 
-    app.router.add_get("/admin/state", state)
+    app.router.add_get("/admin/state", state_with_faults)
     app.router.add_post("/admin/probe", probe)
     app.router.add_post("/admin/fleet/probe", fleet_probe)
     app.router.add_post("/admin/kill", kill)

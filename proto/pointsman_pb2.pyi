@@ -217,7 +217,7 @@ class ListEndpointsRequest(_message.Message):
     def __init__(self, pool: _Optional[str] = ...) -> None: ...
 
 class EndpointInfo(_message.Message):
-    __slots__ = ("pool", "key", "name", "labels", "models", "role", "waiting", "running", "kv_usage", "active_loras", "stale", "metrics_age_seconds", "inflight", "routable")
+    __slots__ = ("pool", "key", "name", "labels", "models", "role", "waiting", "running", "kv_usage", "active_loras", "stale", "metrics_age_seconds", "inflight", "routable", "state", "reason", "failures", "consecutive_failures", "scrape_failures", "ejections")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -239,6 +239,12 @@ class EndpointInfo(_message.Message):
     METRICS_AGE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     INFLIGHT_FIELD_NUMBER: _ClassVar[int]
     ROUTABLE_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    FAILURES_FIELD_NUMBER: _ClassVar[int]
+    CONSECUTIVE_FAILURES_FIELD_NUMBER: _ClassVar[int]
+    SCRAPE_FAILURES_FIELD_NUMBER: _ClassVar[int]
+    EJECTIONS_FIELD_NUMBER: _ClassVar[int]
     pool: str
     key: str
     name: str
@@ -253,7 +259,13 @@ class EndpointInfo(_message.Message):
     metrics_age_seconds: float
     inflight: int
     routable: bool
-    def __init__(self, pool: _Optional[str] = ..., key: _Optional[str] = ..., name: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., models: _Optional[_Iterable[str]] = ..., role: _Optional[str] = ..., waiting: _Optional[int] = ..., running: _Optional[int] = ..., kv_usage: _Optional[float] = ..., active_loras: _Optional[_Iterable[str]] = ..., stale: _Optional[bool] = ..., metrics_age_seconds: _Optional[float] = ..., inflight: _Optional[int] = ..., routable: _Optional[bool] = ...) -> None: ...
+    state: str
+    reason: str
+    failures: int
+    consecutive_failures: int
+    scrape_failures: int
+    ejections: int
+    def __init__(self, pool: _Optional[str] = ..., key: _Optional[str] = ..., name: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., models: _Optional[_Iterable[str]] = ..., role: _Optional[str] = ..., waiting: _Optional[int] = ..., running: _Optional[int] = ..., kv_usage: _Optional[float] = ..., active_loras: _Optional[_Iterable[str]] = ..., stale: _Optional[bool] = ..., metrics_age_seconds: _Optional[float] = ..., inflight: _Optional[int] = ..., routable: _Optional[bool] = ..., state: _Optional[str] = ..., reason: _Optional[str] = ..., failures: _Optional[int] = ..., consecutive_failures: _Optional[int] = ..., scrape_failures: _Optional[int] = ..., ejections: _Optional[int] = ...) -> None: ...
 
 class ListEndpointsResponse(_message.Message):
     __slots__ = ("endpoints", "pools", "default_pool")

@@ -83,12 +83,67 @@ class SchedulingResult:
 
 @dataclass(frozen=True)
 class Saturation:
-    """Admission thresholds (utilization-detector): see epp/admission.py."""
+    """The saturation detector admission and flow control consult: see epp/admission.py.
+
+    `detector` "utilization" (utilization-detector: scraped queue depth and KV usage) uses the first four fields;
+    "concurrency" (concurrency-detector: the picker's own in-flight counts) uses `headroom` and the last three."""
 
     queue_depth_threshold: float = 5.0
     kv_cache_util_threshold: float = 0.8
     metrics_staleness_s: float = 0.2
     headroom: float = 0.0
+    detector: str = "utilization"  # "utilization" | "concurrency"
+    concurrency_mode: str = "requests"  # concurrency-detector: "requests" | "tokens"
+    max_concurrency: int = 100
+    max_token_concurrency: int = 1_000_000
+
+
+ROUND_ROBIN = "round-robin-fairness-policy"
+GLOBAL_STRICT = "global-strict-fairness-policy"
+FCFS = "fcfs-ordering-policy"
+DEFAULT_BAND_MAX_BYTES = 1_000_000_000  # GIE's default capacity of a priority band
+
+
+@dataclass(frozen=True)
+class PriorityBand:
+    """One priority level of flow control (GIE PriorityBandConfig). Limits count queued requests; 0 = no limit."""
+
+    priority: int = 0
+    max_bytes: int = DEFAULT_BAND_MAX_BYTES
+    max_requests: int = 0
+    fairness: str = ROUND_ROBIN  # which flow of the band goes next
+    ordering: str = FCFS  # which request of a flow goes next
+
+
+@dataclass(frozen=True)
+class FlowControl:
+    """The `flowControl` section (GIE FlowControlConfig), applied by epp/flowcontrol.
+
+    Global limits count every queued request of a pool; 0 = no limit. `default_ttl_s` 0 means a request waits
+    until its client goes away. `usage_limit` is the static-usage-limit-policy threshold: requests are dispatched
+    while the pool's saturation is below it."""
+
+    max_bytes: int = 0
+    max_requests: int = 0
+    default_ttl_s: float = 0.0
+    default_band: PriorityBand = field(default_factory=PriorityBand)
+    bands: tuple[PriorityBand, ...] = ()
+    usage_limit: float = 1.0
+    sheddable_usage_limit: float | None = None  # priority-usage-limit-policy: the ceiling for priorities < 0
+
+    def limit(self, priority: int) -> float:
+        """The saturation below which requests of `priority` are dispatched."""
+        if priority < 0 and self.sheddable_usage_limit is not None:
+            return min(self.usage_limit, self.sheddable_usage_limit)
+        return self.usage_limit
+
+    def band(self, priority: int) -> PriorityBand:
+        """The configured band for `priority`, else the default band's template at that priority."""
+        for b in self.bands:
+            if b.priority == priority:
+                return b
+        d = self.default_band
+        return PriorityBand(priority, d.max_bytes, d.max_requests, d.fairness, d.ordering)
 
 
 @dataclass(frozen=True)
@@ -110,6 +165,7 @@ class ShellConfig:
     saturation: Saturation = field(default_factory=Saturation)
     scrape: Scrape = field(default_factory=Scrape)
     parser: str = "openai-parser"
+    flow_control: FlowControl | None = None  # None: off (no flowControl feature gate)
 
 
 @runtime_checkable

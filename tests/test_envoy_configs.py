@@ -27,7 +27,7 @@ def test_shipped_envoy_configs_validate(path):
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
-@pytest.mark.parametrize("phases", ["full", "lean"])
+@pytest.mark.parametrize("phases", ["full", "headers", "lean"])
 def test_generated_configs_validate(tmp_path, variant, phases):
     out = tmp_path / "envoy.yaml"
     argv = ["envoy-config", "--variant", variant, "--endpoint", "10.0.0.1:8000", "--endpoint", "[fd00::2]:8000",
@@ -169,3 +169,44 @@ def test_shipped_configs_are_what_the_generator_writes(tmp_path, monkeypatch, na
     argv = ["envoy-config", "--listen-address", "0.0.0.0", "--epp", "172.28.0.20:9002", *SHIPPED[name], "-o", str(out)]
     assert epp_main(argv) == 0
     assert out.read_text() == (ROOT / "envoy" / name).read_text(), f"regenerate envoy/{name}: epp {' '.join(argv)}"
+
+
+@pytest.mark.parametrize("extra", [["--eds"], ["--endpoint", "10.0.0.1:8000"], ["--eds", "--epp-tls"],
+                                   ["--eds", "--response-phases", "lean"]], ids=["eds", "static", "tls", "lean"])
+def test_fail_open_configs_validate_and_say_what_they_do(tmp_path, extra):
+    out = tmp_path / "envoy.yaml"
+    assert epp_main(["envoy-config", "--failure-mode", "open", *extra, "-o", str(out)]) == 0
+    res = validate(out)
+    assert res.returncode == 0, res.stdout + res.stderr
+    doc = yaml.safe_load(out.read_text())
+    hcm = doc["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+    ext = hcm["http_filters"][0]["typed_config"]
+    assert ext["failure_mode_allow"] is True
+    assert ext["message_timeout"] == "30s"
+    mode = ext["processing_mode"]
+    assert mode["request_body_mode"] == "BUFFERED"  # Envoy keeps the body: a broken stream loses nothing
+    assert mode.get("response_body_mode", "NONE") == ("NONE" if "lean" in extra else "STREAMED")
+    epp, pool = doc["static_resources"]["clusters"]
+    assert epp["connect_timeout"] == "0.250s"
+    hc = epp["health_checks"][0]
+    assert hc["grpc_health_check"]["service_name"] == "envoy.service.ext_proc.v3.ExternalProcessor"
+    assert epp["common_lb_config"]["healthy_panic_threshold"] == {"value": 0.0}
+    policy = pool["load_balancing_policy"]["policies"][0]["typed_extension_config"]
+    assert policy["name"] == "envoy.load_balancing_policies.override_host"
+    fallback = policy["typed_config"]["fallback_policy"]["policies"][0]["typed_extension_config"]
+    assert fallback["name"] == "envoy.load_balancing_policies.least_request"
+
+
+def test_fail_closed_is_the_default_and_fail_open_needs_endpoints(tmp_path, capsys):
+    out = tmp_path / "envoy.yaml"
+    assert epp_main(["envoy-config", "--eds", "-o", str(out)]) == 0
+    doc = yaml.safe_load(out.read_text())
+    ext = doc["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]["http_filters"][0]
+    assert ext["typed_config"]["failure_mode_allow"] is False
+    assert ext["typed_config"]["processing_mode"]["request_body_mode"] == "FULL_DUPLEX_STREAMED"
+    assert "health_checks" not in doc["static_resources"]["clusters"][0]
+    assert epp_main(["envoy-config", "--failure-mode", "open", "--variant", "original-dst"]) == 2
+    assert "original-dst cluster has none" in capsys.readouterr().err
+    assert epp_main(["envoy-config", "--failure-mode", "open", "--eds", "--request-body-mode",
+                     "FULL_DUPLEX_STREAMED", "-o", str(out)]) == 0
+    assert "answers 500 to requests whose ext_proc stream breaks" in capsys.readouterr().err

@@ -9,6 +9,10 @@ trailers SEND (as GIE's reference config):
   `envoy.lb/x-gateway-destination-endpoint-served`. The endpoints are a static list written once, or with
   `eds=True` an EDS cluster that Pointsman keeps up to date (epp/xds) over the `epp` cluster.
 
+Failure mode (`spec.failure_mode`): `closed` (default) fails a request Pointsman cannot route; `open` sets the
+ext_proc filter's `failure_mode_allow`, health-checks Pointsman (gRPC health, no panic routing, 250 ms connect
+timeout) and lets the override_host fallback policy (least request) serve the pool while Pointsman is away.
+
 `render(spec)` gives the bootstrap as a dict (snake_case field names, as Envoy's YAML uses), `render_yaml(spec)`
 as text, `build_bootstrap(spec)` as the typed `Bootstrap` message. envoy-data-plane takes about a second to
 import, so the typed builders load on first use only: importing this package for `EnvoyConfigSpec` is cheap, and
@@ -61,6 +65,8 @@ def _with_explicit_defaults(node: Any) -> Any:
         if node.get("@type", "").endswith(".ext_proc.v3.ExternalProcessor"):
             for key in _EXPLICIT_FALSE:
                 node.setdefault(key, False)
+        if node.get("healthy_panic_threshold") == {}:
+            node["healthy_panic_threshold"] = {"value": 0.0}  # no panic routing (proto3 writes 0 as {})
         for value in node.values():
             _with_explicit_defaults(value)
     elif isinstance(node, list):

@@ -14,6 +14,7 @@ from envoy_data_plane.envoy.config.cluster.v3 import (
     CircuitBreakers,
     CircuitBreakersThresholds,
     Cluster,
+    ClusterCommonLbConfig,
     ClusterDiscoveryType,
     ClusterEdsClusterConfig,
     ClusterLbPolicy,
@@ -29,6 +30,8 @@ from envoy_data_plane.envoy.config.core.v3 import (
     ConfigSource,
     GrpcService,
     GrpcServiceEnvoyGrpc,
+    HealthCheck,
+    HealthCheckGrpcHealthCheck,
     RetryPolicy,
     TransportSocket,
     TypedExtensionConfig,
@@ -39,6 +42,7 @@ from envoy_data_plane.envoy.config.endpoint.v3 import (
     LbEndpoint,
     LocalityLbEndpoints,
 )
+from envoy_data_plane.envoy.extensions.load_balancing_policies.least_request.v3 import LeastRequest
 from envoy_data_plane.envoy.extensions.load_balancing_policies.override_host.v3 import (
     OverrideHost,
     OverrideHostOverrideHostSource,
@@ -50,6 +54,7 @@ from envoy_data_plane.envoy.extensions.upstreams.http.v3 import (
     HttpProtocolOptionsExplicitHttpConfig,
 )
 from envoy_data_plane.envoy.type.metadata.v3 import MetadataKey, MetadataKeyPathSegment
+from envoy_data_plane.envoy.type.v3 import Percent
 from envoy_data_plane.google.protobuf import Any
 
 from epp.envoy_config.listener import (
@@ -64,6 +69,7 @@ from epp.envoy_config.listener import (
 from epp.envoy_config.spec import EnvoyConfigSpec
 
 HTTP_OPTIONS_KEY = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
+EXT_PROC_SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"  # Pointsman's readiness on the ext_proc port
 CONNECT_TIMEOUT_S = 2
 
 
@@ -80,6 +86,22 @@ def _is_ip(host: str) -> bool:
     return True
 
 
+def _epp_health(spec: EnvoyConfigSpec) -> tuple[list[HealthCheck], ClusterCommonLbConfig]:
+    """Fail-open: gRPC health checks of Pointsman (the ext_proc service name on the ext_proc port) and no panic
+    routing, so a hung or draining Pointsman has no healthy host: streams to it fail at once and the requests go
+    on to the fallback policy instead of waiting."""
+    interval = spec.epp_health_interval_s
+    check = HealthCheck(
+        timeout=seconds(interval / 2),
+        interval=seconds(interval),
+        unhealthy_threshold=2,
+        healthy_threshold=1,
+        no_traffic_interval=seconds(interval),
+        grpc_health_check=HealthCheckGrpcHealthCheck(service_name=EXT_PROC_SERVICE),
+    )
+    return [check], ClusterCommonLbConfig(healthy_panic_threshold=Percent(value=0.0))
+
+
 def epp_cluster(spec: EnvoyConfigSpec) -> Cluster:
     """Pointsman's gRPC port over HTTP/2: the ext_proc streams and, with --eds, the EDS stream. Several replicas and
     workers: epp/envoy_config/replicas.py."""
@@ -92,7 +114,7 @@ def epp_cluster(spec: EnvoyConfigSpec) -> Cluster:
         name=EPP_CLUSTER,
         # An IP is dialled as is; a name (a Kubernetes Service, a compose host) is resolved by DNS.
         type=ClusterDiscoveryType.STATIC if all(_is_ip(h) for h, _ in hosts) else ClusterDiscoveryType.STRICT_DNS,
-        connect_timeout=seconds(CONNECT_TIMEOUT_S),
+        connect_timeout=seconds(spec.epp_connect_timeout_s if spec.failure_mode == "open" else CONNECT_TIMEOUT_S),
         load_assignment=_static_assignment(EPP_CLUSTER, hosts),
         typed_extension_protocol_options={HTTP_OPTIONS_KEY: Any.pack(http2)},
         circuit_breakers=CircuitBreakers(thresholds=[
@@ -102,6 +124,8 @@ def epp_cluster(spec: EnvoyConfigSpec) -> Cluster:
     if spec.epp_tls:
         tls = UpstreamTlsContext(common_tls_context=CommonTlsContext(alpn_protocols=["h2"]))
         cluster.transport_socket = TransportSocket(name="envoy.transport_sockets.tls", typed_config=Any.pack(tls))
+    if spec.failure_mode == "open":
+        cluster.health_checks, cluster.common_lb_config = _epp_health(spec)
     return cluster
 
 
@@ -128,10 +152,17 @@ def eds_config(spec: EnvoyConfigSpec) -> ClusterEdsClusterConfig:
 def fallback_policy(spec: EnvoyConfigSpec) -> LoadBalancingPolicy:
     """The policy override_host falls back to when a request carries no usable `envoy.lb` destination.
 
-    Round robin over the cluster's endpoints; it honours EDS health status (UNHEALTHY hosts are skipped,
-    DEGRADED ones used only when too few are healthy)."""
-    rr = TypedExtensionConfig(name="envoy.load_balancing_policies.round_robin", typed_config=Any.pack(RoundRobin()))
-    return LoadBalancingPolicy(policies=[LoadBalancingPolicyPolicy(typed_extension_config=rr)])
+    Round robin over the cluster's endpoints; fail-open, where the fallback carries all the traffic while Pointsman
+    is away, uses least request (the better of two random hosts by active requests), which spreads long LLM
+    requests better. Both honour EDS health status (UNHEALTHY hosts are skipped, DEGRADED ones used only when too
+    few are healthy)."""
+    if spec.failure_mode == "open":
+        lr = LeastRequest(choice_count=2)
+        ext = TypedExtensionConfig(name="envoy.load_balancing_policies.least_request", typed_config=Any.pack(lr))
+    else:
+        ext = TypedExtensionConfig(name="envoy.load_balancing_policies.round_robin",
+                                   typed_config=Any.pack(RoundRobin()))
+    return LoadBalancingPolicy(policies=[LoadBalancingPolicyPolicy(typed_extension_config=ext)])
 
 
 def override_host_policy(spec: EnvoyConfigSpec) -> LoadBalancingPolicy:

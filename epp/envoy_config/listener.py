@@ -62,21 +62,23 @@ def _body_mode(name: str) -> ProcessingModeBodySendMode:
 def ext_proc_filter(spec: EnvoyConfigSpec) -> ExternalProcessor:
     """The ext_proc filter: all request phases, trailers SEND, and `envoy.lb` metadata accepted from Pointsman."""
     full = spec.response_phases == "full"
+    request_mode, response_mode = spec.body_modes()
     send, skip = ProcessingModeHeaderSendMode.SEND, ProcessingModeHeaderSendMode.SKIP
     mode = ProcessingMode(
         request_header_mode=send,
-        response_header_mode=send if full else skip,
-        request_body_mode=_body_mode(spec.request_body_mode),
-        response_body_mode=_body_mode(spec.response_body_mode) if full else ProcessingModeBodySendMode.NONE,
+        response_header_mode=send if spec.response_phases in ("full", "headers") else skip,
+        request_body_mode=_body_mode(request_mode),
+        response_body_mode=_body_mode(response_mode) if full else ProcessingModeBodySendMode.NONE,
         request_trailer_mode=send,
         response_trailer_mode=send,
     )
     return ExternalProcessor(
         grpc_service=GrpcService(envoy_grpc=GrpcServiceEnvoyGrpc(cluster_name=EPP_CLUSTER),
-                                 timeout=seconds(spec.message_timeout_s)),
+                                 timeout=seconds(spec.message_timeout())),
         processing_mode=mode,
-        message_timeout=seconds(spec.message_timeout_s),
-        failure_mode_allow=False,
+        message_timeout=seconds(spec.message_timeout()),
+        # open: a stream that cannot be opened or fails lets the request go on unrouted, to the fallback policy
+        failure_mode_allow=spec.failure_mode == "open",
         allow_mode_override=False,
         metadata_options=MetadataOptions(
             receiving_namespaces=MetadataOptionsMetadataNamespaces(untyped=[LB_NAMESPACE]),

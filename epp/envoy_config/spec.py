@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 VARIANTS = ("original-dst", "override-host")
+RESPONSE_PHASES = ("full", "headers", "lean")
+FAILURE_MODES = ("closed", "open")
 
 
 @dataclass
@@ -33,13 +35,27 @@ class EnvoyConfigSpec:
     # Reconnect backoff of the EDS stream after Pointsman restarts (Envoy's own default is 0.5 s up to 30 s).
     eds_retry_base_s: float = 0.25
     eds_retry_max_s: float = 2.0
-    request_body_mode: str = "FULL_DUPLEX_STREAMED"
-    response_body_mode: str = "FULL_DUPLEX_STREAMED"
+    # "" picks by failure mode: FULL_DUPLEX_STREAMED when closed; when open, BUFFERED requests and STREAMED responses,
+    # the modes in which Envoy keeps the body itself, so a broken ext_proc stream loses nothing (in
+    # FULL_DUPLEX_STREAMED the body chunks sent to Pointsman are gone with it: Envoy answers 500 despite
+    # failure_mode_allow until health checks take Pointsman out; measured in tests/test_failopen.py).
+    request_body_mode: str = ""
+    response_body_mode: str = ""
     # "full": response headers, body and trailers go to Pointsman (usage tokens, served endpoint, SSE echo).
+    # "headers": response headers (and trailers) but no body: the status and the served endpoint, one message more
+    # than lean, so passive health sees 5xx and connection failures.
     # "lean": only the request phases; response trailers stay SEND so Envoy keeps the stream open until the
     # response ends, which keeps the in-flight counts exact with half the messages.
     response_phases: str = "full"
-    message_timeout_s: int = 300
+    # "closed" (default): no pick, no upstream: when Pointsman cannot be reached the request fails (500/504).
+    # "open": ext_proc failure_mode_allow, a health-checked `epp` cluster with a short connect timeout, and the
+    # override_host fallback policy (least request over the pool's healthy endpoints) serves what Pointsman did not
+    # route. Needs an endpoint list: --eds (kept current by Pointsman, kept by Envoy while Pointsman is away) or a
+    # static one.
+    failure_mode: str = "closed"
+    epp_connect_timeout_s: float = 0.25  # open mode; closed keeps 2 s
+    epp_health_interval_s: float = 1.0  # open mode: gRPC health checks of Pointsman on its ext_proc port
+    message_timeout_s: float = 0  # 0: 300 s closed, 30 s open (a hung Pointsman delays requests this long)
     upstream_timeout_s: int = 600
     buffer_limit_bytes: int = 64 * 1024 * 1024
     epp_tls: bool = False
@@ -49,12 +65,21 @@ class EnvoyConfigSpec:
     # epp.envoy_providers.RouteFragments, applied to the rendered bootstrap.
     route_fragments: Any = None
 
+    def body_modes(self) -> tuple[str, str]:
+        """The request and response body modes, defaults resolved for the failure mode."""
+        open_mode = self.failure_mode == "open"
+        return (self.request_body_mode or ("BUFFERED" if open_mode else "FULL_DUPLEX_STREAMED"),
+                self.response_body_mode or ("STREAMED" if open_mode else "FULL_DUPLEX_STREAMED"))
+
+    def message_timeout(self) -> float:
+        return self.message_timeout_s or (30.0 if self.failure_mode == "open" else 300.0)
+
     def check(self) -> None:
         """Raise ValueError with a clear message for a combination Envoy could not run."""
         if self.variant not in VARIANTS:
             raise ValueError(f"unknown Envoy config variant {self.variant!r}; expected one of {VARIANTS}")
-        if self.response_phases not in ("full", "lean"):
-            raise ValueError(f"response_phases must be 'full' or 'lean', got {self.response_phases!r}")
+        if self.response_phases not in RESPONSE_PHASES:
+            raise ValueError(f"response_phases must be one of {RESPONSE_PHASES}, got {self.response_phases!r}")
         if self.epp_workers < 1 or self.epp_max_streams_per_connection < 0 or self.epp_max_requests_per_connection < 0:
             raise ValueError("--epp-workers must be at least 1, and the per-connection limits 0 or more")
         if self.eds and self.variant != "override-host":
@@ -64,6 +89,14 @@ class EnvoyConfigSpec:
             raise ValueError("--eds takes the endpoints from Pointsman; do not also list them (--endpoint)")
         if self.eds and not self.pool_name:
             raise ValueError("--eds needs the pool's name (the EDS resource Envoy subscribes to)")
+        if self.failure_mode not in FAILURE_MODES:
+            raise ValueError(f"failure mode must be one of {FAILURE_MODES}, got {self.failure_mode!r}")
+        if self.failure_mode == "open" and self.variant == "original-dst":
+            raise ValueError("--failure-mode open needs the pool's endpoints to fall back on; the original-dst "
+                             "cluster has none (no pick, no host): use --eds (the pool kept current by Pointsman) "
+                             "or --variant override-host with --endpoint / --endpoints-file")
+        if self.message_timeout_s < 0:
+            raise ValueError(f"the ext_proc message timeout must be positive, got {self.message_timeout_s}")
         if self.variant == "override-host" and not self.eds and not self.endpoints:
             raise ValueError("the override-host variant needs the pool's endpoints (the policy picks among them): "
                              "give --endpoint / --endpoints-file, or --eds to have Pointsman serve them")

@@ -74,6 +74,10 @@ class Exchange(Protocol):
         """Observe (and possibly rewrite) one response body chunk; return what to send on."""
         ...
 
+    def response_end(self) -> None:
+        """The response ended with trailers (a body's end is seen by `response_body`)."""
+        ...
+
     def close(self) -> None:
         """The stream ended, for whatever reason. Called exactly once by the driver, after any decision settled."""
         ...

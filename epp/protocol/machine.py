@@ -322,6 +322,7 @@ def _response_body(m: RequestMachine, req: pb.ProcessingRequest, kind: str | Non
 
 def _response_trailers(m: RequestMachine, req: pb.ProcessingRequest, kind: str | None) -> Replies:
     m.response_phase = ResponsePhase.DONE
+    m.exchange.response_end()
     return [RESPONSE_TRAILERS]
 
 

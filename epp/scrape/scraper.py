@@ -1,7 +1,8 @@
 """The model-server metrics scraper: GET /metrics of every endpoint every `interval` (50 ms by default).
 
 One aiohttp session (keep-alive, bounded connector) serves every endpoint; at most `concurrency` scrapes run at
-once and each has its own `timeout` (1 s). A round launches a scrape for every endpoint that has none pending,
+once and each has its own `timeout` (`bounded_timeout`: short enough that `failure_threshold` hung scrapes in a row
+fit in the staleness threshold, 0.45 s with the defaults, at most 1 s). A round launches a scrape for every endpoint that has none pending,
 waits up to one interval for them, and writes every result that came back, plus staleness marks, to the datastore
 in ONE `update_metrics` batch. A slow endpoint therefore never holds up the others: its scrape stays pending and
 its result lands in a later round.
@@ -29,6 +30,14 @@ from scheduling.api import Scrape
 from scheduling.types import Endpoint, Metrics
 
 log = logging.getLogger(__name__)
+
+
+def bounded_timeout(staleness: float, failure_threshold: int = 3, interval: float = 0.05) -> float:
+    """A scrape timeout that takes a hung metrics endpoint out of rotation within the staleness threshold:
+    `failure_threshold` timeouts in a row, each followed by up to one round before the next scrape starts, fit
+    in 75% of `staleness` (room for a busy loop). Between 50 ms and 1 s."""
+    budget = 0.75 * staleness / max(1, failure_threshold) - interval
+    return min(1.0, max(0.05, budget))
 
 
 @dataclass(slots=True)

@@ -4,26 +4,31 @@
 - `featureGates`: a list of names, validated as GIE/llm-d do (an unknown gate is an error). `dataLayer`,
   `enableLegacyMetrics` and `prepareDataPlugins` are accepted and change nothing (Pointsman's data layer is always
   on and its metric names are GIE's). `flowControl` turns on the `flowControl` section.
-- `saturationDetector`: `{pluginRef}` naming a declared `utilization-detector` (llm-d), or the older inline form
-  `{queueDepthThreshold, kvCacheUtilThreshold, metricsStalenessThreshold, headroom}`. It configures admission.
+- `saturationDetector`: `{pluginRef}` naming a declared `utilization-detector` or `concurrency-detector` (llm-d),
+  or the older inline form `{queueDepthThreshold, kvCacheUtilThreshold, metricsStalenessThreshold, headroom}`. It
+  configures admission and flow control's dispatch.
 - `dataLayer` / `data`: `{sources: [{pluginRef, extractors: [{pluginRef}]}], injectDefaults}`. A source must be a
   declared `metrics-data-source` (scheme, path, TLS verification of the scrape) with `core-metrics-extractor`
   extractors (engine label and default engine). `discovery` is refused: Pointsman discovers endpoints itself.
 - `parser`: `{pluginRef}` naming a declared `openai-parser`.
 - `flowControl`: needs the `flowControl` feature gate (as in GIE, where the section is otherwise ignored; here it
-  is refused so nobody believes it is on). Flow control is not available in this version, so it is refused.
+  is refused so nobody believes it is on). The gate alone turns flow control on with GIE's defaults; the section
+  is read by `scheduling.config.flowcontrol` and applied by `epp/flowcontrol`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from scheduling.api import Saturation, Scrape, ShellConfig
 from scheduling.config.common import check_keys, expect_list, expect_mapping, expect_str
+from scheduling.config.flowcontrol import build_flow_control
 from scheduling.framework import BuildContext, ConfigError, Plugin
 from scheduling.framework.errors import join_path
 from scheduling.framework.params import parse_params
+from scheduling.plugins.system.concurrency_detector import ConcurrencyDetector
 from scheduling.plugins.system.core_metrics_extractor import CoreMetricsExtractor
 from scheduling.plugins.system.metrics_data_source import MetricsDataSource
 from scheduling.plugins.system.openai_parser import OpenAIParser
@@ -52,6 +57,16 @@ def _saturation(raw: Any, plugins: Mapping[str, Plugin[Any]], src: str) -> Satur
     sec = expect_mapping(raw, src, "saturationDetector", "a mapping {pluginRef} (or the inline thresholds)")
     if "pluginRef" in sec:
         check_keys(sec, ("pluginRef",), src, "saturationDetector")
+        name = sec.get("pluginRef")
+        found = plugins.get(name) if isinstance(name, str) else None
+        if isinstance(found, ConcurrencyDetector):
+            cp = found.params
+            return Saturation(headroom=cp.headroom, detector="concurrency", concurrency_mode=cp.concurrencyMode,
+                              max_concurrency=cp.maxConcurrency, max_token_concurrency=cp.maxTokenConcurrency)
+        if found is not None and not isinstance(found, UtilizationDetector):
+            raise ConfigError(src, "saturationDetector.pluginRef", f"plugin {found.describe()} cannot be used here; "
+                                                                   "expected a utilization-detector or a "
+                                                                   "concurrency-detector")
         det = _ref(sec, plugins, UtilizationDetector, src, "saturationDetector")
     else:  # GIE's older inline form: the detector's own parameters
         params = parse_params(DetectorParams, sec, source=src, path="saturationDetector")
@@ -105,21 +120,19 @@ def build_shell_config(d: Mapping[str, Any], plugins: Mapping[str, Plugin[Any]],
         if gate not in FEATURE_GATES:
             raise ConfigError(src, join_path("featureGates", i),
                               f"feature gate {gate!r} is unknown; known gates: {', '.join(FEATURE_GATES)}")
-    if d.get("flowControl") is not None:
-        if "flowControl" not in gates:
-            raise ConfigError(src, "flowControl", "flowControl is configured but the flowControl feature gate is "
-                                                  "off; add featureGates: [flowControl]")
-    if "flowControl" in gates:
-        raise ConfigError(src, "featureGates", "flow control is not available in this version of Pointsman; "
-                                               "remove the flowControl feature gate and section")
+    if d.get("flowControl") is not None and "flowControl" not in gates:
+        raise ConfigError(src, "flowControl", "flowControl is configured but the flowControl feature gate is "
+                                              "off; add featureGates: [flowControl]")
     if d.get("data") is not None and d.get("dataLayer") is not None:
         raise ConfigError(src, "data", "give either dataLayer or its older name data, not both")
     cfg = ShellConfig(feature_gates=frozenset(gates))
     if d.get("saturationDetector") is not None:
-        cfg = ShellConfig(cfg.feature_gates, _saturation(d["saturationDetector"], plugins, src), cfg.scrape)
+        cfg = replace(cfg, saturation=_saturation(d["saturationDetector"], plugins, src))
     for key in ("dataLayer", "data"):
         if d.get(key) is not None:
-            cfg = ShellConfig(cfg.feature_gates, cfg.saturation, _scrape(d[key], plugins, src, key))
+            cfg = replace(cfg, scrape=_scrape(d[key], plugins, src, key))
+    if "flowControl" in gates:
+        cfg = replace(cfg, flow_control=build_flow_control(d.get("flowControl"), plugins, src))
     if d.get("parser") is not None:
         sec = expect_mapping(d["parser"], src, "parser", "a mapping {pluginRef}")
         check_keys(sec, ("pluginRef",), src, "parser")

@@ -199,9 +199,11 @@ class FakeKubeAPI:
                 if failing:
                     api.requests.append(("failed", plural, params))
                     return self._json(500, self._status(500, "InternalError", "injected failure"))
-                api.requests.append(("watch" if watch else "list", plural, params))
+                with api.cond:  # a watch counted is a watch a later cut or expiry reaches
+                    api.requests.append(("watch" if watch else "list", plural, params))
+                    gens = api._cut_gen, api._expire_gen
                 if watch:
-                    return self._watch(group, plural, ns, params)
+                    return self._watch(group, plural, ns, params, gens)
                 return self._list(group, plural, ns, params)
 
             def _selected(self, obj: dict[str, Any] | None, params: dict[str, str]) -> bool:
@@ -224,7 +226,9 @@ class FakeKubeAPI:
                 self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
                 self.wfile.flush()
 
-            def _watch(self, group: str, plural: str, ns: str, params: dict[str, str]) -> None:
+            def _watch(
+                self, group: str, plural: str, ns: str, params: dict[str, str], gens: tuple[int, int]
+            ) -> None:
                 since = int(params.get("resourceVersion") or 0)
                 timeout = float(params.get("timeoutSeconds") or 1800)
                 if since and since < api.compacted_rv and api.gone_mode == "http":
@@ -234,8 +238,8 @@ class FakeKubeAPI:
                 self.send_header("Transfer-Encoding", "chunked")
                 self.end_headers()
                 deadline = time.monotonic() + timeout
+                cut_gen, exp_gen = gens
                 with api.cond:
-                    cut_gen, exp_gen = api._cut_gen, api._expire_gen
                     api.open_watches += 1
                 try:
                     if since and since < api.compacted_rv:

@@ -170,8 +170,9 @@ async def test_watch_cut_mid_stream_resumes_without_relist(kube, discover):
     watches = kube.count("watch", "pods")
     kube.cut_watches()
     kube.apply(CORE, "pods", pod("p9", "10.0.0.9", VLLM))
+    # The cut may land after the event went out on the old stream: either way the client must watch again.
+    await eventually(lambda: kube.count("watch", "pods") > watches, what="a new watch after the cut")
     await eventually(lambda: "10.0.0.9:8000" in keys(ds), what="event after reconnect")
-    assert kube.count("watch", "pods") > watches
     assert kube.count("list", "pods") == lists  # history still there: resumed from resourceVersion
     assert not any(e.name.startswith("half") for e in ds.snapshot("llama").endpoints)
 

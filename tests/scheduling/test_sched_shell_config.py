@@ -7,7 +7,16 @@ import random
 
 import pytest
 
-from scheduling.api import Saturation, Scrape
+from scheduling.api import (
+    DEFAULT_BAND_MAX_BYTES,
+    FCFS,
+    GLOBAL_STRICT,
+    ROUND_ROBIN,
+    FlowControl,
+    PriorityBand,
+    Saturation,
+    Scrape,
+)
 from scheduling.config import ConfigError, load_scheduler
 
 BASE = {"apiVersion": "llm-d.ai/v1alpha1", "kind": "EndpointPickerConfig"}
@@ -30,11 +39,87 @@ def test_feature_gates_are_validated_like_gie():
         load(featureGates=["dataLayer", "turbo"])
 
 
-def test_flow_control_is_refused_not_ignored():
+def test_flow_control_section_needs_its_feature_gate():
     with pytest.raises(ConfigError, match="flowControl: flowControl is configured but the flowControl feature gate"):
         load(flowControl={"maxRequests": 10})
-    with pytest.raises(ConfigError, match="flow control is not available"):
-        load(featureGates=["flowControl"], flowControl={"maxRequests": 10})
+    assert load().shell.flow_control is None
+
+
+def test_flow_control_gate_alone_gives_gie_defaults():
+    fc = load(featureGates=["flowControl"]).shell.flow_control
+    assert fc == FlowControl()
+    assert fc.max_bytes == 0 and fc.max_requests == 0 and fc.default_ttl_s == 0 and fc.usage_limit == 1.0
+    band = fc.band(7)  # an unlisted priority gets the default band's template
+    assert band == PriorityBand(7, DEFAULT_BAND_MAX_BYTES, 0, ROUND_ROBIN, FCFS)
+
+
+def test_flow_control_section_is_applied():
+    fc = load(
+        featureGates=["flowControl"],
+        plugins=[{"type": "queue-scorer"}, {"type": "global-strict-fairness-policy", "name": "strict"},
+                 {"type": "static-usage-limit-policy", "name": "limit", "parameters": {"threshold": 0.8}}],
+        schedulingProfiles=[{"name": "default", "plugins": [{"pluginRef": "queue-scorer"}]}],
+        flowControl={
+            "maxBytes": "1Gi", "maxRequests": "1k", "defaultRequestTTL": "30s",
+            "usageLimitPolicyPluginRef": "limit",
+            "defaultPriorityBand": {"maxRequests": 50, "fairnessPolicyRef": "strict"},
+            "priorityBands": [
+                {"priority": 10, "maxRequests": 100, "maxBytes": "10Mi",
+                 "fairnessPolicyRef": "round-robin-fairness-policy", "orderingPolicyRef": "fcfs-ordering-policy"},
+                {"priority": -1, "maxRequests": 5},
+            ],
+        },
+    ).shell.flow_control
+    assert fc is not None
+    assert (fc.max_bytes, fc.max_requests, fc.default_ttl_s, fc.usage_limit) == (2**30, 1000, 30.0, 0.8)
+    assert fc.band(10) == PriorityBand(10, 10 * 2**20, 100, ROUND_ROBIN, FCFS)
+    assert fc.band(-1) == PriorityBand(-1, DEFAULT_BAND_MAX_BYTES, 5, ROUND_ROBIN, FCFS)
+    assert fc.band(3) == PriorityBand(3, DEFAULT_BAND_MAX_BYTES, 50, GLOBAL_STRICT, FCFS)
+    assert fc.limit(-1) == fc.limit(0) == 0.8
+
+
+def test_priority_usage_limit_policy_lowers_the_ceiling_of_sheddable_priorities():
+    fc = load(
+        featureGates=["flowControl"],
+        plugins=[{"type": "queue-scorer"},
+                 {"type": "priority-usage-limit-policy", "name": "reserve",
+                  "parameters": {"sheddableThreshold": 0.75}}],
+        schedulingProfiles=[{"name": "default", "plugins": [{"pluginRef": "queue-scorer"}]}],
+        flowControl={"usageLimitPolicyPluginRef": "reserve"},
+    ).shell.flow_control
+    assert fc is not None and (fc.limit(-3), fc.limit(0), fc.limit(7)) == (0.75, 1.0, 1.0)
+
+
+@pytest.mark.parametrize("section, message", [
+    ({"maxRequests": "lots"}, r"flowControl.maxRequests: expected a quantity such as 100, 1k or 1Gi, got 'lots'"),
+    ({"maxBytes": -5}, r"flowControl.maxBytes: expected a non-negative quantity"),
+    ({"defaultRequestTTL": "soon"}, r"flowControl.defaultRequestTTL: expected a duration"),
+    ({"priorityBands": [{"maxRequests": 1}]}, r"priorityBands\[0\].priority: expected an integer priority"),
+    ({"priorityBands": [{"priority": 1}, {"priority": 1}]}, r"priorityBands\[1\].priority: duplicate priority level 1"),
+    ({"priorityBands": [{"priority": 1, "orderingPolicyRef": "edf-ordering-policy"}]},
+     r"orderingPolicyRef: edf-ordering-policy \(earliest-deadline-first ordering\) is not implemented"),
+    ({"priorityBands": [{"priority": 1, "fairnessPolicyRef": "queue-scorer"}]},
+     r"fairnessPolicyRef: plugin 'queue-scorer' \(queue-scorer\) is not a fairness policy"),
+    ({"priorityBands": [{"priority": 1, "fairnessPolicyRef": "fair-ish"}]},
+     r"no fairness policy named 'fair-ish'; declare one in plugins, or use one of global-strict-fairness-policy, "
+     r"round-robin-fairness-policy"),
+    ({"usageLimitPolicyPluginRef": "mine"}, r"no usage limit policy named 'mine'"),
+    ({"maxQueue": 3}, r"flowControl.maxQueue: unknown field"),
+])
+def test_flow_control_errors_name_the_field(section, message):
+    with pytest.raises(ConfigError, match=message):
+        load(featureGates=["flowControl"], flowControl=section)
+
+
+def test_concurrency_detector_as_the_saturation_detector():
+    shell = load(
+        plugins=[{"type": "queue-scorer"},
+                 {"type": "concurrency-detector", "name": "cd",
+                  "parameters": {"maxConcurrency": 16, "headroom": 0.25}}],
+        schedulingProfiles=[{"name": "default", "plugins": [{"pluginRef": "queue-scorer"}]}],
+        saturationDetector={"pluginRef": "cd"},
+    ).shell
+    assert shell.saturation == Saturation(headroom=0.25, detector="concurrency", max_concurrency=16)
 
 
 def test_saturation_detector_by_plugin_ref_and_inline():
@@ -55,7 +140,8 @@ def test_saturation_detector_errors_name_the_field():
     with pytest.raises(ConfigError, match=r"saturationDetector.pluginRef: no plugin named 'nope'"):
         load(saturationDetector={"pluginRef": "nope"})
     with pytest.raises(ConfigError, match=r"saturationDetector.pluginRef: plugin 'queue-scorer' \(queue-scorer\) "
-                                          r"cannot be used here; expected a utilization-detector"):
+                                          r"cannot be used here; expected a utilization-detector or a "
+                                          r"concurrency-detector"):
         load(saturationDetector={"pluginRef": "queue-scorer"})
     with pytest.raises(ConfigError, match=r"saturationDetector.metricsStalenessThreshold: expected a duration"):
         load(saturationDetector={"metricsStalenessThreshold": "soon"})

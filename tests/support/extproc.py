@@ -40,6 +40,9 @@ class Recorder:
         self.response_chunks.append((chunk, end_of_stream))
         return chunk
 
+    def response_end(self):
+        pass
+
     def close(self):
         pass
 

@@ -1,0 +1,15 @@
+"""Flow control (GIE v1.5 semantics): queue requests while their pool is saturated, by priority band and flow.
+
+- `queues`: the pure queue structures (bands, flows, fairness, FCFS, capacity accounting);
+- `controller`: the asyncio controller (admission, dispatch cycles, TTLs, metrics);
+- `pressure`: the pool saturation the controller dispatches by (the configured detector, corrected for dispatches
+  the scrapes have not seen yet).
+
+The director's exchange calls `FlowController.admit` after the admission gates and tokenization, with a dispatch
+callback that re-resolves the candidates and schedules and commits the request when its turn comes.
+"""
+
+from epp.flowcontrol.controller import DEFAULT_FLOW, DROPPED_REASON, FAIRNESS_HEADER, FlowController
+from epp.flowcontrol.pressure import PoolPressure
+
+__all__ = ["DEFAULT_FLOW", "DROPPED_REASON", "FAIRNESS_HEADER", "FlowController", "PoolPressure"]

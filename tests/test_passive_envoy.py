@@ -1,0 +1,141 @@
+"""Passive and scrape health end to end: real Envoy, `epp serve` as a process, modelsim's fault injection.
+
+What an operator sees is checked through the public surface: the client's status codes, `epp endpoints --json`
+and Pointsman's /metrics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import time
+
+import aiohttp
+import grpc
+import pytest
+
+from proto import pointsman_pb2 as api
+from proto import pointsman_pb2_grpc
+from tests.support.simstack import MODEL, SimStack
+
+pytestmark = pytest.mark.envoy
+
+
+RANDOM = """apiVersion: llm-d.ai/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- {type: random-picker}
+"""  # every server gets its share of the requests, so each test's faulty server is hit
+
+
+def body(stream: bool = False, n: int = 0) -> dict:
+    return {"model": MODEL, "messages": [{"role": "user", "content": f"question {n}"}], "max_tokens": 4,
+            "stream": stream}
+
+
+async def endpoints(s: SimStack) -> dict[str, dict]:
+    out = await asyncio.to_thread(subprocess.run, [sys.executable, "-m", "epp.cli", "endpoints", "--addr",
+                                                   f"127.0.0.1:{s.epp_port}", "--json"],
+                                  capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    return {e["key"]: e for e in json.loads(out.stdout)["endpoints"]}
+
+
+async def until_state(s: SimStack, i: int, states: tuple[str, ...], timeout: float = 10.0) -> float:
+    """Seconds until server i is in one of `states` (polled over Pointsman's API every 20 ms)."""
+    t0 = time.monotonic()
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{s.epp_port}") as ch:
+        stub = pointsman_pb2_grpc.PointsmanStub(ch)
+        while time.monotonic() - t0 < timeout:
+            resp = await stub.ListEndpoints(api.ListEndpointsRequest())
+            if next(e.state for e in resp.endpoints if e.key == s.key(i)) in states:
+                return time.monotonic() - t0
+            await asyncio.sleep(0.02)
+    raise AssertionError(f"server {i} never became {states}: {(await endpoints(s))[s.key(i)]}")
+
+
+async def admin(c: aiohttp.ClientSession, s: SimStack, i: int, what: str) -> None:
+    async with c.post(s.server_url(i) + what) as r:
+        assert r.status == 200, await r.text()
+
+
+async def post(c: aiohttp.ClientSession, s: SimStack, n: int, stream: bool = False) -> tuple[int, str | None]:
+    async with c.post(s.url + "/v1/chat/completions", json=body(stream, n)) as r:
+        await r.read()
+        return r.status, r.headers.get("x-inference-port")
+
+
+async def test_failing_responses_take_a_server_out_and_a_probe_brings_it_back():
+    s = SimStack(3, epp_flags=("--passive-failure-threshold", "3", "--passive-cooldown", "3s"), config_text=RANDOM)
+    await s.start()
+    try:
+        async with aiohttp.ClientSession() as c:
+            await admin(c, s, 0, "/admin/fail?status=503")
+            results = [await post(c, s, n) for n in range(40)]
+            failed = [r for r in results if r[0] != 200]
+            assert failed and len(failed) <= 3, results  # 3 in a row take it out; scraping alone never would
+            assert all(st == 200 and port != str(s.ports[0]) for st, port in results[-20:])
+            info = (await endpoints(s))[s.key(0)]
+            assert info["state"] == "ejected" and info["reason"].startswith("HTTP 503")
+            assert info["failures"] == len(failed) and info["ejections"] == 1 and not info.get("routable", False)
+            async with c.get(f"http://127.0.0.1:{s.metrics_port}/metrics") as r:
+                text = await r.text()
+            assert (f'pointsman_endpoint_response_failures_total{{endpoint="{s.key(0)}",reason="http_5xx"}} '
+                    f'{float(len(failed))}') in text
+            assert f'pointsman_endpoint_state{{endpoint="{s.key(0)}",state="ejected"}} 1.0' in text
+            # The server recovers; after the cool-down one request probes it, and it is back.
+            await admin(c, s, 0, "/admin/recover")
+            await until_state(s, 0, ("probing",), timeout=5)
+            ports = [(await post(c, s, 100 + n))[1] for n in range(30)]
+            assert str(s.ports[0]) in ports
+            assert (await endpoints(s))[s.key(0)]["state"] == "healthy"
+    finally:
+        await s.stop()
+
+
+async def test_silent_streams_take_a_server_out():
+    s = SimStack(2, epp_flags=("--passive-failure-threshold", "2", "--passive-silence-timeout", "1s"),
+                 config_text=RANDOM)
+    await s.start()
+    try:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=6)) as c:
+            await admin(c, s, 0, "/admin/stall?after=1")  # headers and a chunk, then nothing
+            stalled = [asyncio.ensure_future(post(c, s, n, stream=True)) for n in range(8)]
+            waited = await until_state(s, 0, ("ejected",), timeout=5)
+            assert 1.0 < waited < 3.0
+            info = (await endpoints(s))[s.key(0)]
+            assert info["reason"].startswith("no response for 1.")
+            results = [await post(c, s, 100 + n, stream=True) for n in range(10)]
+            assert all(st == 200 and port == str(s.ports[1]) for st, port in results)
+            await admin(c, s, 0, "/admin/recover")
+            await asyncio.gather(*stalled, return_exceptions=True)
+    finally:
+        await s.stop()
+
+
+async def test_killed_and_hung_servers_are_out_fast():
+    s = SimStack(3, config_text=RANDOM)
+    await s.start()
+    try:
+        async with aiohttp.ClientSession() as c:
+            # Killed: connection refused, on scrapes and on requests.
+            await admin(c, s, 1, "/admin/kill")  # it dies 50 ms after answering
+            t0 = time.monotonic()
+            results = []
+            while time.monotonic() - t0 < 1.0:
+                results.append((time.monotonic() - t0, *await post(c, s, len(results))))
+            failed = [t for t, st, _ in results if st != 200]
+            assert failed and max(failed) < 0.3, results  # out within a few scrape rounds
+            assert (await endpoints(s))[s.key(1)]["state"] in ("out", "ejected")
+            # Metrics hang (the server still answers requests): out within the 2 s staleness threshold.
+            await admin(c, s, 2, "/admin/hang?what=metrics")
+            took = await until_state(s, 2, ("out",), timeout=4)
+            print(f"metrics hang: out after {took:.2f} s")
+            assert took < 2.0, took
+            assert "TimeoutError" in (await endpoints(s))[s.key(2)]["reason"]
+            await admin(c, s, 2, "/admin/recover")
+            await until_state(s, 2, ("healthy",), timeout=3)
+    finally:
+        await s.stop()
