@@ -52,7 +52,7 @@ from epp.ports import free_port  # noqa: E402
 
 FLOORS = {"gen": [], "aio": ["--read-write"], "sync": ["--sync"], "gen-uvloop": ["--uvloop"],
           "aio-uvloop": ["--read-write", "--uvloop"], "grpclib": ["--grpclib"],
-          "grpclib-uvloop": ["--grpclib", "--uvloop"]}
+          "grpclib-uvloop": ["--grpclib", "--uvloop"], "h2": ["--h2"], "h2-uvloop": ["--h2", "--uvloop"]}
 
 
 @dataclass

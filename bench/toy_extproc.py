@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import sys
 from concurrent import futures
+from pathlib import Path
 
 import grpc
 from envoy.config.core.v3 import base_pb2
@@ -101,6 +103,26 @@ class GrpclibService:
                 await stream.send_message(r)
 
 
+class H2Call:
+    """The same processor as a callback-driven call on Pointsman's h2 transport (epp.h2grpc)."""
+
+    __slots__ = ("stream", "held", "headers")
+
+    def __init__(self, stream, headers: pb.ProcessingResponse) -> None:
+        self.stream, self.held, self.headers = stream, [], headers
+
+    def on_message(self, data: bytes) -> None:
+        out = answer(pb.ProcessingRequest.FromString(data), self.held, self.headers)
+        if out:
+            self.stream.send_many([r.SerializeToString() for r in out])
+
+    def on_end(self) -> None:
+        self.stream.finish()
+
+    def on_cancel(self) -> None:
+        pass
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--port", type=int, required=True)
@@ -109,6 +131,7 @@ def main() -> None:
     ap.add_argument("--read-write", action="store_true", help="context.read()/write() instead of an async generator")
     ap.add_argument("--uvloop", action="store_true", help="run the asyncio servers on uvloop")
     ap.add_argument("--grpclib", action="store_true", help="grpclib (h2) instead of grpc.aio")
+    ap.add_argument("--h2", action="store_true", help="Pointsman's h2 transport (epp.h2grpc) instead of grpc.aio")
     ap.add_argument("--option", action="append", default=[], help="a grpc server option name=value (int or text)")
     a = ap.parse_args()
     options = []
@@ -130,9 +153,23 @@ def main() -> None:
         await server.start("127.0.0.1", a.port)
         await server.wait_closed()
 
+    async def run_h2() -> None:
+        sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+        from epp.h2grpc import H2Server
+
+        headers = replies(a.backend)
+        server = H2Server()
+        server.add_native_method("/envoy.service.ext_proc.v3.ExternalProcessor/Process",
+                                 lambda stream: H2Call(stream, headers))
+        server.add_insecure_port(f"127.0.0.1:{a.port}")
+        await server.start()
+        await server.wait_for_termination()
+
     async def run() -> None:
         if a.grpclib:
             return await run_grpclib()
+        if a.h2:
+            return await run_h2()
         server = grpc.aio.server(options=options)
         pb_grpc.add_ExternalProcessorServicer_to_server((Aio if a.read_write else AioGen)(a.backend), server)
         server.add_insecure_port(f"127.0.0.1:{a.port}")

@@ -21,7 +21,7 @@ from typing import Any
 from epp.datastore import Datastore
 from epp.director import Director, DirectorConfig
 from epp.scrape.scraper import MetricsScraper
-from epp.server import StreamConfig, build_server
+from epp.server import DEFAULT_TRANSPORT, StreamConfig, build_server
 from scheduling.framework.model_scheduler import ModelScheduler
 
 log = logging.getLogger("epp")
@@ -184,20 +184,23 @@ class App:
 
             self.eds = EdsService(self.datastore)
             extra.append(lambda server: add_eds_service(server, self.eds))
-        self.server, self.extproc = build_server(self.director, stream_cfg, extra_servicers=extra, metrics=self.metrics)
+        transport = getattr(args, "grpc_transport", DEFAULT_TRANSPORT)
+        self.server, self.extproc = build_server(self.director, stream_cfg, extra_servicers=extra, metrics=self.metrics,
+                                                 transport=transport)
         self.health = add_health_servicer(self.server, self.datastore)
         addr = f"{args.grpc_host}:{args.grpc_port}"
         if args.secure_serving:
-            from epp.tls import server_credentials
+            from epp.tls import server_credentials, server_ssl_context
 
-            self.port = self.server.add_secure_port(addr, server_credentials(args.cert_path))
+            creds = server_ssl_context(args.cert_path) if transport == "h2" else server_credentials(args.cert_path)
+            self.port = self.server.add_secure_port(addr, creds)
         else:
             self.port = self.server.add_insecure_port(addr)
         if not self.port:
             raise RuntimeError(f"cannot bind the gRPC port {addr}")
         await self.server.start()
-        log.info("Pointsman serving ext_proc%s on %s:%d%s", " and EDS" if self.eds else "", args.grpc_host,
-                 self.port, " (TLS)" if args.secure_serving else "")
+        log.info("Pointsman serving ext_proc%s on %s:%d%s (%s transport)", " and EDS" if self.eds else "",
+                 args.grpc_host, self.port, " (TLS)" if args.secure_serving else "", transport)
         if self.eds is not None:
             self.eds.start()
             self.cleanups.append(self.eds.stop)

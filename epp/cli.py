@@ -25,6 +25,9 @@ def _add_serve_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--metrics-port", type=int, default=9090, help="Prometheus port (9090); 0 disables")
     g.add_argument("--secure-serving", type=_bool, default=False, help="serve TLS on the gRPC port")
     g.add_argument("--cert-path", default=None, help="directory with tls.crt/tls.key (self-signed when absent)")
+    g.add_argument("--grpc-transport", choices=("h2", "grpcio"), default="h2",
+                   help="gRPC server for the --grpc-port: h2 (HTTP/2 on asyncio, the default: about a third of "
+                        "grpc.aio's CPU per ext_proc request) or grpcio (grpc.aio); see docs/performance.md")
     g.add_argument("--eds", type=_bool, default=True,
                    help="serve the pools' endpoints to Envoy over EDS on the gRPC port (default true)")
 
