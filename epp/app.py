@@ -71,10 +71,10 @@ class App:
         from epp.rewrite import choose_rewrite
 
         self.metrics = EppMetrics(self.datastore)
+        from epp.outputs import director_outputs
+
         cfg = DirectorConfig(
-            model_header=args.model_header,
-            base_model_header=args.base_model_header,
-            ai_gateway_model_header=args.ai_gateway_model_header or None,
+            **director_outputs(args),
             fallbacks=args.fallbacks,
             conformance=args.enable_conformance_header,
             default_pool=args.pool_name,
@@ -87,7 +87,7 @@ class App:
         )
         # Endpoint lifecycle: whatever scheduler is current forgets a departed endpoint (in-flight counts and the
         # unhealthy mark are the datastore's own; the scraper subscribes itself).
-        ds.on_endpoint_removed(lambda key: director.scheduler.endpoint_removed(key))
+        ds.on_endpoint_removed(director.endpoint_removed)
         from epp.scrape.scraper import start_scraper
 
         self.scraper = await start_scraper(ds, interval=args.refresh_metrics_interval, timeout=1.0,

@@ -51,14 +51,17 @@ def _add_serve_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--request-body-mode", type=BodyMode.parse, default=BodyMode.FULL_DUPLEX_STREAMED)
     g.add_argument("--response-body-mode", type=BodyMode.parse, default=BodyMode.FULL_DUPLEX_STREAMED)
     g.add_argument("--max-body-bytes", type=int, default=64 * 1024 * 1024, help="413 above this (64 MiB)")
-    g.add_argument("--model-header", default="X-Gateway-Model-Name")
-    g.add_argument("--base-model-header", default="X-Gateway-Base-Model-Name")
-    g.add_argument("--ai-gateway-model-header", default="x-ai-eg-model", help="'' disables it")
     g.add_argument("--fallbacks", type=int, default=0, help="extra endpoints in envoy.lb metadata (override_host)")
     g.add_argument("--enable-conformance-header", action="store_true",
                    help="honour test-epp-endpoint-selection (conformance tests only)")
     g.add_argument("--log-decisions", action="store_true", help="log one line per routing decision")
+    g.add_argument("--event-loop", choices=("asyncio", "uvloop"), default="asyncio",
+                   help="asyncio (default) or uvloop (pip install uvloop; see docs/performance.md)")
     g.add_argument("-v", "--v", type=int, default=int(os.environ.get("EPP_VERBOSITY", "1")), help="log verbosity")
+
+    from epp.outputs import add_flags as add_output_flags
+
+    add_output_flags(p.add_argument_group("routing outputs (docs/performance.md)"), _bool)
 
 
 def _bool(text: str) -> bool:
@@ -136,6 +139,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         level = logging.DEBUG if args.v >= 3 else logging.INFO if args.v >= 1 else logging.WARNING
         logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         try:
+            if args.event_loop == "uvloop":
+                try:
+                    import uvloop
+                except ImportError:
+                    print("error: --event-loop uvloop needs the uvloop package (pip install uvloop)", file=sys.stderr)
+                    return 2
+                return uvloop.run(run(args))
             return asyncio.run(run(args))
         except KeyboardInterrupt:
             return 0

@@ -6,6 +6,7 @@ It parses the body once, resolves model, rewrite, objective and candidates, asks
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 import uuid
@@ -37,14 +38,22 @@ PLUGIN_SAMPLE_EVERY = 8  # report per-plugin durations for one request in this m
 
 @dataclass(slots=True)
 class DirectorConfig:
-    model_header: str = "X-Gateway-Model-Name"
-    base_model_header: str = "X-Gateway-Base-Model-Name"
-    ai_gateway_model_header: str | None = "x-ai-eg-model"  # None: not set
+    model_header: str | None = "X-Gateway-Model-Name"  # None or "": not set
+    base_model_header: str | None = "X-Gateway-Base-Model-Name"  # None or "": not set
+    ai_gateway_model_header: str | None = "x-ai-eg-model"  # None or "": not set
     fallbacks: int = 0  # extra endpoints listed (comma list) in envoy.lb metadata for override_host retries
     conformance: bool = False  # honour test-epp-endpoint-selection / report x-conformance-test-served-endpoint
     default_pool: str | None = None
     pool_metadata_key: tuple[str, str] = ("pointsman", "pool")  # route metadata naming the pool (set by Envoy)
     log_decisions: bool = False
+    # What the replies carry (epp/outputs.py: `--data-plane` and its per-output flags); the defaults are `full`.
+    destination_header: bool = True  # x-gateway-destination-endpoint: ORIGINAL_DST and agentgateway read it
+    destination_metadata: bool = True  # envoy.lb metadata: override_host reads it
+    clear_route_cache: bool = True  # gateways that route on the model headers need the route recomputed
+    remove_absent: bool = True  # remove the reserved client headers even when the request has none of them
+    # Run the scheduler's pre_request hooks (prefix recording) after the reply is handed to the transport, and
+    # before the next decision or this request's close: routing sees every earlier pick exactly as before.
+    defer_commit_hooks: bool = True
 
 
 class NullMetrics:
@@ -117,6 +126,36 @@ class Director:
         self.admission = admission
         self.rewrite = rewrite
         self._decisions = 0
+        self._deferred: list[Callable[[], None]] = []
+        self._drain_scheduled = False
+
+    # ---- commit hooks after the reply -----------------------------------------------------------------------------
+    def defer(self, hook: Callable[[], None]) -> None:
+        """Run `hook` once the current reply is on its way: at the end of this event-loop iteration (after the h2
+        transport has written what this read produced), or earlier when a decision or a close needs it."""
+        self._deferred.append(hook)
+        if self._drain_scheduled:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no loop (a synchronous caller): nothing to wait for
+            self.run_deferred()
+            return
+        self._drain_scheduled = True
+        loop.call_soon(self.run_deferred)
+
+    def endpoint_removed(self, key: str) -> None:
+        """The datastore lost an endpoint: pending commit hooks first (they may name it), then the scheduler
+        forgets it."""
+        self.run_deferred()
+        self.scheduler.endpoint_removed(key)
+
+    def run_deferred(self) -> None:
+        self._drain_scheduled = False
+        while self._deferred:
+            hooks, self._deferred = self._deferred, []
+            for hook in hooks:
+                hook()
 
     def exchange(self) -> RequestExchange:
         return RequestExchange(self)
@@ -128,6 +167,8 @@ class Director:
         """Parse and resolve; raise SchedulingError for bad input or no candidates.
 
         `body` None means a body exists but is not visible before the pick: route on headers and load alone."""
+        if self._deferred:  # earlier picks' commit hooks first: this decision sees them, as if they had run at once
+            self.run_deferred()
         kind = api_kind(headers)
         parsed_body: dict[str, Any] | None = None
         model, prompt = "", ""
@@ -231,18 +272,30 @@ class Director:
         cfg = self.config
         req = ctx.request
         primary = result.primary.key
-        sets: list[tuple[str, str]] = [(DESTINATION, primary)]
-        remove = [SERVED, SUBSET]
+        hdrs = req.headers
+        always = cfg.remove_absent  # else only what the client sent is removed (removing nothing is a no-op)
+        sets: list[tuple[str, str]] = []
+        remove: list[str] = []
+        if cfg.destination_header:
+            sets.append((DESTINATION, primary))
+        elif always or DESTINATION in hdrs:
+            remove.append(DESTINATION)  # a client never picks its own upstream
+        if always or SERVED in hdrs:
+            remove.append(SERVED)
+        if always or SUBSET in hdrs:
+            remove.append(SUBSET)
         if result.prefill is not None:
             sets.append((PREFILLER, result.prefill.key))
-        else:
+        elif always or PREFILLER in hdrs:
             remove.append(PREFILLER)
         if req.target_model:
-            sets.append((cfg.model_header, req.target_model))
-            sets.append((cfg.base_model_header, req.base_model or req.target_model))
+            if cfg.model_header:
+                sets.append((cfg.model_header, req.target_model))
+            if cfg.base_model_header:
+                sets.append((cfg.base_model_header, req.base_model or req.target_model))
             if cfg.ai_gateway_model_header:
                 sets.append((cfg.ai_gateway_model_header, req.target_model))
-        if "x-request-id" not in req.headers:
+        if "x-request-id" not in hdrs:  # Envoy sends one (generate_request_id): only other proxies get it set
             sets.append(("x-request-id", req.request_id))
         lb_value = primary
         if cfg.fallbacks > 0 and len(result.targets) > 1:
@@ -253,8 +306,9 @@ class Director:
         return Outcome(
             set_headers=sets,
             remove_headers=remove,
-            metadata={LB_NS: {DESTINATION: lb_value}},
+            metadata={LB_NS: {DESTINATION: lb_value}} if cfg.destination_metadata else {},
             body=new_body,
+            clear_route_cache=cfg.clear_route_cache,
         )
 
 
@@ -299,11 +353,11 @@ class RequestExchange:
         req = ctx.request
         # Commit: from here on, close() must release what this adds.
         self.ctx, self.result, self.scheduler = ctx, result, d.scheduler
-        self._ticket = d.datastore.inflight.add(result.primary.key, req.estimated_tokens)
-        try:
-            self.scheduler.pre_request(ctx, result)
-        except Exception:
-            log.exception("pre_request hook failed")
+        self._ticket = d.datastore.inflight.add(result.primary.key, req.estimated_tokens)  # seen at once
+        if d.config.defer_commit_hooks:
+            d.defer(self._pre_request)
+        else:
+            self._pre_request()
         d.metrics.request_started(req.model, req.target_model, req.priority)
         if result.decision:
             d.metrics.disagg_decision(req.target_model, result.decision)
@@ -314,6 +368,14 @@ class RequestExchange:
             self._rewrite_from = f'"model":"{req.target_model}"'.encode()
             self._rewrite_to = f'"model":"{req.model}"'.encode()
         return d.mutations(ctx, result, parsed)
+
+    def _pre_request(self) -> None:
+        if self.scheduler is None or self.ctx is None or self.result is None:
+            return
+        try:
+            self.scheduler.pre_request(self.ctx, self.result)
+        except Exception:
+            log.exception("pre_request hook failed")
 
     def response_headers(
         self, headers: Mapping[str, str], metadata: Mapping[str, Mapping[str, object]]
@@ -348,6 +410,8 @@ class RequestExchange:
         if self.ctx is None or self.result is None:
             return
         d = self.d
+        if d._deferred:  # this request's pre_request runs before its response_complete
+            d.run_deferred()
         live = self._ticket is not None and d.datastore.inflight.remove(self._ticket)
         self.ctx.now = d.clock()  # plugins see the time the request ended
         try:
