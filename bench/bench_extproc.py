@@ -62,7 +62,7 @@ class Path_:
     kind: str  # direct | router | floor | pointsman
     processor: subprocess.Popen | None = None
     front: subprocess.Popen | None = None
-    rows: dict[int, list[tuple[float, float, float, float, float]]] = field(default_factory=dict)
+    rows: dict[tuple[int, int], list[tuple[float, float, float, float, float]]] = field(default_factory=dict)
 
 
 def wrk(url: str, conns: int, duration: float, script: Path) -> tuple[float, float, int]:
@@ -105,6 +105,7 @@ def floors(specs: list[str] | None) -> list[tuple[str, list[str], dict[str, str]
 
 
 def start(args: argparse.Namespace, procs: Procs, script: Path) -> tuple[list[Path_], int]:
+    """Start the backend and every path; `script` is used to warm them up."""
     backends = [free_port() for _ in range(4)]
     backend_admin = free_port()
     procs.envoy("backend", backend_config(backends, backend_admin, keep_alive=args.upstream == "reuse"), backends[-1])
@@ -148,22 +149,24 @@ def start(args: argparse.Namespace, procs: Procs, script: Path) -> tuple[list[Pa
     return paths, backend_admin
 
 
-def measure(args: argparse.Namespace, paths: list[Path_], backend_admin: int, script: Path) -> None:
+def measure(args: argparse.Namespace, paths: list[Path_], backend_admin: int, scripts: dict[int, Path]) -> None:
     conns_list = [int(c) for c in args.conns.split(",")]
     for r in range(args.rounds):
-        for conns in conns_list:
-            k = r % len(paths)
-            for p in paths[k:] + paths[:k]:  # rotate the order: no path always runs right after another
-                pids = [x.pid for x in (p.processor, p.front) if x is not None]
-                cpu0 = {pid: cpu_seconds(pid) for pid in pids}
-                cx0 = admin_counter(backend_admin, "downstream_cx_total")
-                rps, p50, total = wrk(p.url, conns, args.duration, script)
-                cx = admin_counter(backend_admin, "downstream_cx_total") - cx0
-                per = {pid: (cpu_seconds(pid) - cpu0[pid]) / max(total, 1) * 1e6 for pid in pids}
-                proc_cpu = per[p.processor.pid] if p.processor is not None else float("nan")
-                front_cpu = per[p.front.pid] if p.front is not None else float("nan")
-                p.rows.setdefault(conns, []).append((rps, p50, proc_cpu, front_cpu, cx / max(total, 1) * 1000))
-            print(f"round {r + 1}/{args.rounds} at {conns} connections done", file=sys.stderr)
+        for size, script in scripts.items():
+            for conns in conns_list:
+                k = r % len(paths)
+                for p in paths[k:] + paths[:k]:  # rotate the order: no path always runs right after another
+                    pids = [x.pid for x in (p.processor, p.front) if x is not None]
+                    cpu0 = {pid: cpu_seconds(pid) for pid in pids}
+                    cx0 = admin_counter(backend_admin, "downstream_cx_total")
+                    rps, p50, total = wrk(p.url, conns, args.duration, script)
+                    cx = admin_counter(backend_admin, "downstream_cx_total") - cx0
+                    per = {pid: (cpu_seconds(pid) - cpu0[pid]) / max(total, 1) * 1e6 for pid in pids}
+                    proc_cpu = per[p.processor.pid] if p.processor is not None else float("nan")
+                    front_cpu = per[p.front.pid] if p.front is not None else float("nan")
+                    p.rows.setdefault((conns, size), []).append(
+                        (rps, p50, proc_cpu, front_cpu, cx / max(total, 1) * 1000))
+                print(f"round {r + 1}/{args.rounds}: {size}-byte body at {conns} connections done", file=sys.stderr)
 
 
 def med(rows: list[tuple[float, ...]], i: int) -> float:
@@ -174,20 +177,23 @@ def fmt(x: float, spec: str = ".0f") -> str:
     return "-" if x != x else format(x, spec)
 
 
-def table(args: argparse.Namespace, paths: list[Path_], body_bytes: int) -> str:
-    out = [f"{args.rounds} interleaved rounds x {args.duration:g}s, medians; {body_bytes}-byte chat body, "
-           f"{args.phases} response phases, {args.endpoints} endpoint(s), upstream connections {args.upstream}", ""]
-    out.append("| path | conns | req/s | vs vllm-router | vs floor | p50 ms | processor CPU µs/req "
+def table(args: argparse.Namespace, paths: list[Path_], sizes: list[int]) -> str:
+    out = [f"{args.rounds} interleaved rounds x {args.duration:g}s, medians; {args.phases} response phases, "
+           f"{args.endpoints} endpoint(s), upstream connections {args.upstream}", ""]
+    out.append("| path | body bytes | conns | req/s | vs vllm-router | vs floor | p50 ms | processor CPU µs/req "
                "| front Envoy CPU µs/req | upstream conns /1k req |")
-    out.append("|---|---|---|---|---|---|---|---|---|")
-    for conns in [int(c) for c in args.conns.split(",")]:
-        router = next((med(p.rows[conns], 0) for p in paths if p.kind == "router"), float("nan"))
-        floor = next((med(p.rows[conns], 0) for p in paths if p.kind == "floor"), float("nan"))
-        for p in paths:
-            rows = p.rows[conns]
-            rps = med(rows, 0)
-            out.append(f"| {p.name} | {conns} | {rps:.0f} | {fmt(rps / router, '.2f')}x | {fmt(rps / floor, '.2f')}x "
-                       f"| {med(rows, 1):.2f} | {fmt(med(rows, 2))} | {fmt(med(rows, 3))} | {med(rows, 4):.1f} |")
+    out.append("|---|---|---|---|---|---|---|---|---|---|")
+    for size in sizes:
+        for conns in [int(c) for c in args.conns.split(",")]:
+            key = (conns, size)
+            router = next((med(p.rows[key], 0) for p in paths if p.kind == "router"), float("nan"))
+            floor = next((med(p.rows[key], 0) for p in paths if p.kind == "floor"), float("nan"))
+            for p in paths:
+                rows = p.rows[key]
+                rps = med(rows, 0)
+                out.append(f"| {p.name} | {size} | {conns} | {rps:.0f} | {fmt(rps / router, '.2f')}x "
+                           f"| {fmt(rps / floor, '.2f')}x | {med(rows, 1):.2f} | {fmt(med(rows, 2))} "
+                           f"| {fmt(med(rows, 3))} | {med(rows, 4):.1f} |")
     return "\n".join(out)
 
 
@@ -196,7 +202,8 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--duration", type=float, default=5.0, help="seconds per measurement")
     ap.add_argument("--conns", default="16", help="comma list of wrk connection counts")
-    ap.add_argument("--body-bytes", type=int, default=109, help="size of the chat body (109: a one-line question)")
+    ap.add_argument("--body-bytes", default="109",
+                    help="comma list of chat body sizes, interleaved in one run (109: a one-line question)")
     ap.add_argument("--phases", choices=("lean", "full"), default="lean", help="response phases sent to processors")
     ap.add_argument("--variant", choices=("original-dst", "override-host"), default="original-dst",
                     help="the front Envoy's pool cluster for Pointsman candidates (the floor is original-dst)")
@@ -212,14 +219,16 @@ def main() -> int:
     args = ap.parse_args()
     if not shutil.which("wrk"):
         subprocess.run(["apt-get", "install", "-y", "-qq", "wrk"], check=False)
-    body = chat_body(args.body_bytes)
+    sizes = [int(b) for b in args.body_bytes.split(",")]
     procs = Procs()
-    script = procs.dir / "post.lua"
-    script.write_text(wrk_script(body))
+    scripts = {}
+    for size in sizes:
+        scripts[size] = procs.dir / f"post-{size}.lua"
+        scripts[size].write_text(wrk_script(chat_body(size)))
     try:
-        paths, backend_admin = start(args, procs, script)
-        measure(args, paths, backend_admin, script)
-        text = table(args, paths, len(body))
+        paths, backend_admin = start(args, procs, scripts[sizes[0]])
+        measure(args, paths, backend_admin, scripts)
+        text = table(args, paths, sizes)
     finally:
         procs.stop()
     print(text)

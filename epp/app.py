@@ -79,6 +79,7 @@ class App:
             conformance=args.enable_conformance_header,
             default_pool=args.pool_name,
             log_decisions=args.log_decisions,
+            defer_commit_hooks=getattr(args, "defer_commit_hooks", True),
         )
         ds = self.datastore
         self.director = director = Director(

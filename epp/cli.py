@@ -46,6 +46,9 @@ def _add_serve_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--refresh-metrics-interval", type=_duration, default=0.05, help="scrape interval (50ms)")
     g.add_argument("--metrics-staleness-threshold", type=_duration, default=2.0, help="stale after (2s)")
     g.add_argument("--seed", type=int, default=None, help="seed the scheduler's random source")
+    g.add_argument("--defer-commit-hooks", type=_bool, default=True,
+                   help="run pre_request hooks (prefix recording) after the reply is written, before the next "
+                        "decision: same routing, shorter reply path (default true)")
 
     g = p.add_argument_group("protocol")
     g.add_argument("--request-body-mode", type=BodyMode.parse, default=BodyMode.FULL_DUPLEX_STREAMED)

@@ -38,7 +38,7 @@ class ServerStream:
         self.finished = False  # trailers queued: the call is over for the handler
         self.closed = False  # reset, or the connection is gone: nothing can be sent
         self.remote_ended = False  # the client half-closed
-        self.pending: list[bytes] | None = None  # framed data waiting for flow-control window
+        self.pending: list[bytes | memoryview] | None = None  # framed data waiting for flow-control window
         self.trailers: list[tuple[bytes, bytes]] | None = None  # waiting behind `pending`
         self.timer: asyncio.TimerHandle | None = None
         self._buf = b""
