@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import random
 
 import orjson
@@ -158,7 +159,9 @@ async def test_deferred_hooks_route_exactly_like_immediate_ones():
     prompts = [f"shared system prompt {i % 4} " * 40 + f"question {i}" for i in range(60)]
 
     def picks(defer: bool) -> list[str]:
-        d = Director(pool(4), load_scheduler(None, rng=random.Random(5)), DirectorConfig(defer_commit_hooks=defer))
+        ticks = itertools.count()
+        d = Director(pool(4), load_scheduler(None, rng=random.Random(5)), DirectorConfig(defer_commit_hooks=defer),
+                     clock=lambda: next(ticks) * 0.001)  # the same time line for both runs
         out, open_ = [], []
         for i, p in enumerate(prompts):
             ex = d.exchange()
