@@ -11,7 +11,8 @@ measured once, in a rotating order; medians over rounds are printed as one markd
   are reused, ~1000 when every request dials a new one.
 
 Pointsman candidates are `--candidate 'LABEL:VARIANT:FLAGS'` (VARIANT is original-dst, override-host or empty for
-`--variant`; FLAGS go to `epp serve`; an `ENV=value` word before the flags sets an environment variable). The
+`--variant`; FLAGS go to `epp serve`, `{port}` in them becomes a free port; an `ENV=value` word before the flags
+sets an environment variable, e.g. `PYTHONPATH=/tmp/before` runs another checkout of Pointsman). The
 default candidate is Pointsman with no extra flags. Floors are bench/toy_extproc.py variants (`--floor gen --floor aio`).
 
     .venv/bin/python bench/bench_extproc.py --rounds 5 --duration 5 --body-bytes 109
@@ -38,8 +39,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from extproc_stack import (  # noqa: E402
     ROOT,
     Procs,
-    admin_counter,
     backend_config,
+    backend_connections,
     bin_path,
     chat_body,
     cpu_seconds,
@@ -116,10 +117,10 @@ def start(args: argparse.Namespace, procs: Procs, script: Path) -> tuple[list[Pa
     if not args.no_peer and shutil.which(bin_path("vllm-router")):
         vr = free_port()
         router = procs.spawn("vllm-router", [
-            bin_path("vllm-router"), "--host", "127.0.0.1", "--port", str(vr), "--policy", "cache_aware",
+            bin_path("vllm-router"), "--host", "127.0.0.1", "--port", str(vr), "--policy", args.router_policy,
             "--log-level", "error", "--prometheus-port", str(free_port()), "--worker-urls",
             *[f"http://127.0.0.1:{p}" for p in backends]], vr)
-        paths.append(Path_("vllm-router cache_aware", f"http://127.0.0.1:{vr}", "router", processor=router))
+        paths.append(Path_(f"vllm-router {args.router_policy}", f"http://127.0.0.1:{vr}", "router", processor=router))
 
     def front(name: str, port: int, variant: str) -> tuple[str, subprocess.Popen]:
         listen = free_port()
@@ -138,6 +139,7 @@ def start(args: argparse.Namespace, procs: Procs, script: Path) -> tuple[list[Pa
         {"address": "127.0.0.1", "port": p} for p in backends[: args.endpoints]]}]}))
     for i, text in enumerate(args.candidate or [":"]):
         label, variant, flags, env = parse_candidate(text, args.variant)
+        flags = [f.replace("{port}", str(free_port())) if "{port}" in f else f for f in flags]
         port = free_port()
         epp = procs.spawn(f"epp-{i}", [bin_path("epp"), "serve", "--grpc-host", "127.0.0.1", "--grpc-port", str(port),
                                        "--grpc-health-port", "0", "--metrics-port", "0", "--endpoints-file",
@@ -158,9 +160,9 @@ def measure(args: argparse.Namespace, paths: list[Path_], backend_admin: int, sc
                 for p in paths[k:] + paths[:k]:  # rotate the order: no path always runs right after another
                     pids = [x.pid for x in (p.processor, p.front) if x is not None]
                     cpu0 = {pid: cpu_seconds(pid) for pid in pids}
-                    cx0 = admin_counter(backend_admin, "downstream_cx_total")
+                    cx0 = backend_connections(backend_admin)
                     rps, p50, total = wrk(p.url, conns, args.duration, script)
-                    cx = admin_counter(backend_admin, "downstream_cx_total") - cx0
+                    cx = backend_connections(backend_admin) - cx0
                     per = {pid: (cpu_seconds(pid) - cpu0[pid]) / max(total, 1) * 1e6 for pid in pids}
                     proc_cpu = per[p.processor.pid] if p.processor is not None else float("nan")
                     front_cpu = per[p.front.pid] if p.front is not None else float("nan")
@@ -215,6 +217,9 @@ def main() -> int:
     ap.add_argument("--upstream", choices=("reuse", "close"), default="reuse",
                     help="close: the backend closes every connection (the old harness: measures TCP setup)")
     ap.add_argument("--no-peer", action="store_true", help="skip vllm-router")
+    ap.add_argument("--router-policy", default="cache_aware",
+                    help="vllm-router --policy (cache_aware asks the worker to render every chat request first: "
+                         "two upstream requests per request)")
     ap.add_argument("--out", default=None, help="also write the table to this file")
     args = ap.parse_args()
     if not shutil.which("wrk"):

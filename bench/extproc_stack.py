@@ -114,11 +114,13 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def admin_counter(admin: int, suffix: str) -> int:
-    """The sum of an Envoy admin counter over every stat prefix ending in `suffix`."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{admin}/stats?format=json&filter={suffix}$", timeout=5) as r:
+def backend_connections(admin: int) -> int:
+    """Connections the backend has accepted so far (its HTTP connection managers' downstream_cx_total; the
+    listener-level copies of the same counter are left out)."""
+    pattern = r"^http\.b[0-9]+\.downstream_cx_total$"
+    with urllib.request.urlopen(f"http://127.0.0.1:{admin}/stats?format=json&filter={pattern}", timeout=5) as r:
         stats = json.load(r)["stats"]
-    return sum(int(s.get("value", 0)) for s in stats if "name" in s and s["name"].endswith(suffix))
+    return sum(int(s.get("value", 0)) for s in stats if "name" in s)
 
 
 class Procs:
