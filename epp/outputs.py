@@ -18,7 +18,7 @@ a header mutation, a dynamic-metadata Struct, a route recomputation). A data pla
   picks the host, on the one catch-all route, so nothing else is read.
 - `override-host` fits `--variant override-host` (static or `--eds`): the override_host policy reads `envoy.lb`.
   A mismatched profile is not detected by Pointsman: override_host without metadata silently falls back to round
-  robin, ORIGINAL_DST without the header fails the request. `epp envoy-config` names the matching profile.
+  robin, ORIGINAL_DST without the header fails the request (503). docs/envoy.md names the profile of each variant.
 
 Per-output flags (`--destination-header`, `--destination-metadata`, `--clear-route-cache`, `--model-header`,
 `--base-model-header`, `--ai-gateway-model-header`) override the profile; a model header flag set to '' disables
