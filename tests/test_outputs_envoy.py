@@ -43,3 +43,20 @@ async def test_the_override_host_profile_on_an_original_dst_envoy_cannot_route(t
         assert status == 503, "ORIGINAL_DST has no destination header to dial"
     finally:
         await s.stop()
+
+
+async def test_the_original_dst_profile_on_an_override_host_envoy_is_silently_round_robin(tmp_path):
+    s = Stack(tmp_path, variant="override-host",
+              epp_flags=("--enable-conformance-header", "--data-plane", "original-dst"))
+    await s.start()
+    try:
+        served = set()
+        async with aiohttp.ClientSession() as c:
+            for _ in range(9):
+                status, info = await post(c, s.url + "/v1/chat/completions", chat(),
+                                          {"test-epp-endpoint-selection": f"127.0.0.1:{s.ports[0]}"})
+                assert status == 200
+                served.add(info["served_by"])
+        assert len(served) > 1, "no envoy.lb metadata: override_host falls back to round robin, ignoring the pick"
+    finally:
+        await s.stop()
