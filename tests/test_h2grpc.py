@@ -297,3 +297,28 @@ async def test_a_client_goaway_lets_its_open_streams_finish(h2):
         assert reply.status == health_pb2.HealthCheckResponse.SERVING
     finally:
         await client.close()
+
+
+async def test_a_failing_native_handler_ends_its_call_not_the_connection(h2):
+    class Broken:
+        def __init__(self, stream):
+            self.stream = stream
+
+        def on_message(self, data):
+            raise RuntimeError("handler bug")
+
+        def on_end(self):
+            self.stream.finish()
+
+        def on_cancel(self):
+            pass
+
+    server = H2Server()
+    server.add_native_method("/test.Broken/Call", Broken)
+    _, channel, _ = await h2(server)
+    broken = channel.unary_unary("/test.Broken/Call", request_serializer=Msg.SerializeToString,
+                                 response_deserializer=Msg.FromString)
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await broken(Msg(service="x"))
+    assert err.value.code() == grpc.StatusCode.INTERNAL and "handler bug" in err.value.details()
+    assert (await method(channel, "Unary", "unary_unary")(Msg(service="ok"))).service == "OK"

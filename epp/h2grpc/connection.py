@@ -203,13 +203,26 @@ class Connection(asyncio.Protocol):
             self.h2.acknowledge_received_data(ev.flow_controlled_length, sid)
         stream = self.streams.get(sid)
         if stream is not None and stream.handler is not None:
-            stream.feed(ev.data)
+            try:
+                stream.feed(ev.data)
+            except Exception as e:  # a handler bug ends its call, never the connection
+                self._handler_failed(stream, e)
 
     def _ended(self, ev: h2.events.StreamEnded) -> None:
         stream = self.streams.get(ev.stream_id)
         if stream is None:
             return
-        stream.end()
+        try:
+            stream.end()
+        except Exception as e:
+            self._handler_failed(stream, e)
+
+    def _handler_failed(self, stream: ServerStream, error: Exception) -> None:
+        log.error("%s: handler failed", stream.path, exc_info=error)
+        try:
+            stream.fail(status.INTERNAL, f"handler failed: {error}")
+        except Exception:
+            log.exception("%s: the handler failed again while cancelling", stream.path)
 
     def _trailers(self, ev: h2.events.TrailersReceived) -> None:
         pass  # request trailers carry nothing for gRPC; StreamEnded follows
