@@ -24,6 +24,7 @@ Needs wrk (Debian package `wrk`; installed with apt-get when missing) and, for t
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import shutil
 import statistics
@@ -179,9 +180,10 @@ def fmt(x: float, spec: str = ".0f") -> str:
     return "-" if x != x else format(x, spec)
 
 
-def table(args: argparse.Namespace, paths: list[Path_], sizes: list[int]) -> str:
+def table(args: argparse.Namespace, paths: list[Path_], sizes: list[int], load: tuple[float, float]) -> str:
     out = [f"{args.rounds} interleaved rounds x {args.duration:g}s, medians; {args.phases} response phases, "
-           f"{args.endpoints} endpoint(s), upstream connections {args.upstream}", ""]
+           f"{args.endpoints} endpoint(s), upstream connections {args.upstream}; 1-minute load average "
+           f"{load[0]:.1f} before, {load[1]:.1f} after (this run itself adds about 3)", ""]
     out.append("| path | body bytes | conns | req/s | vs vllm-router | vs floor | p50 ms | processor CPU µs/req "
                "| front Envoy CPU µs/req | upstream conns /1k req |")
     out.append("|---|---|---|---|---|---|---|---|---|---|")
@@ -231,9 +233,10 @@ def main() -> int:
         scripts[size] = procs.dir / f"post-{size}.lua"
         scripts[size].write_text(wrk_script(chat_body(size)))
     try:
+        load0 = os.getloadavg()[0]
         paths, backend_admin = start(args, procs, scripts[sizes[0]])
         measure(args, paths, backend_admin, scripts)
-        text = table(args, paths, sizes)
+        text = table(args, paths, sizes, (load0, os.getloadavg()[0]))
     finally:
         procs.stop()
     print(text)
