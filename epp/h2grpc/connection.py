@@ -48,6 +48,7 @@ class _H2Connection(h2.connection.H2Connection):
     16 KB bodies). This is h2's `_receive_frame` with that line left out; everything else is unchanged."""
 
     def _receive_frame(self, frame: Any) -> list[h2.events.Event]:
+        events: list[h2.events.Event]
         try:
             frames, events = self._frame_dispatch_table[frame.__class__](frame)
         except h2.exceptions.StreamClosedError as e:
@@ -120,7 +121,7 @@ class Connection(asyncio.Protocol):
         })
         c.initiate_connection()
         c.increment_flow_control_window(WINDOW)
-        transport.write(c.data_to_send())
+        self.transport.write(c.data_to_send())
 
     def data_received(self, data: bytes) -> None:
         self._receiving = True

@@ -87,7 +87,7 @@ class H2Server:
             if handler is None:
                 details = _CallDetails(path)
                 for generic in self._generic:
-                    handler = generic.service(details)  # type: ignore[arg-type]
+                    handler = generic.service(details)
                     if handler is not None:
                         break
             if handler is None:
@@ -113,7 +113,7 @@ class H2Server:
             log.error("cannot resolve %s: %s", address, e)
             return 0
         bound: list[socket.socket] = []
-        seen: set[tuple[int, str]] = set()
+        seen: set[tuple[int, object]] = set()
         try:
             for family, kind, proto, _, sockaddr in infos:
                 if (family, sockaddr[0]) in seen:

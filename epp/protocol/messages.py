@@ -102,7 +102,7 @@ def fill_metadata(s: struct_pb2.Struct, metadata: Mapping[str, Mapping[str, obje
         if all(type(v) is str for v in fields.values()):  # the common case, set directly
             tf = target.fields
             for k, v in fields.items():
-                tf[k].string_value = v  # type: ignore[assignment]
+                tf[k].string_value = v
         else:
             target.update(fields)
 
