@@ -1,11 +1,24 @@
-"""Proxy-path benchmark: Envoy direct vs Envoy + Pointsman vs vllm-router, interleaved in one run.
+"""Proxy-path benchmark: Envoy direct, vllm-router, the do-nothing ext_proc floor and Pointsman, interleaved.
 
-The backend is an Envoy with four direct_response listeners (a fixed JSON reply), so the numbers measure the
-routing path, not a model. wrk sends the same ~120-byte chat POST at 1 and 16 connections. For every path and
-round we record req/s and p50 latency; for Pointsman also its CPU time per request (utime+stime from /proc).
-Medians over rounds are printed as a markdown table with ratios against Envoy direct.
+Every path ends at the same keep-alive backend (an Envoy with four direct_response listeners, see
+bench/extproc_stack.py) and gets the same chat body of `--body-bytes` bytes from wrk. Within a round every path is
+measured once, in a rotating order; medians over rounds are printed as one markdown table:
 
-    .venv/bin/python bench/bench_extproc.py --rounds 3 --duration 5 [--workers 1,2]
+- req/s and p50 latency at each connection count, and the ratios against vllm-router and against the floor;
+- processor CPU µs per request (Pointsman, the toy floor, or the whole vllm-router), from /proc utime+stime;
+- front-Envoy CPU µs per request (the Envoy in front of the processor; for "Envoy direct" the proxy itself);
+- upstream connections opened per 1000 requests (from the backend's downstream_cx_total): ~0 when connections
+  are reused, ~1000 when every request dials a new one.
+
+Pointsman candidates are `--candidate 'LABEL:VARIANT:FLAGS'` (VARIANT is original-dst, override-host or empty for
+`--variant`; FLAGS go to `epp serve`, `{port}` in them becomes a free port; an `ENV=value` word before the flags
+sets an environment variable, e.g. `PYTHONPATH=/tmp/before` runs another checkout of Pointsman). The
+default candidate is Pointsman with no extra flags. A candidate with `--workers N` gets a front Envoy that spreads
+its streams over the N workers, and its CPU is the whole process group's. Floors are bench/toy_extproc.py variants (`--floor gen --floor aio`).
+
+    .venv/bin/python bench/bench_extproc.py --rounds 5 --duration 5 --body-bytes 109
+    .venv/bin/python bench/bench_extproc.py --candidate 'asyncio::--event-loop asyncio' --floor gen --floor gen-uvloop
+
 Needs wrk (Debian package `wrk`; installed with apt-get when missing) and, for the peer, `pip install vllm-router`.
 """
 
@@ -15,220 +28,233 @@ import argparse
 import os
 import re
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
-import tempfile
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from epp.envoy_config import EnvoyConfigSpec, render  # noqa: E402
-from epp.ports import free_port, wait_port  # noqa: E402
+from extproc_stack import (  # noqa: E402
+    ROOT,
+    Procs,
+    backend_config,
+    backend_connections,
+    bin_path,
+    chat_body,
+    cpu_seconds,
+    direct_config,
+    front_config,
+    wrk_script,
+)
 
-BODY = '{"model":"meta-llama/Llama-3.1-8B","messages":[{"role":"user","content":"What is the capital of France?"}]}'
-REPLY = '{"id":"x","object":"chat.completion","choices":[{"message":{"content":"Paris"}}],"usage":{"prompt_tokens":9,"completion_tokens":1}}'
+from epp.ports import free_port  # noqa: E402
 
-
-def bin_path(name: str) -> str:
-    local = Path(sys.executable).parent / name
-    return str(local) if local.exists() else (shutil.which(name) or name)
-
-
-def backend_config(ports: list[int], admin: int) -> dict:
-    listeners = []
-    for p in ports:
-        hcm = {
-            "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
-            "stat_prefix": f"b{p}",
-            "route_config": {"virtual_hosts": [{"name": "b", "domains": ["*"], "routes": [{
-                "match": {"prefix": "/"},
-                "direct_response": {"status": 200, "body": {"inline_string": REPLY}},
-                "response_headers_to_add": [{"header": {"key": "content-type", "value": "application/json"}}],
-            }]}]},
-            "http_filters": [{"name": "envoy.filters.http.router", "typed_config": {
-                "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}}],
-        }
-        listeners.append({"name": f"b{p}", "address": {"socket_address": {"address": "127.0.0.1", "port_value": p}},
-                          "filter_chains": [{"filters": [{"name": "envoy.filters.network.http_connection_manager",
-                                                          "typed_config": hcm}]}]})
-    return {"admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": admin}}},
-            "static_resources": {"listeners": listeners}}
+FLOORS = {"gen": [], "aio": ["--read-write"], "sync": ["--sync"], "gen-uvloop": ["--uvloop"],
+          "aio-uvloop": ["--read-write", "--uvloop"], "grpclib": ["--grpclib"],
+          "grpclib-uvloop": ["--grpclib", "--uvloop"], "h2": ["--h2"], "h2-uvloop": ["--h2", "--uvloop"]}
 
 
-def direct_config(listen: int, admin: int, ports: list[int]) -> dict:
-    cfg = render(EnvoyConfigSpec(variant="override-host", listen_port=listen, admin_port=admin,
-                                 endpoints=[("127.0.0.1", p) for p in ports]))
-    hcm = cfg["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
-    hcm["http_filters"] = hcm["http_filters"][-1:]  # router only: no ext_proc
-    cluster = cfg["static_resources"]["clusters"][1]
-    cluster.pop("load_balancing_policy")
-    cluster["lb_policy"] = "ROUND_ROBIN"
-    cfg["static_resources"]["clusters"] = [cluster]
-    return cfg
+@dataclass
+class Path_:
+    name: str
+    url: str
+    kind: str  # direct | router | floor | pointsman
+    processor: subprocess.Popen | None = None
+    front: subprocess.Popen | None = None
+    rows: dict[tuple[int, int], list[tuple[float, float, float, float, float]]] = field(default_factory=dict)
+    errors: int = 0
 
 
-class Procs:
-    def __init__(self) -> None:
-        self.procs: list[subprocess.Popen] = []
-        self.dir = Path(tempfile.mkdtemp(prefix="bench-extproc-"))
-
-    def envoy(self, name: str, cfg: dict, listen: int, concurrency: int = 1) -> subprocess.Popen:
-        path = self.dir / f"{name}.yaml"
-        path.write_text(yaml.safe_dump(cfg))
-        p = subprocess.Popen([bin_path("envoy"), "-c", str(path), "--concurrency", str(concurrency),
-                              "--use-dynamic-base-id", "--log-level", "error"],
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        self.procs.append(p)
-        wait_port(listen)
-        return p
-
-    def spawn(self, cmd: list[str], port: int) -> subprocess.Popen:
-        p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(self.dir / "spawn.log", "ab"))  # noqa: SIM115
-        self.procs.append(p)
-        wait_port(port)
-        return p
-
-    def stop(self) -> None:
-        for p in self.procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in self.procs:
-            try:
-                p.wait(10)
-            except subprocess.TimeoutExpired:
-                p.kill()
-
-
-def cpu_seconds(pid: int) -> float:
-    """CPU time of `pid` and of its live children (the workers of `epp serve --workers N`)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    total = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    for task in Path(f"/proc/{pid}/task").glob("*/children"):
-        for child in task.read_text().split():
-            try:
-                total += cpu_seconds(int(child))
-            except (FileNotFoundError, ProcessLookupError):
-                pass
-    return total
-
-
-def wrk(url: str, conns: int, duration: float, script: Path) -> tuple[float, float, int]:
-    run = subprocess.run(["wrk", "-t1", f"-c{conns}", f"-d{int(duration)}s", "--latency", "-s", str(script), url],
-                         capture_output=True, text=True, timeout=duration + 30)
+def wrk(url: str, conns: int, duration: float, script: Path) -> tuple[float, float, int, int]:
+    """(req/s, p50 ms, requests, socket errors and timeouts); a non-2xx answer is an error of the path."""
+    run = subprocess.run(["wrk", "-t1", f"-c{conns}", f"-d{int(duration)}s", "--timeout", "5s", "--latency", "-s",
+                          str(script), url], capture_output=True, text=True, timeout=duration + 30)
     out = run.stdout
     found = re.search(r"Requests/sec:\s+([\d.]+)", out)
     if not found:
         raise RuntimeError(f"wrk against {url} failed: {out} {run.stderr}")
-    rps = float(found.group(1))
     m = re.search(r"50%\s+([\d.]+)(us|ms|s)", out)
     scale = {"us": 1e-3, "ms": 1.0, "s": 1e3}[m.group(2)]
     total = int(re.search(r"(\d+) requests in", out).group(1))
-    non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
-    if non2xx:
-        raise RuntimeError(f"{url}: {non2xx.group(1)} non-2xx responses")
-    return rps, float(m.group(1)) * scale, total
+    bad = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    if bad:
+        raise RuntimeError(f"{url}: {bad.group(0)}")
+    errors = re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", out)
+    return float(found.group(1)), float(m.group(1)) * scale, total, sum(map(int, errors.groups())) if errors else 0
+
+
+def parse_candidate(text: str, default_variant: str) -> tuple[str, str, list[str], dict[str, str]]:
+    label, variant, flags = (text.split(":", 2) + ["", ""])[:3]
+    env: dict[str, str] = {}
+    words = flags.split()
+    while words and re.fullmatch(r"[A-Z_][A-Z0-9_]*=.*", words[0]):
+        k, v = words.pop(0).split("=", 1)
+        env[k] = v
+    return label.strip() or "Pointsman", variant.strip() or default_variant, words, env
+
+
+def floors(specs: list[str] | None) -> list[tuple[str, list[str], dict[str, str]]]:
+    """`--floor NAME` (a FLOORS key) or `--floor 'LABEL=[ENV=value ...] toy flags'`."""
+    out = []
+    for spec in specs or ["gen"]:
+        if spec in FLOORS:
+            out.append((spec, FLOORS[spec], {}))
+            continue
+        label, _, rest = spec.partition("=")
+        _, _, words, env = parse_candidate(f"{label}::{rest}", "")
+        out.append((label, words, env))
+    return out
+
+
+def start(args: argparse.Namespace, procs: Procs, script: Path) -> tuple[list[Path_], int]:
+    """Start the backend and every path; `script` is used to warm them up."""
+    backends = [free_port() for _ in range(4)]
+    backend_admin = free_port()
+    procs.envoy("backend", backend_config(backends, backend_admin, keep_alive=args.upstream == "reuse"), backends[-1])
+    paths: list[Path_] = []
+    direct = free_port()
+    paths.append(Path_("Envoy direct", f"http://127.0.0.1:{direct}", "direct",
+                       front=procs.envoy("direct", direct_config(direct, free_port(), backends), direct)))
+    if not args.no_peer and shutil.which(bin_path("vllm-router")):
+        vr = free_port()
+        router = procs.spawn("vllm-router", [
+            bin_path("vllm-router"), "--host", "127.0.0.1", "--port", str(vr), "--policy", args.router_policy,
+            "--log-level", "error", "--prometheus-port", str(free_port()), "--worker-urls",
+            *[f"http://127.0.0.1:{p}" for p in backends]], vr)
+        paths.append(Path_(f"vllm-router {args.router_policy}", f"http://127.0.0.1:{vr}", "router", processor=router))
+
+    def front(name: str, port: int, variant: str, workers: int = 1) -> tuple[str, subprocess.Popen]:
+        listen = free_port()
+        cfg = front_config(listen, free_port(), port, variant=variant, phases=args.phases, backends=backends,
+                           epp_workers=workers)
+        return f"http://127.0.0.1:{listen}", procs.envoy(name, cfg, listen)
+
+    for i, floor in enumerate(floors(args.floor)):
+        label, flags, env = floor
+        port = free_port()
+        toy = procs.spawn(f"floor-{i}", [sys.executable, str(ROOT / "bench" / "toy_extproc.py"), "--port",
+                                         str(port), "--backend", f"127.0.0.1:{backends[0]}", *flags], port, env=env)
+        url, envoy = front(f"front-floor-{i}", port, "original-dst")
+        paths.append(Path_(f"floor: do-nothing processor ({label})", url, "floor", processor=toy, front=envoy))
+    eps = procs.dir / "endpoints.yaml"
+    eps.write_text(yaml.safe_dump({"pools": [{"name": "p", "endpoints": [
+        {"address": "127.0.0.1", "port": p} for p in backends[: args.endpoints]]}]}))
+    for i, text in enumerate(args.candidate or [":"]):
+        label, variant, flags, env = parse_candidate(text, args.variant)
+        flags = [f.replace("{port}", str(free_port())) if "{port}" in f else f for f in flags]
+        port = free_port()
+        epp = procs.spawn(f"epp-{i}", [bin_path("epp"), "serve", "--grpc-host", "127.0.0.1", "--grpc-port", str(port),
+                                       "--grpc-health-port", "0", "--metrics-port", "0", "--endpoints-file",
+                                       str(eps), "-v", "0", *flags], port, env=env)
+        workers = int(flags[flags.index("--workers") + 1]) if "--workers" in flags else 1
+        url, envoy = front(f"front-epp-{i}", port, variant, workers)  # one stream per worker per Envoy thread
+        paths.append(Path_(label, url, "pointsman", processor=epp, front=envoy))
+    for p in paths:  # warm up (and fail early on a broken path)
+        if wrk(p.url, 4, 1, script)[3]:
+            raise RuntimeError(f"{p.name}: socket errors while warming up")
+    return paths, backend_admin
+
+
+def measure(args: argparse.Namespace, paths: list[Path_], backend_admin: int, scripts: dict[int, Path]) -> None:
+    conns_list = [int(c) for c in args.conns.split(",")]
+    for r in range(args.rounds):
+        for size, script in scripts.items():
+            for conns in conns_list:
+                k = r % len(paths)
+                for p in paths[k:] + paths[:k]:  # rotate the order: no path always runs right after another
+                    pids = [x.pid for x in (p.processor, p.front) if x is not None]
+                    cpu0 = {pid: cpu_seconds(pid) for pid in pids}
+                    cx0 = backend_connections(backend_admin)
+                    rps, p50, total, errors = wrk(p.url, conns, args.duration, script)
+                    if errors:
+                        print(f"{p.name}: {errors} socket errors or timeouts (> 5 s)", file=sys.stderr)
+                    p.errors += errors
+                    cx = backend_connections(backend_admin) - cx0
+                    per = {pid: (cpu_seconds(pid) - cpu0[pid]) / max(total, 1) * 1e6 for pid in pids}
+                    proc_cpu = per[p.processor.pid] if p.processor is not None else float("nan")
+                    front_cpu = per[p.front.pid] if p.front is not None else float("nan")
+                    p.rows.setdefault((conns, size), []).append(
+                        (rps, p50, proc_cpu, front_cpu, cx / max(total, 1) * 1000))
+                print(f"round {r + 1}/{args.rounds}: {size}-byte body at {conns} connections done", file=sys.stderr)
+
+
+def med(rows: list[tuple[float, ...]], i: int) -> float:
+    return statistics.median(row[i] for row in rows)
+
+
+def fmt(x: float, spec: str = ".0f") -> str:
+    return "-" if x != x else format(x, spec)
+
+
+def table(args: argparse.Namespace, paths: list[Path_], sizes: list[int], load: tuple[float, float]) -> str:
+    out = [f"{args.rounds} interleaved rounds x {args.duration:g}s, medians; {args.phases} response phases, "
+           f"{args.endpoints} endpoint(s), upstream connections {args.upstream}; 1-minute load average "
+           f"{load[0]:.1f} before, {load[1]:.1f} after (this run itself adds about 3)", ""]
+    out.append("| path | body bytes | conns | req/s | vs vllm-router | vs floor | p50 ms | processor CPU µs/req "
+               "| front Envoy CPU µs/req | upstream conns /1k req |")
+    out.append("|---|---|---|---|---|---|---|---|---|---|")
+    for size in sizes:
+        for conns in [int(c) for c in args.conns.split(",")]:
+            key = (conns, size)
+            router = next((med(p.rows[key], 0) for p in paths if p.kind == "router"), float("nan"))
+            floor = next((med(p.rows[key], 0) for p in paths if p.kind == "floor"), float("nan"))
+            for p in paths:
+                rows = p.rows[key]
+                rps = med(rows, 0)
+                out.append(f"| {p.name} | {size} | {conns} | {rps:.0f} | {fmt(rps / router, '.2f')}x "
+                           f"| {fmt(rps / floor, '.2f')}x | {med(rows, 1):.2f} | {fmt(med(rows, 2))} "
+                           f"| {fmt(med(rows, 3))} | {med(rows, 4):.1f} |")
+    failing = [f"{p.name} ({p.errors})" for p in paths if p.errors]
+    out.append("")
+    out.append("Socket errors or timeouts over 5 s: " + (", ".join(failing) if failing else "none"))
+    return "\n".join(out)
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--duration", type=float, default=5.0)
-    ap.add_argument("--conns", default="1,16")
-    ap.add_argument("--epp-args", default="", help="extra flags for `epp serve`")
-    ap.add_argument("--compare", action="append", default=[], metavar="FLAGS",
-                    help="also measure a second Pointsman started with these extra flags, behind its own Envoy, "
-                         "interleaved with the first (e.g. --compare=--dashboard=false); repeatable")
-    ap.add_argument("--lean", action="store_true", help="Envoy sends Pointsman the request phases only")
-    ap.add_argument("--workers", default="1",
-                    help="comma list of `epp serve --workers` counts to measure side by side, e.g. 1,2 (each behind "
-                         "its own Envoy, configured with --epp-workers; CPU is the whole process group's)")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--duration", type=float, default=5.0, help="seconds per measurement")
+    ap.add_argument("--conns", default="16", help="comma list of wrk connection counts")
+    ap.add_argument("--body-bytes", default="109",
+                    help="comma list of chat body sizes, interleaved in one run (109: a one-line question)")
+    ap.add_argument("--phases", choices=("lean", "full"), default="lean", help="response phases sent to processors")
+    ap.add_argument("--variant", choices=("original-dst", "override-host"), default="original-dst",
+                    help="the front Envoy's pool cluster for Pointsman candidates (the floor is original-dst)")
+    ap.add_argument("--endpoints", type=int, default=1, choices=(1, 2, 3, 4), help="endpoints in Pointsman's pool")
+    ap.add_argument("--candidate", action="append", help="'LABEL:VARIANT:FLAGS', repeatable (see above)")
+    ap.add_argument("--floor", action="append",
+                    help=f"a toy processor, repeatable; the first is the floor: one of {list(FLOORS)} (default gen), "
+                         "or 'LABEL=[ENV=value ...] toy flags'")
+    ap.add_argument("--upstream", choices=("reuse", "close"), default="reuse",
+                    help="close: the backend closes every connection (the old harness: measures TCP setup)")
     ap.add_argument("--no-peer", action="store_true", help="skip vllm-router")
-    ap.add_argument("--toy", choices=("aio", "sync", "gen"), default=None,
-                    help="also measure bench/toy_extproc.py (the gRPC floor) behind a second Envoy")
+    ap.add_argument("--router-policy", default="cache_aware",
+                    help="vllm-router --policy (cache_aware asks the worker to render every chat request first: "
+                         "two upstream requests per request)")
+    ap.add_argument("--out", default=None, help="also write the table to this file")
     args = ap.parse_args()
     if not shutil.which("wrk"):
         subprocess.run(["apt-get", "install", "-y", "-qq", "wrk"], check=False)
+    sizes = [int(b) for b in args.body_bytes.split(",")]
     procs = Procs()
-    script = procs.dir / "post.lua"
-    script.write_text(f'wrk.method = "POST"\nwrk.body = \'{BODY}\'\n'
-                      'wrk.headers["Content-Type"] = "application/json"\nwrk.path = "/v1/chat/completions"\n')
+    scripts = {}
+    for size in sizes:
+        scripts[size] = procs.dir / f"post-{size}.lua"
+        scripts[size].write_text(wrk_script(chat_body(size)))
     try:
-        backends = [free_port() for _ in range(4)]
-        procs.envoy("backend", backend_config(backends, free_port()), backends[-1])
-        paths: dict[str, str] = {}
-        direct = free_port()
-        procs.envoy("direct", direct_config(direct, free_port(), backends), direct)
-        paths["Envoy direct"] = f"http://127.0.0.1:{direct}"
-        eps = procs.dir / "endpoints.yaml"
-        eps.write_text(yaml.safe_dump({"pools": [{"name": "p", "endpoints": [
-            {"address": "127.0.0.1", "port": p} for p in backends]}]}))
-        measured: dict[str, subprocess.Popen] = {}  # path name -> the processor whose CPU time is measured
-        variants = [("", int(w)) for w in args.workers.split(",")] + [(c, 1) for c in args.compare]
-        for i, (extra, workers) in enumerate(variants):
-            grpc_port = free_port()
-            if workers > 1:
-                extra = f"{extra} --workers {workers}".strip()
-            # A metrics port as in production: it also serves the dashboard, whose recorder is on by default.
-            epp = procs.spawn([bin_path("epp"), "serve", "--grpc-host", "127.0.0.1", "--grpc-port", str(grpc_port),
-                               "--grpc-health-port", "0", "--metrics-port", str(free_port()), "--endpoints-file",
-                               str(eps), "-v", "0", *args.epp_args.split(), *extra.split()], grpc_port)
-            with_epp = free_port()
-            spec = EnvoyConfigSpec(variant="original-dst", listen_port=with_epp, admin_port=free_port(),
-                                   epp_port=grpc_port, response_phases="lean" if args.lean else "full",
-                                   epp_workers=workers)
-            procs.envoy(f"with-epp{i}", render(spec), with_epp)
-            name = "Envoy + Pointsman" + (f" {extra}" if extra else "")
-            paths[name] = f"http://127.0.0.1:{with_epp}"
-            measured[name] = epp
-        toy = None
-        if args.toy:
-            toy_port = free_port()
-            toy = procs.spawn([sys.executable, str(ROOT / "bench" / "toy_extproc.py"), "--port", str(toy_port),
-                               "--backend", f"127.0.0.1:{backends[0]}", *([] if args.toy == "aio" else [f"--{args.toy}"])],
-                              toy_port)
-            with_toy = free_port()
-            spec = EnvoyConfigSpec(variant="original-dst", listen_port=with_toy, admin_port=free_port(),
-                                   epp_port=toy_port, response_phases="lean" if args.lean else "full")
-            procs.envoy("with-toy", render(spec), with_toy)
-            paths[f"Envoy + toy {args.toy} processor"] = f"http://127.0.0.1:{with_toy}"
-            measured[f"Envoy + toy {args.toy} processor"] = toy
-        if not args.no_peer and shutil.which(bin_path("vllm-router")):
-            vr = free_port()
-            procs.spawn([bin_path("vllm-router"), "--host", "127.0.0.1", "--port", str(vr), "--policy",
-                         "cache_aware", "--log-level", "error", "--worker-urls",
-                         *[f"http://127.0.0.1:{p}" for p in backends]], vr)
-            paths["vllm-router (cache_aware)"] = f"http://127.0.0.1:{vr}"
-        for url in paths.values():  # warm up
-            wrk(url, 4, 1, script)
-        results: dict[tuple[str, int], list[tuple[float, float, float]]] = {}
-        for _ in range(args.rounds):
-            for conns in [int(c) for c in args.conns.split(",")]:
-                for name, url in paths.items():
-                    proc = measured.get(name)
-                    cpu0 = cpu_seconds(proc.pid) if proc else 0.0
-                    rps, p50, total = wrk(url, conns, args.duration, script)
-                    cpu = (cpu_seconds(proc.pid) - cpu0) / max(total, 1) * 1e6 if proc else 0.0
-                    results.setdefault((name, conns), []).append((rps, p50, cpu))
-        print(f"\n{args.rounds} interleaved rounds x {args.duration:g}s, medians; epp flags: {args.epp_args or '-'}"
-              f"{', lean response phases' if args.lean else ''}\n")
-        print("| path | conns | req/s | p50 ms | vs Envoy direct | processor CPU µs/req |")
-        print("|---|---|---|---|---|---|")
-        for conns in [int(c) for c in args.conns.split(",")]:
-            base = statistics.median(r[0] for r in results[("Envoy direct", conns)])
-            for name in paths:
-                rows = results[(name, conns)]
-                rps = statistics.median(r[0] for r in rows)
-                p50 = statistics.median(r[1] for r in rows)
-                cpu = statistics.median(r[2] for r in rows)
-                print(f"| {name} | {conns} | {rps:.0f} | {p50:.2f} | {rps / base:.2f}x | "
-                      f"{f'{cpu:.0f}' if cpu else '-'} |")
+        load0 = os.getloadavg()[0]
+        paths, backend_admin = start(args, procs, scripts[sizes[0]])
+        measure(args, paths, backend_admin, scripts)
+        text = table(args, paths, sizes, (load0, os.getloadavg()[0]))
     finally:
         procs.stop()
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text + "\n")
     return 0
 
 

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from epp.datastore import Datastore
 from epp.director import Director, DirectorConfig
 from epp.scrape.scraper import MetricsScraper
-from epp.server import StreamConfig, build_server
+from epp.server import DEFAULT_TRANSPORT, StreamConfig, build_server
 from scheduling.framework.model_scheduler import ModelScheduler
 
 if TYPE_CHECKING:
@@ -102,10 +102,10 @@ class App:
             scheduler = await self._watch_scheduling_config(Path(args.config_file))
         else:
             scheduler = load_scheduling(args, self.rng, self.services())
+        from epp.outputs import director_outputs
+
         cfg = DirectorConfig(
-            model_header=args.model_header,
-            base_model_header=args.base_model_header,
-            ai_gateway_model_header=args.ai_gateway_model_header or None,
+            **director_outputs(args),
             fallbacks=args.fallbacks,
             conformance=args.enable_conformance_header,
             default_pool=args.pool_name,
@@ -302,11 +302,13 @@ class App:
         args = self.args
         if not (args.routes_file or args.watch_routes):
             return
+        from epp.outputs import director_outputs
         from epp.routing.service import RoutingService
 
+        outputs = director_outputs(args)
         svc = RoutingService(self.datastore, self.rng, secrets_dir=args.provider_secrets_dir,
                              provider_header=args.provider_header, metrics=self.metrics,
-                             gateway_headers=(args.base_model_header, args.ai_gateway_model_header or ""))
+                             gateway_headers=(outputs["base_model_header"] or "", outputs["ai_gateway_model_header"] or ""))
         self.routing = svc
         self.cleanups.append(svc.stop)
         plain = bool(args.endpoints_file or args.endpoint_selector or args.pool_name or args.epp_service_name)
@@ -436,21 +438,23 @@ class App:
 
             self.eds = eds = EdsService(self.datastore)
             extra.append(lambda server: add_eds_service(server, eds))
+        transport = getattr(args, "grpc_transport", DEFAULT_TRANSPORT)
         self.server, self.extproc = build_server(self.director, stream_cfg, extra_servicers=extra, metrics=self.metrics,
-                                                 reuse_port=args.worker_index is not None)
+                                                 transport=transport, reuse_port=args.worker_index is not None)
         self.health = add_health_servicer(self.server, self.datastore)
         addr = f"{args.grpc_host}:{args.grpc_port}"
         if args.secure_serving:
-            from epp.tls import server_credentials
+            from epp.tls import server_credentials, server_ssl_context
 
-            self.port = self.server.add_secure_port(addr, server_credentials(args.cert_path))
+            creds = server_ssl_context(args.cert_path) if transport == "h2" else server_credentials(args.cert_path)
+            self.port = self.server.add_secure_port(addr, creds)
         else:
             self.port = self.server.add_insecure_port(addr)
         if not self.port:
             raise RuntimeError(f"cannot bind the gRPC port {addr}")
         await self.server.start()
-        log.info("Pointsman serving ext_proc%s on %s:%d%s", " and EDS" if self.eds else "", args.grpc_host,
-                 self.port, " (TLS)" if args.secure_serving else "")
+        log.info("Pointsman serving ext_proc%s on %s:%d%s (%s transport)", " and EDS" if self.eds else "",
+                 args.grpc_host, self.port, " (TLS)" if args.secure_serving else "", transport)
         if self.eds is not None:
             self.eds.start()
             self.cleanups.append(self.eds.stop)

@@ -25,6 +25,9 @@ def _add_serve_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--metrics-port", type=int, default=9090, help="Prometheus port (9090); 0 disables")
     g.add_argument("--secure-serving", type=_bool, default=False, help="serve TLS on the gRPC port")
     g.add_argument("--cert-path", default=None, help="directory with tls.crt/tls.key (self-signed when absent)")
+    g.add_argument("--grpc-transport", choices=("h2", "grpcio"), default="h2",
+                   help="gRPC server for the --grpc-port: h2 (HTTP/2 on asyncio, the default: about a third of "
+                        "grpc.aio's CPU per ext_proc request) or grpcio (grpc.aio); see docs/performance.md")
     g.add_argument("--eds", type=_bool, default=True,
                    help="serve the pools' endpoints to Envoy over EDS on the gRPC port (default true)")
 
@@ -81,13 +84,16 @@ def _add_serve_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--request-body-mode", type=BodyMode.parse, default=BodyMode.FULL_DUPLEX_STREAMED)
     g.add_argument("--response-body-mode", type=BodyMode.parse, default=BodyMode.FULL_DUPLEX_STREAMED)
     g.add_argument("--max-body-bytes", type=int, default=64 * 1024 * 1024, help="413 above this (64 MiB)")
-    g.add_argument("--model-header", default="X-Gateway-Model-Name")
-    g.add_argument("--base-model-header", default="X-Gateway-Base-Model-Name")
-    g.add_argument("--ai-gateway-model-header", default="x-ai-eg-model", help="'' disables it")
     g.add_argument("--fallbacks", type=int, default=0, help="extra endpoints in envoy.lb metadata (override_host)")
     g.add_argument("--enable-conformance-header", action="store_true",
                    help="honour test-epp-endpoint-selection (conformance tests only)")
     g.add_argument("--log-decisions", action="store_true", help="log one line per routing decision")
+    g.add_argument("--event-loop", choices=("asyncio", "uvloop"), default="asyncio",
+                   help="asyncio (default) or uvloop (pip install uvloop; see docs/performance.md)")
+
+    from epp.outputs import add_flags as add_output_flags
+
+    add_output_flags(p.add_argument_group("routing outputs (docs/performance.md)"), _bool)
 
     g = p.add_argument_group("dashboard (a live page on the metrics port; see docs/dashboard.md)")
     g.add_argument("--dashboard", type=_bool, default=True,
@@ -217,6 +223,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         level = logging.DEBUG if args.v >= 3 else logging.INFO if args.v >= 1 else logging.WARNING
         logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         try:
+            if args.event_loop == "uvloop":
+                try:
+                    import uvloop
+                except ImportError:
+                    print("error: --event-loop uvloop needs the uvloop package (pip install uvloop)", file=sys.stderr)
+                    return 2
+                return uvloop.run(run(args))
             return asyncio.run(run(args))
         except KeyboardInterrupt:
             return 0

@@ -46,14 +46,19 @@ PLUGIN_SAMPLE_EVERY = 8  # report per-plugin durations for one request in this m
 
 @dataclass(slots=True)
 class DirectorConfig:
-    model_header: str = "X-Gateway-Model-Name"
-    base_model_header: str = "X-Gateway-Base-Model-Name"
-    ai_gateway_model_header: str | None = "x-ai-eg-model"  # None: not set
+    model_header: str | None = "X-Gateway-Model-Name"  # None or "": not set
+    base_model_header: str | None = "X-Gateway-Base-Model-Name"  # None or "": not set
+    ai_gateway_model_header: str | None = "x-ai-eg-model"  # None or "": not set
     fallbacks: int = 0  # extra endpoints listed (comma list) in envoy.lb metadata for override_host retries
     conformance: bool = False  # honour test-epp-endpoint-selection / report x-conformance-test-served-endpoint
     default_pool: str | None = None
     pool_metadata_key: tuple[str, str] = ("pointsman", "pool")  # route metadata naming the pool (set by Envoy)
     log_decisions: bool = False
+    # What the replies carry (epp/outputs.py: `--data-plane` and its per-output flags); the defaults are `full`.
+    destination_header: bool = True  # x-gateway-destination-endpoint: ORIGINAL_DST and agentgateway read it
+    destination_metadata: bool = True  # envoy.lb metadata: override_host reads it
+    clear_route_cache: bool = True  # gateways that route on the model headers need the route recomputed
+    remove_absent: bool = True  # remove the reserved client headers even when the request has none of them
 
 
 class DirectorMetrics(Protocol):
@@ -362,11 +367,21 @@ class Director:
         cfg = self.config
         req = ctx.request
         primary = result.primary.key
-        sets: list[tuple[str, str]] = [(DESTINATION, primary)]
-        remove = [SERVED, SUBSET]
+        hdrs = req.headers
+        always = cfg.remove_absent  # else only what the client sent is removed (removing nothing is a no-op)
+        sets: list[tuple[str, str]] = []
+        remove: list[str] = []
+        if cfg.destination_header:
+            sets.append((DESTINATION, primary))
+        elif always or DESTINATION in hdrs:
+            remove.append(DESTINATION)  # a client never picks its own upstream
+        if always or SERVED in hdrs:
+            remove.append(SERVED)
+        if always or SUBSET in hdrs:
+            remove.append(SUBSET)
         if result.prefill is not None:
             sets.append((PREFILLER, result.prefill.key))
-        else:
+        elif always or PREFILLER in hdrs:
             remove.append(PREFILLER)
         self._model_headers(req, sets)
         lb_value = primary
@@ -388,15 +403,18 @@ class Director:
         return Outcome(
             set_headers=sets,
             remove_headers=remove,
-            metadata={LB_NS: {DESTINATION: lb_value}},
+            metadata={LB_NS: {DESTINATION: lb_value}} if cfg.destination_metadata else {},
             body=new_body,
+            clear_route_cache=cfg.clear_route_cache,
         )
 
     def _model_headers(self, req: LLMRequest, sets: list[tuple[str, str]]) -> None:
         cfg = self.config
         if req.target_model:
-            sets.append((cfg.model_header, req.target_model))
-            sets.append((cfg.base_model_header, req.base_model or req.target_model))
+            if cfg.model_header:
+                sets.append((cfg.model_header, req.target_model))
+            if cfg.base_model_header:
+                sets.append((cfg.base_model_header, req.base_model or req.target_model))
             if cfg.ai_gateway_model_header:
                 sets.append((cfg.ai_gateway_model_header, req.target_model))
         if "x-request-id" not in req.headers:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -181,18 +181,38 @@ def grpc_options(reuse_port: bool = False) -> list[tuple[str, int]]:
     ]
 
 
+TRANSPORTS = ("h2", "grpcio")
+DEFAULT_TRANSPORT = "h2"
+
+
 def build_server(
     director: Director,
     stream_config: StreamConfig | None = None,
     *,
     metrics: ProtocolMetrics | None = None,
-    extra_servicers: Sequence[Callable[[grpc.aio.Server], object]] | None = None,
+    extra_servicers: list[Callable[[Any], object]] | None = None,
+    transport: str = DEFAULT_TRANSPORT,
     reuse_port: bool = False,
-) -> tuple[grpc.aio.Server, ExtProcService]:
-    """A grpc.aio server carrying ExternalProcessor and the Pointsman API (ports are added by the caller)."""
-    server = grpc.aio.server(options=grpc_options(reuse_port))
-    svc = ExtProcService(director, stream_config, metrics)
-    pb_grpc.add_ExternalProcessorServicer_to_server(svc, server)
+) -> tuple[Any, Any]:
+    """The gRPC server carrying ExternalProcessor and the Pointsman API (ports are added by the caller).
+
+    `transport`: "h2" (epp.h2grpc: HTTP/2 on asyncio, the ext_proc calls callback-driven) or "grpcio" (grpc.aio).
+    Both offer the grpc.aio.Server calls the shell uses (add_*_port, start, stop, generated add_*_to_server)."""
+    if transport == "h2":
+        from epp.extproc_h2 import PROCESS_PATH, ExtProcH2
+        from epp.h2grpc import H2Server
+
+        h2server = H2Server(max_message_bytes=MAX_MESSAGE_BYTES, reuse_port=reuse_port)
+        h2svc = ExtProcH2(director, stream_config or StreamConfig(), metrics)
+        h2server.add_native_method(PROCESS_PATH, h2svc.call)
+        server: Any = h2server
+        svc: Any = h2svc
+    elif transport == "grpcio":
+        server = grpc.aio.server(options=grpc_options(reuse_port))
+        svc = ExtProcService(director, stream_config, metrics)
+        pb_grpc.add_ExternalProcessorServicer_to_server(svc, server)
+    else:
+        raise ValueError(f"unknown gRPC transport {transport!r}; expected one of {TRANSPORTS}")
     pointsman_pb2_grpc.add_PointsmanServicer_to_server(PointsmanService(director), server)
     for add in extra_servicers or []:
         add(server)

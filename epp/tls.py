@@ -14,6 +14,7 @@ import ipaddress
 import logging
 import os
 import shutil
+import ssl
 import subprocess
 import tempfile
 from collections.abc import Sequence
@@ -108,8 +109,8 @@ def self_signed_cert(hosts: Sequence[str] = DEFAULT_HOSTS, days: int = 365) -> t
     return _generate_with_cryptography(hosts, days)
 
 
-def server_credentials(cert_path: str | None, hosts: Sequence[str] = DEFAULT_HOSTS) -> grpc.ServerCredentials:
-    """Credentials for `server.add_secure_port`: the mounted cert if `cert_path` is set, else self-signed."""
+def serving_cert(cert_path: str | None, hosts: Sequence[str] = DEFAULT_HOSTS) -> tuple[bytes, bytes]:
+    """(key_pem, cert_pem): the mounted cert if `cert_path` is set, else a fresh self-signed one."""
     if cert_path:
         key, crt = load_cert_dir(cert_path)
         log.info("TLS: serving the certificate from %s", cert_path)
@@ -117,4 +118,16 @@ def server_credentials(cert_path: str | None, hosts: Sequence[str] = DEFAULT_HOS
         extra = [os.environ.get("POD_IP", ""), os.environ.get("HOSTNAME", "")]
         key, crt = self_signed_cert([*hosts, *(h for h in extra if h and h not in hosts)])
         log.info("TLS: no --cert-path; serving a self-signed certificate")
-    return grpc.ssl_server_credentials([(key, crt)])
+    return key, crt
+
+
+def server_credentials(cert_path: str | None, hosts: Sequence[str] = DEFAULT_HOSTS) -> grpc.ServerCredentials:
+    """Credentials for a grpc.aio server's `add_secure_port` (see `serving_cert`)."""
+    return grpc.ssl_server_credentials([serving_cert(cert_path, hosts)])
+
+
+def server_ssl_context(cert_path: str | None, hosts: Sequence[str] = DEFAULT_HOSTS) -> ssl.SSLContext:
+    """An SSLContext (ALPN h2) for the h2 transport's `add_secure_port` (see `serving_cert`)."""
+    from epp.h2grpc import server_ssl_context as context
+
+    return context(*serving_cert(cert_path, hosts))

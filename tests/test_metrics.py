@@ -118,3 +118,43 @@ def test_grafana_dashboard_uses_only_exported_names():
     used = {n for e in exprs for n in re.findall(r"\b(inference_[a-z0-9_]+|disagg_[a-z0-9_]+)", e)}
     assert used and used <= exported, used - exported
     assert {"inference_pool_ready_pods", "inference_objective_request_total", "disagg_decision_total"} <= used
+
+
+def test_batched_updates_equal_plain_prometheus_updates():
+    """The request path batches updates (epp/metrics.py); what a scrape sees equals calling prometheus_client
+    directly for every update, including values on bucket bounds and past the last one, and pending updates are
+    folded after 1024 observations even if nobody scrapes."""
+    import random
+
+    from prometheus_client import generate_latest
+
+    m, ref = EppMetrics(), EppMetrics()
+    rng = random.Random(3)
+    bounds = [0.005, 0.025, 1.0, 3600, 0.0001, 1, 8, 16]
+    for i in range(3000):
+        model = f"m{i % 3}"
+        m.request_started(model, model, i % 2)
+        ref.requests.labels(model, model, str(i % 2)).inc()
+        ref.running.labels(model).inc()
+        d = rng.choice(bounds) if i % 5 == 0 else rng.expovariate(2.0) * (10 if i % 7 == 0 else 1)
+        toks = rng.choice([0, 1, 8, 9, 16, 5000, 10**7])
+        m.request_finished(model, model, d, toks, toks // 2)
+        ref.running.labels(model).dec()
+        ref.duration.labels(model, model).observe(d)
+        if toks:
+            ref.input_tokens.labels(model, model).observe(toks)
+        if toks // 2:
+            ref.output_tokens.labels(model, model).observe(toks // 2)
+        m.scheduler_duration(d / 1000)
+        ref.scheduler.observe(d / 1000)
+        if i == 1500:
+            assert m._n_obs < 1024, "pending observations are folded, never unbounded"
+
+    def plain(registry) -> dict:
+        return {(fam.name, s.name, tuple(sorted(s.labels.items()))): round(s.value, 6)
+                for fam in text_string_to_metric_families(generate_latest(registry).decode())
+                for s in fam.samples if not s.name.endswith("_created")}
+
+    assert plain(m.registry) == plain(ref.registry)
+    assert m.registry.get_sample_value("inference_objective_request_total",
+                                       {"model_name": "m0", "target_model_name": "m0", "priority": "0"}) == 500

@@ -20,6 +20,7 @@ from google.protobuf import struct_pb2
 from epp.protocol.contract import BodyMode, Outcome
 
 CHUNK_LIMIT = 62_000
+_OVERWRITE = base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
 
 EMPTY_REQUEST_HEADERS = pb.ProcessingResponse(request_headers=pb.HeadersResponse())
 EMPTY_REQUEST_BODY = pb.ProcessingResponse(request_body=pb.BodyResponse())
@@ -72,22 +73,38 @@ def read_metadata(req: pb.ProcessingRequest) -> dict[str, dict[str, object]]:
 
 
 def header_mutation(set_headers: list[tuple[str, str]], remove: list[str]) -> pb.HeaderMutation:
-    hm = pb.HeaderMutation(remove_headers=remove)
-    for k, v in set_headers:
-        hm.set_headers.append(
-            base_pb2.HeaderValueOption(
-                header=base_pb2.HeaderValue(key=k, raw_value=v.encode()),
-                append_action=base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD,
-            )
-        )
+    hm = pb.HeaderMutation()
+    fill_header_mutation(hm, set_headers, remove)
     return hm
+
+
+def fill_header_mutation(hm: pb.HeaderMutation, set_headers: list[tuple[str, str]], remove: list[str]) -> None:
+    """Set the mutations in place (upb copies a sub-message given to a constructor: in place is ~5x faster)."""
+    add = hm.set_headers.add
+    for k, v in set_headers:
+        opt = add()
+        opt.header.key = k
+        opt.header.raw_value = v.encode()
+        opt.append_action = _OVERWRITE
+    if remove:
+        hm.remove_headers.extend(remove)
 
 
 def dynamic_metadata(metadata: Mapping[str, Mapping[str, object]]) -> struct_pb2.Struct:
     s = struct_pb2.Struct()
-    for ns, fields in metadata.items():
-        s.fields[ns].struct_value.update(fields)
+    fill_metadata(s, metadata)
     return s
+
+
+def fill_metadata(s: struct_pb2.Struct, metadata: Mapping[str, Mapping[str, object]]) -> None:
+    for ns, fields in metadata.items():
+        target = s.fields[ns].struct_value
+        if all(type(v) is str for v in fields.values()):  # the common case, set directly
+            tf = target.fields
+            for k, v in fields.items():
+                tf[k].string_value = v
+        else:
+            target.update(fields)
 
 
 def immediate(status: int, body: str, headers: list[tuple[str, str]] | None = None) -> pb.ProcessingResponse:
@@ -111,28 +128,31 @@ def streamed_chunks(data: bytes, end_of_stream: bool, request: bool) -> list[pb.
     """Full-duplex body replies: ≤ CHUNK_LIMIT bytes each, end_of_stream on the last one only."""
     n = len(data)
     if n <= CHUNK_LIMIT:
-        sbr = pb.StreamedBodyResponse(body=data, end_of_stream=end_of_stream)
-        br = pb.BodyResponse(response=pb.CommonResponse(body_mutation=pb.BodyMutation(streamed_response=sbr)))
-        return [pb.ProcessingResponse(request_body=br) if request else pb.ProcessingResponse(response_body=br)]
-    out: list[pb.ProcessingResponse] = []
+        return [_streamed(data, end_of_stream, request)]
     offsets = range(0, n, CHUNK_LIMIT)
     last = offsets[-1]
-    for off in offsets:
-        sbr = pb.StreamedBodyResponse(body=data[off : off + CHUNK_LIMIT], end_of_stream=end_of_stream and off == last)
-        br = pb.BodyResponse(response=pb.CommonResponse(body_mutation=pb.BodyMutation(streamed_response=sbr)))
-        out.append(pb.ProcessingResponse(request_body=br) if request else pb.ProcessingResponse(response_body=br))
-    return out
+    return [_streamed(data[off : off + CHUNK_LIMIT], end_of_stream and off == last, request) for off in offsets]
+
+
+def _streamed(data: bytes, end_of_stream: bool, request: bool) -> pb.ProcessingResponse:
+    resp = pb.ProcessingResponse()
+    sbr = (resp.request_body if request else resp.response_body).response.body_mutation.streamed_response
+    sbr.body = data
+    if end_of_stream:
+        sbr.end_of_stream = True
+    return resp
 
 
 def headers_reply(outcome: Outcome) -> pb.ProcessingResponse:
     """The routing reply to the request headers: mutations, clear_route_cache, envoy.lb metadata."""
-    common = pb.CommonResponse(
-        header_mutation=header_mutation(outcome.set_headers, outcome.remove_headers),
-        clear_route_cache=outcome.clear_route_cache,
-    )
-    resp = pb.ProcessingResponse(request_headers=pb.HeadersResponse(response=common))
+    resp = pb.ProcessingResponse()
+    common = resp.request_headers.response
+    common.header_mutation.SetInParent()  # present even when empty, as before
+    fill_header_mutation(common.header_mutation, outcome.set_headers, outcome.remove_headers)
+    if outcome.clear_route_cache:
+        common.clear_route_cache = True
     if outcome.metadata:
-        resp.dynamic_metadata.CopyFrom(dynamic_metadata(outcome.metadata))
+        fill_metadata(resp.dynamic_metadata, outcome.metadata)
     return resp
 
 

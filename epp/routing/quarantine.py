@@ -180,7 +180,9 @@ class StreamWatch:
         if self.done:
             return
         self.headers_seen = True
-        self.last = now = self.clock()
+        now = self.clock()
+        silent = self._went_silent(now)  # before this answer moves `last`
+        self.last = now
         key = self.key
         if served and served != key and served in self.fallbacks:
             # Envoy retried: the first choice failed, the fallback answered (or failed too: see status).
@@ -189,7 +191,10 @@ class StreamWatch:
         if status >= 500:
             self.done = True
             self._cancel()
-            self.tracker.failure(key, now, f"HTTP {status}", threshold=self.threshold)
+            if silent:  # the proxy's own idle timeout answered (Envoy: 504) before our timer
+                self.tracker.failure(key, now, f"the stream went silent for {self.idle_s:g}s", at_once=True)
+            else:
+                self.tracker.failure(key, now, f"HTTP {status}", threshold=self.threshold)
         elif status:
             self.tracker.success(key)
 
@@ -207,9 +212,17 @@ class StreamWatch:
 
     def closed(self) -> None:
         self._cancel()
-        if not self.done and not self.headers_seen:
-            self.tracker.abandon(self.key)
+        if not self.done:
+            now = self.clock()
+            if self._went_silent(now):  # ended by the proxy's idle timeout, which raced our timer
+                self.tracker.failure(self.key, now, f"the stream went silent for {self.idle_s:g}s", at_once=True)
+            elif not self.headers_seen:
+                self.tracker.abandon(self.key)
         self.done = True
+
+    def _went_silent(self, now: float) -> bool:
+        """Silent for the idle timeout (within 10%: the proxy's timer and ours start a moment apart)."""
+        return self.idle_s > 0 and now - self.last >= 0.9 * self.idle_s
 
     def _cancel(self) -> None:
         if self.timer is not None:

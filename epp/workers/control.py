@@ -44,10 +44,7 @@ def die_with_parent() -> None:
 
 def status(app: App) -> dict[str, Any]:
     args = app.args
-    requests = 0.0
-    if app.metrics is not None:
-        for family in app.metrics.requests.collect():
-            requests += sum(s.value for s in family.samples if s.name.endswith("_total"))
+    requests = app.metrics.requests_total() if app.metrics is not None else 0.0
     bus = app.bus
     return {
         "index": args.worker_index,

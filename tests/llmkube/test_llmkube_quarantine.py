@@ -71,6 +71,27 @@ async def test_a_silent_stream_quarantines_at_once_and_a_chatty_one_never():
     assert t.state("quick", real()) == "healthy" and w2.timer is None
 
 
+def test_a_proxy_idle_timeout_that_beats_our_timer_still_counts_as_silent():
+    """Envoy's stream idle timeout and the watch's timer have the same length: whichever fires first, a stream
+    silent that long quarantines at once (Envoy's 504, or the reset stream), while a quick 5xx counts once."""
+    clock = Clock(0.0)
+    t = FailureTracker(10)
+    w = StreamWatch(t, "a", threshold=2, clock=clock, idle_s=1.0)  # no loop: no timer of its own
+    clock.t = 1.0
+    w.response_headers(504)  # Envoy's local reply after its idle timeout
+    assert t.state("a", 1.0) == "quarantined"
+    w2 = StreamWatch(t, "b", threshold=2, clock=clock, idle_s=1.0)
+    clock.t = 2.0
+    w2.closed()  # or the proxy just reset the stream
+    assert t.state("b", 2.0) == "quarantined"
+    w3 = StreamWatch(t, "c", threshold=2, clock=clock, idle_s=1.0)
+    clock.t = 2.2
+    w3.response_headers(503)  # a quick 5xx: one failure of two
+    w4 = StreamWatch(t, "d", threshold=2, clock=clock, idle_s=1.0)
+    w4.closed()  # a client that went away at once: abandoned, not silent
+    assert t.state("c", 2.2) == "healthy" and t.state("d", 2.2) == "healthy"
+
+
 def test_latency_window_p95():
     lw = LatencyWindow(size=100, max_age_s=60)
     for i in range(100):
