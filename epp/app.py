@@ -14,7 +14,7 @@ import logging
 import random
 import signal
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -26,15 +26,24 @@ from scheduling.framework.model_scheduler import ModelScheduler
 
 if TYPE_CHECKING:
     import grpc
+    import kubernetes.client as k8s
 
+    from epp.admission import Detector
+    from epp.bus.shell import BusRuntime
     from epp.dashboard import Dashboard
+    from epp.flowcontrol import FlowController, PoolPressure
+    from epp.gates import Gate
     from epp.health import EppHealthServicer
+    from epp.k8s.pods import PodPools
     from epp.kvevents.service import PreciseService
     from epp.metrics import EppMetrics
     from epp.ratelimit.gate import RateLimitGate
     from epp.reload import FileWatcher
+    from epp.routing.service import RoutingService
     from epp.tokenize.shell import RequestTokens
+    from epp.watch import Watcher
     from epp.xds import EdsService
+    from scheduling.api import FlowControl
     from scheduling.config.loader import Source
 
 log = logging.getLogger("epp")
@@ -78,15 +87,15 @@ class App:
         self.dashboard: Dashboard | None = None
         self.watchers: dict[str, FileWatcher[Any]] = {}  # hot-reloaded files by what they hold (shown on the dashboard)
         self.started_at = time.time()
-        self.routing: Any = None  # epp.routing.service.RoutingService, with --routes-file / --watch-routes
+        self.routing: RoutingService | None = None  # with --routes-file / --watch-routes
         self.ratelimit: RateLimitGate | None = None  # token rate limits of the routes (epp/ratelimit)
-        self.pods: Any = None  # epp.k8s.pods.PodPools, shared by the watchers that serve several pools
-        self.bus: Any = None  # epp.bus.shell.BusRuntime, with --bus-peers / --bus-service / --workers
-        self._api: Any = None
+        self.pods: PodPools | None = None  # shared by the watchers that serve several pools
+        self.bus: BusRuntime | None = None  # with --bus-peers / --bus-service / --workers
+        self._api: k8s.ApiClient | None = None
         self.precise: PreciseService | None = None  # the precise prefix index and its KV-event subscriptions
         self.tokens: RequestTokens | None = None  # tokenizes requests for configs that read token ids
-        self.flow: Any = None  # epp.flowcontrol.FlowController while the config turns flow control on
-        self.pressure: Any = None  # epp.flowcontrol.PoolPressure: the pool saturation flow control reads
+        self.flow: FlowController | None = None  # while the config turns flow control on
+        self.pressure: PoolPressure | None = None  # the pool saturation flow control reads
         self._background: set[asyncio.Task[Any]] = set()
 
     async def start(self) -> None:
@@ -112,8 +121,8 @@ class App:
             log_decisions=args.log_decisions,
         )
         ds = self.datastore
-        gates: list[Any] = []
-        watchers: list[Any] = []
+        gates: list[Gate] = []
+        watchers: list[Watcher] = []
         if self.routing is not None:  # routes may carry token rate limits (Kthena's ModelRoute.rateLimit)
             from epp.ratelimit.wiring import build_budgets, build_gate
 
@@ -194,8 +203,10 @@ class App:
         settings = bus_settings(self.args)
         if settings is None:
             return
-        self.bus = await start_bus(self.args, self.datastore, self.api() if settings.service else None)
-        self.cleanups.append(self.bus.stop)
+        self.bus = bus = await start_bus(self.args, self.datastore, self.api() if settings.service else None)
+        if bus is None:
+            return
+        self.cleanups.append(bus.stop)
         assert self.metrics is not None
         from epp.bus.metrics import register_bus_metrics
 
@@ -279,7 +290,7 @@ class App:
                              "or route documents (--routes-file, --watch-routes)")
         self.cleanups.append(disc.stop)
 
-    def api(self) -> Any:
+    def api(self) -> k8s.ApiClient:
         """One Kubernetes API client for every watcher."""
         if self._api is None:
             from epp.k8s.discovery import make_api_client
@@ -287,7 +298,7 @@ class App:
             self._api = make_api_client(kubeconfig=self.args.kubeconfig)
         return self._api
 
-    def pod_pools(self) -> Any:
+    def pod_pools(self) -> PodPools:
         """The namespace-wide pod watch shared by the watchers of several pools (started on first use)."""
         if self.pods is None:
             from epp.k8s.pods import PodPools
@@ -392,7 +403,7 @@ class App:
         if self.bus is not None:  # the new scheduler's plugins replicate instead of the old one's
             self.bus.replication.attach(scheduler)
 
-    def _apply_flow_control(self, config: Any, detector: Any) -> None:
+    def _apply_flow_control(self, config: FlowControl | None, detector: Detector) -> None:
         """Turn flow control on, reconfigure it, or turn it off (queued requests are then dispatched)."""
         from epp.flowcontrol import FlowController
 
@@ -408,12 +419,13 @@ class App:
                 task.add_done_callback(self._background.discard)
             return
         if self.flow is None:
+            assert self.pressure is not None  # made in start(), before any config is applied
             self.flow = FlowController(config, self.pressure, metrics=self.metrics)
             self.director.flow = self.flow
         else:
             self.flow.configure(config)
 
-    def _metrics_arrived(self, keys: Any) -> None:
+    def _metrics_arrived(self, keys: Iterable[str]) -> None:
         if self.pressure is not None:
             self.pressure.metrics_updated(keys)
         if self.flow is not None:

@@ -52,7 +52,7 @@ import logging
 import os
 from bisect import bisect_left
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -62,6 +62,9 @@ from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.registry import Collector
 
 from epp.datastore import Datastore
+
+if TYPE_CHECKING:
+    from epp.passive import PassiveHealth
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +106,7 @@ class _PoolCollector(Collector):
 
 
 class _HealthCollector(Collector):
-    def __init__(self, passive: Any) -> None:
+    def __init__(self, passive: PassiveHealth) -> None:
         self.passive = passive
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
@@ -349,7 +352,7 @@ class EppMetrics:
     def endpoint_ejected(self, key: str, source: str) -> None:
         self._child(self.endpoint_ejections, key, source).inc()
 
-    def bind_health(self, passive: Any) -> None:
+    def bind_health(self, passive: PassiveHealth) -> None:
         """Serve the endpoint state gauges from this passive-health tracker (and its scraper)."""
         if self._health_collector is not None:
             self.registry.unregister(self._health_collector)

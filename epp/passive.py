@@ -39,11 +39,14 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from epp.aio import cancel_and_wait
 from epp.datastore import Datastore
 from scheduling.types import LLMRequest
+
+if TYPE_CHECKING:
+    from epp.scrape.scraper import MetricsScraper
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +103,11 @@ class EndpointHealth:
     probe: Watch | None = None
 
 
+class HealthMetrics(Protocol):
+    def endpoint_failure(self, key: str, kind: str) -> None: ...
+    def endpoint_ejected(self, key: str, source: str) -> None: ...
+
+
 class NullHealthMetrics:
     def endpoint_failure(self, key: str, kind: str) -> None: ...
     def endpoint_ejected(self, key: str, source: str) -> None: ...
@@ -116,7 +124,7 @@ class PassiveHealth:
         silence_timeout: float = 60.0,
         interval: float = 0.25,
         clock: Callable[[], float] = time.monotonic,
-        metrics: Any = None,
+        metrics: HealthMetrics | None = None,
     ) -> None:
         if failure_threshold < 1 or cooldown <= 0 or max_cooldown < cooldown or silence_timeout <= 0:
             raise ValueError("passive health: need failure_threshold >= 1, 0 < cooldown <= max_cooldown, "
@@ -128,8 +136,8 @@ class PassiveHealth:
         self.silence_timeout = silence_timeout
         self.interval = interval
         self.clock = clock
-        self.metrics = metrics or NullHealthMetrics()
-        self.scraper: Any = None  # epp.scrape.MetricsScraper, for reporting its view next to this one
+        self.metrics: HealthMetrics = metrics or NullHealthMetrics()
+        self.scraper: MetricsScraper | None = None  # for reporting its view next to this one
         self.states: dict[str, EndpointHealth] = {}
         self.live: set[Watch] = set()
         self.headers_seen_at = -HEADERS_SEEN_WINDOW_S

@@ -7,6 +7,8 @@ other end-to-end tests (it is the default); here: the transport's own contract.
 from __future__ import annotations
 
 import asyncio
+import gzip
+import zlib
 
 import grpc
 import orjson
@@ -272,6 +274,35 @@ async def test_broken_grpc_framing_gets_a_status(h2, case, code):
             sid = client.request("/test.Echo/Unary")
             data = grpc_frame(msg, compressed=True) if case == "compressed" else grpc_frame(msg)[:-1]
             client.data(sid, data, end=True)
+        await client.until(lambda _: client.ended(sid))
+        assert client.headers_of(sid)[-1]["grpc-status"] == str(code)
+    finally:
+        await client.close()
+
+
+@pytest.mark.parametrize("compression", [grpc.Compression.Gzip, grpc.Compression.Deflate])
+async def test_compressed_requests_are_inflated(h2, compression):
+    """A grpc client may compress its messages (grpc-encoding gzip or deflate); the replies stay uncompressed."""
+    _, channel, _ = await h2()
+    unary = method(channel, "Unary", "unary_unary")
+    reply = await unary(Msg(service="squeezed " * 200), compression=compression)
+    assert reply.service == "SQUEEZED " * 200
+    call = method(channel, "Echo", "stream_stream")(iter([Msg(service="a" * 500), Msg(service="b")]),
+                                                   compression=compression)
+    assert [m.service async for m in call] == ["a" * 500, "b"]
+
+
+@pytest.mark.parametrize("encoding,payload,code", [
+    ("br", zlib.compress(b"x"), 12),  # an encoding the server does not speak: UNIMPLEMENTED
+    ("gzip", b"not gzip at all", 13),  # a broken stream: INTERNAL
+    ("gzip", gzip.compress(b"\x00" * 300_000), 8),  # over the limit once inflated: RESOURCE_EXHAUSTED
+])
+async def test_bad_compressed_requests_get_a_status(h2, encoding, payload, code):
+    _, _, port = await h2(H2Server(max_message_bytes=200_000))
+    client = await RawH2().connect(port)
+    try:
+        sid = client.request("/test.Echo/Unary", extra=[("grpc-encoding", encoding)])
+        client.data(sid, grpc_frame(payload, compressed=True), end=True)
         await client.until(lambda _: client.ended(sid))
         assert client.headers_of(sid)[-1]["grpc-status"] == str(code)
     finally:

@@ -9,8 +9,9 @@ import orjson
 import pytest
 import yaml
 
-from epp.director import Director, RequestExchange
+from epp.director import Director
 from epp.envoy_config import EnvoyConfigSpec, render
+from epp.exchange import RequestExchange
 from epp.protocol import Outcome
 from tests.support.envoy import Envoy
 from tests.support.stack import Stack

@@ -1,4 +1,5 @@
-"""The grpc layer with a raw ext_proc client: hostile streams, awaitable decisions, cancellation, exact in-flight."""
+"""The grpc layer with a raw ext_proc client, on both transports (h2 and grpc.aio): hostile streams, awaitable
+decisions, cancellation, exact in-flight."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
 from epp.app import App
-from epp.director import Director, RequestExchange
+from epp.director import Director
+from epp.exchange import RequestExchange
 from epp.metrics import EppMetrics
 from epp.protocol import BodyMode, Outcome
 from epp.server import build_server
@@ -86,13 +88,14 @@ def slow_director() -> SlowDirector:
     return d
 
 
-@pytest.fixture
-async def serve():
+@pytest.fixture(params=["h2", "grpcio"])
+async def serve(request):
+    """A server on each transport: the default h2 one, and grpc.aio (`--grpc-transport grpcio`)."""
     servers = []
 
     async def start(director: Director) -> tuple[pb_grpc.ExternalProcessorStub, EppMetrics]:
         metrics = EppMetrics()
-        server, _ = build_server(director, metrics=metrics)
+        server, _ = build_server(director, metrics=metrics, transport=request.param)
         port = server.add_insecure_port("127.0.0.1:0")
         await server.start()
         channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")

@@ -39,7 +39,9 @@ _CONFIG = h2.config.H2Configuration(
     normalize_inbound_headers=False, normalize_outbound_headers=False)
 WINDOW = 4 << 20  # per stream and per connection: acknowledged as soon as it is read
 MAX_STREAMS = 2**31 - 1  # as grpc: no limit of our own on concurrent streams
-_RESPONSE_HEADERS = [(b":status", b"200"), (b"content-type", b"application/grpc")]
+# Replies are never compressed; requests may be (epp/h2grpc/stream.py inflates gzip and deflate).
+_RESPONSE_HEADERS = [(b":status", b"200"), (b"content-type", b"application/grpc"),
+                     (b"grpc-accept-encoding", b"identity,deflate,gzip")]
 
 
 class _H2Connection(h2.connection.H2Connection):

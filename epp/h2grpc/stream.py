@@ -10,6 +10,7 @@ stopped). The handler answers with `send(message)` / `send_many(messages)` and e
 from __future__ import annotations
 
 import asyncio
+import zlib
 from typing import TYPE_CHECKING, Protocol
 
 from epp.h2grpc import status
@@ -99,16 +100,42 @@ class ServerStream:
             if size > limit:
                 self.fail(status.RESOURCE_EXHAUSTED, f"Received message larger than max ({size} vs. {limit})")
                 return
-            if flag:
-                self.fail(status.UNIMPLEMENTED, "compressed messages are not supported (no grpc-encoding)")
-                return
             stop = pos + 5 + size
             if stop > end:
                 break
             message = buf[pos + 5 : stop]
             pos = stop
+            if flag:
+                inflated = self._inflate(message, limit)
+                if inflated is None:
+                    return
+                message = inflated
             self.handler.on_message(message)
         self._buf = buf[pos:] if pos < end and self.handler is not None else b""
+
+    def _inflate(self, message: bytes, limit: int) -> bytes | None:
+        """A compressed message (flag 1) in the call's `grpc-encoding`: gzip or deflate, as grpc clients send them
+        (`compression=grpc.Compression.Gzip`). None after failing the call: an unknown encoding, a broken stream, or
+        more than `limit` bytes once inflated."""
+        encoding = next((v for k, v in self.headers if k == b"grpc-encoding"), b"identity")
+        if encoding == b"gzip":
+            wbits = 16 + zlib.MAX_WBITS
+        elif encoding == b"deflate":
+            wbits = zlib.MAX_WBITS
+        else:
+            self.fail(status.UNIMPLEMENTED, f"compressed message with grpc-encoding "
+                                            f"{encoding.decode('latin-1')!r}: only gzip and deflate are supported")
+            return None
+        inflater = zlib.decompressobj(wbits)
+        try:
+            out = inflater.decompress(message, limit + 1)
+        except zlib.error as e:
+            self.fail(status.INTERNAL, f"could not decompress a {encoding.decode()} message: {e}")
+            return None
+        if len(out) > limit or inflater.unconsumed_tail:
+            self.fail(status.RESOURCE_EXHAUSTED, f"Received message larger than max (over {limit} once decompressed)")
+            return None
+        return out
 
     def end(self) -> None:
         self.remote_ended = True
