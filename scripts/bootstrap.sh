@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Create .venv (once) and install Pointsman with its test extras. Re-runs are cheap: pip runs only when
+# Create .venv (once) and install Pointsman with its test extras (EXTRAS=",bench" adds the benchmark peers). Re-runs are cheap: pip runs only when
 # pyproject.toml changed since the last install. With --test-deps (scripts/test.sh) it also installs the Debian
 # packages the tests need when they are missing (scripts/debian-packages.sh).
 set -euo pipefail
@@ -12,7 +12,7 @@ fi
 stamp=.venv/.pointsman-installed
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   echo "==> installing Pointsman and its dependencies into .venv (first run takes a minute)"
-  if ! { .venv/bin/pip install -q --upgrade pip && .venv/bin/pip install -q -e ".[dev]${EXTRAS:-}"; } \
+  if ! { .venv/bin/pip install -q --upgrade pip && .venv/bin/pip install -q -e ".[dev${EXTRAS:-}]"; } \
       > .venv/pip.log 2>&1; then
     cat .venv/pip.log >&2
     echo "error: installing the dependencies failed (log above, also in .venv/pip.log)" >&2

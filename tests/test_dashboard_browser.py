@@ -177,12 +177,14 @@ def test_a_token_protected_page_signs_in_in_the_browser(browser, tmp_path):
     try:
         wait_port(metrics, proc=proc, what="Pointsman")
         browser.get(f"http://127.0.0.1:{metrics}/")
-        field = browser.find_element("css selector", "#token")
-        field.send_keys("not-the-token")
-        browser.find_element("css selector", "#signin").click()
-        assert "not right" in browser.find_element("css selector", "p").text
-        browser.find_element("css selector", "#token").send_keys(token)
-        browser.find_element("css selector", "#signin").click()
+        from selenium.webdriver.support.ui import WebDriverWait
+
+        wait_for(browser, "#token")[0].send_keys("not-the-token")
+        click(browser, "#signin")
+        # The sign-in form is drawn again with the answer: read it in one step, never through a stale element.
+        WebDriverWait(browser, 10, poll_frequency=0.05).until(lambda d: "not right" in text_of(d, "p"))
+        wait_for(browser, "#token")[0].send_keys(token)
+        click(browser, "#signin")
         wait_for(browser, "#fleet-table tbody tr")
         assert "10.0.0.1:8000" in text_of(browser, "#fleet-table tbody tr")
         wait_for(browser, "#live.pill-ok")
