@@ -39,7 +39,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from bench_extproc import Procs, backend_config, bin_path, cpu_seconds  # noqa: E402
+from extproc_stack import Procs, backend_config, bin_path, cpu_seconds  # noqa: E402
 
 from epp.ports import free_port, wait_port  # noqa: E402
 
@@ -195,7 +195,7 @@ def main() -> int:
                        "-v", "0", *args.epp_args.split()]
                 if w > 1:
                     cmd += ["--workers", str(w)]
-                proc = procs.spawn(cmd, port)
+                proc = procs.spawn(f"epp-{w}-{r}", cmd, port)
                 wait_port(port)
                 time.sleep(1.5)  # every worker up (the port answers as soon as the first one is)
                 if args.generator == "h2load":
