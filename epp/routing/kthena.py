@@ -34,7 +34,7 @@ from epp.routing.model import (
     Target,
     TargetKind,
 )
-from epp.routing.validate import DNS_SUBDOMAIN, Doc, join
+from epp.routing.validate import Doc, join
 
 GROUP = "networking.serving.volcano.sh"
 API_VERSION = f"{GROUP}/v1alpha1"
@@ -83,11 +83,7 @@ def compile_document(obj: Any, where: str, position: float = 0.0) -> Compiled:
     if kind is None:
         raise doc.fail("kind", f"one of {', '.join(KINDS)}")
     meta = doc.mapping(top.get("metadata"), "metadata", required=True)
-    name = doc.string(meta.get("name"), "metadata.name", required=True, max_len=253, pattern=DNS_SUBDOMAIN,
-                      what="a DNS-1123 name")
-    namespace = doc.string(meta.get("namespace"), "metadata.namespace", max_len=63, pattern=DNS_SUBDOMAIN,
-                           what="a namespace name") or "default"
-    assert name is not None
+    namespace, name = doc.object_ref(meta)
     key = f"{namespace}/{name}"
     spec_raw = top.get("spec")
     if kind == MODEL_ROUTE:

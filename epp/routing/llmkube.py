@@ -48,7 +48,7 @@ from epp.routing.llmkube_model import (
     normalize_label,
 )
 from epp.routing.model import Match, PoolBackend, ProviderBackend, Route, Rule, Target
-from epp.routing.validate import DNS_SUBDOMAIN, HEADER_NAME, Doc, join
+from epp.routing.validate import HEADER_NAME, Doc, join
 
 __all__ = ["API_VERSION", "GROUP", "compile_document", "identity"]
 
@@ -81,11 +81,7 @@ def compile_document(obj: Any, where: str, position: float = 0.0) -> Sequence[Co
     if top.get("kind") != KIND:
         raise doc.fail("kind", f"{KIND} (the kind of {GROUP}/v1alpha1 that routes), got {top.get('kind')!r}")
     meta = doc.mapping(top.get("metadata"), "metadata", required=True)
-    name = doc.string(meta.get("name"), "metadata.name", required=True, max_len=253, pattern=DNS_SUBDOMAIN,
-                      what="a DNS-1123 name")
-    namespace = doc.string(meta.get("namespace"), "metadata.namespace", max_len=63, pattern=DNS_SUBDOMAIN,
-                           what="a namespace name") or "default"
-    assert name is not None
+    namespace, name = doc.object_ref(meta)
     key = f"{namespace}/{name}"
     ann = meta.get("annotations")
     annotations: Mapping[str, Any] = ann if isinstance(ann, Mapping) else {}

@@ -29,6 +29,15 @@ class Doc:
     def __init__(self, name: str) -> None:
         self.name = name
 
+    def object_ref(self, meta: Mapping[str, Any]) -> tuple[str, str]:
+        """(namespace, name) of a document's `metadata`; the namespace defaults to `default`."""
+        name = self.string(meta.get("name"), "metadata.name", required=True, max_len=253, pattern=DNS_SUBDOMAIN,
+                           what="a DNS-1123 name")
+        namespace = self.string(meta.get("namespace"), "metadata.namespace", max_len=63, pattern=DNS_SUBDOMAIN,
+                                what="a namespace name") or "default"
+        assert name is not None
+        return namespace, name
+
     def fail(self, path: str, expected: str) -> RouteConfigError:
         return RouteConfigError(self.name, path, expected)
 
