@@ -6,14 +6,8 @@ import random
 import socket
 import subprocess
 import time
+from collections import deque
 from typing import Any
-
-
-def free_port() -> int:
-    """A port that was free on 127.0.0.1 a moment ago."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_port(port: int, timeout: float = 30.0, proc: subprocess.Popen[Any] | None = None, what: str = "") -> None:
@@ -37,11 +31,12 @@ def wait_port(port: int, timeout: float = 30.0, proc: subprocess.Popen[Any] | No
 # run occupy ports there, and a bind to one of them fails.
 _BLOCK_LO, _BLOCK_HI = 20000, 32000
 _rng = random.Random()
+_issued: deque[int] = deque(maxlen=2048)  # handed out lately: two callers never get the same port
 
 
 def _bindable(port: int) -> bool:
+    """Free for any listener: no SO_REUSEADDR, so a port with connections lingering in TIME_WAIT is not taken."""
     with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("127.0.0.1", port))
         except OSError:
@@ -49,10 +44,21 @@ def _bindable(port: int) -> bool:
     return True
 
 
+def free_port() -> int:
+    """A port that was free on 127.0.0.1 a moment ago, below the kernel's ephemeral range: a port the kernel hands
+    out for bind(0) lies inside it, and any client socket opened before the caller binds may take it."""
+    return free_port_block(1)
+
+
 def free_port_block(n: int, attempts: int = 200) -> int:
-    """A base port such that base .. base+n-1 were all free on 127.0.0.1 a moment ago (below the ephemeral range)."""
+    """A base port such that base .. base+n-1 were all free on 127.0.0.1 a moment ago (below the ephemeral range),
+    and none of them was handed out by this process recently."""
     for _ in range(attempts):
         base = _rng.randrange(_BLOCK_LO, _BLOCK_HI - n)
-        if all(_bindable(p) for p in range(base, base + n)):
+        ports = range(base, base + n)
+        if any(p in _issued for p in ports):
+            continue
+        if all(_bindable(p) for p in ports):
+            _issued.extend(ports)
             return base
     raise RuntimeError(f"no block of {n} free ports found in {_BLOCK_LO}-{_BLOCK_HI}")
