@@ -12,6 +12,8 @@ import os
 import sys
 from collections.abc import Sequence
 
+from epp.argtypes import parse_bool as _bool
+from epp.argtypes import parse_duration_arg as _duration
 from epp.protocol import BodyMode
 
 log = logging.getLogger("epp")
@@ -116,24 +118,6 @@ def _add_serve_flags(p: argparse.ArgumentParser) -> None:
     from epp.bus.flags import add_bus_flags  # HOOK (replicas): --workers, --bus-*
 
     add_bus_flags(p)
-
-
-def _bool(text: str) -> bool:
-    if text.lower() in ("1", "true", "yes", "on"):
-        return True
-    if text.lower() in ("0", "false", "no", "off"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
-
-
-def _duration(text: str) -> float:
-    """'50ms', '2s', '1m' or a plain number of seconds."""
-    from scheduling.framework.params import parse_duration
-
-    try:
-        return parse_duration(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a duration like 50ms or 2s, got {text!r}") from None
 
 
 def build_parser() -> argparse.ArgumentParser:

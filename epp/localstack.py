@@ -28,6 +28,7 @@ from typing import IO, Any
 import grpc
 import yaml
 
+from epp.argtypes import parse_bool as _bool
 from epp.children import die_with_parent
 from epp.ports import free_port, wait_port
 from proto import pointsman_pb2 as api
@@ -61,14 +62,6 @@ def add_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--example", choices=("pool", "kthena", "llmkube"), default="pool",
                    help="pool: one pool of every server; kthena: a Kthena ModelRoute over two ModelServers; "
                         "llmkube: an LLMKube ModelRouter over two InferenceServices, with budgets")
-
-
-def _bool(text: str) -> bool:
-    if text.lower() in ("1", "true", "yes", "on"):
-        return True
-    if text.lower() in ("0", "false", "no", "off"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
 
 
 PRECISE_PROFILE = Path(__file__).resolve().parent.parent / "deploy" / "profiles" / "estimated-latency-precise.yaml"

@@ -21,6 +21,7 @@ import itertools
 from collections.abc import Awaitable, Sequence
 from typing import Any
 
+from epp.argtypes import parse_bool as _bool
 from epp.tokenize import EngineTokenizer, RequestTokenizer, TokenizeInput, TokenizeResult, TokenizerRegistry
 from epp.tokenize.request import tokenize_input
 from scheduling.api import SchedulingContext
@@ -104,14 +105,6 @@ def add_tokenize_flags(parser: argparse.ArgumentParser) -> None:
                    help="seconds one /tokenize call may take before the approximation is used (0.5)")
     g.add_argument("--tokenize-cache", type=int, default=4096,
                    help="engine /tokenize results kept (LRU, also bounded to 4M tokens) (4096)")
-
-
-def _bool(text: str) -> bool:
-    if text.lower() in ("1", "true", "yes", "on"):
-        return True
-    if text.lower() in ("0", "false", "no", "off"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
 
 
 def tokens_from_args(args: argparse.Namespace, registry: object | None = None) -> RequestTokens:
