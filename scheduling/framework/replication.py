@@ -25,13 +25,24 @@ every process that loaded the same configuration.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 
 if TYPE_CHECKING:
     from scheduling.framework.model_scheduler import ModelScheduler
 
 Record = list[Any]  # [endpoint key, ...values]
+T = TypeVar("T")
+
+
+def drain(outbox: deque[T] | None) -> list[T]:
+    """What a plugin's outbox holds, oldest first, leaving it empty (nothing while not replicating)."""
+    if not outbox:
+        return []
+    out = list(outbox)
+    outbox.clear()
+    return out
 
 
 @runtime_checkable

@@ -33,7 +33,7 @@ from scheduling.framework import BuildContext, Plugin, Producer, register
 from scheduling.framework.data import DataKey
 from scheduling.framework.params import bounded
 from scheduling.framework.plugin import State
-from scheduling.framework.replication import Record, is_count
+from scheduling.framework.replication import Record, drain, is_count
 from scheduling.prefix.cycle import cycle_hashes, cycle_matches
 from scheduling.prefix.index import PrefixIndex
 from scheduling.prefix.shared import APPROX_PREFIX
@@ -123,11 +123,7 @@ class ApproxPrefixProducer(Producer[Params]):
         return [[key, hashes.tolist()] for key, hashes in self._recent if key in held]
 
     def export_records(self, now: float) -> list[Record]:
-        if not self._outbox:
-            return []
-        out = list(self._outbox)
-        self._outbox.clear()
-        return out
+        return drain(self._outbox)
 
     def apply_records(self, peer: str, records: Sequence[Record], now: float) -> int:
         """Record a peer's picks: [endpoint key, [block hash, ...]] (at most maxPrefixBlocksToMatch hashes)."""

@@ -65,7 +65,7 @@ from scheduling.api import NO_LOAD, SchedulingContext, SchedulingResult
 from scheduling.framework import BuildContext, Scorer, register
 from scheduling.framework.params import bounded
 from scheduling.framework.plugin import State
-from scheduling.framework.replication import Record
+from scheduling.framework.replication import Record, drain
 from scheduling.plugins.scorers._backlog import SharedBacklog
 from scheduling.prefix import PrefixReader
 from scheduling.prefix.precise import GPU
@@ -269,11 +269,7 @@ class EstimatedLatencyScorer(PreciseReader[Params], PrefixReader[Params], Scorer
 
     def export_records(self, now: float) -> list[Record]:
         """[endpoint, seconds, calibration sample or -1] per request that finished here since the last call."""
-        if not self._outbox:
-            return []
-        out = list(self._outbox)
-        self._outbox.clear()
-        return out
+        return drain(self._outbox)
 
     def snapshot_records(self, now: float) -> list[Record]:
         """What was learnt so far, for a peer that joins: [endpoint, D(e), k(e) or -1, 1]."""

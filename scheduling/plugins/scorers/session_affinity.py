@@ -35,7 +35,7 @@ from scheduling.framework import BuildContext, ConfigError, Scorer, register
 from scheduling.framework.errors import join_path
 from scheduling.framework.params import bounded
 from scheduling.framework.plugin import State
-from scheduling.framework.replication import Record
+from scheduling.framework.replication import Record, drain
 from scheduling.types import Endpoint
 
 _KEY = "session-affinity.key"
@@ -223,11 +223,7 @@ class SessionAffinityScorer(Scorer[Params]):
     def export_records(self, now: float) -> list[Record]:
         """[endpoint key, hash as 16 big-endian bytes, age in seconds as of `now`]: an age, not a time, so that
         receivers on other clocks place the binding right."""
-        if not self._outbox:
-            return []
-        out: list[Record] = [[key, h.to_bytes(16, "big"), max(0.0, now - at)] for h, key, at in self._outbox]
-        self._outbox.clear()
-        return out
+        return [[key, h.to_bytes(16, "big"), max(0.0, now - at)] for h, key, at in drain(self._outbox)]
 
     def snapshot_records(self, now: float) -> list[Record]:
         """The SNAPSHOT most recently used live bindings, newest first."""
