@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import random
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -27,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import orjson  # noqa: E402
 import yaml  # noqa: E402
+from micro import interleave  # noqa: E402
 
 from epp.datastore import Datastore, PoolSpec  # noqa: E402
 from epp.director import Director  # noqa: E402
@@ -115,15 +115,7 @@ def main() -> None:
                       {**base, "x-session-id": "s1"}),
         "budgets": (director(router(budgets=budgets)), {**base, "x-llmkube-team": "red"}),
     }
-    times: dict[str, list[float]] = {k: [] for k in cases}
-    for _ in range(a.rounds):
-        for name, (d, headers) in cases.items():
-            times[name].append(run(d, headers, body, a.iters))
-    floor = statistics.median(times["pool-rr"])
-    print(f"{'case':<10} {'median us/request':>18} {'vs pool-rr':>10}")
-    for name, ts in times.items():
-        med = statistics.median(ts)
-        print(f"{name:<10} {med * 1e6:>18.1f} {med / floor:>10.2f}")
+    interleave(cases, a.rounds, lambda d, headers: run(d, headers, body, a.iters), floor="pool-rr")
 
 
 if __name__ == "__main__":

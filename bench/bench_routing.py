@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import random
-import statistics
 import sys
 import tempfile
 import time
@@ -25,6 +24,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import orjson  # noqa: E402
+from micro import interleave  # noqa: E402
 
 from epp.datastore import Datastore, PoolSpec  # noqa: E402
 from epp.director import Director  # noqa: E402
@@ -118,15 +118,7 @@ def main() -> None:
         "sticky": (director("sticky", tmp), {**base, "x-session-id": "s1"}),
         "provider": (director("route", tmp), {**base, "x-cloud": "1"}),
     }
-    times: dict[str, list[float]] = {k: [] for k in cases}
-    for _ in range(a.rounds):
-        for name, (d, headers) in cases.items():
-            times[name].append(run(d, headers, body, a.iters))
-    floor = statistics.median(times["pool"])
-    print(f"{'case':<10} {'median us/request':>18} {'vs pool':>8}")
-    for name, ts in times.items():
-        med = statistics.median(ts)
-        print(f"{name:<10} {med * 1e6:>18.1f} {med / floor:>8.2f}")
+    interleave(cases, a.rounds, lambda d, headers: run(d, headers, body, a.iters), floor="pool")
 
 
 if __name__ == "__main__":
