@@ -97,12 +97,15 @@ class App:
         self.flow: FlowController | None = None  # while the config turns flow control on
         self.pressure: PoolPressure | None = None  # the pool saturation flow control reads
         self._background: set[asyncio.Task[Any]] = set()
+        self.outputs: dict[str, Any] = {}  # the DirectorConfig fields of --data-plane and the output flags
 
     async def start(self) -> None:
         args = self.args
         from epp.metrics import EppMetrics, start_metrics_server
+        from epp.outputs import director_outputs
         from epp.rewrite import choose_rewrite
 
+        self.outputs = director_outputs(args)  # first: a combination that cannot route fails before anything starts
         self.metrics = EppMetrics(self.datastore)
         self._start_precise()
         await self._start_sources()
@@ -111,10 +114,8 @@ class App:
             scheduler = await self._watch_scheduling_config(Path(args.config_file))
         else:
             scheduler = load_scheduling(args, self.rng, self.services())
-        from epp.outputs import director_outputs
-
         cfg = DirectorConfig(
-            **director_outputs(args),
+            **self.outputs,
             fallbacks=args.fallbacks,
             conformance=args.enable_conformance_header,
             default_pool=args.pool_name,
@@ -313,10 +314,9 @@ class App:
         args = self.args
         if not (args.routes_file or args.watch_routes):
             return
-        from epp.outputs import director_outputs
         from epp.routing.service import RoutingService
 
-        outputs = director_outputs(args)
+        outputs = self.outputs
         svc = RoutingService(self.datastore, self.rng, secrets_dir=args.provider_secrets_dir,
                              provider_header=args.provider_header, metrics=self.metrics,
                              gateway_headers=(outputs["base_model_header"] or "", outputs["ai_gateway_model_header"] or ""))
