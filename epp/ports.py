@@ -31,7 +31,7 @@ def wait_port(port: int, timeout: float = 30.0, proc: subprocess.Popen[Any] | No
 # run occupy ports there, and a bind to one of them fails.
 _BLOCK_LO, _BLOCK_HI = 20000, 32000
 _rng = random.Random()
-_issued: deque[int] = deque(maxlen=2048)  # handed out lately: two callers never get the same port
+_issued: deque[int] = deque(maxlen=512)  # handed out lately (4% of the range: blocks of 50 still fit)
 
 
 def _bindable(port: int) -> bool:

@@ -24,3 +24,11 @@ def test_a_block_does_not_overlap_ports_handed_out_before():
     single = {free_port() for _ in range(200)}
     base = free_port_block(50)
     assert not single & set(range(base, base + 50))
+
+
+def test_a_long_run_of_single_ports_leaves_room_for_blocks():
+    """The memory of handed-out ports is bounded: after thousands of ports a block of 50 is still found."""
+    for _ in range(3000):
+        free_port()
+    base = free_port_block(50)
+    assert 20000 <= base and base + 50 <= ephemeral_low()
