@@ -51,7 +51,7 @@ from extproc_stack import (  # noqa: E402
     wrk_script,
 )
 
-from epp.ports import free_port  # noqa: E402
+from epp.stack.ports import free_port  # noqa: E402
 
 FLOORS = {"gen": [], "aio": ["--read-write"], "sync": ["--sync"], "gen-uvloop": ["--uvloop"],
           "aio-uvloop": ["--read-write", "--uvloop"], "grpclib": ["--grpclib"],

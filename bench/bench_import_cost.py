@@ -22,8 +22,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 CASES: dict[str, tuple[str, str]] = {
     # name: (setup, timed statement)
-    "request path: epp.server + director + protocol": ("", "import epp.server, epp.director, epp.protocol"),
-    "serve path: epp.app + epp.cli + epp.xds (EDS, upb)": ("", "import epp.app, epp.cli, epp.xds"),
+    "request path: epp.extproc.server + director + protocol": ("", "import epp.extproc.server, epp.request.director, epp.protocol"),
+    "serve path: epp.cmd.app + epp.cmd.cli + epp.xds (EDS, upb)": ("", "import epp.cmd.app, epp.cmd.cli, epp.xds"),
     "epp.envoy_config (spec only)": ("", "import epp.envoy_config"),
     "envoy_data_plane bootstrap.v3 (typed classes)": ("", "import envoy_data_plane.envoy.config.bootstrap.v3"),
     "first render_yaml(--eds): imports + build": (
@@ -53,7 +53,7 @@ def run_case(setup: str, stmt: str) -> dict[str, float]:
 
 def run_cli() -> float:
     t = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "epp.cli", "envoy-config", "--eds", "-o", "/dev/null"], cwd=ROOT,
+    subprocess.run([sys.executable, "-m", "epp.cmd.cli", "envoy-config", "--eds", "-o", "/dev/null"], cwd=ROOT,
                    check=True, capture_output=True, timeout=120)
     return time.perf_counter() - t
 

@@ -35,8 +35,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import msgpack  # noqa: E402
 
-from epp.kvevents.apply import apply_events  # noqa: E402
-from epp.kvevents.decode import decode_message  # noqa: E402
+from epp.fleet.kvevents.apply import apply_events  # noqa: E402
+from epp.fleet.kvevents.decode import decode_message  # noqa: E402
 from scheduling.prefix.hashing import BlockHasher  # noqa: E402
 from scheduling.prefix.index import PrefixIndex  # noqa: E402
 from scheduling.prefix.precise import PreciseIndex  # noqa: E402
@@ -147,9 +147,9 @@ def bench_apply(enc: str, endpoints: int, steps: int, capacity: int, repeat: int
 
 async def bench_zmq(steps: int, capacity: int) -> float:
     """modelsim's publisher → KVEventSubscriber over TCP loopback, both in this process (one core)."""
-    from epp.kvevents.sources import KVEventsSource
-    from epp.kvevents.subscriber import KVEventSubscriber
-    from epp.ports import free_port
+    from epp.fleet.kvevents.sources import KVEventsSource
+    from epp.fleet.kvevents.subscriber import KVEventSubscriber
+    from epp.stack.ports import free_port
     from modelsim.kvevents import KVEventPublisher
 
     msgs, events = make_messages("array", 1, steps, capacity)

@@ -28,11 +28,11 @@ import orjson  # noqa: E402
 import yaml  # noqa: E402
 from micro import interleave  # noqa: E402
 
-from epp.datastore import Datastore, PoolSpec  # noqa: E402
-from epp.director import Director  # noqa: E402
+from epp.fleet.datastore import Datastore, PoolSpec  # noqa: E402
 from epp.ratelimit import Limiter  # noqa: E402
 from epp.ratelimit.budgets import BudgetGate  # noqa: E402
 from epp.ratelimit.gate import RateLimitGate  # noqa: E402
+from epp.request.director import Director  # noqa: E402
 from epp.routing.llmkube_balance import balancing_scheduler  # noqa: E402
 from epp.routing.llmkube_model import Balancing  # noqa: E402
 from epp.routing.service import RoutingService  # noqa: E402

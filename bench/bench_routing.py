@@ -26,8 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import orjson  # noqa: E402
 from micro import interleave  # noqa: E402
 
-from epp.datastore import Datastore, PoolSpec  # noqa: E402
-from epp.director import Director  # noqa: E402
+from epp.fleet.datastore import Datastore, PoolSpec  # noqa: E402
+from epp.request.director import Director  # noqa: E402
 from epp.routing.service import RoutingService  # noqa: E402
 from scheduling.api import SchedulingContext, SchedulingResult  # noqa: E402
 from scheduling.types import Endpoint, endpoint_key  # noqa: E402

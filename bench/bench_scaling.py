@@ -41,7 +41,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from extproc_stack import Procs, backend_config, bin_path, cpu_seconds  # noqa: E402
 
-from epp.ports import free_port, wait_port  # noqa: E402
+from epp.stack.ports import free_port, wait_port  # noqa: E402
 
 
 def _generator(port: int, streams: int, connections: int, duration: float, warmup: float,

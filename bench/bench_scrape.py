@@ -3,7 +3,7 @@
 Run:  python bench/bench_scrape.py [--repeat 7] [--number 300] [--http 128 --seconds 3]
 
 For each exposition (realistic vLLM/SGLang/TRT-LLM text from tests/scrape/expositions.py) it times:
-  fast  epp.scrape.parser.parse_metrics(body_bytes, engine, now)   (what the scraper runs)
+  fast  epp.fleet.scrape.parser.parse_metrics(body_bytes, engine, now)   (what the scraper runs)
   prom  prometheus_client.parser.text_string_to_metric_families(body.decode()) walked to extract the same values
 and prints the median µs per exposition, the ratio, and the share of one core the fast parser needs to keep up
 with 512 endpoints scraped every 50 ms (10,240 expositions/s).
@@ -36,7 +36,7 @@ from expositions import (  # noqa: E402
 )
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
-from epp.scrape.parser import parse_metrics  # noqa: E402
+from epp.fleet.scrape.parser import parse_metrics  # noqa: E402
 
 ENDPOINTS, INTERVAL = 512, 0.05
 WANTED = {
@@ -93,8 +93,8 @@ def _serve(n: int, body: bytes, conn) -> None:  # runs in a child process
 
 
 def http_bench(n: int, seconds: float) -> None:
-    from epp.datastore import Datastore, PoolSpec
-    from epp.scrape.scraper import MetricsScraper
+    from epp.fleet.datastore import Datastore, PoolSpec
+    from epp.fleet.scrape.scraper import MetricsScraper
     from scheduling.types import Endpoint
 
     body = vllm_exposition(waiting=3, running=12, kv=0.41)

@@ -27,7 +27,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from epp.envoy_config import EnvoyConfigSpec, render  # noqa: E402
-from epp.ports import wait_port  # noqa: E402
+from epp.stack.ports import wait_port  # noqa: E402
 
 MODEL = "meta-llama/Llama-3.1-8B"
 REPLY = ('{"id":"x","object":"chat.completion","choices":[{"message":{"content":"Paris"}}],'

@@ -83,7 +83,7 @@ class SchedulingResult:
 
 @dataclass(frozen=True)
 class Saturation:
-    """The saturation detector admission and flow control consult: see epp/admission.py.
+    """The saturation detector admission and flow control consult: see epp/fleet/saturation.py.
 
     `detector` "utilization" (utilization-detector: scraped queue depth and KV usage) uses the first four fields;
     "concurrency" (concurrency-detector: the picker's own in-flight counts) uses `headroom` and the last three."""

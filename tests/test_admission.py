@@ -1,6 +1,6 @@
 import pytest
 
-from epp.admission import SaturationDetector, admit, detector_from_params
+from epp.fleet.saturation import SaturationDetector, admit, detector_from_params
 from scheduling.framework.params import parse_duration
 from scheduling.types import Endpoint, Metrics
 

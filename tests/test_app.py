@@ -10,7 +10,7 @@ import orjson
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from epp.app import App
+from epp.cmd.app import App
 from tests.support.envoy import free_port
 from tests.support.stack import Stack, serve_args
 

@@ -11,8 +11,8 @@ import zmq.asyncio
 
 from epp.bus import BusMessage, ReplicaBus, encode
 from epp.bus.codec import MAGIC, BusMessageError, decode
-from epp.datastore import InflightTracker
-from epp.ports import free_port
+from epp.fleet.datastore import InflightTracker
+from epp.stack.ports import free_port
 
 KEY = "10.0.0.1:8000"
 

@@ -18,9 +18,9 @@ import yaml
 import zmq
 import zmq.asyncio
 
-from epp.app import App
 from epp.bus.codec import MAGIC, BusMessage, encode
-from epp.ports import free_port
+from epp.cmd.app import App
+from epp.stack.ports import free_port
 from tests.support.backend import EchoFleet
 from tests.support.extproc_requests import chat, open_request, route, stub_for
 from tests.support.stack import serve_args

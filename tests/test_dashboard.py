@@ -13,9 +13,9 @@ import aiohttp
 import orjson
 import pytest
 
-from epp.app import App
-from epp.dashboard.web import CSP, _load_static
-from epp.explain import PointsmanService
+from epp.api.dashboard.web import CSP, _load_static
+from epp.api.explain import PointsmanService
+from epp.cmd.app import App
 from proto import pointsman_pb2 as api
 from tests.support.envoy import free_port
 from tests.support.stack import Stack, serve_args

@@ -9,11 +9,11 @@ from pathlib import Path
 import orjson
 import pytest
 
-from epp.dashboard import views
-from epp.dashboard.recorder import DecisionRecorder
-from epp.dashboard.series import Sampler
-from epp.datastore import Datastore, PoolSpec
-from epp.director import Director
+from epp.api.dashboard import views
+from epp.api.dashboard.recorder import DecisionRecorder
+from epp.api.dashboard.series import Sampler
+from epp.fleet.datastore import Datastore, PoolSpec
+from epp.request.director import Director
 from scheduling.config import load_scheduler
 from scheduling.types import Endpoint, Metrics, endpoint_key
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from epp.datastore import Datastore, PoolSpec
-from epp.director import DESTINATION, Director, DirectorConfig
+from epp.fleet.datastore import Datastore, PoolSpec
+from epp.request.director import DESTINATION, Director, DirectorConfig
 from scheduling.api import SchedulingContext, SchedulingResult
 from scheduling.types import Endpoint, ErrorCode, SchedulingError, endpoint_key
 

@@ -14,9 +14,9 @@ from envoy.service.discovery.v3 import discovery_pb2
 from envoy.service.endpoint.v3 import eds_pb2_grpc
 from google.rpc import status_pb2
 
-from epp.app import App
-from epp.datastore import Datastore, PoolSpec
-from epp.ports import free_port
+from epp.cmd.app import App
+from epp.fleet.datastore import Datastore, PoolSpec
+from epp.stack.ports import free_port
 from epp.xds import EDS_TYPE_URL, EdsStream, ResourceTable
 from epp.xds.resources import DEGRADED, HEALTHY, UNHEALTHY, UNKNOWN
 from scheduling.types import Endpoint, Metrics, endpoint_key

@@ -13,9 +13,9 @@ ROOT = Path(__file__).resolve().parent.parent
 
 SERVE = """
 import asyncio, sys
-from epp.cli import build_parser  # builds every subcommand's flags, the stack's included
-from epp.app import App
-import epp.server, epp.director, epp.protocol, epp.xds
+from epp.cmd.cli import build_parser  # builds every subcommand's flags, the stack's included
+from epp.cmd.app import App
+import epp.extproc.server, epp.request.director, epp.protocol, epp.xds
 
 async def main(eds):
     args = build_parser().parse_args(["serve", "--grpc-host", "127.0.0.1", "--grpc-port", "0",

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from epp.cli import main as epp_main
+from epp.cmd.cli import main as epp_main
 from epp.envoy_config import VARIANTS, EnvoyConfigSpec, build_bootstrap, render
 from tests.support.envoy import validate
 
@@ -145,7 +145,7 @@ def test_docker_files_are_consistent():
     for needed in ("COPY epp", "COPY scheduling", "COPY proto", "COPY modelsim", 'ENTRYPOINT ["epp"]'):
         assert needed in dockerfile
     epp_cmd = services["epp"]["command"]
-    run = subprocess.run([sys.executable, "-c", "import sys; from epp.cli import build_parser; "
+    run = subprocess.run([sys.executable, "-c", "import sys; from epp.cmd.cli import build_parser; "
                           "build_parser().parse_args(sys.argv[1:])", *epp_cmd], capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
     sim_cmd = services["modelsim"]["command"]

@@ -23,7 +23,7 @@ BODY = orjson.dumps({"model": "llama", "messages": [{"role": "user", "content": 
 
 @pytest.fixture
 async def app(tmp_path):
-    from epp.app import App
+    from epp.cmd.app import App
 
     eps = tmp_path / "eps.yaml"
     eps.write_text("pools:\n- name: pool\n  endpoints:\n"
@@ -60,7 +60,7 @@ async def test_explain_returns_the_decision_with_plugin_detail(app):
 
 async def test_explain_and_endpoints_commands(app):
     def run(*argv: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "epp.cli", *argv], capture_output=True, text=True, cwd=ROOT,
+        return subprocess.run([sys.executable, "-m", "epp.cmd.cli", *argv], capture_output=True, text=True, cwd=ROOT,
                               timeout=60)
 
     res = await asyncio.to_thread(run, "explain", "--addr", f"127.0.0.1:{app.port}", "--body", BODY.decode())
@@ -88,7 +88,7 @@ def test_generated_proto_code_matches_the_proto(tmp_path):
 async def test_explain_is_a_true_dry_run(tmp_path):
     """Explain changes nothing: no metrics, no counters, no plugin state, not even the random sequence; so it
     shows exactly the decision the next real request gets."""
-    from epp.app import App
+    from epp.cmd.app import App
 
     eps = tmp_path / "eps.yaml"
     eps.write_text("pools:\n- name: pool\n  endpoints:\n"

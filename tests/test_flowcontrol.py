@@ -8,14 +8,14 @@ import math
 import grpc
 import orjson
 
-from epp.admission import ConcurrencyDetector, SaturationDetector
-from epp.datastore import Datastore, PoolSpec
-from epp.director import Director
+from epp.api.metrics import EppMetrics
+from epp.extproc.server import build_server
+from epp.fleet.datastore import Datastore, PoolSpec
+from epp.fleet.saturation import ConcurrencyDetector, SaturationDetector
 from epp.flowcontrol import DROPPED_REASON, FlowController, PoolPressure
 from epp.flowcontrol.queues import Item, PoolQueues
-from epp.metrics import EppMetrics
 from epp.protocol import BodyMode, Outcome
-from epp.server import build_server
+from epp.request.director import Director
 from scheduling.api import GLOBAL_STRICT, FlowControl, PriorityBand
 from scheduling.types import Endpoint, Metrics, endpoint_key
 from tests.support.extproc import body_msg, headers_msg, kinds
@@ -333,7 +333,7 @@ async def test_a_client_that_goes_away_while_queued_is_removed_at_once():
 async def test_app_turns_flow_control_on_and_off_with_the_config(tmp_path):
     import yaml
 
-    from epp.app import App, build_scheduler
+    from epp.cmd.app import App, build_scheduler
     from tests.support.stack import serve_args
 
     eps = tmp_path / "eps.yaml"
@@ -377,7 +377,7 @@ async def test_priority_usage_limit_keeps_room_for_the_others():
 
 
 def test_fairness_ids_from_clients_cannot_grow_the_metrics_without_bound(monkeypatch):
-    import epp.metrics as m
+    import epp.api.metrics as m
 
     monkeypatch.setattr(m, "FAIRNESS_LABELS", 3)
     metrics = EppMetrics()

@@ -11,11 +11,11 @@ import random
 import orjson
 import pytest
 
-from epp.datastore import Datastore
-from epp.director import Director, DirectorConfig
+from epp.fleet.datastore import Datastore
 from epp.protocol import Outcome
 from epp.ratelimit import Limiter, RedisStore
 from epp.ratelimit.gate import RateLimitGate
+from epp.request.director import Director, DirectorConfig
 from epp.routing.service import RoutingService
 from scheduling.config import load_scheduler
 from tests.support.redis_server import RedisServer

@@ -17,10 +17,10 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from hyperframe.frame import GoAwayFrame
 
+from epp.api.health import EppHealthServicer
+from epp.extproc.server import build_server
+from epp.extproc.tls import self_signed_cert
 from epp.h2grpc import H2Server, server_ssl_context
-from epp.health import EppHealthServicer
-from epp.server import build_server
-from epp.tls import self_signed_cert
 from tests.support.extproc import CHAT, body_msg, headers_msg, inflight, kinds, real_director
 from tests.support.h2client import RawH2, grpc_frame
 from tests.test_protocol_server import FD, read_all, slow_director, until

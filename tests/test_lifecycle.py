@@ -7,8 +7,8 @@ import tracemalloc
 
 import orjson
 
-from epp.datastore import Datastore, PoolSpec
-from epp.director import Director
+from epp.fleet.datastore import Datastore, PoolSpec
+from epp.request.director import Director
 from scheduling.config import load_scheduler
 from scheduling.prefix import APPROX_PREFIX
 from scheduling.types import Endpoint, endpoint_key

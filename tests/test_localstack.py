@@ -15,7 +15,7 @@ import orjson
 import pytest
 import yaml
 
-from epp.ports import free_port
+from epp.stack.ports import free_port
 from tests.support.envoy import cluster_hosts
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -33,7 +33,7 @@ def test_local_stack_routes_and_stops_cleanly(workers):
     # Every port is picked by the OS on its own; --sim-base-port 0 lets the stack do the same for each server.
     listen, metrics, admin, grpc_port, health = (free_port() for _ in range(5))
     proc = subprocess.Popen(
-        [sys.executable, "-m", "epp.cli", "stack", "--servers", "2", "--sim-base-port", "0",
+        [sys.executable, "-m", "epp.cmd.cli", "stack", "--servers", "2", "--sim-base-port", "0",
          "--listen-port", str(listen), "--grpc-port", str(grpc_port), "--grpc-health-port", str(health),
          "--metrics-port", str(metrics), "--admin-port", str(admin), "--time-scale", "0.05", "--duration", "12",
          "--workers", str(workers)],
@@ -64,7 +64,7 @@ def test_local_stack_routes_and_stops_cleanly(workers):
         # The engine published what it cached; Pointsman's explain shows the match and that it came from events.
         held = {}
         for _ in range(50):
-            explained = subprocess.run([sys.executable, "-m", "epp.cli", "explain", "--addr", f"127.0.0.1:{grpc_port}",
+            explained = subprocess.run([sys.executable, "-m", "epp.cmd.cli", "explain", "--addr", f"127.0.0.1:{grpc_port}",
                                         "--json", "--body", body.decode()], cwd=ROOT, capture_output=True, text=True,
                                        timeout=30)
             assert explained.returncode == 0, explained.stdout + explained.stderr
@@ -102,7 +102,7 @@ class LiveStack:
     def __init__(self, servers: int) -> None:
         self.listen, self.metrics, self.admin, self.grpc, self.health = (free_port() for _ in range(5))
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "epp.cli", "stack", "--servers", str(servers), "--sim-base-port", "0",
+            [sys.executable, "-m", "epp.cmd.cli", "stack", "--servers", str(servers), "--sim-base-port", "0",
              "--listen-port", str(self.listen), "--grpc-port", str(self.grpc), "--grpc-health-port",
              str(self.health), "--metrics-port", str(self.metrics), "--admin-port", str(self.admin),
              "--time-scale", "0.02", "--duration", "90"],
@@ -197,7 +197,7 @@ def test_a_killed_stack_takes_its_processes_with_it():
 
     listen, metrics, admin, grpc_port, health = (free_port() for _ in range(5))
     proc = subprocess.Popen(
-        [sys.executable, "-m", "epp.cli", "stack", "--servers", "1", "--sim-base-port", "0",
+        [sys.executable, "-m", "epp.cmd.cli", "stack", "--servers", "1", "--sim-base-port", "0",
          "--listen-port", str(listen), "--grpc-port", str(grpc_port), "--grpc-health-port", str(health),
          "--metrics-port", str(metrics), "--admin-port", str(admin), "--time-scale", "0.05", "--quiet"],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,

@@ -7,8 +7,8 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from epp.datastore import Datastore, PoolSpec
-from epp.metrics import EppMetrics, start_metrics_server
+from epp.api.metrics import EppMetrics, start_metrics_server
+from epp.fleet.datastore import Datastore, PoolSpec
 from scheduling.types import Endpoint, Metrics
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -121,7 +121,7 @@ def test_grafana_dashboard_uses_only_exported_names():
 
 
 def test_batched_updates_equal_plain_prometheus_updates():
-    """The request path batches updates (epp/metrics.py); what a scrape sees equals calling prometheus_client
+    """The request path batches updates (epp/api/metrics.py); what a scrape sees equals calling prometheus_client
     directly for every update, including values on bucket bounds and past the last one, and pending updates are
     folded after 1024 observations even if nobody scrapes."""
     import random

@@ -7,10 +7,10 @@ import random
 import orjson
 import pytest
 
-from epp.cli import build_parser
-from epp.datastore import Datastore, PoolSpec
-from epp.director import DESTINATION, LB_NS, PREFILLER, SERVED, SUBSET, Director, DirectorConfig
-from epp.outputs import director_outputs
+from epp.cmd.cli import build_parser
+from epp.fleet.datastore import Datastore, PoolSpec
+from epp.request.director import DESTINATION, LB_NS, PREFILLER, SERVED, SUBSET, Director, DirectorConfig
+from epp.request.outputs import director_outputs
 from scheduling.config import load_scheduler
 from scheduling.types import Endpoint, endpoint_key
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from epp.parsing import api_kind, parse_body, set_model
+from epp.request.parsing import api_kind, parse_body, set_model
 from scheduling.types import ApiKind, ErrorCode, SchedulingError
 
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from epp.datastore import Datastore, PoolSpec
-from epp.director import Director
-from epp.explain import PointsmanService
-from epp.metrics import EppMetrics
-from epp.passive import EJECTED, HEALTHY, PROBING, PassiveHealth
-from epp.scrape.scraper import bounded_timeout
+from epp.api.explain import PointsmanService
+from epp.api.metrics import EppMetrics
+from epp.fleet.datastore import Datastore, PoolSpec
+from epp.fleet.passive import EJECTED, HEALTHY, PROBING, PassiveHealth
+from epp.fleet.scrape.scraper import bounded_timeout
+from epp.request.director import Director
 from proto import pointsman_pb2 as api
 from scheduling.types import Endpoint, endpoint_key
 

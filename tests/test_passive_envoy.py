@@ -36,7 +36,7 @@ def body(stream: bool = False, n: int = 0) -> dict:
 
 
 async def endpoints(s: SimStack) -> dict[str, dict]:
-    out = await asyncio.to_thread(subprocess.run, [sys.executable, "-m", "epp.cli", "endpoints", "--addr",
+    out = await asyncio.to_thread(subprocess.run, [sys.executable, "-m", "epp.cmd.cli", "endpoints", "--addr",
                                                    f"127.0.0.1:{s.epp_port}", "--json"],
                                   capture_output=True, text=True, timeout=30)
     assert out.returncode == 0, out.stderr

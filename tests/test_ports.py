@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import socket
 
-from epp.ports import free_port, free_port_block
+from epp.stack.ports import free_port, free_port_block
 
 
 def ephemeral_low() -> int:

@@ -9,10 +9,10 @@ import orjson
 import pytest
 import yaml
 
-from epp.director import Director
 from epp.envoy_config import EnvoyConfigSpec, render
-from epp.exchange import RequestExchange
 from epp.protocol import Outcome
+from epp.request.director import Director
+from epp.request.exchange import RequestExchange
 from tests.support.envoy import Envoy
 from tests.support.stack import Stack
 

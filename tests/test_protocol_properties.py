@@ -20,8 +20,8 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from epp.director import Director
 from epp.protocol import KINDS, BodyMode, Phase, RequestMachine
+from epp.request.director import Director
 from tests.support.extproc import (
     ENDPOINTS,
     body_msg,

@@ -12,12 +12,12 @@ import pytest
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
-from epp.app import App
-from epp.director import Director
-from epp.exchange import RequestExchange
-from epp.metrics import EppMetrics
+from epp.api.metrics import EppMetrics
+from epp.cmd.app import App
+from epp.extproc.server import build_server
 from epp.protocol import BodyMode, Outcome
-from epp.server import build_server
+from epp.request.director import Director
+from epp.request.exchange import RequestExchange
 from tests.support.envoy import free_port
 from tests.support.extproc import (
     CHAT,

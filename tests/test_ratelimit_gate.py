@@ -11,12 +11,12 @@ from collections.abc import Iterator
 import orjson
 import pytest
 
-from epp.datastore import Datastore
-from epp.director import Director, DirectorConfig
+from epp.fleet.datastore import Datastore
 from epp.ratelimit import Limit, Limiter, RedisStore
 from epp.ratelimit.gate import RateLimitGate
+from epp.request.director import Director, DirectorConfig
+from epp.request.usage import UsageScanner
 from epp.routing.service import RoutingService
-from epp.usage import UsageScanner
 from scheduling.config import load_scheduler
 from tests.support.redis_server import RedisServer
 

@@ -4,9 +4,9 @@ import os
 
 import pytest
 
-from epp.datastore import Datastore
-from epp.reload import FileWatcher, yaml_parser
-from epp.static_source import StaticConfigError, apply_static, parse_static_config
+from epp.fleet.datastore import Datastore
+from epp.fleet.reload import FileWatcher, yaml_parser
+from epp.fleet.static_source import StaticConfigError, apply_static, parse_static_config
 
 GOOD_A = """
 pools:
@@ -72,7 +72,7 @@ async def test_bad_reload_is_rejected_and_old_config_keeps_serving(setup, caplog
     path, ds, applied, w = setup
     await w.load_initial()
     for i, bad in enumerate((BAD_PORT, BAD_YAML), start=1):
-        with caplog.at_level(logging.ERROR, logger="epp.reload"):
+        with caplog.at_level(logging.ERROR, logger="epp.fleet.reload"):
             _write(path, bad, i)
             assert not await w.check_once()
         assert _keys(ds) == ["10.0.0.1:8000"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import orjson
 
-from epp.usage import UsageScanner
+from epp.request.usage import UsageScanner
 
 
 def feed_in_pieces(scanner: UsageScanner, data: bytes, size: int) -> None:

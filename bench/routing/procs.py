@@ -12,8 +12,8 @@ from pathlib import Path
 
 import aiohttp
 
-from epp.children import die_with_parent
-from epp.ports import free_port_block
+from epp.stack.children import die_with_parent
+from epp.stack.ports import free_port_block
 
 ROOT = Path(__file__).resolve().parents[2]
 

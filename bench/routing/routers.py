@@ -157,7 +157,7 @@ async def start_oracle_proxy(fleet: FleetInfo, workdir: Path) -> Launched:
 
 # ---- Pointsman (epp behind Envoy) ------------------------------------------------------------------
 # HOOK: fill in / adjust as the epp CLI settles. Placeholders: {epp} (the epp command, from $POINTSMAN_EPP
-# or `epp` on PATH or `python -m epp.cli`), {grpc_port}, {health_port}, {metrics_port}, {endpoints_file},
+# or `epp` on PATH or `python -m epp.cmd.cli`), {grpc_port}, {health_port}, {metrics_port}, {endpoints_file},
 # {listen_port}, {admin_port}, {envoy_config}, {extra} ($POINTSMAN_EPP_ARGS, e.g. a --config-file).
 POINTSMAN_ENVOY_CONFIG = ("{epp} envoy-config --variant override-host --listen-port {listen_port} "
                           "--admin-port {admin_port} --epp 127.0.0.1:{grpc_port} "
@@ -175,11 +175,11 @@ def _epp_command() -> str:
         return str(exe)
     if shutil.which("epp"):
         return "epp"
-    probe = subprocess.run([sys.executable, "-c", "import epp.cli"], cwd=str(ROOT), capture_output=True,
+    probe = subprocess.run([sys.executable, "-c", "import epp.cmd.cli"], cwd=str(ROOT), capture_output=True,
                            env={**os.environ, "PYTHONPATH": str(ROOT)})
     if probe.returncode == 0:
-        return f"{shlex.quote(sys.executable)} -c 'import sys; from epp.cli import main; sys.exit(main())'"
-    raise Unavailable("epp is not available (no POINTSMAN_EPP, no `epp` on PATH, `import epp.cli` fails)")
+        return f"{shlex.quote(sys.executable)} -c 'import sys; from epp.cmd.cli import main; sys.exit(main())'"
+    raise Unavailable("epp is not available (no POINTSMAN_EPP, no `epp` on PATH, `import epp.cmd.cli` fails)")
 
 
 def write_endpoints_file(fleet: FleetInfo, path: Path, kv_events: bool = False) -> None:

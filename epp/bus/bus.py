@@ -39,7 +39,7 @@ import zmq
 
 from epp.aio import wait_set
 from epp.bus.codec import BusMessage, BusMessageError, decode, encode
-from epp.datastore import InflightTracker
+from epp.fleet.datastore import InflightTracker
 from scheduling.api import InflightLoad
 
 log = logging.getLogger(__name__)

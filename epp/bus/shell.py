@@ -23,7 +23,7 @@ from epp.bus.bus import ReplicaBus
 from epp.bus.flags import DEFAULT_PORT
 from epp.bus.peers import ServicePeers, expand, host_port, parse_peers, split_address, worker_addresses
 from epp.bus.replication import Replication
-from epp.datastore import Datastore
+from epp.fleet.datastore import Datastore
 
 log = logging.getLogger(__name__)
 

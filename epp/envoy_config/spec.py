@@ -62,7 +62,7 @@ class EnvoyConfigSpec:
     node_id: str = "pointsman-envoy"
     node_cluster: str = "pointsman"
     # The routing layer's additions (external provider clusters and routes, pool-route retries): an
-    # epp.envoy_providers.RouteFragments, applied to the rendered bootstrap.
+    # epp.envoy_config.providers.RouteFragments, applied to the rendered bootstrap.
     route_fragments: Any = None
 
     def body_modes(self) -> tuple[str, str]:

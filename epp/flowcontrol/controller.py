@@ -52,7 +52,7 @@ EVICTED_OTHER = "EvictedOther"
 
 
 class FlowMetrics(Protocol):
-    """What the controller reports (epp.metrics.EppMetrics implements it)."""
+    """What the controller reports (epp.api.metrics.EppMetrics implements it)."""
 
     def flow_queue(self, fairness_id: str, priority: int, pool: str, model: str, target: str, count: int,
                    size: int) -> None: ...

@@ -11,8 +11,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable, Sequence
 
-from epp.admission import Detector, SaturationDetector
-from epp.datastore import Datastore
+from epp.fleet.datastore import Datastore
+from epp.fleet.saturation import Detector, SaturationDetector
 from scheduling.types import Endpoint
 
 

@@ -2,7 +2,7 @@
 
 Methods are routed by path:
 - native methods (`add_native_method`): a factory makes a callback-driven `StreamHandler` per call; no task, no
-  queue (the ext_proc hot path, epp/extproc_h2.py);
+  queue (the ext_proc hot path, epp/extproc/h2.py);
 - grpc.aio servicers, registered by the generated `add_*Servicer_to_server` functions (`add_generic_rpc_handlers`,
   `add_registered_method_handlers`): each call runs as a task with a grpc.aio-style context
   (epp/h2grpc/aio_adapter.py).

@@ -53,7 +53,7 @@ class Decision(NamedTuple):
 
 
 class Exchange(Protocol):
-    """The per-request callbacks; implemented by the director (epp.director.RequestExchange)."""
+    """The per-request callbacks; implemented by the director (epp.request.director.RequestExchange)."""
 
     def decide(
         self, headers: Mapping[str, str], body: bytes | None, metadata: Mapping[str, Mapping[str, object]]

@@ -48,7 +48,7 @@ def budget_limits(router_key: str, budget: Any) -> list[Limit]:
 
 
 class BudgetGate:
-    """The director's admission gate for budgets (epp/gates.py), on the rate-limit gate's limiter."""
+    """The director's admission gate for budgets (epp/request/gates.py), on the rate-limit gate's limiter."""
 
     name = "budgets"
 

@@ -43,7 +43,7 @@ class _RateHold:
 
 
 class RateLimitGate:
-    """The director's admission gate for token rate limits (epp/gates.py): `check` answers None (no limit), a 429
+    """The director's admission gate for token rate limits (epp/request/gates.py): `check` answers None (no limit), a 429
     Outcome, or a hold on the charge; an awaitable when a shared limit asks Redis."""
 
     name = "rate-limit"
@@ -95,7 +95,7 @@ class RateLimitGate:
         return self.limiter.admit(applied, input_tokens, output, price, dry_run=dry_run)
 
     def check(self, ctx: Any, parsed: Any, *, dry_run: bool = False) -> Any:
-        """The gate interface (epp/gates.py): input tokens are the request's (tokenized, or estimated)."""
+        """The gate interface (epp/request/gates.py): input tokens are the request's (tokenized, or estimated)."""
         if not self.applied(ctx):
             return None
         adm = self.admit(ctx, ctx.request.estimated_tokens, parsed, dry_run=dry_run)
@@ -117,7 +117,7 @@ class RateLimitGate:
         return Outcome(reject_status=adm.status_code, reject_body=adm.message, reject_headers=adm.headers)
 
     def settle(self, ticket: Ticket | None, usage: Any = None, *, price: Price | None = None) -> None:
-        """Settle with a response's usage (epp.usage.Usage); None or usage not found keeps the estimates."""
+        """Settle with a response's usage (epp.request.usage.Usage); None or usage not found keeps the estimates."""
         if ticket is None:
             return
         if usage is None or not getattr(usage, "found", False):

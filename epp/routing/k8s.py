@@ -4,7 +4,7 @@
   listed and watched (a kind whose CRD is not installed lists as empty); every object is compiled on its own (a
   bad one keeps its last good version and never takes the others down);
 - ModelServers and InferenceServices (ModelRouter backends) get their pods from one namespace-wide pod watch
-  (epp.k8s.pods.PodPools);
+  (epp.fleet.k8s.pods.PodPools);
 - the Secrets that ExternalModelProviders and ModelRouter external backends name, one watch per Secret by name (field selector metadata.name), so
   Pointsman reads no Secret it was not pointed at. Secret values go to the credential store and nowhere else.
 """
@@ -21,11 +21,11 @@ from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
-from epp.k8s import EXTERNAL_MODEL_PROVIDER, MODEL_ROUTE, MODEL_ROUTER, MODEL_SERVER, SECRET, Resource
-from epp.k8s.convert import obj_name
-from epp.k8s.discovery import _list_call
-from epp.k8s.pods import PodPools
-from epp.k8s.reflector import Reflector
+from epp.fleet.k8s import EXTERNAL_MODEL_PROVIDER, MODEL_ROUTE, MODEL_ROUTER, MODEL_SERVER, SECRET, Resource
+from epp.fleet.k8s.convert import obj_name
+from epp.fleet.k8s.discovery import _list_call
+from epp.fleet.k8s.pods import PodPools
+from epp.fleet.k8s.reflector import Reflector
 from epp.routing.documents import RawDocument
 
 log = logging.getLogger(__name__)

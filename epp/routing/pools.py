@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
-from epp.datastore import Datastore, PoolSpec
+from epp.fleet.datastore import Datastore, PoolSpec
 from epp.routing.model import PoolBackend
 from scheduling.types import Endpoint, endpoint_key
 
@@ -24,7 +24,7 @@ Decorate = Callable[[Endpoint], "Endpoint | None"]
 
 
 class PodSource(Protocol):
-    """Pools of pods selected by labels (epp.k8s.pods.PodPools implements it)."""
+    """Pools of pods selected by labels (epp.fleet.k8s.pods.PodPools implements it)."""
 
     def set_pool(self, spec: PoolSpec, decorate: Decorate | None = None) -> None: ...
     def remove_pool(self, name: str) -> None: ...

@@ -129,7 +129,7 @@ class LatencyWindow:
 
 
 class StreamWatch:
-    """One request's response path, reported to a tracker (epp/director.py calls the three methods).
+    """One request's response path, reported to a tracker (epp/request/director.py calls the three methods).
 
     `key` is where the request was sent (`primary`), `threshold` the failures in a row that quarantine it,
     `fallbacks` the keys Envoy may have retried on (a response served by one of them means `key` failed)."""

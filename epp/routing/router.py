@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from epp.datastore import Datastore
+from epp.fleet.datastore import Datastore
 from epp.routing.matcher import select
 from epp.routing.model import PoolBackend, ProviderBackend, RateLimit, Route, RoutingTable, Rule, Target
 from epp.routing.pools import ROLE_LABEL, PodSource, PoolMaterializer, pd_scheduler

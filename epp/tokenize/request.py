@@ -13,7 +13,7 @@
 
 Message content given as a list of parts is flattened to its text parts joined by newlines (vLLM's "string"
 content format, what most chat templates expect); non-text parts are dropped.
-`approx_text` is Pointsman's own prompt text (epp.parsing), used by the character approximation.
+`approx_text` is Pointsman's own prompt text (epp.request.parsing), used by the character approximation.
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ import orjson
 from aiohttp import web
 
 if TYPE_CHECKING:
-    from epp.app import App
+    from epp.cmd.app import App
 
 log = logging.getLogger(__name__)
 

@@ -43,7 +43,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
-from epp.health import EppHealthServicer
+from epp.api.health import EppHealthServicer
 
 if TYPE_CHECKING:
     from epp.workers.supervisor import Supervisor, Worker

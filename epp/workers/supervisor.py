@@ -102,7 +102,7 @@ class Supervisor:
         """With --secure-serving and no --cert-path, one self-signed certificate for every worker."""
         if not self.args.secure_serving or self.args.cert_path:
             return []
-        from epp.tls import CERT_FILE, KEY_FILE, self_signed_cert
+        from epp.extproc.tls import CERT_FILE, KEY_FILE, self_signed_cert
 
         key, crt = self_signed_cert()
         tls = self.dir / "tls"
@@ -123,7 +123,7 @@ class Supervisor:
                 skip = "=" not in tok
                 continue
             out.append(tok)
-        return [sys.executable, "-m", "epp.cli", *out, *extra,
+        return [sys.executable, "-m", "epp.cmd.cli", *out, *extra,
                 "--grpc-port", str(self.port), "--grpc-health-port", "0", "--metrics-port", "0",
                 "--workers", str(self.args.workers), "--worker-index", str(index), "--worker-dir", str(self.dir)]
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from epp.cli import main as epp_main
+from epp.cmd.cli import main as epp_main
 from tests.deploy.test_kustomize import DEPLOY, KUBECTL, render
 from tests.support.envoy import validate
 

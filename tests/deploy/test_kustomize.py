@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from epp.cli import build_parser
-from epp.health import LIVENESS_SERVICES, READINESS_SERVICES
-from epp.k8s import GIE_FLAGS, WATCH_VERBS, WATCHED_RESOURCES
+from epp.api.health import LIVENESS_SERVICES, READINESS_SERVICES
+from epp.cmd.cli import build_parser
+from epp.fleet.k8s import GIE_FLAGS, WATCH_VERBS, WATCHED_RESOURCES
 from scheduling.config import load_scheduler
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from epp.cli import build_parser
-from epp.k8s import ROUTE_RESOURCES, WATCH_VERBS, WATCHED_RESOURCES
+from epp.cmd.cli import build_parser
+from epp.fleet.k8s import ROUTE_RESOURCES, WATCH_VERBS, WATCHED_RESOURCES
 
 ROOT = Path(__file__).resolve().parents[2]
 KUBECTL = shutil.which("kubectl") or "/usr/bin/kubectl"

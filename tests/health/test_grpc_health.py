@@ -5,8 +5,8 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from epp.datastore import Datastore
-from epp.health import EXT_PROC_SERVICE, add_health_servicer, start_health_server
+from epp.api.health import EXT_PROC_SERVICE, add_health_servicer, start_health_server
+from epp.fleet.datastore import Datastore
 
 S, NS = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING
 READY_SERVICES = ["", "readiness", EXT_PROC_SERVICE, "inference-extension"]

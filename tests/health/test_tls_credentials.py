@@ -4,9 +4,9 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from epp import tls
-from epp.datastore import Datastore
-from epp.health import add_health_servicer
+from epp.api.health import add_health_servicer
+from epp.extproc import tls
+from epp.fleet.datastore import Datastore
 
 
 async def _serve_tls(creds):

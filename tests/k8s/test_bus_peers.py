@@ -9,10 +9,10 @@ import asyncio
 import pytest
 import yaml
 
-from epp.app import App
 from epp.bus.peers import ServicePeers, expand, parse_peers, slice_hosts
-from epp.k8s.discovery import make_api_client
-from epp.ports import free_port
+from epp.cmd.app import App
+from epp.fleet.k8s.discovery import make_api_client
+from epp.stack.ports import free_port
 from tests.k8s.fakeapi import FakeKubeAPI, endpoint_slice
 from tests.support.backend import EchoFleet
 from tests.support.extproc_requests import chat, open_request, stub_for

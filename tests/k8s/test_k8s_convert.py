@@ -1,8 +1,8 @@
 import pytest
 from fakeapi import pod, pool, rewrite
 
-from epp.k8s import ROUTE_RESOURCES, WATCHED_RESOURCES, Resource
-from epp.k8s.convert import (
+from epp.fleet.k8s import ROUTE_RESOURCES, WATCHED_RESOURCES, Resource
+from epp.fleet.k8s.convert import (
     InvalidObject,
     parse_ports,
     parse_selector,
@@ -10,7 +10,7 @@ from epp.k8s.convert import (
     pool_spec,
     rewrite_rules,
 )
-from epp.k8s.discovery import _list_call, make_api_client
+from epp.fleet.k8s.discovery import _list_call, make_api_client
 
 
 def test_selector_and_ports_flags():

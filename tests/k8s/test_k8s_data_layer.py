@@ -9,10 +9,10 @@ from aiohttp import web
 from fakeapi import FakeKubeAPI, pod, pool
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from epp.datastore import Datastore
-from epp.health import start_health_server
-from epp.k8s.discovery import make_api_client, start_pool_discovery
-from epp.scrape.scraper import MetricsScraper
+from epp.api.health import start_health_server
+from epp.fleet.datastore import Datastore
+from epp.fleet.k8s.discovery import make_api_client, start_pool_discovery
+from epp.fleet.scrape.scraper import MetricsScraper
 
 OPTS = {"watch_timeout_s": 5, "backoff_initial_s": 0.05, "backoff_max_s": 0.2}
 

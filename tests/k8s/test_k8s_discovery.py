@@ -6,8 +6,8 @@ import logging
 import pytest
 from fakeapi import FakeKubeAPI, objective, pod, pool, rewrite
 
-from epp.datastore import Datastore
-from epp.k8s.discovery import make_api_client, start_pool_discovery, start_selector_discovery
+from epp.fleet.datastore import Datastore
+from epp.fleet.k8s.discovery import make_api_client, start_pool_discovery, start_selector_discovery
 
 CORE, POOLS, X = "", "inference.networking.k8s.io", "inference.networking.x-k8s.io"
 OPTS = {"watch_timeout_s": 2, "backoff_initial_s": 0.05, "backoff_max_s": 0.2, "request_timeout_s": 5}

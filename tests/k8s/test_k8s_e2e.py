@@ -13,7 +13,7 @@ import yaml
 from fakeapi import FakeKubeAPI, objective, pod, pool
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from epp.app import App
+from epp.cmd.app import App
 from epp.envoy_config import EnvoyConfigSpec, render_yaml
 from tests.support.backend import EchoFleet
 from tests.support.envoy import Envoy, free_port

@@ -12,7 +12,7 @@ import pytest
 import yaml
 from fakeapi import FakeKubeAPI, pod, pool
 
-from epp.app import App
+from epp.cmd.app import App
 from epp.envoy_config import EnvoyConfigSpec, render_yaml
 from tests.support.backend import EchoFleet
 from tests.support.envoy import Envoy, cluster_addresses, free_port

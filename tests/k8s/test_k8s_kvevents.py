@@ -10,7 +10,7 @@ import yaml
 from fakeapi import FakeKubeAPI, pod, pool
 
 from bench.routing.procs import free_port_block
-from epp.app import App
+from epp.cmd.app import App
 from modelsim.config import FleetConfig
 from modelsim.fleet import Fleet
 from scheduling.prefix.precise import LIVE

@@ -9,7 +9,7 @@ import pytest
 from fakeapi import FakeKubeAPI, pod, secret
 from test_k8s_routes import decide, dest, eventually, kubeconfig
 
-from epp.app import App
+from epp.cmd.app import App
 from tests.support.envoy import free_port
 from tests.support.stack import serve_args
 

@@ -11,7 +11,7 @@ import pytest
 import yaml
 from fakeapi import FakeKubeAPI, pod, pool, secret
 
-from epp.app import App
+from epp.cmd.app import App
 from tests.support.envoy import free_port
 from tests.support.stack import serve_args
 

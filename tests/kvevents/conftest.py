@@ -11,7 +11,7 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from epp.ports import free_port_block  # noqa: E402  (below the ephemeral range: no TIME_WAIT clashes)
+from epp.stack.ports import free_port_block  # noqa: E402  (below the ephemeral range: no TIME_WAIT clashes)
 from modelsim.config import EngineConfig, FleetConfig  # noqa: E402
 from modelsim.fleet import Fleet  # noqa: E402
 

@@ -6,9 +6,9 @@ import argparse
 
 import pytest
 
-from epp.kvevents.apply import SeqAction, SequenceTracker, apply_events, lora_identity
-from epp.kvevents.decode import AllBlocksCleared, BlockRemoved, BlockStored, UnknownEvent
-from epp.kvevents.sources import (
+from epp.fleet.kvevents.apply import SeqAction, SequenceTracker, apply_events, lora_identity
+from epp.fleet.kvevents.decode import AllBlocksCleared, BlockRemoved, BlockStored, UnknownEvent
+from epp.fleet.kvevents.sources import (
     ANNOTATION_DP_SIZE,
     ANNOTATION_ENDPOINT,
     ANNOTATION_REPLAY,
@@ -21,7 +21,7 @@ from epp.kvevents.sources import (
     source_for,
     template_from_args,
 )
-from epp.static_source import StaticConfigError, parse_static_config
+from epp.fleet.static_source import StaticConfigError, parse_static_config
 from scheduling.prefix.precise import LIVE, PreciseIndex
 from scheduling.types import Endpoint
 
@@ -157,7 +157,7 @@ def test_command_line_template() -> None:
 
 
 def test_pod_annotations_ride_along_on_endpoints() -> None:
-    from epp.k8s.convert import pod_endpoints
+    from epp.fleet.k8s.convert import pod_endpoints
 
     pod = {"metadata": {"name": "vllm-0", "namespace": "ns", "labels": {"app": "vllm"},
                         "annotations": {ANNOTATION_ENDPOINT: "5557", ANNOTATION_REPLAY: "5558",

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from epp.kvevents.decode import (
+from epp.fleet.kvevents.decode import (
     AllBlocksCleared,
     BlockRemoved,
     BlockStored,

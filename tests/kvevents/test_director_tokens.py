@@ -11,10 +11,10 @@ from pathlib import Path
 
 import orjson
 
-from epp.datastore import Datastore, PoolSpec
-from epp.director import Director
-from epp.explain import PointsmanService
+from epp.api.explain import PointsmanService
+from epp.fleet.datastore import Datastore, PoolSpec
 from epp.protocol import Outcome
+from epp.request.director import Director
 from epp.tokenize import EngineTokenizer, RequestTokenizer, TokenizerRegistry
 from epp.tokenize.shell import RequestTokens
 from proto import pointsman_pb2 as api

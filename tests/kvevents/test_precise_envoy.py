@@ -15,7 +15,7 @@ import pytest
 from kvhelpers import wait_for
 from test_precise_wiring import PRECISE, chat, explain, post, prefix, write_endpoints
 
-from epp.app import App
+from epp.cmd.app import App
 from epp.envoy_config import EnvoyConfigSpec, render_yaml
 from scheduling.prefix.precise import LIVE
 from tests.support.envoy import Envoy, free_port

@@ -16,10 +16,10 @@ import orjson
 import yaml
 from kvhelpers import wait_for
 
-from epp.app import App
-from epp.datastore import Datastore, PoolSpec
-from epp.explain import PointsmanService
-from epp.kvevents.service import PreciseService
+from epp.api.explain import PointsmanService
+from epp.cmd.app import App
+from epp.fleet.datastore import Datastore, PoolSpec
+from epp.fleet.kvevents.service import PreciseService
 from proto import pointsman_pb2 as api
 from scheduling.config import load_scheduler
 from scheduling.prefix.precise import LIVE, PENDING

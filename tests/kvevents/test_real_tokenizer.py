@@ -9,9 +9,9 @@ from pathlib import Path
 import aiohttp
 from kvhelpers import wait_for
 
-from epp.kvevents.decode import BlockStored
-from epp.kvevents.sources import KVEventsSource
-from epp.kvevents.subscriber import KVEventSubscriber
+from epp.fleet.kvevents.decode import BlockStored
+from epp.fleet.kvevents.sources import KVEventsSource
+from epp.fleet.kvevents.subscriber import KVEventSubscriber
 from epp.tokenize import EngineTokenizer, LocalTokenizer, RequestTokenizer, TokenizerRegistry, tokenize_input
 from scheduling.prefix.precise import LIVE, PreciseIndex
 from scheduling.prefix.token_keys import chain_keys

@@ -15,11 +15,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kvhelpers import wait_for
 
-from epp.kvevents.decode import BlockStored, DecodeError, decode_message
-from epp.kvevents.metrics import KVEventMetrics
-from epp.kvevents.sources import KVEventsSource
-from epp.kvevents.subscriber import KVEventSubscriber
-from epp.ports import free_port, free_port_block
+from epp.fleet.kvevents.decode import BlockStored, DecodeError, decode_message
+from epp.fleet.kvevents.metrics import KVEventMetrics
+from epp.fleet.kvevents.sources import KVEventsSource
+from epp.fleet.kvevents.subscriber import KVEventSubscriber
+from epp.stack.ports import free_port, free_port_block
 from modelsim.kvevents import KVEventPublisher
 from scheduling.prefix.precise import LIVE, PENDING, UNKNOWN, PreciseIndex
 from scheduling.prefix.token_keys import chain_keys

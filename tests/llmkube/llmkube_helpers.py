@@ -9,11 +9,11 @@ from collections.abc import Mapping
 import orjson
 import yaml
 
-from epp.datastore import Datastore, PoolSpec
-from epp.director import Director, DirectorConfig
+from epp.fleet.datastore import Datastore, PoolSpec
 from epp.ratelimit import Limiter
 from epp.ratelimit.budgets import BudgetGate
 from epp.ratelimit.gate import RateLimitGate
+from epp.request.director import Director, DirectorConfig
 from epp.routing.service import RoutingService
 from scheduling.types import Endpoint, Metrics, endpoint_key
 
@@ -88,7 +88,7 @@ class Rig:
         return ex, out
 
     def explain(self, model: str = "m", headers: dict | None = None, body: dict | None = None):
-        from epp.explain import PointsmanService
+        from epp.api.explain import PointsmanService
         from proto import pointsman_pb2 as api
 
         payload = body if body is not None else {"model": model, "messages": [{"role": "user", "content": "hi"}]}

@@ -7,7 +7,7 @@ from __future__ import annotations
 import orjson
 from llmkube_helpers import Rig, finish, local, router_doc, served
 
-from epp.director import DESTINATION, LB_NS
+from epp.request.director import DESTINATION, LB_NS
 from scheduling.api import SchedulingContext, SchedulingResult
 from scheduling.plugins.scorers.byte_prefix_affinity import BytePrefixAffinityScorer, Params, prompt_bytes
 from scheduling.types import Endpoint, LLMRequest, Metrics

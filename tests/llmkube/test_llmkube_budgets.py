@@ -8,7 +8,7 @@ from llmkube_helpers import Rig, finish, local, router_doc
 from prometheus_client import CollectorRegistry, generate_latest
 
 from epp.ratelimit import RateLimitMetrics
-from epp.usage import Usage
+from epp.request.usage import Usage
 
 POOLS = {"svc-a": ["10.0.1.1:8000"], "svc-b": ["10.0.2.1:8000"]}
 

@@ -18,7 +18,7 @@ import pytest
 import yaml
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
-from epp.ports import free_port, wait_port
+from epp.stack.ports import free_port, wait_port
 from tests.support.extproc_client import one_request
 from tests.support.redis_server import RedisServer
 

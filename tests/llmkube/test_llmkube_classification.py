@@ -11,8 +11,8 @@ from envoy.config.core.v3 import base_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from llmkube_helpers import Rig, cloud, finish, hdrs, local, router_doc
 
-from epp.director import DESTINATION, LB_NS
 from epp.protocol.messages import read_headers
+from epp.request.director import DESTINATION, LB_NS
 from epp.routing.classification import classifications
 
 LOCAL = ["10.0.1.1:8000", "10.0.1.2:8000"]

@@ -13,10 +13,10 @@ import pytest
 import yaml
 from aiohttp import web
 
-from epp.app import App
+from epp.cmd.app import App
 from epp.envoy_config import EnvoyConfigSpec, render_yaml
-from epp.envoy_providers import fragments_from_files
-from epp.ports import free_port_block
+from epp.envoy_config.providers import fragments_from_files
+from epp.stack.ports import free_port_block
 from modelsim.config import FleetConfig
 from modelsim.fleet import Fleet
 from tests.support.envoy import Envoy, free_port

@@ -25,7 +25,7 @@ def test_the_example_loads():
 
 
 def test_envoy_config_from_the_example_validates(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "epp.cli", "envoy-config", "--variant", "original-dst",
+    out = subprocess.run([sys.executable, "-m", "epp.cmd.cli", "envoy-config", "--variant", "original-dst",
                           "--routes-file", str(EXAMPLE), "-o", str(tmp_path / "envoy.yaml")],
                          cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
@@ -39,7 +39,7 @@ def test_envoy_config_with_routes_lists_every_pool_of_the_endpoints_file(tmp_pat
     eps = tmp_path / "eps.yaml"
     eps.write_text("pools:\n- {name: qwen3-coder, endpoints: [{address: 10.0.0.1, port: 8000}]}\n"
                    "- {name: llama, endpoints: [{address: 10.0.0.2, port: 8000}]}\n")
-    out = subprocess.run([sys.executable, "-m", "epp.cli", "envoy-config", "--variant", "override-host",
+    out = subprocess.run([sys.executable, "-m", "epp.cmd.cli", "envoy-config", "--variant", "override-host",
                           "--routes-file", str(EXAMPLE), "--endpoints-file", str(eps), "-o", str(tmp_path / "e.yaml")],
                          cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr

@@ -19,7 +19,7 @@ import orjson
 import pytest
 import yaml
 
-from epp.app import App
+from epp.cmd.app import App
 from epp.envoy_config import EnvoyConfigSpec, render
 from tests.support.agentgateway_relay import AgentgatewayRelay
 from tests.support.backend import EchoFleet

@@ -12,8 +12,8 @@ from pathlib import Path
 import orjson
 import pytest
 
-from epp.localstack import MODEL
-from epp.ports import free_port
+from epp.stack.localstack import MODEL
+from epp.stack.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.envoy
@@ -21,7 +21,7 @@ BODY = orjson.dumps({"model": MODEL, "messages": [{"role": "user", "content": "h
 
 
 def explain(grpc_port: int, *headers: str) -> str:
-    args = [sys.executable, "-m", "epp.cli", "explain", "--addr", f"127.0.0.1:{grpc_port}", "--body", BODY]
+    args = [sys.executable, "-m", "epp.cmd.cli", "explain", "--addr", f"127.0.0.1:{grpc_port}", "--body", BODY]
     for h in headers:
         args += ["-H", h]
     out = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=30)
@@ -37,7 +37,7 @@ def get(url: str) -> bytes:
 def test_llmkube_example_in_the_local_stack():
     listen, metrics, admin, grpc_port, health = (free_port() for _ in range(5))
     proc = subprocess.Popen(
-        [sys.executable, "-m", "epp.cli", "stack", "--example", "llmkube", "--servers", "2", "--sim-base-port", "0",
+        [sys.executable, "-m", "epp.cmd.cli", "stack", "--example", "llmkube", "--servers", "2", "--sim-base-port", "0",
          "--listen-port", str(listen), "--grpc-port", str(grpc_port), "--grpc-health-port", str(health),
          "--metrics-port", str(metrics), "--admin-port", str(admin), "--time-scale", "0.05", "--duration", "60",
          "--quiet"],

@@ -11,9 +11,9 @@ import orjson
 import pytest
 import yaml
 
-from epp.app import App
+from epp.cmd.app import App
 from epp.envoy_config import EnvoyConfigSpec, render_yaml
-from epp.envoy_providers import fragments_from_files
+from epp.envoy_config.providers import fragments_from_files
 from tests.support.backend import EchoFleet
 from tests.support.envoy import Envoy, free_port
 from tests.support.stack import serve_args

@@ -6,7 +6,7 @@ from __future__ import annotations
 import orjson
 from llmkube_helpers import Rig, cloud, finish, hdrs, local, router_doc, served
 
-from epp.director import DESTINATION, LB_NS
+from epp.request.director import DESTINATION, LB_NS
 
 A = ["10.0.1.1:8000", "10.0.1.2:8000"]
 B = ["10.0.2.1:8000"]

@@ -8,7 +8,7 @@ from collections import Counter
 
 from llmkube_helpers import Rig, finish, local, router_doc
 
-from epp.director import DESTINATION, LB_NS
+from epp.request.director import DESTINATION, LB_NS
 from epp.routing.llmkube_match import weighted_order
 from epp.routing.llmkube_model import RouterBackend
 from epp.routing.model import Target

@@ -9,7 +9,7 @@ from bench.routing.client import run_stage
 from bench.routing.oracle import build_app
 from bench.routing.report import markdown, summarize
 from bench.routing.workload import Workload, WorkloadSpec
-from epp.ports import free_port_block
+from epp.stack.ports import free_port_block
 from modelsim.config import EngineConfig
 
 MODEL = "meta-llama/Llama-3.1-8B"

@@ -10,7 +10,7 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from epp.ports import free_port_block
+from epp.stack.ports import free_port_block
 from modelsim import tokenizer as tk
 from modelsim.config import EngineConfig
 from modelsim.kvevents import hash_bytes

@@ -24,7 +24,7 @@ from typing import Any
 import orjson
 import pytest
 
-from epp.datastore import Datastore, PoolSpec
+from epp.fleet.datastore import Datastore, PoolSpec
 from scheduling.types import Endpoint, Metrics, endpoint_key
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -54,7 +54,7 @@ class Rig:
 # ---- building the shell (the only part that follows the shell's construction API) ------------------------------
 def _director(ds: Datastore, clock: Clock, scheduler: Any, router: Any = None, gates: tuple = (),
               watchers: tuple = ()) -> Any:
-    from epp.director import Director, DirectorConfig
+    from epp.request.director import Director, DirectorConfig
 
     return Director(ds, scheduler, DirectorConfig(fallbacks=1), clock=clock, router=router, gates=gates,
                     watchers=watchers)
@@ -104,7 +104,7 @@ def _metrics(i: int, step: int, now: float) -> Metrics:
 
 
 # ---- the workload ----------------------------------------------------------------------------------------------
-SYSTEMS = [("You are assistant %d. " % g) * (20 + 13 * g) for g in range(6)]
+SYSTEMS = [f"You are assistant {g}. " * (20 + 13 * g) for g in range(6)]
 
 
 def requests(seed: int, n: int, models: list[str]) -> Iterator[tuple[dict[str, str], bytes | None, str]]:

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import orjson
 
-from epp.datastore import Datastore
-from epp.director import Director, DirectorConfig
+from epp.fleet.datastore import Datastore
+from epp.request.director import Director, DirectorConfig
 from epp.routing.service import RoutingService
 from scheduling.api import SchedulingContext, SchedulingResult
 

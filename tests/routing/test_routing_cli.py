@@ -22,7 +22,7 @@ spec: {baseURL: 'https://api.openai.com', model: gpt-4o-mini, auth: {secretRef: 
 
 
 def envoy_config(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "epp.cli", "envoy-config", *args], cwd=ROOT, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "epp.cmd.cli", "envoy-config", *args], cwd=ROOT, capture_output=True,
                           text=True, timeout=60)
 
 

@@ -124,7 +124,7 @@ def test_a_document_that_turns_bad_keeps_its_last_good_version_and_the_others_se
 
 
 async def test_routes_file_hot_reload(tmp_path):
-    from epp.datastore import Datastore
+    from epp.fleet.datastore import Datastore
     from epp.routing.service import RoutingService
 
     path = tmp_path / "routes.yaml"

@@ -229,9 +229,9 @@ def test_rate_limit_is_parsed_and_exposed_on_the_decision():
 
 
 def test_decisions_are_counted_by_route_rule_and_target():
-    from epp.datastore import Datastore
-    from epp.director import Director
-    from epp.metrics import EppMetrics
+    from epp.api.metrics import EppMetrics
+    from epp.fleet.datastore import Datastore
+    from epp.request.director import Director
     from epp.routing.service import RoutingService
 
     ds = Datastore()

@@ -12,7 +12,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from epp.ports import free_port, free_port_block
+from epp.stack.ports import free_port, free_port_block
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.envoy
@@ -20,7 +20,7 @@ BODY = '{"model": "deepseek-r1", "messages": [{"role": "user", "content": "hello
 
 
 def explain(grpc_port: int, *headers: str) -> subprocess.CompletedProcess[str]:
-    args = [sys.executable, "-m", "epp.cli", "explain", "--addr", f"127.0.0.1:{grpc_port}", "--body", BODY]
+    args = [sys.executable, "-m", "epp.cmd.cli", "explain", "--addr", f"127.0.0.1:{grpc_port}", "--body", BODY]
     for h in headers:
         args += ["-H", h]
     return subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=30)
@@ -30,7 +30,7 @@ def test_kthena_example_in_the_local_stack():
     listen, metrics, admin = free_port(), free_port(), free_port()
     grpc_port, sim = free_port_block(2), free_port_block(2)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "epp.cli", "stack", "--example", "kthena", "--servers", "2", "--sim-base-port",
+        [sys.executable, "-m", "epp.cmd.cli", "stack", "--example", "kthena", "--servers", "2", "--sim-base-port",
          str(sim), "--listen-port", str(listen), "--grpc-port", str(grpc_port), "--metrics-port", str(metrics),
          "--admin-port", str(admin), "--time-scale", "0.05", "--duration", "30", "--quiet"],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,

@@ -10,9 +10,9 @@ import orjson
 import pytest
 import yaml
 
-from epp.app import App
+from epp.cmd.app import App
 from epp.envoy_config import EnvoyConfigSpec, render
-from epp.envoy_providers import name_pools
+from epp.envoy_config.providers import name_pools
 from tests.support.backend import EchoFleet
 from tests.support.envoy import Envoy, free_port, validate
 from tests.support.stack import serve_args

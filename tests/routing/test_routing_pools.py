@@ -8,7 +8,7 @@ import base64
 import orjson
 from routing_helpers import chat, decide, hdrs, routed
 
-from epp.director import LB_NS
+from epp.request.director import LB_NS
 
 HEAD = "apiVersion: networking.serving.volcano.sh/v1alpha1\n"
 

@@ -15,9 +15,9 @@ import grpc
 import orjson
 import pytest
 
-from epp.app import App
+from epp.cmd.app import App
 from epp.envoy_config import EnvoyConfigSpec, render_yaml
-from epp.envoy_providers import fragments_from_files
+from epp.envoy_config.providers import fragments_from_files
 from proto import pointsman_pb2 as api
 from proto import pointsman_pb2_grpc
 from tests.support.backend import EchoFleet

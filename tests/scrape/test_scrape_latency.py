@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from epp.scrape.parser import parse_sglang, parse_vllm
-from epp.scrape.scraper import period_latency
+from epp.fleet.scrape.parser import parse_sglang, parse_vllm
+from epp.fleet.scrape.scraper import period_latency
 
 
 def vllm(ttft_sum: float, ttft_n: int, itl_sum: float, itl_n: int, itl_name: str = "inter_token_latency") -> bytes:

@@ -2,7 +2,7 @@ import pytest
 from expositions import sglang_exposition, triton_exposition, trtllm_exposition, vllm_exposition
 from prometheus_client.parser import text_string_to_metric_families
 
-from epp.scrape.parser import MetricsParseError, labels, parse_metrics, parser_for, samples
+from epp.fleet.scrape.parser import MetricsParseError, labels, parse_metrics, parser_for, samples
 
 
 def test_vllm_load_series_and_cache_geometry():

@@ -5,8 +5,8 @@ import pytest
 from aiohttp import web
 from expositions import sglang_exposition, vllm_exposition
 
-from epp.datastore import Datastore, PoolSpec
-from epp.scrape.scraper import MetricsScraper
+from epp.fleet.datastore import Datastore, PoolSpec
+from epp.fleet.scrape.scraper import MetricsScraper
 from scheduling.types import Endpoint, endpoint_key
 
 

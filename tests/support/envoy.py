@@ -9,7 +9,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from epp.ports import free_port, wait_port
+from epp.stack.ports import free_port, wait_port
 
 __all__ = ["Envoy", "cluster_addresses", "cluster_hosts", "envoy_binary", "free_port", "stats", "validate", "wait_port"]
 

@@ -8,9 +8,9 @@ import orjson
 from envoy.config.core.v3 import base_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
-from epp.datastore import Datastore, PoolSpec
-from epp.director import Director
+from epp.fleet.datastore import Datastore, PoolSpec
 from epp.protocol import BodyMode, Outcome, Phase, RequestMachine
+from epp.request.director import Director
 from scheduling.config import load_scheduler
 from scheduling.types import Endpoint, endpoint_key
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import orjson
 
-from epp.localstack import MODEL
-from epp.ports import free_port
+from epp.stack.localstack import MODEL
+from epp.stack.ports import free_port
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 __all__ = ["MODEL", "LocalStack"]
@@ -26,7 +26,7 @@ class LocalStack:
     def __init__(self, servers: int = 2, time_scale: float = 0.05, config_file: str | None = None) -> None:
         self.listen, self.metrics, self.admin, self.grpc, self.health = (free_port() for _ in range(5))
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "epp.cli", "stack", "--servers", str(servers), "--sim-base-port", "0",
+            [sys.executable, "-m", "epp.cmd.cli", "stack", "--servers", str(servers), "--sim-base-port", "0",
              "--listen-port", str(self.listen), "--grpc-port", str(self.grpc), "--grpc-health-port", str(self.health),
              "--metrics-port", str(self.metrics), "--admin-port", str(self.admin), "--time-scale", str(time_scale),
              "--quiet", *(["--config-file", config_file] if config_file else [])],

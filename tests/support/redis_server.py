@@ -15,7 +15,7 @@ import subprocess
 import tempfile
 import time
 
-from epp.ports import free_port, wait_port
+from epp.stack.ports import free_port, wait_port
 
 
 def redis_binary() -> str:

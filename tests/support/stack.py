@@ -7,8 +7,8 @@ from pathlib import Path
 
 import yaml
 
-from epp.app import App
-from epp.cli import build_parser
+from epp.cmd.app import App
+from epp.cmd.cli import build_parser
 from epp.envoy_config import EnvoyConfigSpec, render_yaml
 from tests.support.backend import EchoFleet
 from tests.support.envoy import Envoy, free_port

@@ -12,7 +12,7 @@ import pytest
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from epp.parsing import parse_body
+from epp.request.parsing import parse_body
 from epp.tokenize import (
     EngineTokenizer,
     LocalTokenizer,
@@ -122,7 +122,7 @@ def test_approx_is_modelsims_byte_tokenizer() -> None:
 # ---- the engine's /tokenize --------------------------------------------------------------------------------
 @pytest.fixture
 async def fleet():
-    from epp.ports import free_port
+    from epp.stack.ports import free_port
 
     f = Fleet(FleetConfig(servers=1, base_port=free_port(), time_scale=0.05))
     await f.start()

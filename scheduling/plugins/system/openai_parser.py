@@ -2,7 +2,7 @@
 
     api kind = the path (then x-original-path, x-forwarded-path): chat/completions, completions, embeddings,
                responses, conversations (OpenAI) or messages (Anthropic)
-    model    = body["model"];  prompt = what the prefix plugins hash (see epp/parsing.py)
+    model    = body["model"];  prompt = what the prefix plugins hash (see epp/request/parsing.py)
 
 It takes no parameters: Pointsman's own parser is the only one, and this plugin names it.
 """

@@ -1,0 +1,158 @@
+"""The dashboard's record of routing decisions, fed from the director's hot path.
+
+Cost model: the director calls `decided` once per committed decision, `finished` once when that stream ends and
+`rejected` on the error path. Each does a few attribute writes, counter increments and at most one deque append:
+no formatting, no dict building, no copies. Per-plugin scores are not copied either: a record keeps references
+to the lists the profile run computed anyway (`ProfileResult.scored` / `score_totals`, `PluginDetail.values`),
+so every decision keeps its scores without turning on explain detail. Turning records into rows happens only
+when the page asks (epp.api.dashboard.views). The ring keeps the last `capacity` decisions; older ones are dropped.
+
+Cumulative counters (decisions, prefix blocks, errors by code, engine-reported cached tokens, TTFT samples) are
+read once a second by the sampler (epp.api.dashboard.series), which turns them into rates.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from scheduling.api import ProfileResult, SchedulingResult
+from scheduling.prefix import decision_matches
+from scheduling.types import Endpoint, LLMRequest
+
+TTFT_SAMPLES_PER_TICK = 256  # per endpoint, between two sampler ticks
+
+
+class DecisionRecord:
+    """One decision (or rejection) as the page shows it. Times are the director's clock (monotonic seconds)."""
+
+    __slots__ = ("seq", "started", "decided", "request_id", "model", "target", "priority", "profile", "decision",
+                 "targets", "prefill", "runs", "candidates", "prefix_matched", "prefix_total", "error",
+                 "status", "first_byte", "ended", "ttft", "prompt_tokens", "completion_tokens", "cached_tokens")
+
+    def __init__(self, seq: int, started: float, decided: float, request_id: str, model: str, target: str) -> None:
+        self.seq = seq
+        self.started = started
+        self.decided = decided
+        self.request_id = request_id
+        self.model = model
+        self.target = target
+        self.priority = 0
+        self.profile = ""
+        self.decision = ""
+        self.targets: list[Endpoint] = []
+        self.prefill: Endpoint | None = None
+        self.runs: Mapping[str, ProfileResult] = {}
+        self.candidates = 0
+        self.prefix_matched = 0
+        self.prefix_total = 0
+        self.error = ""  # the inference error code of a rejected request
+        self.status = ""  # the upstream :status, when the response path reports it
+        self.first_byte = 0.0  # when the first response body chunk passed (0: not seen)
+        self.ended = 0.0  # when the stream ended (0: still in flight)
+        self.ttft: float | None = None
+        self.prompt_tokens = 0
+        self.completion_tokens = 0
+        self.cached_tokens = 0
+
+    @property
+    def endpoint(self) -> str:
+        return self.targets[0].key if self.targets else ""
+
+
+class DecisionRecorder:
+    def __init__(self, capacity: int = 500) -> None:
+        if capacity < 1:
+            raise ValueError("the decision ring needs room for at least one decision")
+        self.capacity = capacity
+        self.ring: deque[DecisionRecord] = deque(maxlen=capacity)
+        self.seq = 0
+        # Cumulative counters, read by the sampler.
+        self.decisions = 0
+        self.rejections = 0
+        self.prefix_matched = 0
+        self.prefix_total = 0
+        self.engine_prompt_tokens = 0
+        self.engine_cached_tokens = 0
+        self.errors: dict[str, int] = {}  # inference error code or "HTTP <status>" -> count
+        self.ttft: dict[str, list[float]] = {}  # endpoint key -> TTFT samples since the sampler took them
+
+    # ---- the director's calls (hot path) -----------------------------------------------------------------
+    def decided(
+        self, req: LLMRequest, candidates: int, result: SchedulingResult, started: float, now: float
+    ) -> DecisionRecord:
+        self.seq = seq = self.seq + 1
+        self.decisions += 1
+        rec = DecisionRecord(seq, started, now, req.request_id, req.model, req.target_model)
+        rec.priority = req.priority
+        rec.profile = result.profile
+        rec.decision = result.decision
+        rec.targets = result.targets
+        rec.prefill = result.prefill
+        rec.runs = result.profile_results
+        rec.candidates = candidates
+        got = decision_matches(result.state)
+        if got is not None and got[1]:
+            rec.prefix_matched = matched = got[0].get(result.targets[0].key, 0)
+            rec.prefix_total = got[1]
+            self.prefix_matched += matched
+            self.prefix_total += got[1]
+        self.ring.append(rec)
+        return rec
+
+    def rejected(self, model: str, target: str, code: str, request_id: str, started: float, now: float) -> None:
+        self.seq = seq = self.seq + 1
+        self.rejections += 1
+        self.errors[code] = self.errors.get(code, 0) + 1
+        rec = DecisionRecord(seq, started, now, request_id, model, target)
+        rec.error = code
+        rec.ended = now
+        self.ring.append(rec)
+
+    def finished(self, rec: DecisionRecord, now: float, sse: bool, usage: Any = None) -> None:
+        """The stream of a committed decision ended. `sse`: the response was an event stream, so the first body
+        chunk marks the first token; `usage`: epp.request.usage.Usage when the response reported it."""
+        rec.ended = now
+        status = rec.status
+        if status and status[0] in "45":
+            code = "HTTP " + status
+            self.errors[code] = self.errors.get(code, 0) + 1
+        if sse and rec.first_byte:
+            rec.ttft = ttft = rec.first_byte - rec.started
+            samples = self.ttft.get(rec.targets[0].key)
+            if samples is None:
+                self.ttft[rec.targets[0].key] = [ttft]
+            elif len(samples) < TTFT_SAMPLES_PER_TICK:
+                samples.append(ttft)
+        if usage is not None and usage.found:
+            rec.prompt_tokens = usage.prompt_tokens
+            rec.completion_tokens = usage.completion_tokens
+            rec.cached_tokens = usage.cached_tokens
+            self.engine_prompt_tokens += usage.prompt_tokens
+            self.engine_cached_tokens += usage.cached_tokens
+
+    # ---- readers (the page) ------------------------------------------------------------------------------
+    def since(self, seq: int) -> list[DecisionRecord]:
+        """Records newer than `seq`, oldest first."""
+        out: list[DecisionRecord] = []
+        for rec in reversed(self.ring):
+            if rec.seq <= seq:
+                break
+            out.append(rec)
+        out.reverse()
+        return out
+
+    def get(self, seq: int) -> DecisionRecord | None:
+        ring = self.ring
+        if not ring or not ring[0].seq <= seq <= ring[-1].seq:
+            return None
+        rec = ring[seq - ring[0].seq]  # sequence numbers are consecutive inside the ring
+        return rec if rec.seq == seq else None
+
+    def __iter__(self) -> Iterator[DecisionRecord]:
+        return iter(self.ring)
+
+    def take_ttft(self) -> dict[str, list[float]]:
+        out, self.ttft = self.ttft, {}
+        return out

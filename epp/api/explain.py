@@ -1,0 +1,247 @@
+"""Pointsman's own gRPC API: Explain (a dry-run decision with per-plugin detail) and ListEndpoints.
+
+Explain is a true dry run: it parses and schedules like a real request, with the scheduler's random source copied
+rather than advanced, and it records nothing (no in-flight count, no metrics, no decision counters, no plugin
+state), so it shows what the next real request would get without changing it."""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from typing import Any
+
+import grpc
+
+from epp.fleet.datastore import Datastore
+from epp.fleet.passive import PassiveHealth
+from epp.request.director import Director, ShellContext, error_outcome
+from epp.routing.providers import CREDENTIAL_HEADERS
+from proto import pointsman_pb2 as api
+from proto import pointsman_pb2_grpc
+from scheduling.prefix.cycle import decision_matches
+from scheduling.prefix.precise_data import APPROXIMATE, decision_prefix_hits
+from scheduling.types import Endpoint, SchedulingError
+
+REDACTED = "<redacted>"
+
+
+def redacted(headers: list[tuple[str, str]], sensitive: Collection[str]) -> dict[str, str]:
+    """Headers as explain shows them: a credential's value never leaves the process."""
+    return {k: REDACTED if k in sensitive or k in CREDENTIAL_HEADERS else v for k, v in headers}
+
+
+def describe_route(route: Any, info: api.RouteInfo) -> None:
+    r = route.route
+    info.route, info.rule, info.rule_index = f"{r.kind} {r.key}", route.rule.name, route.rule.index
+    for t in route.rule.targets:
+        info.split.add(target=t.backend, kind=t.kind, weight=t.weight, chosen=t is route.target)
+    info.target, info.kind = route.target.backend, route.target.kind
+    info.pool = route.pool_name or ""
+    info.provider_cluster = route.provider.cluster if route.provider is not None else ""
+    info.engine_model = route.engine_model or ""
+    plan = getattr(route, "plan", None)
+    if plan is not None:  # an LLMKube ModelRouter decision
+        describe_model_router(route, info)
+    rl = r.rate_limit
+    if rl is not None:
+        info.rate_limit = (f"input {rl.input_tokens_per_unit or '-'}/{rl.unit}, "
+                           f"output {rl.output_tokens_per_unit or '-'}/{rl.unit}, "
+                           f"{'global (redis)' if rl.redis_address else 'local'}")
+
+
+def describe_model_router(route: Any, info: api.RouteInfo) -> None:
+    plan = route.plan
+    info.strategy = plan.strategy
+    info.backend = f"{plan.backend.name} ({plan.backend.tier})"
+    info.fallbacks.extend(f"{b.name} ({b.tier})" for b in plan.fallbacks)
+    info.mirrors.extend(f"{name} {key}" for name, key in route.mirror_endpoints)
+    info.classification = ", ".join(sorted(route.classifications))
+    if route.timeout_s is not None:
+        info.timeout = f"{route.timeout_s:g}s"
+    info.notes.extend(plan.notes)
+    for t in info.split:
+        t.chosen = t.target == route.target.backend
+    if plan.rule.synthetic:
+        del info.split[:]
+        info.split.add(target=route.target.backend, kind=route.target.kind, weight=1, chosen=True)
+
+
+def describe_budgets(gates: Any, ctx: Any, info: api.RouteInfo) -> None:
+    for gate in gates:
+        describe = getattr(gate, "describe", None)
+        if describe is None:
+            continue
+        for row in describe(ctx):
+            info.budgets.add(name=row["name"], scope=row["scope"], window_seconds=row["window_s"],
+                             tokens_used=int(row["tokens_used"]), usd_used=row["usd_used"],
+                             max_tokens=row["max_tokens"] or 0.0, max_usd=row["max_usd"] or 0.0,
+                             utilization=row["utilization"])
+
+
+def describe_prefix(state: dict[Any, Any], candidates: Sequence[Endpoint], out: api.ExplainResponse) -> None:
+    """Per candidate, the prefix it holds and where that came from: the engines' KV events (GPU, CPU, Pointsman's
+    speculative picks) or the approximate index, as the decision's prefix-aware plugins saw it."""
+    hits = decision_prefix_hits(state)
+    if hits is not None:
+        for e in candidates:
+            h = hits.get(e.key)
+            if h is not None:
+                out.prefix.add(endpoint=e.key, source=h.source, blocks=h.blocks, total_blocks=h.total,
+                               block_tokens=h.block_tokens, gpu_blocks=h.gpu, cpu_blocks=h.cpu,
+                               speculative_blocks=h.speculative, index_state=h.state or "", weighted=h.weighted)
+        return
+    approx = decision_matches(state)
+    if approx is not None:
+        matches, total = approx
+        for e in candidates:
+            m = matches.get(e.key, 0)
+            out.prefix.add(endpoint=e.key, source=APPROXIMATE, blocks=m, total_blocks=total, weighted=float(m))
+
+
+class PointsmanService(pointsman_pb2_grpc.PointsmanServicer):
+    def __init__(self, director: Director) -> None:
+        self.director = director
+
+    def explain(self, request: api.ExplainRequest) -> api.ExplainResponse:
+        """The dry run, synchronously: a request is tokenized only from what needs no waiting (the engine's
+        /tokenize is not called; see `explain_async`, which the gRPC API uses)."""
+        out, built = self._begin(request)
+        if built is None:
+            return out
+        tokens = self.director.tokens
+        if tokens is not None:
+            tokens.prepare(built[0], self.director.scheduler_for(built[0]), dry_run=True, wait=False)
+        return self._decide(out, *built)
+
+    async def explain_async(self, request: api.ExplainRequest) -> api.ExplainResponse:
+        """The dry run exactly as a request would be decided, tokenization included."""
+        out, built = self._begin(request)
+        if built is None:
+            return out
+        tokens = self.director.tokens
+        if tokens is not None:
+            pending = tokens.prepare(built[0], self.director.scheduler_for(built[0]), dry_run=True)
+            if pending is not None:
+                await pending
+        return self._decide(out, *built)
+
+    def _begin(
+        self, request: api.ExplainRequest
+    ) -> tuple[api.ExplainResponse, tuple[ShellContext, dict[str, Any] | None] | None]:
+        """Parse and resolve; (the response so far, None) when it is already complete."""
+        d = self.director
+        headers = {k.lower(): v for k, v in request.headers.items()}
+        headers.setdefault(":path", request.path or "/v1/chat/completions")
+        headers.setdefault(":method", "POST")
+        metadata = {"pointsman": {"pool": request.pool}} if request.pool else {}
+        out = api.ExplainResponse()
+        try:
+            ctx, parsed = d.build(headers, request.body, metadata, dry_run=True)
+        except SchedulingError as err:
+            rej = error_outcome(err)
+            out.status, out.error = rej.reject_status, rej.reject_body
+            return out, None
+        out.model, out.target_model = ctx.request.model, ctx.request.target_model
+        out.candidates.extend(e.key for e in ctx.candidates)
+        if ctx.route is not None:
+            describe_route(ctx.route, out.route)
+            describe_budgets(d.gates, ctx, out.route)
+        if ctx.route is not None and ctx.route.provider is not None:  # no endpoint scheduling
+            out.status = 200
+            outcome = d.mutations_for_provider(ctx, parsed)
+            out.headers.update(redacted(outcome.set_headers, ctx.route.sensitive))
+            return out, None
+        return out, (ctx, parsed)
+
+    def _decide(self, out: api.ExplainResponse, ctx: ShellContext, parsed: dict[str, Any] | None
+                ) -> api.ExplainResponse:
+        d = self.director
+        req = ctx.request
+        out.token_source = req.token_source
+        out.prompt_tokens = req.estimated_tokens
+        try:
+            ctx.explain = True
+            result = d.schedule(ctx, dry_run=True)
+        except SchedulingError as err:
+            rej = error_outcome(err)
+            out.status, out.error = rej.reject_status, rej.reject_body
+            return out
+        out.status = 200
+        out.endpoint = result.primary.key
+        out.fallbacks.extend(e.key for e in result.targets[1:])
+        if result.prefill is not None:
+            out.prefill = result.prefill.key
+        out.profile, out.decision = result.profile, result.decision
+        for name, pr in result.profile_results.items():
+            run = out.profiles.add(profile=name, targets=[e.key for e in pr.targets])
+            run.totals.update(pr.totals)
+            for det in pr.details:
+                pl = run.plugins.add(
+                    name=det.name, type=det.type, kind=det.kind, duration_seconds=det.duration_s
+                )
+                if det.weight is not None:
+                    pl.weight = det.weight
+                if det.kept is not None:
+                    pl.kept.extend(det.kept)
+                if det.scores is not None:
+                    pl.scores.update(det.scores)
+        describe_prefix(result.state, ctx.candidates, out)
+        if ctx.route is not None and ctx.route.sticky is not None:
+            out.route.session = f"pinned {ctx.route.pinned}" if ctx.route.pinned else (
+                "new" if ctx.route.session is not None else "")
+        outcome = d.mutations(ctx, result, parsed)
+        out.headers.update(redacted(outcome.set_headers, ctx.route.sensitive if ctx.route is not None else ()))
+        return out
+
+    async def Explain(  # noqa: N802
+        self, request: api.ExplainRequest, context: grpc.aio.ServicerContext
+    ) -> api.ExplainResponse:
+        return await self.explain_async(request)
+
+    def list_endpoints(self, request: api.ListEndpointsRequest) -> api.ListEndpointsResponse:
+        ds = self.director.datastore
+        now = self.director.clock()
+        passive = self.director.passive
+        out = api.ListEndpointsResponse(pools=ds.pool_names(), default_pool=ds.default_pool or "")
+        for pool in [request.pool] if request.pool else ds.pool_names():
+            snap = ds.snapshot(pool)
+            if snap is None:
+                continue
+            for ep in snap.endpoints:
+                m = ep.metrics
+                info = out.endpoints.add(
+                    pool=pool,
+                    key=ep.key,
+                    name=ep.name,
+                    labels=dict(ep.labels),
+                    models=sorted(ep.models),
+                    role=ep.role or "",
+                    waiting=m.waiting,
+                    running=m.running,
+                    kv_usage=m.kv_usage,
+                    active_loras=sorted(m.active_loras),
+                    stale=m.stale,
+                    metrics_age_seconds=(now - m.updated_at) if m.updated_at is not None else -1.0,
+                    inflight=ds.inflight.get(ep.key).requests,
+                    routable=ds.is_routable(ep.key),
+                )
+                _health(info, ep.key, ds, passive)
+        return out
+
+    async def ListEndpoints(  # noqa: N802
+        self, request: api.ListEndpointsRequest, context: grpc.aio.ServicerContext
+    ) -> api.ListEndpointsResponse:
+        return self.list_endpoints(request)
+
+
+def _health(info: api.EndpointInfo, key: str, ds: Datastore, passive: PassiveHealth | None) -> None:
+    """Fill the endpoint's health fields: passive health's view (which includes the scraper's), or the scraper's
+    mark alone when passive health is off."""
+    if passive is None:
+        info.state = "out" if key in ds.unhealthy else "healthy"
+        return
+    state, reason, st = passive.view(key)
+    info.state, info.reason = state, reason
+    if st is not None:
+        info.failures, info.consecutive_failures, info.ejections = st.failures, st.consecutive, st.ejections
+    if passive.scraper is not None:
+        info.scrape_failures = passive.scraper.failures(key)

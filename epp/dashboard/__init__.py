@@ -1,7 +1,0 @@
-"""The live routing dashboard: a page on the metrics port showing the fleet, the decisions, explain, charts and
-the effective config (docs/dashboard.md). `Dashboard` wires it; the director feeds its `DecisionRecorder`."""
-
-from epp.dashboard.recorder import DecisionRecorder
-from epp.dashboard.web import Dashboard
-
-__all__ = ["Dashboard", "DecisionRecorder"]

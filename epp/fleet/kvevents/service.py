@@ -1,0 +1,153 @@
+"""The shell's precise prefix index and its KV-event subscriptions, following the datastore's membership.
+
+`PreciseService` owns the `PreciseIndex` for the whole process: it is lent to every loaded scheduler as the
+service `precise-index` (`services()`), so a scheduling-config reload keeps what the engines published. Its
+subscriber (epp.fleet.kvevents.subscriber, created on the first endpoint that publishes) is the index's writer for
+events:
+
+- on every change of the pools (`Datastore.on_change`) the subscriptions are made to match the endpoints that
+  publish: each endpoint's own source (the endpoints file's `kvEvents`, the `pointsman.ai/kv-events-*` pod
+  annotations), else the port template (--kv-events-port ..., or the scheduling config's llm-d
+  `kvEventsConfig` when the command line sets none). An endpoint whose source is invalid is logged once and
+  left without a subscription (scored from the approximate index);
+- an endpoint that leaves (`Datastore.on_endpoint_removed`: gone from every pool, or its address now another
+  pod's) takes its subscription and its index entries with it.
+
+Nothing here blocks: subscribing is asynchronous in ZMQ, so an unreachable publisher is a subscription that never
+delivers, and its endpoint stays `pending` (scored from the approximate index).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from epp.fleet.datastore import Datastore
+from epp.fleet.kvevents.sources import (
+    KVEventsConfigError,
+    KVEventsSource,
+    KVEventsTemplate,
+    source_for,
+    template_from_args,
+)
+from scheduling.prefix.precise import PreciseIndex
+from scheduling.prefix.precise_data import PRECISE_INDEX
+
+log = logging.getLogger(__name__)
+
+
+class PreciseService:
+    def __init__(self, datastore: Datastore, template: KVEventsTemplate | None = None, *, block_size: int = 16,
+                 registry: Any = None, replay_timeout: float = 1.0, catch_up_after: float | None = 0.5) -> None:
+        self.datastore = datastore
+        self.index = PreciseIndex(block_size=block_size)
+        self.template = template  # the command line's
+        self.config_template: KVEventsTemplate | None = None  # the scheduling config's (llm-d kvEventsConfig)
+        self.registry = registry
+        self.replay_timeout = replay_timeout
+        self.catch_up_after = catch_up_after
+        self.subscriber: Any = None  # epp.fleet.kvevents.subscriber.KVEventSubscriber, once an endpoint publishes
+        self.invalid: dict[str, str] = {}  # endpoint key -> why its KV-events source is invalid
+        self._attached = False
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace, datastore: Datastore, registry: Any = None) -> PreciseService:
+        block = getattr(args, "kv_events_block_size", 16)
+        if block < 1:
+            raise KVEventsConfigError(f"--kv-events-block-size: expected a positive number of tokens, got {block}")
+        return cls(datastore, template_from_args(args), block_size=block, registry=registry)
+
+    def services(self) -> dict[str, Any]:
+        """What the shell lends each loaded scheduler."""
+        return {PRECISE_INDEX: self.index}
+
+    def attach(self) -> None:
+        """Follow the datastore from now on (and subscribe to what it already holds)."""
+        if self._attached:
+            return
+        self._attached = True
+        ds = self.datastore
+        ds.on_endpoint_removed(self.endpoint_removed)
+        ds.on_change(lambda _pool: self.sync())
+        self.sync()
+
+    @property
+    def effective_template(self) -> KVEventsTemplate | None:
+        return self.template if self.template is not None else self.config_template
+
+    def apply_config(self, scheduler: Any) -> None:
+        """A scheduler was loaded: take the port template of its llm-d kvEventsConfig (when the command line sets
+        none) and resubscribe accordingly."""
+        found: KVEventsTemplate | None = None
+        for plugin in getattr(scheduler, "plugins", list)():
+            hint = getattr(plugin, "kv_events_template", None)
+            if hint is None:
+                continue
+            port, topic = hint()
+            if port is not None:
+                found = KVEventsTemplate(port, None, topic or "")
+                break
+        if found != self.config_template:
+            self.config_template = found
+            if self._attached:
+                self.sync()
+
+    def sources(self, endpoints: Iterable[Any]) -> dict[str, KVEventsSource]:
+        out: dict[str, KVEventsSource] = {}
+        template = self.effective_template
+        for ep in endpoints:
+            try:
+                src = source_for(ep, template)
+            except KVEventsConfigError as e:
+                if self.invalid.get(ep.key) != str(e):
+                    log.error("endpoint %s: no KV-event subscription: %s", ep.key, e)
+                self.invalid[ep.key] = str(e)
+                continue
+            self.invalid.pop(ep.key, None)
+            if src is not None:
+                out[ep.key] = src
+        return out
+
+    def sync(self) -> None:
+        """Make the subscriptions match the datastore's endpoints."""
+        sources = self.sources(self.datastore.all_endpoints())
+        if not sources and self.subscriber is None:
+            return
+        sub = self._subscriber()
+        for key in [k for k in sub.sources() if k not in sources]:
+            sub.remove_endpoint(key)
+        for key, src in sources.items():
+            try:
+                sub.add_endpoint(key, src)
+            except ValueError as e:  # a ZMQ address it cannot even parse
+                if self.invalid.get(key) != str(e):
+                    log.error("endpoint %s: %s", key, e)
+                self.invalid[key] = str(e)
+
+    def endpoint_removed(self, key: str) -> None:
+        self.invalid.pop(key, None)
+        if self.subscriber is not None:
+            self.subscriber.remove_endpoint(key)  # also forgets the endpoint in the index
+        else:
+            self.index.forget(key)
+
+    def _subscriber(self) -> Any:
+        if self.subscriber is None:
+            from epp.fleet.kvevents.metrics import KVEventMetrics
+            from epp.fleet.kvevents.subscriber import KVEventSubscriber
+
+            metrics = KVEventMetrics(self.registry) if self.registry is not None else None
+            self.subscriber = KVEventSubscriber(self.index, metrics, replay_timeout=self.replay_timeout,
+                                                catch_up_after=self.catch_up_after)
+        return self.subscriber
+
+    def status(self) -> Mapping[str, Any]:
+        """Per endpoint: its index state and subscription (for tests and the dashboard)."""
+        subs = self.subscriber.status() if self.subscriber is not None else {}
+        return {"states": self.index.states(), "subscriptions": subs, "invalid": dict(self.invalid)}
+
+    async def close(self) -> None:
+        if self.subscriber is not None:
+            await self.subscriber.close()

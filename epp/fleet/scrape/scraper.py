@@ -1,0 +1,262 @@
+"""The model-server metrics scraper: GET /metrics of every endpoint every `interval` (50 ms by default).
+
+One aiohttp session (keep-alive, bounded connector) serves every endpoint; at most `concurrency` scrapes run at
+once and each has its own `timeout` (`bounded_timeout`: short enough that `failure_threshold` hung scrapes in a row
+fit in the staleness threshold, 0.45 s with the defaults, at most 1 s). A round launches a scrape for every endpoint that has none pending,
+waits up to one interval for them, and writes every result that came back, plus staleness marks, to the datastore
+in ONE `update_metrics` batch. A slow endpoint therefore never holds up the others: its scrape stays pending and
+its result lands in a later round.
+
+Staleness: an endpoint whose last good scrape is older than `staleness` (2 s) gets `stale=True` in that same batch.
+Health: `failure_threshold` (3) consecutive failures (connection error, timeout, non-200, unparsable body) put the
+endpoint key in `datastore.unhealthy`; the first good scrape takes it out again. The director skips unhealthy keys
+through `datastore.is_routable(key)`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+import aiohttp
+
+from epp.aio import cancel_and_wait
+from epp.fleet.datastore import Datastore
+from epp.fleet.scrape.parser import parser_for
+from scheduling.api import Scrape
+from scheduling.types import Endpoint, Metrics
+
+log = logging.getLogger(__name__)
+
+
+def bounded_timeout(staleness: float, failure_threshold: int = 3, interval: float = 0.05) -> float:
+    """A scrape timeout that takes a hung metrics endpoint out of rotation within the staleness threshold:
+    `failure_threshold` timeouts in a row, each followed by up to one round before the next scrape starts, fit
+    in 75% of `staleness` (room for a busy loop). Between 50 ms and 1 s."""
+    budget = 0.75 * staleness / max(1, failure_threshold) - interval
+    return min(1.0, max(0.05, budget))
+
+
+@dataclass(slots=True)
+class _State:
+    failures: int = 0
+    last_error: str = ""
+    pending: asyncio.Task[Metrics] | None = None
+
+
+def period_latency(new: Metrics, old: Metrics | None) -> Metrics:
+    """TTFT and TPOT as the mean over the last scrape period: Δsum / Δcount of the engine's histograms. A period
+    in which no request finished keeps the previous means; a counter that went back (engine restart) starts over."""
+    totals = new.latency_totals
+    if totals is None:
+        return new
+    prev = old.latency_totals if old is not None else None
+    ttft = old.ttft_s if old is not None else None
+    tpot = old.tpot_s if old is not None else None
+    if prev is not None and all(n >= p for n, p in zip(totals, prev, strict=True)):
+        if totals[1] > prev[1]:
+            ttft = (totals[0] - prev[0]) / (totals[1] - prev[1])
+        if totals[3] > prev[3]:
+            tpot = (totals[2] - prev[2]) / (totals[3] - prev[3])
+    elif prev is not None:
+        ttft = tpot = None
+    return replace(new, ttft_s=ttft, tpot_s=tpot)
+
+
+class MetricsScraper:
+    def __init__(
+        self,
+        datastore: Datastore,
+        interval: float = 0.05,
+        timeout: float = 1.0,
+        staleness: float = 2.0,
+        concurrency: int = 128,
+        failure_threshold: int = 3,
+        path: str = "/metrics",
+        scheme: str = "http",
+        clock: Callable[[], float] = time.monotonic,
+        insecure_skip_verify: bool = True,
+        engine_label_key: str = "llm-d.ai/engine-type",
+        default_engine: str = "vllm",
+    ) -> None:
+        if interval <= 0 or timeout <= 0 or staleness <= 0:
+            raise ValueError("interval, timeout and staleness must be positive")
+        self.datastore = datastore
+        self.interval = interval
+        self.timeout = timeout
+        self.staleness = staleness
+        self.failure_threshold = max(1, failure_threshold)
+        self.path = path if path.startswith("/") else "/" + path
+        self.scheme = scheme
+        self.insecure_skip_verify = insecure_skip_verify
+        self.engine_label_key = engine_label_key
+        self.default_engine = default_engine
+        self.clock = clock
+        datastore.on_endpoint_removed(self.forget)
+        self._sem = asyncio.Semaphore(concurrency)
+        self._concurrency = concurrency
+        self._state: dict[str, _State] = {}
+        self._session: aiohttp.ClientSession | None = None
+        self._task: asyncio.Task[None] | None = None
+        self.rounds = 0
+        self._warned_engines: set[str] = set()
+
+    # ---- lifecycle ---------------------------------------------------------------------------------------
+    async def _ensure_session(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            connector = aiohttp.TCPConnector(limit=self._concurrency, keepalive_timeout=30, ttl_dns_cache=None)
+            self._session = aiohttp.ClientSession(
+                connector=connector,
+                timeout=aiohttp.ClientTimeout(total=self.timeout),
+                auto_decompress=True,
+                skip_auto_headers=("User-Agent",),
+            )
+        return self._session
+
+    def start(self) -> asyncio.Task[None]:
+        """Run scrape rounds forever on the running loop."""
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self.run(), name="metrics-scraper")
+        return self._task
+
+    async def stop(self) -> None:
+        await cancel_and_wait(self._task)
+        self._task = None
+        for st in self._state.values():
+            if st.pending is not None:
+                st.pending.cancel()
+        pend = [st.pending for st in self._state.values() if st.pending is not None]
+        if pend:
+            await asyncio.gather(*pend, return_exceptions=True)
+        self._state.clear()
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def run(self) -> None:
+        while True:
+            started = self.clock()
+            try:
+                await self.scrape_round()
+            except Exception:  # the loop must survive anything a round throws
+                log.exception("metrics scrape round failed")
+            await asyncio.sleep(max(0.0, self.interval - (self.clock() - started)))
+
+    # ---- one round ---------------------------------------------------------------------------------------
+    async def scrape_round(self, wait: float | None = None) -> int:
+        """Launch scrapes, wait up to `wait` (default: one interval), publish. Returns endpoints updated."""
+        session = await self._ensure_session()
+        endpoints = {ep.key: ep for ep in self.datastore.all_endpoints()}
+        for key, ep in endpoints.items():
+            st = self._state.setdefault(key, _State())
+            if st.pending is None:
+                st.pending = asyncio.ensure_future(self._scrape(session, ep))
+        pending = [st.pending for st in self._state.values() if st.pending is not None and not st.pending.done()]
+        if pending:
+            await asyncio.wait(pending, timeout=self.interval if wait is None else wait)
+        updates = self._harvest(endpoints)
+        self.rounds += 1
+        if updates:
+            self.datastore.update_metrics(updates)
+        return len(updates)
+
+    def _harvest(self, endpoints: dict[str, Endpoint]) -> dict[str, Metrics]:
+        updates: dict[str, Metrics] = {}
+        for key, st in self._state.items():
+            task = st.pending
+            if task is None or not task.done():
+                continue
+            st.pending = None
+            if task.cancelled():
+                continue
+            err = task.exception()
+            if err is None:
+                ep = endpoints.get(key)
+                updates[key] = period_latency(task.result(), ep.metrics if ep is not None else None)
+                if st.failures >= self.failure_threshold:
+                    log.info("endpoint %s scrapes again; back in rotation", key)
+                st.failures, st.last_error = 0, ""
+                self.datastore.set_unhealthy(key, False)
+            else:
+                st.failures += 1
+                st.last_error = f"{type(err).__name__}: {err}"
+                if st.failures == self.failure_threshold:
+                    log.warning(
+                        "endpoint %s failed %d scrapes in a row (%s); out of rotation until it recovers",
+                        key, st.failures, st.last_error,
+                    )
+                if st.failures >= self.failure_threshold:
+                    self.datastore.set_unhealthy(key, True)
+        now = self.clock()
+        for key, ep in endpoints.items():
+            if key in updates:
+                continue
+            m = ep.metrics
+            if not m.stale and m.updated_at is not None and now - m.updated_at > self.staleness:
+                updates[key] = replace(m, stale=True)
+        return updates
+
+    def configure(self, scrape: Scrape) -> None:
+        """Apply a config's data-layer section (metrics-data-source, core-metrics-extractor); takes effect at the
+        next scrape."""
+        self.scheme = scrape.scheme
+        self.path = scrape.path
+        self.insecure_skip_verify = scrape.insecure_skip_verify
+        self.engine_label_key = scrape.engine_label_key
+        self.default_engine = scrape.default_engine
+
+    def engine_of(self, ep: Endpoint) -> str:
+        """The engine label (engineLabelKey, then the well-known engine labels), else the default engine."""
+        labels = ep.labels
+        return (labels.get(self.engine_label_key) or labels.get("llm-d.ai/engine-type")
+                or labels.get("inference.networking.k8s.io/engine-type") or self.default_engine)
+
+    async def _scrape(self, session: aiohttp.ClientSession, ep: Endpoint) -> Metrics:
+        engine = self.engine_of(ep)
+        try:
+            parse = parser_for(engine)
+        except KeyError:
+            if engine not in self._warned_engines:
+                self._warned_engines.add(engine)
+                log.warning("endpoint %s: unknown engine %r, reading it as vllm", ep.key, engine)
+            parse = parser_for("vllm")
+        async with self._sem:
+            url = f"{self.scheme}://{ep.key}{self.path}"
+            ssl = False if self.scheme == "https" and self.insecure_skip_verify else None
+            async with session.get(url, ssl=ssl) as resp:
+                if resp.status != 200:
+                    raise RuntimeError(f"GET {url}: HTTP {resp.status}")
+                body = await resp.read()
+        return parse(body, self.clock())
+
+    def forget(self, key: str) -> None:
+        """The endpoint left the pool (datastore lifecycle): drop its failure streak and any pending scrape."""
+        st = self._state.pop(key, None)
+        if st is not None and st.pending is not None:
+            st.pending.cancel()
+
+    # ---- introspection -----------------------------------------------------------------------------------
+    def failures(self, key: str) -> int:
+        st = self._state.get(key)
+        return st.failures if st else 0
+
+    def last_error(self, key: str) -> str:
+        st = self._state.get(key)
+        return st.last_error if st else ""
+
+
+async def start_scraper(
+    datastore: Datastore,
+    interval: float = 0.05,
+    timeout: float = 1.0,
+    staleness: float = 2.0,
+    **kwargs: object,
+) -> MetricsScraper:
+    """Create a scraper and start its loop on the running event loop (`--refresh-metrics-interval`,
+    `--metrics-staleness-threshold`). Call `await scraper.stop()` on shutdown."""
+    s = MetricsScraper(datastore, interval=interval, timeout=timeout, staleness=staleness, **kwargs)  # type: ignore[arg-type]
+    s.start()
+    return s
