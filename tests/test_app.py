@@ -94,11 +94,11 @@ async def test_scheduling_config_hot_reload_good_and_bad(tmp_path):
         old = d.scheduler
         cfg.write_text("kind: EndpointPickerConfig\nplugins: [{type: no-such-scorer}]\n")  # invalid
         await asyncio.sleep(2.5)
-        assert d.scheduler is old, "an invalid config must not replace the serving one"
+        assert app.director.scheduler is old, "an invalid config must not replace the serving one"
         cfg.write_text("apiVersion: inference.networking.x-k8s.io/v1alpha1\nkind: EndpointPickerConfig\n"
                        "metadata: {name: second}\nplugins:\n- type: kv-cache-utilization-scorer\n")
-        assert await _wait_for(lambda: d.scheduler is not old)
-        ex2 = d.exchange()
+        assert await _wait_for(lambda: app.director.scheduler is not old)  # a new bundle, swapped whole
+        ex2 = app.director.exchange()
         ex2.decide({":path": "/v1/chat/completions"}, CHAT, {})
         assert ex2.result.profile == "second"
         # The request picked before the reload finishes on its own scheduler, and the counts balance.

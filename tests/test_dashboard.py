@@ -209,7 +209,7 @@ async def test_path_prefix_moves_the_page_and_false_turns_it_off(tmp_path):
         await app.stop(0)
     app, base = await start_app(tmp_path, "--dashboard", "false")
     try:
-        assert app.director.recorder is None and app.dashboard is None
+        assert app.recorder is None and app.dashboard is None
         async with aiohttp.ClientSession() as s:
             async with s.get(base + "/") as r:
                 assert r.status == 404

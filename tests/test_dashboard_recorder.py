@@ -10,7 +10,7 @@ import orjson
 import pytest
 
 from epp.api.dashboard import views
-from epp.api.dashboard.recorder import DecisionRecorder
+from epp.api.dashboard.recorder import DecisionRecorder, RecorderObserver
 from epp.api.dashboard.series import Sampler
 from epp.fleet.datastore import Datastore, PoolSpec
 from epp.request.director import Director
@@ -38,9 +38,15 @@ def director() -> Director:
     ds = Datastore()
     ds.set_pool(PoolSpec("pool"), [ep("10.0.0.1", waiting=4, kv=0.5), ep("10.0.0.2"), ep("10.0.0.3", kv=0.9)])
     sched = load_scheduler(GIE_DEFAULT, rng=random.Random(1), timer=time.perf_counter)  # three weighted scorers
-    d = Director(ds, sched)
-    d.recorder = DecisionRecorder(capacity=4)
-    return d
+    return Recorded(ds, sched, observers=[RecorderObserver(DecisionRecorder(capacity=4))])
+
+
+class Recorded(Director):
+    """A director whose observers include the dashboard's recorder (the tests read it back)."""
+
+    @property
+    def recorder(self) -> DecisionRecorder:
+        return next(o.recorder for o in self.observers if isinstance(o, RecorderObserver))
 
 
 def to_wall(t: float) -> float:
@@ -185,6 +191,6 @@ def test_header_lines_parse_like_the_cli():
 
 
 def test_a_director_without_recorder_records_nothing(director):
-    director.recorder = None
-    ex, out = run(director, chat())
-    assert not out.reject_status and ex.rec is None
+    kept = director.recorder
+    ex, out = run(director.replace(observers=()), chat())
+    assert not out.reject_status and not kept.ring

@@ -6,6 +6,7 @@ import orjson
 import pytest
 
 from epp.fleet.datastore import Datastore, PoolSpec
+from epp.request.admit import SheddableAdmitter
 from epp.request.director import DESTINATION, Director, DirectorConfig
 from scheduling.api import SchedulingContext, SchedulingResult
 from scheduling.types import Endpoint, ErrorCode, SchedulingError, endpoint_key
@@ -163,7 +164,7 @@ def test_served_endpoint_read_from_metadata(ds):
 
 def test_negative_priority_is_shed_when_admission_says_so(ds):
     ds.objectives = {"batch": -1, "chat": 10}
-    d = Director(ds, LeastLoaded(), admission=lambda prio, eps, now: False)
+    d = Director(ds, LeastLoaded(), admitters=[SheddableAdmitter(lambda prio, eps, now: False)])
     _, out = decide(d, headers={"x-gateway-inference-objective": "batch"})
     assert out.reject_status == 429
     _, out = decide(d, headers={"x-gateway-inference-objective": "chat"})

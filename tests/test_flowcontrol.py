@@ -8,7 +8,7 @@ import math
 import grpc
 import orjson
 
-from epp.api.metrics import EppMetrics
+from epp.api.metrics import EppMetrics, RequestMetrics
 from epp.extproc.server import build_server
 from epp.fleet.datastore import Datastore, PoolSpec
 from epp.fleet.saturation import ConcurrencyDetector, SaturationDetector
@@ -102,11 +102,10 @@ class Rig:
         self.ds.set_pool(PoolSpec(POOL), [ep(1), ep(2)])
         self.ds.objectives = {"critical": 10, "sheddable": -1}
         self.metrics = metrics or EppMetrics(self.ds)
-        self.director = Director(self.ds, LeastLoaded(), metrics=self.metrics)
         detector = ConcurrencyDetector(self.ds.inflight, max_concurrency=per_endpoint)
-        self.flow = FlowController(config, PoolPressure(self.ds, self.director.routable, detector),
+        self.flow = FlowController(config, PoolPressure(self.ds, self.ds.routable, detector),
                                    metrics=self.metrics)
-        self.director.flow = self.flow
+        self.director = Director(self.ds, LeastLoaded(), observers=[RequestMetrics(self.metrics)], flow=self.flow)
 
     def send(self, n: int = 0, objective: str = "", fairness: str = ""):
         headers = {":path": "/v1/chat/completions", ":method": "POST"}
@@ -259,12 +258,11 @@ async def test_utilization_detector_counts_unscraped_dispatches_as_waiting():
     ds.set_pool(PoolSpec(POOL), [ep(1)])
     clock = [100.0]
     ds.update_metrics({ep(1).key: Metrics(waiting=0, updated_at=100.0, stale=False)})
-    director = Director(ds, LeastLoaded())
-    pressure = PoolPressure(ds, director.routable, SaturationDetector(queue_depth_threshold=2),
+    pressure = PoolPressure(ds, ds.routable, SaturationDetector(queue_depth_threshold=2),
                             clock=lambda: clock[0])
     pressure.metrics_updated([ep(1).key])
     flow = FlowController(FlowControl(), pressure, clock=lambda: clock[0])
-    director.flow = flow
+    director = Director(ds, LeastLoaded(), flow=flow)
     headers = {":path": "/v1/chat/completions", ":method": "POST"}
     outs = [director.exchange().decide(headers, chat(i), {}) for i in range(3)]
     assert [isinstance(o, Outcome) for o in outs] == [True, True, False]  # the third would make waiting 2/2

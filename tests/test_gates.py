@@ -11,6 +11,7 @@ import random
 import orjson
 import pytest
 
+from epp.api.metrics import RequestMetrics
 from epp.fleet.datastore import Datastore
 from epp.protocol import Outcome
 from epp.ratelimit import Limiter, RedisStore
@@ -67,7 +68,7 @@ def director(global_limit: str = "", store: RedisStore | None = None) -> tuple[D
     limiter = Limiter(redis=store)
     metrics = Metrics()
     d = Director(ds, load_scheduler(None, rng=random.Random(1)), DirectorConfig(), router=svc.router,
-                 gates=[RateLimitGate(limiter)], metrics=metrics)  # type: ignore[arg-type]
+                 admitters=[RateLimitGate(limiter)], observers=[RequestMetrics(metrics)])  # type: ignore[arg-type]
     return d, limiter, metrics
 
 

@@ -45,10 +45,15 @@ def setup():
     ds = Datastore()
     sched = load_scheduler(CONFIG, rng=random.Random(1))
     director = Director(ds, sched)
-    ds.on_endpoint_removed(lambda key: director.scheduler.endpoint_removed(key))
+    current = [director]  # the app's current director: a reload replaces it whole
+    ds.on_endpoint_removed(lambda key: current[0].scheduler.endpoint_removed(key))
     base = [ep(f"10.0.0.{i}", f"base-{i}") for i in range(1, 4)]
     ds.set_pool(PoolSpec("pool"), base)
+    CURRENT[ds] = current
     return ds, sched, director, base
+
+
+CURRENT: dict[Datastore, list[Director]] = {}
 
 
 def route(director, text: str, session: str | None = None):
@@ -145,7 +150,8 @@ def test_removal_reaches_the_scheduler_after_a_reload():
     ds, sched, director, base = setup()
     ex, key = route(director, "before reload " * 30)
     ex.close()
-    director.scheduler = newer = load_scheduler(CONFIG, rng=random.Random(2))
+    newer = load_scheduler(CONFIG, rng=random.Random(2))
+    CURRENT[ds][0] = director = director.replace(scheduler=newer)
     ex, key2 = route(director, "after reload " * 30)
     ex.close()
     assert key2 in newer.tracked_endpoints()

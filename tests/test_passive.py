@@ -6,7 +6,7 @@ import orjson
 import pytest
 
 from epp.api.explain import PointsmanService
-from epp.api.metrics import EppMetrics
+from epp.api.metrics import EppMetrics, RequestMetrics
 from epp.fleet.datastore import Datastore, PoolSpec
 from epp.fleet.passive import EJECTED, HEALTHY, PROBING, PassiveHealth
 from epp.fleet.scrape.scraper import bounded_timeout
@@ -47,9 +47,7 @@ def rig():
     passive = PassiveHealth(ds, failure_threshold=3, cooldown=5.0, max_cooldown=12.0, silence_timeout=2.0,
                             clock=clock, metrics=metrics)
     metrics.bind_health(passive)
-    d = Director(ds, First(), metrics=metrics, clock=clock)
-    d.passive = passive
-    d.watchers.append(passive)
+    d = Director(ds, First(), clock=clock, observers=[RequestMetrics(metrics), passive])
     return d, passive, clock, metrics
 
 
@@ -88,7 +86,7 @@ def test_consecutive_5xx_eject_and_a_success_resets_the_streak(rig):
     assert metrics.registry.get_sample_value("pointsman_endpoint_ejections_total",
                                              {"endpoint": A, "source": "passive"}) == 1.0
     assert metrics.registry.get_sample_value("pointsman_endpoint_state", {"endpoint": A, "state": "ejected"}) == 1.0
-    info = PointsmanService(d).list_endpoints(api.ListEndpointsRequest())
+    info = PointsmanService(d, passive).list_endpoints(api.ListEndpointsRequest())
     a = next(e for e in info.endpoints if e.key == A)
     assert (a.state, a.routable, a.failures, a.consecutive_failures, a.ejections) == ("ejected", False, 5, 3, 1)
     assert a.reason.startswith("HTTP 504; probe in 5.0 s")

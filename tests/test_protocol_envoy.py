@@ -76,7 +76,7 @@ async def test_awaitable_decisions_route_through_envoy(tmp_path, mode):
     await s.start()
     try:
         d = s.app.director
-        s.app.extproc.director = DelayedDirector(d.datastore, d.scheduler, d.config, metrics=d.metrics)
+        s.app.extproc.director = DelayedDirector(d.datastore, d.scheduler, d.config, observers=d.observers)
         async with aiohttp.ClientSession() as c:
             results = await asyncio.gather(*(
                 post(c, s.url + "/v1/chat/completions", chunked(chat(f"q{i}")), {"x-gateway-model-name-rewrite": "l2"})

@@ -15,6 +15,7 @@ from epp.fleet.datastore import Datastore
 from epp.ratelimit import Limit, Limiter, RedisStore
 from epp.ratelimit.gate import RateLimitGate
 from epp.request.director import Director, DirectorConfig
+from epp.request.resolve import resolve
 from epp.request.usage import UsageScanner
 from epp.routing.service import RoutingService
 from scheduling.config import load_scheduler
@@ -53,7 +54,7 @@ def director(text: str) -> Director:
 
 def ctx_for(d: Director, model: str, **body: object) -> tuple[object, dict]:
     raw = orjson.dumps({"model": model, "messages": [{"role": "user", "content": "hello there"}], **body})
-    ctx, parsed = d.build({":path": "/v1/chat/completions", ":method": "POST"}, raw, {})
+    ctx, parsed = resolve(d, {":path": "/v1/chat/completions", ":method": "POST"}, raw, {})
     return ctx, parsed or {}
 
 
@@ -69,9 +70,9 @@ def test_a_kthena_route_limits_input_tokens_with_kthenas_words() -> None:
                                                "    outputTokensPerUnit: 5000\n    unit: minute\n"))
     gate = RateLimitGate(Limiter())
     ctx, body = ctx_for(d, "m")
-    first = gate.admit(ctx, 7, body)
+    first = gate.charge(ctx, 7, body)
     assert not inspect.isawaitable(first) and first.allowed and first.ticket is not None
-    refused = gate.admit(ctx, 7, body)
+    refused = gate.charge(ctx, 7, body)
     assert not inspect.isawaitable(refused) and not refused.allowed
     out = gate.rejection(refused)
     assert out.reject_status == 429
@@ -89,10 +90,10 @@ def test_routes_are_counted_apart_and_a_route_without_limits_is_free() -> None:
     gate = RateLimitGate(Limiter())
     for model in ("m1", "m2"):
         ctx, body = ctx_for(d, model)
-        assert gate.admit(ctx, 10, body).allowed  # type: ignore[union-attr]
-        assert not gate.admit(ctx, 1, body).allowed  # type: ignore[union-attr]
+        assert gate.charge(ctx, 10, body).allowed  # type: ignore[union-attr]
+        assert not gate.charge(ctx, 1, body).allowed  # type: ignore[union-attr]
     ctx, body = ctx_for(d, "m3")
-    free = gate.admit(ctx, 10**6, body)
+    free = gate.charge(ctx, 10**6, body)
     assert free.allowed and free.ticket is None  # type: ignore[union-attr]
 
 
@@ -101,16 +102,16 @@ def test_output_is_settled_from_usage_or_kept_at_max_tokens_in_lean_phases() -> 
     limiter = Limiter()
     gate = RateLimitGate(limiter, default_output_tokens=0)
     ctx, body = ctx_for(d, "m", max_tokens=300)
-    full = gate.admit(ctx, 5, body)
+    full = gate.charge(ctx, 5, body)
     scanner = UsageScanner("application/json")  # what the director scans in full response phases
     scanner.feed(orjson.dumps({"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 42}}), True)
     gate.settle(full.ticket, scanner.usage)  # type: ignore[union-attr]
     assert {r.metric: r.used for r in limiter.snapshot()}["output_tokens"] == pytest.approx(42, abs=0.1)
-    lean = gate.admit(ctx, 5, body)
+    lean = gate.charge(ctx, 5, body)
     gate.settle(lean.ticket, None)  # lean phases: no usage is ever seen, max_tokens stays charged
     assert {r.metric: r.used for r in limiter.snapshot()}["output_tokens"] == pytest.approx(342, abs=0.1)
     ctx, body = ctx_for(d, "m")  # no max_tokens: the configured default (0)
-    gate.settle(gate.admit(ctx, 5, body).ticket, None)  # type: ignore[union-attr]
+    gate.settle(gate.charge(ctx, 5, body).ticket, None)  # type: ignore[union-attr]
     assert {r.metric: r.used for r in limiter.snapshot()}["output_tokens"] == pytest.approx(342, abs=0.1)
 
 
@@ -122,11 +123,11 @@ def test_a_global_route_is_shared_through_redis(redis_server: RedisServer) -> No
         replicas = [RateLimitGate(Limiter(redis=RedisStore(redis_server.address, timeout_s=2.0))) for _ in range(2)]
         d = director(text)
         ctx, body = ctx_for(d, "m")
-        pending = replicas[0].admit(ctx, 60, body)
+        pending = replicas[0].charge(ctx, 60, body)
         assert inspect.isawaitable(pending)  # a shared limit: Redis is asked
         first = await pending
         assert first.allowed and not first.degraded
-        second = await replicas[1].admit(ctx, 60, body)  # type: ignore[misc]
+        second = await replicas[1].charge(ctx, 60, body)  # type: ignore[misc]
         assert not second.allowed and dict(second.headers)["x-ratelimit-remaining"] == "40"
         for g in replicas:
             await g.limiter.close()
@@ -139,7 +140,7 @@ def test_dry_run_for_explain_charges_nothing_and_extra_limits_join() -> None:
     gate = RateLimitGate(Limiter())
     budget = Limit.rolling("team-cap", "total_tokens", 20, 3600)
     ctx, body = ctx_for(d, "m")
-    assert gate.admit(ctx, 10, body, dry_run=True).allowed  # type: ignore[union-attr]
-    adm = gate.admit(ctx, 10, body, extra=[(budget, "team-a")])
+    assert gate.charge(ctx, 10, body, dry_run=True).allowed  # type: ignore[union-attr]
+    adm = gate.charge(ctx, 10, body, extra=[(budget, "team-a")])
     assert adm.allowed and len(adm.statuses) == 2  # type: ignore[union-attr]
-    assert not gate.admit(ctx, 1, body, dry_run=True).allowed  # type: ignore[union-attr]
+    assert not gate.charge(ctx, 1, body, dry_run=True).allowed  # type: ignore[union-attr]

@@ -6,6 +6,7 @@ state), so it shows what the next real request would get without changing it."""
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Collection, Sequence
 from typing import Any
 
@@ -13,7 +14,10 @@ import grpc
 
 from epp.fleet.datastore import Datastore
 from epp.fleet.passive import PassiveHealth
+from epp.protocol import Outcome
+from epp.request.commit import mutations, mutations_for_provider, schedule
 from epp.request.director import Director, ShellContext, error_outcome
+from epp.request.resolve import resolve
 from epp.routing.providers import CREDENTIAL_HEADERS
 from proto import pointsman_pb2 as api
 from proto import pointsman_pb2_grpc
@@ -65,8 +69,8 @@ def describe_model_router(route: Any, info: api.RouteInfo) -> None:
         info.split.add(target=route.target.backend, kind=route.target.kind, weight=1, chosen=True)
 
 
-def describe_budgets(gates: Any, ctx: Any, info: api.RouteInfo) -> None:
-    for gate in gates:
+def describe_budgets(admitters: Any, ctx: Any, info: api.RouteInfo) -> None:
+    for gate in admitters:
         describe = getattr(gate, "describe", None)
         if describe is None:
             continue
@@ -98,14 +102,21 @@ def describe_prefix(state: dict[Any, Any], candidates: Sequence[Endpoint], out: 
 
 
 class PointsmanService(pointsman_pb2_grpc.PointsmanServicer):
-    def __init__(self, director: Director) -> None:
+    """`director` is the current bundle (the app swaps it on reload); `passive` reports endpoint health."""
+
+    def __init__(self, director: Director, passive: PassiveHealth | None = None) -> None:
         self.director = director
+        self.passive = passive
 
     def explain(self, request: api.ExplainRequest) -> api.ExplainResponse:
         """The dry run, synchronously: a request is tokenized only from what needs no waiting (the engine's
         /tokenize is not called; see `explain_async`, which the gRPC API uses)."""
         out, built = self._begin(request)
         if built is None:
+            return out
+        refused = self._admit(built[0], built[1], wait=False)
+        if isinstance(refused, Outcome):
+            out.status, out.error = refused.reject_status, refused.reject_body
             return out
         tokens = self.director.tokens
         if tokens is not None:
@@ -117,12 +128,46 @@ class PointsmanService(pointsman_pb2_grpc.PointsmanServicer):
         out, built = self._begin(request)
         if built is None:
             return out
+        refused = self._admit(built[0], built[1], wait=True)
+        if inspect.isawaitable(refused):
+            refused = await refused
+        if isinstance(refused, Outcome):
+            out.status, out.error = refused.reject_status, refused.reject_body
+            return out
         tokens = self.director.tokens
         if tokens is not None:
             pending = tokens.prepare(built[0], self.director.scheduler_for(built[0]), dry_run=True)
             if pending is not None:
                 await pending
         return self._decide(out, *built)
+
+    def _admit(self, ctx: ShellContext, parsed: dict[str, Any] | None, *, wait: bool) -> Any:
+        """The admitters in dry-run mode (they charge nothing): the first refusal, else None. With `wait` an
+        admitter that must ask elsewhere (Redis) makes this awaitable; without, that admitter is passed over."""
+        admitters = list(self.director.admitters)
+        for i, admitter in enumerate(admitters):
+            verdict = admitter.admit(ctx, parsed, dry_run=True)
+            if inspect.isawaitable(verdict):
+                if not wait:
+                    getattr(verdict, "close", lambda: None)()
+                    continue
+                return self._admit_later(verdict, ctx, parsed, admitters[i + 1:])
+            if isinstance(verdict, Outcome):
+                return verdict
+        return None
+
+    async def _admit_later(self, pending: Any, ctx: ShellContext, parsed: dict[str, Any] | None,
+                           rest: list[Any]) -> Outcome | None:
+        verdict = await pending
+        if isinstance(verdict, Outcome):
+            return verdict
+        for admitter in rest:
+            verdict = admitter.admit(ctx, parsed, dry_run=True)
+            if inspect.isawaitable(verdict):
+                verdict = await verdict
+            if isinstance(verdict, Outcome):
+                return verdict
+        return None
 
     def _begin(
         self, request: api.ExplainRequest
@@ -135,7 +180,7 @@ class PointsmanService(pointsman_pb2_grpc.PointsmanServicer):
         metadata = {"pointsman": {"pool": request.pool}} if request.pool else {}
         out = api.ExplainResponse()
         try:
-            ctx, parsed = d.build(headers, request.body, metadata, dry_run=True)
+            ctx, parsed = resolve(d, headers, request.body, metadata, dry_run=True)
         except SchedulingError as err:
             rej = error_outcome(err)
             out.status, out.error = rej.reject_status, rej.reject_body
@@ -144,10 +189,10 @@ class PointsmanService(pointsman_pb2_grpc.PointsmanServicer):
         out.candidates.extend(e.key for e in ctx.candidates)
         if ctx.route is not None:
             describe_route(ctx.route, out.route)
-            describe_budgets(d.gates, ctx, out.route)
+            describe_budgets(d.admitters, ctx, out.route)
         if ctx.route is not None and ctx.route.provider is not None:  # no endpoint scheduling
             out.status = 200
-            outcome = d.mutations_for_provider(ctx, parsed)
+            outcome = mutations_for_provider(d, ctx, parsed)
             out.headers.update(redacted(outcome.set_headers, ctx.route.sensitive))
             return out, None
         return out, (ctx, parsed)
@@ -160,7 +205,7 @@ class PointsmanService(pointsman_pb2_grpc.PointsmanServicer):
         out.prompt_tokens = req.estimated_tokens
         try:
             ctx.explain = True
-            result = d.schedule(ctx, dry_run=True)
+            result = schedule(d.scheduler_for(ctx), ctx, dry_run=True)
         except SchedulingError as err:
             rej = error_outcome(err)
             out.status, out.error = rej.reject_status, rej.reject_body
@@ -188,7 +233,7 @@ class PointsmanService(pointsman_pb2_grpc.PointsmanServicer):
         if ctx.route is not None and ctx.route.sticky is not None:
             out.route.session = f"pinned {ctx.route.pinned}" if ctx.route.pinned else (
                 "new" if ctx.route.session is not None else "")
-        outcome = d.mutations(ctx, result, parsed)
+        outcome = mutations(d, ctx, result, parsed)
         out.headers.update(redacted(outcome.set_headers, ctx.route.sensitive if ctx.route is not None else ()))
         return out
 
@@ -200,7 +245,7 @@ class PointsmanService(pointsman_pb2_grpc.PointsmanServicer):
     def list_endpoints(self, request: api.ListEndpointsRequest) -> api.ListEndpointsResponse:
         ds = self.director.datastore
         now = self.director.clock()
-        passive = self.director.passive
+        passive = self.passive
         out = api.ListEndpointsResponse(pools=ds.pool_names(), default_pool=ds.default_pool or "")
         for pool in [request.pool] if request.pool else ds.pool_names():
             snap = ds.snapshot(pool)

@@ -18,7 +18,8 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from epp.extproc.server import DEFAULT_TRANSPORT, StreamConfig, build_server
+from epp.extproc.server import DEFAULT_TRANSPORT, build_server
+from epp.extproc.session import StreamConfig
 from epp.fleet.datastore import Datastore
 from epp.fleet.scrape.scraper import MetricsScraper
 from epp.request.director import Director, DirectorConfig
@@ -29,17 +30,19 @@ if TYPE_CHECKING:
     import kubernetes.client as k8s
 
     from epp.api.dashboard import Dashboard
+    from epp.api.dashboard.recorder import DecisionRecorder
     from epp.api.health import EppHealthServicer
     from epp.api.metrics import EppMetrics
     from epp.bus.shell import BusRuntime
     from epp.fleet.k8s.pods import PodPools
     from epp.fleet.kvevents.service import PreciseService
+    from epp.fleet.passive import PassiveHealth
     from epp.fleet.reload import FileWatcher
     from epp.fleet.saturation import Detector
     from epp.flowcontrol import FlowController, PoolPressure
     from epp.ratelimit.gate import RateLimitGate
-    from epp.request.gates import Gate
-    from epp.request.watch import Watcher
+    from epp.request.admit import Admitter
+    from epp.request.observe import RequestObserver
     from epp.routing.service import RoutingService
     from epp.tokenize.shell import RequestTokens
     from epp.xds import EdsService
@@ -98,10 +101,14 @@ class App:
         self.pressure: PoolPressure | None = None  # the pool saturation flow control reads
         self._background: set[asyncio.Task[Any]] = set()
         self.outputs: dict[str, Any] = {}  # the DirectorConfig fields of --data-plane and the output flags
+        self.admitters: list[Admitter] = []  # after the sheddable check: rate limits, budgets
+        self.passive: PassiveHealth | None = None
+        self.recorder: DecisionRecorder | None = None  # the dashboard's record of decisions
+        self._holders: list[Any] = []  # what serves with the current director (swapped whole on reload)
 
     async def start(self) -> None:
         args = self.args
-        from epp.api.metrics import EppMetrics, start_metrics_server
+        from epp.api.metrics import EppMetrics, RequestMetrics, start_metrics_server
         from epp.request.outputs import director_outputs
         from epp.request.rewrite import choose_rewrite
 
@@ -122,31 +129,22 @@ class App:
             log_decisions=args.log_decisions,
         )
         ds = self.datastore
-        gates: list[Gate] = []
-        watchers: list[Watcher] = []
+        observers: list[RequestObserver] = [RequestMetrics(self.metrics)]
         if self.routing is not None:  # routes may carry token rate limits (Kthena's ModelRoute.rateLimit)
             from epp.ratelimit.wiring import build_budgets, build_gate
 
             self.ratelimit = await build_gate(args, self.metrics.registry, self.routing.router.table)
             self.cleanups.append(self.ratelimit.limiter.close)
-            gates.append(self.ratelimit)
-            gates.append(build_budgets(self.ratelimit, self.routing, self.cleanups))  # LLMKube budgets
-            watchers.append(self.routing.router.llmkube)  # LLMKube quarantine and first-byte latency
-        self.director = director = Director(
-            ds, scheduler, cfg, metrics=self.metrics,
-            rewrite=lambda model: choose_rewrite(ds.rewrites, model, self.rng) if ds.rewrites else None,
-            router=self.routing.router if self.routing is not None else None,
-            gates=gates,
-            watchers=watchers,
-        )
-        director.tokens = self.tokens  # HOOK (precise prefix routing): tokenize for configs that read tokens
+            self.admitters.append(self.ratelimit)
+            self.admitters.append(build_budgets(self.ratelimit, self.routing, self.cleanups))  # LLMKube budgets
+            observers.append(self.routing.router.llmkube)  # LLMKube quarantine and first-byte latency
         # Endpoint lifecycle: whatever scheduler is current forgets a departed endpoint (in-flight counts and the
         # unhealthy mark are the datastore's own; the scraper subscribes itself).
-        ds.on_endpoint_removed(lambda key: director.scheduler.endpoint_removed(key))
+        ds.on_endpoint_removed(lambda key: self._current().scheduler.endpoint_removed(key))
         from epp.fleet.saturation import SaturationDetector
         from epp.flowcontrol import PoolPressure
 
-        self.pressure = PoolPressure(ds, director.routable, SaturationDetector())
+        self.pressure = PoolPressure(ds, ds.routable, SaturationDetector())
         ds.on_endpoint_removed(self.pressure.forget)
         ds.on_metrics_updated(self._metrics_arrived)
         self.cleanups.append(self._stop_flow_control)
@@ -159,8 +157,22 @@ class App:
         self.cleanups.append(self.scraper.stop)
         await self._start_bus()
         self._start_passive_health()
+        if self.passive is not None:
+            observers.append(self.passive)
+        if args.dashboard and (args.metrics_port or args.worker_index is not None):
+            from epp.api.dashboard.recorder import DecisionRecorder, RecorderObserver
+
+            self.recorder = DecisionRecorder(args.dashboard_decisions)
+            observers.append(RecorderObserver(self.recorder))
+        self.director = Director(
+            ds, scheduler, cfg,
+            rewrite=lambda model: choose_rewrite(ds.rewrites, model, self.rng) if ds.rewrites else None,
+            router=self.routing.router if self.routing is not None else None,
+            tokens=self.tokens,  # precise prefix routing: tokenize for configs that read tokens
+            observers=tuple(observers),
+        )
         self.apply_scheduler(scheduler)
-        if args.metrics_port or args.worker_index is not None:
+        if self.recorder is not None:
             self._make_dashboard()
         await self._start_grpc()
         if args.worker_index is not None:  # HOOK (replicas): a worker of `epp serve --workers N` (epp/workers)
@@ -177,6 +189,17 @@ class App:
                 self.cleanups.append(dash.stop)
                 log.info("dashboard on port %d at %s%s", args.metrics_port, dash.prefix,
                          " (token required)" if args.dashboard_token else "")
+
+    def _current(self) -> Director:
+        assert self.director is not None, "the director is built before any request or endpoint event"
+        return self.director
+
+    def publish(self, director: Director) -> None:
+        """Make `director` the one new streams, explain and the dashboard use (streams keep the one they began
+        with)."""
+        self.director = director
+        for holder in self._holders:
+            holder.director = director
 
     def _start_precise(self) -> None:
         """The precise prefix index with its KV-event subscriptions (following the datastore), and tokenization
@@ -214,10 +237,8 @@ class App:
         register_bus_metrics(self.metrics.registry, self.bus, self.args.worker_index)
 
     def _make_dashboard(self) -> None:
-        """The live page on the metrics port, and the director's decision recorder that feeds it."""
+        """The live page on the metrics port, reading the decision recorder that observes the request path."""
         args = self.args
-        if not args.dashboard:
-            return
         from epp.api.dashboard import Dashboard
 
         def source() -> str:
@@ -225,11 +246,11 @@ class App:
                 return f"file {args.config_file}"
             return "inline --config-text" if args.config_text else "built-in default (the estimated-latency profile)"
 
-        self.dashboard = Dashboard(self.director, prefix=args.dashboard_path_prefix, token=args.dashboard_token,
-                                   capacity=args.dashboard_decisions, config_source=source, watchers=self.watchers,
-                                   started_at=self.started_at)
-        assert self.director is not None, "the director is built before the dashboard"
-        self.director.recorder = self.dashboard.recorder
+        assert self.recorder is not None
+        self.dashboard = Dashboard(self._current(), recorder=self.recorder, passive=self.passive,
+                                   prefix=args.dashboard_path_prefix, token=args.dashboard_token,
+                                   config_source=source, watchers=self.watchers, started_at=self.started_at)
+        self._holders.append(self.dashboard.explainer)
 
     async def _start_sources(self) -> None:
         args = self.args
@@ -378,24 +399,23 @@ class App:
             metrics=self.metrics,
         )
         passive.scraper = self.scraper
-        assert self.director is not None and self.metrics is not None
-        self.director.passive = passive
-        self.director.watchers.append(passive)
+        assert self.metrics is not None
+        self.passive = passive
         self.metrics.bind_health(passive)
         passive.start()
         self.cleanups.append(passive.stop)
 
     def apply_scheduler(self, scheduler: ModelScheduler) -> None:
         """Make `scheduler` current, with what its config's shell sections say (admission thresholds, flow
-        control, scraping)."""
+        control, scraping): a new director bundle for new streams."""
         from epp.fleet.saturation import detector_for
+        from epp.request.admit import SheddableAdmitter
 
         shell = scheduler.shell
         detector = detector_for(shell.saturation, self.datastore.inflight)
-        assert self.director is not None, "the director is created before any scheduler is applied"
-        self.director.scheduler = scheduler
-        self.director.admission = detector.admit
-        self._apply_flow_control(shell.flow_control, detector)
+        flow = self._apply_flow_control(shell.flow_control, detector)
+        admitters = (SheddableAdmitter(detector.admit), *self.admitters)
+        self.publish(self._current().replace(scheduler=scheduler, admitters=admitters, flow=flow))
         if self.scraper is not None:
             self.scraper.configure(shell.scrape)
         if self.precise is not None:
@@ -403,27 +423,25 @@ class App:
         if self.bus is not None:  # the new scheduler's plugins replicate instead of the old one's
             self.bus.replication.attach(scheduler)
 
-    def _apply_flow_control(self, config: FlowControl | None, detector: Detector) -> None:
+    def _apply_flow_control(self, config: FlowControl | None, detector: Detector) -> FlowController | None:
         """Turn flow control on, reconfigure it, or turn it off (queued requests are then dispatched)."""
         from epp.flowcontrol import FlowController
 
-        assert self.director is not None
         if self.pressure is not None:
             self.pressure.detector = detector
         if config is None:
             old, self.flow = self.flow, None
-            self.director.flow = None
             if old is not None:
                 task = asyncio.get_running_loop().create_task(old.close(release=True))
                 self._background.add(task)
                 task.add_done_callback(self._background.discard)
-            return
+            return None
         if self.flow is None:
             assert self.pressure is not None  # made in start(), before any config is applied
             self.flow = FlowController(config, self.pressure, metrics=self.metrics)
-            self.director.flow = self.flow
         else:
             self.flow.configure(config)
+        return self.flow
 
     def _metrics_arrived(self, keys: Iterable[str]) -> None:
         if self.pressure is not None:
@@ -433,8 +451,8 @@ class App:
 
     async def _stop_flow_control(self) -> None:
         flow, self.flow = self.flow, None
-        if self.director is not None:
-            self.director.flow = None
+        if self.director is not None and self.director.flow is not None:
+            self.publish(self.director.replace(flow=None))
         if flow is not None:
             await flow.close()
 
@@ -451,8 +469,13 @@ class App:
             self.eds = eds = EdsService(self.datastore)
             extra.append(lambda server: add_eds_service(server, eds))
         transport = getattr(args, "grpc_transport", DEFAULT_TRANSPORT)
-        self.server, self.extproc = build_server(self.director, stream_cfg, extra_servicers=extra, metrics=self.metrics,
-                                                 transport=transport, reuse_port=args.worker_index is not None)
+        from epp.api.explain import PointsmanService
+
+        api_service = PointsmanService(self.director, self.passive)
+        self.server, self.extproc = build_server(
+            self.director, stream_cfg, extra_servicers=extra, metrics=self.metrics, transport=transport,
+            reuse_port=args.worker_index is not None, api=api_service)
+        self._holders += [self.extproc, api_service]
         self.health = add_health_servicer(self.server, self.datastore)
         addr = f"{args.grpc_host}:{args.grpc_port}"
         if args.secure_serving:

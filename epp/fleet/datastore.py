@@ -15,7 +15,7 @@ event subscribers); `on_endpoint_added` listeners hear of each arrival. So an ip
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -321,6 +321,21 @@ class Datastore:
     def is_routable(self, key: str) -> bool:
         """False while the scraper (consecutive scrape failures) or passive health holds the endpoint out."""
         return key not in self.unhealthy and key not in self.ejected
+
+    def in_rotation(self, endpoints: Sequence[Endpoint]) -> list[Endpoint]:
+        """The endpoints not held out by the scraper or passive health; all of them when every one is out (that
+        is more likely a problem with the evidence than a dead pool)."""
+        eps: list[Endpoint] = list(endpoints)
+        unhealthy, ejected = self.unhealthy, self.ejected
+        if unhealthy or ejected:
+            healthy = [e for e in eps if e.key not in unhealthy and e.key not in ejected]
+            eps = healthy or eps
+        return eps
+
+    def routable(self, pool: str | None) -> list[Endpoint]:
+        """The pool's endpoints in rotation (see `in_rotation`); [] for an unknown pool."""
+        snap = self.snapshot(pool)
+        return [] if snap is None else self.in_rotation(snap.endpoints)
 
     def set_unhealthy(self, key: str, unhealthy: bool) -> None:
         if unhealthy:

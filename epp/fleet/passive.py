@@ -71,7 +71,7 @@ class Watch:
 
 
 class Followed:
-    """A routed request's response path, as the director's exchange reports it (an epp.request.watch.ResponseWatch)."""
+    """A routed request's response path, as the request path reports it (a follow, epp/request/observe.py)."""
 
     __slots__ = ("health", "w")
 
@@ -79,13 +79,13 @@ class Followed:
         self.health = health
         self.w = w
 
-    def response_headers(self, status: int, served: str | None) -> None:
+    def response_headers(self, ex: Any, status: int, served: str | None) -> None:
         self.health.response_started(self.w, str(status) if status else "", served)
 
-    def response_chunk(self, end_of_stream: bool) -> None:
+    def response_chunk(self, ex: Any, size: int, end_of_stream: bool) -> None:
         self.health.progress(self.w, end_of_stream)
 
-    def closed(self) -> None:
+    def closed(self, ex: Any, usage: Any) -> None:
         self.health.closed(self.w)
 
 
@@ -104,11 +104,6 @@ class EndpointHealth:
 
 
 class HealthMetrics(Protocol):
-    def endpoint_failure(self, key: str, kind: str) -> None: ...
-    def endpoint_ejected(self, key: str, source: str) -> None: ...
-
-
-class NullHealthMetrics:
     def endpoint_failure(self, key: str, kind: str) -> None: ...
     def endpoint_ejected(self, key: str, source: str) -> None: ...
 
@@ -136,7 +131,7 @@ class PassiveHealth:
         self.silence_timeout = silence_timeout
         self.interval = interval
         self.clock = clock
-        self.metrics: HealthMetrics = metrics or NullHealthMetrics()
+        self.metrics = metrics
         self.scraper: MetricsScraper | None = None  # for reporting its view next to this one
         self.states: dict[str, EndpointHealth] = {}
         self.live: set[Watch] = set()
@@ -144,12 +139,16 @@ class PassiveHealth:
         self._task: asyncio.Task[None] | None = None
         datastore.on_endpoint_removed(self.forget)
 
-    # ---- the director's watcher (epp/request/watch.py) --------------------------------------------------------------------
-    def watch(self, ctx: Any, result: Any) -> Followed | None:
+    # ---- the request observer (epp/request/observe.py) -------------------------------------------------------
+    def decided(self, ex: Any) -> Followed | None:
         """Follow a committed request's response path (None for an external provider: no endpoint of ours)."""
+        result = ex.result
         if result is None:
             return None
-        return Followed(self, self.routed(result.primary.key, ctx.request))
+        return Followed(self, self.routed(result.primary.key, ex.ctx.request))
+
+    def rejected(self, ex: Any, code: str) -> None:
+        pass
 
     # ---- what a followed request reports -------------------------------------------------------------------------
     def routed(self, key: str, req: LLMRequest) -> Watch:
@@ -222,7 +221,8 @@ class PassiveHealth:
         st.failures += 1
         st.consecutive += 1
         st.reason = reason
-        self.metrics.endpoint_failure(w.key, kind)
+        if self.metrics is not None:
+            self.metrics.endpoint_failure(w.key, kind)
         if w.probe and st.probe is w:
             st.probe = None
             w.probe = False
@@ -237,7 +237,8 @@ class PassiveHealth:
         st.state, st.since, st.until, st.cooldown = EJECTED, now, now + cooldown, cooldown
         st.ejections += 1
         self.datastore.ejected.add(key)
-        self.metrics.endpoint_ejected(key, "passive")
+        if self.metrics is not None:
+            self.metrics.endpoint_ejected(key, "passive")
         log.warning("endpoint %s out of rotation for %.1f s: %s (last: %s)", key, cooldown, why, st.reason)
 
     def _release_probe(self, w: Watch) -> None:

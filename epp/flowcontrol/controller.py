@@ -10,6 +10,8 @@ GIE semantics (v1.5 flow control):
 - a request that does not fit the queue's limits is refused at once: 429 `ResourceExhausted`; a queued request
   whose TTL runs out: 503 `ServiceUnavailable`; both carry `x-llm-d-request-dropped-reason`;
 - a request whose client goes away while queued leaves the queue at once (outcome `EvictedContextCancelled`).
+  Refused and evicted requests are reported as request errors by the exchange (epp/request/exchange.py), like
+  every request that never reaches an engine.
 
 Pointsman specifics: with nothing queued at its priority or above and the pool below its limit, `admit` returns
 None and the request is routed synchronously (no future, no task). A queued request holds no scheduling state: its `dispatch` callback schedules
@@ -61,10 +63,11 @@ class FlowMetrics(Protocol):
     def flow_enqueue(self, fairness_id: str, priority: int, outcome: str, seconds: float) -> None: ...
     def flow_saturation(self, pool: str, saturation: float) -> None: ...
     def flow_cycle(self, seconds: float) -> None: ...
-    def request_error(self, model: str, target: str, code: str) -> None: ...
 
 
-class NullFlowMetrics:
+class _NoMetrics:
+    """Flow control without metrics (tests, and tools that run it alone)."""
+
     def flow_queue(self, fairness_id: str, priority: int, pool: str, model: str, target: str, count: int,
                    size: int) -> None: ...
     def flow_outcome(self, fairness_id: str, priority: int, outcome: str, pool: str, model: str, target: str,
@@ -72,7 +75,6 @@ class NullFlowMetrics:
     def flow_enqueue(self, fairness_id: str, priority: int, outcome: str, seconds: float) -> None: ...
     def flow_saturation(self, pool: str, saturation: float) -> None: ...
     def flow_cycle(self, seconds: float) -> None: ...
-    def request_error(self, model: str, target: str, code: str) -> None: ...
 
 
 def _below(saturation: float, limit: Callable[[int], float]) -> Callable[[int], bool]:
@@ -97,7 +99,7 @@ class FlowController:
     ) -> None:
         self.config = config
         self.saturation = saturation  # pool name -> the pool's saturation now
-        self.metrics: FlowMetrics = metrics or NullFlowMetrics()
+        self.metrics: FlowMetrics = metrics or _NoMetrics()
         self.clock = clock
         self.tick = tick
         self.outcomes: Counter[str] = Counter()  # outcome -> requests (exact; what the metrics also count)
@@ -135,7 +137,6 @@ class FlowController:
             self.outcomes[REJECTED_CAPACITY] += 1
             self.metrics.flow_outcome(fid, prio, REJECTED_CAPACITY, pool, req.model, req.target_model, 0.0)
             self.metrics.flow_enqueue(fid, prio, REJECTED_CAPACITY, time.perf_counter() - t0)
-            self.metrics.request_error(req.model, req.target_model, ErrorCode.RESOURCE_EXHAUSTED.value)
             return rejection(ErrorCode.RESOURCE_EXHAUSTED,
                              f"request rejected pre-queue: queue at capacity ({why})", "rejected-saturated")
         now = self.clock()
@@ -249,7 +250,6 @@ class FlowController:
                 continue
             self._pools[item.pool].remove(item)
             ttl = self.config.default_ttl_s
-            self.metrics.request_error(item.model, item.target, ErrorCode.SERVICE_UNAVAILABLE.value)
             self._evict(item, now, EVICTED_TTL, rejection(
                 ErrorCode.SERVICE_UNAVAILABLE,
                 f"request timed out in queue: request TTL expired after {now - item.enqueued:.2f} s "

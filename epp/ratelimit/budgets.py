@@ -48,7 +48,7 @@ def budget_limits(router_key: str, budget: Any) -> list[Limit]:
 
 
 class BudgetGate:
-    """The director's admission gate for budgets (epp/request/gates.py), on the rate-limit gate's limiter."""
+    """The admitter for budgets (epp/request/admit.py), on the rate-limit gate's limiter."""
 
     name = "budgets"
 
@@ -90,12 +90,13 @@ class BudgetGate:
             out.extend((lim, scope) for lim in limits)
         return out
 
-    def check(self, ctx: Any, parsed: Any, *, dry_run: bool = False) -> Any:
+    def admit(self, ctx: Any, parsed: Any, *, dry_run: bool = False) -> Any:
         applied = self.applied(ctx)
         if not applied:
             return None
         price = getattr(ctx.route.backend, "price", None)
-        adm = self.rate.admit(ctx, ctx.request.estimated_tokens, parsed, extra=applied, price=price, dry_run=dry_run)
+        adm = self.rate.charge(ctx, ctx.request.estimated_tokens, parsed, extra=applied, price=price,
+                               dry_run=dry_run)
         if inspect.isawaitable(adm):
             return self.rate._answer_later(adm)
         return self.rate._answer(adm)
@@ -141,5 +142,5 @@ class BudgetGate:
             await asyncio.sleep(interval_s)
 
 
-def budget_gate_for(gates: Sequence[Any]) -> BudgetGate | None:
-    return next((g for g in gates if isinstance(g, BudgetGate)), None)
+def budget_gate_for(admitters: Sequence[Any]) -> BudgetGate | None:
+    return next((g for g in admitters if isinstance(g, BudgetGate)), None)

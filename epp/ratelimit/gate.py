@@ -6,13 +6,11 @@ output tokens per unit, shared through Redis when the route sets `global` (and t
 one they are enforced in each replica, as Kthena's local limits are). Budgets (LLMKube) add their own limits
 through `extra`.
 
-How the director uses it, in `RequestExchange.decide` after `build` and before `schedule`:
-
-    adm = gate.admit(ctx, input_tokens, parsed_body)      # an Admission, or an awaitable one (shared limits)
-    (await it when it is awaitable: `decide` may return an awaitable Outcome)
-    if not adm.allowed: return gate.rejection(adm)        # 429 + Retry-After + x-ratelimit-*
-    keep adm.ticket; on a SchedulingError after this point: gate.limiter.refund(ticket)
-    in close(): gate.settle(ticket, usage)                # usage None (lean phases): the estimates stay
+The gate is an admitter of the request path (epp/request/admit.py): `admit(ctx, parsed)` charges the request's
+estimated tokens (`charge`: an Admission, or an awaitable one when a shared limit asks Redis) and answers None (no
+limit applies), the 429 Outcome (Retry-After and x-ratelimit-* headers), or a hold on the charge: refunded if the
+request never reaches an engine, else settled with the response's usage when the stream closes (usage None, with
+lean phases: the estimates stay).
 """
 
 from __future__ import annotations
@@ -38,13 +36,19 @@ class _RateHold:
     def undo(self) -> None:
         self.gate.limiter.refund(self.ticket)
 
-    def done(self, usage: Any) -> None:
+    def response_headers(self, ex: Any, status: int, served: str | None) -> None:
+        pass
+
+    def response_chunk(self, ex: Any, size: int, end_of_stream: bool) -> None:
+        pass
+
+    def closed(self, ex: Any, usage: Any) -> None:
         self.gate.settle(self.ticket, usage, price=self.price)
 
 
 class RateLimitGate:
-    """The director's admission gate for token rate limits (epp/request/gates.py): `check` answers None (no limit), a 429
-    Outcome, or a hold on the charge; an awaitable when a shared limit asks Redis."""
+    """The admitter for token rate limits (epp/request/admit.py): `admit` answers None (no limit), a 429 Outcome,
+    or a hold on the charge; an awaitable when a shared limit asks Redis."""
 
     name = "rate-limit"
 
@@ -81,8 +85,8 @@ class RateLimitGate:
         out.extend(extra)
         return out
 
-    def admit(self, ctx: Any, input_tokens: int, body: Any = None, *, extra: Sequence[Applied] = (),
-              price: Price | None = None, dry_run: bool = False) -> Admission | Awaitable[Admission]:
+    def charge(self, ctx: Any, input_tokens: int, body: Any = None, *, extra: Sequence[Applied] = (),
+               price: Price | None = None, dry_run: bool = False) -> Admission | Awaitable[Admission]:
         """Admission for one request: an `Admission` at once unless Redis must be asked (then an awaitable).
         The output estimate is the request's declared bound (`max_tokens` ...) or the configured default."""
         applied = self.applied(ctx, extra)
@@ -94,11 +98,12 @@ class RateLimitGate:
             return adm
         return self.limiter.admit(applied, input_tokens, output, price, dry_run=dry_run)
 
-    def check(self, ctx: Any, parsed: Any, *, dry_run: bool = False) -> Any:
-        """The gate interface (epp/request/gates.py): input tokens are the request's (tokenized, or estimated)."""
+    def admit(self, ctx: Any, parsed: Any, *, dry_run: bool = False) -> Any:
+        """The admitter interface (epp/request/admit.py): input tokens are the request's (tokenized, or
+        estimated)."""
         if not self.applied(ctx):
             return None
-        adm = self.admit(ctx, ctx.request.estimated_tokens, parsed, dry_run=dry_run)
+        adm = self.charge(ctx, ctx.request.estimated_tokens, parsed, dry_run=dry_run)
         if inspect.isawaitable(adm):
             return self._answer_later(adm)
         return self._answer(adm)

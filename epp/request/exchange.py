@@ -1,13 +1,26 @@
-"""The director's side of one ext_proc stream: a request from its decision to its close.
+"""The owner of one request's lifecycle: from the decision Envoy waits for to the stream's close.
 
-`RequestExchange` implements `epp.protocol.Exchange` for the protocol machine. Per stream it:
-- decides once: build the context (epp/request/director.py), pass the admission gates (epp/request/gates.py), tokenize when the
-  config reads tokens, then schedule at once or through flow control's queue (epp/flowcontrol);
-- commits the pick: one in-flight ticket, the scheduler's pre_request hooks, the route's commit (sticky sessions),
-  the response watchers (passive health, LLMKube quarantine);
-- follows the response: served endpoint, usage, model name restored after a rewrite;
-- releases everything exactly once in `close()`, whatever ended the stream (a cancelled queued request gives back
-  what its gates held).
+`RequestExchange` implements `epp.protocol.Exchange` for the protocol machine. Its decision runs one ordered list of
+stages (`STAGES`), each a function of the exchange that answers None (go on), an `Outcome` (the reply: a rejection,
+or the routing mutations) or an awaitable of either (the stages after it then run when it completes), so a request
+that never waits is decided synchronously:
+
+    resolve   parse the body, route, choose the pool and its candidates          (epp/request/resolve.py)
+    admit     the admitters in order: sheddable saturation, rate limits, budgets (epp/request/admit.py)
+    prepare   tokenize, for scheduling configs that read token ids               (epp/tokenize)
+    queue     flow control: go now, refused, or held until capacity frees        (epp/flowcontrol)
+    schedule  the scheduler picks                                                (epp/request/commit.py)
+    commit    count it in flight, run pre_request, bind the session, tell the observers, build the mutations
+
+A queued request's turn comes inside flow control's dispatch cycle: it re-resolves its candidates on the pool as it
+is then and runs `schedule` and `commit` synchronously there, so it is counted in flight before the next
+saturation check.
+
+What happens to the request is reported to the director's observers (epp/request/observe.py): `decided` after the
+commit (each may return a follow for the response path), `rejected` for every request that never reaches an
+engine (each exactly once). What an admitter holds is given back (`undo`) on a rejection or a failure, and settled
+(`closed`) with the response's usage when the stream ends. `close()` releases everything exactly once, whatever
+ended the stream.
 """
 
 from __future__ import annotations
@@ -15,30 +28,28 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-from collections.abc import Awaitable, Mapping
+import time
+from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from epp.fleet.datastore import InflightTicket
 from epp.flowcontrol.controller import DROPPED_REASON, FAIRNESS_HEADER
 from epp.protocol import Outcome
-from epp.request.director import (
-    CONFORMANCE_RESP,
-    LB_NS,
-    SERVED,
-    Director,
-    ShellContext,
-    error_outcome,
-)
-from epp.request.gates import Answer, Hold
+from epp.request.admit import Hold
+from epp.request.commit import mutations, mutations_for_provider, schedule
+from epp.request.director import CONFORMANCE_RESP, LB_NS, SERVED, Director, ShellContext, error_outcome
+from epp.request.observe import Follow
+from epp.request.resolve import Metadata, find_candidates, resolve
 from epp.request.usage import UsageScanner
-from epp.request.watch import ResponseWatch
 from scheduling.api import Scheduler, SchedulingResult
-from scheduling.types import ErrorCode, SchedulingError
+from scheduling.types import ErrorCode, LLMRequest, SchedulingError
 
 if TYPE_CHECKING:
-    from epp.api.dashboard.recorder import DecisionRecord
+    from epp.request.admit import Verdict
 
-log = logging.getLogger("epp.request.director")
+log = logging.getLogger("epp.director")
+
+Step = Outcome | None
 
 
 def _content_length(headers: Mapping[str, str]) -> int:
@@ -49,116 +60,270 @@ def _content_length(headers: Mapping[str, str]) -> int:
 
 
 class RequestExchange:
-    """The director's side of one stream (implements epp.protocol.Exchange)."""
+    """One stream's request (implements epp.protocol.Exchange). Observers read its public attributes."""
 
-    __slots__ = ("d", "scheduler", "ctx", "result", "started", "scanner", "served", "_closed", "_rewrite_from", "_rewrite_to",
-                 "_ticket", "rec", "_holds", "_watches", "_meta", "_size")
+    __slots__ = ("d", "headers", "metadata", "size", "started", "request", "ctx", "result", "scheduler",
+                 "schedule_s", "scanner", "served", "_body", "_pending", "_parsed", "_closed", "_rewrite_from",
+                 "_rewrite_to", "_ticket", "_holds", "_follows")
 
     def __init__(self, director: Director) -> None:
         self.d = director
-        self.scheduler: Scheduler | None = None  # the one that picked (a config reload may swap the director's)
-        self.ctx: ShellContext | None = None
-        self.result: SchedulingResult | None = None
-        self.started = 0.0
+        self.headers: Mapping[str, str] = {}
+        self.metadata: Metadata = {}  # the request's metadata (a queued request re-resolves with it)
+        self.size = 0  # the request body's size (flow control's queue limits count bytes)
+        self.started = 0.0  # the director's clock when the decision began
+        self.request: LLMRequest | None = None  # once resolved
+        self.ctx: ShellContext | None = None  # once committed: the context the pick was made in
+        self.result: SchedulingResult | None = None  # the scheduler's result (None for an external provider)
+        self.scheduler: Scheduler | None = None  # the one that picked (a reload may swap the director's)
+        self.schedule_s = 0.0  # time spent in the scheduler
         self.scanner: UsageScanner | None = None
         self.served: str | None = None
+        self._body: bytes | None = None  # until the resolve stage has read it
+        self._pending: ShellContext | None = None  # the context being decided
+        self._parsed: dict[str, Any] | None = None
         self._closed = False
         self._rewrite_from: bytes | None = None
         self._rewrite_to: bytes | None = None
         self._ticket: InflightTicket | None = None
-        self.rec: DecisionRecord | None = None  # the dashboard's record of this decision
-        self._holds: list[Hold] = []  # what the admission gates hold until the stream ends
-        self._watches: list[ResponseWatch] = []  # the response path, reported to the director's watchers
-        self._meta: Mapping[str, Mapping[str, object]] = {}  # the request's metadata (a queued request re-resolves)
-        self._size = 0  # the request body's size (flow control's queue limits count bytes)
+        self._holds: list[Hold] = []  # what the admitters hold until the stream ends
+        self._follows: list[Follow] = []  # the holds, then the observers' follows of the response path
 
-    def decide(
-        self, headers: Mapping[str, str], body: bytes | None, metadata: Mapping[str, Mapping[str, object]]
-    ) -> Outcome | Awaitable[Outcome]:
-        """Build, pass the admission gates, tokenize (only for configs that read token ids), schedule, commit.
-        Synchronous (the grpc layer's fast path) unless a gate must wait (a shared rate limit asks Redis) or the
-        tokens need an awaitable (a local tokenizer to load, the engine's /tokenize): then an awaitable, which a
-        client going away cancels."""
-        d = self.d
-        self.started = d.clock()
-        self._meta, self._size = metadata, len(body) if body else _content_length(headers)
+    # ---- the decision --------------------------------------------------------------------------------------------
+    def decide(self, headers: Mapping[str, str], body: bytes | None, metadata: Metadata
+               ) -> Outcome | Awaitable[Outcome]:
+        """Run the stages. Synchronous (the transports' fast path) unless a stage must wait (a shared rate limit
+        asks Redis, the tokens need the engine, flow control queues): then an awaitable, which a client going away
+        cancels."""
+        self.started = self.d.clock()
+        self.headers, self.metadata = headers, metadata
+        self.size = len(body) if body else _content_length(headers)
+        self._body = body
+        return self._run(0)
+
+    def _run(self, i: int) -> Outcome | Awaitable[Outcome]:
+        stages = STAGES
+        while True:
+            step = stages[i](self)
+            i += 1
+            if step is None:
+                continue
+            if isinstance(step, Outcome):
+                return step
+            if isinstance(step, asyncio.Future):  # flow control's queue: it resolves to the reply itself
+                return step
+            return self._resume(step, i)
+
+    async def _resume(self, pending: Awaitable[Step], i: int) -> Outcome:
         try:
-            ctx, parsed = d.build(headers, body, metadata)
-        except SchedulingError as err:
-            return self._refuse(None, err, headers)
-        except Exception as exc:  # never crash a stream: a bug becomes a clear 500
-            return self._fail(exc)
-        return self._through_gates(ctx, parsed, headers, 0)
-
-    # ---- admission gates (epp/request/gates.py) -----------------------------------------------------------------------
-    def _through_gates(
-        self, ctx: ShellContext, parsed: dict[str, Any] | None, headers: Mapping[str, str], start: int
-    ) -> Outcome | Awaitable[Outcome]:
-        gates = self.d.gates
-        for i in range(start, len(gates)):
-            try:
-                answer = gates[i].check(ctx, parsed)
-            except Exception as exc:
-                return self._fail(exc)
-            if inspect.isawaitable(answer):
-                return self._gate_later(answer, ctx, parsed, headers, i)
-            refused = self._take(answer, ctx, headers)
-            if refused is not None:
-                return refused
-        return self._tokenized(ctx, parsed, headers)
-
-    # ---- tokens for configs that read them (precise prefix routing: epp/tokenize/shell.py) ---------------------
-    def _tokenized(
-        self, ctx: ShellContext, parsed: dict[str, Any] | None, headers: Mapping[str, str]
-    ) -> Outcome | Awaitable[Outcome]:
-        tokens = self.d.tokens
-        if tokens is not None:
-            try:
-                pending = tokens.prepare(ctx, self.d.scheduler_for(ctx))
-            except Exception as exc:
-                return self._fail(exc)
-            if pending is not None:
-                return self._schedule_after(pending, ctx, parsed, headers)
-        return self._schedule(ctx, parsed, headers)
-
-    async def _schedule_after(
-        self, pending: Awaitable[object], ctx: ShellContext, parsed: dict[str, Any] | None, headers: Mapping[str, str]
-    ) -> Outcome:
-        try:
-            await pending  # never raises: tokenization falls back to the approximation
+            step = await pending
         except asyncio.CancelledError:
             self._undo_holds()  # the client went away while waiting: hold nothing
             raise
-        outcome = self._schedule(ctx, parsed, headers)
-        return await outcome if inspect.isawaitable(outcome) else outcome
+        if step is not None:
+            return step
+        rest = self._run(i)
+        return await rest if inspect.isawaitable(rest) else rest
 
-    async def _gate_later(
-        self, pending: Awaitable[Answer], ctx: ShellContext, parsed: dict[str, Any] | None,
-        headers: Mapping[str, str], i: int,
-    ) -> Outcome:
+    # ---- stages -----------------------------------------------------------------------------------------------
+    def _resolve(self) -> Step:
+        body, self._body = self._body, None
         try:
-            answer = await pending
+            ctx, self._parsed = resolve(self.d, self.headers, body, self.metadata)
+        except SchedulingError as err:
+            return self._refuse(err)
+        except Exception as exc:  # never crash a stream: a bug becomes a clear 500
+            return self._fail(exc)
+        self._pending, self.request = ctx, ctx.request
+        return None
+
+    def _admit(self, start: int = 0) -> Step | Awaitable[Step]:
+        admitters = self.d.admitters
+        for i in range(start, len(admitters)):
+            try:
+                verdict = admitters[i].admit(self._pending, self._parsed)
+            except Exception as exc:
+                return self._fail(exc)
+            if inspect.isawaitable(verdict):
+                return self._admit_later(verdict, i)
+            refused = self._take(verdict)
+            if refused is not None:
+                return refused
+        return None
+
+    async def _admit_later(self, pending: Awaitable[Verdict], i: int) -> Step:
+        try:
+            verdict = await pending
         except asyncio.CancelledError:
-            self._undo_holds()  # the client went away while waiting: hold nothing
+            self._undo_holds()
             raise
         except Exception as exc:
             return self._fail(exc)
-        refused = self._take(answer, ctx, headers)
+        refused = self._take(verdict)
         if refused is not None:
             return refused
-        rest = self._through_gates(ctx, parsed, headers, i + 1)
+        rest = self._admit(i + 1)
         return await rest if inspect.isawaitable(rest) else rest
 
-    def _take(self, answer: Answer, ctx: ShellContext, headers: Mapping[str, str]) -> Outcome | None:
-        """Keep a gate's hold; a refusal undoes what earlier gates took and is counted like any rejection."""
-        if answer is None:
+    def _take(self, verdict: Verdict) -> Outcome | None:
+        """Keep an admitter's hold; a refusal gives back what earlier admitters took and is reported."""
+        if verdict is None:
             return None
-        if isinstance(answer, Outcome):
+        if isinstance(verdict, Outcome):
             self._undo_holds()
-            self._count_rejection(ctx, ErrorCode.RESOURCE_EXHAUSTED.value, headers)
-            return answer
-        self._holds.append(answer)
+            self._rejected(ErrorCode.RESOURCE_EXHAUSTED.value)
+            return verdict
+        self._holds.append(verdict)
         return None
+
+    def _prepare(self) -> Step | Awaitable[Step]:
+        tokens = self.d.tokens
+        if tokens is None:
+            return None
+        ctx = self._pending
+        assert ctx is not None
+        try:
+            pending = tokens.prepare(ctx, self.d.scheduler_for(ctx))
+        except Exception as exc:
+            return self._fail(exc)
+        return None if pending is None else self._tokenized(pending)
+
+    async def _tokenized(self, pending: Awaitable[object]) -> Step:
+        try:
+            await pending  # falls back to the approximation rather than failing
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            return self._fail(exc)
+        return None
+
+    def _queue(self) -> Step | Awaitable[Step]:
+        flow = self.d.flow
+        ctx = self._pending
+        assert ctx is not None
+        if flow is None or (ctx.route is not None and ctx.route.provider is not None):
+            return None
+        try:
+            waiting = flow.admit(ctx.pool, self.headers.get(FAIRNESS_HEADER, ""), ctx.request, self.size,
+                                 self._dispatch)
+        except Exception as exc:
+            return self._fail(exc)
+        if waiting is None:
+            return None
+        if isinstance(waiting, Outcome):  # refused at once (429)
+            self._undo_holds()
+            self._rejected(ErrorCode.RESOURCE_EXHAUSTED.value)
+            return waiting
+        waiting.add_done_callback(self._left_queue)
+        return waiting
+
+    def _left_queue(self, waiting: asyncio.Future[Outcome]) -> None:
+        """Flow control's future is done: routed by `_dispatch` (inside the dispatch cycle), evicted, or cancelled
+        because the client went away. (Done callbacks run in the order they were added, so this one runs before
+        the transport resumes.)"""
+        if waiting.cancelled():  # the controller took it out of the queue
+            self._undo_holds()
+            return
+        outcome = waiting.result()
+        if self.ctx is None and any(name == DROPPED_REASON for name, _ in outcome.reject_headers or ()):
+            # Evicted from the queue (its TTL ran out, or shutdown): nothing reached an engine.
+            self._undo_holds()
+            self._rejected(ErrorCode.SERVICE_UNAVAILABLE.value)
+
+    def _dispatch(self) -> Outcome:
+        """A queued request's turn: re-resolve its candidates on the pool as it is now, schedule and commit."""
+        d, ctx = self.d, self._pending
+        assert ctx is not None
+        try:
+            cands = find_candidates(d, self.headers, self.metadata, route=ctx.route, pool=ctx.pool)
+        except SchedulingError as err:
+            return self._refuse(err)
+        self._pending = ShellContext(ctx.request, cands, d.datastore.inflight.view(), d.clock(), route=ctx.route,
+                                     pool=ctx.pool)
+        out = self._run(SCHEDULE_STAGE)
+        assert isinstance(out, Outcome), "schedule and commit never wait"
+        return out
+
+    def _schedule(self) -> Step:
+        ctx = self._pending
+        assert ctx is not None
+        if ctx.route is not None and ctx.route.provider is not None:
+            return None  # an external provider: no endpoint to pick
+        t0 = time.perf_counter()
+        try:
+            result = schedule(self.d.scheduler_for(ctx), ctx)
+        except SchedulingError as err:
+            return self._refuse(err)
+        except Exception as exc:  # never crash a stream: a bug becomes a clear 500
+            return self._fail(exc)
+        self.schedule_s = time.perf_counter() - t0
+        self.result = result
+        return None
+
+    def _commit(self) -> Step:
+        d, ctx, parsed = self.d, self._pending, self._parsed
+        assert ctx is not None
+        req = ctx.request
+        self.ctx = ctx  # from here on, close() must release what this adds
+        if req.model and req.target_model != req.model:
+            self._rewrite_from = f'"model":"{req.target_model}"'.encode()
+            self._rewrite_to = f'"model":"{req.model}"'.encode()
+        result = self.result
+        if result is None:  # an external provider: no endpoint, counted like any other request
+            self._decided()
+            rd = ctx.route
+            if d.config.log_decisions and rd is not None:
+                log.info("decision %s model=%s -> provider %s route=%s/%s", req.request_id[:8],
+                         req.target_model or "-", rd.backend_name, rd.route.key, rd.rule.name)
+            return mutations_for_provider(d, ctx, parsed)
+        self.scheduler = scheduler = d.scheduler_for(ctx)
+        self._ticket = d.datastore.inflight.add(result.primary.key, req.estimated_tokens)
+        try:
+            scheduler.pre_request(ctx, result)
+        except Exception:
+            log.exception("pre_request hook failed")
+        if ctx.route is not None:
+            ctx.route.commit(result, ctx.now)  # e.g. bind the sticky session
+        self._decided()
+        if d.config.log_decisions:
+            route = f" route={ctx.route.route.key}/{ctx.route.rule.name}->{ctx.route.backend_name}" if ctx.route else ""
+            log.info("decision %s model=%s -> %s%s (profile %s)%s", req.request_id[:8], req.target_model or "-",
+                     result.primary.key, f" prefill={result.prefill.key}" if result.prefill else "", result.profile,
+                     route)
+        return mutations(d, ctx, result, parsed)
+
+    # ---- reporting -----------------------------------------------------------------------------------------------
+    def _decided(self) -> None:
+        follows = self._follows
+        follows.extend(self._holds)
+        for observer in self.d.observers:
+            try:
+                f = observer.decided(self)
+            except Exception:
+                log.exception("a request observer failed")
+                continue
+            if f is not None:
+                follows.append(f)
+
+    def _rejected(self, code: str) -> None:
+        for observer in self.d.observers:
+            try:
+                observer.rejected(self, code)
+            except Exception:
+                log.exception("a request observer failed")
+
+    def _refuse(self, err: SchedulingError) -> Outcome:
+        """The request never reaches an engine: give back what the admitters took, report it, answer the error."""
+        self._undo_holds()
+        self._rejected(err.code.value)
+        return error_outcome(err)
+
+    def _fail(self, exc: BaseException) -> Outcome:
+        self._undo_holds()
+        log.exception("scheduling failed", exc_info=exc)
+        self.request = None  # reported without a model: the failure may lie in what resolved it
+        self._rejected(ErrorCode.INTERNAL.value)
+        return error_outcome(SchedulingError(ErrorCode.INTERNAL, f"scheduling failed: {exc}"))
 
     def _undo_holds(self) -> None:
         holds, self._holds = self._holds, []
@@ -168,162 +333,23 @@ class RequestExchange:
             except Exception:
                 log.exception("undoing an admission hold failed")
 
-    # ---- flow control (epp/flowcontrol): wait while the pool is saturated -----------------------------------
-    def _schedule(
-        self, ctx: ShellContext, parsed: dict[str, Any] | None, headers: Mapping[str, str]
-    ) -> Outcome | Awaitable[Outcome]:
-        flow = self.d.flow
-        if flow is None or (ctx.route is not None and ctx.route.provider is not None):
-            return self._schedule_now(ctx, parsed, headers)
-        try:
-            waiting = flow.admit(ctx.pool, headers.get(FAIRNESS_HEADER, ""), ctx.request, self._size,
-                                 lambda: self._dispatch(ctx, parsed, headers))
-        except Exception as exc:
-            return self._fail(exc)
-        if waiting is None:
-            return self._schedule_now(ctx, parsed, headers)
-        if isinstance(waiting, Outcome):  # refused at once (429); the controller counted it
-            self._undo_holds()
-            self._record_rejection(ctx, ErrorCode.RESOURCE_EXHAUSTED.value, headers)
-            return waiting
-        return self._queued(waiting, ctx, headers)
-
-    def _dispatch(self, ctx: ShellContext, parsed: dict[str, Any] | None, headers: Mapping[str, str]) -> Outcome:
-        """A queued request's turn: schedule it on the pool as it is now, and commit (inside the dispatch cycle)."""
-        d = self.d
-        try:
-            cands = d.candidates(headers, self._meta, route=ctx.route, pool=ctx.pool)
-        except SchedulingError as err:
-            return self._refuse(ctx, err, headers)
-        fresh = ShellContext(ctx.request, cands, d.datastore.inflight.view(), d.clock(), route=ctx.route,
-                             pool=ctx.pool)
-        return self._schedule_now(fresh, parsed, headers)
-
-    def _queued(self, waiting: asyncio.Future[Outcome], ctx: ShellContext, headers: Mapping[str, str]
-                ) -> asyncio.Future[Outcome]:
-        """The controller's future, which the protocol driver awaits; what the gates hold goes back when the
-        request leaves the queue without being routed. (Done callbacks run in the order they were added, so this one
-        runs before the driver's task resumes.)"""
-
-        def settled(fut: asyncio.Future[Outcome]) -> None:
-            if fut.cancelled():  # the client went away while queued (the controller took it out of the queue)
-                self._undo_holds()
-                return
-            outcome = fut.result()
-            if self.ctx is None and any(name == DROPPED_REASON for name, _ in outcome.reject_headers or ()):
-                # Evicted from the queue (its TTL ran out; the controller counted it): nothing reached an engine.
-                self._undo_holds()
-                self._record_rejection(ctx, ErrorCode.SERVICE_UNAVAILABLE.value, headers)
-
-        waiting.add_done_callback(settled)
-        return waiting
-
-    # ---- scheduling and commit ----------------------------------------------------------------------------------
-    def _schedule_now(self, ctx: ShellContext, parsed: dict[str, Any] | None, headers: Mapping[str, str]) -> Outcome:
-        d = self.d
-        try:
-            if ctx.route is not None and ctx.route.provider is not None:
-                return self._to_provider(ctx, parsed)
-            result = d.schedule(ctx)
-        except SchedulingError as err:
-            return self._refuse(ctx, err, headers)
-        except Exception as exc:  # never crash a stream: a bug becomes a clear 500
-            return self._fail(exc)
-        req = ctx.request
-        # Commit: from here on, close() must release what this adds.
-        self.ctx, self.result, self.scheduler = ctx, result, d.scheduler_for(ctx)
-        self._ticket = d.datastore.inflight.add(result.primary.key, req.estimated_tokens)
-        try:
-            self.scheduler.pre_request(ctx, result)
-        except Exception:
-            log.exception("pre_request hook failed")
-        if ctx.route is not None:
-            ctx.route.commit(result, ctx.now)  # e.g. bind the sticky session
-        if d.watchers:
-            self._watch(ctx, result)
-        d.metrics.request_started(req.model, req.target_model, req.priority)
-        if result.decision:
-            d.metrics.disagg_decision(req.target_model, result.decision)
-        if d.recorder is not None:
-            self.rec = d.recorder.decided(req, len(ctx.candidates), result, self.started, d.clock())
-        if d.config.log_decisions:
-            route = f" route={ctx.route.route.key}/{ctx.route.rule.name}->{ctx.route.backend_name}" if ctx.route else ""
-            log.info("decision %s model=%s -> %s%s (profile %s)%s", req.request_id[:8], req.target_model or "-",
-                     result.primary.key, f" prefill={result.prefill.key}" if result.prefill else "", result.profile,
-                     route)
-        if req.model and req.target_model != req.model:
-            self._rewrite_from = f'"model":"{req.target_model}"'.encode()
-            self._rewrite_to = f'"model":"{req.model}"'.encode()
-        return d.mutations(ctx, result, parsed)
-
-    def _count_rejection(self, ctx: ShellContext | None, code: str, headers: Mapping[str, str]) -> None:
-        self.d.metrics.request_error(ctx.request.model if ctx else "", ctx.request.target_model if ctx else "", code)
-        self._record_rejection(ctx, code, headers)
-
-    def _record_rejection(self, ctx: ShellContext | None, code: str, headers: Mapping[str, str]) -> None:
-        d = self.d
-        if d.recorder is not None:
-            d.recorder.rejected(ctx.request.model if ctx else "", ctx.request.target_model if ctx else "", code,
-                                headers.get("x-request-id", ""), self.started, d.clock())
-
-    def _refuse(self, ctx: ShellContext | None, err: SchedulingError, headers: Mapping[str, str]) -> Outcome:
-        """The request never reaches an engine: give back what the gates took, count it, answer the error."""
-        self._undo_holds()
-        self._count_rejection(ctx, err.code.value, headers)
-        return error_outcome(err)
-
-    def _fail(self, exc: BaseException) -> Outcome:
-        self._undo_holds()
-        log.exception("scheduling failed", exc_info=exc)
-        d = self.d
-        d.metrics.request_error("", "", ErrorCode.INTERNAL.value)
-        if d.recorder is not None:
-            d.recorder.rejected("", "", ErrorCode.INTERNAL.value, "", self.started, d.clock())
-        return error_outcome(SchedulingError(ErrorCode.INTERNAL, f"scheduling failed: {exc}"))
-
-    def _to_provider(self, ctx: ShellContext, parsed: dict[str, Any] | None) -> Outcome:
-        """An external provider target: no endpoint is scheduled; the stream is counted like any other."""
-        d, req = self.d, ctx.request
-        self.ctx = ctx
-        if d.watchers:
-            self._watch(ctx, None)
-        d.metrics.request_started(req.model, req.target_model, req.priority)
-        route = ctx.route
-        if d.config.log_decisions and route is not None:
-            log.info("decision %s model=%s -> provider %s route=%s/%s", req.request_id[:8], req.target_model or "-",
-                     route.backend_name, route.route.key, route.rule.name)
-        if req.model and req.target_model != req.model:
-            self._rewrite_from = f'"model":"{req.target_model}"'.encode()
-            self._rewrite_to = f'"model":"{req.model}"'.encode()
-        return d.mutations_for_provider(ctx, parsed)
-
-    def _watch(self, ctx: ShellContext, result: SchedulingResult | None) -> None:
-        for watcher in self.d.watchers:
-            try:
-                w = watcher.watch(ctx, result)
-            except Exception:
-                log.exception("a response watcher failed")
-                continue
-            if w is not None:
-                self._watches.append(w)
-
-    def response_headers(
-        self, headers: Mapping[str, str], metadata: Mapping[str, Mapping[str, object]]
-    ) -> list[tuple[str, str]]:
+    # ---- the response --------------------------------------------------------------------------------------------
+    def response_headers(self, headers: Mapping[str, str], metadata: Metadata) -> list[tuple[str, str]]:
         self.scanner = UsageScanner(headers.get("content-type", ""))
-        if self.rec is not None:
-            self.rec.status = headers.get(":status", "")
         served = metadata.get(LB_NS, {}).get(SERVED)
         if isinstance(served, str):
             self.served = served
-        for w in self._watches:
-            status = headers.get(":status", "")
-            w.response_headers(int(status) if status.isdigit() else 0, self.served)
+        if self._follows:
+            raw = headers.get(":status", "")
+            status = int(raw) if raw.isdigit() else 0
+            for f in self._follows:
+                _safely(f.response_headers, self, status, self.served)
         out: list[tuple[str, str]] = []
-        if self.result is not None and self.result.response_headers:
-            out.extend(self.result.response_headers.items())  # e.g. a session token set by a stateful plugin
+        result = self.result
+        if result is not None and result.response_headers:
+            out.extend(result.response_headers.items())  # e.g. a session token set by a stateful plugin
         if self.d.config.conformance:
-            served = self.served or (self.result.primary.key if self.result else "")
+            served = self.served or (result.primary.key if result else "")
             if served:
                 out.append((CONFORMANCE_RESP, served))
         return out
@@ -332,10 +358,10 @@ class RequestExchange:
         if self.scanner is None:
             self.scanner = UsageScanner()
         self.scanner.feed(chunk, end_of_stream)
-        for w in self._watches:
-            w.response_chunk(end_of_stream)
-        if self.rec is not None and chunk and not self.rec.first_byte:
-            self.rec.first_byte = self.d.clock()
+        if self._follows:
+            size = len(chunk)
+            for f in self._follows:
+                _safely(f.response_chunk, self, size, end_of_stream)
         if self._rewrite_from is not None and self._rewrite_to is not None:
             chunk = chunk.replace(self._rewrite_from, self._rewrite_to).replace(
                 self._rewrite_from.replace(b":", b": ", 1), self._rewrite_to.replace(b":", b": ", 1)
@@ -344,43 +370,46 @@ class RequestExchange:
 
     def response_end(self) -> None:
         """The response ended without an end-of-stream body message (trailers, or no body messages at all)."""
-        for w in self._watches:
-            w.response_chunk(True)
+        for f in self._follows:
+            _safely(f.response_chunk, self, 0, True)
 
     def close(self) -> None:
         if self._closed:
             return
         self._closed = True
-        for w in self._watches:
-            w.closed()
-        if self.ctx is None:
+        ctx = self.ctx
+        if ctx is None:
             return
         d = self.d
         live = self._ticket is not None and d.datastore.inflight.remove(self._ticket)
         if d.flow is not None:
             d.flow.kick()  # capacity freed: queued requests may go
-        self.ctx.now = d.clock()  # plugins see the time the request ended
+        ctx.now = d.clock()  # plugins see the time the request ended
         try:
             # An endpoint that left while the request ran was already forgotten by every plugin: telling them how
             # the request ended would only bring its state back.
             if live and self.scheduler is not None and self.result is not None:
-                self.scheduler.response_complete(self.ctx, self.result)
+                self.scheduler.response_complete(ctx, self.result)
         except Exception:
             log.exception("response_complete hook failed")
         usage = self.scanner.usage if self.scanner else None
-        holds, self._holds = self._holds, []
-        for hold in holds:  # e.g. settle a rate-limit charge with the usage the response reported
-            try:
-                hold.done(usage)
-            except Exception:
-                log.exception("releasing an admission hold failed")
-        req = self.ctx.request
-        d.metrics.request_finished(
-            req.model,
-            req.target_model,
-            d.clock() - self.started,
-            usage.prompt_tokens if usage else 0,
-            usage.completion_tokens if usage else 0,
-        )
-        if self.rec is not None and d.recorder is not None:
-            d.recorder.finished(self.rec, d.clock(), self.scanner is not None and self.scanner.sse, usage)
+        for f in self._follows:  # e.g. settle a rate-limit charge with the usage the response reported
+            _safely(f.closed, self, usage)
+
+
+def _safely(fn: Callable[..., None], *args: Any) -> None:
+    try:
+        fn(*args)
+    except Exception:
+        log.exception("a request follow failed")
+
+
+STAGES: tuple[Callable[..., Step | Awaitable[Step]], ...] = (
+    RequestExchange._resolve,
+    RequestExchange._admit,
+    RequestExchange._prepare,
+    RequestExchange._queue,
+    RequestExchange._schedule,
+    RequestExchange._commit,
+)
+SCHEDULE_STAGE = STAGES.index(RequestExchange._schedule)

@@ -284,7 +284,14 @@ class LLMKubeRouting:
         owned = {h for h, _ in d.set_headers}
         d.remove_headers.extend(h for h in RESERVED_HEADERS if h not in owned)  # a client never sets them
 
-    # ---- the response path (a director watcher) --------------------------------------------------------------
+    # ---- the response path (a request observer, epp/request/observe.py) ---------------------------------------
+    def decided(self, ex: Any) -> _Followed | None:
+        w = self.watch(ex.ctx, ex.result)
+        return None if w is None else _Followed(w)
+
+    def rejected(self, ex: Any, code: str) -> None:
+        pass
+
     def watch(self, ctx: Any, result: SchedulingResult | None) -> StreamWatch | None:
         d = getattr(ctx, "route", None)
         if not isinstance(d, ModelRouterDecision) or d.runtime is None:
@@ -299,3 +306,21 @@ class LLMKubeRouting:
             return None
         return StreamWatch(rt.tracker, key, threshold=threshold, clock=self.clock, idle_s=rt.spec.stream_idle_s,
                            latency=rt.latency, backend=d.backend.name, fallbacks=fallbacks)
+
+
+class _Followed:
+    """A quarantine watch as a follow of the request path."""
+
+    __slots__ = ("w",)
+
+    def __init__(self, w: StreamWatch) -> None:
+        self.w = w
+
+    def response_headers(self, ex: Any, status: int, served: str | None) -> None:
+        self.w.response_headers(status, served)
+
+    def response_chunk(self, ex: Any, size: int, end_of_stream: bool) -> None:
+        self.w.response_chunk(end_of_stream)
+
+    def closed(self, ex: Any, usage: Any) -> None:
+        self.w.closed()

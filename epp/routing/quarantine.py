@@ -175,7 +175,7 @@ class StreamWatch:
         self.done = True
         self.tracker.failure(self.key, self.clock(), f"the stream went silent for {self.idle_s:g}s", at_once=True)
 
-    # ---- the director's calls ------------------------------------------------------------------------------
+    # ---- the response path (through the LLMKube router's follow) ----------------------------------------
     def response_headers(self, status: int, served: str | None = None) -> None:
         if self.done:
             return

@@ -43,8 +43,7 @@ def director_for(urls: list[str], config: object, tokenizer: RequestTokenizer) -
         host, port = u.rsplit("//", 1)[1].rsplit(":", 1)
         eps.append(Endpoint(endpoint_key(host, int(port)), host, int(port), models=frozenset({MODEL})))
     ds.set_pool(PoolSpec("pool"), eps)
-    d = Director(ds, load_scheduler(config, rng=random.Random(0)))
-    d.tokens = RequestTokens(tokenizer)
+    d = Director(ds, load_scheduler(config, rng=random.Random(0)), tokens=RequestTokens(tokenizer))
     return d
 
 

@@ -70,7 +70,7 @@ class Rig:
         self.budgets.sync(self.svc.router.table.routers)
         self.svc.on_table.append(lambda t: self.budgets.sync(t.routers))
         self.director = Director(self.ds, _Unused(), DirectorConfig(), router=self.svc.router, clock=self.clock,
-                                 gates=[self.rate, self.budgets], watchers=[self.svc.router.llmkube])
+                                 admitters=[self.rate, self.budgets], observers=[self.svc.router.llmkube])
 
     @property
     def errors(self) -> dict:

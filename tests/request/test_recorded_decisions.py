@@ -52,12 +52,10 @@ class Rig:
 
 
 # ---- building the shell (the only part that follows the shell's construction API) ------------------------------
-def _director(ds: Datastore, clock: Clock, scheduler: Any, router: Any = None, gates: tuple = (),
-              watchers: tuple = ()) -> Any:
+def _director(ds: Datastore, clock: Clock, scheduler: Any, router: Any = None, observers: tuple = ()) -> Any:
     from epp.request.director import Director, DirectorConfig
 
-    return Director(ds, scheduler, DirectorConfig(fallbacks=1), clock=clock, router=router, gates=gates,
-                    watchers=watchers)
+    return Director(ds, scheduler, DirectorConfig(fallbacks=1), clock=clock, router=router, observers=observers)
 
 
 def _scheduler(config: Path | None, seed: int) -> Any:
@@ -86,7 +84,7 @@ def routed_rig(path: Path, pools: dict[str, list[str]] | None = None) -> Rig:
     svc.load_text(path.read_text(), path.name)
     sched = _scheduler(None, 12)
     router = svc.router
-    d = _director(ds, clock, sched, router=router, watchers=(router.llmkube,))
+    d = _director(ds, clock, sched, router=router, observers=(router.llmkube,))
     return Rig(d.exchange, ds, clock)
 
 

@@ -8,6 +8,7 @@ import orjson
 import pytest
 from routing_helpers import EXAMPLE, decide, hdrs, routed
 
+from epp.request.resolve import resolve
 from epp.routing.documents import DocumentSet, read_yaml
 from epp.routing.matcher import select
 
@@ -213,7 +214,7 @@ def test_rate_limit_is_parsed_and_exposed_on_the_decision():
                  "  rateLimit:\n    inputTokensPerUnit: 1000\n    outputTokensPerUnit: 50\n    unit: minute\n"
                  "    global: {redis: {address: 'redis.infra:6379'}}\n")
     d, _ = routed(text)
-    ctx, _ = d.build({":path": "/v1/chat/completions", ":method": "POST"},
+    ctx, _ = resolve(d, {":path": "/v1/chat/completions", ":method": "POST"},
                      orjson.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]}), {})
     rl = ctx.route.rate_limit
     assert (rl.input_tokens_per_unit, rl.output_tokens_per_unit, rl.unit, rl.unit_seconds, rl.redis_address) == \
@@ -221,10 +222,10 @@ def test_rate_limit_is_parsed_and_exposed_on_the_decision():
     assert ctx.route.rate_limit_key == "ModelRoute/default/r"
     local, _ = routed(route("  - {name: x, targetModels: [{modelServerName: a}]}\n",
                             "  rateLimit: {outputTokensPerUnit: 7}\n"))
-    ctx, _ = local.build({":path": "/v1/completions"}, orjson.dumps({"model": "m", "prompt": "x"}), {})
+    ctx, _ = resolve(local, {":path": "/v1/completions"}, orjson.dumps({"model": "m", "prompt": "x"}), {})
     assert ctx.route.rate_limit == type(rl)(None, 7, "second", 1, None)
     none, _ = routed(route("  - {name: x, targetModels: [{modelServerName: a}]}\n"))
-    ctx, _ = none.build({":path": "/v1/completions"}, orjson.dumps({"model": "m", "prompt": "x"}), {})
+    ctx, _ = resolve(none, {":path": "/v1/completions"}, orjson.dumps({"model": "m", "prompt": "x"}), {})
     assert ctx.route.rate_limit is None
 
 

@@ -1,7 +1,7 @@
-"""The dashboard's record of routing decisions, fed from the director's hot path.
+"""The dashboard's record of routing decisions, fed from the request path as a request observer.
 
-Cost model: the director calls `decided` once per committed decision, `finished` once when that stream ends and
-`rejected` on the error path. Each does a few attribute writes, counter increments and at most one deque append:
+Cost model (epp/request/observe.py): `decided` runs once per committed decision and returns the record's follow,
+whose `closed` runs once when that stream ends; `rejected` runs on the error path. Each does a few attribute writes, counter increments and at most one deque append:
 no formatting, no dict building, no copies. Per-plugin scores are not copied either: a record keeps references
 to the lists the profile run computed anyway (`ProfileResult.scored` / `score_totals`, `PluginDetail.values`),
 so every decision keeps its scores without turning on explain detail. Turning records into rows happens only
@@ -15,11 +15,15 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from scheduling.api import ProfileResult, SchedulingResult
 from scheduling.prefix import decision_matches
 from scheduling.types import Endpoint, LLMRequest
+
+if TYPE_CHECKING:
+    from epp.request.exchange import RequestExchange
+    from epp.request.usage import Usage
 
 TTFT_SAMPLES_PER_TICK = 256  # per endpoint, between two sampler ticks
 
@@ -78,7 +82,7 @@ class DecisionRecorder:
         self.errors: dict[str, int] = {}  # inference error code or "HTTP <status>" -> count
         self.ttft: dict[str, list[float]] = {}  # endpoint key -> TTFT samples since the sampler took them
 
-    # ---- the director's calls (hot path) -----------------------------------------------------------------
+    # ---- the record (hot path; RecorderObserver below feeds it) ------------------------------------------
     def decided(
         self, req: LLMRequest, candidates: int, result: SchedulingResult, started: float, now: float
     ) -> DecisionRecord:
@@ -156,3 +160,45 @@ class DecisionRecorder:
     def take_ttft(self) -> dict[str, list[float]]:
         out, self.ttft = self.ttft, {}
         return out
+
+
+class RecorderObserver:
+    """The recorder as a request observer (epp/request/observe.py)."""
+
+    __slots__ = ("recorder",)
+
+    def __init__(self, recorder: DecisionRecorder) -> None:
+        self.recorder = recorder
+
+    def decided(self, ex: RequestExchange) -> _Follow | None:
+        """A committed decision (None for an external provider: no endpoint, nothing to show)."""
+        result, req, ctx = ex.result, ex.request, ex.ctx
+        if result is None or req is None or ctx is None:
+            return None
+        recorder = self.recorder
+        return _Follow(recorder, recorder.decided(req, len(ctx.candidates), result, ex.started, ex.d.clock()))
+
+    def rejected(self, ex: RequestExchange, code: str) -> None:
+        req = ex.request
+        self.recorder.rejected(req.model if req else "", req.target_model if req else "", code,
+                               ex.headers.get("x-request-id", ""), ex.started, ex.d.clock())
+
+
+class _Follow:
+    """One record's response path: status, first body byte, the end with usage."""
+
+    __slots__ = ("recorder", "rec")
+
+    def __init__(self, recorder: DecisionRecorder, rec: DecisionRecord) -> None:
+        self.recorder = recorder
+        self.rec = rec
+
+    def response_headers(self, ex: RequestExchange, status: int, served: str | None) -> None:
+        self.rec.status = str(status) if status else ""
+
+    def response_chunk(self, ex: RequestExchange, size: int, end_of_stream: bool) -> None:
+        if size and not self.rec.first_byte:
+            self.rec.first_byte = ex.d.clock()
+
+    def closed(self, ex: RequestExchange, usage: Usage | None) -> None:
+        self.recorder.finished(self.rec, ex.d.clock(), ex.scanner is not None and ex.scanner.sse, usage)

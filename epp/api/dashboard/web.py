@@ -85,6 +85,8 @@ class Dashboard:
         self,
         director: Any,
         *,
+        recorder: DecisionRecorder | None = None,
+        passive: Any = None,
         prefix: str = "/",
         token: str | None = None,
         capacity: int = 500,
@@ -92,14 +94,13 @@ class Dashboard:
         watchers: Mapping[str, Any] | None = None,
         started_at: float | None = None,
     ) -> None:
-        self.director = director
+        self.explainer = PointsmanService(director, passive)  # holds the current director (swapped on reload)
         self.prefix = normalize_prefix(prefix)
         self._token = token.encode() if token else None
         self._session = (hmac.new(self._token, b"pointsman-dashboard-session", hashlib.sha256).hexdigest().encode()
                          if self._token else b"")
-        self.recorder = DecisionRecorder(capacity)
+        self.recorder = recorder if recorder is not None else DecisionRecorder(capacity)
         self.sampler = Sampler(self.recorder, director.datastore, director.clock)
-        self.explainer = PointsmanService(director)
         self.config_source = config_source
         self.watchers = watchers if watchers is not None else {}
         self.started_at = started_at or time.time()
@@ -109,6 +110,10 @@ class Dashboard:
         self.scope: dict[str, str] | None = None
         self._task: asyncio.Task[None] | None = None
         self._closing = asyncio.Event()
+
+    @property
+    def director(self) -> Any:
+        return self.explainer.director
 
     # ---- lifecycle ---------------------------------------------------------------------------------------
     def install(self, app: web.Application) -> None:
@@ -231,7 +236,7 @@ class Dashboard:
 
     async def _config(self, request: web.Request) -> web.Response:
         view = views.config_view(self.director.scheduler, self.config_source(), self.watchers, self.started_at,
-                                 views.budget_states(getattr(self.director, "gates", ())))
+                                 views.budget_states(self.director.admitters))
         return _json({**view, "scope": self.scope})
 
     async def _explain(self, request: web.Request) -> web.Response:

@@ -1,0 +1,118 @@
+"""The schedule and commit stages' pure parts: asking the scheduler, and turning a decision into mutations.
+
+`schedule` asks the request's scheduler (its route's P/D scheduler, else the director's), retrying once without a
+sticky session's pin when the pinned endpoint was filtered out. `mutations` builds what Envoy applies: the
+destination header and `envoy.lb` metadata (as the data plane reads them, epp/request/outputs.py), the model headers,
+the route's headers, the retry budget and a rewritten body; `mutations_for_provider` does the same for an external
+provider (no endpoint). A client never picks its own upstream: the reserved headers it sent are always removed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from epp.protocol import Outcome
+from epp.request.director import DESTINATION, LB_NS, PREFILLER, SERVED, SUBSET, Director, ShellContext
+from epp.request.parsing import set_model
+from scheduling.api import Scheduler, SchedulingContext, SchedulingResult
+from scheduling.types import ErrorCode, LLMRequest, SchedulingError
+
+
+def schedule(scheduler: Scheduler, ctx: SchedulingContext, *, dry_run: bool = False) -> SchedulingResult:
+    """One scheduling cycle; SchedulingError when it yields no endpoint. A dry run (explain) changes nothing."""
+    try:
+        result = scheduler.schedule(ctx, dry_run=dry_run) if dry_run else scheduler.schedule(ctx)
+    except SchedulingError as err:
+        route = getattr(ctx, "route", None)
+        unpinned = route.unpin() if route is not None and err.code is ErrorCode.RESOURCE_EXHAUSTED else None
+        if not unpinned:
+            raise
+        ctx.candidates = unpinned  # the session's endpoint was filtered out: schedule as a new session
+        result = scheduler.schedule(ctx, dry_run=dry_run) if dry_run else scheduler.schedule(ctx)
+    if not result.targets:
+        raise SchedulingError(ErrorCode.SERVICE_UNAVAILABLE, "the scheduler returned no endpoint")
+    return result
+
+
+def merge_headers(sets: list[tuple[str, str]], extra: Sequence[tuple[str, str]]) -> None:
+    """Append `extra` to `sets`; a name already in `sets` takes the value from `extra` (names are case-insensitive)."""
+    if not extra:
+        return
+    names = {k.lower() for k, _ in extra}
+    sets[:] = [(k, v) for k, v in sets if k.lower() not in names]
+    sets.extend(extra)
+
+
+def mutations(d: Director, ctx: SchedulingContext, result: SchedulingResult, parsed: dict[str, Any] | None
+              ) -> Outcome:
+    cfg = d.config
+    req = ctx.request
+    primary = result.primary.key
+    hdrs = req.headers
+    always = cfg.remove_absent  # else only what the client sent is removed (removing nothing is a no-op)
+    sets: list[tuple[str, str]] = []
+    remove: list[str] = []
+    if cfg.destination_header:
+        sets.append((DESTINATION, primary))
+    elif always or DESTINATION in hdrs:
+        remove.append(DESTINATION)  # a client never picks its own upstream
+    if always or SERVED in hdrs:
+        remove.append(SERVED)
+    if always or SUBSET in hdrs:
+        remove.append(SUBSET)
+    if result.prefill is not None:
+        sets.append((PREFILLER, result.prefill.key))
+    elif always or PREFILLER in hdrs:
+        remove.append(PREFILLER)
+    model_headers(d, req, sets)
+    lb_value = primary
+    if cfg.fallbacks > 0 and len(result.targets) > 1:
+        lb_value = ",".join(e.key for e in result.targets[: cfg.fallbacks + 1])
+    if d.router is not None:  # routes: fallbacks per pool; Envoy retries exactly on the listed ones
+        route = getattr(ctx, "route", None)
+        if route is not None:
+            merge_headers(sets, route.set_headers)
+            remove.extend(route.remove_headers)
+            keys = route.fallbacks(result, ctx.candidates, ctx.inflight)
+            lb_value = ",".join(keys)
+        else:
+            remove.extend(d.router.reserved_headers)  # a client never chooses a provider (nor a mirror)
+        sets.append(("x-envoy-max-retries", str(lb_value.count(","))))
+    new_body = None
+    if parsed is not None and req.target_model != req.model:
+        new_body = set_model(parsed, req.target_model)
+    return Outcome(
+        set_headers=sets,
+        remove_headers=remove,
+        metadata={LB_NS: {DESTINATION: lb_value}} if cfg.destination_metadata else {},
+        body=new_body,
+        clear_route_cache=cfg.clear_route_cache,
+    )
+
+
+def model_headers(d: Director, req: LLMRequest, sets: list[tuple[str, str]]) -> None:
+    cfg = d.config
+    if req.target_model:
+        if cfg.model_header:
+            sets.append((cfg.model_header, req.target_model))
+        if cfg.base_model_header:
+            sets.append((cfg.base_model_header, req.base_model or req.target_model))
+        if cfg.ai_gateway_model_header:
+            sets.append((cfg.ai_gateway_model_header, req.target_model))
+    if "x-request-id" not in req.headers:
+        sets.append(("x-request-id", req.request_id))
+
+
+def mutations_for_provider(d: Director, ctx: ShellContext, parsed: dict[str, Any] | None) -> Outcome:
+    """An external provider: Envoy's provider route takes it (the provider header), with the credential, the
+    provider's path and model and the static headers; no endpoint, so no destination header."""
+    req, route = ctx.request, ctx.route
+    if route is None:
+        raise ValueError("mutations_for_provider needs the routing decision that chose the provider")
+    sets: list[tuple[str, str]] = []
+    model_headers(d, req, sets)
+    merge_headers(sets, route.set_headers)
+    remove = [*route.remove_headers, DESTINATION, SERVED, SUBSET, PREFILLER]
+    new_body = set_model(parsed, req.target_model) if parsed is not None and req.target_model != req.model else None
+    return Outcome(set_headers=sets, remove_headers=remove, body=new_body)
