@@ -137,7 +137,7 @@ class App:
             self.cleanups.append(self.ratelimit.limiter.close)
             self.admitters.append(self.ratelimit)
             self.admitters.append(build_budgets(self.ratelimit, self.routing, self.cleanups))  # LLMKube budgets
-            observers.append(self.routing.router.llmkube)  # LLMKube quarantine and first-byte latency
+            observers.extend(self.routing.router.runtimes)  # e.g. LLMKube's quarantine and first-byte latency
         # Endpoint lifecycle: whatever scheduler is current forgets a departed endpoint (in-flight counts and the
         # unhealthy mark are the datastore's own; the scraper subscribes itself).
         ds.on_endpoint_removed(lambda key: self._current().scheduler.endpoint_removed(key))

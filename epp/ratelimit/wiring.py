@@ -67,8 +67,8 @@ def build_budgets(gate: RateLimitGate, routing: Any, cleanups: list[Any]) -> Any
     from epp.ratelimit.budgets import BudgetGate
 
     budgets = BudgetGate(gate)
-    budgets.sync(routing.router.table.routers)
-    routing.on_table.append(lambda table: budgets.sync(table.routers))
+    budgets.sync(routing.router.table.objects("llmkube"))  # the ModelRouters' budgets
+    routing.on_table.append(lambda table: budgets.sync(table.objects("llmkube")))
     if gate.limiter.redis is not None:
         task = asyncio.get_running_loop().create_task(budgets.refresh_loop(), name="budget-refresh")
         cleanups.append(lambda: cancel_and_wait(task))
