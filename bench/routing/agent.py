@@ -29,9 +29,9 @@ CARRIERS = ("header", "user", "prompt_cache_key", "metadata", "none")
 @dataclass(frozen=True)
 class AgentSpec:
     agent_types: int = 4
-    system_len: int = 1000  # tokens, shared by an agent type's sessions
-    question_len: int = 150
-    tool_len: int = 250
+    system_len: int = 2000  # tokens, shared by an agent type's sessions
+    question_len: int = 200
+    tool_len: int = 500
     output_len: int = 64
     turns: int = 6
     turns_spread: int = 2

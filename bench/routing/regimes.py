@@ -96,7 +96,7 @@ def regimes(fleet: FleetSpec, opts: RegimeOptions | None = None, seed: int = 0) 
                              samples=tuple(seed + i for i in range(opts.saturation_samples)),
                              routers=(*new[:4], "pointsman-best", new[4])),
         # the pressure workload, each request with a TTFT SLO (a tight and a loose class by default)
-        "slo": Regime("slo", pressure, (10, 20, 30), slo=opts.slo, routers=new),
+        "slo": Regime("slo", pressure, (10, 20, 30), slo=opts.slo, warmup=True, routers=new),
         # agent sessions: growing contexts, tool pauses, fan-out (the ladder is concurrent sessions)
         "agent": Regime("agent", pressure, opts.agent_concurrency, agent=opts.agent, sessions=opts.agent_sessions,
                         routers=new),

@@ -48,7 +48,8 @@ def regime_options(args: argparse.Namespace) -> RegimeOptions:
     return RegimeOptions(outside=args.outside_fraction, reset_every=args.reset_every,
                          saturation_qps=args.saturation_qps, saturation_samples=args.saturation_samples,
                          slo=SloMix.parse(args.slo_mix, args.slo_tpot_ms), agent=agent,
-                         agent_concurrency=_floats(args.agent_concurrency), agent_sessions=args.agent_sessions)
+                         agent_concurrency=_floats(args.agent_concurrency) if args.agent_concurrency
+                         else (16.0 * args.servers,), agent_sessions=args.agent_sessions)
 
 
 def _plan(args: argparse.Namespace, all_regimes: dict[str, Regime],
@@ -194,7 +195,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--slo-mix", default="0.3:250,0.7:2000",
                    help="slo: share:TTFT-ms[/TPOT-ms] classes, model ms (default 0.3:250,0.7:2000)")
     g.add_argument("--slo-tpot-ms", type=float, default=None, help="slo: TPOT SLO of classes without one (none)")
-    g.add_argument("--agent-concurrency", default="64", help="agent: concurrent sessions ladder (default 64)")
+    g.add_argument("--agent-concurrency", help="agent: concurrent sessions ladder (default 16 per server: 64)")
     g.add_argument("--agent-sessions", type=int, default=0, help="agent: sessions per stage (default 2 x "
                                                                  "concurrency)")
     g.add_argument("--agent-turns", type=int, default=6, help="agent: mean turns per session (6)")

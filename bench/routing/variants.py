@@ -8,9 +8,9 @@ FLAGS go on the `epp serve` command line after the base's own flags (a shell par
 Placeholders: `{fleet_profile}` is deploy/profiles/estimated-latency.yaml with the fleet's engine timings (written
 to the variant's work directory), `{workdir}` that directory, `{time_scale}` the fleet's time scale. Examples:
 
-    --router-variant 'pointsman-noslo:--slo-routing false'
-    --router-variant 'pointsman-fleet@pointsman:--config-file {fleet_profile}'
-    --router-variant 'precise-cfg@pointsman-precise:--config-file /tmp/my-profile.yaml'
+    --router-variant 'pointsman-seed1:--seed 1'
+    --router-variant 'pointsman-fleet:--config-file {fleet_profile}'      # = pointsman-best
+    --router-variant 'precise-cfg@pointsman-precise:--config-file /path/to/profile.yaml'
 """
 
 from __future__ import annotations
