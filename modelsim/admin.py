@@ -19,6 +19,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -65,6 +66,16 @@ def probe_one(srv: SimServer, body: dict[str, Any], tokens: list[int]) -> dict[s
     out["cached_tokens"] = srv.engine.probe(tokens, lora)
     out["prompt_tokens"] = len(tokens)
     return out
+
+
+async def request_records(srv: SimServer, request: web.Request) -> web.Response:
+    """GET /admin/requests[?since=N]: the server's records after record N (modelsim.records)."""
+    try:
+        since = int(request.query.get("since", "0"))
+    except ValueError:
+        return web.json_response({"error": "since must be an integer (a record's seq)"}, status=400)
+    log = srv.requests
+    return _orjson({"pod": srv.pod, "time_scale": srv.fleet.time_scale, "last": log.seq, "records": log.since(since)})
 
 
 def add_admin_routes(app: web.Application, srv: SimServer) -> None:
@@ -122,17 +133,8 @@ def add_admin_routes(app: web.Application, srv: SimServer) -> None:
         faults.clear()
         return web.json_response({"recovered": srv.pod})
 
-    async def requests(request: web.Request) -> web.Response:
-        try:
-            since = int(request.query.get("since", "0"))
-        except ValueError:
-            return web.json_response({"error": "since must be an integer (a record's seq)"}, status=400)
-        log = srv.requests
-        return _orjson({"pod": srv.pod, "time_scale": srv.fleet.time_scale, "last": log.seq,
-                        "records": log.since(since)})
-
     app.router.add_get("/admin/state", state_with_faults)
-    app.router.add_get("/admin/requests", requests)
+    app.router.add_get("/admin/requests", functools.partial(request_records, srv))
     app.router.add_post("/admin/probe", probe)
     app.router.add_post("/admin/fleet/probe", fleet_probe)
     app.router.add_post("/admin/kill", kill)
