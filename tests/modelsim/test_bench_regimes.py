@@ -13,13 +13,13 @@ import pytest
 from bench.routing.agent import AgentSpec, AgentWorkload, parse_carriers
 from bench.routing.agent_client import Call, SessionResult, fill_pods, run_agent_stage, summarize_agent
 from bench.routing.client import Result, request_headers, run_stage
+from bench.routing.procs import free_port_block
 from bench.routing.regimes import FleetSpec, RegimeOptions, regimes
 from bench.routing.report import markdown, summarize
 from bench.routing.routers import FleetInfo
 from bench.routing.stages import outside_plan
 from bench.routing.variants import parse_variant
 from bench.routing.workload import SloMix, Workload, WorkloadSpec
-from epp.ports import free_port_block
 from modelsim import tokenizer as tk
 from modelsim.config import EngineConfig
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import aiohttp
 
-from epp.ports import free_port_block
+from bench.routing.procs import free_port_block
 from modelsim.engine import SimRequest
 from modelsim.oracle import OracleRouter, slo_seconds
 
