@@ -109,8 +109,8 @@ class App:
     async def start(self) -> None:
         args = self.args
         from epp.api.metrics import EppMetrics, RequestMetrics, start_metrics_server
+        from epp.fleet.rewrites import choose_rewrite
         from epp.request.outputs import director_outputs
-        from epp.request.rewrite import choose_rewrite
 
         self.outputs = director_outputs(args)  # first: a combination that cannot route fails before anything starts
         self.metrics = EppMetrics(self.datastore)
