@@ -26,6 +26,8 @@ def make_combiner(weights: Sequence[float]) -> Callable[..., list[float]]:
     k = len(weights)
     if k == 0:
         return lambda: []
+    if k == 1 and weights[0] == 1.0:
+        return list  # one scorer of weight 1: its scores, copied (in C)
     args = ", ".join(f"v{i}" for i in range(k))
     items = ", ".join(f"a{i}" for i in range(k))
     terms = " + ".join(f"a{i}" if w == 1.0 else f"w{i} * a{i}" for i, w in enumerate(weights))

@@ -177,3 +177,25 @@ def test_departed_endpoints_are_forgotten():
     sched.pre_request(c, sched.schedule(c))
     sched.endpoint_removed(new.key)
     assert prefix.prefix.index.endpoints() == [] and sched.tracked_endpoints() == set()
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    ops=st.lists(
+        st.tuples(st.sampled_from(["record", "capacity", "forget"]), st.integers(0, 3),
+                  st.lists(st.integers(0, 40), max_size=12), st.integers(1, 10)),
+        max_size=30,
+    )
+)
+def test_room_is_capacity_minus_held_after_every_change(ops):
+    idx = PrefixIndex(8)
+    for op, e, hashes, cap in ops:
+        key = f"e{e}"
+        if op == "record":
+            idx.record(key, hashes)
+        elif op == "capacity":
+            idx.set_capacity(key, cap)
+        else:
+            idx.forget(key)
+        assert dict(idx.room()) == {k: idx.capacity(k) - idx.size(k) for k in idx.endpoints()}
+        assert all(v >= 0 for v in idx.room().values())
