@@ -139,6 +139,13 @@ class Endpoint:
         )
 
 
+def serves(e: Endpoint, target_model: str, lora_adapter: str | None = None) -> bool:
+    """Whether `e` serves the model: it lists no models (serves whatever it is asked), or lists the target model or
+    the request's LoRA adapter."""
+    models = e.models
+    return not models or target_model in models or (lora_adapter is not None and lora_adapter in models)
+
+
 def endpoint_key(address: str, port: int) -> str:
     """`ip:port`, with IPv6 addresses in brackets."""
     if ":" in address and not address.startswith("["):
