@@ -14,7 +14,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from scheduling.api import PluginDetail, ProfileResult, SchedulingContext
 from scheduling.framework.plugin import Filter, Picker, Plugin, Scorer, State
@@ -40,7 +40,7 @@ def make_combiner(weights: Sequence[float]) -> Callable[..., list[float]]:
         src = f"def combine({args}):\n    return [{terms} for {items} in zip({args})]\n"
     namespace: dict[str, object] = {f"w{i}": float(w) for i, w in enumerate(weights)}
     exec(compile(src, f"<combine {list(weights)}>", "exec"), namespace)  # noqa: S102 - trusted, generated here
-    return namespace["combine"]  # type: ignore[return-value]
+    return cast(Callable[..., list[float]], namespace["combine"])
 
 
 def clamp_scores(values: Sequence[float]) -> list[float]:

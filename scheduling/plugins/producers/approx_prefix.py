@@ -143,6 +143,6 @@ def create_approx_prefix(key: DataKey, params: Mapping[str, object], requesters:
     """The loader's factory: a producer with the parameters the requesting plugins set (defaults otherwise)."""
     first = requesters[0]
     build = BuildContext(source=first.source, path=first.path, given=frozenset(params))
-    values = dict(params)
+    values: dict[str, Any] = dict(params)  # checked by the requesting plugins' parameter parsing
     values["blockSizeTokens"] = key.variant
-    return ApproxPrefixProducer(f"approx-prefix-cache-producer[{key.variant}]", Params(**values), build)  # type: ignore[arg-type]
+    return ApproxPrefixProducer(f"approx-prefix-cache-producer[{key.variant}]", Params(**values), build)
