@@ -93,6 +93,11 @@ class Metrics:
     tpot_s: float | None = None  # time per output token (inter-token latency)
     # The histograms' cumulative (TTFT sum, TTFT count, TPOT sum, TPOT count) the period means come from.
     latency_totals: tuple[float, float, float, float] | None = None
+    # Derived once per snapshot (not per request): waiting + running when the scrape is fresh, else 0.
+    fresh_load: int = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "fresh_load", 0 if self.stale else self.waiting + self.running)
 
 
 UNKNOWN_METRICS = Metrics()

@@ -177,3 +177,24 @@ def test_calibration_sample_is_taken_against_what_the_decision_saw():
     c.now = 100.0 + wait + 0.25 * model
     s.response_complete(c, res, st)
     assert s.scale(a.key) == pytest.approx(0.25)
+
+
+def test_the_engine_load_is_derived_once_per_metrics_snapshot():
+    from dataclasses import replace
+
+    from scheduling.types import Metrics
+
+    m = Metrics(waiting=3, running=5, stale=False)
+    assert m.fresh_load == 8
+    assert replace(m, stale=True).fresh_load == 0  # a stale scrape says nothing about the load
+    assert replace(m, waiting=1).fresh_load == 6 and Metrics().fresh_load == 0
+    assert replace(m, stale=True) == Metrics(waiting=3, running=5, stale=True)  # not part of equality
+
+
+def test_load_beyond_the_batch_and_odd_counts_price_as_the_formula_says():
+    s = plugin("estimated-latency-scorer")
+    a, b, c = ep(1), ep(2), ep(3)
+    inflight = {a.key: InflightLoad(40, 0), b.key: InflightLoad(15, 0), c.key: InflightLoad(7, 0)}
+    got = scores(s, ctx(req("q" * 640), [a, b, c], inflight=inflight))
+    costs = [ttft(160, 40, wait=(40 - 15) * 1.0 / 16), ttft(160, 15), ttft(160, 7)]
+    assert got == pytest.approx([min(costs) / x for x in costs])

@@ -130,9 +130,8 @@ class EstimatedLatencyScorer(PreciseReader[Params], PrefixReader[Params], Scorer
         self._outbox: deque[Record] | None = None  # finished requests for the bus, while replicating
         p = self.params
         s1 = p.maxNumSeqs - 1
-        # slowdown(n) for n = 0 .. min(s1, SLOW_TABLE) - 1 (n >= s1 is the full batch), computed once
-        self._slow = [1.0 + (p.loadFactor - 1.0) * n / s1 for n in range(min(s1, SLOW_TABLE))]
-        self._slow_full = 1.0 + (p.loadFactor - 1.0) * s1 / s1
+        # slowdown(n) for n = 0 .. min(s1, SLOW_TABLE), computed once (other n: per endpoint, same formula)
+        self._slow = {n: 1.0 + (p.loadFactor - 1.0) * n / s1 for n in range(min(s1, SLOW_TABLE) + 1)}
 
     def slowdown(self, n: int) -> float:
         """slowdown(e) for n(e) = n requests."""
@@ -212,26 +211,22 @@ class EstimatedLatencyScorer(PreciseReader[Params], PrefixReader[Params], Scorer
         # An endpoint with no backlog and nothing cached: uncached = tokens (backlog + uncached = tokens exactly).
         plain_pd = overhead + tokens * pspt + decode
         plain_need = -(-tokens // block)
-        slows = self._slow
-        fast_n = len(slows)
-        slow_full = self._slow_full
+        slow_get = self._slow.get
+        slow_full = self._slow[s1] if s1 <= SLOW_TABLE else 1.0 + f1 * s1 / s1
         costs: list[float] = []
         ns: list[int] = []
         for e in candidates:
             key = e.key
             n = inflight_get(key, NO_LOAD).requests if inflight else 0
-            m = e.metrics
-            if not m.stale:
-                w = m.waiting + m.running
-                if w > n:
-                    n = w
+            w = e.metrics.fresh_load  # 0 when stale: n is never below 0, so max(n, 0) is n
+            if w > n:
+                n = w
             k = scale_get(key, pool_k)
             q = queue_get(key)
             c = cached_get(key)
             if q is None and c is None:
                 uncached = tokens
                 cost = k * plain_pd
-                need = plain_need
             else:
                 uncached = tokens if c is None else (tokens - c if tokens > c else 0.0)
                 backlog = 0.0
@@ -240,11 +235,10 @@ class EstimatedLatencyScorer(PreciseReader[Params], PrefixReader[Params], Scorer
                     if not backlog > 0.0:
                         backlog = 0.0
                 cost = k * (overhead + (backlog + uncached) * pspt + decode)
-                need = -(-uncached // block)
-            # n >= 0: it starts from an in-flight count and only grows
-            cost *= slows[n] if n < fast_n else (slow_full if n >= s1 else 1.0 + f1 * n / s1)
+            slow = slow_get(n)
+            cost *= slow if slow is not None else (slow_full if n > s1 else 1.0 + f1 * n / s1)
             if evict_w and uncached:
-                over = need - room_get(key, default_room)
+                over = (plain_need if c is None else -(-uncached // block)) - room_get(key, default_room)
                 if over > 0:
                     cost += k * evict_w * over * block * pspt
             if n > s1:
