@@ -98,6 +98,19 @@ class SharedBacklog:
         if new:
             self._by_peer[peer] = set(new)
 
+    def drop_drained(self, now: float, rate: Rate) -> int:
+        """Drop the queues of this process alone that have drained by `now` (returns how many). Reading an absent
+        queue gives what reading a drained one does (0 tokens), so nothing anyone reads changes; a reader of
+        every endpoint then takes its short path for them. Queues with a peer's share stay (set_peer owns them)."""
+        queues = self._queues
+        gone = [
+            key for key, q in queues.items()
+            if not q.shares.keys() - {LOCAL} and q.total - (now - q.since) * rate(key) <= 0.0
+        ]
+        for key in gone:
+            del queues[key]
+        return len(gone)
+
     def forget(self, key: str) -> None:
         """The endpoint left: every share in it goes."""
         q = self._queues.pop(key, None)

@@ -96,6 +96,7 @@ class Params:
 
 
 CALIBRATION_RANGE = (0.02, 50.0)
+PRUNE_EVERY = 256  # picks between two sweeps of drained backlogs (a power of two)
 SLOW_TABLE = 4096  # slowdown values precomputed per n (maxNumSeqs beyond this computes the rest per endpoint)
 MAX_OUTBOX = 4096  # finished requests kept for the bus between two exports
 _PRED = "estimated-latency.pred"  # (candidates, n per candidate) of the last scoring pass
@@ -127,6 +128,7 @@ class EstimatedLatencyScorer(PreciseReader[Params], PrefixReader[Params], Scorer
         self._duration: dict[str, float] = {}  # endpoint -> EWMA of request seconds
         self._scale: dict[str, float] = {}  # endpoint -> calibration factor k(e)
         self.pool_scale = 1.0  # the pool-wide calibration factor (prior for endpoints without samples)
+        self._picks = 0
         self._outbox: deque[Record] | None = None  # finished requests for the bus, while replicating
         p = self.params
         s1 = p.maxNumSeqs - 1
@@ -266,6 +268,9 @@ class EstimatedLatencyScorer(PreciseReader[Params], PrefixReader[Params], Scorer
         state[_CHOSEN] = (prefill, self._duration.get(chosen.key, p.initialRequestSeconds))
         self._backlog.add(chosen.key, uncached, now, rate)
         state[_START] = now
+        self._picks += 1
+        if not self._picks & (PRUNE_EVERY - 1):
+            self._backlog.drop_drained(now, self._drain_rate)
 
     def response_complete(self, ctx: SchedulingContext, result: SchedulingResult, state: State) -> None:
         start = state.get(_START)
