@@ -248,10 +248,7 @@ class EstimatedLatencyScorer(PreciseReader[Params], PrefixReader[Params], Scorer
             costs.append(cost)
             ns.append(n)
         state[_PRED] = (candidates, ns)
-        best = min(costs)
-        if best <= 0.0:
-            return [1.0 if c <= 0.0 else 0.0 for c in costs]
-        return [best / c for c in costs]
+        return relative(costs)
 
     def pre_request(self, ctx: SchedulingContext, result: SchedulingResult, state: State) -> None:
         if not result.targets:
@@ -364,6 +361,14 @@ class EstimatedLatencyScorer(PreciseReader[Params], PrefixReader[Params], Scorer
                 if sample is not None and key not in self._scale:
                     self._scale[key] = sample
         return bad
+
+
+def relative(costs: list[float]) -> list[float]:
+    """score(e) = min over candidates of cost / cost(e): the best endpoint scores 1."""
+    best = min(costs)
+    if best <= 0.0:
+        return [1.0 if c <= 0.0 else 0.0 for c in costs]
+    return [best / c for c in costs]
 
 
 def _finite(v: object) -> bool:
