@@ -9,10 +9,13 @@
    The prompt is 16 KB: one of 8 shared 4 KB system prompts followed by a unique 12 KB conversation, against a
    prefix index warmed by 200 decisions. Reports the median (and p10) of schedule() per profile, their ratio, and
    the median of pre_request() (which hashes the rest of the prompt and records its blocks).
+   With --busy, a busy pool instead: requests in flight on half of the endpoints (1-19 each), every endpoint picked
+   and its requests finished during the warm-up (so each has a learnt duration and calibration), 2 ms between
+   decisions (prefill backlogs do not drain).
 2. The prefix index's memory (tracemalloc) at 512 endpoints × 31,250 blocks (worst case: no block shared by two
    endpoints), then again after inserting as many blocks again: a bounded index does not grow.
 
-    python bench/bench_scheduler.py [--quick] [--skip-memory] [--cpu-clock] [--endpoints 8,64,512,2048]
+    python bench/bench_scheduler.py [--quick] [--skip-memory] [--cpu-clock] [--busy] [--endpoints 8,64,512,2048]
 
 Use --cpu-clock (the thread CPU clock) on a shared machine: it does not count time the thread spent descheduled.
 """
@@ -33,7 +36,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from scheduling.api import SchedulingContext  # noqa: E402
+from scheduling.api import InflightLoad, SchedulingContext  # noqa: E402
 from scheduling.config import ModelScheduler, load_scheduler  # noqa: E402
 from scheduling.prefix import PrefixIndex  # noqa: E402
 from scheduling.types import Endpoint, LLMRequest, Metrics  # noqa: E402
@@ -77,24 +80,31 @@ def requests(n: int, count: int) -> tuple[list[Endpoint], list[LLMRequest]]:
     return eps, [LLMRequest(f"r{i}", "llama", "llama", prompt=p) for i, p in enumerate(prompts)]
 
 
-def bench_decisions(n: int, iters: int, clock: Clock) -> dict[str, tuple[float, float, float]]:
+def bench_decisions(n: int, iters: int, clock: Clock, busy: bool = False) -> dict[str, tuple[float, float, float]]:
     """profile -> (schedule() median µs, schedule() p10 µs, pre_request() median µs), interleaved per decision."""
-    eps, reqs = requests(n, iters + WARM)
+    warm = 2 * n + WARM if busy else WARM
+    eps, reqs = requests(n, iters + warm)
+    step = 0.002 if busy else 1.0  # seconds between decisions
+    rnd = random.Random(5)
+    inflight = {e.key: InflightLoad(rnd.randrange(1, 20), 0) for e in eps if rnd.random() < 0.5} if busy else {}
     scheds: dict[str, ModelScheduler] = {
         name: load_scheduler(src, rng=random.Random(7)) for name, src in PROFILES.items()
     }
     for sched in scheds.values():
-        for i in range(WARM):
-            ctx = SchedulingContext(reqs[i], eps, now=float(i))
-            sched.pre_request(ctx, sched.schedule(ctx))
+        for i in range(warm):
+            ctx = SchedulingContext(reqs[i], eps, inflight, now=i * step)
+            res = sched.schedule(ctx)
+            sched.pre_request(ctx, res)
+            if busy:
+                sched.response_complete(SchedulingContext(reqs[i], eps, inflight, now=i * step + 0.5), res)
     sched_ns: dict[str, list[int]] = {name: [] for name in scheds}
     pre_ns: dict[str, list[int]] = {name: [] for name in scheds}
     gc.collect()
     gc.disable()
     try:
-        for i in range(WARM, WARM + iters):
+        for i in range(warm, warm + iters):
             for name, sched in scheds.items():
-                ctx = SchedulingContext(reqs[i], eps, now=float(i))
+                ctx = SchedulingContext(reqs[i], eps, inflight, now=i * step)
                 t0 = clock()
                 res = sched.schedule(ctx)
                 t1 = clock()
@@ -149,6 +159,7 @@ def main() -> None:
     ap.add_argument(
         "--cpu-clock", action="store_true", help="time with the thread CPU clock (robust on a busy machine)"
     )
+    ap.add_argument("--busy", action="store_true", help="a busy pool: in-flight requests, learnt state, backlogs")
     ap.add_argument("--endpoints", default="8,64,512,2048", help="comma-separated pool sizes (default %(default)s)")
     args = ap.parse_args()
     sizes = [int(s) for s in args.endpoints.split(",") if s]
@@ -156,7 +167,8 @@ def main() -> None:
     print(
         f"python {sys.version.split()[0]}; prompt {PROMPT_CHARS} chars (256 blocks of 64 chars); "
         f"{os.cpu_count()} CPUs, load average {load:.2f}; "
-        f"clock: {'thread CPU time' if args.cpu_clock else 'wall (perf_counter)'}\n"
+        f"clock: {'thread CPU time' if args.cpu_clock else 'wall (perf_counter)'}; "
+        f"pool: {'busy' if args.busy else 'idle, warm index'}\n"
     )
     print(
         "| endpoints | default schedule() µs | GIE schedule() µs | default / GIE | default p10 µs | GIE p10 µs "
@@ -166,7 +178,7 @@ def main() -> None:
     clock = time.thread_time_ns if args.cpu_clock else time.perf_counter_ns
     for n in sizes:
         iters = ITERS.get(n, 400) // (4 if args.quick else 1)
-        got = bench_decisions(n, iters, clock)
+        got = bench_decisions(n, iters, clock, args.busy)
         (d, d10, dp), (g, g10, gp) = got["default"], got["GIE"]
         print(f"| {n} | {d:.1f} | {g:.1f} | {d / g:.2f}x | {d10:.1f} | {g10:.1f} | {dp:.1f} | {gp:.1f} |", flush=True)
     if args.skip_memory:
