@@ -12,7 +12,6 @@ Envoy follows within a second, with no restart.
 
 from __future__ import annotations
 
-import argparse
 import os
 import queue
 import signal
@@ -28,40 +27,14 @@ from typing import IO, Any
 import grpc
 import yaml
 
-from epp.argtypes import parse_bool as _bool
 from epp.stack.children import die_with_parent
 from epp.stack.ports import free_port, wait_port
+from epp.stack.settings import StackSettings
 from proto import pointsman_pb2 as api
 from proto import pointsman_pb2_grpc
 
 MODEL = "meta-llama/Llama-3.1-8B"
 ADAPTER = "sql-lora"
-
-
-def add_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--servers", type=int, default=4, help="simulated vLLM servers (4)")
-    p.add_argument("--sim-base-port", type=int, default=8100,
-                   help="server i listens on this + i (8100); 0: the OS picks a free port for each server")
-    p.add_argument("--listen-port", type=int, default=8081, help="where clients send requests (8081)")
-    p.add_argument("--grpc-port", type=int, default=9002)
-    p.add_argument("--grpc-health-port", type=int, default=9003)
-    p.add_argument("--metrics-port", type=int, default=9090)
-    p.add_argument("--admin-port", type=int, default=9901)
-    p.add_argument("--time-scale", type=float, default=1.0, help="modelsim time scale (1.0 = real time)")
-    p.add_argument("--variant", choices=("original-dst", "override-host"), default="override-host",
-                   help="override-host (default): pool cluster fed live by Pointsman's EDS; original-dst: no list")
-    p.add_argument("--config-file", default=None,
-                   help="scheduling config for Pointsman (default: deploy/profiles/estimated-latency-precise.yaml "
-                        "with --kv-events, else the built-in default)")
-    p.add_argument("--kv-events", type=_bool, default=True,
-                   help="modelsim publishes KV-cache events (and replays them) and Pointsman subscribes (true)")
-    p.add_argument("--workers", type=int, default=1,
-                   help="Pointsman worker processes sharing the gRPC port and their state (docs/replicas.md)")
-    p.add_argument("--duration", type=float, default=0, help="stop after this many seconds (0 = until Ctrl-C)")
-    p.add_argument("--quiet", action="store_true", help="no live view (for scripts)")
-    p.add_argument("--example", choices=("pool", "kthena", "llmkube"), default="pool",
-                   help="pool: one pool of every server; kthena: a Kthena ModelRoute over two ModelServers; "
-                        "llmkube: an LLMKube ModelRouter over two InferenceServices, with budgets")
 
 
 PRECISE_PROFILE = Path(__file__).resolve().parents[2] / "deploy" / "profiles" / "estimated-latency-precise.yaml"
@@ -82,8 +55,8 @@ def _check_free(port: int, what: str) -> None:
 
 
 class LocalStack:
-    def __init__(self, args: argparse.Namespace) -> None:
-        self.args = args
+    def __init__(self, settings: StackSettings) -> None:
+        self.settings = settings
         self.dir = Path(tempfile.mkdtemp(prefix="pointsman-stack-"))
         self.procs: list[tuple[str, subprocess.Popen[bytes]]] = []
         self.decisions: list[str] = []
@@ -100,7 +73,7 @@ class LocalStack:
         print(f"  ... {msg}", flush=True)
 
     def start(self) -> None:
-        a = self.args
+        a = self.settings
         ports = [self._sim_port(i) for i in range(a.servers)]
         for port, what in [(p, "modelsim") for p in ports] + [
             (a.grpc_port, "Pointsman gRPC"), (a.listen_port, "Envoy listener"), (a.admin_port, "Envoy admin"),
@@ -183,7 +156,7 @@ Pointsman metrics:   http://127.0.0.1:{a.metrics_port}/metrics      Files: {self
 
     def _start_fleet(self, ports: list[int]) -> None:
         """The simulated servers, publishing KV events (with --kv-events) on ports of their own."""
-        a = self.args
+        a = self.settings
         self.step(f"modelsim: {a.servers} simulated vLLM servers on ports {', '.join(map(str, ports))} ({MODEL})")
         sim = self._spawn("modelsim", [_bin("modelsim"), "--servers", str(a.servers), "--ports",
                                        ",".join(map(str, ports)), "--model", MODEL, "--lora", ADAPTER,
@@ -203,11 +176,11 @@ Pointsman metrics:   http://127.0.0.1:{a.metrics_port}/metrics      Files: {self
     # ---- the fleet, live -----------------------------------------------------------------------------------
     def _sim_port(self, index: int) -> int:
         """Server i's port: base + i, or one the OS picks on its own with --sim-base-port 0."""
-        return self.args.sim_base_port + index if self.args.sim_base_port else free_port()
+        return self.settings.sim_base_port + index if self.settings.sim_base_port else free_port()
 
     def _kv_flags(self, ports: list[int]) -> list[str]:
         """modelsim's flags for its servers' KV-event sockets: two free ports per server (PUB, replay)."""
-        if not self.args.kv_events:
+        if not self.settings.kv_events:
             return []
         for p in ports:
             self.kv_ports[p] = (free_port(), free_port())
@@ -231,7 +204,7 @@ Pointsman metrics:   http://127.0.0.1:{a.metrics_port}/metrics      Files: {self
                 self.ports_seen.append(p)
         eps = {"pools": [{"name": "default", "endpoints": [self._endpoint(p) for p in self.active]}],
                "adapters": {ADAPTER: MODEL}}
-        if self.args.example == "llmkube":  # the ModelRouter's two InferenceServices
+        if self.settings.example == "llmkube":  # the ModelRouter's two InferenceServices
             from epp.stack.llmkube import pools
 
             eps["pools"] = pools(self.active, self._endpoint)
@@ -240,7 +213,7 @@ Pointsman metrics:   http://127.0.0.1:{a.metrics_port}/metrics      Files: {self
         tmp.replace(self.eps_file)
 
     def add_server(self) -> str:
-        a = self.args
+        a = self.settings
         if self.spare:
             port = self.spare.pop()
         else:
@@ -272,7 +245,7 @@ Pointsman metrics:   http://127.0.0.1:{a.metrics_port}/metrics      Files: {self
 
     def read_commands(self) -> None:
         """Feed `+`/`-` from stdin into the command queue: single keys on a terminal, lines otherwise."""
-        if self.args.variant != "override-host" or sys.stdin is None or sys.stdin.closed:
+        if self.settings.variant != "override-host" or sys.stdin is None or sys.stdin.closed:
             return
         interactive = sys.stdin.isatty() and sys.stdout.isatty()
         if interactive:
@@ -322,7 +295,7 @@ Pointsman metrics:   http://127.0.0.1:{a.metrics_port}/metrics      Files: {self
                     self.decisions.append(line.split(" decision ", 1)[1])
 
     def watch(self) -> None:
-        a = self.args
+        a = self.settings
         stub = pointsman_pb2_grpc.PointsmanStub(grpc.insecure_channel(f"127.0.0.1:{a.grpc_port}"))
         deadline = time.monotonic() + a.duration if a.duration else None
         while deadline is None or time.monotonic() < deadline:
@@ -416,8 +389,8 @@ def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
-def stack_command(args: argparse.Namespace) -> int:
-    stack = LocalStack(args)
+def stack_command(settings: StackSettings) -> int:
+    stack = LocalStack(settings)
     signal.signal(signal.SIGTERM, _interrupt)  # a TERM stops the whole stack too, never orphans it
     try:
         stack.start()
