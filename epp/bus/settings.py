@@ -86,9 +86,11 @@ class ReplicaSettings:
         s = cls(workers=ns.workers, worker_index=ns.worker_index, worker_dir=ns.worker_dir, secret=ns.bus_secret)
         tcp = bool(ns.bus_peers or ns.bus_service)
         peers = parse_peers(ns.bus_peers or "") if tcp else []
-        if s.supervises or not tcp and s.workers <= 1:
-            return s  # no bus here (a supervisor's workers resolve their own)
+        if not tcp and s.workers <= 1:
+            return s  # no bus
         check("replicas", "--bus-service" if ns.bus_service else "--bus-peers" if tcp else "--workers")
+        if s.supervises:
+            return s  # each worker resolves its own bus
         bus = BusSettings("", "", workers=s.workers, secret=read_secret(ns.bus_secret_file, ns.bus_secret),
                           ttl=ns.bus_ttl, heartbeat=ns.bus_heartbeat)
         if tcp:
