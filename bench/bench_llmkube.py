@@ -33,8 +33,8 @@ from epp.ratelimit import Limiter  # noqa: E402
 from epp.ratelimit.budgets import BudgetGate  # noqa: E402
 from epp.ratelimit.gate import RateLimitGate  # noqa: E402
 from epp.request.director import Director  # noqa: E402
-from epp.routing.llmkube_balance import balancing_scheduler  # noqa: E402
-from epp.routing.llmkube_model import Balancing  # noqa: E402
+from epp.routing.dialects.llmkube.balance import balancing_scheduler  # noqa: E402
+from epp.routing.dialects.llmkube.model import Balancing  # noqa: E402
 from epp.routing.service import RoutingService  # noqa: E402
 from scheduling.types import Endpoint, endpoint_key  # noqa: E402
 
@@ -74,9 +74,9 @@ def director(text: str | None) -> Director:
     svc.load_text(text, "bench")
     rate = RateLimitGate(Limiter())
     budgets = BudgetGate(rate)
-    budgets.sync(svc.router.table.routers)
+    budgets.sync(svc.router.table.objects("llmkube"))
     return Director(ds, balancing_scheduler(Balancing(), random.Random(1), "unused"), router=svc.router,
-                    gates=[rate, budgets], watchers=[svc.router.llmkube])
+                    gates=[rate, budgets], watchers=[svc.router.runtime("llmkube")])
 
 
 USAGE = b'{"usage": {"prompt_tokens": 80, "completion_tokens": 20}}'

@@ -1,13 +1,23 @@
 """Scheduler micro-benchmark (not a test).
 
-1. One decision with the built-in default profile (queue ×2, kv-cache-utilization ×2, prefix-cache ×3,
-   max-score-picker) at 8, 64 and 512 endpoints with a 16 KB prompt: a shared 4 KB system prompt followed by a
-   unique 12 KB conversation, against a warm prefix index. Reports the median of schedule() and, separately, of
-   pre_request() (which records the prompt's blocks).
+1. Decision cost of two profiles side by side at 8, 64, 512 and 2048 endpoints, one process, interleaved per
+   decision (default, GIE, default, GIE, ...):
+   - "default": the built-in default profile, what Pointsman runs with no config (estimated-latency-scorer ×1,
+     max-score-picker; deploy/profiles/estimated-latency.yaml);
+   - "GIE": GIE's default weights (deploy/profiles/gie-default.yaml: queue ×2, kv-cache-utilization ×2,
+     prefix-cache ×3, max-score-picker).
+   The prompt is 16 KB: one of 8 shared 4 KB system prompts followed by a unique 12 KB conversation, against a
+   prefix index warmed by 200 decisions. Reports the median (and p10) of schedule() per profile, their ratio, and
+   the median of pre_request() (which hashes the rest of the prompt and records its blocks).
+   With --busy, a busy pool instead: requests in flight on half of the endpoints (1-19 each), every endpoint picked
+   and its requests finished during the warm-up (so each has a learnt duration and calibration), 2 ms between
+   decisions (prefill backlogs do not drain).
 2. The prefix index's memory (tracemalloc) at 512 endpoints × 31,250 blocks (worst case: no block shared by two
    endpoints), then again after inserting as many blocks again: a bounded index does not grow.
 
-    python bench/bench_scheduler.py [--quick] [--skip-memory] [--cpu-clock]
+    python bench/bench_scheduler.py [--quick] [--skip-memory] [--cpu-clock] [--busy] [--endpoints 8,64,512,2048]
+
+Use --cpu-clock (the thread CPU clock) on a shared machine: it does not count time the thread spent descheduled.
 """
 
 from __future__ import annotations
@@ -20,17 +30,24 @@ import statistics
 import sys
 import time
 import tracemalloc
+from collections.abc import Callable
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 
-from scheduling.api import SchedulingContext  # noqa: E402
-from scheduling.config import load_scheduler  # noqa: E402
+from scheduling.api import InflightLoad, SchedulingContext  # noqa: E402
+from scheduling.config import ModelScheduler, load_scheduler  # noqa: E402
 from scheduling.prefix import PrefixIndex  # noqa: E402
 from scheduling.types import Endpoint, LLMRequest, Metrics  # noqa: E402
 
 PROMPT_CHARS = 16 * 1024
 SYSTEM_CHARS = 4 * 1024
+WARM = 200
+PROFILES: dict[str, Path | None] = {"default": None, "GIE": ROOT / "deploy" / "profiles" / "gie-default.yaml"}
+ITERS = {8: 2000, 64: 2000, 512: 1000, 2048: 400}
+
+Clock = Callable[[], int]
 
 
 def endpoints(n: int, rnd: random.Random) -> list[Endpoint]:
@@ -55,39 +72,52 @@ def pct(values: list[int], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] / 1000
 
 
-def bench_decisions(n: int, iters: int, clock=time.perf_counter_ns) -> tuple[float, float, float, float]:
+def requests(n: int, count: int) -> tuple[list[Endpoint], list[LLMRequest]]:
     rnd = random.Random(n)
-    sched = load_scheduler(None, rng=random.Random(7))
     eps = endpoints(n, rnd)
     systems = ["".join(rnd.choice("ABCDEFGHIJ \n") for _ in range(SYSTEM_CHARS)) for _ in range(8)]
-    prompts = [prompt(i, systems[i % len(systems)], rnd) for i in range(iters + 200)]
-    reqs = [LLMRequest(f"r{i}", "llama", "llama", prompt=p) for i, p in enumerate(prompts)]
-    # warm the prefix index
-    for i in range(200):
-        ctx = SchedulingContext(reqs[i], eps, now=float(i))
-        sched.pre_request(ctx, sched.schedule(ctx))
-    sched_ns: list[int] = []
-    pre_ns: list[int] = []
+    prompts = [prompt(i, systems[i % len(systems)], rnd) for i in range(count)]
+    return eps, [LLMRequest(f"r{i}", "llama", "llama", prompt=p) for i, p in enumerate(prompts)]
+
+
+def bench_decisions(n: int, iters: int, clock: Clock, busy: bool = False) -> dict[str, tuple[float, float, float]]:
+    """profile -> (schedule() median µs, schedule() p10 µs, pre_request() median µs), interleaved per decision."""
+    warm = 2 * n + WARM if busy else WARM
+    eps, reqs = requests(n, iters + warm)
+    step = 0.002 if busy else 1.0  # seconds between decisions
+    rnd = random.Random(5)
+    inflight = {e.key: InflightLoad(rnd.randrange(1, 20), 0) for e in eps if rnd.random() < 0.5} if busy else {}
+    scheds: dict[str, ModelScheduler] = {
+        name: load_scheduler(src, rng=random.Random(7)) for name, src in PROFILES.items()
+    }
+    for sched in scheds.values():
+        for i in range(warm):
+            ctx = SchedulingContext(reqs[i], eps, inflight, now=i * step)
+            res = sched.schedule(ctx)
+            sched.pre_request(ctx, res)
+            if busy:
+                sched.response_complete(SchedulingContext(reqs[i], eps, inflight, now=i * step + 0.5), res)
+    sched_ns: dict[str, list[int]] = {name: [] for name in scheds}
+    pre_ns: dict[str, list[int]] = {name: [] for name in scheds}
     gc.collect()
     gc.disable()
     try:
-        for i in range(200, 200 + iters):
-            ctx = SchedulingContext(reqs[i], eps, now=float(i))
-            t0 = clock()
-            res = sched.schedule(ctx)
-            t1 = clock()
-            sched.pre_request(ctx, res)
-            t2 = clock()
-            sched_ns.append(t1 - t0)
-            pre_ns.append(t2 - t1)
+        for i in range(warm, warm + iters):
+            for name, sched in scheds.items():
+                ctx = SchedulingContext(reqs[i], eps, inflight, now=i * step)
+                t0 = clock()
+                res = sched.schedule(ctx)
+                t1 = clock()
+                sched.pre_request(ctx, res)
+                t2 = clock()
+                sched_ns[name].append(t1 - t0)
+                pre_ns[name].append(t2 - t1)
     finally:
         gc.enable()
-    return (
-        statistics.median(sched_ns) / 1000,
-        pct(sched_ns, 0.1),
-        statistics.median(pre_ns) / 1000,
-        pct(pre_ns, 0.1),
-    )
+    return {
+        name: (statistics.median(sched_ns[name]) / 1000, pct(sched_ns[name], 0.1), statistics.median(pre_ns[name]) / 1000)
+        for name in scheds
+    }
 
 
 def fill(index: PrefixIndex, n_endpoints: int, blocks: int, start: int) -> int:
@@ -129,23 +159,28 @@ def main() -> None:
     ap.add_argument(
         "--cpu-clock", action="store_true", help="time with the thread CPU clock (robust on a busy machine)"
     )
+    ap.add_argument("--busy", action="store_true", help="a busy pool: in-flight requests, learnt state, backlogs")
+    ap.add_argument("--endpoints", default="8,64,512,2048", help="comma-separated pool sizes (default %(default)s)")
     args = ap.parse_args()
+    sizes = [int(s) for s in args.endpoints.split(",") if s]
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     print(
         f"python {sys.version.split()[0]}; prompt {PROMPT_CHARS} chars (256 blocks of 64 chars); "
         f"{os.cpu_count()} CPUs, load average {load:.2f}; "
-        f"clock: {'thread CPU time' if args.cpu_clock else 'wall (perf_counter)'}\n"
+        f"clock: {'thread CPU time' if args.cpu_clock else 'wall (perf_counter)'}; "
+        f"pool: {'busy' if args.busy else 'idle, warm index'}\n"
     )
     print(
-        "| endpoints | schedule() median µs | schedule() p10 µs | pre_request() median µs | pre_request() p10 µs |"
+        "| endpoints | default schedule() µs | GIE schedule() µs | default / GIE | default p10 µs | GIE p10 µs "
+        "| default pre_request() µs | GIE pre_request() µs |"
     )
-    print("|---:|---:|---:|---:|---:|")
-    for n in (8, 64, 512):
-        iters = {8: 2000, 64: 2000, 512: 1000}[n] // (4 if args.quick else 1)
-        s, s10, p, p10 = bench_decisions(
-            n, iters, time.thread_time_ns if args.cpu_clock else time.perf_counter_ns
-        )
-        print(f"| {n} | {s:.1f} | {s10:.1f} | {p:.1f} | {p10:.1f} |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
+    clock = time.thread_time_ns if args.cpu_clock else time.perf_counter_ns
+    for n in sizes:
+        iters = ITERS.get(n, 400) // (4 if args.quick else 1)
+        got = bench_decisions(n, iters, clock, args.busy)
+        (d, d10, dp), (g, g10, gp) = got["default"], got["GIE"]
+        print(f"| {n} | {d:.1f} | {g:.1f} | {d / g:.2f}x | {d10:.1f} | {g10:.1f} | {dp:.1f} | {gp:.1f} |", flush=True)
     if args.skip_memory:
         return
     n_ep = 64 if args.quick else 512

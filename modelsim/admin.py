@@ -1,6 +1,8 @@
 """Admin endpoints of one simulated server: failure injection and the oracle's view of the truth.
 
 * ``GET  /admin/state``          engine state (queue, running, KV usage, free/cached blocks, counters).
+* ``GET  /admin/requests[?since=N]`` the server's record of the requests it finished (or aborted) after record N,
+  each with its exact model-time timeline (modelsim.records): the ground truth for timing learners.
 * ``POST /admin/probe?api=chat`` body = a generation request body (api: chat, completions, messages,
   responses); returns the prefix-cache hit the request would get *now* (``cached_tokens``), its
   ``prompt_tokens``, and the engine state. No side effects.
@@ -17,6 +19,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -46,6 +49,8 @@ def engine_state(srv: SimServer) -> dict[str, Any]:
         # the latency profile, so an oracle can predict TTFT
         "itl": e.cfg.itl, "prefill_overhead": e.cfg.prefill_overhead,
         "prefill_per_token": e.cfg.prefill_per_token, "load_factor": e.cfg.load_factor,
+        "latency_factor": srv.fleet.latency_factor(srv.index), "time_scale": srv.fleet.time_scale,
+        "engine_type": srv.fleet.engine_type, "metrics_time": srv.fleet.metrics_time,
     }
 
 
@@ -61,6 +66,16 @@ def probe_one(srv: SimServer, body: dict[str, Any], tokens: list[int]) -> dict[s
     out["cached_tokens"] = srv.engine.probe(tokens, lora)
     out["prompt_tokens"] = len(tokens)
     return out
+
+
+async def request_records(srv: SimServer, request: web.Request) -> web.Response:
+    """GET /admin/requests[?since=N]: the server's records after record N (modelsim.records)."""
+    try:
+        since = int(request.query.get("since", "0"))
+    except ValueError:
+        return web.json_response({"error": "since must be an integer (a record's seq)"}, status=400)
+    log = srv.requests
+    return _orjson({"pod": srv.pod, "time_scale": srv.fleet.time_scale, "last": log.seq, "records": log.since(since)})
 
 
 def add_admin_routes(app: web.Application, srv: SimServer) -> None:
@@ -119,6 +134,7 @@ def add_admin_routes(app: web.Application, srv: SimServer) -> None:
         return web.json_response({"recovered": srv.pod})
 
     app.router.add_get("/admin/state", state_with_faults)
+    app.router.add_get("/admin/requests", functools.partial(request_records, srv))
     app.router.add_post("/admin/probe", probe)
     app.router.add_post("/admin/fleet/probe", fleet_probe)
     app.router.add_post("/admin/kill", kill)

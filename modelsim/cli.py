@@ -36,6 +36,9 @@ _FLEET_FLAGS: dict[str, tuple[str, Any, str]] = {
                                       "template) instead of the byte tokenizer"),
     "--oracle-port": ("oracle_port", int, "serve an in-process oracle router over the fleet on this port"),
     "--stream-interval-ms": ("stream_interval", float, "coalesce streamed tokens after the first: wall ms"),
+    "--engine-type": ("engine_type", str, "whose metrics to expose: vllm (default) or sglang"),
+    "--metrics-time": ("metrics_time", str, "latency histograms in model seconds (default) or wall seconds"),
+    "--request-log-size": ("request_log_size", int, "finished requests kept for GET /admin/requests (10000)"),
 }
 _ENGINE_FLAGS: dict[str, tuple[str, Any, float, str]] = {
     "--max-num-seqs": ("max_num_seqs", int, 1, "concurrent running requests (default 16)"),
@@ -63,6 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--lora", action="append", default=None,
                     help="a LoRA adapter served besides the base model (repeatable, or comma list)")
     ap.add_argument("--roles", help="comma list of per-server roles: both, prefill, decode")
+    ap.add_argument("--engine", dest="engine_type", help="alias of --engine-type")
+    ap.add_argument("--latency-factors", help="comma list, one per server: every engine duration is multiplied "
+                                              "by it (2 = a server twice as slow)")
     ap.add_argument("--ports", help="comma list of one port per server (instead of consecutive --base-port ports)")
     ap.add_argument("--kv-events-ports", help="comma list of one KV-event PUB port per server (instead of "
                                               "--kv-events-port + i)")
@@ -85,6 +91,8 @@ def config_from_args(args: argparse.Namespace) -> Any:
         data["loras"] = [x for item in args.lora for x in item.split(",") if x]
     if args.roles:
         data["roles"] = args.roles.split(",")
+    if args.latency_factors:
+        data["latency_factors"] = args.latency_factors
     if args.ports:
         data["ports"] = args.ports
     if args.kv_events_ports:

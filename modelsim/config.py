@@ -65,6 +65,10 @@ class FleetConfig:
     roles: tuple[str, ...] = ()  # per server: "both" (default), "prefill" or "decode" (informational)
     oracle_port: int | None = None  # in-process oracle router over the fleet (benchmark aid)
     stream_interval: float = 0.0  # wall s; > 0 coalesces streamed tokens after the first (cheaper at speed)
+    engine_type: str = "vllm"  # whose metrics /metrics exposes: "vllm" or "sglang" (SGLang also gets /flush_cache)
+    metrics_time: str = "model"  # latency histograms in "model" seconds or "wall" seconds (model × time_scale)
+    latency_factors: tuple[float, ...] = ()  # per server: every engine duration × this (2.0 = twice as slow)
+    request_log_size: int = 10_000  # finished requests kept for GET /admin/requests
     engine: EngineConfig = field(default_factory=EngineConfig)
 
     def __post_init__(self) -> None:
@@ -77,7 +81,8 @@ class FleetConfig:
         if not 0.0 <= self.failure_rate <= 1.0:
             raise ValueError(f"fleet config: failure_rate must be in [0, 1], got {self.failure_rate}")
         for name, allowed in (("kv_events_encoding", ("array", "map")), ("kv_events_style", ("vllm", "sglang")),
-                              ("kv_events_hash_format", ("int", "bytes"))):
+                              ("kv_events_hash_format", ("int", "bytes")), ("engine_type", ("vllm", "sglang")),
+                              ("metrics_time", ("model", "wall"))):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"fleet config: {name} must be one of {allowed}, got {getattr(self, name)!r}")
         for name in ("kv_events_ports", "kv_events_replay_ports"):
@@ -88,6 +93,32 @@ class FleetConfig:
             raise ValueError("fleet config: kv_events_replay_ports needs KV events (kv_events_port or _ports)")
         if self.kv_events_buffer_steps < 1:
             raise ValueError(f"fleet config: kv_events_buffer_steps must be >= 1, got {self.kv_events_buffer_steps}")
+        if self.latency_factors and len(self.latency_factors) != self.servers:
+            raise ValueError(f"fleet config: latency_factors lists {len(self.latency_factors)} factors for "
+                             f"{self.servers} servers")
+        if any(not f > 0 for f in self.latency_factors):  # also rejects NaN
+            raise ValueError(f"fleet config: latency_factors must all be > 0, got {list(self.latency_factors)}")
+        if self.request_log_size < 0:
+            raise ValueError(f"fleet config: request_log_size must be >= 0, got {self.request_log_size}")
+
+    def latency_factor(self, index: int) -> float:
+        return self.latency_factors[index] if self.latency_factors else 1.0
+
+    def engine_for(self, index: int) -> EngineConfig:
+        """Server `index`'s engine: the fleet's, with every duration multiplied by its latency factor."""
+        f = self.latency_factor(index)
+        if f == 1.0:
+            return self.engine
+        e = self.engine
+        return dataclasses.replace(e, itl=e.itl * f, prefill_overhead=e.prefill_overhead * f,
+                                   prefill_per_token=e.prefill_per_token * f,
+                                   kv_transfer_overhead=e.kv_transfer_overhead * f,
+                                   kv_transfer_per_token=e.kv_transfer_per_token * f)
+
+    @property
+    def metrics_scale(self) -> float:
+        """Seconds reported by the latency histograms per model second."""
+        return self.time_scale if self.metrics_time == "wall" else 1.0
 
     def port(self, index: int) -> int:
         return self.ports[index] if self.ports else self.base_port + index
@@ -129,6 +160,12 @@ def fleet_from_mapping(data: dict[str, Any], source: str = "<config>") -> FleetC
         if key in norm and norm[key] is not None:
             v = norm[key]
             norm[key] = tuple(v.split(",")) if isinstance(v, str) else tuple(v)
+    if norm.get("latency_factors") is not None:
+        v = norm["latency_factors"]
+        try:
+            norm["latency_factors"] = tuple(float(f) for f in (v.split(",") if isinstance(v, str) else v))
+        except (TypeError, ValueError):
+            raise ValueError(f"{source}: latency_factors must be a list of numbers, got {v!r}") from None
     for key in ("ports", "kv_events_ports", "kv_events_replay_ports"):
         if norm.get(key) is not None:
             v = norm[key]

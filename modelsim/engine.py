@@ -23,6 +23,7 @@ import heapq
 from collections import Counter, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from modelsim.config import EngineConfig
 from modelsim.kvcache import KVCache, block_hashes
@@ -68,6 +69,7 @@ class Seq:
     cached_tokens: int = 0  # prefix-cache hit at (first) admission
     admitted_at: float | None = None
     first_token_at: float | None = None
+    last_token_at: float | None = None
     finished_at: float | None = None
     finish_reason: str | None = None
     preemptions: int = 0
@@ -91,6 +93,22 @@ class Seq:
 Event = tuple[str, Seq, float]
 
 
+class EngineObserver(Protocol):
+    """Told of every timing event at its exact model time, as the engine computes it (metrics, request records).
+
+    `admitted` fires at a request's first admission only (a preempted request's re-admission is not a new one);
+    `token` at every generated token with the gap since the request's previous token (None for the first);
+    `finished` when the last token is out; `aborted` when a request is cancelled before finishing."""
+
+    def admitted(self, seq: Seq, now: float) -> None: ...
+
+    def token(self, seq: Seq, t: float, gap: float | None) -> None: ...
+
+    def finished(self, seq: Seq, t: float) -> None: ...
+
+    def aborted(self, seq: Seq, now: float) -> None: ...
+
+
 @dataclass
 class EngineStats:
     prompt_tokens: int = 0
@@ -112,6 +130,7 @@ class Engine:
         self._tie = 0
         self._order = 0
         self._out: list[Event] = []
+        self.observers: list[EngineObserver] = []
 
     # ---- public API -------------------------------------------------------------------------------
     def load(self, running: int | None = None) -> float:
@@ -155,6 +174,8 @@ class Engine:
         if seq.state != FINISHED:
             seq.state, seq.finished_at, seq.finish_reason = FINISHED, now, "abort"
             seq.gen += 1
+            for ob in self.observers:
+                ob.aborted(seq, now)
             self._admit(now)
 
     def next_event_time(self) -> float | None:
@@ -255,6 +276,8 @@ class Engine:
             self.stats.prefix_queries += len(req.prompt_tokens)
             self.stats.prefix_hits += cached
             self.stats.prompt_tokens += len(req.prompt_tokens)
+            for ob in self.observers:
+                ob.admitted(seq, now)
         self.running.append(seq)
         self._push(seq, t_first)
         return True
@@ -280,6 +303,10 @@ class Engine:
         self.stats.generation_tokens += 1
         if seq.first_token_at is None:
             seq.first_token_at = t
+        gap = None if seq.last_token_at is None else t - seq.last_token_at
+        seq.last_token_at = t
+        for ob in self.observers:
+            ob.token(seq, t, gap)
         self._out.append(("token", seq, t))
         limit = 1 if req.remote_decode else req.output_tokens
         if seq.generated >= limit:
@@ -287,6 +314,8 @@ class Engine:
             seq.finish_reason = "remote_decode" if req.remote_decode else req.finish_reason
             self.stats.success[seq.finish_reason] += 1
             self._release(seq)
+            for ob in self.observers:
+                ob.finished(seq, t)
             self._out.append(("finish", seq, t))
             self._admit(t)
             return

@@ -15,6 +15,11 @@ staleness (the pick and the engine submit happen without an await in between).
 
 That is the request's own predicted latency (queue, TTFT and decode at the load it joins), plus `evict`,
 a charge for the cached prefixes it would push out (half of their recompute cost).
+
+With a TTFT SLO (header `x-llm-d-slo-ttft-ms`, or the older `x-slo-ttft-ms`; wall milliseconds, converted to model
+time with the fleet's time scale) the in-process oracle keeps the servers whose predicted TTFT
+(`queue + prefill · load`) meets it and picks the cheapest of them; when none does, the one with the least
+predicted TTFT.
 """
 
 from __future__ import annotations
@@ -30,8 +35,11 @@ if TYPE_CHECKING:
     from modelsim.server import SimServer
 
 
-def predicted_cost(st: dict[str, Any], pending: int, max_tokens: int) -> float:
-    """Cost of sending a request to a server described by an /admin/probe-style dict."""
+SLO_TTFT_HEADERS = ("x-llm-d-slo-ttft-ms", "x-slo-ttft-ms")
+
+
+def _terms(st: dict[str, Any], pending: int, max_tokens: int) -> tuple[float, float, float, int]:
+    """(load, prefill, queue, uncached tokens) of a request on the server `st` describes."""
     m = max(1, st["max_num_seqs"])
     r = st["running"] + pending
     f = st["load_factor"]
@@ -40,6 +48,33 @@ def predicted_cost(st: dict[str, Any], pending: int, max_tokens: int) -> float:
     prefill = st["prefill_overhead"] + uncached * st["prefill_per_token"]
     excess = max(0, r + st["waiting"] + 1 - m)
     queue = excess * (prefill + max_tokens * st["itl"] * f) / m
+    return load, prefill, queue, uncached
+
+
+def predicted_ttft(st: dict[str, Any], pending: int, max_tokens: int) -> float:
+    """The request's predicted time to first token on the server `st` describes (model seconds)."""
+    load, prefill, queue, _ = _terms(st, pending, max_tokens)
+    return queue + prefill * load
+
+
+def slo_seconds(headers: Any, time_scale: float) -> float | None:
+    """The request's TTFT SLO in model seconds, from the first SLO header holding a positive number."""
+    for name in SLO_TTFT_HEADERS:
+        raw = headers.get(name)
+        if raw:
+            try:
+                ms = float(raw)
+            except ValueError:
+                continue
+            if ms > 0 and ms == ms:
+                return ms / 1000.0 / time_scale
+    return None
+
+
+def predicted_cost(st: dict[str, Any], pending: int, max_tokens: int) -> float:
+    """Cost of sending a request to a server described by an /admin/probe-style dict."""
+    r = st["running"] + pending
+    load, prefill, queue, uncached = _terms(st, pending, max_tokens)
     bs = st["block_size"]
     new_blocks = -(-(uncached + max_tokens) // bs)
     evict = max(0, new_blocks - st["fresh_blocks"]) * bs * st["prefill_per_token"] / 2
@@ -60,26 +95,33 @@ class OracleRouter:
         self.servers = servers
         self.picks = [0] * len(servers)
 
-    def choose(self, api: str, body: dict[str, Any]) -> SimServer:
+    def choose(self, api: str, body: dict[str, Any], slo: float | None = None) -> SimServer:
+        """The cheapest live server; with a TTFT SLO (model seconds), the cheapest predicted to meet it, else the
+        one with the least predicted TTFT."""
         live = [s for s in self.servers if not s.dead and s.unhung.is_set()] or self.servers
         tokens = live[0].request_tokens(api, body)
         model = body.get("model")
         mt = body.get("max_completion_tokens") or body.get("max_tokens") or body.get("max_output_tokens")
         max_tokens = mt if isinstance(mt, int) and mt > 0 else live[0].fleet.engine.default_max_tokens
-        best, best_cost = live[0], float("inf")
+        scored = []
         for s in live:
             lora = model if isinstance(model, str) and model in s.loras else None
-            c = predicted_cost(_state(s, tokens, lora), 0, max_tokens)
-            if c < best_cost:
-                best, best_cost = s, c
-        return best
+            st = _state(s, tokens, lora)
+            scored.append((predicted_cost(st, 0, max_tokens), predicted_ttft(st, 0, max_tokens), s))
+        if slo is not None:
+            meeting = [x for x in scored if x[1] <= slo]
+            if not meeting:
+                return min(scored, key=lambda x: x[1])[2]
+            scored = meeting
+        return min(scored, key=lambda x: x[0])[2]
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         api = A.PATH_API[request.path]
         raw = await request.read()  # cached by aiohttp: the chosen server's handler reads it again
         try:
             body = orjson.loads(raw)
-            srv = self.choose(api, body) if isinstance(body, dict) else self.servers[0]
+            slo = slo_seconds(request.headers, self.servers[0].fleet.time_scale)
+            srv = self.choose(api, body, slo) if isinstance(body, dict) else self.servers[0]
         except (orjson.JSONDecodeError, ValueError):
             srv = self.servers[0]
         self.picks[self.servers.index(srv)] += 1

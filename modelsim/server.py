@@ -19,7 +19,8 @@ from modelsim.config import FleetConfig
 from modelsim.driver import EngineDriver
 from modelsim.engine import Engine, EngineError, SimRequest
 from modelsim.kvevents import KVEventPublisher, topic_for
-from modelsim.metrics import ServerMetrics
+from modelsim.metrics import Metrics, ServerMetrics, SglangMetrics
+from modelsim.records import RequestLog
 from modelsim.streaming import run_generation
 
 _FAILURE_STATUSES = (429, 500, 503)
@@ -45,13 +46,18 @@ class SimServer:
         self.lora_ids: dict[str, int] = {}  # vLLM's adapter ids: 1, 2, ... in load order
         for name in fleet.loras:
             self._lora_id(name)
-        self.engine = Engine(fleet.engine)
+        self.engine_config = fleet.engine_for(index)  # the fleet's engine, scaled by this server's latency factor
+        self.engine = Engine(self.engine_config)
         self.hf = None
         if fleet.tokenizer:
             from modelsim.hftok import HFTokenizer
 
             self.hf = HFTokenizer(fleet.tokenizer)
-        self.metrics = ServerMetrics(self.engine, self.model, fleet.engine.max_loras)
+        self.metrics: Metrics = (
+            SglangMetrics(self.engine, self.model, fleet.metrics_scale) if fleet.engine_type == "sglang"
+            else ServerMetrics(self.engine, self.model, fleet.engine.max_loras, fleet.metrics_scale))
+        self.requests = RequestLog(fleet.request_log_size)
+        self.engine.observers += [self.metrics, self.requests]
         self.rng = random.Random(fleet.seed * 1000 + index)
         self.publisher: KVEventPublisher | None = None
         self.driver: EngineDriver | None = None
@@ -76,8 +82,7 @@ class SimServer:
                                               replay, f.kv_events_buffer_steps, encoding=f.kv_events_encoding,
                                               style=f.kv_events_style, hash_format=f.kv_events_hash_format,
                                               lora_id=self._lora_id)
-        self.driver = EngineDriver(self.engine, self.fleet.time_scale, on_finish=self.metrics.observe_finished,
-                                   on_advance=self._publish)
+        self.driver = EngineDriver(self.engine, self.fleet.time_scale, on_advance=self._publish)
         app = web.Application(client_max_size=64 * 1024 * 1024, middlewares=[self._middleware])
         app.router.add_post("/v1/chat/completions", self.generate)
         app.router.add_post("/v1/completions", self.generate)
@@ -91,6 +96,8 @@ class SimServer:
         app.router.add_post("/v1/load_lora_adapter", self.load_lora)
         app.router.add_post("/v1/unload_lora_adapter", self.unload_lora)
         app.router.add_post("/reset_prefix_cache", self.reset_prefix_cache)
+        if self.fleet.engine_type == "sglang":
+            app.router.add_post("/flush_cache", self.flush_cache)
         add_admin_routes(app, self)
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await self._runner.setup()
@@ -179,7 +186,8 @@ class SimServer:
         return _json({"object": "list", "data": data})
 
     async def metrics_handler(self, request: web.Request) -> web.Response:
-        return web.Response(body=self.metrics.render(), content_type="text/plain", charset="utf-8")
+        now = self.driver.now() if self.driver is not None else 0.0
+        return web.Response(body=self.metrics.render(now), content_type="text/plain", charset="utf-8")
 
     async def tokenize(self, request: web.Request) -> web.Response:
         """vLLM's /tokenize: ``{"prompt"}`` or ``{"messages"}`` (the chat template applied: here the messages'
@@ -247,6 +255,15 @@ class SimServer:
             return self._error(409, "Prefix cache reset failed.")
         return web.Response(status=200)
 
+    async def flush_cache(self, request: web.Request) -> web.Response:
+        """SGLang's cache flush: only when no request is running or waiting (400 otherwise), like SGLang's."""
+        assert self.driver is not None
+        e = self.engine
+        if e.running or e.waiting or not e.reset_prefix_cache(self.driver.now()):
+            return web.Response(status=400, text="Cache not flushed: requests are running or waiting.\n")
+        self.driver.poke()
+        return web.Response(text="Cache flushed.\n")
+
     async def embeddings(self, request: web.Request) -> web.Response:
         body = await self._body(request)
         if isinstance(body, web.Response):
@@ -303,7 +320,7 @@ class SimServer:
         if isinstance(body, web.Response):
             return body
         try:
-            p = A.parse_request(api, body, self.fleet.engine.default_max_tokens, self.request_tokens)
+            p = A.parse_request(api, body, self.engine_config.default_max_tokens, self.request_tokens)
         except (A.BadRequest, ValueError) as exc:
             return self._error(400, str(exc), api)
         if p.model not in self.served_models():

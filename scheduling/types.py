@@ -93,6 +93,11 @@ class Metrics:
     tpot_s: float | None = None  # time per output token (inter-token latency)
     # The histograms' cumulative (TTFT sum, TTFT count, TPOT sum, TPOT count) the period means come from.
     latency_totals: tuple[float, float, float, float] | None = None
+    # Derived once per snapshot (not per request): waiting + running when the scrape is fresh, else 0.
+    fresh_load: int = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "fresh_load", 0 if self.stale else self.waiting + self.running)
 
 
 UNKNOWN_METRICS = Metrics()
@@ -137,6 +142,13 @@ class Endpoint:
             self.key, self.address, self.port, self.name, self.namespace, self.labels, self.models, metrics,
             self.annotations,
         )
+
+
+def serves(e: Endpoint, target_model: str, lora_adapter: str | None = None) -> bool:
+    """Whether `e` serves the model: it lists no models (serves whatever it is asked), or lists the target model or
+    the request's LoRA adapter."""
+    models = e.models
+    return not models or target_model in models or (lora_adapter is not None and lora_adapter in models)
 
 
 def endpoint_key(address: str, port: int) -> str:

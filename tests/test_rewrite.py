@@ -1,7 +1,7 @@
 import random
 from collections import Counter
 
-from epp.request.rewrite import RewriteRule, RewriteTarget, choose_rewrite, find_rule
+from epp.fleet.rewrites import RewriteRule, RewriteTarget, choose_rewrite, find_rule
 
 
 def _rule(targets, exact=(), created=0.0, name="ns/r", index=0):

@@ -3,11 +3,16 @@
 TTFT is the arrival of the first streamed body bytes after the request is sent; output and cached
 tokens come from the final usage chunk (stream_options.include_usage). Times are converted to model
 seconds by dividing by the fleet's time scale.
+
+A planned request with SLOs (model seconds) is sent with `x-llm-d-slo-ttft-ms` / `x-llm-d-slo-tpot-ms` in *wall*
+milliseconds (model × time scale, rounded to a whole millisecond as llm-d parses integers), since that is the clock
+the router runs on; whether it met them is judged in model time.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from dataclasses import dataclass
 
@@ -29,6 +34,42 @@ class Result:
     pod: str = ""
     error: str = ""
     direct: bool = False  # sent straight to a server, bypassing the router (the outside-traffic regime)
+    slo_ttft: float | None = None  # model seconds
+    slo_tpot: float | None = None
+    tight: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.status == 200 and self.ttft is not None
+
+    @property
+    def tpot(self) -> float | None:
+        """Mean time per output token after the first (model seconds)."""
+        if not self.ok or self.e2e is None or self.ttft is None or self.output_tokens < 2:
+            return None
+        return (self.e2e - self.ttft) / (self.output_tokens - 1)
+
+    @property
+    def met_slo(self) -> bool:
+        """Succeeded within its TTFT SLO and, when it has one, its TPOT SLO."""
+        if not self.ok or self.ttft is None or self.slo_ttft is None or self.ttft > self.slo_ttft:
+            return False
+        tpot = self.tpot
+        return self.slo_tpot is None or (tpot is not None and tpot <= self.slo_tpot)
+
+
+SLO_TTFT_HEADER, SLO_TPOT_HEADER = "x-llm-d-slo-ttft-ms", "x-llm-d-slo-tpot-ms"
+_ids = itertools.count(1)
+
+
+def request_headers(p: Planned, scale: float) -> dict[str, str]:
+    """Content type, a unique x-request-id (modelsim records it), and the SLO headers in wall milliseconds."""
+    h = {"content-type": "application/json", "x-request-id": f"bench-{next(_ids)}"}
+    if p.slo_ttft is not None:
+        h[SLO_TTFT_HEADER] = str(max(1, round(p.slo_ttft * 1000 * scale)))
+    if p.slo_tpot is not None:
+        h[SLO_TPOT_HEADER] = str(max(1, round(p.slo_tpot * 1000 * scale)))
+    return h
 
 
 def _usage_from_tail(tail: bytes) -> dict | None:
@@ -48,7 +89,7 @@ def _usage_from_tail(tail: bytes) -> dict | None:
 async def _one(session: aiohttp.ClientSession, url: str, p: Planned, scale: float, timeout: float,
                direct: bool = False) -> Result:
     r = await _send(session, url, p, scale, timeout)
-    r.direct = direct
+    r.direct, r.slo_ttft, r.slo_tpot, r.tight = direct, p.slo_ttft, p.slo_tpot, p.tight
     return r
 
 
@@ -57,7 +98,7 @@ async def _send(session: aiohttp.ClientSession, url: str, p: Planned, scale: flo
     ttft = None
     tail = b""
     try:
-        async with session.post(url, data=orjson.dumps(p.body), headers={"content-type": "application/json"},
+        async with session.post(url, data=orjson.dumps(p.body), headers=request_headers(p, scale),
                                 timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
             if resp.status != 200:
                 text = (await resp.read())[:200].decode(errors="replace")
@@ -100,6 +141,8 @@ async def run_stage(url: str, plan: list[Planned], time_scale: float, request_ti
         for t in pending:
             t.cancel()
         results = [t.result() for t in tasks if t in done]
-        results += [Result(-1, 0, None, None, error="stage deadline") for _ in pending]
+        results += [Result(-1, 0, None, None, error="stage deadline", direct=i in direct, slo_ttft=p.slo_ttft,
+                           slo_tpot=p.slo_tpot, tight=p.tight)
+                    for i, (t, p) in enumerate(zip(tasks, plan, strict=True)) if t in pending]
         elapsed = (time.monotonic() - start) / time_scale
     return results, elapsed

@@ -26,6 +26,14 @@ class Row:
     error_sample: str = ""
     direct: int = 0  # requests sent straight to the servers (not in the latency and hit columns)
     resets: int = 0  # prefix-cache resets during the stage
+    sample: int = 0  # the workload seed
+    ttft_p50_all: float | None = None  # routed and direct requests together (outside traffic)
+    ttft_p90_all: float | None = None
+    slo_requests: int = 0  # routed requests carrying a TTFT SLO
+    slo_tight: int = 0  # of which in the tightest class
+    slo_attain_all: float | None = None  # share of them meeting their SLOs (errors miss)
+    slo_attain_tight: float | None = None
+    goodput: float | None = None  # routed requests meeting their SLOs per model second
 
 
 def percentile(xs: Sequence[float], q: float) -> float | None:
@@ -38,9 +46,12 @@ def percentile(xs: Sequence[float], q: float) -> float | None:
     return s[lo] + (s[hi] - s[lo]) * (k - lo)
 
 
-def summarize(regime: str, router: str, qps: float, results: list[Result], elapsed: float, resets: int = 0) -> Row:
-    """Latency, hit rate and errors of the requests that went through the router (those sent straight to the
-    servers are counted in `direct`); output tokens/s of all of them (what the fleet delivered)."""
+def summarize(regime: str, router: str, qps: float, results: list[Result], elapsed: float, resets: int = 0,
+              sample: int = 0) -> Row:
+    """Latency, hit rate, errors and SLO attainment of the requests that went through the router (those sent
+    straight to the servers are counted in `direct`, and in the `_all` TTFT percentiles); output tokens/s of all of
+    them (what the fleet delivered)."""
+    all_ttfts = [r.ttft for r in results if r.ok and r.ttft is not None]
     direct = [r for r in results if r.direct]
     out = sum(r.output_tokens for r in direct if r.status == 200)
     results = [r for r in results if not r.direct]
@@ -51,9 +62,20 @@ def summarize(regime: str, router: str, qps: float, results: list[Result], elaps
     prompt = sum(r.prompt_tokens for r in ok)
     cached = sum(r.cached_tokens for r in ok)
     out += sum(r.output_tokens for r in ok)
-    return Row(regime, router, qps, len(results), len(errs), percentile(ttfts, 0.5), percentile(ttfts, 0.9),
-               percentile(e2es, 0.5), percentile(e2es, 0.9), out / elapsed if elapsed > 0 else 0.0,
-               cached / prompt if prompt else 0.0, (errs[0].error[:120] if errs else ""), len(direct), resets)
+    row = Row(regime, router, qps, len(results), len(errs), percentile(ttfts, 0.5), percentile(ttfts, 0.9),
+              percentile(e2es, 0.5), percentile(e2es, 0.9), out / elapsed if elapsed > 0 else 0.0,
+              cached / prompt if prompt else 0.0, (errs[0].error[:120] if errs else ""), len(direct), resets, sample)
+    if direct:
+        row.ttft_p50_all, row.ttft_p90_all = percentile(all_ttfts, 0.5), percentile(all_ttfts, 0.9)
+    slo = [r for r in results if r.slo_ttft is not None]
+    if slo:
+        tight = [r for r in slo if r.tight]
+        met = sum(1 for r in slo if r.met_slo)
+        row.slo_requests, row.slo_tight = len(slo), len(tight)
+        row.slo_attain_all = met / len(slo)
+        row.slo_attain_tight = sum(1 for r in tight if r.met_slo) / len(tight) if tight else None
+        row.goodput = met / elapsed if elapsed > 0 else 0.0
+    return row
 
 
 def _f(x: float | None, nd: int = 3) -> str:
@@ -65,11 +87,35 @@ def markdown(rows: list[Row], header: str = "") -> str:
     lines += ["| regime | router | QPS | reqs | err | TTFT p50 s | TTFT p90 s | e2e p50 s | e2e p90 s | out tok/s "
               "| prefix hit |",
               "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    samples = len({r.sample for r in rows}) > 1
+    if samples:
+        lines[-2:] = [lines[-2].replace("| QPS |", "| sample | QPS |"), lines[-1].replace("|---:|", "|---:|---:|", 1)]
     for r in rows:
-        lines.append(f"| {r.regime} | {r.router} | {r.qps:g} | {r.requests} | {r.errors} | {_f(r.ttft_p50)} | "
-                     f"{_f(r.ttft_p90)} | {_f(r.e2e_p50)} | {_f(r.e2e_p90)} | {r.output_tok_s:.0f} | "
-                     f"{100 * r.hit_rate:.1f}% |")
-    return "\n".join(lines) + "\n"
+        lines.append(f"| {r.regime} | {r.router} | {f'{r.sample} | ' if samples else ''}{r.qps:g} | {r.requests} | "
+                     f"{r.errors} | {_f(r.ttft_p50)} | {_f(r.ttft_p90)} | {_f(r.e2e_p50)} | {_f(r.e2e_p90)} | "
+                     f"{r.output_tok_s:.0f} | {100 * r.hit_rate:.1f}% |")
+    out = "\n".join(lines) + "\n"
+    outside = [r for r in rows if r.direct]
+    if outside:
+        out += ("\nRequests that bypassed the router (TTFT of the routed requests and of all):\n\n"
+                "| regime | router | sample | QPS | direct | routed TTFT p50 / p90 s | all TTFT p50 / p90 s |\n"
+                "|---|---|---:|---:|---:|---:|---:|\n")
+        out += "".join(f"| {r.regime} | {r.router} | {r.sample} | {r.qps:g} | {r.direct} | {_f(r.ttft_p50)} / "
+                       f"{_f(r.ttft_p90)} | {_f(r.ttft_p50_all)} / {_f(r.ttft_p90_all)} |\n" for r in outside)
+    slo = [r for r in rows if r.slo_requests]
+    if slo:
+        out += ("\nSLO attainment (share of the routed requests meeting their SLOs; errors miss), next to p90 and "
+                "goodput (requests meeting their SLOs per model second):\n\n"
+                "| regime | router | sample | QPS | reqs (tight) | tight met | all met | TTFT p90 s | goodput req/s |\n"
+                "|---|---|---:|---:|---:|---:|---:|---:|---:|\n")
+        out += "".join(f"| {r.regime} | {r.router} | {r.sample} | {r.qps:g} | {r.slo_requests} ({r.slo_tight}) | "
+                       f"{_pct(r.slo_attain_tight)} | {_pct(r.slo_attain_all)} | {_f(r.ttft_p90)} | "
+                       f"{_f(r.goodput, 2)} |\n" for r in slo)
+    return out
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.1f}%"
 
 
 def write_outputs(rows: list[Row], out_dir: Path, header: str) -> list[Path]:
@@ -93,6 +139,8 @@ def plot(rows: list[Row], out_dir: Path) -> list[Path]:
     written = []
     for regime in sorted({r.regime for r in rows}):
         rs = [r for r in rows if r.regime == regime]
+        if len({r.sample for r in rs}) > 1 or len({r.qps for r in rs}) < 2:
+            continue  # workload samples or a single stage: the table says it all
         fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
         for router in sorted({r.router for r in rs}):
             pts = sorted((r for r in rs if r.router == router), key=lambda r: r.qps)

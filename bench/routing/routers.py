@@ -38,6 +38,7 @@ class FleetInfo:
     time_scale: float = 1.0  # wall seconds per model second
     max_num_seqs: int = 16
     kv_replay_endpoints: list[str] = field(default_factory=list)  # the KV events' replay (ROUTER) sockets
+    engine_type: str = "vllm"  # the servers' metrics flavour (the endpoints' llm-d.ai/engine-type label)
 
 
 @dataclass
@@ -187,6 +188,8 @@ def write_endpoints_file(fleet: FleetInfo, path: Path, kv_events: bool = False) 
     for i, u in enumerate(fleet.urls):
         host, port = u.rsplit("//", 1)[1].rsplit(":", 1)
         ep: dict[str, object] = {"address": host, "port": int(port), "name": f"modelsim-{i}", "models": [fleet.model]}
+        if fleet.engine_type != "vllm":
+            ep["labels"] = {"llm-d.ai/engine-type": fleet.engine_type}
         if kv_events and fleet.kv_event_endpoints:
             kv = {"endpoint": fleet.kv_event_endpoints[i]}
             if fleet.kv_replay_endpoints:
@@ -214,34 +217,50 @@ def write_best_profile(fleet: FleetInfo, path: Path, prefix_source: str | None =
     return path
 
 
+GIE_DEFAULT_PROFILE = ROOT / "deploy" / "profiles" / "gie-default.yaml"
+POINTSMAN_BASES = ("pointsman", "pointsman-best", "pointsman-approx", "pointsman-precise", "pointsman-gie")
+
+
+def pointsman_base_args(base: str, fleet: FleetInfo, workdir: Path, tag: str | None = None) -> tuple[str, bool]:
+    """The `epp serve` flags of a Pointsman router in POINTSMAN_BASES (plus $POINTSMAN_EPP_ARGS), and whether it
+    subscribes to the engines' KV events. Profiles are written to `workdir` as `<tag>-profile.yaml`."""
+    env = os.environ.get("POINTSMAN_EPP_ARGS", "")
+    tag = tag or base
+    if base == "pointsman":
+        return env, False
+    if base == "pointsman-gie":
+        # GIE's default profile (queue ×2, KV ×2, prefix ×3), Pointsman's own default until this benchmark
+        return f"--config-file {GIE_DEFAULT_PROFILE} {env}", False
+    # the estimated-latency profile with the fleet's timings: on the approximate index (Pointsman's own past
+    # picks; `pointsman-best` is the same) or the precise one (the engines' KV events, subscribed from the endpoints
+    # file; requests tokenized by the engine's /tokenize, Pointsman's default without a local tokenizer)
+    source = {"pointsman-best": None, "pointsman-approx": "approximate", "pointsman-precise": "precise"}.get(base, "")
+    if source == "":
+        raise ValueError(f"unknown Pointsman base {base!r}; choose from {', '.join(POINTSMAN_BASES)}")
+    profile = write_best_profile(fleet, workdir / f"{tag}-profile.yaml", source)
+    return f"--config-file {profile} {env}", base == "pointsman-precise"
+
+
+async def start_pointsman_base(base: str, fleet: FleetInfo, workdir: Path) -> Launched:
+    extra, kv_events = pointsman_base_args(base, fleet, workdir)
+    return await start_pointsman(fleet, workdir, extra=extra, kv_events=kv_events)
+
+
 async def start_pointsman_best(fleet: FleetInfo, workdir: Path) -> Launched:
-    """Pointsman with its best profile: the estimated-latency scorer."""
-    profile = write_best_profile(fleet, workdir / "pointsman-best-profile.yaml")
-    return await start_pointsman(fleet, workdir, extra=f"--config-file {profile} {os.environ.get('POINTSMAN_EPP_ARGS', '')}")
+    """Pointsman with its best profile: the estimated-latency scorer with the fleet's engine timings."""
+    return await start_pointsman_base("pointsman-best", fleet, workdir)
 
 
 async def start_pointsman_approx(fleet: FleetInfo, workdir: Path) -> Launched:
-    """The best profile on the approximate prefix index (Pointsman's own past picks)."""
-    profile = write_best_profile(fleet, workdir / "pointsman-approx-profile.yaml", "approximate")
-    return await start_pointsman(fleet, workdir, extra=f"--config-file {profile} "
-                                                       f"{os.environ.get('POINTSMAN_EPP_ARGS', '')}")
+    return await start_pointsman_base("pointsman-approx", fleet, workdir)
 
 
 async def start_pointsman_precise(fleet: FleetInfo, workdir: Path) -> Launched:
-    """The same profile on the precise index: the engines' KV events (subscribed from the endpoints file), requests
-    tokenized by the engine's /tokenize (Pointsman's default when no local tokenizer is configured)."""
-    profile = write_best_profile(fleet, workdir / "pointsman-precise-profile.yaml", "precise")
-    return await start_pointsman(fleet, workdir, extra=f"--config-file {profile} "
-                                                       f"{os.environ.get('POINTSMAN_EPP_ARGS', '')}", kv_events=True)
-
-
-GIE_DEFAULT_PROFILE = ROOT / "deploy" / "profiles" / "gie-default.yaml"
+    return await start_pointsman_base("pointsman-precise", fleet, workdir)
 
 
 async def start_pointsman_gie(fleet: FleetInfo, workdir: Path) -> Launched:
-    """Pointsman with GIE's default profile (queue ×2, KV ×2, prefix ×3), its own default until this benchmark."""
-    return await start_pointsman(
-        fleet, workdir, extra=f"--config-file {GIE_DEFAULT_PROFILE} {os.environ.get('POINTSMAN_EPP_ARGS', '')}")
+    return await start_pointsman_base("pointsman-gie", fleet, workdir)
 
 
 async def start_pointsman(fleet: FleetInfo, workdir: Path, extra: str | None = None,

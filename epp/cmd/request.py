@@ -6,8 +6,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from epp.api.metrics import RequestMetrics
+from epp.fleet.rewrites import choose_rewrite
 from epp.request.director import Director, DirectorConfig
-from epp.request.rewrite import choose_rewrite
 
 if TYPE_CHECKING:
     from epp.cmd.app import App
@@ -21,12 +21,12 @@ def director_config(app: App) -> DirectorConfig:
 
 
 def observers(app: App) -> list[RequestObserver]:
-    """Who observes each request, in order: metrics, LLMKube's quarantine and first-byte latency, passive health,
-    and the dashboard's recorder (when the dashboard has a page to show it on)."""
+    """Who observes each request, in order: metrics, the routing dialects' runtimes (e.g. LLMKube's quarantine and
+    first-byte latency), passive health, and the dashboard's recorder (when the dashboard has a page to show it on)."""
     assert app.metrics is not None
     out: list[RequestObserver] = [RequestMetrics(app.metrics)]
     if app.routing is not None:
-        out.append(app.routing.router.llmkube)
+        out.extend(app.routing.router.runtimes)
     if app.passive is not None:
         out.append(app.passive)
     d = app.settings.dashboard

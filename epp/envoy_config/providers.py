@@ -11,19 +11,21 @@
   fallback endpoints it listed in envoy.lb metadata; the override_host policy takes them in order). ext_proc is
   allowed to set that one x-envoy header through its mutation rules.
 
-`RouteFragments.apply(bootstrap)` edits a rendered bootstrap dict in place (the hook in epp/envoy_config.py).
+Dialects add their own fragments (`Dialect.envoy`, epp/routing/dialect.py: LLMKube's shadow mirrors and stream
+idle timeout). `RouteFragments.apply(bootstrap)` edits a rendered bootstrap dict in place (the hook in
+epp/envoy_config/__init__.py).
 """
 
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from epp.envoy_config.llmkube import idle_timeout, max_fallbacks, mirror_count, mirror_routes, shadow_cluster
-from epp.routing.model import PoolBackend, ProviderBackend
+from epp.routing.dialect import EnvoyFragments
+from epp.routing.model import PoolBackend, ProviderBackend, RoutingTable
 from epp.routing.providers import PROVIDER_HEADER
 
 SYSTEM_CA = "/etc/ssl/certs/ca-certificates.crt"
@@ -104,8 +106,9 @@ class RouteFragments:
     clusters: list[dict[str, Any]] = field(default_factory=list)
     routes: list[dict[str, Any]] = field(default_factory=list)  # ahead of the pool route
     max_retries: int = 0  # > 0: the pool route gets a retry policy
-    mirrors: int = 0  # LLMKube shadow: mirror routes for 1..mirrors copies (epp/envoy_config/llmkube.py)
-    idle_timeout_s: float | None = None  # LLMKube streamIdleTimeout on the pool routes (0: off)
+    idle_timeout_s: float | None = None  # a dialect's stream idle timeout on the pool routes (0: off)
+    # Dialects' routes made from the pool routes, put ahead of them (LLMKube's shadow mirrors).
+    extra_routes: list[Callable[[Sequence[dict[str, Any]]], list[dict[str, Any]]]] = field(default_factory=list)
 
     def apply(self, bootstrap: dict[str, Any]) -> dict[str, Any]:
         """Add the fragments to a bootstrap rendered by epp.envoy_config (in place; returned for chaining)."""
@@ -121,7 +124,8 @@ class RouteFragments:
                         if self.max_retries > 0:
                             for r in vh["routes"]:
                                 r["route"]["retry_policy"] = {"retry_on": RETRY_ON, "num_retries": self.max_retries}
-                        vh["routes"][:0] = self.routes + mirror_routes(vh["routes"], self.mirrors)
+                        made = [r for make in self.extra_routes for r in make(vh["routes"])]
+                        vh["routes"][:0] = self.routes + made
                         if self.idle_timeout_s is not None:
                             for r in vh["routes"]:
                                 r["route"]["idle_timeout"] = f"{self.idle_timeout_s:g}s"
@@ -169,17 +173,27 @@ def build_fragments(
     header: str = PROVIDER_HEADER,
     ca_file: str = SYSTEM_CA,
     timeout_s: int = 600,
-    routers: Sequence[Any] = (),
+    dialects: Sequence[EnvoyFragments] = (),
 ) -> RouteFragments:
     ordered = sorted(providers, key=lambda p: p.cluster)
-    mirrors = mirror_count(routers)
+    idle = [f.idle_timeout_s for f in dialects if f.idle_timeout_s is not None]
     return RouteFragments(
-        clusters=[provider_cluster(p, ca_file) for p in ordered] + [shadow_cluster(i) for i in range(1, mirrors + 1)],
+        clusters=[provider_cluster(p, ca_file) for p in ordered] + [c for f in dialects for c in f.clusters],
         routes=[provider_route(p, header.lower(), timeout_s) for p in ordered],
-        max_retries=max(max((b.retries for b in pools), default=0), max_fallbacks(routers)),
-        mirrors=mirrors,
-        idle_timeout_s=idle_timeout(routers),
+        max_retries=max([b.retries for b in pools] + [f.max_retries for f in dialects] + [0]),
+        idle_timeout_s=(0.0 if 0.0 in idle else max(idle)) if idle else None,
+        extra_routes=[f.extra_routes for f in dialects if f.extra_routes is not None],
     )
+
+
+def table_fragments(table: RoutingTable, *, header: str = PROVIDER_HEADER, ca_file: str = SYSTEM_CA
+                    ) -> RouteFragments:
+    """The fragments a routing table needs: the shared ones, and each dialect's for its own objects."""
+    from epp.routing.dialects import DIALECTS
+
+    dialects = [d.envoy(table.objects(d.name)) for d in DIALECTS if d.envoy is not None and table.objects(d.name)]
+    return build_fragments(list(table.providers.values()), list(table.pools.values()), header=header,
+                           ca_file=ca_file, dialects=dialects)
 
 
 def fragments_from_files(paths: Sequence[str | Path], *, header: str = PROVIDER_HEADER, ca_file: str = SYSTEM_CA
@@ -199,5 +213,4 @@ def fragments_from_files(paths: Sequence[str | Path], *, header: str = PROVIDER_
     errors.extend(docs.errors.values())
     table = docs.table()
     endpoints = sorted({(e.address, e.port) for b in table.pools.values() for e in b.endpoints})
-    return (build_fragments(list(table.providers.values()), list(table.pools.values()), header=header,
-                            ca_file=ca_file, routers=table.routers), endpoints, errors)
+    return table_fragments(table, header=header, ca_file=ca_file), endpoints, errors

@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Any
 import grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
-from epp.api.explain import PointsmanService
 from epp.extproc.session import ProtocolMetrics, StreamConfig
 from proto import pointsman_pb2_grpc
 
@@ -48,10 +47,11 @@ def build_server(
     extra_servicers: list[Callable[[Any], object]] | None = None,
     transport: str = DEFAULT_TRANSPORT,
     reuse_port: bool = False,
-    api: PointsmanService | None = None,
+    api: Any = None,
 ) -> tuple[Any, Any]:
-    """The gRPC server carrying ExternalProcessor and the Pointsman API (`api`, else one made here; ports are added by
-    the caller); returns (server, ext_proc service). The services hold the director, which the app swaps on reload.
+    """The gRPC server carrying ExternalProcessor and, when given, Pointsman's own API servicer (`api`: the
+    epp/api/explain.py service); ports are added by the caller. Returns (server, ext_proc service). The services hold
+    the director, which the app swaps on reload.
 
     `transport`: "h2" (epp.h2grpc: HTTP/2 on asyncio, the ext_proc calls callback-driven) or "grpcio" (grpc.aio).
     Both offer the grpc.aio.Server calls the shell uses (add_*_port, start, stop, generated add_*_to_server)."""
@@ -72,7 +72,8 @@ def build_server(
         pb_grpc.add_ExternalProcessorServicer_to_server(svc, server)
     else:
         raise ValueError(f"unknown gRPC transport {transport!r}; expected one of {TRANSPORTS}")
-    pointsman_pb2_grpc.add_PointsmanServicer_to_server(api or PointsmanService(director), server)
+    if api is not None:
+        pointsman_pb2_grpc.add_PointsmanServicer_to_server(api, server)
     for add in extra_servicers or []:
         add(server)
     return server, svc

@@ -182,7 +182,7 @@ class Datastore:
         self.inflight = InflightTracker()
         self.adapters: dict[str, str] = {}  # LoRA adapter -> base model
         self.objectives: dict[str, int] = {}  # InferenceObjective name -> priority
-        self.rewrites: list[Any] = []  # InferenceModelRewrite rules (epp.request.rewrite.RewriteRule)
+        self.rewrites: list[Any] = []  # InferenceModelRewrite rules (epp.fleet.rewrites.RewriteRule)
         self._listeners: list[Callable[[str], None]] = []
         self._added: list[Callable[[Endpoint], None]] = []
         self._removed: list[Callable[[str], None]] = []

@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 
 
 def budget_limits(router_key: str, budget: Any) -> list[Limit]:
-    """The limits of one budget (epp.routing.llmkube_model.Budget)."""
+    """The limits of one budget (epp.routing.dialects.llmkube.model.Budget)."""
     name = f"{router_key}/{budget.name}"
     out = []
     if budget.max_tokens is not None:

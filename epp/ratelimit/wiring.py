@@ -71,8 +71,8 @@ async def start_rate_limits(settings: RateLimitSettings, registry: CollectorRegi
     """The gate over the routing service's table, and the budgets kept in step with the loaded ModelRouters."""
     gate = await build_gate(settings, registry, routing.router.table)
     budgets = BudgetGate(gate)
-    budgets.sync(routing.router.table.routers)
-    routing.on_table.append(lambda table: budgets.sync(table.routers))
+    budgets.sync(routing.router.table.objects("llmkube"))  # the ModelRouters' budgets
+    routing.on_table.append(lambda table: budgets.sync(table.objects("llmkube")))
     refresh = None
     if gate.limiter.redis is not None:
         refresh = asyncio.get_running_loop().create_task(budgets.refresh_loop(), name="budget-refresh")

@@ -11,7 +11,7 @@ request id), `ex.result` (the scheduler's result, None for a provider), `ex.star
 clock), `ex.scanner` (the response's usage scanner), `ex.schedule_s` (scheduling time, 0 for a dry run).
 
 Subscribers: Prometheus metrics (epp/api/metrics.py), the dashboard's decision recorder (epp/api/dashboard),
-passive health (epp/fleet/passive.py), LLMKube's quarantine (epp/routing/llmkube_router.py); a rate-limit hold is a
+passive health (epp/fleet/passive.py), LLMKube's quarantine (epp/routing/dialects/llmkube/runtime.py); a rate-limit hold is a
 follow too (epp/request/admit.py). A stateless observer returns itself as its follow. The calls come in that order
 per request; the response calls only with Envoy's response phases (with lean phases a follow sees `closed` alone).
 Everything here is on the request path: keep it cheap, and never raise (the exchange logs and goes on if one does).

@@ -1,10 +1,20 @@
 """The routing layer: routes -> rules -> weighted targets, each a pool of endpoints or an external provider.
 
-model.py (the typed route model) · matcher.py (pure matching, injected RNG) · kthena.py + kthena_backends.py
-(Kthena's documents) · llmkube*.py (LLMKube's ModelRouter: llmkube.py + llmkube_backends.py read it,
-llmkube_model.py holds it, llmkube_match.py decides, llmkube_router.py applies it, llmkube_balance.py balances a
-backend's pods) · classification.py (LLMKube's classification guard) · quarantine.py (response-path failures) ·
-documents.py (per-document compile, last good version) · router.py (the decision the director applies) · pools.py
-(backends as datastore pools, P/D scheduler) · sticky.py · providers.py · service.py (files, Kubernetes, metrics) ·
-k8s.py (the Kubernetes watch).
+The shared core: model.py (the typed route model every dialect compiles to) · matcher.py (pure matching, injected
+RNG) · validate.py (field readers that name the document, the field and what was expected) · documents.py
+(per-document compile by the document's dialect, last good version) · router.py (the decision the request path
+applies; decision.py holds it) · pools.py (backends as datastore pools, the P/D scheduler) · sticky.py ·
+providers.py (external providers, credentials) · service.py (files, Kubernetes, metrics) · k8s.py (the Kubernetes
+watch) · metrics.py.
+
+Dialects (dialect.py says what one declares; dialects/__init__.py registers them): dialects/kthena (Kthena's
+ModelRoute, ModelServer, ExternalModelProvider) and dialects/llmkube (LLMKube's ModelRouter, with its runtime).
 """
+
+from epp.routing.decision import RouteDecision
+from epp.routing.dialect import Dialect
+from epp.routing.dialects import DIALECTS
+from epp.routing.router import Router
+from epp.routing.service import RoutingService
+
+__all__ = ["DIALECTS", "Dialect", "RouteDecision", "Router", "RoutingService"]

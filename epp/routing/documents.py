@@ -1,6 +1,6 @@
 """Route documents from any source, compiled per document with last-good semantics.
 
-Every document is compiled on its own by the dialect of its apiVersion group (Kthena's; LLMKube's ModelRouter). A document that
+Every document is compiled on its own by the dialect of its apiVersion group (epp/routing/dialects). A document that
 fails keeps the last good version of the same object (kind, namespace, name) from the same source, so a bad
 document never takes down the good ones, nor the object's previous version; the error is logged with the
 document, the field and what was expected, and counted. The current RoutingTable is the union of every source's
@@ -19,21 +19,16 @@ from typing import Any
 
 import yaml
 
-from epp.routing import kthena, llmkube
-from epp.routing.llmkube_model import ModelRouterSpec
+from epp.routing.dialect import Dialect, Identity
+from epp.routing.dialects import BY_GROUP
 from epp.routing.model import PoolBackend, ProviderBackend, Route, RouteConfigError, RoutingTable
+from epp.routing.validate import document_name
 
 log = logging.getLogger(__name__)
 
-Compiled = Route | PoolBackend | ProviderBackend | ModelRouterSpec
-Identity = tuple[str, str, str]  # (kind, namespace, name)
-# apiVersion group -> (compile(obj, where, position), identity(obj) -> Identity | None). A dialect compiles one
-# document to one object (Kthena) or to several (a router document that defines its routes and backends at once).
-Compile = Callable[[Any, str, float], "Compiled | Sequence[Compiled]"]
-DIALECTS: dict[str, tuple[Compile, Callable[[Mapping[str, Any]], Identity | None]]] = {
-    kthena.GROUP: (kthena.compile_document, kthena.identity),
-    llmkube.GROUP: (llmkube.compile_document, llmkube.identity),
-}
+# A dialect compiles one document to one object (Kthena) or to several (a router document that defines its routes
+# and backends at once): objects of the shared route model, or the dialect's own (kept under its name).
+Compiled = Any
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,27 +65,32 @@ def _group(obj: Any) -> str:
 
 
 class DocumentSet:
-    def __init__(self, on_error: Callable[[str, RouteConfigError], None] | None = None) -> None:
-        self._good: dict[str, dict[Identity, tuple[Compiled, ...]]] = {}  # source -> identity -> compiled
+    def __init__(self, on_error: Callable[[str, RouteConfigError], None] | None = None,
+                 dialects: Mapping[str, Dialect] = BY_GROUP) -> None:
+        self.dialects = dialects  # apiVersion group -> dialect
+        # source -> identity -> (dialect name, compiled objects)
+        self._good: dict[str, dict[Identity, tuple[str, tuple[Compiled, ...]]]] = {}
         self.errors: dict[tuple[str, str], str] = {}  # (source, document) -> current error message
         self.error_total = 0
         self.on_error = on_error
 
-    def _compile(self, source: str, doc: RawDocument) -> tuple[Identity | None, tuple[Compiled, ...] | None]:
+    def _compile(self, source: str, doc: RawDocument
+                 ) -> tuple[Identity | None, tuple[str, tuple[Compiled, ...]] | None]:
         group = _group(doc.obj)
-        dialect = DIALECTS.get(group)
-        ident = dialect[1](doc.obj) if dialect is not None and isinstance(doc.obj, Mapping) else None
+        dialect = self.dialects.get(group)
+        ident = dialect.identity(doc.obj) if dialect is not None and isinstance(doc.obj, Mapping) else None
         try:
             if dialect is None:
-                name = kthena.document_name(doc.obj, doc.where)
-                raise RouteConfigError(name, "apiVersion", f"a route API ({', '.join(f'{g}/...' for g in DIALECTS)})"
-                                                           f", got {doc.obj.get('apiVersion') if isinstance(doc.obj, Mapping) else doc.obj!r}")
-            got = dialect[0](doc.obj, doc.where, doc.position)
+                name = document_name(doc.obj, doc.where)
+                got_api = doc.obj.get("apiVersion") if isinstance(doc.obj, Mapping) else doc.obj
+                raise RouteConfigError(name, "apiVersion", f"a route API "
+                                       f"({', '.join(f'{g}/...' for g in self.dialects)}), got {got_api!r}")
+            got = dialect.compile(doc.obj, doc.where, doc.position)
         except RouteConfigError as err:
             self._record(source, doc.where, ident, err)
             return ident, None
         self.errors.pop((source, doc.where), None)
-        return ident, tuple(got) if isinstance(got, Sequence) else (got,)
+        return ident, (dialect.name, tuple(got) if isinstance(got, Sequence) else (got,))
 
     def _record(self, source: str, where: str, ident: Identity | None, err: RouteConfigError) -> None:
         self.errors[(source, where)] = str(err)
@@ -105,7 +105,7 @@ class DocumentSet:
     def replace(self, source: str, docs: Sequence[RawDocument]) -> None:
         """A source's whole set (a file): documents absent now are removed; a failing one keeps its last good."""
         old = self._good.get(source, {})
-        new: dict[Identity, tuple[Compiled, ...]] = {}
+        new: dict[Identity, tuple[str, tuple[Compiled, ...]]] = {}
         self.errors = {k: v for k, v in self.errors.items() if k[0] != source}
         for doc in docs:
             ident, compiled = self._compile(source, doc)
@@ -143,16 +143,17 @@ class DocumentSet:
         routes: dict[str, Route] = {}
         pools: dict[str, PoolBackend] = {}
         providers: dict[str, ProviderBackend] = {}
-        routers: dict[str, ModelRouterSpec] = {}
+        extras: dict[str, dict[Any, Any]] = {}  # dialect -> key -> its own object
         for objs in self._good.values():
-            for obj in (o for group in objs.values() for o in group):
-                if isinstance(obj, Route):
-                    routes[f"{obj.kind}/{obj.key}"] = obj
-                elif isinstance(obj, PoolBackend):
-                    pools[obj.key] = obj
-                elif isinstance(obj, ModelRouterSpec):
-                    routers[obj.key] = obj
-                else:
-                    providers[obj.key] = obj
+            for dialect, group in objs.values():
+                for obj in group:
+                    if isinstance(obj, Route):
+                        routes[f"{obj.kind}/{obj.key}"] = obj
+                    elif isinstance(obj, PoolBackend):
+                        pools[obj.key] = obj
+                    elif isinstance(obj, ProviderBackend):
+                        providers[obj.key] = obj
+                    else:
+                        extras.setdefault(dialect, {})[getattr(obj, "key", id(obj))] = obj
         return RoutingTable.build(list(routes.values()), list(pools.values()), list(providers.values()),
-                                  list(routers.values()))
+                                  {name: list(objs.values()) for name, objs in extras.items()})

@@ -21,15 +21,16 @@ from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
-from epp.fleet.k8s import EXTERNAL_MODEL_PROVIDER, MODEL_ROUTE, MODEL_ROUTER, MODEL_SERVER, SECRET, Resource
+from epp.fleet.k8s import SECRET, Resource
 from epp.fleet.k8s.convert import obj_name
 from epp.fleet.k8s.discovery import _list_call
 from epp.fleet.k8s.pods import PodPools
 from epp.fleet.k8s.reflector import Reflector
+from epp.routing.dialects import DIALECTS
 from epp.routing.documents import RawDocument
 
 log = logging.getLogger(__name__)
-KINDS = (MODEL_ROUTE, MODEL_SERVER, EXTERNAL_MODEL_PROVIDER, MODEL_ROUTER)
+KINDS: tuple[Resource, ...] = tuple(r for d in DIALECTS for r in d.resources)  # every dialect's documents
 
 
 def _tolerant(res: Resource, call: Any, on_missing: Any) -> Any:

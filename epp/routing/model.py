@@ -1,5 +1,5 @@
-"""The typed route model every routing dialect compiles to (Kthena's ModelRoute/ModelServer/ExternalModelProvider
-today, LLMKube's ModelRouter later).
+"""The typed route model every routing dialect compiles to (epp/routing/dialects: Kthena's ModelRoute, ModelServer
+and ExternalModelProvider; LLMKube's ModelRouter backends).
 
     RoutingTable
       routes:    Route (by requested model, then by LoRA adapter; oldest first)
@@ -9,8 +9,8 @@ today, LLMKube's ModelRouter later).
       pools:     PoolBackend      endpoints scheduled by Pointsman: model overwrite, P/D pairing, sticky sessions,
                                   retries (fallback endpoints), the engine (metrics mapping)
       providers: ProviderBackend  an external HTTPS upstream: model overwrite, static headers, a credential
-      routers:   LLMKube ModelRouters (llmkube_model.py): catch-all routers with their own rules and policy,
-                 consulted when no route names the requested model
+      extras:    per dialect, its own objects (LLMKube's ModelRouters: catch-all routers with their own rules and
+                 policy, which its runtime consults when no route names the requested model)
 
 Everything here is an immutable value; nothing does I/O.
 """
@@ -18,7 +18,7 @@ Everything here is an immutable value; nothing does I/O.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -202,7 +202,7 @@ class RoutingTable:
     routes: tuple[Route, ...] = ()
     pools: Mapping[str, PoolBackend] = field(default_factory=dict)
     providers: Mapping[str, ProviderBackend] = field(default_factory=dict)
-    routers: tuple[Any, ...] = ()  # LLMKube ModelRouters (llmkube_model.ModelRouterSpec), oldest first
+    extras: Mapping[str, tuple[Any, ...]] = field(default_factory=dict)  # dialect -> its own objects, oldest first
     by_model: Mapping[str, tuple[Route, ...]] = field(default_factory=dict, compare=False)
     by_adapter: Mapping[str, tuple[Route, ...]] = field(default_factory=dict, compare=False)
 
@@ -212,7 +212,7 @@ class RoutingTable:
         routes: list[Route],
         pools: list[PoolBackend],
         providers: list[ProviderBackend],
-        routers: list[Any] | None = None,
+        extras: Mapping[str, Sequence[Any]] | None = None,
     ) -> RoutingTable:
         by_model: dict[str, list[Route]] = {}
         by_adapter: dict[str, list[Route]] = {}
@@ -226,10 +226,15 @@ class RoutingTable:
             routes=tuple(ordered),
             pools={p.key: p for p in pools},
             providers={p.key: p for p in providers},
-            routers=tuple(sorted(routers or (), key=lambda r: r.order)),
+            extras={name: tuple(sorted(objs, key=lambda o: getattr(o, "order", 0)))
+                    for name, objs in (extras or {}).items() if objs},
             by_model={k: tuple(v) for k, v in by_model.items()},
             by_adapter={k: tuple(v) for k, v in by_adapter.items()},
         )
+
+    def objects(self, dialect: str) -> tuple[Any, ...]:
+        """A dialect's own objects (those outside the shared route model), oldest first."""
+        return self.extras.get(dialect, ())
 
     def routes_for(self, model: str) -> tuple[tuple[Route, ...], bool]:
         """The routes a requested model selects, oldest first, and whether it selected them as a LoRA adapter.

@@ -9,6 +9,7 @@
   its credential, the provider's path and model;
 - or: no route names the model (None, and the request is scheduled as before when plain pools exist), or routes
   name it but no rule matched (404).
+A model no route names goes to a dialect's runtime when one routes (LLMKube's ModelRouter; epp/routing/dialect.py).
 A decision made for explain (`dry_run`) uses a copy of the RNG and changes nothing.
 """
 
@@ -17,13 +18,15 @@ from __future__ import annotations
 import logging
 import random
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from epp.fleet.datastore import Datastore
+from epp.routing.decision import MAX_RETRIES_HEADER, RouteDecision
+from epp.routing.dialect import DialectRuntime, make_runtimes
+from epp.routing.dialects import DIALECTS
 from epp.routing.matcher import select
-from epp.routing.model import PoolBackend, ProviderBackend, RateLimit, Route, RoutingTable, Rule, Target
-from epp.routing.pools import ROLE_LABEL, PodSource, PoolMaterializer, pd_scheduler
+from epp.routing.model import RoutingTable
+from epp.routing.pools import PodSource, PoolMaterializer, pd_scheduler
 from epp.routing.providers import (
     PROVIDER_HEADER,
     Credentials,
@@ -32,125 +35,11 @@ from epp.routing.providers import (
     upstream_path,
 )
 from epp.routing.sticky import StickyTable
-from scheduling.api import InflightLoad, SchedulingResult
-from scheduling.types import Endpoint, ErrorCode, SchedulingError
+from scheduling.types import ErrorCode, SchedulingError
+
+__all__ = ["MAX_RETRIES_HEADER", "RouteDecision", "Router"]
 
 log = logging.getLogger(__name__)
-MAX_RETRIES_HEADER = "x-envoy-max-retries"
-
-
-@dataclass(slots=True)
-class RouteDecision:
-    route: Route
-    rule: Rule
-    target: Target
-    by_adapter: bool = False
-    pool: PoolBackend | None = None
-    provider: ProviderBackend | None = None
-    engine_model: str | None = None  # the model the engine (or provider) is asked for; None keeps the request's
-    base_model: str | None = None  # for a LoRA adapter: its ModelServer's model
-    scheduler: Any = None  # the pool's own scheduler (P/D pairing); None: the director's
-    sticky: StickyTable | None = None
-    session: int | None = None  # hash of the session key
-    pinned: str | None = None  # the endpoint the session is bound to, when it is a candidate
-    unpinned: list[Endpoint] = field(default_factory=list)  # the candidates before the pin (if the pin fails)
-    set_headers: list[tuple[str, str]] = field(default_factory=list)
-    remove_headers: list[str] = field(default_factory=list)
-    sensitive: frozenset[str] = frozenset()  # header names whose values are never shown (credentials)
-
-    @property
-    def kind(self) -> str:
-        return self.target.kind
-
-    @property
-    def pool_name(self) -> str | None:
-        return self.pool.pool if self.pool is not None else None
-
-    @property
-    def backend_name(self) -> str:
-        return self.target.backend
-
-    @property
-    def rate_limit(self) -> RateLimit | None:
-        """The route's token rate limits (None: unlimited)."""
-        return self.route.rate_limit
-
-    @property
-    def rate_limit_key(self) -> str:
-        """What the limits are counted per: the route (`ModelRoute/<namespace>/<name>`)."""
-        return f"{self.route.kind}/{self.route.key}"
-
-    @property
-    def retries(self) -> int:
-        return self.pool.retries if self.pool is not None else 0
-
-    # ---- candidates ----------------------------------------------------------------------------------------
-    def narrow(self, candidates: list[Endpoint], now: float) -> list[Endpoint]:
-        """P/D: only decode endpoints with a prefill endpoint in their group. Sticky: the bound endpoint alone."""
-        pool = self.pool
-        if pool is None:
-            return candidates
-        if pool.pd is not None:
-            key = pool.pd.group_key
-            groups = {e.labels.get(key) for e in candidates if e.labels.get(ROLE_LABEL) in ("prefill", "both")}
-            kept = [e for e in candidates
-                    if e.labels.get(ROLE_LABEL) in ("prefill", "both") or e.labels.get(key) in groups]
-            if not any(e.labels.get(ROLE_LABEL) in ("decode", "both") for e in kept):
-                raise SchedulingError(ErrorCode.SERVICE_UNAVAILABLE,
-                                      f"no decode endpoint of {pool.kind} {pool.key} has a prefill endpoint in its "
-                                      f"{key!r} group")
-            return kept
-        if self.sticky is not None and self.session is not None:
-            bound = self.sticky.lookup(self.session, now)
-            for e in candidates:
-                if e.key == bound:
-                    self.pinned, self.unpinned = e.key, candidates
-                    return [e]
-        return candidates
-
-    def unpin(self) -> list[Endpoint] | None:
-        """The candidates without the sticky pin, when a pin was applied (the bound endpoint was filtered out)."""
-        if self.pinned is None:
-            return None
-        self.pinned = None
-        return self.unpinned
-
-    def fallbacks(self, result: SchedulingResult, candidates: Sequence[Endpoint],
-                  inflight: Mapping[str, InflightLoad]) -> list[str]:
-        """Primary first, then up to `retries` other endpoints Envoy may retry on: the scheduler's own ranking,
-        then the least loaded of the remaining candidates (a sticky pin does not narrow them). With P/D pairing,
-        only decode endpoints of the primary's group (the prefill endpoint sent along belongs to that group)."""
-        out = [result.primary.key]
-        want = 1 + self.retries
-        if want <= 1:
-            return out
-        seen = {result.primary.key}
-        if result.prefill is not None:
-            seen.add(result.prefill.key)
-        pool: list[Endpoint] = [*result.targets[1:]]
-
-        def load(e: Endpoint) -> tuple[int, str]:
-            lo = inflight.get(e.key)
-            return ((lo.requests if lo else 0) + e.metrics.waiting + e.metrics.running, e.key)
-
-        pool += sorted(self.unpinned or candidates, key=load)
-        pd = self.pool.pd if self.pool is not None else None
-        group = result.primary.labels.get(pd.group_key) if pd is not None else None
-        for e in pool:
-            if len(out) >= want:
-                break
-            if e.key in seen or e.labels.get(ROLE_LABEL) == "prefill":
-                continue
-            if pd is not None and e.labels.get(pd.group_key) != group:
-                continue
-            seen.add(e.key)
-            out.append(e.key)
-        return out
-
-    def commit(self, result: SchedulingResult, now: float) -> None:
-        """The pick is committed: bind (or refresh) the session."""
-        if self.sticky is not None and self.session is not None and result.targets:
-            self.sticky.bind(self.session, result.primary.key, now)
 
 
 class Router:
@@ -174,9 +63,8 @@ class Router:
         self.on_decision = on_decision
         self._sticky: dict[str, StickyTable] = {}
         self._pd: dict[str, Any] = {}  # group key -> scheduler
-        from epp.routing.llmkube_router import LLMKubeRouting
-
-        self.llmkube = LLMKubeRouting(self, gateway_headers=gateway_headers)  # LLMKube ModelRouters
+        # The dialects' run-time parts (LLMKube's ModelRouters), consulted for models no route names.
+        self.runtimes: list[DialectRuntime] = make_runtimes(DIALECTS, self, gateway_headers=gateway_headers)
         datastore.on_endpoint_removed(self.endpoint_removed)
 
     # ---- configuration -------------------------------------------------------------------------------------
@@ -204,21 +92,25 @@ class Router:
                 self._pd[b.pd.group_key] = pd_scheduler(b.pd.group_key, self.rng)
         self._sticky = sticky
         self.table = table
-        self.llmkube.apply(table.routers)
+        for rt in self.runtimes:
+            rt.apply(table.objects(rt.name))
 
     def endpoint_removed(self, key: str) -> None:
         for t in self._sticky.values():
             t.endpoint_removed(key)
         for s in self._pd.values():
             s.endpoint_removed(key)
-        self.llmkube.endpoint_removed(key)
+        for rt in self.runtimes:
+            rt.endpoint_removed(key)
+
+    def runtime(self, name: str) -> DialectRuntime:
+        """A dialect's run-time part by its name (e.g. "llmkube")."""
+        return next(rt for rt in self.runtimes if rt.name == name)
 
     @property
     def reserved_headers(self) -> tuple[str, ...]:
         """Request headers only Pointsman may set: removed from every request it does not set them on."""
-        from epp.routing.llmkube_router import RESERVED_HEADERS
-
-        return (self.provider_header, *RESERVED_HEADERS)
+        return (self.provider_header, *(h for rt in self.runtimes for h in rt.reserved_headers))
 
     def owns_pool(self, name: str) -> bool:
         return name in self.materializer.names
@@ -238,16 +130,17 @@ class Router:
         pool exists; a target that does not exist), 400 (a path the provider does not take), 503 (a provider
         whose credential is not loaded; a ModelRouter that refuses the request).
 
-        A model no route names goes to the LLMKube ModelRouter when one is loaded (llmkube_router.py)."""
+        A model no route names goes to a dialect's runtime that routes (LLMKube's ModelRouter when one is loaded)."""
         path = headers.get(":path", "/")
         rng = random.Random() if dry_run else self.rng
         if dry_run:
             rng.setstate(self.rng.getstate())
         sel = select(self.table, model, path, headers, rng)
         if sel.route is None or sel.rule is None or sel.target is None:
-            if not sel.had_routes and self.table.routers:
-                d: RouteDecision = self.llmkube.decide(headers, model, now=now, rng=rng, metadata=metadata or {},
-                                                       body=body)
+            runtime = next((rt for rt in self.runtimes if rt.active()), None) if not sel.had_routes else None
+            if runtime is not None:
+                d: RouteDecision = runtime.decide(headers, model, now=now, rng=rng, metadata=metadata or {},
+                                                  body=body)
                 if self.on_decision is not None and not dry_run:
                     self.on_decision(d)
                 return d
@@ -261,7 +154,7 @@ class Router:
         d = RouteDecision(route=sel.route, rule=sel.rule, target=sel.target, by_adapter=sel.by_adapter)
         d.remove_headers.extend(h for h in self.reserved_headers if h != self.provider_header)
         if sel.target.kind == "provider":
-            self._provider(d, headers, path)
+            self.provider_target(d, headers, path)
         else:
             self._pool(d, headers)
         if self.on_decision is not None and not dry_run:
@@ -289,7 +182,8 @@ class Router:
                 d.session = d.sticky.key_hash(headers)
         d.remove_headers.append(self.provider_header)
 
-    def _provider(self, d: RouteDecision, headers: Mapping[str, str], path: str) -> None:
+    def provider_target(self, d: RouteDecision, headers: Mapping[str, str], path: str) -> None:
+        """Make `d` (whose target is a provider backend) send the request to that provider."""
         p = self.table.providers.get(d.target.backend)
         if p is None:
             raise self._missing(d, "ExternalModelProvider")

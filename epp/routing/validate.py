@@ -23,6 +23,23 @@ def _show(value: Any) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
+def document_name(obj: Any, where: str) -> str:
+    """How errors name a document: `Kind namespace/name (where)`."""
+    kind = obj.get("kind", "document") if isinstance(obj, Mapping) else "document"
+    meta = obj.get("metadata") if isinstance(obj, Mapping) else None
+    meta = meta if isinstance(meta, Mapping) else {}
+    name = meta.get("name") or "<unnamed>"
+    return f"{kind} {meta.get('namespace') or 'default'}/{name} ({where})"
+
+
+def identity(obj: Mapping[str, Any]) -> tuple[str, str, str] | None:
+    """(kind, namespace, name) of a Kubernetes-style document when it says that much, else None."""
+    meta = obj.get("metadata")
+    if not isinstance(meta, Mapping) or not isinstance(meta.get("name"), str) or not meta.get("name"):
+        return None
+    return str(obj.get("kind") or ""), str(meta.get("namespace") or "default"), str(meta["name"])
+
+
 class Doc:
     """One document being read; `name` is how errors call it, e.g. "ModelRoute default/r (routes.yaml, document 2)"."""
 

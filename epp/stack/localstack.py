@@ -24,6 +24,8 @@ from typing import Any
 import grpc
 import yaml
 
+from epp.routing.dialect import StackExample
+from epp.routing.dialects import BY_NAME
 from epp.stack.children import Children
 from epp.stack.keys import Keys
 from epp.stack.ports import free_port, wait_port
@@ -63,6 +65,8 @@ class LocalStack:
         self.ports_seen: list[int] = []  # every server's port, in start order (sim-<i> names)
         self.keys = Keys()  # fleet commands from stdin
         self.kv_ports: dict[int, tuple[int, int]] = {}  # server port -> (KV-event PUB port, replay port)
+        dialect = BY_NAME.get(settings.example)
+        self.example: StackExample | None = dialect.example if dialect is not None else None
 
     def step(self, msg: str) -> None:
         print(f"  ... {msg}", flush=True)
@@ -88,27 +92,20 @@ class LocalStack:
 
     def _routes(self, ports: list[int]) -> tuple[list[str], Any]:
         """Pointsman's source flags, and the Envoy fragments of the example's route documents (None: one pool)."""
-        a = self.settings
         eps_file = self.eps_file
         source = ["--endpoints-file", str(eps_file), "--pool-name", "default"]
         fragments = None
-        if a.example == "kthena":  # routes instead of one pool: see kthena_example()
+        example = self.example
+        if example is not None:  # a routing dialect's example: route documents over the servers
             from epp.envoy_config.providers import fragments_from_files
 
             routes = self.dir / "routes.yaml"
-            routes.write_text(kthena_example(ports))
+            routes.write_text(example.routes(ports, MODEL))
             source = ["--routes-file", str(routes)]
+            if example.pools is not None:  # its backends are pools of the endpoints file
+                source = ["--endpoints-file", str(eps_file), *source]
             fragments = fragments_from_files([routes])[0]
-            self.step(f"routes: {routes} (ModelRoute {KTHENA_MODEL}: premium -> v2, others 70/30 v1/v2)")
-        if a.example == "llmkube":  # a ModelRouter over the endpoints file's two InferenceService pools
-            from epp.envoy_config.providers import fragments_from_files
-            from epp.stack.llmkube import router
-
-            routes = self.dir / "routes.yaml"
-            routes.write_text(router())
-            source = ["--endpoints-file", str(eps_file), "--routes-file", str(routes)]
-            fragments = fragments_from_files([routes])[0]
-            self.step(f"routes: {routes} (ModelRouter coding-router: pii -> qwen, complex -> llama, budgets)")
+            self.step(f"routes: {routes} ({example.describe()})")
         return source, fragments
 
     def _start_pointsman(self, source: list[str]) -> None:
@@ -147,12 +144,8 @@ class LocalStack:
         """Where to send requests, and what to try."""
         a = self.settings
         url = f"http://127.0.0.1:{a.listen_port}"
-        if a.example == "kthena":
-            return kthena_ready(url, a.grpc_port)
-        if a.example == "llmkube":
-            from epp.stack.llmkube import ready
-
-            return ready(url, a.grpc_port, a.metrics_port, _bin("epp"), MODEL)
+        if self.example is not None:
+            return self.example.ready(url, a.grpc_port, a.metrics_port, _bin("epp"), MODEL)
         return f"""
 Ready. Send requests to {url}, for example:
 
@@ -217,10 +210,9 @@ Pointsman metrics:   http://127.0.0.1:{a.metrics_port}/metrics      Files: {self
                 self.ports_seen.append(p)
         eps = {"pools": [{"name": "default", "endpoints": [self._endpoint(p) for p in self.active]}],
                "adapters": {ADAPTER: MODEL}}
-        if self.settings.example == "llmkube":  # the ModelRouter's two InferenceServices
-            from epp.stack.llmkube import pools
-
-            eps["pools"] = pools(self.active, self._endpoint)
+        example = self.example
+        if example is not None and example.pools is not None:  # the example's backends (e.g. InferenceServices)
+            eps["pools"] = example.pools(self.active, self._endpoint)
         tmp = self.eps_file.with_suffix(".tmp")
         tmp.write_text(yaml.safe_dump(eps, sort_keys=False))
         tmp.replace(self.eps_file)
@@ -297,45 +289,6 @@ Pointsman metrics:   http://127.0.0.1:{a.metrics_port}/metrics      Files: {self
     def stop(self) -> None:
         self.keys.restore()
         self.children.stop()
-
-
-KTHENA_MODEL = "deepseek-r1"
-
-
-def kthena_example(ports: list[int]) -> str:
-    """Two ModelServers over the simulated servers (v1: the first half, v2: the rest; both serve MODEL, which the
-    route's virtual model name is overwritten to) and a ModelRoute: premium users to v2, the others 70/30."""
-    half = max(1, len(ports) // 2)
-    groups = {"v1": ports[:half], "v2": ports[half:] or ports[:half]}
-    docs = []
-    for name, ps in groups.items():
-        docs.append({"apiVersion": "networking.serving.volcano.sh/v1alpha1", "kind": "ModelServer",
-                     "metadata": {"name": f"llama-{name}", "namespace": "default"},
-                     "spec": {"model": MODEL, "inferenceEngine": "vLLM", "workloadPort": {"port": ps[0]},
-                              "endpoints": [{"name": f"sim-{p}", "address": "127.0.0.1", "port": p} for p in ps],
-                              "trafficPolicy": {"retry": {"attempts": 1}}}})
-    docs.append({"apiVersion": "networking.serving.volcano.sh/v1alpha1", "kind": "ModelRoute",
-                 "metadata": {"name": "deepseek", "namespace": "default"},
-                 "spec": {"modelName": KTHENA_MODEL, "rules": [
-                     {"name": "premium", "modelMatch": {"headers": {"x-user-tier": {"exact": "premium"}}},
-                      "targetModels": [{"modelServerName": "llama-v2"}]},
-                     {"name": "canary", "targetModels": [{"modelServerName": "llama-v1", "weight": 70},
-                                                         {"modelServerName": "llama-v2", "weight": 30}]}]}})
-    return yaml.safe_dump_all(docs, sort_keys=False)
-
-
-def kthena_ready(url: str, grpc_port: int) -> str:
-    body = f'{{"model": "{KTHENA_MODEL}", "messages": [{{"role": "user", "content": "Hello!"}}]}}'
-    return f"""
-Ready. Send requests to {url}, for example:
-
-  curl -s {url}/v1/chat/completions -H 'content-type: application/json' -d '{body}'
-  curl -s {url}/v1/chat/completions -H 'content-type: application/json' -H 'x-user-tier: premium' -d '{body}'
-
-Explain a decision (the rule, the split and the pick):
-  {_bin('epp')} explain --addr 127.0.0.1:{grpc_port} --body '{body}'
-  {_bin('epp')} explain --addr 127.0.0.1:{grpc_port} -H 'x-user-tier: premium' --body '{body}'
-"""
 
 
 def _interrupt(signum: int, frame: object) -> None:

@@ -10,8 +10,8 @@ from pathlib import Path
 
 from epp.argtypes import parse_bool
 from epp.extras import MissingExtra, check
+from epp.routing.dialects import DIALECTS
 
-EXAMPLES = ("pool", "kthena", "llmkube")
 VARIANTS = ("original-dst", "override-host")
 
 
@@ -36,9 +36,9 @@ def add_flags(p: argparse._ActionsContainer) -> None:
                    help="Pointsman worker processes sharing the gRPC port and their state (docs/replicas.md)")
     p.add_argument("--duration", type=float, default=0, help="stop after this many seconds (0 = until Ctrl-C)")
     p.add_argument("--quiet", action="store_true", help="no live view (for scripts)")
-    p.add_argument("--example", choices=EXAMPLES, default="pool",
-                   help="pool: one pool of every server; kthena: a Kthena ModelRoute over two ModelServers; "
-                        "llmkube: an LLMKube ModelRouter over two InferenceServices, with budgets")
+    examples = {d.name: d.example.help for d in DIALECTS if d.example is not None}
+    p.add_argument("--example", choices=("pool", *examples), default="pool",
+                   help="pool: one pool of every server; " + "; ".join(f"{k}: {v}" for k, v in examples.items()))
 
 
 def envoy_installed() -> bool:

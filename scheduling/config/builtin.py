@@ -11,7 +11,15 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from scheduling.framework import BuildContext, Profile, ProfileScheduler, Timer, create
+from scheduling.framework import (
+    BuildContext,
+    Profile,
+    ProfileScheduler,
+    Timer,
+    create_handler,
+    create_picker,
+    create_scorer,
+)
 
 BUILTIN_NAME = "default"
 
@@ -26,8 +34,8 @@ def builtin_scheduler(
     profile = Profile(
         "default",
         [],
-        [(create("estimated-latency-scorer", build=build), 1.0)],  # type: ignore[list-item]
-        create("max-score-picker", build=build),  # type: ignore[arg-type]
+        [(create_scorer("estimated-latency-scorer", build=build), 1.0)],
+        create_picker("max-score-picker", build=build),
     )
-    handler = create("single-profile-handler", build=build)
-    return ProfileScheduler(BUILTIN_NAME, handler, {"default": profile}, rng=rng, timer=timer)  # type: ignore[arg-type]
+    handler = create_handler("single-profile-handler", build=build)
+    return ProfileScheduler(BUILTIN_NAME, handler, {"default": profile}, rng=rng, timer=timer)

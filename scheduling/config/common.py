@@ -17,6 +17,7 @@ from scheduling.framework import (
     ProfileHandler,
     Scorer,
     create,
+    create_picker,
 )
 from scheduling.framework.errors import join_path
 
@@ -178,7 +179,7 @@ def assemble_profile(
             picker = plugin
             continue
         if isinstance(plugin, FilterScorer) and plugin.filtering_enabled:
-            filters.append(plugin)  # type: ignore[arg-type]
+            filters.append(plugin)
         if isinstance(plugin, Scorer):
             scorers.append((plugin, 1.0 if weight is None else weight))
         elif isinstance(plugin, Filter):
@@ -188,5 +189,5 @@ def assemble_profile(
                 source, rpath, f"plugin {plugin.name!r} of kind {plugin.kind!r} cannot be used in a profile"
             )
     if picker is None:
-        picker = create("max-score-picker", build=BuildContext(source, path, dialect, shared))  # type: ignore[assignment]
-    return Profile(name, filters, scorers, picker)  # type: ignore[arg-type]
+        picker = create_picker("max-score-picker", build=BuildContext(source, path, dialect, shared))
+    return Profile(name, filters, scorers, picker)

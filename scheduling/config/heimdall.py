@@ -20,7 +20,16 @@ from scheduling.config.common import (
     expect_str,
     resolve_plugin_refs,
 )
-from scheduling.framework import BuildContext, ConfigError, Plugin, ProfileScheduler, Timer, create
+from scheduling.framework import (
+    BuildContext,
+    ConfigError,
+    Filter,
+    Plugin,
+    ProfileScheduler,
+    Timer,
+    create_filter,
+    create_handler,
+)
 from scheduling.framework.errors import join_path
 
 API_VERSION = "heimdall.moreh.io/v1alpha1"
@@ -85,9 +94,9 @@ def build_scheduling_profile(
             name_key="name",
         )
         build = BuildContext(src, ppath, "heimdall", shared)
-        internal = []
+        internal: list[Filter[Any]] = []
         if mode == "pd":
-            internal = [create(f"{pname}-filter", f"{pname}-filter (internal)", build=build)]
+            internal = [create_filter(f"{pname}-filter", f"{pname}-filter (internal)", build=build)]
         profiles[pname] = assemble_profile(
             pname,
             refs,
@@ -95,13 +104,11 @@ def build_scheduling_profile(
             path=ppath,
             shared=shared,
             dialect="heimdall",
-            prepend_filters=internal,  # type: ignore[arg-type]
+            prepend_filters=internal,
         )
     hbuild = BuildContext(src, "spec.profileHandler", "heimdall", shared)
     if mode == "e2e":
-        handler = create("single-profile-handler", build=hbuild)
+        handler = create_handler("single-profile-handler", build=hbuild)
     else:
-        handler = create("pd-profile-handler", params={"decider": "always"}, build=hbuild)
-    return ProfileScheduler(
-        name, handler, profiles, rng=rng, timer=timer, declared=[p for p, _ in built]  # type: ignore[arg-type]
-    )
+        handler = create_handler("pd-profile-handler", params={"decider": "always"}, build=hbuild)
+    return ProfileScheduler(name, handler, profiles, rng=rng, timer=timer, declared=[p for p, _ in built])

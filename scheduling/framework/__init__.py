@@ -14,7 +14,14 @@ from scheduling.framework.plugin import (
     System,
 )
 from scheduling.framework.profile import Profile, Timer
-from scheduling.framework.registry import create, register
+from scheduling.framework.registry import (
+    create,
+    create_filter,
+    create_handler,
+    create_picker,
+    create_scorer,
+    register,
+)
 from scheduling.framework.scheduler import ProfileScheduler
 
 __all__ = [
@@ -33,5 +40,9 @@ __all__ = [
     "System",
     "Timer",
     "create",
+    "create_filter",
+    "create_handler",
+    "create_picker",
+    "create_scorer",
     "register",
 ]

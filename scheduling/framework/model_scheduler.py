@@ -15,8 +15,7 @@ from typing import Any
 from scheduling.api import SchedulingContext, SchedulingResult, ShellConfig
 from scheduling.framework.plugin import Plugin
 from scheduling.framework.scheduler import ProfileScheduler
-from scheduling.plugins.filters.served_model import serves
-from scheduling.types import ErrorCode, LLMRequest, SchedulingError
+from scheduling.types import ErrorCode, LLMRequest, SchedulingError, serves
 
 _ROUTE = "model_scheduler.route"
 

@@ -141,8 +141,8 @@ class Scorer(Plugin[P]):
         raise NotImplementedError
 
 
-class FilterScorer(Scorer[P]):
-    """A scorer that can also act as a filter (when `filtering_enabled`)."""
+class FilterScorer(Scorer[P], Filter[P]):
+    """A scorer that can also act as a filter (when `filtering_enabled`). Its kind is "scorer"."""
 
     filtering_enabled: bool = False
 

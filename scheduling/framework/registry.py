@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 from scheduling.framework.errors import ConfigError, join_path
 from scheduling.framework.params import parse_params
-from scheduling.framework.plugin import BuildContext, Plugin
+from scheduling.framework.plugin import BuildContext, Filter, Picker, Plugin, ProfileHandler, Scorer
 
 P = TypeVar("P", bound=type[Plugin[Any]])
 
@@ -135,3 +135,50 @@ def create(
     typed = parse_params(cls.Params, params, source=build.source, path=ppath)
     given = frozenset(str(k) for k in params) if isinstance(params, Mapping) else frozenset()
     return cls(name or type_name, typed, dataclasses.replace(build, path=ppath, given=given))
+
+
+
+def _kind_error(plugin: Plugin[Any], kind: str, build: BuildContext | None) -> ConfigError:
+    build = build or BuildContext()
+    where = join_path(build.path, "type")
+    return ConfigError(build.source, where, f"{plugin.describe()} is a {plugin.kind}, not a {kind}")
+
+
+def create_scorer(
+    type_name: str, name: str = "", params: Any = None, *, build: BuildContext | None = None
+) -> Scorer[Any]:
+    """`create`, checked to give a scorer."""
+    plugin = create(type_name, name, params, build=build)
+    if isinstance(plugin, Scorer):
+        return plugin
+    raise _kind_error(plugin, "scorer", build)
+
+
+def create_filter(
+    type_name: str, name: str = "", params: Any = None, *, build: BuildContext | None = None
+) -> Filter[Any]:
+    """`create`, checked to give a filter."""
+    plugin = create(type_name, name, params, build=build)
+    if isinstance(plugin, Filter):
+        return plugin
+    raise _kind_error(plugin, "filter", build)
+
+
+def create_picker(
+    type_name: str, name: str = "", params: Any = None, *, build: BuildContext | None = None
+) -> Picker[Any]:
+    """`create`, checked to give a picker."""
+    plugin = create(type_name, name, params, build=build)
+    if isinstance(plugin, Picker):
+        return plugin
+    raise _kind_error(plugin, "picker", build)
+
+
+def create_handler(
+    type_name: str, name: str = "", params: Any = None, *, build: BuildContext | None = None
+) -> ProfileHandler[Any]:
+    """`create`, checked to give a profile handler."""
+    plugin = create(type_name, name, params, build=build)
+    if isinstance(plugin, ProfileHandler):
+        return plugin
+    raise _kind_error(plugin, "profile handler", build)

@@ -1,7 +1,7 @@
 """Prefix-cache state: prompt block hashing, a bounded per-endpoint block index and its one producer."""
 
 from scheduling.prefix.cycle import cycle_blocks, cycle_hashes, cycle_matches, decision_matches
-from scheduling.prefix.hashing import BlockHasher, block_hashes, chain_seed
+from scheduling.prefix.hashing import BlockHasher, StreamingBlockHasher, block_hashes, chain_seed
 from scheduling.prefix.index import PrefixIndex
 from scheduling.prefix.shared import (
     APPROX_PREFIX,
@@ -18,6 +18,7 @@ __all__ = [
     "PrefixData",
     "PrefixIndex",
     "PrefixReader",
+    "StreamingBlockHasher",
     "approx_prefix_request",
     "block_hashes",
     "chain_seed",

@@ -12,12 +12,15 @@ per distinct block (shared by every endpoint holding it). Single-holder bit sets
 
 Matching walks the request's blocks from the start, AND-ing the holder sets: an endpoint's match length is the
 position where its bit drops out.
+
+`room()` maps each endpoint to the blocks it can still take before evicting (capacity − held), kept current by
+every change, so a scorer pricing eviction over the whole pool reads one dict instead of calling per endpoint.
 """
 
 from __future__ import annotations
 
 from array import array
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from scheduling.prefix.hashing import BlockHasher
@@ -40,6 +43,7 @@ class PrefixIndex:
         self._hold: list[int] = []  # interned 1 << 2s
         self._free: list[int] = []
         self._even = 0  # all "holds" bits of allocated slots
+        self._room: dict[str, int] = {}  # endpoint key -> capacity - blocks held
 
     # ---- endpoints -------------------------------------------------------------------------------------
     def _slot(self, key: str) -> int:
@@ -63,6 +67,7 @@ class PrefixIndex:
             self._hold.append(1 << (2 * slot))
             self._even |= self._hold[slot]
         self._slot_of[key] = slot
+        self._room[key] = self.default_capacity
         return slot
 
     def endpoints(self) -> list[str]:
@@ -71,6 +76,11 @@ class PrefixIndex:
     def capacity(self, key: str) -> int:
         slot = self._slot_of.get(key)
         return self.default_capacity if slot is None else self._caps[slot]
+
+    def room(self) -> Mapping[str, int]:
+        """Endpoint key -> blocks it can take before evicting (capacity − held); endpoints the index does not
+        know can take `default_capacity`. Read-only."""
+        return self._room
 
     def size(self, key: str) -> int:
         """Blocks currently held by `key`."""
@@ -89,6 +99,7 @@ class PrefixIndex:
         self._caps[slot] = capacity
         ring = self._rings[slot]
         excess = len(ring) - capacity
+        self._room[key] = max(0, -excess)
         if excess <= 0:
             return
         hand = self._hands[slot]
@@ -112,6 +123,7 @@ class PrefixIndex:
         slot = self._slot_of.pop(key, None)
         if slot is None:
             return
+        del self._room[key]
         self._drop(slot, self._rings[slot])
         self._rings[slot] = array("Q")
         self._keys[slot] = None
@@ -227,3 +239,4 @@ class PrefixIndex:
             # eviction only touches blocks this endpoint held, never `h`, so `v` is still current
             m[h] = hold if v is None else v | hold
         self._hands[slot] = hand
+        self._room[key] = cap - size

@@ -206,7 +206,7 @@ class PreciseIndex:
             if e is None:
                 self.counters["orphaned"] += n
                 return ORPHAN
-            pkey, ptail = (e, b"") if type(e) is int else (e[0], e[1])  # type: ignore[index]
+            pkey, ptail = (e, b"") if isinstance(e, int) else (e[0], e[1])
         ntok = len(token_ids)
         if ntok == n * block_size:
             eb = block_size
@@ -297,7 +297,7 @@ class PreciseIndex:
                 continue
             emap[eh] = e
             slot.orders[medium].append(eh)
-            for k in (e,) if type(e) is int else e[2]:  # type: ignore[index]
+            for k in (e,) if isinstance(e, int) else e[2]:
                 m[k] = m.get(k, 0) | bit
             new += 1
         self.counters["stored"] += new

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, Protocol, cast
 
 from scheduling.api import SchedulingContext
 from scheduling.framework.data import DataKey, DataRequest
@@ -137,7 +137,7 @@ class PreciseReader(Plugin[P]):
     def bind_data(self, key: DataKey, producer: Producer[Any]) -> None:
         super().bind_data(key, producer)
         if key.name == PRECISE_PREFIX:
-            self.precise = producer  # type: ignore[assignment]
+            self.precise = cast(PreciseData, producer)  # the loader binds this key to the precise producer
 
 
 class _Hits:

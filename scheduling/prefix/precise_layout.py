@@ -34,6 +34,11 @@ class EndpointMatch:
         return self.gpu + self.cpu
 
 
+# An engine-map entry: the key itself (one engine block is one key block), or (last full key, partial tail as
+# packed tokens, own keys).
+Entry = int | tuple[int, bytes, tuple[int, ...]]
+
+
 class Slot:
     __slots__ = ("endpoint", "rank", "index", "state", "maps", "orders", "dups", "bits", "sbit", "held")
 
@@ -42,7 +47,7 @@ class Slot:
         self.rank = rank
         self.index = index
         self.state = PENDING
-        self.maps: tuple[dict[int, object], dict[int, object]] = ({}, {})
+        self.maps: tuple[dict[int, Entry], dict[int, Entry]] = ({}, {})
         self.orders: list[deque[int]] = [deque(), deque()]
         self.dups: tuple[dict[int, int], dict[int, int]] = ({}, {})
         base = 3 * index
@@ -58,9 +63,9 @@ def bit_slots(bits: int) -> Iterator[int]:
         bits ^= low
 
 
-def unset(m: dict[int, int], entry: object, bit: int) -> None:
+def unset(m: dict[int, int], entry: Entry, bit: int) -> None:
     """Clear `bit` on the keys of an engine-map entry (a key, or a tuple whose third item holds the keys)."""
-    for k in (entry,) if type(entry) is int else entry[2]:  # type: ignore[index]
+    for k in (entry,) if isinstance(entry, int) else entry[2]:
         v = m.get(k)
         if v is not None and v & bit:
             v ^= bit

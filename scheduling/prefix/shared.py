@@ -9,7 +9,7 @@ prefix-aware plugin reads it through `prefix_data(self)`.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, Protocol, cast
 
 from scheduling.api import SchedulingContext
 from scheduling.framework.data import DataKey, DataRequest
@@ -69,4 +69,4 @@ class PrefixReader(Plugin[P]):
     def bind_data(self, key: DataKey, producer: Producer[Any]) -> None:
         super().bind_data(key, producer)
         if key.name == APPROX_PREFIX:
-            self.prefix = producer  # type: ignore[assignment]
+            self.prefix = cast(PrefixData, producer)  # the loader binds this key to the approximate producer

@@ -62,15 +62,15 @@ class Rig:
         for name, addrs in pools.items():
             set_pool(self.ds, name, addrs)
         self.svc = RoutingService(self.ds, random.Random(seed), secrets_dir=secrets_dir)
-        self.svc.router.llmkube.clock = self.clock
+        self.svc.router.runtime("llmkube").clock = self.clock
         self.svc.load_text(text, "routes.yaml")
         self.limiter = Limiter(clock=self.clock)
         self.rate = RateLimitGate(self.limiter)
         self.budgets = BudgetGate(self.rate)
-        self.budgets.sync(self.svc.router.table.routers)
-        self.svc.on_table.append(lambda t: self.budgets.sync(t.routers))
+        self.budgets.sync(self.svc.router.table.objects("llmkube"))
+        self.svc.on_table.append(lambda t: self.budgets.sync(t.objects("llmkube")))
         self.director = Director(self.ds, _Unused(), DirectorConfig(), router=self.svc.router, clock=self.clock,
-                                 admitters=[self.rate, self.budgets], observers=[self.svc.router.llmkube])
+                                 admitters=[self.rate, self.budgets], observers=[self.svc.router.runtime("llmkube")])
 
     @property
     def errors(self) -> dict:
@@ -78,7 +78,7 @@ class Rig:
 
     @property
     def runtime(self):
-        return next(iter(self.svc.router.llmkube.runtimes.values()))
+        return next(iter(self.svc.router.runtime("llmkube").runtimes.values()))
 
     def decide(self, model: str = "m", headers: dict | None = None, body: dict | None = None, **extra):
         ex = self.director.exchange()

@@ -13,7 +13,7 @@ from llmkube_helpers import Rig, cloud, finish, hdrs, local, router_doc
 
 from epp.protocol.messages import read_headers
 from epp.request.director import DESTINATION, LB_NS
-from epp.routing.classification import classifications
+from epp.routing.dialects.llmkube.classification import classifications
 
 LOCAL = ["10.0.1.1:8000", "10.0.1.2:8000"]
 CLOUD_POOL = ["10.9.9.9:8000"]  # an InferenceService can never be cloud; this pool backs "b-local"

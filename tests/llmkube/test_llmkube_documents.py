@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from llmkube_helpers import cloud, local, router_doc
 
+from epp.routing.dialects.llmkube.model import go_glob
 from epp.routing.documents import DocumentSet, read_yaml
-from epp.routing.llmkube_model import go_glob
 
 SEED_EXAMPLE = router_doc({
     "backends": [
@@ -44,7 +44,7 @@ def test_the_documented_example_compiles_to_a_router_a_pool_and_a_provider():
     docs = load(SEED_EXAMPLE)
     assert not docs.errors
     t = docs.table()
-    [spec] = t.routers
+    [spec] = t.objects("llmkube")
     assert spec.key == "default/coding-router" and spec.default_route == "local-qwen"
     assert [r.name for r in spec.rules] == ["pii-stays-local", "complex-to-cloud"]
     assert spec.sensitive == {"pii", "phi"} and spec.classification_header == "x-llmkube-classification"
@@ -67,7 +67,7 @@ def test_backend_defaults_tier_weight_published_name_and_provider_urls():
         cloud("c", provider="litellm", model="x", external={"url": "http://litellm.gw:4000",
                                                             "credentialsSecretRef": {"name": "lk"}})]}))
     assert not docs.errors
-    [spec] = docs.table().routers
+    [spec] = docs.table().objects("llmkube")
     a, b, c = spec.backends["a"], spec.backends["b"], spec.backends["c"]
     assert c.tier == "cloud" and c.kind == "provider"
     assert (a.tier, a.weight, a.published) == ("local", 1, "a")
@@ -98,7 +98,7 @@ def test_operator_fields_are_accepted_and_ignored():
     }
     docs = load(router_doc(spec) + "status: {phase: Ready}\n")
     assert not docs.errors, docs.errors
-    [r] = docs.table().routers
+    [r] = docs.table().objects("llmkube")
     assert (r.quarantine_s, r.stream_idle_s, r.response_header_timeout_s) == (0.5, 0.0, 30.0)
 
 
@@ -213,7 +213,7 @@ def test_affinity_with_round_robin_is_ignored_with_a_warning(caplog):
     docs = load(router_doc({"backends": [local("a", resolution="endpoint", balancing={
         "mode": "RoundRobin", "prefixAffinity": {}, "sessionAffinity": {"headers": ["X-Session"]}})]}))
     assert not docs.errors
-    [spec] = docs.table().routers
+    [spec] = docs.table().objects("llmkube")
     b = spec.backends["a"].balancing
     assert (b.mode, b.prefix, b.session) == ("RoundRobin", None, None)
     assert any("PrefixAffinityIgnored" in w for w in spec.warnings)
@@ -225,7 +225,7 @@ def test_load_aware_defaults():
         "mode": "LoadAware", "prefixAffinity": {}, "sessionAffinity": {"headers": ["X-Session", "x-user"],
                                                                         "maxLoadPercent": 150}})]}))
     assert not docs.errors
-    b = docs.table().routers[0].backends["a"].balancing
+    b = docs.table().objects("llmkube")[0].backends["a"].balancing
     assert (b.prefix.block_bytes, b.prefix.max_blocks) == (1024, 16384)
     assert b.session.headers == ("x-session", "x-user") and b.session.idle_s == 1800.0
 
@@ -238,7 +238,7 @@ def test_a_bad_router_keeps_its_last_good_version_and_never_takes_the_others_dow
     bad_a = router_doc({"backends": [local("a")], "defaultRoute": "zzz"}, name="one")
     docs.replace("file:x", read_yaml(bad_a + "---\n" + good_b, "x"))
     assert len(docs.errors) == 1
-    routers = {r.key: r for r in docs.table().routers}
+    routers = {r.key: r for r in docs.table().objects("llmkube")}
     assert routers["default/one"].default_route == "a" and routers["default/two"].default_route == "b"
 
 

@@ -65,7 +65,7 @@ class Rig:
 
     @property
     def tracker(self):
-        return next(iter(self.app.routing.router.llmkube.runtimes.values())).tracker
+        return next(iter(self.app.routing.router.runtime("llmkube").runtimes.values())).tracker
 
     async def ask(self, headers: dict | None = None, content: str = "hi") -> tuple[int, int | None]:
         body = orjson.dumps({"model": MODEL, "max_tokens": 2, "messages": [{"role": "user", "content": content}]})

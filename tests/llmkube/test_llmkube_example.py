@@ -18,7 +18,7 @@ def test_the_example_loads():
     docs.replace("file", read_yaml(EXAMPLE.read_text(), "modelrouter.yaml"))
     assert not docs.errors, docs.errors
     t = docs.table()
-    [spec] = t.routers
+    [spec] = t.objects("llmkube")
     assert [r.name for r in spec.rules] == ["pii-stays-local", "complex-to-cloud", "canary"]
     assert t.pools["InferenceService/default/qwen3-coder"].port == 8080
     assert t.providers["default/coding-router.cloud-opus"].auth.secret_key == "ANTHROPIC_API_KEY"

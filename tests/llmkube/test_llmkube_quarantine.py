@@ -8,7 +8,7 @@ import asyncio
 
 from llmkube_helpers import Clock, Rig, cloud, finish, local, router_doc, served
 
-from epp.routing.quarantine import FailureTracker, LatencyWindow, StreamWatch
+from epp.routing.dialects.llmkube.quarantine import FailureTracker, LatencyWindow, StreamWatch
 
 PODS = ["10.0.0.1:8000", "10.0.0.2:8000"]
 

@@ -9,8 +9,8 @@ from collections import Counter
 from llmkube_helpers import Rig, finish, local, router_doc
 
 from epp.request.director import DESTINATION, LB_NS
-from epp.routing.llmkube_match import weighted_order
-from epp.routing.llmkube_model import RouterBackend
+from epp.routing.dialects.llmkube.match import weighted_order
+from epp.routing.dialects.llmkube.model import RouterBackend
 from epp.routing.model import Target
 
 POOLS = {"svc-a": ["10.0.1.1:8000"], "svc-b": ["10.0.2.1:8000"], "svc-c": ["10.0.3.1:8000"],

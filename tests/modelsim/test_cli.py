@@ -35,3 +35,18 @@ def test_bad_config_is_reported(tmp_path: Path, capsys: pytest.CaptureFixture[st
     err = capsys.readouterr().err
     assert "warp_speed" in err and str(f) in err
     assert main(["--time-scale", "0"]) == 2
+
+
+def test_engine_flavour_metrics_clock_and_latency_factors_flags(tmp_path: Path) -> None:
+    cfg = config_from_args(build_parser().parse_args([
+        "--servers", "3", "--engine", "sglang", "--metrics-time", "wall", "--latency-factors", "1,2,0.5",
+        "--request-log-size", "7",
+    ]))
+    assert cfg.engine_type == "sglang" and cfg.metrics_time == "wall" and cfg.request_log_size == 7
+    assert cfg.latency_factors == (1.0, 2.0, 0.5) and cfg.engine_for(2).itl == pytest.approx(0.006)
+    f = tmp_path / "fleet.yaml"
+    f.write_text("servers: 2\nengine-type: sglang\nlatency-factors: [1, 2]\n")
+    cfg = config_from_args(build_parser().parse_args(["--config", str(f)]))
+    assert cfg.engine_type == "sglang" and cfg.latency_factors == (1.0, 2.0)
+    assert main(["--servers", "2", "--latency-factors", "1,x"]) == 2
+    assert main(["--engine-type", "tgi"]) == 2

@@ -84,7 +84,7 @@ def routed_rig(path: Path, pools: dict[str, list[str]] | None = None) -> Rig:
     svc.load_text(path.read_text(), path.name)
     sched = _scheduler(None, 12)
     router = svc.router
-    d = _director(ds, clock, sched, router=router, observers=(router.llmkube,))
+    d = _director(ds, clock, sched, router=router, observers=(router.runtime("llmkube"),))
     return Rig(d.exchange, ds, clock)
 
 

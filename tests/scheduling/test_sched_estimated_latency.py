@@ -153,3 +153,48 @@ def test_calibration_off_keeps_the_reference_timings():
     c.now = 0.001
     s.response_complete(c, res, st)
     assert s.scale(a.key) == 1.0 and s.pool_scale == 1.0
+
+
+def test_calibration_sample_is_taken_against_what_the_decision_saw():
+    """The shell counts the pick in flight before pre_request runs, and other requests finish before this one
+    does: the sample still divides by the model the decision priced (its n, its backlog, its D(e))."""
+    s = plugin("estimated-latency-scorer", {"calibrationAlpha": 1.0, "durationEwmaAlpha": 1.0})
+    a = ep(1, waiting=10, running=10)  # n = 20 > maxNumSeqs - 1: a wait for a slot, with D(e) = 2 s learnt below
+    warm = SchedulingResult(targets=[a])
+    s.response_complete(ctx(req("w"), [a], now=2.0), warm, {"estimated-latency.start": 0.0})
+    s._scale.clear()  # the warm-up taught D(e) only
+    s.pool_scale = 1.0
+    prompt = "c" * 64 * 20  # 320 tokens, nothing cached
+    c = ctx(req(prompt), [a], now=100.0, inflight={a.key: InflightLoad(3, 0)})
+    st = state()
+    s.score(c, [a], st)
+    res = SchedulingResult(targets=[a])
+    c.inflight = {a.key: InflightLoad(4, 0)}  # the shell's ticket for this very request
+    s.pre_request(c, res, st)
+    s.response_complete(ctx(req("other"), [a], now=100.5), warm, {"estimated-latency.start": 99.0})  # D(e) moves
+    model = (OVERHEAD + 320 * PER_TOKEN + DECODE) * 2.0  # slowdown at a full batch
+    wait = (20 - 15) * 2.0 / 16
+    c.now = 100.0 + wait + 0.25 * model
+    s.response_complete(c, res, st)
+    assert s.scale(a.key) == pytest.approx(0.25)
+
+
+def test_the_engine_load_is_derived_once_per_metrics_snapshot():
+    from dataclasses import replace
+
+    from scheduling.types import Metrics
+
+    m = Metrics(waiting=3, running=5, stale=False)
+    assert m.fresh_load == 8
+    assert replace(m, stale=True).fresh_load == 0  # a stale scrape says nothing about the load
+    assert replace(m, waiting=1).fresh_load == 6 and Metrics().fresh_load == 0
+    assert replace(m, stale=True) == Metrics(waiting=3, running=5, stale=True)  # not part of equality
+
+
+def test_load_beyond_the_batch_and_odd_counts_price_as_the_formula_says():
+    s = plugin("estimated-latency-scorer")
+    a, b, c = ep(1), ep(2), ep(3)
+    inflight = {a.key: InflightLoad(40, 0), b.key: InflightLoad(15, 0), c.key: InflightLoad(7, 0)}
+    got = scores(s, ctx(req("q" * 640), [a, b, c], inflight=inflight))
+    costs = [ttft(160, 40, wait=(40 - 15) * 1.0 / 16), ttft(160, 15), ttft(160, 7)]
+    assert got == pytest.approx([min(costs) / x for x in costs])

@@ -3,24 +3,31 @@
 from __future__ import annotations
 
 import random
-import struct
 
+import pytest
 import xxhash
 from sched_helpers import GIE_DEFAULT, ctx, ep, match, req
 
 from scheduling.api import SchedulingResult
 from scheduling.config import load_scheduler
-from scheduling.prefix import PrefixIndex, block_hashes, chain_seed
+from scheduling.prefix import PrefixIndex, StreamingBlockHasher, block_hashes, chain_seed
 
 
 def test_hash_formula():
     prompt = "a" * 64 + "b" * 64 + "tail"
-    seed = xxhash.xxh64_intdigest(b"llama" + b"salt")
+    seed = xxhash.xxh3_64_intdigest(b"llama\0salt")
     assert chain_seed("llama", "salt") == seed
-    h0 = xxhash.xxh64_intdigest(b"a" * 64 + struct.pack("<Q", seed))
-    h1 = xxhash.xxh64_intdigest(b"b" * 64 + struct.pack("<Q", h0))
-    h2 = xxhash.xxh64_intdigest(b"tail" + struct.pack("<Q", h1))  # trailing partial block included
+    h0 = xxhash.xxh3_64_intdigest(b"a" * 64, seed)
+    h1 = xxhash.xxh3_64_intdigest(b"b" * 64, h0)
+    h2 = xxhash.xxh3_64_intdigest(b"tail", h1)  # trailing partial block included
     assert block_hashes(prompt, "llama", "salt") == [h0, h1, h2]
+    # a long ASCII prompt (cut by several unpacks) equals the block-by-block definition
+    long = "".join(chr(33 + i % 90) for i in range(64 * 600 + 5))
+    want, prev = [], chain_seed("m")
+    for i in range(0, 64 * 600, 64):
+        prev = xxhash.xxh3_64_intdigest(long[i : i + 64].encode(), prev)
+        want.append(prev)
+    assert block_hashes(long, "m", max_blocks=1000) == want + [xxhash.xxh3_64_intdigest(long[-5:].encode(), prev)]
 
 
 def test_hash_limits_and_unicode():
@@ -32,10 +39,15 @@ def test_hash_limits_and_unicode():
     uni = "é" * 64 + "z"
     hs = block_hashes(uni, "m")
     assert len(hs) == 2
-    assert hs[0] == xxhash.xxh64_intdigest(("é" * 64).encode() + struct.pack("<Q", chain_seed("m")))
-    # model and salt separate the chains
+    assert hs[0] == xxhash.xxh3_64_intdigest(("é" * 64).encode(), chain_seed("m"))
+    # an ASCII block hashes the same whether the rest of the prompt is ASCII or not
+    assert block_hashes("a" * 64 + "é", "m")[0] == block_hashes("a" * 64 + "e", "m")[0]
+    # model and salt separate the chains, and the separator keeps them apart
     assert block_hashes("abc", "m1") != block_hashes("abc", "m2")
     assert block_hashes("abc", "m", "s1") != block_hashes("abc", "m", "s2")
+    assert chain_seed("ab", "c") != chain_seed("a", "bc")
+    # a lone surrogate (a streaming scanner may decode one from an escape) is hashed, not an error
+    assert len(block_hashes("\ud800" * 70, "m")) == 2
 
 
 def test_index_consecutive_match():
@@ -177,3 +189,58 @@ def test_departed_endpoints_are_forgotten():
     sched.pre_request(c, sched.schedule(c))
     sched.endpoint_removed(new.key)
     assert prefix.prefix.index.endpoints() == [] and sched.tracked_endpoints() == set()
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    ops=st.lists(
+        st.tuples(st.sampled_from(["record", "capacity", "forget"]), st.integers(0, 3),
+                  st.lists(st.integers(0, 40), max_size=12), st.integers(1, 10)),
+        max_size=30,
+    )
+)
+def test_room_is_capacity_minus_held_after_every_change(ops):
+    idx = PrefixIndex(8)
+    for op, e, hashes, cap in ops:
+        key = f"e{e}"
+        if op == "record":
+            idx.record(key, hashes)
+        elif op == "capacity":
+            idx.set_capacity(key, cap)
+        else:
+            idx.forget(key)
+        assert dict(idx.room()) == {k: idx.capacity(k) - idx.size(k) for k in idx.endpoints()}
+        assert all(v >= 0 for v in idx.room().values())
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    parts=st.lists(st.text(alphabet=st.one_of(st.characters(), st.sampled_from("abc xyz")), max_size=300),
+                   max_size=12),
+    bt=st.integers(1, 6),
+    maxb=st.integers(0, 30),
+)
+def test_streaming_hasher_equals_block_hashes(parts, bt, maxb):
+    """Fed in arbitrary pieces (non-ASCII text split anywhere), the chain equals block_hashes of the whole text; each
+    complete block is hashed by the feed that completes it."""
+    text = "".join(parts)
+    want = block_hashes(text, "m", "s", bt, maxb)
+    sh = StreamingBlockHasher("m", "s", bt, maxb)
+    seen = 0
+    for part in parts:
+        added = sh.feed(part)
+        seen += len(part)
+        complete = min(seen // (bt * 4), maxb)
+        assert added >= 0 and len(sh.hashes) == complete
+        assert sh.hashes == want[:complete]
+        assert sh.pending == (seen - complete * bt * 4 if complete < maxb else 0)
+    assert sh.finish() == want
+    assert sh.finish() == want  # idempotent
+
+
+def test_streaming_hasher_refuses_text_after_finish():
+    sh = StreamingBlockHasher("m")
+    sh.feed("x" * 70)
+    assert sh.finish() == block_hashes("x" * 70, "m")
+    with pytest.raises(ValueError, match="after finish"):
+        sh.feed("more")

@@ -87,3 +87,15 @@ def test_bounds_checked():
         plugin("prefix-cache-scorer", {"autoTuneCapacity": "yes"})
     with pytest.raises(ConfigError, match="sources"):
         plugin("session-affinity-scorer", {"sources": [{"type": "smoke", "name": "x"}]})
+
+
+def test_typed_create_names_the_wrong_kind():
+    from scheduling.framework import BuildContext, FilterScorer, create_filter, create_picker, create_scorer
+
+    assert create_scorer("queue-scorer").kind == "scorer"
+    with pytest.raises(ConfigError, match=r"x.yaml: plugins\[3\].type: 'queue-scorer' \(queue-scorer\) is a scorer, "
+                                          r"not a picker"):
+        create_picker("queue-scorer", build=BuildContext("x.yaml", "plugins[3]"))
+    # a scorer that can filter is a filter too (a profile puts it in both places when filtering is on)
+    both = create_filter("least-request")
+    assert isinstance(both, FilterScorer) and both.kind == "scorer"

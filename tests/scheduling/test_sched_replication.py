@@ -165,6 +165,25 @@ def test_backlog_is_one_queue_whoever_sent_the_tokens():
     assert q.total("e", 2.0, rate) == 0.0 and q.own(2.0, lambda k: rate) == {}
 
 
+def test_drained_local_backlogs_are_dropped_and_reads_do_not_change():
+    q = SharedBacklog()
+
+    def rate(key: str) -> float:
+        return 1000.0
+
+    q.add("drained", 500.0, 0.0, 1000.0)
+    q.add("busy", 5000.0, 0.0, 1000.0)
+    q.add("shared", 500.0, 0.0, 1000.0)
+    q.set_peer("b", {"shared": 100.0}, 0.0, rate)
+    reads = {k: q.total(k, 1.0, 1000.0) for k in ("drained", "busy", "shared")}
+    own = q.own(1.0, rate)
+    assert q.drop_drained(1.0, rate) == 1
+    assert set(q.endpoints()) == {"busy", "shared"}  # a peer's share keeps its queue (set_peer owns it)
+    assert {k: q.total(k, 1.0, 1000.0) for k in reads} == reads and q.own(1.0, rate) == own
+    q.add("drained", 300.0, 1.0, 1000.0)  # starts again as a queue that had drained would
+    assert q.total("drained", 1.1, 1000.0) == pytest.approx(200.0)
+
+
 def test_backlog_state_replicates_between_estimated_latency_scorers():
     a, b = plugin("estimated-latency-scorer"), plugin("estimated-latency-scorer")
     assert isinstance(a, ReplicatedState)

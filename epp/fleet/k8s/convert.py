@@ -8,7 +8,7 @@
   annotation `inference.networking.k8s.io/active-ports` (comma list) narrows the ports to those listed. The pod's
   `pointsman.ai/*` annotations (e.g. where it publishes KV events) ride along on each endpoint.
 - InferenceObjective (`inference.networking.x-k8s.io/v1alpha2`): `spec.priority` (default 0), for our pool only.
-- InferenceModelRewrite (same group): `spec.rules[]` → `epp.request.rewrite.RewriteRule`, for our pool only.
+- InferenceModelRewrite (same group): `spec.rules[]` → `epp.fleet.rewrites.RewriteRule`, for our pool only.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from datetime import datetime
 from typing import Any
 
 from epp.fleet.datastore import PoolSpec
-from epp.request.rewrite import RewriteRule, RewriteTarget
+from epp.fleet.rewrites import RewriteRule, RewriteTarget
 from scheduling.types import Endpoint, endpoint_key
 
 log = logging.getLogger(__name__)

@@ -8,12 +8,7 @@ from __future__ import annotations
 from scheduling.api import SchedulingContext
 from scheduling.framework import Filter, register
 from scheduling.framework.plugin import State
-from scheduling.types import Endpoint
-
-
-def serves(e: Endpoint, target_model: str, lora_adapter: str | None = None) -> bool:
-    models = e.models
-    return not models or target_model in models or (lora_adapter is not None and lora_adapter in models)
+from scheduling.types import Endpoint, serves
 
 
 @register("served-model-filter")

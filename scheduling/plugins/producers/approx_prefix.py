@@ -1,7 +1,8 @@
 """approx-prefix-cache-producer (llm-d): the one writer of the approximate prefix index for one block size.
 
-Hashing (scheduling.prefix.hashing): block = blockSizeTokens (16) × CHARS_PER_TOKEN characters, chained xxhash64
-with seed xxh64(model ‖ cache_salt), trailing partial block included, at most maxPrefixBlocksToMatch (256) blocks.
+Hashing (scheduling.prefix.hashing): block = blockSizeTokens (16) × CHARS_PER_TOKEN characters, chained xxh3-64
+(each block seeded with the previous block's hash, the first with xxh3(model ‖ 0 ‖ cache_salt)), trailing partial
+block included, at most maxPrefixBlocksToMatch (256) blocks.
 
     matches(e)  = consecutive blocks from the start of the prompt that e is believed to hold   (once per decision)
     pre_request: the prompt's blocks are recorded for the chosen endpoint and the P/D prefill endpoint
@@ -142,6 +143,6 @@ def create_approx_prefix(key: DataKey, params: Mapping[str, object], requesters:
     """The loader's factory: a producer with the parameters the requesting plugins set (defaults otherwise)."""
     first = requesters[0]
     build = BuildContext(source=first.source, path=first.path, given=frozenset(params))
-    values = dict(params)
+    values: dict[str, Any] = dict(params)  # checked by the requesting plugins' parameter parsing
     values["blockSizeTokens"] = key.variant
-    return ApproxPrefixProducer(f"approx-prefix-cache-producer[{key.variant}]", Params(**values), build)  # type: ignore[arg-type]
+    return ApproxPrefixProducer(f"approx-prefix-cache-producer[{key.variant}]", Params(**values), build)

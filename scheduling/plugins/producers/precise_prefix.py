@@ -127,4 +127,5 @@ def create_precise_prefix(key: DataKey, params: Mapping[str, object], requesters
     first = requesters[0]
     shared: dict[Any, Any] = {SERVICES: first.services}
     build = BuildContext(source=first.source, path=first.path, shared=shared, given=frozenset(params))
-    return PrecisePrefixProducer("precise-prefix-cache-producer", Params(**params), build)  # type: ignore[arg-type]
+    values: dict[str, Any] = dict(params)  # checked by the requesting plugins' parameter parsing
+    return PrecisePrefixProducer("precise-prefix-cache-producer", Params(**values), build)

@@ -96,8 +96,11 @@ class Params:
 
 
 CALIBRATION_RANGE = (0.02, 50.0)
+PRUNE_EVERY = 256  # picks between two sweeps of drained backlogs (a power of two)
+SLOW_TABLE = 4096  # slowdown values precomputed per n (maxNumSeqs beyond this computes the rest per endpoint)
 MAX_OUTBOX = 4096  # finished requests kept for the bus between two exports
-_PRED = "estimated-latency.pred"
+_PRED = "estimated-latency.pred"  # (candidates, n per candidate) of the last scoring pass
+_CHOSEN = "estimated-latency.chosen"  # (modelled prefill, D(e)) of the pick, from pre_request
 
 
 def output_tokens(body: Mapping[str, Any] | None, default: int) -> int:
@@ -125,7 +128,18 @@ class EstimatedLatencyScorer(PreciseReader[Params], PrefixReader[Params], Scorer
         self._duration: dict[str, float] = {}  # endpoint -> EWMA of request seconds
         self._scale: dict[str, float] = {}  # endpoint -> calibration factor k(e)
         self.pool_scale = 1.0  # the pool-wide calibration factor (prior for endpoints without samples)
+        self._picks = 0
         self._outbox: deque[Record] | None = None  # finished requests for the bus, while replicating
+        p = self.params
+        s1 = p.maxNumSeqs - 1
+        # slowdown(n) for n = 0 .. min(s1, SLOW_TABLE), computed once (other n: per endpoint, same formula)
+        self._slow = {n: 1.0 + (p.loadFactor - 1.0) * n / s1 for n in range(min(s1, SLOW_TABLE) + 1)}
+
+    def slowdown(self, n: int) -> float:
+        """slowdown(e) for n(e) = n requests."""
+        p = self.params
+        s1 = p.maxNumSeqs - 1
+        return 1.0 + (p.loadFactor - 1.0) * min(n, s1) / s1
 
     def scale(self, key: str) -> float:
         """k(e): how much slower (> 1) or faster (< 1) than the reference engine this endpoint has proved."""
@@ -152,56 +166,89 @@ class EstimatedLatencyScorer(PreciseReader[Params], PrefixReader[Params], Scorer
         block = self.params.blockSizeTokens
         return tokens, {k: float(m * block) for k, m in matches.items()}, {}
 
-    def _free_blocks(self, e: Endpoint, hit: PrefixHit | None) -> float:
-        """Blocks (of blockSizeTokens) e can take before evicting a cached prefix."""
-        m = e.metrics
-        if hit is not None and hit.source == EVENTS and self.precise is not None and m.num_gpu_blocks and m.block_size:
-            held = self.precise.index.size(e.key, GPU)
-            return (m.num_gpu_blocks - held) * m.block_size / self.params.blockSizeTokens
-        index = self.prefix.index
-        return float(index.capacity(e.key) - index.size(e.key))
+    def _room(self, hits: Mapping[str, PrefixHit], candidates: list[Endpoint]) -> Mapping[str, int | float]:
+        """Endpoint -> blocks (of blockSizeTokens) it can take before evicting a cached prefix: the approximate
+        index's room, or for an endpoint priced from its KV events (precise and live), (num_gpu_blocks − blocks the
+        engine holds) × engine block / blockSizeTokens."""
+        room: Mapping[str, int | float] = self.prefix.index.room()
+        precise = self.precise
+        if precise is None or not hits:
+            return room
+        size = precise.index.size
+        bt = self.params.blockSizeTokens
+        events: dict[str, int | float] = {}
+        for e in candidates:
+            m = e.metrics
+            hit = hits.get(e.key)
+            if hit is not None and hit.source == EVENTS and m.num_gpu_blocks and m.block_size:
+                events[e.key] = (m.num_gpu_blocks - size(e.key, GPU)) * m.block_size / bt
+        return {**room, **events} if events else room
 
     def score(self, ctx: SchedulingContext, candidates: list[Endpoint], state: State) -> list[float]:
+        """One pass over the candidates; everything that does not depend on the endpoint is computed once per
+        request, and an endpoint with no backlog and no cached prefix (most of a big pool) takes the shortest path.
+        The loop keeps each endpoint's n (the calibration's input) and nothing else."""
         p = self.params
         now = ctx.now
         tokens, cached, hits = self._cached(ctx, state, candidates)
+        pspt = p.prefillSecondsPerToken
+        overhead = p.overheadSeconds
         block = p.blockSizeTokens
         s1 = p.maxNumSeqs - 1
         f1 = p.loadFactor - 1.0
-        inflight = ctx.inflight
-        full_decode = p.interTokenSeconds * output_tokens(ctx.request.body, p.defaultOutputTokens)
-        decode = p.decodeWeight * full_decode
+        decode = p.decodeWeight * (p.interTokenSeconds * output_tokens(ctx.request.body, p.defaultOutputTokens))
         evict_w = p.evictionWeight
-        costs = []
-        models: list[float] = []  # per candidate, in reference-engine seconds: the calibration's denominator
-        waits: list[float] = []
+        per_seq = p.maxNumSeqs
+        initial = p.initialRequestSeconds
+        pool_k = self.pool_scale
+        scale_get = self._scale.get
+        duration_get = self._duration.get
+        queue_get = self._backlog.queues().get
+        cached_get = cached.get
+        inflight = ctx.inflight
+        inflight_get = inflight.get
+        room = self._room(hits, candidates) if evict_w else {}
+        room_get = room.get
+        default_room = self.prefix.index.default_capacity
+        # An endpoint with no backlog and nothing cached: uncached = tokens (backlog + uncached = tokens exactly).
+        plain_pd = overhead + tokens * pspt + decode
+        plain_need = -(-tokens // block)
+        slow_get = self._slow.get
+        slow_full = self._slow[s1] if s1 <= SLOW_TABLE else 1.0 + f1 * s1 / s1
+        costs: list[float] = []
+        ns: list[int] = []
         for e in candidates:
-            k = self._scale.get(e.key, self.pool_scale)
-            n = inflight.get(e.key, NO_LOAD).requests
-            m = e.metrics
-            if not m.stale:
-                n = max(n, m.waiting + m.running)
-            uncached = max(0.0, tokens - cached.get(e.key, 0.0))
-            prefill = p.overheadSeconds + (self._backlog_at(e.key, now, k) + uncached) * p.prefillSecondsPerToken
-            slow = 1.0 + f1 * min(n, s1) / s1
-            cost = k * (prefill + decode) * slow
+            key = e.key
+            n = inflight_get(key, NO_LOAD).requests if inflight else 0
+            w = e.metrics.fresh_load  # 0 when stale: n is never below 0, so max(n, 0) is n
+            if w > n:
+                n = w
+            k = scale_get(key, pool_k)
+            q = queue_get(key)
+            c = cached_get(key)
+            if q is None and c is None:
+                uncached = tokens
+                cost = k * plain_pd
+            else:
+                uncached = tokens if c is None else (tokens - c if tokens > c else 0.0)
+                backlog = 0.0
+                if q is not None:
+                    backlog = q.total - (now - q.since) * (1.0 / (k * pspt))
+                    if not backlog > 0.0:
+                        backlog = 0.0
+                cost = k * (overhead + (backlog + uncached) * pspt + decode)
+            slow = slow_get(n)
+            cost *= slow if slow is not None else (slow_full if n > s1 else 1.0 + f1 * n / s1)
             if evict_w and uncached:
-                free = self._free_blocks(e, hits.get(e.key))
-                over = -(-uncached // block) - free
+                over = (plain_need if c is None else -(-uncached // block)) - room_get(key, default_room)
                 if over > 0:
-                    cost += k * evict_w * over * block * p.prefillSecondsPerToken
-            wait = 0.0
+                    cost += k * evict_w * over * block * pspt
             if n > s1:
-                wait = (n - s1) * self._duration.get(e.key, p.initialRequestSeconds) / p.maxNumSeqs
-                cost += wait
+                cost += (n - s1) * duration_get(key, initial) / per_seq
             costs.append(cost)
-            models.append((prefill + full_decode) * slow)
-            waits.append(wait)
-        state[_PRED] = (candidates, models, waits)
-        best = min(costs)
-        if best <= 0.0:
-            return [1.0 if c <= 0.0 else 0.0 for c in costs]
-        return [best / c for c in costs]
+            ns.append(n)
+        state[_PRED] = (candidates, ns)
+        return relative(costs)
 
     def pre_request(self, ctx: SchedulingContext, result: SchedulingResult, state: State) -> None:
         if not result.targets:
@@ -210,8 +257,17 @@ class EstimatedLatencyScorer(PreciseReader[Params], PrefixReader[Params], Scorer
         now = ctx.now
         tokens, cached, _ = self._cached(ctx, state, [chosen])
         uncached = max(0.0, tokens - cached.get(chosen.key, 0.0))
-        self._backlog.add(chosen.key, uncached, now, self._drain_rate(chosen.key))
+        rate = self._drain_rate(chosen.key)
+        p = self.params
+        # What the calibration needs of the pick, as the decision saw it (before this request's own prefill joins
+        # the backlog): its modelled prefill and the endpoint's D(e).
+        prefill = p.overheadSeconds + (self._backlog.total(chosen.key, now, rate) + uncached) * p.prefillSecondsPerToken
+        state[_CHOSEN] = (prefill, self._duration.get(chosen.key, p.initialRequestSeconds))
+        self._backlog.add(chosen.key, uncached, now, rate)
         state[_START] = now
+        self._picks += 1
+        if not self._picks & (PRUNE_EVERY - 1):
+            self._backlog.drop_drained(now, self._drain_rate)
 
     def response_complete(self, ctx: SchedulingContext, result: SchedulingResult, state: State) -> None:
         start = state.get(_START)
@@ -219,8 +275,7 @@ class EstimatedLatencyScorer(PreciseReader[Params], PrefixReader[Params], Scorer
             return
         key = result.targets[0].key
         seconds = max(0.0, ctx.now - start)
-        pred = state.get(_PRED)
-        sample = self._sample(key, seconds, pred) if self.params.calibrate and pred is not None else None
+        sample = self._sample(ctx, key, seconds, state) if self.params.calibrate else None
         self._learn(key, seconds, sample)
         if self._outbox is not None:
             self._outbox.append([key, seconds, -1.0 if sample is None else sample])
@@ -235,16 +290,28 @@ class EstimatedLatencyScorer(PreciseReader[Params], PrefixReader[Params], Scorer
             self._scale[key] = (1 - a) * self._scale.get(key, self.pool_scale) + a * sample
             self.pool_scale = (1 - a) * self.pool_scale + a * sample
 
-    def _sample(self, key: str, seconds: float, pred: tuple[list[Endpoint], list[float], list[float]]) -> float | None:
-        candidates, models, waits = pred
+    def _sample(self, ctx: SchedulingContext, key: str, seconds: float, state: State) -> float | None:
+        """(observed − wait) / model for the request that ran on `key`, from what the decision saw: n(e) from the
+        scoring pass, the modelled prefill and D(e) from pre_request."""
+        pred: tuple[list[Endpoint], list[int]] | None = state.get(_PRED)
+        chosen: tuple[float, float] | None = state.get(_CHOSEN)
+        if pred is None or chosen is None:
+            return None
+        candidates, ns = pred
         i = next((j for j, e in enumerate(candidates) if e.key == key), -1)
         if i < 0:
             return None
-        model = models[i]
+        p = self.params
+        s1 = p.maxNumSeqs - 1
+        n = ns[i]
+        prefill, duration = chosen
+        full_decode = p.interTokenSeconds * output_tokens(ctx.request.body, p.defaultOutputTokens)
+        model = (prefill + full_decode) * self.slowdown(n)
         if model <= 0.0:
             return None
+        wait = (n - s1) * duration / p.maxNumSeqs if n > s1 else 0.0
         lo, hi = CALIBRATION_RANGE
-        return min(hi, max(lo, (seconds - waits[i]) / model))
+        return min(hi, max(lo, (seconds - wait) / model))
 
     def endpoint_removed(self, key: str) -> None:
         self._backlog.forget(key)
@@ -294,6 +361,14 @@ class EstimatedLatencyScorer(PreciseReader[Params], PrefixReader[Params], Scorer
                 if sample is not None and key not in self._scale:
                     self._scale[key] = sample
         return bad
+
+
+def relative(costs: list[float]) -> list[float]:
+    """score(e) = min over candidates of cost / cost(e): the best endpoint scores 1."""
+    best = min(costs)
+    if best <= 0.0:
+        return [1.0 if c <= 0.0 else 0.0 for c in costs]
+    return [best / c for c in costs]
 
 
 def _finite(v: object) -> bool:

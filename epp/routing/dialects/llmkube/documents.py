@@ -1,10 +1,10 @@
 """LLMKube's ModelRouter (`inference.llmkube.dev/v1alpha1`) compiled onto the routing layer.
 
-One document becomes a `ModelRouterSpec` (llmkube_model.py), a PoolBackend per InferenceService and a
-ProviderBackend per external backend (llmkube_backends.py). Validation follows the CRD schema and LLMKube's
+One document becomes a `ModelRouterSpec` (model.py), a PoolBackend per InferenceService and a
+ProviderBackend per external backend (backends.py). Validation follows the CRD schema and LLMKube's
 webhook; every error names the document, the field and what was expected:
 - backends: unique names, exactly one of inferenceServiceRef / external, tier (a cloud InferenceService is
-  refused), weight >= 0, timeout 100ms..30m, balancing (see llmkube_backends.py);
+  refused), weight >= 0, timeout 100ms..30m, balancing (see backends.py);
 - rules: unique names, backends that exist, strategy primary-fallback | weighted | shadow (weighted needs a
   positive weight, shadow two backends, and only dataPlane Proxy can mirror), taskComplexity, models (Go globs),
   latencySLOMs, timeout;
@@ -24,9 +24,8 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from epp.routing import kthena
-from epp.routing.llmkube_backends import NAME, duration, parse_backend, service_ports
-from epp.routing.llmkube_model import (
+from epp.routing.dialects.llmkube.backends import NAME, duration, parse_backend, service_ports
+from epp.routing.dialects.llmkube.model import (
     API_VERSION,
     DEFAULT_CLASSIFICATION_HEADER,
     DEFAULT_QUARANTINE_S,
@@ -48,9 +47,9 @@ from epp.routing.llmkube_model import (
     normalize_label,
 )
 from epp.routing.model import Match, PoolBackend, ProviderBackend, Route, Rule, Target
-from epp.routing.validate import HEADER_NAME, Doc, join
+from epp.routing.validate import HEADER_NAME, Doc, document_name, join
 
-__all__ = ["API_VERSION", "GROUP", "compile_document", "identity"]
+__all__ = ["API_VERSION", "GROUP", "compile_document"]
 
 Compiled = ModelRouterSpec | PoolBackend | ProviderBackend
 SPEC_FIELDS = ("backends", "rules", "defaultRoute", "defaultRouteStrategy", "dataPlane", "policy", "proxy",
@@ -61,7 +60,6 @@ PROXY_IGNORED = ("affinity", "drainTimeout", "image", "imagePullSecrets", "nodeS
                  "podLabels", "replicas", "resources", "revisionHistoryLimit", "runtimeClassName", "serviceName",
                  "tolerations", "topologySpreadConstraints")
 COMPLEXITIES = ("simple", "moderate", "complex")
-identity = kthena.identity
 
 
 def _created(meta: Mapping[str, Any]) -> float | None:
@@ -74,7 +72,7 @@ def _created(meta: Mapping[str, Any]) -> float | None:
 
 def compile_document(obj: Any, where: str, position: float = 0.0) -> Sequence[Compiled]:
     """One ModelRouter -> [its spec, its pool backends..., its provider backends...]. Raises RouteConfigError."""
-    doc = Doc(kthena.document_name(obj, where))
+    doc = Doc(document_name(obj, where))
     top = doc.mapping(obj, "", ("apiVersion", "kind", "metadata", "spec", "status"), required=True)
     if top.get("apiVersion") != API_VERSION:
         raise doc.fail("apiVersion", f"{API_VERSION!r}, got {top.get('apiVersion')!r}")

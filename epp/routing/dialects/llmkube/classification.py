@@ -8,17 +8,17 @@ Reading the header is made robust against whatever a client sends, because a sen
 mistaken for a harmless one:
 - every value counts: "public, pii" carries both; a repeated header arrives joined with ',' (Envoy's ext_proc
   delivers each copy; Pointsman joins them), so two copies carry both values too;
-- each value is compared normalized (epp.routing.llmkube_model.normalize_label): Unicode NFKC, case-folded,
+- each value is compared normalized (epp.routing.dialects.llmkube.model.normalize_label): Unicode NFKC, case-folded,
   trimmed of blanks and quotes ("PII", " Pii ", "\"pii\"" and the full-width "ＰＩＩ" all read "pii");
 - a sensitive word inside a decorated value counts too ("pii;source=crm", "pii data"): the guard errs on the side
   of keeping data local.
 LLMKube's proxy reads only the first value of the header, lower-cased; Pointsman reads all of them, so a request
 labelled sensitive anywhere in the header is treated as sensitive.
 
-The guard (`sensitive`, used by epp/routing/llmkube_match.py): a request carrying any of
+The guard (`sensitive`, used by epp/routing/dialects/llmkube/match.py): a request carrying any of
 `sensitiveClassifications` (pii, phi by default) is served by local-tier backends only, whatever matched it (a
 rule, BackendNameMatch, the default route). Where only cloud backends would serve it, it is refused with a 503;
-it is never sent out of the cluster. The static half lives in the dialect (epp/routing/llmkube.py): a rule that
+it is never sent out of the cluster. The static half lives in the dialect (epp/routing/dialects/llmkube/documents.py): a rule that
 matches a sensitive classification must be failClosed and list local backends only.
 """
 
@@ -27,7 +27,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 
-from epp.routing.llmkube_model import COMPLEXITY_HEADER, Features, normalize_label
+from epp.routing.dialects.llmkube.model import COMPLEXITY_HEADER, Features, normalize_label
 
 MAX_VALUES = 32  # a header with more values than this is read for its first 32 and the sensitive ones
 _WORDS = re.compile(r"[;\s|/=]+")

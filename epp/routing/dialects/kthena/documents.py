@@ -4,8 +4,8 @@
   `modelMatch` headers exact/prefix/regex, uri, body.model; an empty match matches everything); `targetModels` split
   by `weight` (0-100, default 100) across ModelServers and ExternalModelProviders; `rateLimit` is parsed fully
   (epp/ratelimit enforces it); `parentRefs` are accepted and shown.
-- ModelServer -> PoolBackend (kthena_backends.py).
-- ExternalModelProvider -> ProviderBackend (kthena_backends.py).
+- ModelServer -> PoolBackend (backends.py).
+- ExternalModelProvider -> ProviderBackend (backends.py).
 
 Validation follows the CRD schema and Kthena's admission webhook; an error names the document, the field and what
 was expected. Fields the schema has but Pointsman does not use are accepted (docs/coming-from-kthena.md says
@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
-from epp.routing.kthena_backends import parse_model_server, parse_provider
+from epp.routing.dialects.kthena.backends import parse_model_server, parse_provider
 from epp.routing.model import (
     POOL,
     PROVIDER,
@@ -34,7 +34,7 @@ from epp.routing.model import (
     Target,
     TargetKind,
 )
-from epp.routing.validate import Doc, join
+from epp.routing.validate import Doc, document_name, join
 
 GROUP = "networking.serving.volcano.sh"
 API_VERSION = f"{GROUP}/v1alpha1"
@@ -42,23 +42,6 @@ MODEL_ROUTE, MODEL_SERVER, PROVIDER_KIND = "ModelRoute", "ModelServer", "Externa
 KINDS = (MODEL_ROUTE, MODEL_SERVER, PROVIDER_KIND)
 
 Compiled = Route | PoolBackend | ProviderBackend
-
-
-def document_name(obj: Any, where: str) -> str:
-    """How errors name a document: `Kind namespace/name (where)`."""
-    kind = obj.get("kind", "document") if isinstance(obj, Mapping) else "document"
-    meta = obj.get("metadata") if isinstance(obj, Mapping) else None
-    meta = meta if isinstance(meta, Mapping) else {}
-    name = meta.get("name") or "<unnamed>"
-    return f"{kind} {meta.get('namespace') or 'default'}/{name} ({where})"
-
-
-def identity(obj: Mapping[str, Any]) -> tuple[str, str, str] | None:
-    """(kind, namespace, name) when the document says that much, else None."""
-    meta = obj.get("metadata")
-    if not isinstance(meta, Mapping) or not isinstance(meta.get("name"), str) or not meta.get("name"):
-        return None
-    return str(obj.get("kind") or ""), str(meta.get("namespace") or "default"), str(meta["name"])
 
 
 def _created(meta: Mapping[str, Any]) -> float | None:

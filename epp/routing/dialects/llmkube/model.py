@@ -1,5 +1,5 @@
 """LLMKube's ModelRouter (`inference.llmkube.dev/v1alpha1`) as compiled values: backends, rules, budgets and the
-router-wide policy. epp/routing/llmkube.py builds them from a document; epp/routing/llmkube_match.py decides with
+router-wide policy. epp/routing/dialects/llmkube/documents.py builds them from a document; epp/routing/dialects/llmkube/match.py decides with
 them. Everything here is immutable and does no I/O.
 
 A ModelRouter compiles to one `ModelRouterSpec` plus a `PoolBackend` per InferenceService it names and a

@@ -5,7 +5,7 @@ For one request (`Features`: model, classifications, complexity, headers):
 1. Rules in order; the first whose match holds (every declared condition, AND) and that has an eligible healthy
    backend wins. Eligible: the rule's backends that advertise every `requiredCapabilities` entry (the others are
    never tried, not even as fallbacks) and, for a request carrying a sensitive classification, only local-tier
-   ones (the classification guard, epp/routing/classification.py). Healthy: Health says so (a pool with an
+   ones (the classification guard, epp/routing/dialects/llmkube/classification.py). Healthy: Health says so (a pool with an
    endpoint that is not quarantined; an external backend that is not quarantined and has its credential).
    A rule with none: 503 when it is `failClosed` (it never falls through); otherwise the next rule is tried.
 2. The strategy, among the healthy eligible backends:
@@ -27,8 +27,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from epp.routing.classification import sensitive as sensitive_of
-from epp.routing.llmkube_model import (
+from epp.routing.dialects.llmkube.classification import sensitive as sensitive_of
+from epp.routing.dialects.llmkube.model import (
     PRIMARY_FALLBACK,
     SHADOW,
     WEIGHTED,

@@ -1,4 +1,4 @@
-"""Envoy config for LLMKube ModelRouters, added by `epp envoy-config --routes-file` (epp/envoy_config/providers.py):
+"""Envoy config for LLMKube ModelRouters (the dialect's `envoy` hook), added by `epp envoy-config --routes-file`:
 
 - shadow: clusters `pointsman-shadow-<i>` (i = 1 .. the most mirror targets of any shadow rule, at most 8), each an
   ORIGINAL_DST cluster that takes its host from the request header `x-pointsman-mirror-<i>` (the pod Pointsman
@@ -19,8 +19,9 @@ import copy
 from collections.abc import Sequence
 from typing import Any
 
-from epp.routing.llmkube_model import SHADOW, ModelRouterSpec
-from epp.routing.llmkube_router import MAX_MIRRORS, MIRRORS_HEADER, RESERVED_HEADERS, mirror_header
+from epp.routing.dialect import EnvoyFragments
+from epp.routing.dialects.llmkube.model import SHADOW, ModelRouterSpec
+from epp.routing.dialects.llmkube.runtime import MAX_MIRRORS, MIRRORS_HEADER, RESERVED_HEADERS, mirror_header
 
 _T = "@type"
 HTTP_OPTS = "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
@@ -94,3 +95,14 @@ def mirror_routes(base: Sequence[dict[str, Any]], n: int) -> list[dict[str, Any]
                 for i in range(1, count + 1)]
             out.append(m)
     return out
+
+
+def fragments(routers: Sequence[ModelRouterSpec]) -> EnvoyFragments:
+    """What the ModelRouters need of Envoy (the dialect's `envoy` hook, epp/routing/dialect.py)."""
+    mirrors = mirror_count(routers)
+    return EnvoyFragments(
+        clusters=[shadow_cluster(i) for i in range(1, mirrors + 1)],
+        max_retries=max_fallbacks(routers),
+        idle_timeout_s=idle_timeout(routers),
+        extra_routes=(lambda base: mirror_routes(base, mirrors)) if mirrors else None,
+    )

@@ -24,7 +24,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from epp.ratelimit.limits import Price, parse_usd
-from epp.routing.llmkube_model import (
+from epp.routing.dialects.llmkube.model import (
     DEFAULT_SERVICE_PORT,
     SERVICE_LABEL,
     Balancing,

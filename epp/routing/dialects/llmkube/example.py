@@ -29,7 +29,8 @@ def pools(ports: list[int], endpoint: Callable[[int], dict[str, Any]]) -> list[d
     return [{"name": svc, "endpoints": [endpoint(p) for p in ps]} for svc, ps in groups.items()]
 
 
-def router() -> str:
+def routes(ports: list[int], model: str) -> str:
+    """The ModelRouter (its backends are the endpoints file's two InferenceService pools: see `pools`)."""
     doc = {
         "apiVersion": "inference.llmkube.dev/v1alpha1", "kind": "ModelRouter",
         "metadata": {"name": NAME, "namespace": "default"},
@@ -79,3 +80,7 @@ Explain a decision (the rule, the backend, the endpoint, the budgets):
 Dashboard:           http://127.0.0.1:{metrics_port}/   (the config view shows the budgets' state)
 Pointsman metrics:   http://127.0.0.1:{metrics_port}/metrics   (pointsman_budget_utilization)
 """
+
+
+def describe() -> str:
+    return f"ModelRouter {NAME}: pii -> qwen, complex -> llama, budgets"

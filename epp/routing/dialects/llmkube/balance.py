@@ -19,7 +19,7 @@ import random
 import time
 from typing import Any
 
-from epp.routing.llmkube_model import Balancing
+from epp.routing.dialects.llmkube.model import Balancing
 
 SESSION_BUSY_MARGIN = 4
 WEIGHTS = {"least-work-scorer": 1, "byte-prefix-affinity-scorer": 2, "session-affinity-scorer": 4}

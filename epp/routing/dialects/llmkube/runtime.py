@@ -2,8 +2,8 @@
 
 `LLMKubeRouting` is the Router's ModelRouter part (epp/routing/router.py calls it when no route names the
 requested model and ModelRouters are loaded). Per ModelRouter it keeps a `RouterRuntime`: the quarantine tracker
-and first-byte latencies (epp/routing/quarantine.py) and one balancing scheduler per local backend
-(epp/routing/llmkube_balance.py). It is also a director watcher: every request it routed gets a `StreamWatch`
+and first-byte latencies (epp/routing/dialects/llmkube/quarantine.py) and one balancing scheduler per local backend
+(epp/routing/dialects/llmkube/balance.py). It is also a director watcher: every request it routed gets a `StreamWatch`
 that reports the response path (status, silence, first byte) to its router's tracker.
 
 Which ModelRouter: the one Envoy names in dynamic metadata `pointsman.router` ("namespace/name", a per-route
@@ -31,13 +31,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from epp.routing.classification import features
-from epp.routing.llmkube_balance import balancing_scheduler
-from epp.routing.llmkube_match import Plan, decide
-from epp.routing.llmkube_model import ModelRouterSpec, RouterBackend
+from epp.routing.decision import RouteDecision
+from epp.routing.dialects.llmkube.balance import balancing_scheduler
+from epp.routing.dialects.llmkube.classification import features
+from epp.routing.dialects.llmkube.match import Plan, decide
+from epp.routing.dialects.llmkube.model import ModelRouterSpec, RouterBackend
+from epp.routing.dialects.llmkube.quarantine import FailureTracker, LatencyWindow, StreamWatch
 from epp.routing.model import Match, Rule
-from epp.routing.quarantine import FailureTracker, LatencyWindow, StreamWatch
-from epp.routing.router import RouteDecision
 from scheduling.api import NO_LOAD, InflightLoad, SchedulingResult
 from scheduling.plugins.scorers.least_work import work
 from scheduling.types import Endpoint, ErrorCode, SchedulingError
@@ -148,6 +148,11 @@ class ModelRouterDecision(RouteDecision):
 
 
 class LLMKubeRouting:
+    """The dialect's runtime (epp/routing/dialect.py: DialectRuntime) for the Router."""
+
+    name = "llmkube"
+    reserved_headers = RESERVED_HEADERS
+
     def __init__(self, router: Router, *, gateway_headers: Sequence[str] = ("x-gateway-base-model-name",
                                                                              "x-ai-eg-model"),
                  clock: Callable[[], float] = time.monotonic) -> None:
@@ -155,6 +160,10 @@ class LLMKubeRouting:
         self.gateway_headers = tuple(h.lower() for h in gateway_headers if h)
         self.clock = clock
         self.runtimes: dict[str, RouterRuntime] = {}
+        self._order: tuple[str, ...] = ()  # the loaded routers' keys, oldest first
+
+    def active(self) -> bool:
+        return bool(self._order)
 
     # ---- configuration -------------------------------------------------------------------------------------
     def apply(self, routers: Sequence[ModelRouterSpec]) -> None:
@@ -173,6 +182,7 @@ class LLMKubeRouting:
             log.info("%d ModelRouters: a request goes to the one its Envoy route names in pointsman.router metadata, "
                      "else to the oldest (%s)", len(routers), routers[0].key)
         self.runtimes = runtimes
+        self._order = tuple(spec.key for spec in routers)
 
     def endpoint_removed(self, key: str) -> None:
         for rt in self.runtimes.values():
@@ -181,14 +191,13 @@ class LLMKubeRouting:
     def choose(self, metadata: Mapping[str, Mapping[str, object]]) -> RouterRuntime:
         ns, k = ROUTER_METADATA
         named = metadata.get(ns, {}).get(k)
-        routers = self.router.table.routers
         if isinstance(named, str) and named:
             rt = self.runtimes.get(named)
             if rt is None:
                 raise SchedulingError(ErrorCode.NOT_FOUND, f"no ModelRouter {named!r} (named by {ns}.{k} metadata)"
                                                            f"; loaded: {', '.join(self.runtimes) or 'none'}")
             return rt
-        return self.runtimes[routers[0].key]
+        return self.runtimes[self._order[0]]
 
     # ---- health ---------------------------------------------------------------------------------------------
     def pool_of(self, b: RouterBackend) -> str | None:
@@ -258,7 +267,7 @@ class LLMKubeRouting:
             d.pool, d.resolved_pool, d.scheduler = pb, self.pool_of(b), rt.schedulers.get(b.name)
             d.remove_headers.append(router.provider_header)
         else:
-            router._provider(d, headers, headers.get(":path", "/"))
+            router.provider_target(d, headers, headers.get(":path", "/"))
         d.set_headers.extend((h, b.published) for h in self.gateway_headers)
         self._timeout(d, plan, body)
         self._mirrors(d, rt, plan, now)

@@ -1,0 +1,81 @@
+"""The shell's layers, asserted from the imports (as the core's purity is asserted in tests/scheduling).
+
+Every module of `epp/` belongs to a unit: a package directly under `epp/` (or one of the few top-level modules).
+A unit may import (at module level or lazily inside a function) only units of a LOWER layer, or itself; imports under
+`if TYPE_CHECKING:` are typing-only and do not count. So no two units import each other, and data flows one way:
+stream -> protocol machine -> request stages -> scheduler -> mutations. docs/architecture.md draws the same picture.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+EPP = ROOT / "epp"
+
+# Top to bottom. A unit imports only units below its own layer.
+LAYERS: list[tuple[str, ...]] = [
+    ("cmd",),  # the entry points: `epp serve` and its components, `epp envoy-config`, `epp explain`
+    ("workers", "stack"),  # process supervision (--workers), the local dev stack
+    ("api", "extproc", "xds", "envoy_config"),  # servers and outputs: operator API, ext_proc glue, EDS, Envoy config
+    ("request",),  # the request lifecycle: resolve, admit, prepare, queue, schedule, commit
+    ("routing", "flowcontrol", "tokenize", "bus"),  # services the request path uses
+    ("ratelimit", "fleet"),  # fleet state (datastore, sources, scraping, KV events, health) and limits
+    ("protocol", "h2grpc"),  # the sans-IO ext_proc machine; the HTTP/2 gRPC transport
+    ("aio", "argtypes", "extras", "__init__"),  # helpers
+]
+RANK = {unit: i for i, layer in enumerate(LAYERS) for unit in layer}
+TOP_LEVEL_MODULES = {"aio", "argtypes", "extras", "__init__"}
+
+
+def unit_of(module: str) -> str | None:
+    parts = module.split(".")
+    if parts[0] != "epp":
+        return None
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def imports(path: Path) -> list[tuple[int, str]]:
+    tree = ast.parse(path.read_text(), str(path))
+    typing_only: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            typing_only.update(id(n) for n in ast.walk(node))
+    out = []
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
+        if isinstance(node, ast.Import):
+            out += [(node.lineno, a.name) for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            out.append((node.lineno, node.module))
+            out += [(node.lineno, f"{node.module}.{a.name}") for a in node.names if node.module == "epp"]
+    return out
+
+
+def test_every_unit_has_a_layer() -> None:
+    units = {p.name for p in EPP.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+    units |= {p.stem for p in EPP.glob("*.py")}
+    assert units <= set(RANK), f"give these a layer: {sorted(units - set(RANK))}"
+    assert {p.stem for p in EPP.glob("*.py")} <= TOP_LEVEL_MODULES, "at most four modules directly in epp/"
+
+
+def test_imports_only_go_down() -> None:
+    bad = []
+    for path in sorted(EPP.rglob("*.py")):
+        here = unit_of(".".join(path.relative_to(ROOT).with_suffix("").parts))
+        assert here is not None
+        for line, module in imports(path):
+            there = unit_of(module)
+            if there is None or there == here or there not in RANK:
+                continue
+            if RANK[there] <= RANK[here]:
+                bad.append(f"{path.relative_to(ROOT)}:{line} imports {module} ({here} -> {there})")
+    assert not bad, "imports that go up or sideways:\n" + "\n".join(bad)
+
+
+def test_the_core_imports_nothing_of_the_shell() -> None:
+    for path in (ROOT / "scheduling").rglob("*.py"):
+        for line, module in imports(path):
+            assert not module.startswith("epp"), f"{path}:{line} imports {module}"
