@@ -11,7 +11,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from epp.argtypes import parse_bool
-from epp.extproc.session import StreamConfig
 from epp.protocol import BodyMode
 
 TRANSPORTS = ("h2", "grpcio")
@@ -39,6 +38,15 @@ def add_stream_flags(g: argparse._ActionsContainer) -> None:
     g.add_argument("--max-body-bytes", type=int, default=64 * 1024 * 1024, help="413 above this (64 MiB)")
 
 
+@dataclass(slots=True, frozen=True)
+class StreamConfig:
+    """How each ext_proc stream is read (epp/extproc/session.py)."""
+
+    request_body_mode: BodyMode = BodyMode.FULL_DUPLEX_STREAMED
+    response_body_mode: BodyMode = BodyMode.FULL_DUPLEX_STREAMED
+    max_body_bytes: int = 64 * 1024 * 1024
+
+
 @dataclass(frozen=True)
 class ServerSettings:
     grpc_host: str = "0.0.0.0"
@@ -64,4 +72,4 @@ class ServerSettings:
                    stream=StreamConfig(ns.request_body_mode, ns.response_body_mode, ns.max_body_bytes))
 
 
-__all__ = ["TRANSPORTS", "ServerSettings", "add_flags", "add_stream_flags"]
+__all__ = ["TRANSPORTS", "ServerSettings", "StreamConfig", "add_flags", "add_stream_flags"]
