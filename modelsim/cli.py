@@ -131,6 +131,13 @@ async def serve(config: Any, ready_line: bool = True) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    from epp.extras import MissingExtra, check
+
+    try:
+        check("stack", "modelsim", ("msgpack", "zmq"))  # the simulated engines' KV events
+    except MissingExtra as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     try:
         config = config_from_args(args)
     except (ValueError, TypeError, OSError) as exc:

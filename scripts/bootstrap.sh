@@ -1,26 +1,39 @@
 #!/usr/bin/env bash
-# Create .venv (once) and install Pointsman with its test extras (EXTRAS=",bench" adds the benchmark peers). Re-runs are cheap: pip runs only when
-# pyproject.toml changed since the last install. With --test-deps (scripts/test.sh) it also installs the Debian
-# packages the tests need when they are missing (scripts/debian-packages.sh).
+# Create .venv (once) and install Pointsman with the extras a command needs (pyproject.toml; README.md has the table):
+#   bash scripts/bootstrap.sh              the test tools and every extra (dev,all); EXTRAS=",bench" adds the benchmark peers
+#   bash scripts/bootstrap.sh --test-deps  the same, plus the Debian packages the tests need when they are missing
+#                                          (scripts/debian-packages.sh): scripts/test.sh
+#   bash scripts/bootstrap.sh --stack      only what `epp stack` needs (the stack extra): scripts/stack.sh
+# Re-runs are cheap: pip runs only when pyproject.toml changed since the last install or an extra is asked for that
+# was not installed yet (.venv/.pointsman-installed lists the installed extras).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
+mode=${1:-}
+case "$mode" in
+  --stack) want="stack" ;;
+  ""|--test-deps) want="dev,all" ;;
+  *) echo "usage: $0 [--test-deps|--stack]" >&2; exit 2 ;;
+esac
+want="$want${EXTRAS:-}"
 if [ ! -x .venv/bin/python ]; then
   echo "==> creating .venv"
   "$PY" -m venv .venv
 fi
 stamp=.venv/.pointsman-installed
-if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
-  echo "==> installing Pointsman and its dependencies into .venv (first run takes a minute)"
-  if ! { .venv/bin/pip install -q --upgrade pip && .venv/bin/pip install -q -e ".[dev${EXTRAS:-}]"; } \
+have=$(cat "$stamp" 2>/dev/null || true)
+extras=$(printf '%s\n' "$have" "$want" | tr ',' '\n' | sed '/^$/d' | sort -u | paste -sd, -)
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ "$extras" != "$have" ]; then
+  echo "==> installing Pointsman [$extras] into .venv (first run takes a minute)"
+  if ! { .venv/bin/pip install -q --upgrade pip && .venv/bin/pip install -q -e ".[$extras]"; } \
       > .venv/pip.log 2>&1; then
     cat .venv/pip.log >&2
     echo "error: installing the dependencies failed (log above, also in .venv/pip.log)" >&2
     exit 1
   fi
-  touch "$stamp"
+  echo "$extras" > "$stamp"
 fi
-if [ "${1:-}" = "--test-deps" ]; then
+if [ "$mode" = "--test-deps" ]; then
   # the dashboard's browser tests; the shared rate-limit tests (a real redis-server)
   bash scripts/debian-packages.sh chromium chromium-driver redis-server
 fi

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from epp.bus.shell import bus_settings
 from tests.support.stack import serve_args
 
 
 def settings(*flags: str):
-    return bus_settings(serve_args("--endpoints-file", "x", *flags))
+    return serve_args("--endpoints-file", "x", *flags).replicas.bus
 
 
 def test_no_bus_for_one_process_without_peers():

@@ -15,13 +15,14 @@ SERVE = """
 import asyncio, sys
 from epp.cmd.cli import build_parser  # builds every subcommand's flags, the stack's included
 from epp.cmd.app import App
+from epp.cmd.settings import ServeSettings
 import epp.extproc.server, epp.request.director, epp.protocol, epp.xds
 
 async def main(eds):
     args = build_parser().parse_args(["serve", "--grpc-host", "127.0.0.1", "--grpc-port", "0",
                                       "--grpc-health-port", "0", "--metrics-port", "0",
                                       "--endpoints-file", sys.argv[1], "--eds", eds])
-    app = App(args)
+    app = App(ServeSettings.from_args(args))
     await app.start()
     assert (app.eds is not None) == (eds == "true")
     await app.stop(0)

@@ -10,7 +10,7 @@ import pytest
 from epp.cmd.cli import build_parser
 from epp.fleet.datastore import Datastore, PoolSpec
 from epp.request.director import DESTINATION, LB_NS, PREFILLER, SERVED, SUBSET, Director, DirectorConfig
-from epp.request.outputs import director_outputs
+from epp.request.settings import RequestSettings
 from scheduling.config import load_scheduler
 from scheduling.types import Endpoint, endpoint_key
 
@@ -19,7 +19,7 @@ FULL_SETS = [DESTINATION, "X-Gateway-Model-Name", "X-Gateway-Base-Model-Name", "
 
 
 def outputs(*flags: str) -> dict:
-    return director_outputs(build_parser().parse_args(["serve", *flags]))
+    return RequestSettings.from_args(build_parser().parse_args(["serve", *flags])).outputs.fields()
 
 
 def chat(content: str = "hi", model: str = "llama") -> bytes:

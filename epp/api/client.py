@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 import grpc
 from google.protobuf import json_format
 
+from epp.api.settings import EndpointsSettings, ExplainSettings
 from proto import pointsman_pb2 as api
 from proto import pointsman_pb2_grpc
 
@@ -26,21 +26,14 @@ def _read_body(spec: str | None) -> bytes:
     return spec.encode()
 
 
-def explain_command(args: argparse.Namespace) -> int:
-    headers = {}
-    for h in args.header:
-        name, sep, value = h.partition(":")
-        if not sep:
-            print(f"error: header {h!r} is not 'name: value'", file=sys.stderr)
-            return 2
-        headers[name.strip().lower()] = value.strip()
-    req = api.ExplainRequest(path=args.path, headers=headers, body=_read_body(args.body), pool=args.pool)
+def explain_command(s: ExplainSettings) -> int:
+    req = api.ExplainRequest(path=s.path, headers=s.headers, body=_read_body(s.body), pool=s.pool)
     try:
-        resp = _stub(args.addr).Explain(req, timeout=10)
+        resp = _stub(s.addr).Explain(req, timeout=10)
     except grpc.RpcError as err:
-        print(f"error: cannot reach Pointsman at {args.addr}: {err.code().name} {err.details()}", file=sys.stderr)
+        print(f"error: cannot reach Pointsman at {s.addr}: {err.code().name} {err.details()}", file=sys.stderr)
         return 1
-    if args.json:
+    if s.json:
         print(json_format.MessageToJson(resp, preserving_proto_field_name=True))
         return 0 if resp.status == 200 else 1
     print(format_explain(resp))
@@ -133,13 +126,13 @@ def format_route(r: api.RouteInfo) -> list[str]:
     return lines
 
 
-def endpoints_command(args: argparse.Namespace) -> int:
+def endpoints_command(s: EndpointsSettings) -> int:
     try:
-        resp = _stub(args.addr).ListEndpoints(api.ListEndpointsRequest(pool=args.pool), timeout=10)
+        resp = _stub(s.addr).ListEndpoints(api.ListEndpointsRequest(pool=s.pool), timeout=10)
     except grpc.RpcError as err:
-        print(f"error: cannot reach Pointsman at {args.addr}: {err.code().name} {err.details()}", file=sys.stderr)
+        print(f"error: cannot reach Pointsman at {s.addr}: {err.code().name} {err.details()}", file=sys.stderr)
         return 1
-    if args.json:
+    if s.json:
         print(json_format.MessageToJson(resp, preserving_proto_field_name=True))
         return 0
     print(f"{'pool':<12} {'endpoint':<22} {'role':<8} {'wait':>4} {'run':>4} {'kv':>5} {'infl':>4} "

@@ -188,6 +188,23 @@ class EppMetrics:
                               ["model_name", "decision_type"], registry=r)
         self.violations = Counter("pointsman_protocol_violations_total",
                                   "ext_proc streams ended by a protocol violation, by rule.", ["kind"], registry=r)
+        self._add_flow_metrics(r)
+        self.endpoint_failures = Counter("pointsman_endpoint_response_failures_total",
+                                         "Failed responses by endpoint and kind (passive health).",
+                                         ["endpoint", "reason"], registry=r)
+        self.endpoint_ejections = Counter("pointsman_endpoint_ejections_total",
+                                          "Times an endpoint was taken out of rotation.", ["endpoint", "source"],
+                                          registry=r)
+        self._health_collector: _HealthCollector | None = None
+        self._flow_queued: dict[tuple[str, ...], int] = {}
+        self._fairness_ids: set[str] = set()
+        self._pool_collector: _PoolCollector | None = None
+        self._children: dict[tuple[int, tuple[str, ...]], MetricWrapperBase] = {}
+        if datastore is not None:
+            self.bind_datastore(datastore)
+
+    def _add_flow_metrics(self, r: CollectorRegistry) -> None:
+        """Flow control's series (GIE's names)."""
         flow_labels = ["fairness_id", "priority", "inference_pool", *REQ_LABELS]
         self.flow_duration = Histogram(
             "inference_extension_flow_control_request_queue_duration_seconds",
@@ -207,19 +224,6 @@ class EppMetrics:
         self.flow_saturation_gauge = Gauge("inference_extension_flow_control_pool_saturation",
                                            "Saturation of the inference pool as flow control sees it (1 = full).",
                                            ["inference_pool"], registry=r)
-        self.endpoint_failures = Counter("pointsman_endpoint_response_failures_total",
-                                         "Failed responses by endpoint and kind (passive health).",
-                                         ["endpoint", "reason"], registry=r)
-        self.endpoint_ejections = Counter("pointsman_endpoint_ejections_total",
-                                          "Times an endpoint was taken out of rotation.", ["endpoint", "source"],
-                                          registry=r)
-        self._health_collector: _HealthCollector | None = None
-        self._flow_queued: dict[tuple[str, ...], int] = {}
-        self._fairness_ids: set[str] = set()
-        self._pool_collector: _PoolCollector | None = None
-        self._children: dict[tuple[int, tuple[str, ...]], MetricWrapperBase] = {}
-        if datastore is not None:
-            self.bind_datastore(datastore)
 
     def _child(self, metric: MetricWrapperBase, *labels: str) -> Any:
         """`metric.labels(*labels)`, cached: prometheus_client validates and locks on every labels() call,

@@ -1,6 +1,6 @@
 """The replica bus: several Pointsman processes share in-flight load, plugin state and records (epp/bus/bus.py).
 
-Imports are lazy, so the CLI can read epp.bus.flags without loading ZMQ.
+Imports are lazy, so the CLI can read epp.bus.settings without loading ZMQ (the 'replicas' extra).
 """
 
 from __future__ import annotations

@@ -38,7 +38,8 @@ from typing import Any, cast
 import zmq
 
 from epp.aio import wait_set
-from epp.bus.codec import BusMessage, BusMessageError, decode, encode
+from epp.bus import receive
+from epp.bus.codec import BusMessage, encode
 from epp.fleet.datastore import InflightTracker
 from scheduling.api import InflightLoad
 
@@ -52,7 +53,6 @@ StateSink = Callable[[str, "dict[str, float] | None"], None]  # (peer, values, o
 
 
 MAX_RECORDS_PER_MESSAGE = 512  # records are sent in chunks of this many (a message stays far below the size cap)
-MAX_DRAIN = 256  # messages handled per turn of the event loop; the rest in the next turn
 
 
 @dataclass(slots=True)
@@ -281,76 +281,12 @@ class ReplicaBus:
                 st.expires = 0.0
                 self._expire(peer)
 
-    # ---- receiving ---------------------------------------------------------------------------------------
-    def _drain(self) -> None:
-        """Handle every message queued on the SUB socket (at most MAX_DRAIN now, the rest in the next turn)."""
-        sub = self._sub
-        if sub is None:
-            return
-        for _ in range(MAX_DRAIN):
-            try:
-                frames = sub.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            except zmq.ZMQError:
-                return  # closing
-            self._receive(frames)
-        if self._loop is not None:
-            self._loop.call_soon(self._drain)
-
-    def _receive(self, frames: list[bytes]) -> None:
-        try:
-            self.accept(frames)
-        except BusMessageError as err:
-            self.dropped[err.reason] += 1
-            log.debug("replica bus dropped a message: %s", err)
-        except Exception:  # a bug in a sink must not stop the bus
-            self.dropped["error"] += 1
-            log.exception("replica bus failed to apply a message")
-
-    def accept(self, frames: list[bytes]) -> BusMessage:
-        """Validate one received message and apply it (public for tests of hostile input)."""
-        msg = decode(frames, self.secret)
-        peer = msg.sender
-        st = self._peers.get(peer)
-        if peer not in self._wanted or st is None:
-            raise BusMessageError("unknown-peer", f"sender {peer!r} is not a peer")
-        if msg.incarnation != st.incarnation:
-            if st.incarnation != -1:
-                log.info("replica bus peer %s restarted; dropping what it had shared", peer)
-                self._expire(peer)
-            else:
-                log.info("replica bus peer %s joined", peer)
-            st.incarnation, st.seq = msg.incarnation, -1
-            if self._snapshots and not self._replay_at:  # a newcomer: replay recent records once it listens
-                self._replay_at = self.clock() + self.heartbeat
-        if msg.seq <= st.seq:
-            raise BusMessageError("stale", f"sequence {msg.seq} after {st.seq} from {peer}")
-        st.seq = msg.seq
-        self.received[msg.kind] += 1
-        if msg.kind == "load":
-            self._apply_load(peer, st, msg.body)
-        else:
-            channel = self._channels.get(msg.body["name"])
-            if channel is None:
-                raise BusMessageError("unknown-channel", f"no channel {msg.body['name']!r}")
-            channel[1](peer, msg.body["items"])
-        return msg
-
-    def _apply_load(self, peer: str, st: _Peer, body: Mapping[str, Any]) -> None:
-        st.expires = self.clock() + float(body["ttl"])
-        self.inflight.set_remote(peer, {k: InflightLoad(v[0], v[1]) for k, v in self._known(body["inflight"])})
-        state = body.get("state", {})
-        for name, (_, sink) in list(self._states.items()):
-            sink(peer, {k: float(v) for k, v in self._known(state.get(name, {}))})
-
-    def _known(self, entries: Mapping[str, Any]) -> list[tuple[str, Any]]:
-        known = self.known
-        if known is None:
-            return list(entries.items())
-        out = [(k, v) for k, v in entries.items() if known(k)]
-        self.ignored += len(entries) - len(out)
-        return out
+    # ---- receiving (epp/bus/receive.py: plain functions bound as methods) --------------------------------
+    _drain = receive.drain
+    _receive = receive.receive
+    accept = receive.accept
+    _apply_load = receive.apply_load
+    _known = receive.known_entries
 
 
 def _zmq_url(address: str, *, bind_all: bool = False) -> str:

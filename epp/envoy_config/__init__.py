@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from epp.envoy_config.spec import VARIANTS, EnvoyConfigSpec
+from epp.extras import require
 
 if TYPE_CHECKING:
     from envoy_data_plane.envoy.config.bootstrap.v3 import Bootstrap
@@ -40,6 +41,7 @@ _EXPLICIT_FALSE = ("failure_mode_allow", "allow_mode_override")
 
 def build_bootstrap(spec: EnvoyConfigSpec) -> Bootstrap:
     spec.check()
+    require("envoy-config", "envoy_data_plane", "rendering an Envoy config")
     with warnings.catch_warnings():  # the generated classes trip pydantic deprecation warnings at import
         warnings.simplefilter("ignore", DeprecationWarning)
         from envoy_data_plane.envoy.config.bootstrap.v3 import Admin, Bootstrap, BootstrapStaticResources

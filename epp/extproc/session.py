@@ -29,12 +29,12 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
-from epp.protocol import BodyMode, Exchange, Outcome, Phase, RequestMachine, immediate
+from epp.extproc.settings import StreamConfig as StreamConfig  # defined with the settings (cheap for the CLI)
+from epp.protocol import Exchange, Outcome, Phase, RequestMachine, immediate
 
 if TYPE_CHECKING:
     from epp.request.director import Director
@@ -42,13 +42,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("epp.extproc")
 
 Replies = list[pb.ProcessingResponse]
-
-
-@dataclass(slots=True, frozen=True)
-class StreamConfig:
-    request_body_mode: BodyMode = BodyMode.FULL_DUPLEX_STREAMED
-    response_body_mode: BodyMode = BodyMode.FULL_DUPLEX_STREAMED
-    max_body_bytes: int = 64 * 1024 * 1024
 
 
 class ProtocolMetrics(Protocol):

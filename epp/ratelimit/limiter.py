@@ -9,18 +9,16 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
+from epp.ratelimit import report, settling
 from epp.ratelimit.admission import (
     ADMITTED,
     Admission,
-    BudgetState,
     Charged,
-    LimitState,
     RedisDownPolicy,
     Ticket,
-    utilization,
 )
 from epp.ratelimit.headers import LimitStatus
-from epp.ratelimit.limits import Kind, Limit, Metric, Price, scope_key, scope_label, tokens
+from epp.ratelimit.limits import Limit, Price, scope_key, scope_label, tokens
 from epp.ratelimit.link import MetricsSink, NullRateLimitMetrics, RedisLink
 from epp.ratelimit.state import LocalStore, Mode, Op, OpResult, StoreFull, StoreUnavailable
 
@@ -255,48 +253,9 @@ class Limiter:
         return Op(op.key, lim, _need(lim, op.known), op.charge, op.slot, op.label, op.known)
 
     # ---- settling -------------------------------------------------------------------------------------------
-    def settle(self, ticket: Ticket | None, *, input_tokens: object = None, output_tokens: object = None,
-               price: Price | None = None) -> None:
-        """Replace the admission's estimates with what the response's usage reported, exactly once.
-
-        None keeps the estimate (a response without usage, or lean response phases: the output estimate stays
-        charged). `price` re-prices USD limits (the backend that served). Shared limits are updated in the
-        background (`flush`), so this never waits.
-        """
-        if ticket is None or ticket.closed:
-            return
-        ticket.closed = True
-        inp = ticket.input_tokens if input_tokens is None else tokens(input_tokens)
-        out = ticket.output_estimate if output_tokens is None else tokens(output_tokens)
-        p = price if price is not None else ticket.price
-        self._apply([(e, e.op.limit.metric.amount(inp, out, p) - e.op.charge) for e in ticket.entries])
-
-    def refund(self, ticket: Ticket | None) -> None:
-        """Undo an admission whose request never reached an engine (exactly once; settle after it does nothing)."""
-        if ticket is None or ticket.closed:
-            return
-        ticket.closed = True
-        self._apply([(e, -e.op.charge) for e in ticket.entries])
-
-    def _apply(self, deltas: list[tuple[Charged, float]]) -> None:
-        local: list[Op] = []
-        fallback: list[Op] = []
-        for e, delta in deltas:
-            if not delta:
-                continue
-            op = Op(e.op.key, e.op.limit, 0.0, delta, e.slot if delta < 0 else -1, e.op.label)
-            if e.store == "local":
-                local.append(op)
-            elif e.store == "fallback":
-                fallback.append(op)
-            elif e.store == "redis" and self.link is not None:
-                self.link.queue(op)
-        for store, ops in ((self.local, local), (self.fallback, fallback)):
-            if ops:
-                before = store.dropped
-                store.run(ops, Mode.CHARGE, self.clock())
-                if store.dropped > before:
-                    self.metrics.lost(store.dropped - before)
+    # (epp/ratelimit/settling.py: plain functions bound as methods)
+    settle = settling.settle
+    refund = settling.refund
 
     async def flush(self) -> None:
         """Send pending settle/refund charges to Redis now (tests, shutdown)."""
@@ -323,48 +282,9 @@ class Limiter:
         if self.link is not None:
             await self.link.refresh()
 
-    def snapshot(self) -> list[LimitState]:
-        """Every stored state: local limits, shared limits as last answered by Redis, the fallback's; plus one
-        zero row for each configured limit without any state."""
-        now = self.clock()
-        rows: list[LimitState] = []
-        seen: set[str] = set()
-
-        def add(lim: Limit, label: str, remaining: float, reset: float, source: str, age: float = 0.0) -> None:
-            seen.add(lim.id)
-            used = lim.amount - remaining
-            rows.append(LimitState(lim.name, lim.kind.value, lim.metric.value, lim.algorithm.value, label,
-                                   lim.shared, lim.amount, lim.period_s, remaining, used,
-                                   utilization(used, lim.amount), reset, source, age))
-
-        for lim, label, remaining, reset in self.local.states(now):
-            add(lim, label, remaining, reset, "local")
-        if self.link is not None:
-            for lim, label, remaining, reset, age in self.link.rows(now):
-                add(lim, label, remaining, reset, "redis", age)
-        for lim, label, remaining, reset in self.fallback.states(now):
-            add(lim, label, remaining, reset, "fallback")
-        for lim in self._registered.values():
-            if lim.id not in seen:
-                add(lim, "", lim.amount, 0.0, "local")
-        return rows
-
-    def budgets(self) -> list[BudgetState]:
-        """Budget usage per (budget, scope), as LLMKube's `status.budgetUtilization` reports it."""
-        groups: dict[tuple[str, str], dict[Metric, LimitState]] = {}
-        for row in self.snapshot():
-            if row.kind != Kind.BUDGET.value:
-                continue
-            groups.setdefault((row.name, row.scope), {})[Metric(row.metric)] = row
-        out: list[BudgetState] = []
-        for (name, scope), by_metric in sorted(groups.items()):
-            tok = by_metric.get(Metric.TOTAL_TOKENS)
-            usd = by_metric.get(Metric.USD)
-            util = max((r.utilization for r in by_metric.values()), default=0.0)
-            out.append(BudgetState(name, scope, int(max(0.0, tok.used)) if tok else 0,
-                                   max(0.0, usd.used) if usd else 0.0, tok.amount if tok else None,
-                                   usd.amount if usd else None, util))
-        return out
+    # (epp/ratelimit/report.py: plain functions bound as methods)
+    snapshot = report.snapshot
+    budgets = report.budgets
 
     async def close(self) -> None:
         """Flush what is pending (bounded by the Redis timeout) and close the Redis connections."""

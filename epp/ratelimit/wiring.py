@@ -1,4 +1,4 @@
-"""`epp serve`'s rate limiting: the limiter, its Redis (if any), metrics, and the director's gate.
+"""`epp serve`'s rate limiting: the limiter, its Redis (if any), metrics, the director's gate and the budgets.
 
 Redis for shared (`global`) limits is `--redis-url`, else the first address a loaded route names (one Redis per
 process, as Kthena's router has). Without one, shared limits are enforced in each replica at their full amount.
@@ -6,29 +6,22 @@ process, as Kthena's router has). Without one, shared limits are enforced in eac
 
 from __future__ import annotations
 
-import argparse
+import asyncio
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client import CollectorRegistry
 
+from epp.aio import cancel_and_wait
+from epp.extras import require
+from epp.ratelimit.budgets import BudgetGate
 from epp.ratelimit.gate import RateLimitGate
 from epp.ratelimit.limiter import Limiter
 from epp.ratelimit.metrics import RateLimitMetrics
+from epp.ratelimit.settings import RateLimitSettings
 
 log = logging.getLogger(__name__)
-
-
-def add_flags(p: argparse.ArgumentParser, duration: Any) -> None:
-    g = p.add_argument_group("token rate limits and budgets (docs/rate-limits.md)")
-    g.add_argument("--redis-url", default=None, help="Redis for shared limits (host:port or redis://...)")
-    g.add_argument("--ratelimit-redis-timeout", type=duration, default=0.03,
-                   help="the longest an admission waits for Redis (30ms)")
-    g.add_argument("--ratelimit-redis-down", choices=("local", "fail-open"), default="local",
-                   help="while Redis is down: enforce amount / replicas locally, or admit")
-    g.add_argument("--ratelimit-replicas", type=int, default=1, help="replicas that share a limit (1)")
-    g.add_argument("--ratelimit-default-output-tokens", type=int, default=0,
-                   help="output estimate for requests that state no max_tokens (0)")
 
 
 def route_redis(table: Any) -> str | None:
@@ -40,36 +33,47 @@ def route_redis(table: Any) -> str | None:
     return None
 
 
-async def build_gate(args: argparse.Namespace, registry: CollectorRegistry, table: Any = None) -> RateLimitGate:
-    """The limiter and its gate; with a Redis, probed once (a Redis that is down only degrades to the policy)."""
-    url = args.redis_url or route_redis(table)
+async def build_gate(settings: RateLimitSettings, registry: CollectorRegistry, table: Any = None) -> RateLimitGate:
+    """The limiter and its gate; with a Redis, probed once (a Redis that is down only degrades to the policy).
+    A Redis without the 'redis' extra installed is a MissingExtra (epp/extras.py)."""
+    url = settings.redis_url or route_redis(table)
     store = None
     if url:
+        require("redis", "redis", "shared rate limits in Redis" if settings.redis_url is None else "--redis-url")
         from epp.ratelimit.redis_store import RedisStore
 
-        store = RedisStore(url, timeout_s=args.ratelimit_redis_timeout)
+        store = RedisStore(url, timeout_s=settings.redis_timeout)
     metrics = RateLimitMetrics(registry)
-    limiter = Limiter(redis=store, redis_down=args.ratelimit_redis_down, replicas=max(1, args.ratelimit_replicas),
-                      metrics=metrics)
+    limiter = Limiter(redis=store, redis_down=settings.redis_down, replicas=settings.replicas, metrics=metrics)
     metrics.bind(limiter)  # utilization gauges (pointsman_ratelimit_utilization, pointsman_budget_utilization)
     if store is not None:
         ok = await limiter.probe(timeout_s=2.0)
         log.info("rate limits: shared limits in Redis %s%s", store.address, "" if ok else " (not reachable yet)")
-    return RateLimitGate(limiter, default_output_tokens=max(0, args.ratelimit_default_output_tokens))
+    return RateLimitGate(limiter, default_output_tokens=settings.default_output_tokens)
 
 
-def build_budgets(gate: RateLimitGate, routing: Any, cleanups: list[Any]) -> Any:
-    """LLMKube's budgets on the same limiter: kept in step with the loaded ModelRouters; with a Redis, the shared
-    states are re-read every 2 s for the metrics page."""
-    import asyncio
+@dataclass
+class RateLimits:
+    """Rate limiting as `epp serve` runs it: the routes' token rate limits (the gate) and LLMKube's budgets, on one
+    limiter; `close()` stops the budgets' refresh and the limiter."""
 
-    from epp.aio import cancel_and_wait
-    from epp.ratelimit.budgets import BudgetGate
+    gate: RateLimitGate
+    budgets: BudgetGate
+    refresh: asyncio.Task[None] | None = None  # with a Redis: the shared budget states, re-read for the metrics
 
+    async def close(self) -> None:
+        if self.refresh is not None:
+            await cancel_and_wait(self.refresh)
+        await self.gate.limiter.close()
+
+
+async def start_rate_limits(settings: RateLimitSettings, registry: CollectorRegistry, routing: Any) -> RateLimits:
+    """The gate over the routing service's table, and the budgets kept in step with the loaded ModelRouters."""
+    gate = await build_gate(settings, registry, routing.router.table)
     budgets = BudgetGate(gate)
     budgets.sync(routing.router.table.objects("llmkube"))  # the ModelRouters' budgets
     routing.on_table.append(lambda table: budgets.sync(table.objects("llmkube")))
+    refresh = None
     if gate.limiter.redis is not None:
-        task = asyncio.get_running_loop().create_task(budgets.refresh_loop(), name="budget-refresh")
-        cleanups.append(lambda: cancel_and_wait(task))
-    return budgets
+        refresh = asyncio.get_running_loop().create_task(budgets.refresh_loop(), name="budget-refresh")
+    return RateLimits(gate, budgets, refresh)

@@ -35,9 +35,10 @@ from typing import TYPE_CHECKING, Any
 from epp.fleet.datastore import InflightTicket
 from epp.flowcontrol.controller import DROPPED_REASON, FAIRNESS_HEADER
 from epp.protocol import Outcome
+from epp.request import respond
 from epp.request.admit import Hold
 from epp.request.commit import mutations, mutations_for_provider, schedule
-from epp.request.director import CONFORMANCE_RESP, LB_NS, SERVED, Director, ShellContext, error_outcome
+from epp.request.director import Director, ShellContext
 from epp.request.observe import Follow
 from epp.request.resolve import Metadata, find_candidates, resolve
 from epp.request.usage import UsageScanner
@@ -292,116 +293,16 @@ class RequestExchange:
                      route)
         return mutations(d, ctx, result, parsed)
 
-    # ---- reporting -----------------------------------------------------------------------------------------------
-    def _decided(self) -> None:
-        follows = self._follows
-        follows.extend(self._holds)
-        for observer in self.d.observers:
-            try:
-                f = observer.decided(self)
-            except Exception:
-                log.exception("a request observer failed")
-                continue
-            if f is not None:
-                follows.append(f)
-
-    def _rejected(self, code: str) -> None:
-        for observer in self.d.observers:
-            try:
-                observer.rejected(self, code)
-            except Exception:
-                log.exception("a request observer failed")
-
-    def _refuse(self, err: SchedulingError) -> Outcome:
-        """The request never reaches an engine: give back what the admitters took, report it, answer the error."""
-        self._undo_holds()
-        self._rejected(err.code.value)
-        return error_outcome(err)
-
-    def _fail(self, exc: BaseException) -> Outcome:
-        self._undo_holds()
-        log.exception("scheduling failed", exc_info=exc)
-        self.request = None  # reported without a model: the failure may lie in what resolved it
-        self._rejected(ErrorCode.INTERNAL.value)
-        return error_outcome(SchedulingError(ErrorCode.INTERNAL, f"scheduling failed: {exc}"))
-
-    def _undo_holds(self) -> None:
-        holds, self._holds = self._holds, []
-        for hold in holds:
-            try:
-                hold.undo()
-            except Exception:
-                log.exception("undoing an admission hold failed")
-
-    # ---- the response --------------------------------------------------------------------------------------------
-    def response_headers(self, headers: Mapping[str, str], metadata: Metadata) -> list[tuple[str, str]]:
-        self.scanner = UsageScanner(headers.get("content-type", ""))
-        served = metadata.get(LB_NS, {}).get(SERVED)
-        if isinstance(served, str):
-            self.served = served
-        if self._follows:
-            raw = headers.get(":status", "")
-            status = int(raw) if raw.isdigit() else 0
-            for f in self._follows:
-                _safely(f.response_headers, self, status, self.served)
-        out: list[tuple[str, str]] = []
-        result = self.result
-        if result is not None and result.response_headers:
-            out.extend(result.response_headers.items())  # e.g. a session token set by a stateful plugin
-        if self.d.config.conformance:
-            served = self.served or (result.primary.key if result else "")
-            if served:
-                out.append((CONFORMANCE_RESP, served))
-        return out
-
-    def response_body(self, chunk: bytes, end_of_stream: bool) -> bytes:
-        if self.scanner is None:
-            self.scanner = UsageScanner()
-        self.scanner.feed(chunk, end_of_stream)
-        if self._follows:
-            size = len(chunk)
-            for f in self._follows:
-                _safely(f.response_chunk, self, size, end_of_stream)
-        if self._rewrite_from is not None and self._rewrite_to is not None:
-            chunk = chunk.replace(self._rewrite_from, self._rewrite_to).replace(
-                self._rewrite_from.replace(b":", b": ", 1), self._rewrite_to.replace(b":", b": ", 1)
-            )
-        return chunk
-
-    def response_end(self) -> None:
-        """The response ended without an end-of-stream body message (trailers, or no body messages at all)."""
-        for f in self._follows:
-            _safely(f.response_chunk, self, 0, True)
-
-    def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        ctx = self.ctx
-        if ctx is None:
-            return
-        d = self.d
-        live = self._ticket is not None and d.datastore.inflight.remove(self._ticket)
-        if d.flow is not None:
-            d.flow.kick()  # capacity freed: queued requests may go
-        ctx.now = d.clock()  # plugins see the time the request ended
-        try:
-            # An endpoint that left while the request ran was already forgotten by every plugin: telling them how
-            # the request ended would only bring its state back.
-            if live and self.scheduler is not None and self.result is not None:
-                self.scheduler.response_complete(ctx, self.result)
-        except Exception:
-            log.exception("response_complete hook failed")
-        usage = self.scanner.usage if self.scanner else None
-        for f in self._follows:  # e.g. settle a rate-limit charge with the usage the response reported
-            _safely(f.closed, self, usage)
-
-
-def _safely(fn: Callable[..., None], *args: Any) -> None:
-    try:
-        fn(*args)
-    except Exception:
-        log.exception("a request follow failed")
+    # ---- reporting and the response (epp/request/respond.py; plain functions bound as methods) ---------------------
+    _decided = respond.decided
+    _rejected = respond.rejected
+    _refuse = respond.refuse
+    _fail = respond.fail
+    _undo_holds = respond.undo_holds
+    response_headers = respond.response_headers
+    response_body = respond.response_body
+    response_end = respond.response_end
+    close = respond.close
 
 
 STAGES: tuple[Callable[..., Step | Awaitable[Step]], ...] = (

@@ -28,7 +28,11 @@ that header. `x-request-id` is set only when the request has none: Envoy always 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+from dataclasses import dataclass
 from typing import Any
+
+from epp.argtypes import parse_bool
 
 DATA_PLANES: dict[str, dict[str, bool]] = {
     "full": {"destination_header": True, "destination_metadata": True, "clear_route_cache": True,
@@ -42,7 +46,7 @@ MODEL_HEADERS = {"model_header": "X-Gateway-Model-Name", "base_model_header": "X
                  "ai_gateway_model_header": "x-ai-eg-model"}
 
 
-def add_flags(g: argparse._ArgumentGroup, parse_bool: Any) -> None:
+def add_flags(g: argparse._ActionsContainer) -> None:
     g.add_argument("--data-plane", choices=tuple(DATA_PLANES), default="full",
                    help="which routing outputs to send: full (default: header, envoy.lb metadata, model headers, "
                         "clear_route_cache), or only what that generated Envoy variant reads (epp/request/outputs.py)")
@@ -59,18 +63,33 @@ def add_flags(g: argparse._ArgumentGroup, parse_bool: Any) -> None:
                    help="x-ai-eg-model unless --data-plane drops it; '' disables")
 
 
-def director_outputs(args: argparse.Namespace) -> dict[str, Any]:
-    """DirectorConfig fields for the flags; ValueError for a combination that cannot route."""
-    profile = DATA_PLANES[getattr(args, "data_plane", None) or "full"]
-    out: dict[str, Any] = {"remove_absent": profile["remove_absent"]}
-    for key in ("destination_header", "destination_metadata", "clear_route_cache"):
-        value = getattr(args, key, None)
-        out[key] = profile[key] if value is None else value
-    for key, default in MODEL_HEADERS.items():
-        value = getattr(args, key, None)
-        out[key] = (value if value is not None else default if profile["model_headers"] else "") or None
-    if not (out["destination_header"] or out["destination_metadata"]):
-        raise ValueError("--destination-header and --destination-metadata are both off: nothing would route")
-    if getattr(args, "fallbacks", 0) and not out["destination_metadata"]:
-        raise ValueError("--fallbacks lists retry endpoints in envoy.lb metadata: it needs --destination-metadata")
-    return out
+@dataclass(frozen=True)
+class OutputSettings:
+    """What the replies carry: the DirectorConfig fields of `--data-plane` and the per-output flags."""
+
+    destination_header: bool = True
+    destination_metadata: bool = True
+    clear_route_cache: bool = True
+    remove_absent: bool = True
+    model_header: str | None = MODEL_HEADERS["model_header"]  # None: not set
+    base_model_header: str | None = MODEL_HEADERS["base_model_header"]
+    ai_gateway_model_header: str | None = MODEL_HEADERS["ai_gateway_model_header"]
+
+    @classmethod
+    def from_args(cls, ns: argparse.Namespace) -> OutputSettings:
+        """The profile with the per-output flags over it; ValueError for a combination that cannot route."""
+        profile = DATA_PLANES[ns.data_plane or "full"]
+        out: dict[str, Any] = {"remove_absent": profile["remove_absent"]}
+        for key in ("destination_header", "destination_metadata", "clear_route_cache"):
+            value = getattr(ns, key)
+            out[key] = profile[key] if value is None else value
+        for key, default in MODEL_HEADERS.items():
+            value = getattr(ns, key)
+            out[key] = (value if value is not None else default if profile["model_headers"] else "") or None
+        if not (out["destination_header"] or out["destination_metadata"]):
+            raise ValueError("--destination-header and --destination-metadata are both off: nothing would route")
+        return cls(**out)
+
+    def fields(self) -> dict[str, Any]:
+        """As DirectorConfig keyword arguments."""
+        return dataclasses.asdict(self)

@@ -8,8 +8,13 @@ on Linux `die_with_parent` asks the kernel to send them SIGTERM when their paren
 from __future__ import annotations
 
 import ctypes
+import os
 import signal
+import subprocess
 import sys
+import threading
+from pathlib import Path
+from typing import IO
 
 _PR_SET_PDEATHSIG = 1
 
@@ -20,3 +25,59 @@ def die_with_parent() -> None:
         return
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+
+
+class Children:
+    """The stack's processes, each in a session of its own with its output in `<dir>/<name>.log`; a captured one's
+    output is also scanned for Pointsman's decision lines (the live view shows them)."""
+
+    def __init__(self, directory: Path) -> None:
+        self.dir = directory
+        self.procs: list[tuple[str, subprocess.Popen[bytes]]] = []
+        self.decisions: list[str] = []
+        self._lock = threading.Lock()
+
+    def spawn(self, name: str, cmd: list[str], capture: bool = False) -> subprocess.Popen[bytes]:
+        log = open(self.dir / f"{name}.log", "wb")  # noqa: SIM115 - lives as long as the process
+        proc = subprocess.Popen(cmd, stdout=log if not capture else subprocess.PIPE, stderr=subprocess.STDOUT,
+                                start_new_session=True, preexec_fn=die_with_parent)
+        self.procs.append((name, proc))
+        if capture:
+            threading.Thread(target=self._tail, args=(proc, log), daemon=True).start()
+        return proc
+
+    def _tail(self, proc: subprocess.Popen[bytes], log: IO[bytes]) -> None:
+        assert proc.stdout is not None
+        for raw in proc.stdout:
+            log.write(raw)
+            log.flush()
+            line = raw.decode(errors="replace").rstrip()
+            if " decision " in line:
+                with self._lock:
+                    self.decisions.append(line.split(" decision ", 1)[1])
+
+    def recent_decisions(self, n: int = 8) -> list[str]:
+        """The last `n` decision lines since the previous call."""
+        with self._lock:
+            recent, self.decisions = self.decisions[-n:], []
+        return recent
+
+    def check(self) -> None:
+        """RuntimeError naming a process that exited (and its log)."""
+        for name, proc in self.procs:
+            if proc.poll() is not None:
+                raise RuntimeError(f"{name} exited with code {proc.returncode}; see {self.dir}/{name}.log")
+
+    def stop(self) -> None:
+        """SIGTERM to each session, the last started first; then wait (10 s each) and kill what is left."""
+        for _name, proc in reversed(self.procs):
+            if proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+        for _name, proc in self.procs:
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()

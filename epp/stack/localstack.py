@@ -12,58 +12,29 @@ Envoy follows within a second, with no restart.
 
 from __future__ import annotations
 
-import argparse
-import os
 import queue
 import signal
 import socket
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import grpc
 import yaml
 
-from epp.argtypes import parse_bool as _bool
 from epp.routing.dialect import StackExample
-from epp.routing.dialects import BY_NAME, DIALECTS
-from epp.stack.children import die_with_parent
+from epp.routing.dialects import BY_NAME
+from epp.stack.children import Children
+from epp.stack.keys import Keys
 from epp.stack.ports import free_port, wait_port
+from epp.stack.settings import StackSettings
 from proto import pointsman_pb2 as api
 from proto import pointsman_pb2_grpc
 
 MODEL = "meta-llama/Llama-3.1-8B"
 ADAPTER = "sql-lora"
-
-
-def add_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--servers", type=int, default=4, help="simulated vLLM servers (4)")
-    p.add_argument("--sim-base-port", type=int, default=8100,
-                   help="server i listens on this + i (8100); 0: the OS picks a free port for each server")
-    p.add_argument("--listen-port", type=int, default=8081, help="where clients send requests (8081)")
-    p.add_argument("--grpc-port", type=int, default=9002)
-    p.add_argument("--grpc-health-port", type=int, default=9003)
-    p.add_argument("--metrics-port", type=int, default=9090)
-    p.add_argument("--admin-port", type=int, default=9901)
-    p.add_argument("--time-scale", type=float, default=1.0, help="modelsim time scale (1.0 = real time)")
-    p.add_argument("--variant", choices=("original-dst", "override-host"), default="override-host",
-                   help="override-host (default): pool cluster fed live by Pointsman's EDS; original-dst: no list")
-    p.add_argument("--config-file", default=None,
-                   help="scheduling config for Pointsman (default: deploy/profiles/estimated-latency-precise.yaml "
-                        "with --kv-events, else the built-in default)")
-    p.add_argument("--kv-events", type=_bool, default=True,
-                   help="modelsim publishes KV-cache events (and replays them) and Pointsman subscribes (true)")
-    p.add_argument("--workers", type=int, default=1,
-                   help="Pointsman worker processes sharing the gRPC port and their state (docs/replicas.md)")
-    p.add_argument("--duration", type=float, default=0, help="stop after this many seconds (0 = until Ctrl-C)")
-    p.add_argument("--quiet", action="store_true", help="no live view (for scripts)")
-    examples = {d.name: d.example.help for d in DIALECTS if d.example is not None}
-    p.add_argument("--example", choices=("pool", *examples), default="pool",
-                   help="pool: one pool of every server; " + "; ".join(f"{k}: {v}" for k, v in examples.items()))
 
 
 PRECISE_PROFILE = Path(__file__).resolve().parents[2] / "deploy" / "profiles" / "estimated-latency-precise.yaml"
@@ -84,27 +55,24 @@ def _check_free(port: int, what: str) -> None:
 
 
 class LocalStack:
-    def __init__(self, args: argparse.Namespace) -> None:
-        self.args = args
+    def __init__(self, settings: StackSettings) -> None:
+        self.settings = settings
         self.dir = Path(tempfile.mkdtemp(prefix="pointsman-stack-"))
-        self.procs: list[tuple[str, subprocess.Popen[bytes]]] = []
-        self.decisions: list[str] = []
-        self._lock = threading.Lock()
+        self.children = Children(self.dir)  # modelsim, Pointsman, Envoy
         self.eps_file = self.dir / "endpoints.yaml"
         self.active: list[int] = []  # simulated servers in the pool (ports), in the endpoints file
         self.spare: list[int] = []  # running servers taken out of the pool, reused first by `+`
         self.ports_seen: list[int] = []  # every server's port, in start order (sim-<i> names)
-        self.commands: queue.Queue[str] = queue.Queue()
+        self.keys = Keys()  # fleet commands from stdin
         self.kv_ports: dict[int, tuple[int, int]] = {}  # server port -> (KV-event PUB port, replay port)
-        self._tty: list[Any] | None = None  # saved terminal attributes while keys are read
-        dialect = BY_NAME.get(args.example)
+        dialect = BY_NAME.get(settings.example)
         self.example: StackExample | None = dialect.example if dialect is not None else None
 
     def step(self, msg: str) -> None:
         print(f"  ... {msg}", flush=True)
 
     def start(self) -> None:
-        a = self.args
+        a = self.settings
         ports = [self._sim_port(i) for i in range(a.servers)]
         for port, what in [(p, "modelsim") for p in ports] + [
             (a.grpc_port, "Pointsman gRPC"), (a.listen_port, "Envoy listener"), (a.admin_port, "Envoy admin"),
@@ -115,6 +83,15 @@ class LocalStack:
         self._start_fleet(ports)
         self.active = list(ports)
         self.write_endpoints()
+        source, fragments = self._routes(ports)
+        self._start_pointsman(source)
+        # EDS keeps one pool ("default") current; the examples' pools are listed statically.
+        eds = a.variant == "override-host" and a.example == "pool"
+        self._start_envoy(ports, eds, fragments)
+        print(self._ready(eds), flush=True)
+
+    def _routes(self, ports: list[int]) -> tuple[list[str], Any]:
+        """Pointsman's source flags, and the Envoy fragments of the example's route documents (None: one pool)."""
         eps_file = self.eps_file
         source = ["--endpoints-file", str(eps_file), "--pool-name", "default"]
         fragments = None
@@ -129,6 +106,10 @@ class LocalStack:
                 source = ["--endpoints-file", str(eps_file), *source]
             fragments = fragments_from_files([routes])[0]
             self.step(f"routes: {routes} ({example.describe()})")
+        return source, fragments
+
+    def _start_pointsman(self, source: list[str]) -> None:
+        a = self.settings
         workers = f" ({a.workers} workers)" if a.workers > 1 else ""
         self.step(f"Pointsman{workers}: ext_proc on :{a.grpc_port}, metrics on :{a.metrics_port}")
         cmd = [_bin("epp"), "serve", "--grpc-host", "127.0.0.1", "--grpc-port", str(a.grpc_port),
@@ -139,10 +120,11 @@ class LocalStack:
             cmd += ["--config-file", config]
         if a.workers > 1:
             cmd += ["--workers", str(a.workers)]
-        epp = self._spawn("epp", cmd, capture=True)
+        epp = self.children.spawn("epp", cmd, capture=True)
         wait_port(a.grpc_port, proc=epp, what="Pointsman")
-        # EDS keeps one pool ("default") current; the examples' pools are listed statically.
-        eds = a.variant == "override-host" and a.example == "pool"
+
+    def _start_envoy(self, ports: list[int], eds: bool, fragments: Any) -> None:
+        a = self.settings
         self.step(f"Envoy ({a.variant}{', endpoints by EDS from Pointsman' if eds else ''}): "
                   f"listener :{a.listen_port}, admin :{a.admin_port}")
         from epp.envoy_config import EnvoyConfigSpec, render_yaml
@@ -153,14 +135,18 @@ class LocalStack:
                                route_fragments=fragments, epp_workers=a.workers)
         cfg = self.dir / "envoy.yaml"
         cfg.write_text(render_yaml(spec))
-        envoy = self._spawn("envoy", [_bin("envoy"), "-c", str(cfg), "--concurrency", "2", "--use-dynamic-base-id",
-                                      "--log-level", "warning", "--log-path", str(self.dir / "envoy.log")])
+        envoy = self.children.spawn("envoy", [
+            _bin("envoy"), "-c", str(cfg), "--concurrency", "2", "--use-dynamic-base-id", "--log-level", "warning",
+            "--log-path", str(self.dir / "envoy.log")])
         wait_port(a.listen_port, proc=envoy, what="Envoy")
+
+    def _ready(self, eds: bool) -> str:
+        """Where to send requests, and what to try."""
+        a = self.settings
         url = f"http://127.0.0.1:{a.listen_port}"
-        if example is not None:
-            print(example.ready(url, a.grpc_port, a.metrics_port, _bin("epp"), MODEL), flush=True)
-            return
-        print(f"""
+        if self.example is not None:
+            return self.example.ready(url, a.grpc_port, a.metrics_port, _bin("epp"), MODEL)
+        return f"""
 Ready. Send requests to {url}, for example:
 
   curl -s {url}/v1/chat/completions -H 'content-type: application/json' \\
@@ -172,13 +158,13 @@ Ready. Send requests to {url}, for example:
 Explain a decision:  {_bin('epp')} explain --addr 127.0.0.1:{a.grpc_port} --body '{{"model": "{MODEL}", "messages": [{{"role": "user", "content": "hi"}}]}}'
 Dashboard:           http://127.0.0.1:{a.metrics_port}/   (fleet, decisions, explain, charts, config)
 Pointsman metrics:   http://127.0.0.1:{a.metrics_port}/metrics      Files: {self.dir}
-{self._fleet_help(eds)}""", flush=True)
+{self._fleet_help(eds)}"""
 
     def _start_fleet(self, ports: list[int]) -> None:
         """The simulated servers, publishing KV events (with --kv-events) on ports of their own."""
-        a = self.args
+        a = self.settings
         self.step(f"modelsim: {a.servers} simulated vLLM servers on ports {', '.join(map(str, ports))} ({MODEL})")
-        sim = self._spawn("modelsim", [_bin("modelsim"), "--servers", str(a.servers), "--ports",
+        sim = self.children.spawn("modelsim", [_bin("modelsim"), "--servers", str(a.servers), "--ports",
                                        ",".join(map(str, ports)), "--model", MODEL, "--lora", ADAPTER,
                                        "--time-scale", str(a.time_scale), *self._kv_flags(ports)])
         if a.kv_events:
@@ -196,11 +182,11 @@ Pointsman metrics:   http://127.0.0.1:{a.metrics_port}/metrics      Files: {self
     # ---- the fleet, live -----------------------------------------------------------------------------------
     def _sim_port(self, index: int) -> int:
         """Server i's port: base + i, or one the OS picks on its own with --sim-base-port 0."""
-        return self.args.sim_base_port + index if self.args.sim_base_port else free_port()
+        return self.settings.sim_base_port + index if self.settings.sim_base_port else free_port()
 
     def _kv_flags(self, ports: list[int]) -> list[str]:
         """modelsim's flags for its servers' KV-event sockets: two free ports per server (PUB, replay)."""
-        if not self.args.kv_events:
+        if not self.settings.kv_events:
             return []
         for p in ports:
             self.kv_ports[p] = (free_port(), free_port())
@@ -232,13 +218,13 @@ Pointsman metrics:   http://127.0.0.1:{a.metrics_port}/metrics      Files: {self
         tmp.replace(self.eps_file)
 
     def add_server(self) -> str:
-        a = self.args
+        a = self.settings
         if self.spare:
             port = self.spare.pop()
         else:
             port = max(self.ports_seen) + 1 if a.sim_base_port else free_port()
             _check_free(port, "a new modelsim server")
-            sim = self._spawn(f"modelsim-{port}", [
+            sim = self.children.spawn(f"modelsim-{port}", [
                 _bin("modelsim"), "--servers", "1", "--base-port", str(port), "--model", MODEL, "--lora", ADAPTER,
                 "--time-scale", str(a.time_scale), *self._kv_flags([port])])
             wait_port(port, proc=sim, what="modelsim")
@@ -263,70 +249,20 @@ Pointsman metrics:   http://127.0.0.1:{a.metrics_port}/metrics      Files: {self
         return None if not cmd else f"unknown command {cmd!r}: + adds a server, - removes one"
 
     def read_commands(self) -> None:
-        """Feed `+`/`-` from stdin into the command queue: single keys on a terminal, lines otherwise."""
-        if self.args.variant != "override-host" or sys.stdin is None or sys.stdin.closed:
-            return
-        interactive = sys.stdin.isatty() and sys.stdout.isatty()
-        if interactive:
-            import termios
-            import tty
-
-            fd = sys.stdin.fileno()
-            self._tty = [fd, termios.tcgetattr(fd)]
-            tty.setcbreak(fd)  # keys without Enter; Ctrl-C still interrupts
-        threading.Thread(target=self._read_stdin, args=(interactive,), daemon=True).start()
-
-    def _read_stdin(self, keys: bool) -> None:
-        try:
-            while True:
-                data = sys.stdin.read(1) if keys else sys.stdin.readline()
-                if not data:
-                    return
-                if data.strip():
-                    self.commands.put(data)
-        except (OSError, ValueError):
-            return
-
-    def _restore_terminal(self) -> None:
-        if self._tty is not None:
-            import termios
-
-            termios.tcsetattr(self._tty[0], termios.TCSADRAIN, self._tty[1])
-            self._tty = None
-
-    def _spawn(self, name: str, cmd: list[str], capture: bool = False) -> subprocess.Popen[bytes]:
-        log = open(self.dir / f"{name}.log", "wb")  # noqa: SIM115 - lives as long as the process
-        proc = subprocess.Popen(cmd, stdout=log if not capture else subprocess.PIPE, stderr=subprocess.STDOUT,
-                                start_new_session=True, preexec_fn=die_with_parent)
-        self.procs.append((name, proc))
-        if capture:
-            threading.Thread(target=self._tail, args=(proc, log), daemon=True).start()
-        return proc
-
-    def _tail(self, proc: subprocess.Popen[bytes], log: IO[bytes]) -> None:
-        assert proc.stdout is not None
-        for raw in proc.stdout:
-            log.write(raw)
-            log.flush()
-            line = raw.decode(errors="replace").rstrip()
-            if " decision " in line:
-                with self._lock:
-                    self.decisions.append(line.split(" decision ", 1)[1])
+        """Feed `+`/`-` from stdin into the command queue (only the EDS variant can change the fleet live)."""
+        if self.settings.variant == "override-host":
+            self.keys.start()
 
     def watch(self) -> None:
-        a = self.args
+        a = self.settings
         stub = pointsman_pb2_grpc.PointsmanStub(grpc.insecure_channel(f"127.0.0.1:{a.grpc_port}"))
         deadline = time.monotonic() + a.duration if a.duration else None
         while deadline is None or time.monotonic() < deadline:
             self._run_commands(until=time.monotonic() + 1.0)
-            for name, proc in self.procs:
-                if proc.poll() is not None:
-                    raise RuntimeError(f"{name} exited with code {proc.returncode}; see {self.dir}/{name}.log")
+            self.children.check()
             if a.quiet:
                 continue
-            with self._lock:
-                recent, self.decisions = self.decisions[-8:], []
-            for d in recent:
+            for d in self.children.recent_decisions():
                 print(f"  route  {d}", flush=True)
             try:
                 resp = stub.ListEndpoints(api.ListEndpointsRequest(), timeout=2)
@@ -340,7 +276,7 @@ Pointsman metrics:   http://127.0.0.1:{a.metrics_port}/metrics      Files: {self
         """Apply fleet commands as they come, until `until` (the next live-view tick)."""
         while (left := until - time.monotonic()) > 0:
             try:
-                cmd = self.commands.get(timeout=left)
+                cmd = self.keys.commands.get(timeout=left)
             except queue.Empty:
                 return
             try:
@@ -351,26 +287,16 @@ Pointsman metrics:   http://127.0.0.1:{a.metrics_port}/metrics      Files: {self
                 print(f"  fleet  {msg}", flush=True)
 
     def stop(self) -> None:
-        self._restore_terminal()
-        for _name, proc in reversed(self.procs):
-            if proc.poll() is None:
-                try:
-                    os.killpg(proc.pid, signal.SIGTERM)
-                except ProcessLookupError:
-                    pass
-        for _name, proc in self.procs:
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        self.keys.restore()
+        self.children.stop()
 
 
 def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
-def stack_command(args: argparse.Namespace) -> int:
-    stack = LocalStack(args)
+def stack_command(settings: StackSettings) -> int:
+    stack = LocalStack(settings)
     signal.signal(signal.SIGTERM, _interrupt)  # a TERM stops the whole stack too, never orphans it
     try:
         stack.start()

@@ -26,6 +26,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from epp.extras import MissingExtra, require
+
 log = logging.getLogger(__name__)
 
 MAX_MISSING = 4096  # models remembered as having no local tokenizer
@@ -69,8 +71,10 @@ class LocalTokenizer:
     @classmethod
     def from_dir(cls, path: str | Path) -> LocalTokenizer:
         """Load ``tokenizer.json`` (required) and ``tokenizer_config.json`` (optional) from a directory."""
-        from tokenizers import Tokenizer
-
+        try:
+            Tokenizer = require("precise", "tokenizers", "a local tokenizer").Tokenizer
+        except MissingExtra as e:
+            raise TokenizerLoadError(str(e)) from None
         d = Path(path)
         tj = d / "tokenizer.json"
         try:

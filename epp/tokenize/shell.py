@@ -8,22 +8,21 @@ approximation), or an awaitable that finishes it (a local tokenizer to load in a
 stream). It never raises: every failure falls through to the next source, down to the approximation. The engine
 asked is the token-producer's `vllm.http` if set, else an endpoint serving the request's model (rotating).
 
-Command line (`add_tokenize_flags`): --tokenizers-dir (one directory per model: `<dir>/<model name>/tokenizer.json`
+Command line (epp/tokenize/settings.py): --tokenizers-dir (one directory per model: `<dir>/<model name>/tokenizer.json`
 + `tokenizer_config.json`), --tokenize-engine (ask the engine's /tokenize, default true), --tokenize-timeout
 (0.5 s), --tokenize-cache (entries of the engine tokenizer's LRU, 4096).
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import itertools
 from collections.abc import Awaitable, Sequence
 from typing import Any
 
-from epp.argtypes import parse_bool as _bool
 from epp.tokenize import EngineTokenizer, RequestTokenizer, TokenizeInput, TokenizeResult, TokenizerRegistry
 from epp.tokenize.request import tokenize_input
+from epp.tokenize.settings import TokenizeSettings
 from scheduling.api import SchedulingContext
 from scheduling.prefix.precise_data import TOKEN_IDS
 from scheduling.types import Endpoint, LLMRequest
@@ -94,30 +93,10 @@ class RequestTokens:
         req.token_source = got.source
 
 
-def add_tokenize_flags(parser: argparse.ArgumentParser) -> None:
-    g = parser.add_argument_group("tokenization (for configs that read token ids, e.g. precise-prefix-cache-scorer)")
-    g.add_argument("--tokenizers-dir", default=None,
-                   help="local Hugging Face tokenizers: DIR/<model name>/tokenizer.json (+ tokenizer_config.json "
-                        "with the chat template); tried first")
-    g.add_argument("--tokenize-engine", type=_bool, default=True,
-                   help="ask the engine's POST /tokenize when no local tokenizer fits (true)")
-    g.add_argument("--tokenize-timeout", type=float, default=0.5,
-                   help="seconds one /tokenize call may take before the approximation is used (0.5)")
-    g.add_argument("--tokenize-cache", type=int, default=4096,
-                   help="engine /tokenize results kept (LRU, also bounded to 4M tokens) (4096)")
-
-
-def tokens_from_args(args: argparse.Namespace, registry: object | None = None) -> RequestTokens:
-    """The director's tokenization step from the command line (flags absent: the defaults)."""
-    root = getattr(args, "tokenizers_dir", None)
-    local = TokenizerRegistry(root=root) if root else None
+def tokens_from_settings(settings: TokenizeSettings, registry: object | None = None) -> RequestTokens:
+    """The director's tokenization step from its settings."""
+    local = TokenizerRegistry(root=settings.tokenizers_dir) if settings.tokenizers_dir else None
     engine = None
-    if getattr(args, "tokenize_engine", True):
-        timeout = getattr(args, "tokenize_timeout", 0.5)
-        if timeout <= 0:
-            raise ValueError(f"--tokenize-timeout: expected a positive number of seconds, got {timeout}")
-        entries = getattr(args, "tokenize_cache", 4096)
-        if entries < 1:
-            raise ValueError(f"--tokenize-cache: expected a positive number of entries, got {entries}")
-        engine = EngineTokenizer(timeout=timeout, cache_entries=entries)
+    if settings.engine:
+        engine = EngineTokenizer(timeout=settings.timeout, cache_entries=settings.cache_entries)
     return RequestTokens(RequestTokenizer(local, engine, registry=registry))

@@ -14,14 +14,17 @@ The process started as `epp serve --workers N` is a supervisor (epp/workers/supe
 
 from __future__ import annotations
 
-import argparse
-from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from epp.cmd.settings import ServeSettings
 
 
-def supervise(args: argparse.Namespace, argv: Sequence[str]) -> int:
+def supervise(settings: ServeSettings) -> int:
+    """Run the workers of `settings` (the supervisor re-launches `settings.argv` for each)."""
     from epp.workers.supervisor import run_supervisor
 
-    return run_supervisor(args, list(argv))
+    return run_supervisor(settings)
 
 
 __all__ = ["supervise"]

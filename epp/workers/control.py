@@ -43,11 +43,10 @@ def die_with_parent() -> None:
 
 
 def status(app: App) -> dict[str, Any]:
-    args = app.args
     requests = app.metrics.requests_total() if app.metrics is not None else 0.0
     bus = app.bus
     return {
-        "index": args.worker_index,
+        "index": app.settings.replicas.worker_index,
         "pid": os.getpid(),
         "ready": bool(app.datastore.synced),
         "requests": int(requests),
@@ -66,7 +65,9 @@ async def start_worker_control(app: App) -> Callable[[], Awaitable[None]]:
     from prometheus_client import generate_latest
     from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-    args = app.args
+    replicas = app.settings.replicas
+    assert replicas.worker_index is not None and replicas.worker_dir is not None, "a worker of --workers N"
+    index, workers = replicas.worker_index, replicas.workers
     die_with_parent()
     web_app = web.Application()
 
@@ -82,15 +83,15 @@ async def start_worker_control(app: App) -> Callable[[], Awaitable[None]]:
     dash = app.dashboard
     if dash is not None:
         dash.scope = {
-            "label": f"worker {args.worker_index + 1} of {args.workers}",
-            "note": (f"This page shows one worker process (pid {os.getpid()}) of the {args.workers} that share the "
+            "label": f"worker {index + 1} of {workers}",
+            "note": (f"This page shows one worker process (pid {os.getpid()}) of the {workers} that share the "
                      "gRPC port: its decisions, charts and explain. In-flight counts include every worker's (the "
                      "replica bus); /metrics sums all workers."),
         }
         dash.install(web_app)
     runner = web.AppRunner(web_app, access_log=None, shutdown_timeout=1.0)
     await runner.setup()
-    path = control_socket(args.worker_dir, args.worker_index)
+    path = control_socket(replicas.worker_dir, index)
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
     await web.UnixSite(runner, path).start()

@@ -151,25 +151,25 @@ def _app(sup: Supervisor) -> web.Application:
 
 
 async def start_front(sup: Supervisor) -> Front:
-    args = sup.args
+    s = sup.settings.server
     health = EppHealthServicer(sup.ready)
     health_server = None
-    if args.grpc_health_port:
+    if s.health_port:
         from grpc_health.v1 import health_pb2_grpc
 
         health_server = grpc.aio.server()
         health_pb2_grpc.add_HealthServicer_to_server(health, health_server)
-        addr = f"{args.grpc_host}:{args.grpc_health_port}"
+        addr = f"{s.grpc_host}:{s.health_port}"
         if not health_server.add_insecure_port(addr):
             raise RuntimeError(f"health server: cannot listen on {addr}")
         await health_server.start()
     runner = None
-    if args.metrics_port:
+    if s.metrics_port:
         runner = web.AppRunner(_app(sup), access_log=None, shutdown_timeout=1.0)
         await runner.setup()
-        await web.TCPSite(runner, "0.0.0.0", args.metrics_port).start()
-        log.info("metrics of all %d workers on port %d/metrics (the dashboard is one worker's)", args.workers,
-                 args.metrics_port)
+        await web.TCPSite(runner, "0.0.0.0", s.metrics_port).start()
+        log.info("metrics of all %d workers on port %d/metrics (the dashboard is one worker's)",
+                 sup.settings.replicas.workers, s.metrics_port)
     return Front(runner, health_server, health)
 
 

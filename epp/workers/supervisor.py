@@ -13,7 +13,6 @@ Readiness is withdrawn while any worker is down, and liveness ends only when the
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import logging
@@ -27,11 +26,14 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
 from epp.workers.control import control_socket
+
+if TYPE_CHECKING:
+    from epp.cmd.settings import ServeSettings
 
 log = logging.getLogger("epp.workers")
 
@@ -65,8 +67,7 @@ class Worker:
 
 @dataclass
 class Supervisor:
-    args: argparse.Namespace
-    argv: list[str]
+    settings: ServeSettings
     dir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="pointsman-workers-")))
     workers: list[Worker] = field(default_factory=list)
     port: int = 0
@@ -85,8 +86,8 @@ class Supervisor:
     def reserve_port(self) -> None:
         """Hold the gRPC port with SO_REUSEPORT (bound, never listening): port 0 becomes a real port the workers
         can share, and no other program takes the port while workers restart."""
-        host = self.args.grpc_host
-        info = socket.getaddrinfo(host, self.args.grpc_port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+        host, port = self.settings.server.grpc_host, self.settings.server.grpc_port
+        info = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
         sock = socket.socket(info[0], socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
@@ -94,13 +95,13 @@ class Supervisor:
             sock.bind(info[4])
         except OSError as e:
             sock.close()
-            raise RuntimeError(f"cannot bind the gRPC port {host}:{self.args.grpc_port}: {e}") from None
+            raise RuntimeError(f"cannot bind the gRPC port {host}:{port}: {e}") from None
         self._reservation = sock
         self.port = sock.getsockname()[1]
 
     def prepare_tls(self) -> list[str]:
         """With --secure-serving and no --cert-path, one self-signed certificate for every worker."""
-        if not self.args.secure_serving or self.args.cert_path:
+        if not self.settings.server.secure or self.settings.server.cert_path:
             return []
         from epp.extproc.tls import CERT_FILE, KEY_FILE, self_signed_cert
 
@@ -114,7 +115,7 @@ class Supervisor:
     def worker_argv(self, index: int, extra: list[str]) -> list[str]:
         out: list[str] = []
         skip = False
-        for tok in self.argv:
+        for tok in self.settings.argv:
             if skip:
                 skip = False
                 continue
@@ -125,15 +126,15 @@ class Supervisor:
             out.append(tok)
         return [sys.executable, "-m", "epp.cmd.cli", *out, *extra,
                 "--grpc-port", str(self.port), "--grpc-health-port", "0", "--metrics-port", "0",
-                "--workers", str(self.args.workers), "--worker-index", str(index), "--worker-dir", str(self.dir)]
+                "--workers", str(self.settings.replicas.workers), "--worker-index", str(index), "--worker-dir", str(self.dir)]
 
     def worker_env(self) -> dict[str, str]:
         env = dict(os.environ)
         env["PROMETHEUS_MULTIPROC_DIR"] = str(self.metrics_dir)
-        if self.args.bus_secret:
-            env["POINTSMAN_BUS_SECRET"] = self.args.bus_secret
-        if self.args.dashboard_token:
-            env["POINTSMAN_DASHBOARD_TOKEN"] = self.args.dashboard_token
+        if self.settings.replicas.secret:
+            env["POINTSMAN_BUS_SECRET"] = self.settings.replicas.secret
+        if self.settings.dashboard.token:
+            env["POINTSMAN_DASHBOARD_TOKEN"] = self.settings.dashboard.token
         return env
 
     # ---- workers -----------------------------------------------------------------------------------------
@@ -215,7 +216,7 @@ class Supervisor:
 
     def describe(self) -> dict[str, Any]:
         now = time.monotonic()
-        return {"workers": self.args.workers, "port": self.port, "ready": self.ready(), "processes": [
+        return {"workers": self.settings.replicas.workers, "port": self.port, "ready": self.ready(), "processes": [
             {"index": w.index, "pid": w.proc.pid if w.proc else None, "alive": w.alive, "ready": w.ready(now),
              "restarts": w.restarts, "status": w.status} for w in self.workers]}
 
@@ -231,13 +232,13 @@ class Supervisor:
             loop.add_signal_handler(sig, self._stop.set)
         front = await start_front(self)
         try:
-            self.workers = [Worker(i) for i in range(self.args.workers)]
+            self.workers = [Worker(i) for i in range(self.settings.replicas.workers)]
             for w in self.workers:
                 await self.spawn(w, extra)
             self._tasks = [loop.create_task(self.monitor(w, extra), name=f"worker-{w.index}") for w in self.workers]
             self._tasks.append(loop.create_task(self.poll_status(), name="worker-status"))
-            log.info("Pointsman serving ext_proc on %s:%d with %d workers (SO_REUSEPORT)", self.args.grpc_host,
-                     self.port, self.args.workers)
+            log.info("Pointsman serving ext_proc on %s:%d with %d workers (SO_REUSEPORT)",
+                     self.settings.server.grpc_host, self.port, self.settings.replicas.workers)
             await self._stop.wait()
         finally:
             await self.shutdown(front)
@@ -277,15 +278,14 @@ class Supervisor:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
-def run_supervisor(args: argparse.Namespace, argv: list[str]) -> int:
-    level = logging.DEBUG if args.v >= 3 else logging.INFO if args.v >= 1 else logging.WARNING
+def run_supervisor(settings: ServeSettings) -> int:
+    """Run the workers of `settings` (its `argv` is each worker's command line) until stopped."""
+    v = settings.runtime.verbosity
+    level = logging.DEBUG if v >= 3 else logging.INFO if v >= 1 else logging.WARNING
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if args.workers < 1:
-        log.error("--workers must be at least 1")
-        return 2
 
     async def main() -> int:
-        sup = Supervisor(args, argv)
+        sup = Supervisor(settings)
         try:
             return await sup.run()
         except (RuntimeError, OSError, ValueError) as e:

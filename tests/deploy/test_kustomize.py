@@ -175,13 +175,13 @@ def test_the_bus_finds_peers_through_a_headless_service_the_cli_reads(docs, monk
     secret = env["POINTSMAN_BUS_SECRET"]["valueFrom"]["secretKeyRef"]
     assert secret["optional"] is True  # the secret is the operator's to create, never shipped in the repo
     # the environment the Deployment sets is what the CLI reads
-    from epp.bus.shell import bus_settings
+    from epp.cmd.settings import ServeSettings
 
     for name in ("POINTSMAN_BUS_SERVICE", "POINTSMAN_BUS_PORT"):
         monkeypatch.setenv(name, env[name]["value"])
     monkeypatch.setenv("POD_IP", "10.1.2.3")
     argv = [*c["command"][1:], *[a.replace("$(POD_NAMESPACE)", "default") for a in c["args"]]]
-    settings = bus_settings(build_parser().parse_args(argv))
+    settings = ServeSettings.from_args(build_parser().parse_args(argv)).replicas.bus
     assert settings is not None and settings.service == svc_name
     assert settings.address == f"10.1.2.3:{bus_port}" and settings.bind == f"tcp://10.1.2.3:{bus_port}"
 

@@ -8,6 +8,7 @@ import pytest
 
 from epp.fleet.kvevents.apply import SeqAction, SequenceTracker, apply_events, lora_identity
 from epp.fleet.kvevents.decode import AllBlocksCleared, BlockRemoved, BlockStored, UnknownEvent
+from epp.fleet.kvevents.settings import KVEventsSettings, add_flags
 from epp.fleet.kvevents.sources import (
     ANNOTATION_DP_SIZE,
     ANNOTATION_ENDPOINT,
@@ -16,10 +17,8 @@ from epp.fleet.kvevents.sources import (
     KVEventsConfigError,
     KVEventsSource,
     KVEventsTemplate,
-    add_kv_events_flags,
     parse_kv_events_field,
     source_for,
-    template_from_args,
 )
 from epp.fleet.static_source import StaticConfigError, parse_static_config
 from scheduling.prefix.precise import LIVE, PreciseIndex
@@ -147,7 +146,11 @@ def test_endpoints_file_errors(raw: object, needle: str) -> None:
 
 def test_command_line_template() -> None:
     ap = argparse.ArgumentParser()
-    add_kv_events_flags(ap)
+    add_flags(ap)
+
+    def template_from_args(ns: argparse.Namespace):
+        return KVEventsSettings.from_args(ns).template
+
     assert template_from_args(ap.parse_args([])) is None
     tpl = template_from_args(ap.parse_args(["--kv-events-port", "5557", "--kv-events-replay-port", "5558",
                                             "--kv-events-topic", "kv@{ip}", "--kv-events-dp-size", "2"]))

@@ -8,15 +8,16 @@ from pathlib import Path
 import yaml
 
 from epp.cmd.app import App
-from epp.cmd.cli import build_parser
+from epp.cmd.settings import ServeSettings
 from epp.envoy_config import EnvoyConfigSpec, render_yaml
 from tests.support.backend import EchoFleet
 from tests.support.envoy import Envoy, free_port
 
 
-def serve_args(*extra: str):
-    return build_parser().parse_args(["serve", "--grpc-host", "127.0.0.1", "--grpc-health-port", "0",
-                                      "--metrics-port", "0", "--seed", "7", *extra])
+def serve_args(*extra: str) -> ServeSettings:
+    """`epp serve`'s settings for a test: loopback, no health or metrics port, seeded; `extra` flags on top."""
+    return ServeSettings.from_argv(["--grpc-host", "127.0.0.1", "--grpc-health-port", "0", "--metrics-port", "0",
+                                    "--seed", "7", *extra])
 
 
 class Stack:

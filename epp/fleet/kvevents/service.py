@@ -19,19 +19,14 @@ delivers, and its endpoint stays `pending` (scored from the approximate index).
 
 from __future__ import annotations
 
-import argparse
 import logging
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from epp.extras import MissingExtra, require
 from epp.fleet.datastore import Datastore
-from epp.fleet.kvevents.sources import (
-    KVEventsConfigError,
-    KVEventsSource,
-    KVEventsTemplate,
-    source_for,
-    template_from_args,
-)
+from epp.fleet.kvevents.settings import KVEventsSettings
+from epp.fleet.kvevents.sources import KVEventsConfigError, KVEventsSource, KVEventsTemplate, source_for
 from scheduling.prefix.precise import PreciseIndex
 from scheduling.prefix.precise_data import PRECISE_INDEX
 
@@ -51,13 +46,11 @@ class PreciseService:
         self.subscriber: Any = None  # epp.fleet.kvevents.subscriber.KVEventSubscriber, once an endpoint publishes
         self.invalid: dict[str, str] = {}  # endpoint key -> why its KV-events source is invalid
         self._attached = False
+        self._missing: str | None = None  # why there can be no subscriber (an extra is not installed), once logged
 
     @classmethod
-    def from_args(cls, args: argparse.Namespace, datastore: Datastore, registry: Any = None) -> PreciseService:
-        block = getattr(args, "kv_events_block_size", 16)
-        if block < 1:
-            raise KVEventsConfigError(f"--kv-events-block-size: expected a positive number of tokens, got {block}")
-        return cls(datastore, template_from_args(args), block_size=block, registry=registry)
+    def from_settings(cls, settings: KVEventsSettings, datastore: Datastore, registry: Any = None) -> PreciseService:
+        return cls(datastore, settings.template, block_size=settings.block_size, registry=registry)
 
     def services(self) -> dict[str, Any]:
         """What the shell lends each loaded scheduler."""
@@ -115,7 +108,14 @@ class PreciseService:
         sources = self.sources(self.datastore.all_endpoints())
         if not sources and self.subscriber is None:
             return
-        sub = self._subscriber()
+        try:
+            sub = self._subscriber()
+        except MissingExtra as e:  # the endpoints are scored from the approximate index, as for a bad source
+            if self._missing != str(e):
+                log.error("no KV-event subscriptions for %d endpoint(s): %s", len(sources), e)
+                self._missing = str(e)
+            self.invalid.update(dict.fromkeys(sources, str(e)))
+            return
         for key in [k for k in sub.sources() if k not in sources]:
             sub.remove_endpoint(key)
         for key, src in sources.items():
@@ -135,6 +135,8 @@ class PreciseService:
 
     def _subscriber(self) -> Any:
         if self.subscriber is None:
+            for module in ("zmq", "msgpack"):
+                require("precise", module, "subscribing to KV events")
             from epp.fleet.kvevents.metrics import KVEventMetrics
             from epp.fleet.kvevents.subscriber import KVEventSubscriber
 

@@ -24,13 +24,12 @@ With data parallelism (`data_parallel_size` > 1), rank r publishes on the endpoi
 replay port + r, as vLLM and SGLang bind them.
 
 Public API: `KVEventsSource`, `KVEventsTemplate`, `source_for(endpoint, template)`, `parse_kv_events_field`
-(endpoints file → annotations), `add_kv_events_flags` / `template_from_args` (command line), the annotation
-names, `KVEventsConfigError`.
+(endpoints file → annotations), the annotation names, `KVEventsConfigError`; the command line's template is
+`epp.fleet.kvevents.settings.KVEventsSettings`.
 """
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -182,29 +181,3 @@ def parse_kv_events_field(raw: Any, path: str) -> dict[str, str]:
         _address(out[ANNOTATION_REPLAY], probe, f"{path}.replay")
     _expand(out.get(ANNOTATION_TOPIC, ""), probe, f"{path}.topic")
     return out
-
-
-def add_kv_events_flags(parser: argparse.ArgumentParser) -> None:
-    g = parser.add_argument_group("KV events (precise prefix routing)")
-    g.add_argument("--kv-events-port", type=int, default=None,
-                   help="subscribe to tcp://<endpoint ip>:PORT for endpoints without their own kvEvents source")
-    g.add_argument("--kv-events-replay-port", type=int, default=None,
-                   help="the publishers' replay (ROUTER) port, to fill sequence gaps")
-    g.add_argument("--kv-events-topic", default="",
-                   help="topic prefix to subscribe to; {ip}, {port}, {model} are filled in (default: all topics)")
-    g.add_argument("--kv-events-dp-size", type=int, default=1,
-                   help="data-parallel ranks per endpoint; rank r publishes on PORT + r (default 1)")
-    g.add_argument("--kv-events-block-size", type=int, default=16,
-                   help="tokens per block of the precise index's own keys, whatever the engines' block size (16)")
-
-
-def template_from_args(args: argparse.Namespace) -> KVEventsTemplate | None:
-    """The command-line template, or None when --kv-events-port is not given. Raises KVEventsConfigError."""
-    port = getattr(args, "kv_events_port", None)
-    if port is None:
-        return None
-    for flag, value in (("--kv-events-port", port), ("--kv-events-replay-port", args.kv_events_replay_port)):
-        if value is not None and not 0 < value < 65536:
-            raise KVEventsConfigError(f"{flag}: expected a port 1-65535, got {value}")
-    return KVEventsTemplate(port, args.kv_events_replay_port, args.kv_events_topic or "",
-                            _dp_size(args.kv_events_dp_size, "--kv-events-dp-size"))

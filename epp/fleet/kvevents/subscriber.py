@@ -42,15 +42,15 @@ from dataclasses import dataclass
 import zmq
 import zmq.asyncio
 
+from epp.fleet.kvevents import replay
 from epp.fleet.kvevents.apply import ApplyStats, SeqAction, SequenceTracker, apply_events
-from epp.fleet.kvevents.decode import DecodeError, EventBatch, decode_message, decode_payload, decode_seq
+from epp.fleet.kvevents.decode import DecodeError, EventBatch, decode_message, decode_seq
 from epp.fleet.kvevents.metrics import KVEventMetrics
 from epp.fleet.kvevents.sources import KVEventsSource
 from scheduling.prefix.precise import LIVE, PENDING, PreciseIndex
 
 log = logging.getLogger(__name__)
 
-END_SEQ = (1 << 64) - 1  # -1 as an unsigned 64-bit seq
 MAX_DRAIN = 512  # messages handled per wake-up before yielding to the loop
 
 
@@ -297,100 +297,8 @@ class KVEventSubscriber:
         if self._on_batch is not None:
             self._on_batch(rk.key, rk.rank, batch)
 
-    # ---- replay ---------------------------------------------------------------------------------------
-    async def _catch_up(self, rk: _Rank) -> None:
-        """Nothing arrived yet: learn the retained history from the replay socket."""
-        replayed, outcome = await self._replay(rk, 0, None)
-        self.metrics.replays.labels(outcome).inc()
-        if outcome != "ok":
-            rk.status.replays_failed += 1
-            return  # stay pending; the first live batch decides
-        rk.status.replays_ok += 1
-        if replayed and replayed[0].seq != 0:  # the buffer no longer reaches back to seq 0
-            self._lost(rk)
-        else:
-            self.index.clear(rk.key, rk.rank, LIVE)
-        for b in replayed:
-            self._apply(rk, b, self._c_replay)
-        rk.tracker.caught_up(replayed[-1].seq if replayed else None)
-        if replayed:
-            rk.tracker.stream = replayed[-1].stream_id or None
-
-    async def _fill_gap(self, rk: _Rank, batch: EventBatch, start: int, from_zero: bool, restart: bool) -> None:
-        """Fetch [start, batch.seq) from the replay socket, then apply `batch`. A history from seq 0 rebuilds the
-        slot from empty (live on success); any batch that cannot be had marks the slot unknown."""
-        replayed, outcome = await self._replay(rk, start, batch.seq)
-        self.metrics.replays.labels(outcome).inc()
-        complete = outcome == "ok"
-        if complete:
-            rk.status.replays_ok += 1
-        else:
-            rk.status.replays_failed += 1
-            log.warning("KV events from %s rank %d: seq %d..%d missing, replay %s; endpoint marked unknown",
-                        rk.key, rk.rank, start, batch.seq - 1, outcome)
-        if from_zero:
-            self.index.clear(rk.key, rk.rank, LIVE if complete else PENDING)
-        if not complete:
-            self._lost(rk)
-        for b in replayed:
-            self._apply(rk, b, self._c_replay)
-        rk.tracker.advance(batch.seq, batch.stream_id)
-        self._apply(rk, batch, self._c_live)
-
-    async def _replay(self, rk: _Rank, start: int, stop: int | None) -> tuple[list[EventBatch], str]:
-        """Batches [start, stop) (stop None: all) from the rank's replay socket, and an outcome: ok, incomplete,
-        timeout, unavailable or error. With stop None, "ok" means the retained batches are contiguous."""
-        address = rk.source.rank_replay(rk.rank)
-        if address is None:
-            return [], "unavailable"
-        sock = self._ctx.socket(zmq.DEALER)
-        sock.setsockopt(zmq.LINGER, 0)
-        got: dict[int, EventBatch] = {}
-        outcome = "ok"
-        try:
-            sock.connect(address)
-            await asyncio.wait_for(self._exchange(sock, rk, start, stop, got), self.replay_timeout)
-        except asyncio.TimeoutError:
-            outcome = "timeout"
-        except zmq.ZMQError as e:
-            log.warning("KV events replay from %s: %s", address, e)
-            outcome = "error"
-        finally:
-            sock.close(0)
-        batches = [got[s] for s in sorted(got)]
-        if outcome == "ok":
-            seqs = [b.seq for b in batches]
-            want = list(range(start, stop)) if stop is not None else list(range(seqs[0], seqs[0] + len(seqs))) \
-                if seqs else []
-            if seqs != want:
-                outcome = "incomplete"
-        return batches, outcome
-
-    async def _exchange(self, sock: zmq.asyncio.Socket, rk: _Rank, start: int, stop: int | None,
-                        got: dict[int, EventBatch]) -> None:
-        await sock.send_multipart([b"", start.to_bytes(8, "big")])
-        while True:
-            frames = await sock.recv_multipart()
-            f = frames[1:] if frames and frames[0] == b"" else frames
-            if len(f) == 2:
-                topic, seq_frame, payload = b"", f[0], f[1]
-            elif len(f) == 3:
-                topic, seq_frame, payload = f
-            else:
-                self._malformed(rk, "frames", DecodeError(f"replay reply with {len(frames)} frame(s)"))
-                continue
-            try:
-                seq, stream = decode_seq(seq_frame)
-            except DecodeError as e:
-                self._malformed(rk, "seq", e)
-                continue
-            if seq == END_SEQ:
-                return
-            if seq < start or (stop is not None and seq >= stop):
-                continue
-            try:
-                ts, events, dp = decode_payload(payload)
-            except DecodeError as e:
-                self._malformed(rk, "payload", e)
-                continue
-            got[seq] = EventBatch(seq, ts, events, dp, bytes(topic), stream)
+    # ---- replay (epp/fleet/kvevents/replay.py: plain functions bound as methods) -------------------------
+    _catch_up = replay.catch_up
+    _fill_gap = replay.fill_gap
+    _replay = replay.replay
+    _exchange = replay.exchange

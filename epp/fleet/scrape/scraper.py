@@ -26,18 +26,12 @@ import aiohttp
 from epp.aio import cancel_and_wait
 from epp.fleet.datastore import Datastore
 from epp.fleet.scrape.parser import parser_for
+from epp.fleet.settings import ScrapeSettings
+from epp.fleet.settings import bounded_timeout as bounded_timeout  # where it was
 from scheduling.api import Scrape
 from scheduling.types import Endpoint, Metrics
 
 log = logging.getLogger(__name__)
-
-
-def bounded_timeout(staleness: float, failure_threshold: int = 3, interval: float = 0.05) -> float:
-    """A scrape timeout that takes a hung metrics endpoint out of rotation within the staleness threshold:
-    `failure_threshold` timeouts in a row, each followed by up to one round before the next scrape starts, fit
-    in 75% of `staleness` (room for a busy loop). Between 50 ms and 1 s."""
-    budget = 0.75 * staleness / max(1, failure_threshold) - interval
-    return min(1.0, max(0.05, budget))
 
 
 @dataclass(slots=True)
@@ -248,15 +242,11 @@ class MetricsScraper:
         return st.last_error if st else ""
 
 
-async def start_scraper(
-    datastore: Datastore,
-    interval: float = 0.05,
-    timeout: float = 1.0,
-    staleness: float = 2.0,
-    **kwargs: object,
-) -> MetricsScraper:
-    """Create a scraper and start its loop on the running event loop (`--refresh-metrics-interval`,
-    `--metrics-staleness-threshold`). Call `await scraper.stop()` on shutdown."""
-    s = MetricsScraper(datastore, interval=interval, timeout=timeout, staleness=staleness, **kwargs)  # type: ignore[arg-type]
-    s.start()
-    return s
+async def start_scraper(datastore: Datastore, settings: ScrapeSettings | None = None, **kwargs: object) -> MetricsScraper:
+    """Create a scraper from its settings (`--refresh-metrics-interval`, `--metrics-staleness-threshold`,
+    `--scrape-timeout`) and start its loop on the running event loop. Call `await scraper.stop()` on shutdown."""
+    s = settings or ScrapeSettings()
+    scraper = MetricsScraper(datastore, interval=s.interval, timeout=s.timeout, staleness=s.staleness,
+                             **kwargs)  # type: ignore[arg-type]
+    scraper.start()
+    return scraper

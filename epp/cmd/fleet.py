@@ -1,0 +1,119 @@
+"""`epp serve`'s fleet: the endpoint sources that fill the datastore, the metrics scraper and passive health.
+
+Sources, in order of precedence (epp.fleet.settings.SourceSettings.kind): the endpoints file (hot-reloaded), every
+InferencePool naming this EPP's Service, pods by label (no InferencePool), the one InferencePool; or none, when
+route documents name every pool. The Kubernetes client and the namespace-wide pod watch are made on first use
+and shared (`Kube`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from epp.fleet.datastore import Datastore
+from epp.fleet.passive import PassiveHealth
+from epp.fleet.reload import FileWatcher, yaml_parser
+from epp.fleet.scrape.scraper import start_scraper
+from epp.fleet.settings import SourceSettings
+from epp.fleet.static_source import apply_static, parse_static_file
+
+if TYPE_CHECKING:
+    import kubernetes.client as k8s
+
+    from epp.cmd.app import App
+    from epp.cmd.runner import Runner
+    from epp.fleet.k8s.pods import PodPools
+
+
+class Kube:
+    """One Kubernetes API client for every watcher, and the namespace-wide pod watch shared by the watchers of
+    several pools; both made on first use (the pod watch is then a component of the runner)."""
+
+    def __init__(self, datastore: Datastore, settings: SourceSettings, runner: Runner) -> None:
+        self.datastore = datastore
+        self.settings = settings
+        self.runner = runner
+        self._api: k8s.ApiClient | None = None
+        self.pods: PodPools | None = None
+
+    def api(self) -> k8s.ApiClient:
+        if self._api is None:
+            from epp.fleet.k8s.discovery import make_api_client
+
+            self._api = make_api_client(kubeconfig=self.settings.kubeconfig)
+        return self._api
+
+    def pod_pools(self) -> PodPools:
+        if self.pods is None:
+            from epp.fleet.k8s.pods import PodPools
+
+            self.pods = PodPools(self.datastore, self.api(), self.settings.pool_namespace)
+            self.pods.start()
+            self.runner.own("pod watch", self.pods)
+        return self.pods
+
+
+async def start_sources(app: App) -> None:
+    """Fill the datastore from the configured source (see the module docstring)."""
+    s, ds = app.settings.sources, app.datastore
+    if s.kind == "file":
+        assert s.endpoints_file is not None
+        path = Path(s.endpoints_file)
+        # Polled every 0.5 s: an edit reaches Envoy (EDS) within a second.
+        watcher = FileWatcher(path, parse=yaml_parser(parse_static_file, str(path)),
+                              apply=lambda parsed: apply_static(ds, *parsed), interval=0.5)
+        await watcher.load_initial()
+        watcher.start()
+        app.runner.own("endpoints file", watcher)
+        app.watchers["endpoints"] = watcher
+    elif s.kind is not None:
+        app.runner.own(f"{s.kind} discovery", await _start_discovery(app, s))
+
+
+async def _start_discovery(app: App, s: SourceSettings) -> Any:
+    from epp.fleet.k8s.discovery import start_pool_discovery, start_selector_discovery
+
+    ds = app.datastore
+    if s.kind == "service":
+        from epp.fleet.k8s.multipool import MultiPoolDiscovery
+
+        multi = MultiPoolDiscovery(ds, s.pool_namespace, app.kube.api(), s.epp_service_name or "",
+                                   pool_name=s.pool_name, pool_group=s.pool_group, pods=app.kube.pod_pools())
+        multi.start()
+        return multi
+    if s.kind == "selector":
+        return await start_selector_discovery(ds, s.pool_namespace, s.selector, s.target_ports,
+                                              pool_name=s.pool_name or "default", api=_own_client(s))
+    assert s.pool_name is not None
+    return await start_pool_discovery(ds, s.pool_name, s.pool_namespace, api=_own_client(s), pool_group=s.pool_group)
+
+
+def _own_client(s: SourceSettings) -> k8s.ApiClient:
+    """The one-pool watchers have a client of their own (as they always had)."""
+    from epp.fleet.k8s.discovery import make_api_client
+
+    return make_api_client(kubeconfig=s.kubeconfig)
+
+
+async def start_scraping(app: App) -> None:
+    """The metrics scraper (its per-endpoint path and parser follow the scheduling config: apply_scheduler)."""
+    app.scraper = app.runner.own("scraper", await start_scraper(app.datastore, app.settings.scrape))
+
+
+async def start_passive_health(app: App) -> None:
+    """Response-path failures take endpoints out of rotation (epp/fleet/passive.py); off with --passive-health=false."""
+    s = app.settings.passive
+    if not s.enabled:
+        return
+    assert app.metrics is not None
+    passive = PassiveHealth(app.datastore, failure_threshold=s.failure_threshold, cooldown=s.cooldown,
+                            max_cooldown=s.max_cooldown, silence_timeout=s.silence_timeout, metrics=app.metrics)
+    passive.scraper = app.scraper
+    app.passive = passive
+    app.metrics.bind_health(passive)
+    passive.start()
+    app.runner.own("passive health", passive)
+
+
+__all__ = ["Kube", "start_passive_health", "start_scraping", "start_sources"]

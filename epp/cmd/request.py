@@ -1,0 +1,54 @@
+"""`epp serve`'s request path: the director bundle (epp/request/director.py) with its observers, built once from
+what the earlier steps started and then made current with the initial scheduler."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from epp.api.metrics import RequestMetrics
+from epp.fleet.rewrites import choose_rewrite
+from epp.request.director import Director, DirectorConfig
+
+if TYPE_CHECKING:
+    from epp.cmd.app import App
+    from epp.request.observe import RequestObserver
+
+
+def director_config(app: App) -> DirectorConfig:
+    r = app.settings.request
+    return DirectorConfig(**r.outputs.fields(), fallbacks=r.fallbacks, conformance=r.conformance,
+                          default_pool=app.settings.sources.pool_name, log_decisions=r.log_decisions)
+
+
+def observers(app: App) -> list[RequestObserver]:
+    """Who observes each request, in order: metrics, the routing dialects' runtimes (e.g. LLMKube's quarantine and
+    first-byte latency), passive health, and the dashboard's recorder (when the dashboard has a page to show it on)."""
+    assert app.metrics is not None
+    out: list[RequestObserver] = [RequestMetrics(app.metrics)]
+    if app.routing is not None:
+        out.extend(app.routing.router.runtimes)
+    if app.passive is not None:
+        out.append(app.passive)
+    d = app.settings.dashboard
+    if d.enabled and (app.settings.server.metrics_port or app.settings.worker):
+        from epp.api.dashboard.recorder import DecisionRecorder, RecorderObserver
+
+        app.recorder = DecisionRecorder(d.decisions)
+        out.append(RecorderObserver(app.recorder))
+    return out
+
+
+async def build_director(app: App) -> None:
+    assert app.scheduler is not None, "the scheduling step runs first"
+    ds, rng = app.datastore, app.rng
+    app.director = Director(
+        ds, app.scheduler, director_config(app),
+        rewrite=lambda model: choose_rewrite(ds.rewrites, model, rng) if ds.rewrites else None,
+        router=app.routing.router if app.routing is not None else None,
+        tokens=app.tokens,  # precise prefix routing: tokenize for configs that read tokens
+        observers=tuple(observers(app)),
+    )
+    app.apply_scheduler(app.scheduler)
+
+
+__all__ = ["build_director", "director_config", "observers"]

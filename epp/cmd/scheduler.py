@@ -1,0 +1,144 @@
+"""`epp serve`'s scheduling: the scheduler from the scheduling config (hot-reloaded: a bad new version is logged
+and the old one keeps serving), and the shell sections of that config that come with each scheduler (admission
+thresholds, flow control, scraping): `apply_scheduler` makes a scheduler current with all of them."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from epp.fleet.datastore import Datastore
+from epp.fleet.reload import FileWatcher
+from epp.fleet.saturation import Detector, SaturationDetector, detector_for
+from epp.flowcontrol import FlowController, PoolPressure
+from epp.request.admit import SheddableAdmitter
+from scheduling.config import load_scheduler, parse_yaml
+from scheduling.framework.model_scheduler import ModelScheduler
+
+if TYPE_CHECKING:
+    from epp.api.metrics import EppMetrics
+    from epp.cmd.app import App
+    from epp.cmd.settings import SchedulingSettings
+    from scheduling.api import FlowControl
+    from scheduling.config.loader import Source
+
+log = logging.getLogger("epp")
+
+
+def build_scheduler(source: Source, rng: random.Random, name: str | None = None,
+                    services: Mapping[str, Any] | None = None) -> ModelScheduler:
+    return load_scheduler(source, rng=rng, timer=time.perf_counter, name=name, services=services)
+
+
+def load_scheduling(settings: SchedulingSettings, rng: random.Random,
+                    services: Mapping[str, Any] | None = None) -> ModelScheduler:
+    """The scheduler from --config-text / --config-file, or the built-in default profile."""
+    if settings.config_text:
+        docs = [d.data for d in parse_yaml(settings.config_text, "--config-text")]
+        return build_scheduler(docs, rng, "--config-text", services)
+    if settings.config_file:
+        return build_scheduler(settings.config_file, rng, services=services)
+    return build_scheduler(None, rng, services=services)
+
+
+async def start_scheduling(app: App) -> None:
+    """The initial scheduler; with --config-file, a watcher that applies each good new version."""
+    path = app.settings.scheduling.config_file
+    if path is None:
+        app.scheduler = load_scheduling(app.settings.scheduling, app.rng, app.services())
+        return
+
+    def parse(text: str) -> ModelScheduler:
+        return build_scheduler([d.data for d in parse_yaml(text, str(path))], app.rng, str(path), app.services())
+
+    def apply(scheduler: ModelScheduler) -> None:
+        # New requests use the new scheduler; in-flight ones finish on the one that picked for them.
+        if app.director is not None:
+            app.apply_scheduler(scheduler)
+            log.info("scheduling config %s reloaded", path)
+
+    watcher = FileWatcher(Path(path), parse=parse, apply=apply)
+    app.scheduler = await watcher.load_initial()
+    watcher.start()
+    app.runner.own("scheduling config", watcher)
+    app.watchers["scheduling config"] = watcher
+
+
+class FlowSwitch:
+    """Flow control as the current scheduling config has it: on, reconfigured in place, or off (its queued
+    requests are then dispatched); and the pool saturation it reads, kept current with the datastore."""
+
+    def __init__(self, datastore: Datastore, metrics: EppMetrics | None) -> None:
+        self.metrics = metrics
+        self.pressure = PoolPressure(datastore, datastore.routable, SaturationDetector())
+        self.flow: FlowController | None = None
+        self._background: set[asyncio.Task[Any]] = set()
+        datastore.on_endpoint_removed(self.pressure.forget)
+        datastore.on_metrics_updated(self.metrics_arrived)
+
+    def apply(self, config: FlowControl | None, detector: Detector) -> FlowController | None:
+        self.pressure.detector = detector
+        if config is None:
+            old, self.flow = self.flow, None
+            if old is not None:
+                task = asyncio.get_running_loop().create_task(old.close(release=True))
+                self._background.add(task)
+                task.add_done_callback(self._background.discard)
+            return None
+        if self.flow is None:
+            self.flow = FlowController(config, self.pressure, metrics=self.metrics)
+        else:
+            self.flow.configure(config)
+        return self.flow
+
+    def metrics_arrived(self, keys: Iterable[str]) -> None:
+        self.pressure.metrics_updated(keys)
+        if self.flow is not None:
+            self.flow.kick()
+
+    async def close(self) -> None:
+        """Queued requests are answered 503 (before the server drains)."""
+        flow, self.flow = self.flow, None
+        if flow is not None:
+            await flow.close()
+
+
+async def start_flow_control(app: App) -> None:
+    """Endpoint lifecycle and flow control: whatever scheduler is current forgets a departed endpoint (in-flight
+    counts and the unhealthy mark are the datastore's own; the scraper subscribes itself)."""
+    ds = app.datastore
+    ds.on_endpoint_removed(lambda key: app.current().scheduler.endpoint_removed(key))
+    switch = app.flow_switch = FlowSwitch(ds, app.metrics)
+
+    async def close() -> None:
+        if app.director is not None and app.director.flow is not None:
+            app.publish(app.director.replace(flow=None))
+        await switch.close()
+
+    app.runner.add("flow control", close)
+
+
+def apply_scheduler(app: App, scheduler: ModelScheduler) -> None:
+    """Make `scheduler` current, with what its config's shell sections say (admission thresholds, flow control,
+    scraping): a new director bundle for new streams."""
+    assert app.flow_switch is not None, "flow control is set up before any scheduler is applied"
+    shell = scheduler.shell
+    detector = detector_for(shell.saturation, app.datastore.inflight)
+    flow = app.flow_switch.apply(shell.flow_control, detector)
+    admitters = (SheddableAdmitter(detector.admit), *app.admitters)
+    app.publish(app.current().replace(scheduler=scheduler, admitters=admitters, flow=flow))
+    if app.scraper is not None:
+        app.scraper.configure(shell.scrape)
+    if app.precise is not None:
+        app.precise.apply_config(scheduler)  # an llm-d kvEventsConfig may name the engines' event port
+    if app.bus is not None:  # the new scheduler's plugins replicate instead of the old one's
+        app.bus.replication.attach(scheduler)
+
+
+__all__ = ["FlowSwitch", "apply_scheduler", "build_scheduler", "load_scheduling", "start_flow_control",
+           "start_scheduling"]

@@ -1,0 +1,105 @@
+"""`epp serve`'s servers: the gRPC port (ext_proc, Pointsman's API, EDS and health), the separate health port,
+the worker's control socket, and the metrics port with the dashboard.
+
+The gRPC server itself is not closed by the runner: `App.stop` drains it last, after every component closed
+(queued requests are answered 503 and EDS streams end first: docs/flowcontrol.md, docs/envoy.md).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from epp.api.explain import PointsmanService
+from epp.api.health import add_health_servicer, start_health_server
+from epp.api.metrics import start_metrics_server
+from epp.extproc.server import build_server
+from epp.extproc.settings import ServerSettings
+
+if TYPE_CHECKING:
+    from epp.cmd.app import App
+
+log = logging.getLogger("epp")
+
+
+async def make_dashboard(app: App) -> None:
+    """The live page on the metrics port, reading the decision recorder that observes the request path."""
+    if app.recorder is None:
+        return
+    from epp.api.dashboard import Dashboard
+
+    d, scheduling = app.settings.dashboard, app.settings.scheduling
+    app.dashboard = Dashboard(app.current(), recorder=app.recorder, passive=app.passive, prefix=d.path_prefix,
+                              token=d.token, config_source=lambda: scheduling.source, watchers=app.watchers,
+                              started_at=app.started_at)
+    app.holders.append(app.dashboard.explainer)
+
+
+async def start_grpc(app: App) -> None:
+    """The gRPC port: ext_proc and the Pointsman API over the current director, EDS (with --eds) and health; and
+    the separate health port (kubelet probes)."""
+    s = app.settings.server
+    extra: list[Callable[[Any], object]] = []
+    if s.eds:  # EDS for Envoy's pool cluster, on this same port (epp/xds)
+        from epp.xds import EdsService, add_eds_service
+
+        app.eds = eds = EdsService(app.datastore)
+        extra.append(lambda server: add_eds_service(server, eds))
+    api = PointsmanService(app.current(), app.passive)
+    # (ServerSettings.limits, the transport's limits, go to build_server once it takes them.)
+    app.server, app.extproc = build_server(app.current(), s.stream, extra_servicers=extra, metrics=app.metrics,
+                                           transport=s.transport, reuse_port=app.settings.worker, api=api)
+    app.holders += [app.extproc, api]
+    app.health = add_health_servicer(app.server, app.datastore)
+    app.port = _bind(app.server, s)
+    await app.server.start()
+    log.info("Pointsman serving ext_proc%s on %s:%d%s (%s transport)", " and EDS" if app.eds else "",
+             s.grpc_host, app.port, " (TLS)" if s.secure else "", s.transport)
+    if app.eds is not None:
+        app.eds.start()
+        app.runner.own("EDS", app.eds)
+    if s.health_port:
+        health = await start_health_server(app.datastore, s.health_port, s.grpc_host)
+        app.runner.add("health port", lambda: health.stop(0))
+
+
+def _bind(server: Any, s: ServerSettings) -> int:
+    if s.secure:
+        from epp.extproc.tls import server_credentials, server_ssl_context
+
+        creds = server_ssl_context(s.cert_path) if s.transport == "h2" else server_credentials(s.cert_path)
+        port = server.add_secure_port(s.address, creds)
+    else:
+        port = server.add_insecure_port(s.address)
+    if not port:
+        raise RuntimeError(f"cannot bind the gRPC port {s.address}")
+    return int(port)
+
+
+async def start_worker_control(app: App) -> None:
+    """A worker of `epp serve --workers N` (epp/workers): its control socket, which the supervisor talks to."""
+    if not app.settings.worker:
+        return
+    from epp.workers.control import start_worker_control as start
+
+    app.runner.add("worker control", await start(app))
+
+
+async def start_metrics(app: App) -> None:
+    """The metrics port: /metrics, and the dashboard when there is one."""
+    port = app.settings.server.metrics_port
+    if not port:
+        return
+    assert app.metrics is not None
+    dash = app.dashboard
+    runner = await start_metrics_server(app.metrics, port, setup=dash.install if dash is not None else None)
+    app.runner.add("metrics port", runner.cleanup)
+    if dash is not None:
+        await dash.start()
+        app.runner.own("dashboard", dash)
+        log.info("dashboard on port %d at %s%s", port, dash.prefix,
+                 " (token required)" if app.settings.dashboard.token else "")
+
+
+__all__ = ["make_dashboard", "start_grpc", "start_metrics", "start_worker_control"]

@@ -1,0 +1,63 @@
+"""Optional features and the pip extras that install them.
+
+The base install serves ext_proc with endpoints from a file or Kubernetes. Everything else is an extra
+(pyproject.toml), imported only where it is used; a feature whose extra is missing fails with an error that names
+the extra instead of an ImportError from deep inside:
+
+    error: --redis-url needs the 'redis' extra: pip install 'pointsman[redis]'
+
+`check(extra, feature)` is the cheap test the settings run on the flags (it imports nothing), `require(extra,
+module, feature)` imports a module of the extra where the feature starts.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from types import ModuleType
+
+# extra -> the importable modules it provides (pyproject.toml lists the distributions)
+EXTRAS: dict[str, tuple[str, ...]] = {
+    "redis": ("redis",),
+    "precise": ("zmq", "msgpack", "tokenizers", "jinja2"),
+    "replicas": ("zmq", "msgpack"),
+    "envoy-config": ("envoy_data_plane", "pydantic"),
+    "stack": ("zmq", "msgpack", "envoy_data_plane"),  # and the Envoy binary (epp.stack.settings)
+}
+
+
+class MissingExtra(ImportError):
+    """A feature was asked for whose pip extra is not installed."""
+
+    def __init__(self, extra: str, feature: str, module: str) -> None:
+        super().__init__(f"{feature} needs the '{extra}' extra: pip install 'pointsman[{extra}]'", name=module)
+        self.extra = extra
+        self.feature = feature
+
+
+def available(module: str) -> bool:
+    """Whether `module` can be imported (without importing it)."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def check(extra: str, feature: str, modules: tuple[str, ...] | None = None) -> None:
+    """MissingExtra unless the extra's modules (or the given ones of it) are installed. Imports nothing."""
+    for module in modules if modules is not None else EXTRAS[extra]:
+        if not available(module):
+            raise MissingExtra(extra, feature, module)
+
+
+def require(extra: str, module: str, feature: str) -> ModuleType:
+    """Import `module` of `extra` for `feature`; MissingExtra when it is not installed."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        if e.name is not None and e.name.split(".")[0] != module.split(".")[0]:
+            raise  # the module is there but something it needs is broken: not a missing extra
+        raise MissingExtra(extra, feature, module) from e
+
+
+__all__ = ["EXTRAS", "MissingExtra", "available", "check", "require"]
