@@ -84,7 +84,9 @@ def routed_rig(path: Path, pools: dict[str, list[str]] | None = None) -> Rig:
     svc.load_text(path.read_text(), path.name)
     sched = _scheduler(None, 12)
     router = svc.router
-    d = _director(ds, clock, sched, router=router, observers=(router.runtime("llmkube"),))
+    runtime = router.runtime("llmkube")
+    runtime.clock = clock  # quarantine timers and latency windows run on the director's clock
+    d = _director(ds, clock, sched, router=router, observers=(runtime,))
     return Rig(d.exchange, ds, clock)
 
 
