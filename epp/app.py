@@ -451,8 +451,11 @@ class App:
             self.eds = eds = EdsService(self.datastore)
             extra.append(lambda server: add_eds_service(server, eds))
         transport = getattr(args, "grpc_transport", DEFAULT_TRANSPORT)
+        from epp.h2grpc.limits import from_args as grpc_limits
+
         self.server, self.extproc = build_server(self.director, stream_cfg, extra_servicers=extra, metrics=self.metrics,
-                                                 transport=transport, reuse_port=args.worker_index is not None)
+                                                 transport=transport, reuse_port=args.worker_index is not None,
+                                                 limits=grpc_limits(args))
         self.health = add_health_servicer(self.server, self.datastore)
         addr = f"{args.grpc_host}:{args.grpc_port}"
         if args.secure_serving:

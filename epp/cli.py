@@ -33,6 +33,11 @@ def _add_serve_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--eds", type=_bool, default=True,
                    help="serve the pools' endpoints to Envoy over EDS on the gRPC port (default true)")
 
+    from epp.h2grpc.limits import add_flags as add_grpc_limit_flags
+
+    add_grpc_limit_flags(p.add_argument_group("gRPC server limits (per connection unless said; docs/frontdoor.md)"),
+                         _duration)
+
     g = p.add_argument_group("pool and endpoints")
     g.add_argument("--pool-name", default=os.environ.get("POOL_NAME"), help="InferencePool to serve")
     g.add_argument("--pool-namespace", default=os.environ.get("NAMESPACE", "default"))

@@ -26,12 +26,12 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
 from epp.director import Director
 from epp.explain import PointsmanService
+from epp.h2grpc.limits import ServerLimits, grpcio_options
 from epp.protocol import BodyMode, Exchange, Outcome, Phase, RequestMachine, immediate
 from proto import pointsman_pb2_grpc
 
 log = logging.getLogger(__name__)
 
-MAX_MESSAGE_BYTES = 128 * 1024 * 1024  # well above gRPC's 4 MiB default, on both directions
 _EOF = grpc.aio.EOF
 
 
@@ -169,16 +169,10 @@ def _close_after(exchange: Exchange) -> Callable[[asyncio.Future[Any]], None]:
     return done
 
 
-def grpc_options(reuse_port: bool = False) -> list[tuple[str, int]]:
+def grpc_options(reuse_port: bool = False, limits: ServerLimits | None = None) -> list[tuple[str, int]]:
     """`reuse_port`: the workers of `epp serve --workers N` share one port (SO_REUSEPORT); otherwise a port in use
-    is an error, never silently shared."""
-    return [
-        ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-        ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-        ("grpc.so_reuseport", 1 if reuse_port else 0),
-        ("grpc.http2.max_pings_without_data", 0),
-        ("grpc.keepalive_permit_without_calls", 1),
-    ]
+    is an error, never silently shared. `limits`: the h2 transport's, as far as grpc has options for them."""
+    return [("grpc.so_reuseport", 1 if reuse_port else 0), *grpcio_options(limits or ServerLimits())]
 
 
 TRANSPORTS = ("h2", "grpcio")
@@ -193,22 +187,24 @@ def build_server(
     extra_servicers: list[Callable[[Any], object]] | None = None,
     transport: str = DEFAULT_TRANSPORT,
     reuse_port: bool = False,
+    limits: ServerLimits | None = None,
 ) -> tuple[Any, Any]:
     """The gRPC server carrying ExternalProcessor and the Pointsman API (ports are added by the caller).
 
     `transport`: "h2" (epp.h2grpc: HTTP/2 on asyncio, the ext_proc calls callback-driven) or "grpcio" (grpc.aio).
-    Both offer the grpc.aio.Server calls the shell uses (add_*_port, start, stop, generated add_*_to_server)."""
+    Both offer the grpc.aio.Server calls the shell uses (add_*_port, start, stop, generated add_*_to_server).
+    `limits`: what one client may make the server spend (epp/h2grpc/limits.py; grpcio gets the options it has)."""
     if transport == "h2":
         from epp.extproc_h2 import PROCESS_PATH, ExtProcH2
         from epp.h2grpc import H2Server
 
-        h2server = H2Server(max_message_bytes=MAX_MESSAGE_BYTES, reuse_port=reuse_port)
+        h2server = H2Server(reuse_port=reuse_port, limits=limits)
         h2svc = ExtProcH2(director, stream_config or StreamConfig(), metrics)
         h2server.add_native_method(PROCESS_PATH, h2svc.call)
         server: Any = h2server
         svc: Any = h2svc
     elif transport == "grpcio":
-        server = grpc.aio.server(options=grpc_options(reuse_port))
+        server = grpc.aio.server(options=grpc_options(reuse_port, limits))
         svc = ExtProcService(director, stream_config, metrics)
         pb_grpc.add_ExternalProcessorServicer_to_server(svc, server)
     else:

@@ -7,7 +7,9 @@ with Envoy's and gRPC's comparable defaults; the comments here name them too.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, fields
+from typing import Any
 
 MiB = 1 << 20
 
@@ -126,3 +128,61 @@ def grpcio_options(limits: ServerLimits) -> list[tuple[str, int]]:
         opts.append(("grpc.max_connection_age_ms", int(limits.max_connection_age * ms)))
         opts.append(("grpc.max_connection_age_grace_ms", int(limits.max_connection_age_grace * ms)))
     return opts
+
+
+# ---- flags (`epp serve`, group "gRPC server limits") ------------------------------------------------------------
+_HELP = {
+    "max_concurrent_streams": "open streams per connection, advertised; more are refused",
+    "premature_reset_streams": "streams a connection opens before more than half of them ending prematurely "
+                               "(reset early, refused, or reset for a client error) closes it",
+    "premature_reset_seconds": "a client reset before any reply and within this is premature",
+    "max_frame_size": "longest frame payload accepted, advertised (16384..16777215)",
+    "max_header_list_bytes": "request header block, before and after HPACK decoding",
+    "max_continuation_frames": "CONTINUATION frames in one header block",
+    "max_control_frames": "PING and SETTINGS frames a connection may send in a burst",
+    "control_frames_per_second": "rate at which that burst allowance refills",
+    "max_window_updates_per_data_frame": "WINDOW_UPDATEs allowed per DATA frame sent (Envoy's rule)",
+    "max_consecutive_empty_frames": "consecutive frames with an empty payload and no END_STREAM",
+    "max_priority_frames_per_stream": "PRIORITY frames allowed per stream opened",
+    "max_message_bytes": "one gRPC message, also once inflated (65 MiB, or --max-body-bytes + 1 MiB if "
+                         "larger)",
+    "max_connection_buffer_bytes": "messages being assembled plus replies queued, per connection; windows are "
+                                   "withheld above it",
+    "max_stream_buffer_bytes": "replies queued (and requests unread) on one stream above which its window is "
+                               "withheld",
+    "initial_stream_window": "receive window per stream, advertised",
+    "initial_connection_window": "receive window per connection",
+    "write_buffer_bytes": "unsent bytes in the socket buffer above which the connection is not read",
+    "handshake_timeout": "time for a new connection to send its HTTP/2 preface",
+    "idle_timeout": "a connection without streams this long is closed; 0 disables",
+    "max_connection_age": "graceful GOAWAY at this age (±10%%); 0 disables",
+    "max_connection_age_grace": "time open streams get after that GOAWAY",
+    "max_connections": "open connections per worker; at the cap the longest idle one is closed",
+}
+_DURATIONS = ("premature_reset_seconds", "handshake_timeout", "idle_timeout", "max_connection_age",
+              "max_connection_age_grace")
+
+
+def _flag(name: str) -> str:
+    return "--grpc-" + name.replace("_", "-")
+
+
+def add_flags(g: Any, duration: Callable[[str], float]) -> None:
+    """One flag per limit (`--grpc-max-concurrent-streams` ...); the defaults are ServerLimits'."""
+    defaults = ServerLimits()
+    for f in fields(ServerLimits):
+        default = getattr(defaults, f.name)
+        is_duration = f.name in _DURATIONS
+        shown = f"{default:g}s" if is_duration else f"{default:g}" if isinstance(default, float) else f"{default}"
+        g.add_argument(_flag(f.name), dest=f"grpc_{f.name}", default=None, type=duration if is_duration else
+                       type(default), metavar="DURATION" if is_duration else "N",
+                       help=_HELP[f.name] if f.name == "max_message_bytes" else f"{_HELP[f.name]} ({shown})")
+
+
+def from_args(args: Any) -> ServerLimits:
+    """The limits the flags set (ValueError for an impossible one)."""
+    given = {f.name: v for f in fields(ServerLimits) if (v := getattr(args, f"grpc_{f.name}", None)) is not None}
+    body = getattr(args, "max_body_bytes", None)
+    if "max_message_bytes" not in given and body is not None:  # a BUFFERED body is one message
+        given["max_message_bytes"] = max(ServerLimits.max_message_bytes, body + MiB)
+    return ServerLimits(**given)
