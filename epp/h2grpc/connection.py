@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, cast
 
 import hpack
 
-from epp.h2grpc import frames, status
+from epp.h2grpc import frames, inflate, status
 from epp.h2grpc.budget import Budget
 from epp.h2grpc.frames import (
     ACK,
@@ -94,6 +94,8 @@ class Connection(Outbound, asyncio.Protocol):
         self._block_flags = 0
         self._block_frames = 0
         self._block_self_dependent = False
+        self._reset_ids: dict[int, None] = {}  # streams we reset lately, oldest first
+        self._reset_memory = max(4096, 2 * lim.max_concurrent_streams)
         # the sending side (outbound.py)
         self._out = []
         self._receiving = False
@@ -103,8 +105,8 @@ class Connection(Outbound, asyncio.Protocol):
         self._peer_initial = frames.DEFAULT_WINDOW
         self._send_window = frames.DEFAULT_WINDOW
         self._max_out_frame = 16384
-        self._recv_window = lim.initial_connection_window
-        self._conn_unacked = 0
+        self._recv_window = frames.DEFAULT_WINDOW
+        self._conn_unacked = lim.initial_connection_window - frames.DEFAULT_WINDOW  # granted at the first flush
         self._waiting_conn = {}
         self._waiting_stream = {}
         self.out_pending = 0
@@ -115,6 +117,7 @@ class Connection(Outbound, asyncio.Protocol):
         self._closing = False
         self._announced = False  # the announcing GOAWAY is sent
         self._timers: dict[str, asyncio.TimerHandle] = {}
+        self.inflations = inflate.Queue(self.loop, server.inflater, lim.max_message_bytes)
 
     # ---- asyncio.Protocol ------------------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -133,8 +136,7 @@ class Connection(Outbound, asyncio.Protocol):
         if lim.max_frame_size != 16384:
             values.append((frames.MAX_FRAME_SIZE, lim.max_frame_size))
         self._out.append(frames.settings(values))
-        self._out.append(frames.window_update(0, lim.initial_connection_window - frames.DEFAULT_WINDOW))
-        self._flush()
+        self._flush()  # with the connection's window, unless the server holds too much already
         self._timer("handshake", lim.handshake_timeout, self._handshake_expired)
         if lim.max_connection_age:
             self._timer("age", lim.max_connection_age * random.uniform(0.9, 1.1), self._age_reached)
@@ -168,6 +170,7 @@ class Connection(Outbound, asyncio.Protocol):
             timer.cancel()
         self._timers.clear()
         self.server.connection_gone(self)
+        self.inflations.clear()
         streams = list(self.streams.values())
         for s in streams:
             self._forget(s)
@@ -211,7 +214,9 @@ class Connection(Outbound, asyncio.Protocol):
         if stream is None:
             if sid > self.last_stream:
                 raise H2Error(PROTOCOL_ERROR, "DATA on an idle stream")
-            return  # a closed stream: in flight when we ended it; its bytes are given back with the connection's
+            if sid not in self._reset_ids:
+                raise H2Error(STREAM_CLOSED, "DATA on a closed stream")
+            return  # in flight when we reset the stream; its bytes are given back with the connection's
         if stream.remote_ended:
             self._stream_error(stream, STREAM_CLOSED)
             return
@@ -222,7 +227,7 @@ class Connection(Outbound, asyncio.Protocol):
             try:
                 stream.feed(payload)
             except Exception as e:  # a handler bug ends its call, never the connection
-                self._handler_failed(stream, e)
+                self.handler_failed(stream, e)
         if end:
             self._end_stream(stream)
         elif n and not stream.closed:
@@ -297,9 +302,10 @@ class Connection(Outbound, asyncio.Protocol):
             return
         if sid & 1 == 0:
             raise H2Error(PROTOCOL_ERROR, "a stream id the client may not use")
-        if sid <= self.last_stream:  # a closed stream
-            self._premature()
-            return
+        if sid <= self.last_stream:
+            if sid not in self._reset_ids:
+                raise H2Error(PROTOCOL_ERROR, "HEADERS on a closed stream or a stream id going down")
+            return  # trailers in flight when we reset the stream
         self.last_stream = sid
         self.budget.streams_opened += 1
         if self_dependent:
@@ -473,9 +479,9 @@ class Connection(Outbound, asyncio.Protocol):
         try:
             stream.end()
         except Exception as e:
-            self._handler_failed(stream, e)
+            self.handler_failed(stream, e)
 
-    def _handler_failed(self, stream: ServerStream, error: Exception) -> None:
+    def handler_failed(self, stream: ServerStream, error: Exception) -> None:
         log.error("%s: handler failed", stream.path, exc_info=error)
         try:
             stream.fail(status.INTERNAL, f"handler failed: {error}")
@@ -484,13 +490,22 @@ class Connection(Outbound, asyncio.Protocol):
 
     def _stream_error(self, stream: ServerStream, code: int) -> None:
         """A client's error on one stream: RST_STREAM; the call is cancelled; it counts as a premature reset."""
-        self._out.append(frames.rst_stream(stream.id, code))
+        self.reset(stream.id, code)
         self._forget(stream)
         self._premature()
 
     def _refuse(self, sid: int, code: int) -> None:
-        self._out.append(frames.rst_stream(sid, code))
+        self.reset(sid, code)
         self._premature()
+
+    def reset(self, sid: int, code: int) -> None:
+        """RST_STREAM from us. Frames the client sent before it learns of it are ignored, for the last few
+        thousand streams reset; on other closed streams they are connection errors (RFC 9113 §5.1)."""
+        self._out.append(frames.rst_stream(sid, code))
+        reset = self._reset_ids
+        reset[sid] = None
+        if len(reset) > self._reset_memory:
+            del reset[next(iter(reset))]
 
     def _premature(self) -> None:
         if why := self.budget.premature_reset():
@@ -502,6 +517,7 @@ class Connection(Outbound, asyncio.Protocol):
             return
         if stream.pending_bytes:
             self.out_pending -= stream.pending_bytes
+            self.server.buffered -= stream.pending_bytes
             stream.pending_bytes = 0
             stream.pending = None
         self._waiting_conn.pop(stream, None)
@@ -510,6 +526,7 @@ class Connection(Outbound, asyncio.Protocol):
             self.unreserve(stream)
         if stream.held:
             self.held -= stream.held
+            self.server.buffered -= stream.held
             stream.held = 0
         if not self.streams:
             self._became_idle()
@@ -594,7 +611,7 @@ class Connection(Outbound, asyncio.Protocol):
         self._timers.pop("grace", None)
         for stream in list(self.streams.values()):
             if not stream.closed:
-                self._out.append(frames.rst_stream(stream.id, CANCEL))
+                self.reset(stream.id, CANCEL)
             self._forget(stream)
         self._close()
 

@@ -60,12 +60,18 @@ class ServerLimits:
     # refused (RESOURCE_EXHAUSTED) unless it is the only one being assembled. Envoy bounds buffers per stream
     # (initial_stream_window_size) and per connection (per_connection_buffer_limit_bytes, 1 MiB).
     max_connection_buffer_bytes: int = 64 * MiB
+    # The same for all connections of the server (of a worker) together. Above it, a connection gets no more
+    # window than its share (this budget over the open connections), and new messages that would not fit are
+    # refused. Envoy's overload manager plays this part.
+    max_server_buffer_bytes: int = 256 * MiB
     # Replies (and unread requests) queued on one stream above which its WINDOW_UPDATEs are withheld.
-    max_stream_buffer_bytes: int = 4 * MiB
-    # Receive windows we advertise: per stream (SETTINGS_INITIAL_WINDOW_SIZE) and per connection.
-    # Envoy: 16 MiB and 24 MiB (since 1.36); grpc: 64 KiB growing with its bandwidth probe.
-    initial_stream_window: int = 4 * MiB
-    initial_connection_window: int = 16 * MiB
+    max_stream_buffer_bytes: int = 1 * MiB
+    # Receive windows we advertise: per stream (SETTINGS_INITIAL_WINDOW_SIZE) and per connection: what a client
+    # may send before we read it, so also what each connection can make us buffer beyond the budgets.
+    # Envoy: 16 MiB and 24 MiB (since 1.36; its edge advice: 64 KiB and 1 MiB); grpc: 64 KiB growing with its
+    # bandwidth probe.
+    initial_stream_window: int = 1 * MiB
+    initial_connection_window: int = 2 * MiB
     # Bytes in the socket's write buffer above which we stop reading the connection (asyncio's pause_writing).
     write_buffer_bytes: int = 256 * 1024
 
@@ -148,6 +154,8 @@ _HELP = {
                          "larger)",
     "max_connection_buffer_bytes": "messages being assembled plus replies queued, per connection; windows are "
                                    "withheld above it",
+    "max_server_buffer_bytes": "the same for all connections of a worker; over it a connection gets only its "
+                               "share of window, and messages that do not fit are refused",
     "max_stream_buffer_bytes": "replies queued (and requests unread) on one stream above which its window is "
                                "withheld",
     "initial_stream_window": "receive window per stream, advertised",

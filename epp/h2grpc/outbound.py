@@ -24,6 +24,7 @@ from epp.h2grpc.frames import DATA, END_HEADERS, HEADERS, NO_ERROR, RESPONSE_HEA
 if TYPE_CHECKING:
     from epp.h2grpc.budget import Budget
     from epp.h2grpc.limits import ServerLimits
+    from epp.h2grpc.server import H2Server
     from epp.h2grpc.stream import ServerStream
 
 _header = frames.header
@@ -32,6 +33,7 @@ _RESPONSE_HEADERS_LEN = len(RESPONSE_HEADERS)
 
 class Outbound:
     # set up by Connection.__init__
+    server: H2Server
     limits: ServerLimits
     loop: asyncio.AbstractEventLoop
     transport: asyncio.Transport | None
@@ -54,6 +56,9 @@ class Outbound:
     reserved: int  # bytes reserved for messages being assembled
 
     def _remove(self, stream: ServerStream) -> None:  # Connection: the stream leaves the table
+        raise NotImplementedError
+
+    def reset(self, sid: int, code: int) -> None:  # Connection: RST_STREAM
         raise NotImplementedError
 
     # ---- replies -------------------------------------------------------------------------------------------
@@ -79,6 +84,7 @@ class Outbound:
             stream.pending.append(memoryview(data))
             stream.pending_bytes += n
             self.out_pending += n
+            self.server.buffered += n
             if len(stream.pending) == 1:
                 self._drain(stream)
         self._written()
@@ -123,7 +129,7 @@ class Outbound:
     def _closed_locally(self, stream: ServerStream) -> None:
         """Our side is done. If the client still sends, tell it to stop (RST_STREAM NO_ERROR, as grpc does)."""
         if not stream.remote_ended:
-            self._out.append(frames.rst_stream(stream.id, NO_ERROR))
+            self.reset(stream.id, NO_ERROR)
         stream.closed = True
         self._remove(stream)
 
@@ -136,16 +142,17 @@ class Outbound:
         out = self._out
         sid = stream.id
         budget = self.budget
+        sent = 0
         while pending:
             if self._write_paused or self._send_window <= 0:
                 self._waiting_stream.pop(stream, None)
                 self._waiting_conn[stream] = None
-                return
+                break
             window = self._peer_initial + stream.send_delta
             if window <= 0:
                 self._waiting_conn.pop(stream, None)
                 self._waiting_stream[stream] = None
-                return
+                break
             head = pending[0]
             n = min(window, self._send_window, self._max_out_frame, len(head))
             if n == len(head):
@@ -157,9 +164,15 @@ class Outbound:
             out.append(head)
             stream.send_delta -= n
             self._send_window -= n
-            stream.pending_bytes -= n
-            self.out_pending -= n
+            sent += n
             budget.data_frames_sent += 1
+        stream.pending_bytes -= sent
+        self.out_pending -= sent
+        self.server.buffered -= sent
+        if pending:
+            if sent:
+                self._written()
+            return
         stream.pending = None
         self._waiting_conn.pop(stream, None)
         self._waiting_stream.pop(stream, None)
@@ -199,28 +212,44 @@ class Outbound:
             self._written()
 
     def _connection_window(self) -> None:
-        unacked = self._conn_unacked
-        if (unacked >= self.limits.initial_connection_window >> 1
-                and self.out_pending + self.held <= self.limits.max_connection_buffer_bytes):
-            self._conn_unacked = 0
-            self._recv_window += unacked
-            self._out.append(frames.window_update(0, unacked))
+        """Give the connection's window back once half of it is used, unless the connection holds more than its
+        budget; while the whole server holds more than its own, a connection gets no more than its share."""
+        lim = self.limits
+        grant = self._conn_unacked
+        if grant < lim.initial_connection_window >> 1:
+            return
+        own = self.out_pending + self.held
+        if own > lim.max_connection_buffer_bytes:
+            return
+        server = self.server
+        if server.buffered > lim.max_server_buffer_bytes:
+            grant = min(grant, lim.max_server_buffer_bytes // max(1, len(server.connections)) - own)
+            if grant <= 0:
+                return
+        self._conn_unacked -= grant
+        self._recv_window += grant
+        self._out.append(frames.window_update(0, grant))
 
     def reserve(self, stream: ServerStream, nbytes: int) -> bool:
-        """Room in the connection's buffer budget for a message of `nbytes` being assembled on `stream`."""
-        if self.reserved and self.reserved + self.out_pending + self.held + nbytes > \
-                self.limits.max_connection_buffer_bytes:
+        """Room for a message of `nbytes` being assembled on `stream`: within the connection's budget (or the only
+        message it assembles) and within the server's."""
+        lim = self.limits
+        if (self.reserved and self.reserved + self.out_pending + self.held + nbytes > lim.max_connection_buffer_bytes
+                or self.server.buffered + nbytes > lim.max_server_buffer_bytes):
             return False
         self.reserved += nbytes
+        self.server.buffered += nbytes
         stream.reserved = nbytes
         return True
 
     def unreserve(self, stream: ServerStream) -> None:
         self.reserved -= stream.reserved
+        self.server.buffered -= stream.reserved
         stream.reserved = 0
 
     def note_held(self, nbytes: int) -> None:
         self.held += nbytes
+        self.server.buffered += nbytes
 
     # ---- writing -------------------------------------------------------------------------------------------
     def pending_bytes(self, stream: ServerStream) -> int:

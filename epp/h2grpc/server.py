@@ -20,6 +20,7 @@ is refused.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import dataclasses
 import logging
@@ -65,6 +66,8 @@ class H2Server:
         self.reuse_port = reuse_port
         self.connections: set[Connection] = set()
         self._idle: dict[Connection, None] = {}  # connections without open streams, longest idle first
+        self.buffered = 0  # bytes all connections hold: messages being assembled, replies queued, requests unread
+        self._inflater: concurrent.futures.ThreadPoolExecutor | None = None
         self._native: dict[str, Factory] = {}
         self._registered: dict[str, grpc.RpcMethodHandler] = {}
         self._generic: list[grpc.GenericRpcHandler] = []
@@ -76,6 +79,12 @@ class H2Server:
     @property
     def max_message_bytes(self) -> int:
         return self.limits.max_message_bytes
+
+    def inflater(self) -> concurrent.futures.ThreadPoolExecutor:
+        """The one thread compressed messages are inflated on (epp/h2grpc/inflate.py)."""
+        if self._inflater is None:
+            self._inflater = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="grpc-inflate")
+        return self._inflater
 
     # ---- connections ---------------------------------------------------------------------------------------
     def admit(self, conn: Connection) -> bool:
@@ -203,6 +212,9 @@ class H2Server:
             conn.cancel_all()
         self._servers.clear()
         self._sockets.clear()
+        if self._inflater is not None:
+            self._inflater.shutdown(wait=False, cancel_futures=True)
+            self._inflater = None
         if self._terminated is not None:
             self._terminated.set()
 

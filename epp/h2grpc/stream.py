@@ -8,24 +8,23 @@ stopped). The handler answers with `send(message)` / `send_many(messages)` and e
 stream is half-closed (remote): replies and the status may still follow, as late as the handler likes.
 
 Messages are assembled without re-copying: one arriving whole in a DATA frame is a slice of it; one spread over
-frames grows in one bytearray, handed on as it is. A handler that keeps request bytes unread (a queue) reports them
+frames grows in one bytearray, handed on as it is. A compressed message is inflated off the event loop
+(inflate.py); messages behind it wait, in order. A handler that keeps request bytes unread (a queue) reports them
 with `hold(n)` / `release(n)`, so that the stream's window is withheld while it keeps too many.
 """
 
 from __future__ import annotations
 
 import asyncio
-import zlib
 from collections import deque
 from typing import TYPE_CHECKING, Protocol
 
-from epp.h2grpc import status
+from epp.h2grpc import inflate, status
 
 if TYPE_CHECKING:
     from epp.h2grpc.connection import Connection
 
 MAX_STATUS_MESSAGE = 1024  # characters of grpc-message; the rest is cut
-_INFLATE_CHUNK = 1 << 20
 
 
 class StreamHandler(Protocol):
@@ -37,7 +36,8 @@ class StreamHandler(Protocol):
 class ServerStream:
     __slots__ = ("conn", "id", "path", "headers", "handler", "started", "finished", "closed", "remote_ended",
                  "pending", "pending_bytes", "trailers", "timer", "opened_at", "recv_window", "unacked",
-                 "send_delta", "held", "reserved", "_partial", "_need", "_flag")
+                 "send_delta", "held", "reserved", "_partial", "_need", "_flag", "_inflating", "_backlog",
+                 "_end_pending")
 
     def __init__(self, conn: Connection, stream_id: int, path: str, headers: list[tuple[bytes, bytes]]) -> None:
         self.conn = conn
@@ -62,6 +62,9 @@ class ServerStream:
         self._partial: bytearray | None = None  # the message being assembled (its 5-byte prefix while incomplete)
         self._need = -1  # bytes still missing from it; -1 while its prefix is incomplete
         self._flag = 0
+        self._inflating: int | None = None  # the size of a compressed message being inflated (inflate.Queue)
+        self._backlog: list[bytes] = []  # request bytes that arrived meanwhile (held: they count against the window)
+        self._end_pending = False  # the client half-closed meanwhile
 
     # ---- what handlers use ---------------------------------------------------------------------------------
     @property
@@ -119,9 +122,16 @@ class ServerStream:
     # ---- what the connection calls ---------------------------------------------------------------------------
     def feed(self, data: bytes) -> None:
         """Bytes of the request body: split into messages for the handler."""
+        if self._inflating is not None:  # later messages wait for the compressed one before them
+            self._backlog.append(data)
+            self.hold(len(data))
+            return
         if self._partial is not None:
             rest = self._continue(data)
             if rest is None:
+                return
+            if self._inflating is not None:
+                self.feed(rest)
                 return
             data = rest
         limit = self.conn.max_message_bytes
@@ -146,6 +156,9 @@ class ServerStream:
             message = data[pos + 5: stop]
             pos = stop
             self._deliver(flag, message)
+            if self._inflating is not None and pos < end:
+                self.feed(data[pos:])
+                return
 
     def _continue(self, data: bytes) -> bytes | None:
         """Grow the message being assembled; deliver it when whole. The rest of `data`, or None (used up)."""
@@ -159,11 +172,10 @@ class ServerStream:
                 return None
             size = int.from_bytes(buf[1:5], "big")
             limit = self.conn.max_message_bytes
+            self._partial = None
             if size > limit:
-                self._partial = None
                 self._too_large(size, limit)
                 return None
-            self._partial = None
             if not self._reserve(size):
                 return None
             self._flag = buf[0]
@@ -200,53 +212,57 @@ class ServerStream:
 
     def _deliver(self, flag: int, message: bytes) -> None:
         if flag:
-            inflated = self._inflate(message, self.conn.max_message_bytes)
-            if inflated is None:
-                return
-            message = inflated
+            self._inflate(message)
+            return
         handler = self.handler
         if handler is not None:
             handler.on_message(message)
 
-    def _inflate(self, message: bytes, limit: int) -> bytes | None:
-        """A compressed message (flag 1) in the call's `grpc-encoding`: gzip or deflate, as grpc clients send them
-        (`compression=grpc.Compression.Gzip`). Inflated in steps, and abandoned as soon as it passes `limit`. None
-        after failing the call: an unknown encoding, a broken stream, or more than `limit` bytes once inflated."""
+    def _inflate(self, message: bytes) -> None:
+        """Queue a compressed message for inflating; what follows on this stream waits for it (`_inflated`)."""
         encoding = next((v for k, v in self.headers if k == b"grpc-encoding"), b"identity")
-        if encoding == b"gzip":
-            wbits, name = 16 + zlib.MAX_WBITS, "gzip"
-        elif encoding == b"deflate":
-            wbits, name = zlib.MAX_WBITS, "deflate"
-        else:  # the client's value is not repeated in the reply
+        wbits = inflate.WBITS.get(encoding)
+        if wbits is None:  # the client's value is not repeated in the reply
             self.fail(status.UNIMPLEMENTED, "a compressed message in an unsupported grpc-encoding: only gzip and "
                                             "deflate are supported")
-            return None
-        inflater = zlib.decompressobj(wbits)
-        parts: list[bytes] = []
-        total = 0
-        data: bytes = message
+            return
+        self._inflating = len(message)
+        self.hold(len(message))
+        self.conn.inflations.add(self._inflated, message, wbits)
+
+    def _inflated(self, result: bytes | Exception) -> None:
+        held, self._inflating = self._inflating, None
+        backlog, self._backlog = self._backlog, []
+        if self.handler is None or self.closed:
+            return  # the call ended meanwhile (its held bytes left with it)
+        assert held is not None
+        self.release(held)
+        if isinstance(result, inflate.TooLarge):
+            limit = self.conn.max_message_bytes
+            self.fail(status.RESOURCE_EXHAUSTED, f"Received message larger than max (over {limit} once decompressed)")
+            return
+        if isinstance(result, Exception):
+            self.fail(status.INTERNAL, "could not decompress the message")
+            return
         try:
-            while True:
-                chunk = inflater.decompress(data, min(_INFLATE_CHUNK, limit - total + 1))
-                total += len(chunk)
-                if total > limit:
-                    self.fail(status.RESOURCE_EXHAUSTED,
-                              f"Received message larger than max (over {limit} once decompressed)")
-                    return None
-                parts.append(chunk)
-                data = inflater.unconsumed_tail
-                if inflater.eof or (not data and not chunk):
-                    break
-        except zlib.error:
-            self.fail(status.INTERNAL, f"could not decompress a {name} message")
-            return None
-        if not inflater.eof:
-            self.fail(status.INTERNAL, f"could not decompress a {name} message: it is truncated")
-            return None
-        return parts[0] if len(parts) == 1 else b"".join(parts)
+            self.handler.on_message(result)
+            for i, data in enumerate(backlog):
+                self.release(len(data))
+                self.feed(data)
+                if self._inflating is not None:  # another compressed message: the rest waits again
+                    self._backlog += backlog[i + 1:]
+                    return
+            if self._end_pending:
+                self._end_pending = False
+                self.end()
+        except Exception as e:  # a handler bug ends its call, never the connection
+            self.conn.handler_failed(self, e)
 
     def end(self) -> None:
         self.remote_ended = True
+        if self._inflating is not None:
+            self._end_pending = True
+            return
         handler = self.handler
         if handler is None:
             return
