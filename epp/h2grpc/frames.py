@@ -38,6 +38,7 @@ INITIAL_WINDOW_SIZE = 0x4
 MAX_FRAME_SIZE = 0x5
 MAX_HEADER_LIST_SIZE = 0x6
 
+GOAWAY_PING = b"goaway\x00\x00"  # the PING behind our announcing GOAWAY: its ACK says the client saw it
 MAX_WINDOW = (1 << 31) - 1
 DEFAULT_WINDOW = 65535
 LAST_STREAM = (1 << 31) - 1
