@@ -26,8 +26,6 @@ import random
 from collections.abc import Callable
 from typing import TYPE_CHECKING, cast
 
-import hpack
-
 from epp.h2grpc import frames, inflate
 from epp.h2grpc.budget import Budget
 from epp.h2grpc.frames import (
@@ -36,6 +34,7 @@ from epp.h2grpc.frames import (
     NO_ERROR,
     H2Error,
 )
+from epp.h2grpc.headers import HeaderDecoder
 from epp.h2grpc.inbound import Inbound
 from epp.h2grpc.reader import FrameReader
 from epp.h2grpc.stream import ServerStream
@@ -69,7 +68,7 @@ class Connection(Inbound, asyncio.Protocol):
         self.going_away = False  # the final GOAWAY is sent, or the client sent one: no new streams
         self.last_stream = 0  # the highest client stream id seen
         self.budget = Budget(lim, self.loop.time())
-        self.decoder = hpack.Decoder(max_header_list_size=lim.max_header_list_bytes)
+        self.decoder = HeaderDecoder(lim.max_header_list_bytes)
         self.reader = FrameReader(lim.max_frame_size, [
             self._on_data, self._on_headers, self._on_priority, self._on_rst_stream, self._on_settings,
             self._on_push_promise, self._on_ping, self._on_goaway, self._on_window_update, self._on_continuation,

@@ -32,6 +32,7 @@ from epp.h2grpc.frames import (
     STREAM_CLOSED,
     H2Error,
 )
+from epp.h2grpc.headers import HeaderDecoder
 from epp.h2grpc.outbound import Outbound
 from epp.h2grpc.stream import ServerStream
 
@@ -48,7 +49,7 @@ class Inbound(Outbound):
     peer: str
     going_away: bool
     last_stream: int
-    decoder: hpack.Decoder
+    decoder: HeaderDecoder
     reader: FrameReader
     inflations: inflate.Queue
     max_message_bytes: int
@@ -164,7 +165,7 @@ class Inbound(Outbound):
 
     def _header_block(self, sid: int, flags: int, block: bytes, self_dependent: bool) -> None:
         try:  # always decoded, even for a stream we ignore: the decoder's table must follow the client's
-            headers = self.decoder.decode(block, raw=True)
+            headers = self.decoder.decode(block)
         except hpack.OversizedHeaderListError as e:
             raise H2Error(ENHANCE_YOUR_CALM, "a header list over the limit") from e
         except Exception as e:  # any HPACK error
@@ -191,7 +192,7 @@ class Inbound(Outbound):
         elif self.going_away or len(self.streams) >= self.limits.max_concurrent_streams:
             self._refuse(sid, REFUSED_STREAM)
         else:
-            self._open(sid, flags, cast("list[tuple[bytes, bytes]]", headers))
+            self._open(sid, flags, headers)
 
     def _on_priority(self, flags: int, sid: int, payload: bytes) -> None:
         if sid == 0:
