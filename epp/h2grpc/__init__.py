@@ -10,7 +10,9 @@ is bounded by a limit and O(1) per frame: see docs/frontdoor.md.
 - `H2Server` (server.py): ports, routing, lifecycle, the connection cap; the grpc.aio.Server calls Pointsman uses.
 - `Connection` (connection.py): one HTTP/2 connection: frames in (reader.py), streams, budgets (budget.py),
   timers, GOAWAY; the sending side and flow control both ways (outbound.py); wire format (frames.py).
-- `ServerStream`/`StreamHandler` (stream.py): one call; message assembly, size limit and inflation; status.
+- `ServerStream`/`StreamHandler` (stream.py): one call; message assembly and size limit; status. Compressed
+  messages are inflated off the loop (inflate.py); header blocks decoded with hpack, once per distinct block
+  (headers.py).
 - `ServerLimits` (limits.py): every limit, its default and its `epp serve` flag.
 - `aio_adapter.py`: grpc.aio servicers (health, EDS, the Pointsman API) run unchanged as tasks.
 
