@@ -12,7 +12,12 @@ The cache is small (32 blocks of up to 1 KiB): what a client can make it hold is
 
 from __future__ import annotations
 
+import logging
+
 import hpack
+
+# hpack logs every block it decodes at DEBUG (`epp serve -v 3` turns DEBUG on): client bytes, per request
+logging.getLogger("hpack").setLevel(logging.INFO)
 
 _MAX_BLOCK = 1024
 _MAX_ENTRIES = 32

@@ -202,8 +202,9 @@ async def test_replies_the_client_does_not_take_stop_its_window(serve):
             conn.send(frame(DATA, 0, 1, chunk))
             sent += len(chunk)
         try:
-            await conn.until(lambda seen: sum(int.from_bytes(p, "big") for _, _, s, p in conn.of(WINDOW_UPDATE, 1))
-                             + 128 * 1024 > granted, timeout=0.3)
+            await conn.until(lambda seen, granted=granted: sum(
+                int.from_bytes(p, "big") for _, _, s, p in conn.of(WINDOW_UPDATE, 1)) + 128 * 1024 > granted,
+                timeout=0.3)
         except (AssertionError, TimeoutError):
             break  # no more window
         granted = sum(int.from_bytes(p, "big") for _, _, s, p in conn.of(WINDOW_UPDATE, 1)) + 128 * 1024
