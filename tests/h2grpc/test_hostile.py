@@ -39,9 +39,14 @@ HEADERS_MSG = grpc_message(headers_msg(mode=FD).SerializeToString())
 OVERSIZED_DATA_HEADER = bytes([0xFF, 0xFF, 0xFF, 0, 0, 0, 0, 0, 1])  # DATA of 16 MiB - 1 on stream 1
 
 
-def transports(grpcio_fails: str | None = None) -> pytest.MarkDecorator:
-    grpcio = pytest.param("grpcio", marks=pytest.mark.xfail(reason=grpcio_fails, strict=True)) if grpcio_fails \
-        else "grpcio"
+def transports(grpcio_fails: str | None = None, *, grpcio_may_fail: str | None = None) -> pytest.MarkDecorator:
+    """Both transports. `grpcio_fails`: grpcio fails this attack every time (strict xfail); `grpcio_may_fail`: its
+    figures straddle a criterion from run to run (xfail, not strict: either outcome is the expected one)."""
+    grpcio: object = "grpcio"
+    if grpcio_fails:
+        grpcio = pytest.param("grpcio", marks=pytest.mark.xfail(reason=grpcio_fails, strict=True))
+    elif grpcio_may_fail:
+        grpcio = pytest.param("grpcio", marks=pytest.mark.xfail(reason=grpcio_may_fail, strict=False))
     return pytest.mark.parametrize("transport", ["h2", grpcio])
 
 
@@ -198,7 +203,8 @@ def test_made_you_reset(target):
 
 
 # ---- flow control and buffering ------------------------------------------------------------------------------------
-@transports()
+@transports(grpcio_fails="grpc keeps granting the client window while the replies it cannot send queue without a "
+                         "bound: +1.3 GB of RSS in 1.5 s")
 def test_zero_window(target):
     """The client never lets a reply through (SETTINGS_INITIAL_WINDOW_SIZE 0) and keeps sending bodies that are
     echoed back (FULL_DUPLEX_STREAMED), within the windows the server grants."""
@@ -347,7 +353,8 @@ def _varint(n: int) -> bytes:
     return bytes(out)
 
 
-@transports()
+@transports(grpcio_may_fail="grpc holds about 3.5 copies of a message while it is handled: +90 to +125 MB for "
+                             "32 MiB, no option changes that")
 def test_a_32_mib_message_in_16_kib_frames(target):
     """One 32 MiB message (the request headers message with a 32 MiB field it does not know; then the body), in
     16 KiB frames within the windows: it must be routed, well within 10 s. The size sits in a field nobody reads
@@ -392,7 +399,8 @@ def _gzip_bomb() -> bytes:
     return gzip.compress(b"\0" * (256 * MB), 9)  # about 250 KB
 
 
-@transports()
+@transports(grpcio_may_fail="grpc stops each inflation at the message limit but inflates several streams' messages "
+                             "at once; no option bounds how many: +45 to +305 MB")
 def test_gzip_bomb(target):
     bomb = grpc_message(_gzip_bomb(), compressed=True)
 
