@@ -54,7 +54,7 @@ CPU_FALLBACK = 0.5  # cores
 CPU_FALLBACK_WITHIN = 5.0  # s
 
 # The suite's limits: tight timeouts, so that attacks show their effect quickly; the rest are the defaults.
-SUITE_FLAGS = ("--grpc-handshake-timeout", "1s", "--grpc-idle-timeout", "1s", "--grpc-max-connection-age", "0",
+SUITE_FLAGS = ("--grpc-handshake-timeout", "1s", "--grpc-idle-timeout", "0.5s", "--grpc-max-connection-age", "0",
                "--grpc-max-message-bytes", str(40 * MB), "--grpc-max-connection-buffer-bytes", str(16 * MB),
                "--grpc-max-server-buffer-bytes", str(48 * MB), "--grpc-max-connections", "64")
 
@@ -147,11 +147,12 @@ class Raw:
         self._reader.start()
         return self
 
-    def frames(self, timeout: float) -> list[tuple[int, int, int, bytes]]:
-        """(type, flags, stream, payload) of what the server sends until it closes or `timeout` passes."""
+    def frames(self, timeout: float, until: Callable[[bytes], bool] | None = None) -> list[tuple[int, int, int, bytes]]:
+        """(type, flags, stream, payload) of what the server sends until it closes, `timeout` passes or `until` holds
+        for the bytes received."""
         buf = b""
         end = time.monotonic() + timeout
-        while time.monotonic() < end:
+        while time.monotonic() < end and not (until and until(buf)):
             self.sock.settimeout(max(0.01, end - time.monotonic()))
             try:
                 chunk = self.sock.recv(1 << 16)

@@ -36,6 +36,7 @@ from tests.support.extproc import CHAT, body_msg, headers_msg
 
 ENHANCE_YOUR_CALM, PROTOCOL_ERROR, FRAME_SIZE_ERROR, FLOW_CONTROL_ERROR = 0xB, 0x1, 0x6, 0x3
 HEADERS_MSG = grpc_message(headers_msg(mode=FD).SerializeToString())
+ATTACK_SECONDS = 0.6  # how long each flood goes on
 OVERSIZED_DATA_HEADER = bytes([0xFF, 0xFF, 0xFF, 0, 0, 0, 0, 0, 1])  # DATA of 16 MiB - 1 on stream 1
 
 
@@ -122,7 +123,7 @@ def test_settings_flood(target):
         return conn
 
     judge(target, "SETTINGS flood (1000 streams open)", lambda port: persist(
-        port, 1.0, make, lambda c: c.send(flip * 500))).check()
+        port, ATTACK_SECONDS, make, lambda c: c.send(flip * 500))).check()
     goaway_on_h2(target, lambda c: c.send(flip * 1000), ENHANCE_YOUR_CALM)
 
 
@@ -136,7 +137,7 @@ def test_window_update_flood(target):
         return conn
 
     judge(target, "WINDOW_UPDATE flood (1000 streams open)", lambda port: persist(
-        port, 1.0, make, lambda c: c.send(c.burst))).check()  # type: ignore[attr-defined]
+        port, ATTACK_SECONDS, make, lambda c: c.send(c.burst))).check()  # type: ignore[attr-defined]
     goaway_on_h2(target, lambda c: c.send(frame(8, 0, 0, b"\0\0\0\1") * 100), ENHANCE_YOUR_CALM)
 
 
@@ -145,7 +146,7 @@ def test_ping_flood_with_the_acks_never_read(target):
     pings = PingFrame(0, opaque_data=b"12345678").serialize() * 1000
 
     judge(target, "PING flood, ACKs unread", lambda port: persist(
-        port, 1.0, lambda p: Raw(p, rcvbuf=4096, timeout=0.2), lambda c: c.send(pings))).check()
+        port, ATTACK_SECONDS, lambda p: Raw(p, rcvbuf=4096, timeout=0.2), lambda c: c.send(pings))).check()
     goaway_on_h2(target, lambda c: c.send(pings * 2), ENHANCE_YOUR_CALM)
 
 
@@ -159,7 +160,7 @@ def test_rapid_reset(target):
                           .serialize())
         conn.send(b"".join(frames))
 
-    judge(target, "rapid reset", lambda port: persist(port, 1.0, lambda p: Raw(p).read_in_background(),
+    judge(target, "rapid reset", lambda port: persist(port, ATTACK_SECONDS, lambda p: Raw(p).read_in_background(),
                                                        burst)).check()
     goaway_on_h2(target, lambda c: [burst(c) for _ in range(10)], ENHANCE_YOUR_CALM)
 
@@ -172,7 +173,7 @@ def test_empty_frames_flood(target):
         return conn
 
     judge(target, "empty DATA frames", lambda port: persist(
-        port, 1.0, make, lambda c: c.send(frame(0, 0, c.sid, b"") * 2000))).check()  # type: ignore[attr-defined]
+        port, ATTACK_SECONDS, make, lambda c: c.send(frame(0, 0, c.sid, b"") * 2000))).check()  # type: ignore[attr-defined]
     goaway_on_h2(target, lambda c: c.send(c.headers(1) + frame(0, 0, 1, b"") * 10), ENHANCE_YOUR_CALM)
 
 
@@ -194,7 +195,7 @@ def test_made_you_reset(target):
             frames.append(conn.headers(sid) + Raw.data(sid, HEADERS_MSG) + variants[i % len(variants)](sid))
         conn.send(b"".join(frames))
 
-    judge(target, "MadeYouReset", lambda port: persist(port, 1.0, lambda p: Raw(p).read_in_background(),
+    judge(target, "MadeYouReset", lambda port: persist(port, ATTACK_SECONDS, lambda p: Raw(p).read_in_background(),
                                                         burst)).check()
     # DATA after END_STREAM on a call already answered is a connection error (STREAM_CLOSED) of its own; the
     # others are stream errors, which the premature-reset budget counts
@@ -218,7 +219,7 @@ def test_zero_window(target):
             conn.blocked = True  # the server stopped granting window: hold the connection
 
     judge(target, "zero window (replies never read)", lambda port: persist(
-        port, 1.5, lambda p: Raw(p, settings={4: 0}).follow_windows(own=False), step, hold=4)).check()
+        port, ATTACK_SECONDS, lambda p: Raw(p, settings={4: 0}).follow_windows(own=False), step, hold=4)).check()
 
 
 @transports()
@@ -264,7 +265,7 @@ def test_huge_header_block(target):
         conn.send(_header_block_frames(sid, hpack.Encoder().encode(GRPC_HEADERS) + literal))
 
     judge(target, "huge header block (1 MiB, Huffman-coded)", lambda port: persist(
-        port, 1.0, lambda p: Raw(p), lambda c: (send(c), c.frames(0.05)))).check()
+        port, ATTACK_SECONDS, lambda p: Raw(p), lambda c: (send(c), c.frames(0.05)))).check()
     goaway_on_h2(target, send, ENHANCE_YOUR_CALM)
 
 
@@ -275,7 +276,7 @@ def test_continuation_flood(target):
         conn.send(HeadersFrame(sid, data=conn.encoder.encode(GRPC_HEADERS)).serialize()
                   + ContinuationFrame(sid, data=b"\x00\x01a\x01b").serialize() * 1000)
 
-    judge(target, "CONTINUATION flood", lambda port: persist(port, 1.0, lambda p: Raw(p).read_in_background(),
+    judge(target, "CONTINUATION flood", lambda port: persist(port, ATTACK_SECONDS, lambda p: Raw(p).read_in_background(),
                                                               step)).check()
     goaway_on_h2(target, step, ENHANCE_YOUR_CALM)
 
@@ -292,7 +293,7 @@ def test_hpack_bomb(target):
         sid = conn.next_sid()
         conn.send(HeadersFrame(sid, data=b"\xbe" * 15000, flags=["END_HEADERS"]).serialize())
 
-    judge(target, "HPACK bomb", lambda port: persist(port, 1.0, lambda p: Raw(p),
+    judge(target, "HPACK bomb", lambda port: persist(port, ATTACK_SECONDS, lambda p: Raw(p),
                                                       lambda c: (send(c), c.frames(0.05)))).check()
     goaway_on_h2(target, send, ENHANCE_YOUR_CALM)
 
@@ -301,23 +302,28 @@ def test_hpack_bomb(target):
 def test_client_header_echo(target):
     """A long grpc-encoding with a compressed message: the reply must not repeat it (nor cost its square)."""
 
+    @functools.cache
+    def block(value: str) -> bytes:  # never indexed, no Huffman: the same bytes on any connection, built once
+        return hpack.Encoder().encode([(k, v, True) for k, v in [*GRPC_HEADERS, ("grpc-encoding", value)]],
+                                      huffman=False)
+
     def request(conn: Raw, value: str) -> int:
         sid = conn.next_sid()
-        conn.send(conn.headers(sid, fields=[*GRPC_HEADERS, ("grpc-encoding", value)])
-                  + Raw.data(sid, grpc_message(b"\x01\x02", compressed=True), end=True))
+        conn.send(frame(1, 0x4, sid, block(value)) + Raw.data(sid, grpc_message(b"\x01\x02", compressed=True), end=True))
         return sid
 
     judge(target, "client header echo (60 KB grpc-encoding)", lambda port: persist(
-        port, 1.0, lambda p: Raw(p).read_in_background(),
+        port, ATTACK_SECONDS, lambda p: Raw(p).read_in_background(),
         lambda c: [request(c, "z" * 60_000) for _ in range(10)])).check()
     conn = Raw(target.port)
     try:
         sid = request(conn, "q" * 8000)
         decoder, replied = hpack.Decoder(), b""
-        for ftype, _, stream, payload in conn.frames(1.0):
+        for ftype, _, stream, payload in conn.frames(5.0, until=lambda got: b"grpc-status" in got):
             if ftype == 1 and stream == sid:
                 replied += b"".join(k + v for k, v in decoder.decode(payload, raw=True))
-        assert replied and b"qqqq" not in replied
+        assert replied, "no reply in 5 s"
+        assert b"qqqq" not in replied
     finally:
         conn.close()
 
@@ -390,13 +396,13 @@ def test_a_4_gb_length_prefix(target):
             frames.append(conn.headers(sid) + Raw.data(sid, b"\x00\xff\xff\xff\xff" + b"\0" * 1000))
         conn.send(b"".join(frames))
 
-    judge(target, "4 GB length prefix", lambda port: persist(port, 1.0, lambda p: Raw(p).read_in_background(),
+    judge(target, "4 GB length prefix", lambda port: persist(port, ATTACK_SECONDS, lambda p: Raw(p).read_in_background(),
                                                               step)).check()
 
 
 @functools.cache
 def _gzip_bomb() -> bytes:
-    return gzip.compress(b"\0" * (256 * MB), 9)  # about 250 KB
+    return gzip.compress(b"\0" * (64 * MB), 9)  # about 64 KB, over the suite's 40 MiB message limit
 
 
 @transports(grpcio_may_fail="grpc stops each inflation at the message limit but inflates several streams' messages "
@@ -408,10 +414,10 @@ def test_gzip_bomb(target):
         sids = [conn.next_sid() for _ in range(8)]  # eight at once
         conn.send(b"".join(conn.headers(sid, fields=[*GRPC_HEADERS, ("grpc-encoding", "gzip")]) for sid in sids))
         for sid in sids:
-            conn.send_within(sid, bomb, timeout=1.0)
+            conn.send_within(sid, bomb, timeout=0.2)
 
-    judge(target, "gzip bombs (256 MB of zeros each, 8 streams at once)", lambda port: persist(
-        port, 1.0, lambda p: Raw(p).follow_windows(), step, hold=1)).check()
+    judge(target, "gzip bombs (64 MiB of zeros each, 8 streams at once)", lambda port: persist(
+        port, ATTACK_SECONDS, lambda p: Raw(p).follow_windows(), step, hold=1)).check()
 
 
 # ---- protocol misuse -----------------------------------------------------------------------------------------------
@@ -452,7 +458,7 @@ def _cases_attack(cases: list[tuple[str, Callable[[Raw], bytes], int]]) -> Calla
             conn.frames(0.02)
             conn.close()
 
-        return persist(port, 1.0, lambda p: Raw(p), step)
+        return persist(port, ATTACK_SECONDS, lambda p: Raw(p), step)
 
     return attack
 
@@ -472,6 +478,17 @@ def test_malformed_frames(target):
 
 
 # ---- connections ---------------------------------------------------------------------------------------------------
+def closed_within(conns: list[Raw], seconds: float, enough: int | None = None) -> int:
+    """How many of `conns` the server has closed, waiting up to `seconds` for `enough` of them (default: all)."""
+    end = time.monotonic() + seconds
+    want = len(conns) if enough is None else enough
+    while True:
+        closed = sum(map(_closed_by_server, conns))
+        if closed >= want or time.monotonic() > end:
+            return closed
+        time.sleep(0.02)
+
+
 def _closed_by_server(conn: Raw) -> bool:
     conn.sock.settimeout(0.001)
     try:
@@ -486,17 +503,18 @@ def _closed_by_server(conn: Raw) -> bool:
 
 @transports()
 def test_slowloris(target):
-    """40 connections: half never send a byte, half dribble the preface a byte every 100 ms."""
+    """40 connections: half never send a byte, half dribble the preface, a byte every 50 ms (the suite's handshake
+    timeout is 0.5 s: it runs out mid-preface)."""
     closed: list[int] = []
 
     def attack(port: int) -> list[Raw]:
         silent = [Raw(port, preface=False) for _ in range(20)]
         dribble = [Raw(port, preface=False) for _ in range(20)]
-        for i in range(16):
+        for i in range(16):  # the attacker's pace
             for c in dribble:
                 c.send(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"[i: i + 1])
-            time.sleep(0.1)
-        closed.append(sum(map(_closed_by_server, silent + dribble)))
+            time.sleep(0.05)
+        closed.append(closed_within(silent + dribble, 2.0))
         return silent + dribble
 
     judge(target, "slowloris (no or a slow preface)", attack).check()
@@ -506,27 +524,36 @@ def test_slowloris(target):
 @transports()
 def test_idle_connections(target):
     closed: list[int] = []
+    elapsed: list[float] = []
 
     def attack(port: int) -> list[Raw]:
         conns = [Raw(port) for _ in range(30)]
-        time.sleep(1.8)  # the suite's idle timeout is 1 s
-        closed.append(sum(map(_closed_by_server, conns)))
+        t0 = time.monotonic()
+        closed.append(closed_within(conns, 2.5))  # the suite's idle timeout is 0.5 s
+        elapsed.append(time.monotonic() - t0)
         return conns
 
     judge(target, "idle connections", attack).check()
     assert closed[0] == 30, f"only {closed[0]} of 30 idle connections were closed"
+    assert elapsed[0] >= 0.4, "closed before the idle timeout"
 
 
-@transports()
+@transports(grpcio_may_fail="after the 500 connections grpc took from 0.05 s to over 2 s to route the next client "
+                             "(on a loaded machine)")
 def test_connection_churn(target):
+    """500 connections, one after the other, each with one request, closed at once. (A count, not a time: a
+    client opening connections as fast as it can is a request flood, which only capacity answers.)"""
     request = request_bytes()
 
-    def step(conn: Raw) -> None:
-        sid = conn.next_sid()
-        conn.send(conn.headers(sid) + Raw.data(sid, request, end=True))
-        conn.close()
+    def attack(port: int) -> list[Raw]:
+        for _ in range(500):
+            conn = Raw(port)
+            sid = conn.next_sid()
+            conn.send(conn.headers(sid) + Raw.data(sid, request, end=True))
+            conn.close()
+        return []
 
-    judge(target, "connection churn", lambda port: persist(port, 1.0, lambda p: Raw(p), step)).check()
+    judge(target, "connection churn (500 connections)", attack).check()
 
 
 @transports(grpcio_fails="grpc refuses connections beyond grpc.max_allowed_incoming_connections instead of "
@@ -537,8 +564,7 @@ def test_connection_cap(target):
 
     def attack(port: int) -> list[Raw]:
         conns = [Raw(port) for _ in range(200)]
-        time.sleep(0.3)
-        still_open.append(sum(not _closed_by_server(c) for c in conns))
+        still_open.append(200 - closed_within(conns, 2.0, enough=200 - 64))
         return conns
 
     judge(target, "connection cap (200 idle against 64)", attack).check()
