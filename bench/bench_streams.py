@@ -14,6 +14,7 @@ over rounds and medians are printed.
 
     .venv/bin/python bench/bench_streams.py --rounds 3 --rate 400 --streams 16,2000
     .venv/bin/python bench/bench_streams.py --candidate 'before::PYTHONPATH=/path/to/other/checkout'
+    .venv/bin/python bench/bench_streams.py --candidate 'transport alone::toy'   # bench/toy_extproc.py --h2
 """
 
 from __future__ import annotations
@@ -114,11 +115,15 @@ async def generate(port: int, streams: int, rate: float, connections: int, warmu
     readers = [asyncio.ensure_future(c.read()) for c in clients]
     per_conn = streams // connections
     loop = asyncio.get_running_loop()
-    start = loop.time()
+    start = last = loop.time()
+    tokens = 0.0  # new requests start at `rate` per second (a burst would end in a burst: no steady state)
+    turn = 0
     marks: dict[str, tuple[float, float, int, int, float]] = {}
     try:
         while True:
             now = loop.time()
+            tokens = min(tokens + (now - last) * rate, rate)
+            last = now
             if "start" not in marks and now >= start + warmup:
                 marks["start"] = (now, cpu_seconds(epp_pid), sum(c.completed for c in clients),
                                   sum(c.errors for c in clients), time.process_time())
@@ -126,15 +131,22 @@ async def generate(port: int, streams: int, rate: float, connections: int, warmu
                 marks["end"] = (now, cpu_seconds(epp_pid), sum(c.completed for c in clients),
                                 sum(c.errors for c in clients), time.process_time())
                 break
+            outs: dict[Client, list[bytes]] = {c: [] for c in clients}
             for c in clients:
-                out = []
                 while c.open and c.open[0][0] <= now:
-                    out.append(frame(0, 1, c.open.popleft()[1], b""))
-                while len(c.open) < per_conn and c.window >= len(messages):
-                    c.sid += 2
-                    c.window -= len(messages)
-                    out.append(frame(1, 4, c.sid, block) + frame(0, 0, c.sid, messages))
-                    c.open.append((now + hold, c.sid))
+                    outs[c].append(frame(0, 1, c.open.popleft()[1], b""))
+            while tokens >= 1:  # new requests, spread over the connections in turn
+                ready = [c for c in clients if len(c.open) < per_conn and c.window >= len(messages)]
+                if not ready:
+                    break
+                c = ready[turn % len(ready)]
+                turn += 1
+                tokens -= 1
+                c.sid += 2
+                c.window -= len(messages)
+                outs[c].append(frame(1, 4, c.sid, block) + frame(0, 0, c.sid, messages))
+                c.open.append((now + hold, c.sid))
+            for c, out in outs.items():
                 if out:
                     c.writer.write(b"".join(out))
             await asyncio.sleep(0.002)
@@ -183,10 +195,14 @@ def main() -> int:
             for n in counts if r % 2 == 0 else counts[::-1]:
                 for label, env, flags in candidates:
                     port = free_port()
-                    cmd = [bin_path("epp"), "serve", "--grpc-host", "127.0.0.1", "--grpc-port", str(port),
-                           "--grpc-health-port", "0", "--metrics-port", "0", "--endpoints-file", str(eps),
-                           "--refresh-metrics-interval", "1h", "--metrics-staleness-threshold", "2h", "-v", "0",
-                           *flags]
+                    if flags[:1] == ["toy"]:  # the do-nothing processor on the h2 transport: the transport alone
+                        cmd = [sys.executable, str(ROOT / "bench" / "toy_extproc.py"), "--h2", "--port", str(port),
+                               "--backend", "127.0.0.1:9", *flags[1:]]
+                    else:
+                        cmd = [bin_path("epp"), "serve", "--grpc-host", "127.0.0.1", "--grpc-port", str(port),
+                               "--grpc-health-port", "0", "--metrics-port", "0", "--endpoints-file", str(eps),
+                               "--refresh-metrics-interval", "1h", "--metrics-staleness-threshold", "2h", "-v", "0",
+                               *flags]
                     proc = procs.spawn(f"epp-{r}-{n}-{label}", cmd, port, env=env)
                     got = asyncio.run(generate(port, n, args.rate, args.connections, n / args.rate + 1.0,
                                                args.duration, proc.pid))
