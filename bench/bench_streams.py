@@ -15,6 +15,7 @@ over rounds and medians are printed.
     .venv/bin/python bench/bench_streams.py --rounds 3 --rate 400 --streams 16,2000
     .venv/bin/python bench/bench_streams.py --candidate 'before::PYTHONPATH=/path/to/other/checkout'
     .venv/bin/python bench/bench_streams.py --candidate 'transport alone::toy'   # bench/toy_extproc.py --h2
+    .venv/bin/python bench/bench_streams.py --transport-only --rounds 5          # the HTTP/2 layer, in process
 """
 
 from __future__ import annotations
@@ -161,6 +162,85 @@ async def generate(port: int, streams: int, rate: float, connections: int, warmu
             "errors": err1 - err0, "open": streams}
 
 
+class _NullTransport:
+    """Takes writes and drops them: `--transport-only` measures the HTTP/2 layer's own CPU, nothing else."""
+
+    def get_extra_info(self, key: str, default: object = None) -> object:
+        return ("127.0.0.1", 1) if key == "peername" else default
+
+    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
+        pass
+
+    def writelines(self, data: object) -> None:
+        pass
+
+    def write(self, data: object) -> None:
+        pass
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def abort(self) -> None:
+        pass
+
+
+async def transport_only(streams: int, requests: int) -> float:
+    """CPU µs per request of epp.h2grpc's connection alone, in this process, with `streams` held open on one
+    connection: each request opens a stream (headers, two messages, one reply), and the oldest one half-closes
+    (the status goes out). The handler parses the message and answers (no routing)."""
+    import gc
+
+    from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+
+    from epp.h2grpc import H2Server
+    from epp.h2grpc.connection import Connection
+    from epp.h2grpc.limits import ServerLimits
+
+    class Call:
+        def __init__(self, stream: object) -> None:
+            self.stream = stream
+
+        def on_message(self, data: bytes) -> None:
+            pb.ProcessingRequest.FromString(data)
+            self.stream.send(b"reply")  # type: ignore[attr-defined]
+
+        def on_end(self) -> None:
+            self.stream.finish()  # type: ignore[attr-defined]
+
+        def on_cancel(self) -> None:
+            pass
+
+    server = H2Server(limits=ServerLimits(max_concurrent_streams=max(streams + 1, 1024)))
+    server.add_native_method(PATH, Call)
+    conn = Connection(server)
+    conn.connection_made(_NullTransport())  # type: ignore[arg-type]
+    block, messages = header_block(), request_messages()
+    conn.data_received(PREFACE + frame(4, 0, 0, struct.pack(">HI", 4, (1 << 31) - 1))
+                       + frame(8, 0, 0, struct.pack(">I", (1 << 31) - 65536)))
+    sid, held = -1, collections.deque()
+    for _ in range(streams + requests):
+        sid += 2
+        held.append(sid)
+    held_ids = list(held)
+    for s in held_ids[:streams]:
+        conn.data_received(frame(1, 4, s, block) + frame(0, 0, s, messages))
+    gc.collect()
+    t0 = time.process_time()
+    for i in range(requests):
+        s = held_ids[streams + i]
+        conn.data_received(frame(1, 4, s, block) + frame(0, 0, s, messages))
+        conn.data_received(frame(0, 1, held_ids[i], b""))
+    spent = time.process_time() - t0
+    assert len(conn.streams) == streams, "every request was served"
+    return spent / requests * 1e6
+
+
 def parse_candidate(text: str) -> tuple[str, dict[str, str], list[str]]:
     label, _, rest = text.partition("::")
     env, flags = {}, []
@@ -182,8 +262,20 @@ def main() -> int:
     ap.add_argument("--duration", type=float, default=5.0, help="seconds measured, after the streams are all open")
     ap.add_argument("--candidate", action="append",
                     help="'LABEL::[ENV=value ...] [epp serve flags]' (repeatable; default: this checkout)")
+    ap.add_argument("--transport-only", action="store_true",
+                    help="measure this checkout's HTTP/2 connection alone, in process (no sockets, no routing)")
     args = ap.parse_args()
     counts = [int(x) for x in args.streams.split(",")]
+    if args.transport_only:
+        got: dict[int, list[float]] = collections.defaultdict(list)
+        for _ in range(args.rounds):
+            for n in counts:
+                got[n].append(asyncio.run(transport_only(n, 20000)))
+        print("| streams open | transport CPU µs/req (median) | vs fewest streams |\n|---|---|---|")
+        base = statistics.median(got[counts[0]])
+        for n in counts:
+            print(f"| {n} | {statistics.median(got[n]):.1f} | {statistics.median(got[n]) / base:.2f}x |")
+        return 0
     candidates = [parse_candidate(c) for c in (args.candidate or ["Pointsman::"])]
     procs = Procs()
     eps = Path(tempfile.mkdtemp(prefix="bench-streams-")) / "endpoints.yaml"
