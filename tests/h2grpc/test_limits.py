@@ -16,7 +16,7 @@ from epp.cli import build_parser
 from epp.h2grpc import H2Server, ServerStream
 from epp.h2grpc.limits import MiB, ServerLimits, from_args, grpcio_options
 from epp.server import grpc_options
-from tests.h2grpc.hostile import GRPC_HEADERS, PREFACE, frame, grpc_message
+from tests.h2grpc.attacker import GRPC_HEADERS, PREFACE, frame, grpc_message
 
 GOAWAY, RST_STREAM, PING, SETTINGS, HEADERS, DATA, WINDOW_UPDATE = 7, 3, 6, 4, 1, 0, 8
 PATH = "/test.Limits/Call"

@@ -25,7 +25,8 @@ from hypothesis import strategies as st
 
 from epp.h2grpc.limits import ServerLimits
 from epp.server import build_server
-from tests.h2grpc.hostile import GRPC_HEADERS, PREFACE, frame, request_bytes, route_once
+from tests.h2grpc.attacker import GRPC_HEADERS, PREFACE, frame, request_bytes
+from tests.h2grpc.hostile import route_once
 from tests.support.extproc import real_director
 
 LIMITS = ServerLimits(max_concurrent_streams=8, max_message_bytes=64 * 1024, max_connection_buffer_bytes=256 * 1024,
