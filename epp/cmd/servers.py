@@ -47,9 +47,9 @@ async def start_grpc(app: App) -> None:
         app.eds = eds = EdsService(app.datastore)
         extra.append(lambda server: add_eds_service(server, eds))
     api = PointsmanService(app.current(), app.passive)
-    # (ServerSettings.limits, the transport's limits, go to build_server once it takes them.)
     app.server, app.extproc = build_server(app.current(), s.stream, extra_servicers=extra, metrics=app.metrics,
-                                           transport=s.transport, reuse_port=app.settings.worker, api=api)
+                                           transport=s.transport, reuse_port=app.settings.worker, api=api,
+                                           limits=s.limits)
     app.holders += [app.extproc, api]
     app.health = add_health_servicer(app.server, app.datastore)
     app.port = _bind(app.server, s)

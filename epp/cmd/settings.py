@@ -93,6 +93,8 @@ class RuntimeSettings:
 def add_serve_flags(p: argparse.ArgumentParser) -> None:
     """Every `epp serve` flag, in its group, from the subsystem that owns it."""
     server_settings.add_flags(p.add_argument_group("ports"))
+    server_settings.add_limit_flags(
+        p.add_argument_group("gRPC server limits (per connection unless said; docs/frontdoor.md)"))
     fleet_settings.add_source_flags(p.add_argument_group("pool and endpoints"))
     route_settings.add_flags(p.add_argument_group("routes (Kthena ModelRoute, ModelServer, ExternalModelProvider)"))
     SchedulingSettings.add_flags(p.add_argument_group("scheduling"))

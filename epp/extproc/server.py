@@ -15,24 +15,16 @@ import grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
 from epp.extproc.session import ProtocolMetrics, StreamConfig
+from epp.h2grpc.limits import ServerLimits, grpcio_options
 from proto import pointsman_pb2_grpc
 
 if TYPE_CHECKING:
     from epp.request.director import Director
 
-MAX_MESSAGE_BYTES = 128 * 1024 * 1024  # well above gRPC's 4 MiB default, on both directions
-
-
-def grpc_options(reuse_port: bool = False) -> list[tuple[str, int]]:
+def grpc_options(reuse_port: bool = False, limits: ServerLimits | None = None) -> list[tuple[str, int]]:
     """`reuse_port`: the workers of `epp serve --workers N` share one port (SO_REUSEPORT); otherwise a port in use
-    is an error, never silently shared."""
-    return [
-        ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-        ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-        ("grpc.so_reuseport", 1 if reuse_port else 0),
-        ("grpc.http2.max_pings_without_data", 0),
-        ("grpc.keepalive_permit_without_calls", 1),
-    ]
+    is an error, never silently shared. `limits`: the h2 transport's, as far as grpc has options for them."""
+    return [("grpc.so_reuseport", 1 if reuse_port else 0), *grpcio_options(limits or ServerLimits())]
 
 
 TRANSPORTS = ("h2", "grpcio")
@@ -48,6 +40,7 @@ def build_server(
     transport: str = DEFAULT_TRANSPORT,
     reuse_port: bool = False,
     api: Any = None,
+    limits: ServerLimits | None = None,
 ) -> tuple[Any, Any]:
     """The gRPC server carrying ExternalProcessor and, when given, Pointsman's own API servicer (`api`: the
     epp/api/explain.py service); ports are added by the caller. Returns (server, ext_proc service). The services hold
@@ -59,13 +52,13 @@ def build_server(
         from epp.extproc.h2 import PROCESS_PATH, ExtProcH2
         from epp.h2grpc import H2Server
 
-        h2server = H2Server(max_message_bytes=MAX_MESSAGE_BYTES, reuse_port=reuse_port)
+        h2server = H2Server(reuse_port=reuse_port, limits=limits)
         h2svc = ExtProcH2(director, stream_config or StreamConfig(), metrics)
         h2server.add_native_method(PROCESS_PATH, h2svc.call)
         server: Any = h2server
         svc: Any = h2svc
     elif transport == "grpcio":
-        server = grpc.aio.server(options=grpc_options(reuse_port))
+        server = grpc.aio.server(options=grpc_options(reuse_port, limits))
         from epp.extproc.aio import ExtProcService
 
         svc = ExtProcService(director, stream_config or StreamConfig(), metrics)

@@ -1,16 +1,18 @@
 """`epp serve`'s server flags, parsed once: the ports, TLS, the gRPC transport, and how streams are read.
 
-`ServerSettings.limits` is where the gRPC server's transport limits go (the "gRPC server limits" flag group and
-its dataclass in epp/h2grpc/limits.py); None keeps the transport's built-in limits.
+`ServerSettings.limits` are the gRPC server's transport limits (the "gRPC server limits" flag group and its dataclass
+in epp/h2grpc/limits.py: what one client may make the server spend; docs/frontdoor.md).
 """
 
 from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass, field
-from typing import Any
 
-from epp.argtypes import parse_bool
+from epp.argtypes import parse_bool, parse_duration_arg
+from epp.h2grpc.limits import ServerLimits
+from epp.h2grpc.limits import add_flags as _add_limit_flags
+from epp.h2grpc.limits import from_args as _limits_from_args
 from epp.protocol import BodyMode
 
 TRANSPORTS = ("h2", "grpcio")
@@ -29,6 +31,11 @@ def add_flags(g: argparse._ActionsContainer) -> None:
                         "grpc.aio's CPU per ext_proc request) or grpcio (grpc.aio); see docs/performance.md")
     g.add_argument("--eds", type=parse_bool, default=True,
                    help="serve the pools' endpoints to Envoy over EDS on the gRPC port (default true)")
+
+
+def add_limit_flags(g: argparse._ActionsContainer) -> None:
+    """The "gRPC server limits" group: one flag per limit (epp/h2grpc/limits.py)."""
+    _add_limit_flags(g, parse_duration_arg)
 
 
 def add_stream_flags(g: argparse._ActionsContainer) -> None:
@@ -58,7 +65,7 @@ class ServerSettings:
     transport: str = "h2"
     eds: bool = True
     stream: StreamConfig = field(default_factory=StreamConfig)
-    limits: Any = None  # the gRPC server's transport limits (epp/h2grpc/limits.py); None: the built-in ones
+    limits: ServerLimits = field(default_factory=ServerLimits)  # what one client may make the server spend
 
     @property
     def address(self) -> str:
@@ -69,7 +76,8 @@ class ServerSettings:
         return cls(grpc_host=ns.grpc_host, grpc_port=ns.grpc_port, health_port=ns.grpc_health_port,
                    metrics_port=ns.metrics_port, secure=ns.secure_serving, cert_path=ns.cert_path,
                    transport=ns.grpc_transport, eds=ns.eds,
-                   stream=StreamConfig(ns.request_body_mode, ns.response_body_mode, ns.max_body_bytes))
+                   stream=StreamConfig(ns.request_body_mode, ns.response_body_mode, ns.max_body_bytes),
+                   limits=_limits_from_args(ns))
 
 
-__all__ = ["TRANSPORTS", "ServerSettings", "StreamConfig", "add_flags", "add_stream_flags"]
+__all__ = ["TRANSPORTS", "ServerSettings", "StreamConfig", "add_flags", "add_limit_flags", "add_stream_flags"]

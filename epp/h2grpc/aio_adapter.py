@@ -4,8 +4,9 @@ The generated `add_*Servicer_to_server` functions hand the server `grpc.RpcMetho
 them gets a `_AioCall`, which feeds request messages to the servicer (`request_iterator`, `context.read()`, or
 the single request of a unary method) and sends what it returns, yields or writes. Status follows grpc.aio: OK
 at the end, the code and details of `context.abort(...)` or `set_code`/`set_details`, UNKNOWN for an exception.
-Writes wait while more than 1 MiB is queued behind the peer's flow-control window. Off the hot path: health,
-EDS, the Pointsman API.
+Writes wait while more than 1 MiB is queued behind the peer's flow-control window; request messages not yet read
+by the servicer count against the stream's window (`ServerStream.hold`). Off the hot path: health, EDS, the
+Pointsman API.
 """
 
 from __future__ import annotations
@@ -52,7 +53,8 @@ class _AioCall:
     def on_message(self, data: bytes) -> None:
         self.inbox.append(data)
         self.queued += len(data)
-        if self.queued > self.stream.conn.server.max_message_bytes:
+        self.stream.hold(len(data))  # unread: counts against the stream's window
+        if self.queued > self.stream.conn.max_message_bytes:
             self.stream.fail(status.RESOURCE_EXHAUSTED, "too many unread request messages")
             return
         self._wake()
@@ -80,6 +82,7 @@ class _AioCall:
             await self.waiter
         data = self.inbox.popleft()
         self.queued -= len(data)
+        self.stream.release(len(data))
         return data
 
     def decode(self, data: bytes) -> Any:

@@ -10,12 +10,19 @@ Methods are routed by path:
 Ports are bound when added (as grpc does: `add_insecure_port` returns the port, 0 when it cannot bind) and served
 from `start()`. `stop(grace)` stops accepting, sends GOAWAY, lets open calls finish for `grace` seconds, then
 cancels what is left.
+
+Limits (`ServerLimits`, limits.py) apply to every connection. The server keeps the connection cap: connections
+without open streams are kept in the order they became idle, and at the cap the one idle the longest is closed to
+make room for a new one (a client holding idle connections cannot lock others out); with none idle the new one
+is refused.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
+import dataclasses
 import logging
 import socket
 import ssl
@@ -25,6 +32,7 @@ from dataclasses import dataclass
 import grpc
 
 from epp.h2grpc.connection import Connection
+from epp.h2grpc.limits import ServerLimits
 from epp.h2grpc.stream import ServerStream, StreamHandler
 
 log = logging.getLogger(__name__)
@@ -48,10 +56,18 @@ def split_address(addr: str) -> tuple[str | None, int]:
 
 
 class H2Server:
-    def __init__(self, *, max_message_bytes: int = 4 * 1024 * 1024, reuse_port: bool = False) -> None:
-        self.max_message_bytes = max_message_bytes
+    def __init__(self, *, max_message_bytes: int | None = None, reuse_port: bool = False,
+                 limits: ServerLimits | None = None) -> None:
+        """`limits`: every connection's (default `ServerLimits()`); `max_message_bytes` overrides its message limit."""
+        limits = limits or ServerLimits()
+        if max_message_bytes is not None:
+            limits = dataclasses.replace(limits, max_message_bytes=max_message_bytes)
+        self.limits = limits
         self.reuse_port = reuse_port
         self.connections: set[Connection] = set()
+        self._idle: dict[Connection, None] = {}  # connections without open streams, longest idle first
+        self.buffered = 0  # bytes all connections hold: messages being assembled, replies queued, requests unread
+        self._inflater: concurrent.futures.ThreadPoolExecutor | None = None
         self._native: dict[str, Factory] = {}
         self._registered: dict[str, grpc.RpcMethodHandler] = {}
         self._generic: list[grpc.GenericRpcHandler] = []
@@ -59,6 +75,40 @@ class H2Server:
         self._sockets: list[tuple[socket.socket, ssl.SSLContext | None]] = []
         self._servers: list[asyncio.Server] = []
         self._terminated: asyncio.Event | None = None
+
+    @property
+    def max_message_bytes(self) -> int:
+        return self.limits.max_message_bytes
+
+    def inflater(self) -> concurrent.futures.ThreadPoolExecutor:
+        """The one thread compressed messages are inflated on (epp/h2grpc/inflate.py)."""
+        if self._inflater is None:
+            self._inflater = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="grpc-inflate")
+        return self._inflater
+
+    # ---- connections ---------------------------------------------------------------------------------------
+    def admit(self, conn: Connection) -> bool:
+        """A new connection: room is made at the cap by closing the connection idle the longest."""
+        if len(self.connections) >= self.limits.max_connections:
+            if not self._idle:
+                return False
+            oldest = next(iter(self._idle))
+            log.debug("at %d connections: closing the idle one from %s", len(self.connections), oldest.peer)
+            self.connection_gone(oldest)
+            oldest.close_idle()
+        self.connections.add(conn)
+        return True
+
+    def connection_idle(self, conn: Connection) -> None:
+        if conn in self.connections:
+            self._idle[conn] = None
+
+    def connection_busy(self, conn: Connection) -> None:
+        self._idle.pop(conn, None)
+
+    def connection_gone(self, conn: Connection) -> None:
+        self.connections.discard(conn)
+        self._idle.pop(conn, None)
 
     # ---- methods -------------------------------------------------------------------------------------------
     def add_native_method(self, path: str, factory: Factory) -> None:
@@ -162,6 +212,9 @@ class H2Server:
             conn.cancel_all()
         self._servers.clear()
         self._sockets.clear()
+        if self._inflater is not None:
+            self._inflater.shutdown(wait=False, cancel_futures=True)
+            self._inflater = None
         if self._terminated is not None:
             self._terminated.set()
 

@@ -1,4 +1,4 @@
-"""The h2 transport (epp.h2grpc) against real gRPC clients (grpcio) and raw HTTP/2 frames.
+"""The h2 transport (epp.h2grpc) against real gRPC clients (grpcio) and raw HTTP/2 frames: its contract.
 
 The ext_proc behaviour itself is tested on this transport by test_protocol_server.py, test_envoy_e2e.py and the
 other end-to-end tests (it is the default); here: the transport's own contract.

@@ -1,0 +1,324 @@
+"""Long-lived streams: the EPP's CPU per request with 16 and with 2000 ext_proc streams held open, in one run.
+
+With lean response phases Envoy keeps a request's ext_proc stream open for as long as the LLM response lasts
+(seconds to minutes), so at a given request rate the number of open streams grows with response time. Work that
+is O(open streams) per frame or per new stream (h2's stream counting, walks over every stream) shows up here as
+CPU per request growing with the streams held; the target is per-request CPU within 10% between 16 and 2000.
+
+The load is Envoy's lean sequence, from a raw HTTP/2 client in this process (cheap: it builds frames itself): each
+request opens a stream, sends the request headers and the whole body (two gRPC messages, FULL_DUPLEX_STREAMED)
+without ending the stream, holds it open for `streams / rate` seconds (the "response"), then half-closes it, and a
+new request takes its place. Header blocks are the same bytes on every stream, as Envoy's are. The EPP runs alone
+(endpoints never scraped), started afresh for every measurement; candidates and stream counts are interleaved
+over rounds and medians are printed.
+
+    .venv/bin/python bench/bench_streams.py --rounds 3 --rate 400 --streams 16,2000
+    .venv/bin/python bench/bench_streams.py --candidate 'before::PYTHONPATH=/path/to/other/checkout'
+    .venv/bin/python bench/bench_streams.py --candidate 'transport alone::toy'   # bench/toy_extproc.py --h2
+    .venv/bin/python bench/bench_streams.py --transport-only --rounds 5          # the HTTP/2 layer, in process
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import os
+import statistics
+import struct
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import hpack
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from extproc_stack import Procs, bin_path, cpu_seconds  # noqa: E402
+
+from epp.stack.ports import free_port  # noqa: E402
+
+PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+PATH = "/envoy.service.ext_proc.v3.ExternalProcessor/Process"
+
+
+def frame(ftype: int, flags: int, sid: int, payload: bytes) -> bytes:
+    return struct.pack(">HBBBI", len(payload) >> 8, len(payload) & 0xFF, ftype, flags, sid) + payload
+
+
+def request_messages() -> bytes:
+    """The request headers and body messages (gRPC-framed), as Envoy sends them in FULL_DUPLEX_STREAMED."""
+    import orjson
+
+    from epp.protocol import BodyMode
+    from tests.support.extproc import body_msg, headers_msg
+
+    body = orjson.dumps({"model": "meta-llama/Llama-3.1-8B", "messages": [
+        {"role": "user", "content": "What is the capital of France?"}]})
+    out = b""
+    for m in (headers_msg(mode=BodyMode.FULL_DUPLEX_STREAMED), body_msg(body, True)):
+        data = m.SerializeToString()
+        out += b"\x00" + struct.pack(">I", len(data)) + data
+    return out
+
+
+def header_block() -> bytes:
+    """Fields that need no HPACK table state (static entries, never-indexed literals): the same bytes each time."""
+    fields = [(":method", "POST", False), (":scheme", "http", False), (":path", PATH, True),
+              (":authority", "epp", True), ("content-type", "application/grpc", True), ("te", "trailers", True)]
+    return hpack.Encoder().encode(fields)
+
+
+class Client:
+    """One connection holding its share of the streams."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader, self.writer = reader, writer
+        self.sid = -1
+        self.window = 65535  # the server's connection window for what we send
+        self.open: collections.deque[tuple[float, int]] = collections.deque()  # (half-close at, stream)
+        self.completed = self.errors = 0
+
+    async def read(self) -> None:
+        buf = b""
+        while chunk := await self.reader.read(1 << 16):
+            buf += chunk
+            pos = 0
+            while len(buf) - pos >= 9:
+                hi, lo, ftype, flags, sid = struct.unpack_from(">HBBBI", buf, pos)
+                length = hi << 8 | lo
+                if pos + 9 + length > len(buf):
+                    break
+                if ftype == 8 and sid == 0:
+                    self.window += int.from_bytes(buf[pos + 9: pos + 13], "big")
+                elif ftype == 1 and flags & 1:
+                    self.completed += 1
+                elif ftype in (3, 7):  # RST_STREAM, GOAWAY
+                    self.errors += 1
+                pos += 9 + length
+            buf = buf[pos:]
+
+
+async def generate(port: int, streams: int, rate: float, connections: int, warmup: float, duration: float,
+                   epp_pid: int) -> dict[str, float]:
+    hold = streams / rate
+    block, messages = header_block(), request_messages()
+    clients = []
+    for _ in range(connections):
+        c = Client(*await asyncio.open_connection("127.0.0.1", port))
+        c.writer.write(PREFACE + frame(4, 0, 0, struct.pack(">HI", 4, (1 << 31) - 1))
+                       + frame(8, 0, 0, struct.pack(">I", 1 << 30)))
+        clients.append(c)
+    readers = [asyncio.ensure_future(c.read()) for c in clients]
+    per_conn = streams // connections
+    loop = asyncio.get_running_loop()
+    start = last = loop.time()
+    tokens = 0.0  # new requests start at `rate` per second (a burst would end in a burst: no steady state)
+    turn = 0
+    marks: dict[str, tuple[float, float, int, int, float]] = {}
+    try:
+        while True:
+            now = loop.time()
+            tokens = min(tokens + (now - last) * rate, rate)
+            last = now
+            if "start" not in marks and now >= start + warmup:
+                marks["start"] = (now, cpu_seconds(epp_pid), sum(c.completed for c in clients),
+                                  sum(c.errors for c in clients), time.process_time())
+            if now >= start + warmup + duration:
+                marks["end"] = (now, cpu_seconds(epp_pid), sum(c.completed for c in clients),
+                                sum(c.errors for c in clients), time.process_time())
+                break
+            outs: dict[Client, list[bytes]] = {c: [] for c in clients}
+            for c in clients:
+                while c.open and c.open[0][0] <= now:
+                    outs[c].append(frame(0, 1, c.open.popleft()[1], b""))
+            while tokens >= 1:  # new requests, spread over the connections in turn
+                ready = [c for c in clients if len(c.open) < per_conn and c.window >= len(messages)]
+                if not ready:
+                    break
+                c = ready[turn % len(ready)]
+                turn += 1
+                tokens -= 1
+                c.sid += 2
+                c.window -= len(messages)
+                outs[c].append(frame(1, 4, c.sid, block) + frame(0, 0, c.sid, messages))
+                c.open.append((now + hold, c.sid))
+            for c, out in outs.items():
+                if out:
+                    c.writer.write(b"".join(out))
+            await asyncio.sleep(0.002)
+    finally:
+        for c in clients:
+            c.writer.close()
+        for r in readers:
+            r.cancel()
+    (t0, cpu0, done0, err0, gen0), (t1, cpu1, done1, err1, gen1) = marks["start"], marks["end"]
+    done = max(done1 - done0, 1)
+    return {"rps": done / (t1 - t0), "epp_cpu_us": (cpu1 - cpu0) / done * 1e6, "gen_cpu_us": (gen1 - gen0) / done * 1e6,
+            "errors": err1 - err0, "open": streams}
+
+
+class _NullTransport:
+    """Takes writes and drops them: `--transport-only` measures the HTTP/2 layer's own CPU, nothing else."""
+
+    def get_extra_info(self, key: str, default: object = None) -> object:
+        return ("127.0.0.1", 1) if key == "peername" else default
+
+    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
+        pass
+
+    def writelines(self, data: object) -> None:
+        pass
+
+    def write(self, data: object) -> None:
+        pass
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def abort(self) -> None:
+        pass
+
+
+async def transport_only(streams: int, requests: int) -> float:
+    """CPU µs per request of epp.h2grpc's connection alone, in this process, with `streams` held open on one
+    connection: each request opens a stream (headers, two messages, one reply), and the oldest one half-closes
+    (the status goes out). The handler parses the message and answers (no routing)."""
+    import gc
+
+    from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+
+    from epp.h2grpc import H2Server
+    from epp.h2grpc.connection import Connection
+    from epp.h2grpc.limits import ServerLimits
+
+    class Call:
+        def __init__(self, stream: object) -> None:
+            self.stream = stream
+
+        def on_message(self, data: bytes) -> None:
+            pb.ProcessingRequest.FromString(data)
+            self.stream.send(b"reply")  # type: ignore[attr-defined]
+
+        def on_end(self) -> None:
+            self.stream.finish()  # type: ignore[attr-defined]
+
+        def on_cancel(self) -> None:
+            pass
+
+    server = H2Server(limits=ServerLimits(max_concurrent_streams=max(streams + 1, 1024)))
+    server.add_native_method(PATH, Call)
+    conn = Connection(server)
+    conn.connection_made(_NullTransport())  # type: ignore[arg-type]
+    block, messages = header_block(), request_messages()
+    conn.data_received(PREFACE + frame(4, 0, 0, struct.pack(">HI", 4, (1 << 31) - 1))
+                       + frame(8, 0, 0, struct.pack(">I", (1 << 31) - 65536)))
+    sid, held = -1, collections.deque()
+    for _ in range(streams + requests):
+        sid += 2
+        held.append(sid)
+    held_ids = list(held)
+    for s in held_ids[:streams]:
+        conn.data_received(frame(1, 4, s, block) + frame(0, 0, s, messages))
+    gc.collect()
+    t0 = time.process_time()
+    for i in range(requests):
+        s = held_ids[streams + i]
+        conn.data_received(frame(1, 4, s, block) + frame(0, 0, s, messages))
+        conn.data_received(frame(0, 1, held_ids[i], b""))
+    spent = time.process_time() - t0
+    assert len(conn.streams) == streams, "every request was served"
+    return spent / requests * 1e6
+
+
+def parse_candidate(text: str) -> tuple[str, dict[str, str], list[str]]:
+    label, _, rest = text.partition("::")
+    env, flags = {}, []
+    for word in rest.split():
+        if "=" in word and not word.startswith("-") and not flags:
+            k, v = word.split("=", 1)
+            env[k] = v
+        else:
+            flags.append(word)
+    return label or "Pointsman", env, flags
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--streams", default="16,2000", help="comma list of streams held open (16,2000)")
+    ap.add_argument("--rate", type=float, default=400.0, help="requests per second, the same for every count (400)")
+    ap.add_argument("--connections", type=int, default=4, help="HTTP/2 connections the streams share (4)")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--duration", type=float, default=5.0, help="seconds measured, after the streams are all open")
+    ap.add_argument("--candidate", action="append",
+                    help="'LABEL::[ENV=value ...] [epp serve flags]' (repeatable; default: this checkout)")
+    ap.add_argument("--transport-only", action="store_true",
+                    help="measure this checkout's HTTP/2 connection alone, in process (no sockets, no routing)")
+    args = ap.parse_args()
+    counts = [int(x) for x in args.streams.split(",")]
+    if args.transport_only:
+        got: dict[int, list[float]] = collections.defaultdict(list)
+        for _ in range(args.rounds):
+            for n in counts:
+                got[n].append(asyncio.run(transport_only(n, 20000)))
+        print("| streams open | transport CPU µs/req (median) | vs fewest streams |\n|---|---|---|")
+        base = statistics.median(got[counts[0]])
+        for n in counts:
+            print(f"| {n} | {statistics.median(got[n]):.1f} | {statistics.median(got[n]) / base:.2f}x |")
+        return 0
+    candidates = [parse_candidate(c) for c in (args.candidate or ["Pointsman::"])]
+    procs = Procs()
+    eps = Path(tempfile.mkdtemp(prefix="bench-streams-")) / "endpoints.yaml"
+    eps.write_text(yaml.safe_dump({"pools": [{"name": "p", "endpoints": [
+        {"address": "127.0.0.1", "port": p} for p in (9, 19, 29, 39)]}]}))
+    rows: dict[tuple[str, int], list[dict[str, float]]] = collections.defaultdict(list)
+    try:
+        for r in range(args.rounds):
+            for n in counts if r % 2 == 0 else counts[::-1]:
+                for label, env, flags in candidates:
+                    port = free_port()
+                    if flags[:1] == ["toy"]:  # the do-nothing processor on the h2 transport: the transport alone
+                        cmd = [sys.executable, str(ROOT / "bench" / "toy_extproc.py"), "--h2", "--port", str(port),
+                               "--backend", "127.0.0.1:9", *flags[1:]]
+                    else:
+                        cmd = [bin_path("epp"), "serve", "--grpc-host", "127.0.0.1", "--grpc-port", str(port),
+                               "--grpc-health-port", "0", "--metrics-port", "0", "--endpoints-file", str(eps),
+                               "--refresh-metrics-interval", "1h", "--metrics-staleness-threshold", "2h", "-v", "0",
+                               *flags]
+                    proc = procs.spawn(f"epp-{r}-{n}-{label}", cmd, port, env=env)
+                    got = asyncio.run(generate(port, n, args.rate, args.connections, n / args.rate + 1.0,
+                                               args.duration, proc.pid))
+                    proc.terminate()
+                    proc.wait(30)
+                    rows[(label, n)].append(got)
+                    print(f"round {r + 1}: {label}, {n} streams: {got['rps']:.0f} req/s, EPP {got['epp_cpu_us']:.0f} "
+                          f"µs/req, generator {got['gen_cpu_us']:.0f} µs/req, errors {got['errors']:.0f}",
+                          file=sys.stderr, flush=True)
+    finally:
+        procs.stop()
+    print(f"\n{args.rounds} interleaved rounds x {args.duration:g}s, medians; {args.rate:g} requests/s, each held open "
+          f"for streams/rate seconds, over {args.connections} connections; {os.cpu_count()} CPUs\n")
+    print("| candidate | streams open | req/s | EPP CPU µs/req | vs fewest streams | generator CPU µs/req | errors |")
+    print("|---|---|---|---|---|---|---|")
+    for label, _, _ in candidates:
+        base = statistics.median(x["epp_cpu_us"] for x in rows[(label, counts[0])])
+        for n in counts:
+            rs = rows[(label, n)]
+            cpu = statistics.median(x["epp_cpu_us"] for x in rs)
+            print(f"| {label} | {n} | {statistics.median(x['rps'] for x in rs):.0f} | {cpu:.0f} | {cpu / base:.2f}x | "
+                  f"{statistics.median(x['gen_cpu_us'] for x in rs):.0f} | {sum(x['errors'] for x in rs):.0f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
