@@ -23,6 +23,7 @@ from epp.extproc.session import StreamConfig
 from epp.fleet.datastore import Datastore
 from epp.fleet.scrape.scraper import MetricsScraper
 from epp.request.director import Director, DirectorConfig
+from epp.request.early import EarlySettings
 from scheduling.framework.model_scheduler import ModelScheduler
 
 if TYPE_CHECKING:
@@ -170,6 +171,7 @@ class App:
             router=self.routing.router if self.routing is not None else None,
             tokens=self.tokens,  # precise prefix routing: tokenize for configs that read tokens
             observers=tuple(observers),
+            early=EarlySettings.from_args(args),  # reading the body as it streams in (epp/request/early.py)
         )
         self.apply_scheduler(scheduler)
         if self.recorder is not None:

@@ -50,6 +50,9 @@ class StreamingBody:
         self.size = 0
         self._parsed: ParsedBody | None = None
 
+    def __len__(self) -> int:
+        return self.size
+
     def feed(self, data: bytes) -> None:
         """One more chunk. The first is only kept: a body that comes whole (BUFFERED, small bodies) is parsed by
         `parse_body` at once, with nothing read twice; reading starts with the second chunk."""

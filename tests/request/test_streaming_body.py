@@ -159,7 +159,7 @@ def test_streaming_reader_matches_parse_body(data):
     assert streamed(kind, pieces) == expected(kind, raw)
 
 
-@PROPERTY
+@settings(PROPERTY, max_examples=150)
 @given(st.data())
 def test_streaming_reader_matches_parse_body_with_small_thresholds(data):
     """Tiny thresholds: every value past a few bytes is entered and every string read in pieces."""
