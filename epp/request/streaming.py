@@ -41,7 +41,7 @@ HEAD: dict[ApiKind, str] = {
 class StreamingBody:
     """One request body, fed chunk by chunk (see the module docstring)."""
 
-    __slots__ = ("kind", "stream", "chunks", "size", "_parsed")
+    __slots__ = ("kind", "stream", "chunks", "size", "_parsed", "_reading")
 
     def __init__(self, kind: ApiKind) -> None:
         self.kind = kind
@@ -49,6 +49,7 @@ class StreamingBody:
         self.chunks: list[bytes] = []
         self.size = 0
         self._parsed: ParsedBody | None = None
+        self._reading = False  # the stream has been fed (from the second chunk on, or since `start`)
 
     def __len__(self) -> int:
         return self.size
@@ -61,15 +62,17 @@ class StreamingBody:
         chunks = self.chunks
         chunks.append(data)
         self.size += len(data)
-        if len(chunks) == 2:
-            self.stream.feed(chunks[0])
-        if len(chunks) >= 2:
+        if self._reading:
             self.stream.feed(data)
+        elif len(chunks) >= 2:
+            self.start()
 
     def start(self) -> None:
         """Read what has come so far now (the caller wants the model or the prompt's head before a second chunk)."""
-        if len(self.chunks) == 1 and self.stream.received() == 0 and not self.stream._buf:
-            self.stream.feed(self.chunks[0])
+        if not self._reading:
+            self._reading = True
+            for c in self.chunks:
+                self.stream.feed(c)
 
     @property
     def model(self) -> str | None:
@@ -99,7 +102,7 @@ class StreamingBody:
         if self._parsed is not None:
             return self._parsed
         s = self.stream
-        if len(self.chunks) <= 1 and s.received() == 0 and not s._buf:  # came whole: one orjson call
+        if not self._reading:  # came whole: one orjson call
             self._parsed = parse_body(self.kind, self.raw())
             return self._parsed
         if not s.finish():
