@@ -8,10 +8,14 @@ measured once, in a rotating order; medians over rounds are printed as one markd
 - processor CPU µs per request (Pointsman, the toy floor, or the whole vllm-router), from /proc utime+stime;
 - front-Envoy CPU µs per request (the Envoy in front of the processor; for "Envoy direct" the proxy itself);
 - upstream connections opened per 1000 requests (from the backend's downstream_cx_total): ~0 when connections
-  are reused, ~1000 when every request dials a new one.
+  are reused, ~1000 when every request dials a new one;
+- the p50 latency each path adds to Envoy direct's at the same size and connection count.
+
+Long prompts (issue 22): `--body-bytes 120,16384,65536,262144,1048576 --conns 1,16 --floor h2 --no-peer` with a
+candidate per request body mode.
 
 Pointsman candidates are `--candidate 'LABEL:VARIANT:FLAGS'` (VARIANT is original-dst, override-host or empty for
-`--variant`; FLAGS go to `epp serve`, `{port}` in them becomes a free port; an `ENV=value` word before the flags
+`--variant`, with `+MODE` for the front Envoy's request body mode, e.g. `original-dst+BUFFERED`; FLAGS go to `epp serve`, `{port}` in them becomes a free port; an `ENV=value` word before the flags
 sets an environment variable, e.g. `PYTHONPATH=/tmp/before` runs another checkout of Pointsman). The
 default candidate is Pointsman with no extra flags. A candidate with `--workers N` gets a front Envoy that spreads
 its streams over the N workers, and its CPU is the whole process group's. Floors are bench/toy_extproc.py variants (`--floor gen --floor aio`).
@@ -194,19 +198,21 @@ def table(args: argparse.Namespace, paths: list[Path_], sizes: list[int], load: 
     out = [f"{args.rounds} interleaved rounds x {args.duration:g}s, medians; {args.phases} response phases, "
            f"{args.endpoints} endpoint(s), upstream connections {args.upstream}; 1-minute load average "
            f"{load[0]:.1f} before, {load[1]:.1f} after (this run itself adds about 3)", ""]
-    out.append("| path | body bytes | conns | req/s | vs vllm-router | vs floor | p50 ms | processor CPU µs/req "
-               "| front Envoy CPU µs/req | upstream conns /1k req |")
-    out.append("|---|---|---|---|---|---|---|---|---|---|")
+    out.append("| path | body bytes | conns | req/s | vs vllm-router | vs floor | p50 ms | added p50 ms "
+               "| processor CPU µs/req | front Envoy CPU µs/req | upstream conns /1k req |")
+    out.append("|---|---|---|---|---|---|---|---|---|---|---|")
     for size in sizes:
         for conns in [int(c) for c in args.conns.split(",")]:
             key = (conns, size)
             router = next((med(p.rows[key], 0) for p in paths if p.kind == "router"), float("nan"))
             floor = next((med(p.rows[key], 0) for p in paths if p.kind == "floor"), float("nan"))
+            direct = next((med(p.rows[key], 1) for p in paths if p.kind == "direct"), float("nan"))
             for p in paths:
                 rows = p.rows[key]
                 rps = med(rows, 0)
                 out.append(f"| {p.name} | {size} | {conns} | {rps:.0f} | {fmt(rps / router, '.2f')}x "
-                           f"| {fmt(rps / floor, '.2f')}x | {med(rows, 1):.2f} | {fmt(med(rows, 2))} "
+                           f"| {fmt(rps / floor, '.2f')}x | {med(rows, 1):.2f} | {fmt(med(rows, 1) - direct, '.2f')} "
+                           f"| {fmt(med(rows, 2))} "
                            f"| {fmt(med(rows, 3))} | {med(rows, 4):.1f} |")
     failing = [f"{p.name} ({p.errors})" for p in paths if p.errors]
     out.append("")

@@ -102,8 +102,10 @@ def direct_config(listen: int, admin: int, ports: list[int]) -> dict:
 
 def front_config(listen: int, admin: int, processor: int, *, variant: str, phases: str,
                  backends: list[int], epp_workers: int = 1) -> dict:
+    """`variant` may carry the request body mode: `original-dst+BUFFERED`."""
+    variant, _, body_mode = variant.partition("+")
     spec = EnvoyConfigSpec(variant=variant, listen_port=listen, admin_port=admin, epp_port=processor,
-                           response_phases=phases, epp_workers=epp_workers,
+                           response_phases=phases, epp_workers=epp_workers, request_body_mode=body_mode,
                            endpoints=[("127.0.0.1", p) for p in backends] if variant == "override-host" else [])
     return render(spec)
 

@@ -185,10 +185,13 @@ class LLMRequest:
     body: Mapping[str, Any] | None = None  # the parsed body (read-only for plugins)
     token_ids: Sequence[int] | None = None  # the prompt's tokens, when the scheduler reads them (see above)
     token_source: str = ""  # prompt | local | engine | approx ("" when not tokenized)
+    # Decided before the body ended: `prompt` is only its head; the whole prompt's length estimated by the shell
+    # (from content-length). 0: `prompt` is the whole prompt.
+    expected_prompt_chars: int = 0
 
     @property
     def prompt_chars(self) -> int:
-        return len(self.prompt)
+        return max(len(self.prompt), self.expected_prompt_chars)
 
     @property
     def estimated_tokens(self) -> int:
@@ -196,4 +199,4 @@ class LLMRequest:
         (CHARS_PER_TOKEN, the one place that approximation is made for a count)."""
         if self.token_ids is not None:
             return len(self.token_ids)
-        return len(self.prompt) // CHARS_PER_TOKEN
+        return max(len(self.prompt), self.expected_prompt_chars) // CHARS_PER_TOKEN

@@ -25,15 +25,16 @@ def test_full_duplex_defers_headers_and_echoes_body_in_order():
     half = len(CHAT) // 2
     assert m.feed(body_msg(CHAT[:half], False)) == []
     out = m.feed(body_msg(CHAT[half:], True))
-    assert kinds(out) == ["request_headers", "request_body"]
+    assert kinds(out) == ["request_headers", "request_body", "request_body"]  # each chunk echoed, in order
     hdrs = set_headers(out[0], "request_headers")
     assert hdrs["x-gateway-destination-endpoint"] == b"10.0.0.1:8000"
     assert out[0].request_headers.response.clear_route_cache
     assert out[0].request_headers.response.header_mutation.remove_headers == ["x-gateway-destination-endpoint-served"]
     lb = out[0].dynamic_metadata.fields["envoy.lb"].struct_value.fields
     assert lb["x-gateway-destination-endpoint"].string_value == "10.0.0.1:8000"
-    sr = out[1].request_body.response.body_mutation.streamed_response
-    assert sr.body == CHAT and sr.end_of_stream
+    echoed = [r.request_body.response.body_mutation.streamed_response for r in out[1:]]
+    assert b"".join(sr.body for sr in echoed) == CHAT
+    assert [sr.end_of_stream for sr in echoed] == [False, True]
     assert rec.decisions[0][1] == CHAT
     assert rec.decisions[0][0][":path"] == "/v1/chat/completions"
 

@@ -24,6 +24,7 @@ from epp.protocol import KINDS, BodyMode, Phase, RequestMachine
 from epp.request.director import Director
 from tests.support.extproc import (
     ENDPOINTS,
+    LOAD_ONLY,
     body_msg,
     headers_msg,
     inflight,
@@ -43,6 +44,8 @@ PROPERTY = settings(max_examples=150, deadline=None, derandomize=True, database=
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 DESTINATIONS = {f"{ip}:{port}".encode() for ip, port in ENDPOINTS}
 REQUEST_SIDE = ("request_headers", "request_body", "request_trailers")
+DECIDING = (Phase.DECIDING, Phase.EARLY)
+EARLY_MODES = [(FD, True), (STR, False)]  # the modes that stream chunks to a reading exchange
 RESPONSE_SIDE = ("response_headers", "response_body", "response_trailers")
 
 
@@ -214,12 +217,12 @@ class Sim:
         self.emit(m.feed(msg))
         if self.pending is not None:
             self.pending -= 1
-        if m.phase is Phase.DECIDING and not was_deciding:
+        if m.phase in DECIDING and not was_deciding:
             if self.plan.delay == 0:
                 self.complete_decision()
             else:
                 self.pending = self.plan.delay
-        elif was_deciding and m.phase is not Phase.DECIDING:  # abandoned or closed: the decision is cancelled
+        elif was_deciding and m.phase not in DECIDING:  # abandoned or closed: the decision is cancelled
             self.cancel_pending()
         return True
 
@@ -230,7 +233,7 @@ class Sim:
             self.decide_calls += 1
             d = m.decision
             outcome = self.exchange.decide(m.headers, d.body if d else b"", m.metadata)
-            if m.phase is not Phase.DECIDING:
+            if m.phase not in DECIDING:
                 assert m.resolve(outcome) == [], "a decision no longer wanted is dropped"
         self.pending = None
 
@@ -354,3 +357,72 @@ def test_envoy_shaped_streams_with_awaitable_decisions(mode_wait, phases, data):
     check_stream(s)
     check_envoy_shaped(s)
     director_after([s], director)
+
+
+# ---- early decisions ---------------------------------------------------------------------------------------------
+@st.composite
+def early_scenario(draw: st.DrawFn, hostile: bool) -> Scenario:
+    mode, wait = draw(st.sampled_from(EARLY_MODES))
+    phases = draw(st.sampled_from(PHASES))
+    shaped = envoy_stream(mode, wait, phases)
+    n = draw(st.integers(1, 4))
+    streams = []
+    for _ in range(n):
+        msgs = draw(st.one_of(shaped, mutated(shaped))) if hostile else draw(shaped)
+        streams.append((msgs, draw(plans)))
+    return mode, wait, streams, draw(st.lists(st.integers(0, n - 1), max_size=30))
+
+
+@PROPERTY
+@given(early_scenario(hostile=False))
+def test_early_decisions_keep_every_invariant_on_envoy_shaped_streams(case):
+    """A scheduler that reads no prompt: a chunked request whose model has arrived is decided before its body ends
+    (Phase.EARLY). The chunks that come while it decides, and after, are all answered, in order, once."""
+    mode, wait, streams, schedule = case
+    director = real_director(config=LOAD_ONLY)
+    sims = [Sim(director, msgs, plan, mode, wait) for msgs, plan in streams]
+    run(director, sims, schedule)
+    for s in sims:
+        check_stream(s)
+        check_envoy_shaped(s)
+        if s.mode == FD and s.machine.phase is Phase.COMPLETE:  # the body went back whole, in order
+            sent = b"".join(r.request_body.response.body_mutation.streamed_response.body for r in s.raw
+                            if r.WhichOneof("response") == "request_body")
+            got = b"".join(m.request_body.body for m in s.msgs[: s.pos] if m.WhichOneof("request") == "request_body")
+            assert sent == got
+    director_after(sims, director)
+
+
+@PROPERTY
+@given(early_scenario(hostile=True))
+def test_early_decisions_keep_every_invariant_on_hostile_streams(case):
+    mode, wait, streams, schedule = case
+    director = real_director(config=LOAD_ONLY)
+    sims = [Sim(director, msgs, plan, mode, wait) for msgs, plan in streams]
+    run(director, sims, schedule)
+    for s in sims:
+        check_stream(s)
+    director_after(sims, director)
+
+
+def test_early_decisions_happen_and_answer_the_rest_as_it_comes():
+    """Not vacuous: a full-duplex chat body in three chunks, model first, is routed after the first chunk; each
+    later chunk is echoed as it arrives."""
+    from tests.support.extproc import SyncMachine, body_msg, headers_msg
+
+    director = real_director(config=LOAD_ONLY)
+    ex = director.exchange()
+    m = SyncMachine(ex, request_body_mode=FD)
+    body = chat("hello " * 50)
+    a, b = 20, 60
+    assert m.feed(headers_msg()) == []
+    first = m.feed(body_msg(body[:a], False))
+    assert [r.WhichOneof("response") for r in first] == ["request_headers", "request_body"]
+    assert ex.early == "m" and m.phase is Phase.STREAMING
+    second = m.feed(body_msg(body[a:b], False))
+    third = m.feed(body_msg(body[b:], True))
+    echoed = [r.request_body.response.body_mutation.streamed_response for r in first[1:] + second + third]
+    assert b"".join(e.body for e in echoed) == body and [e.end_of_stream for e in echoed] == [False, False, True]
+    assert m.phase is Phase.COMPLETE and inflight(director) == 1
+    ex.close()
+    assert inflight(director) == 0

@@ -47,6 +47,7 @@ async def build_director(app: App) -> None:
         router=app.routing.router if app.routing is not None else None,
         tokens=app.tokens,  # precise prefix routing: tokenize for configs that read tokens
         observers=tuple(observers(app)),
+        early=app.settings.request.early,  # reading the body as it streams in (epp/request/early.py)
     )
     app.apply_scheduler(app.scheduler)
 

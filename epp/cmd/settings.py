@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from epp.api import settings as api_settings
+from epp.argtypes import parse_bool
 from epp.bus import settings as bus_settings
 from epp.extproc import settings as server_settings
 from epp.fleet import settings as fleet_settings
@@ -107,6 +108,7 @@ def add_serve_flags(p: argparse.ArgumentParser) -> None:
     request_settings.add_flags(g)
     RuntimeSettings.add_event_loop_flag(g)
     request_settings.add_output_flags(p.add_argument_group("routing outputs (docs/performance.md)"))
+    request_settings.add_early_flags(p, parse_bool)
     g = p.add_argument_group("dashboard (a live page on the metrics port; see docs/dashboard.md)")
     api_settings.add_dashboard_flags(g)
     RuntimeSettings.add_verbosity_flag(g)

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
 from epp.extproc.settings import StreamConfig as StreamConfig  # defined with the settings (cheap for the CLI)
-from epp.protocol import Exchange, Outcome, Phase, RequestMachine, immediate
+from epp.protocol import Exchange, Outcome, RequestMachine, immediate
 
 if TYPE_CHECKING:
     from epp.request.director import Director
@@ -75,7 +75,7 @@ class StreamSession:
             replies = m.feed(req)
             task = self.deciding
             if task is not None:  # an awaitable decision is running (or was cancelled and is settling)
-                if m.phase is not Phase.DECIDING and not task.done():
+                if m.decision is None and not task.done():
                     task.cancel()  # abandoned or closed: the decision is no longer wanted
             else:
                 d = m.decision  # set by the feed that entered DECIDING

@@ -50,6 +50,17 @@ class Decision(NamedTuple):
     body: bytes | None
     metadata: Mapping[str, Mapping[str, object]]
     at_headers: bool  # the reply goes on the request headers (else the body policy shapes it)
+    early: bool = False  # made before the body ended (Phase.EARLY): the exchange saw the chunks so far
+
+
+class BodyReader(Protocol):
+    """What an exchange that reads the request body as it streams in offers (optional: the machine uses it when
+    the exchange has `request_chunk`). Such an exchange is given `body=None` by `decide`: it read the body itself."""
+
+    def request_chunk(self, headers: Mapping[str, str], data: bytes, end_of_stream: bool) -> bool:
+        """One request body chunk, before the decision (`end_of_stream` also when trailers end the body, with an
+        empty chunk). True: the decision can be made now, before the body ends (an early decision)."""
+        ...
 
 
 class Exchange(Protocol):

@@ -13,7 +13,8 @@ The request side of a stream moves through these phases (`Phase`):
 
     IDLE ──request_headers──> BODY ──(body ends, or the mode decides on headers)──> DECIDING
       │  (end_of_stream: no body) ───────────────────────────────────────────────────> DECIDING
-      │                                                  DECIDING ──resolve()──> STREAMING or COMPLETE
+      │                         BODY ──(the exchange can decide before the body ends)──> EARLY
+      │                                       DECIDING or EARLY ──resolve()──> STREAMING or COMPLETE
       │                                                  STREAMING ──body end / trailers──> COMPLETE
       └─ a response message before the request was routed (IDLE, BODY, DECIDING) ──> ABANDONED
     any phase ──ImmediateResponse (a rejection, 413, or a protocol violation)──> CLOSED
@@ -23,7 +24,12 @@ The request side of a stream moves through these phases (`Phase`):
 - DECIDING: `decision` holds the `Decision` to make. The driver asks the exchange and calls `resolve(outcome)`,
   at once or later (an awaitable decision). Messages that arrive meanwhile follow the table; replies that must
   come after the routing replies (request trailers) are held and sent by `resolve`, so ordering is kept.
-- STREAMING: routed before the request ended (decided on headers, or on a partial buffer); chunks still flow.
+- EARLY: an early decision (FULL_DUPLEX_STREAMED, or STREAMED without waiting for the header reply): the exchange
+  reads the chunks as they come (`request_chunk`) and said after one of them that it can decide now. Envoy keeps
+  sending chunks meanwhile: they are kept, with their echo built, and sent after the routing replies, in order;
+  trailers end the body as in BODY; the outcome comes as in DECIDING.
+- STREAMING: routed before the request ended (decided on headers, on a partial buffer, or early); chunks still
+  flow and each is answered as it comes (echoed in full duplex).
 - COMPLETE: routed and the request is over; only the response (and at most one request_trailers) remain.
 - ABANDONED: a response began before the request was routed. Envoy does this when a local reply (a codec error,
   a 413 from a buffer limit, another filter's rejection) runs through the ext_proc filter's encoder side. The
@@ -76,6 +82,7 @@ class Phase(enum.IntEnum):
     COMPLETE = 4
     ABANDONED = 5
     CLOSED = 6
+    EARLY = 7
 
 
 class ResponsePhase(enum.IntEnum):
@@ -96,7 +103,7 @@ class RequestMachine:
 
     __slots__ = ("exchange", "policy", "response_mode", "max_body_bytes", "phase", "response_phase", "headers",
                  "metadata", "decision", "violation", "finished", "body_messages", "body_eos", "trailers", "_chunks",
-                 "_size", "_ended", "_held")
+                 "_size", "_ended", "_held", "reader", "echo", "early_at", "echo_at")
 
     def __init__(
         self,
@@ -128,6 +135,12 @@ class RequestMachine:
         self._size = 0
         self._ended = False  # the request (body) is over
         self._held: Replies | None = None  # replies to send after the routing replies
+        # An exchange that reads the body as it streams in (contract.BodyReader): it gets every chunk and may ask
+        # for an early decision; the body is then not joined for it.
+        self.reader = getattr(exchange, "request_chunk", None)
+        self.echo: Replies = []  # full duplex: the echo of each chunk, built as it arrives
+        self.early_at = -1  # body messages received when an early decision was asked for
+        self.echo_at = 0  # and the echo replies built by then
 
     # ---- the driver's interface ----------------------------------------------------------------------------------
     def feed(self, req: pb.ProcessingRequest) -> Replies:
@@ -138,12 +151,13 @@ class RequestMachine:
         """The outcome of `decision`. Dropped (returns []) if the stream left DECIDING meanwhile (abandoned or
         closed): whatever the exchange committed for it is released by `exchange.close()`."""
         d = self.decision
-        if self.phase is not Phase.DECIDING or d is None:
+        if (self.phase is not Phase.DECIDING and self.phase is not Phase.EARLY) or d is None:
             return []
         self.decision = None
         if outcome.reject_status:
             return self._close(rejection(outcome))
         replies = [headers_reply(outcome)] if d.at_headers else self.policy.routed(self, outcome, d.body)
+        self.echo = []
         self.phase = Phase.COMPLETE if self._ended else Phase.STREAMING
         if self._held:
             replies += self._held
@@ -151,24 +165,37 @@ class RequestMachine:
         return replies
 
     # ---- what the policies use -----------------------------------------------------------------------------------
-    def request_decision(self, body: bytes | None, *, at_headers: bool) -> Replies:
-        self.decision = Decision(self.headers, body, self.metadata, at_headers)
-        self.phase = Phase.DECIDING
+    def request_decision(self, body: bytes | None, *, at_headers: bool, early: bool = False) -> Replies:
+        self.decision = Decision(self.headers, body, self.metadata, at_headers, early)
+        if early:
+            self.early_at, self.echo_at = self.body_messages, len(self.echo)
+        self.phase = Phase.EARLY if early else Phase.DECIDING
         return []
 
-    def collect(self, data: bytes) -> bool:
-        """Keep a body chunk; False when the body grew past max_body_bytes."""
+    def collect(self, data: bytes, end_of_stream: bool = False) -> bool | None:
+        """Keep a body chunk (and show it to a reading exchange); None when the body grew past max_body_bytes,
+        else whether the exchange can decide now (always False on the last chunk)."""
         self.body_messages += 1
         self._size += len(data)
         if self._size > self.max_body_bytes:
-            return False
+            return None
         if data:
             self._chunks.append(data)
-        return True
+        reader = self.reader
+        if reader is None or not self.policy.streams or self.phase is not Phase.BODY:
+            return False
+        return bool(reader(self.headers, data, end_of_stream)) and not end_of_stream
 
-    def take_body(self) -> bytes:
+    def body_ended_by_trailers(self) -> None:
+        if self.reader is not None and self.policy.streams and self.phase is Phase.BODY:
+            self.reader(self.headers, b"", True)
+
+    def take_body(self) -> bytes | None:
+        """The body collected so far; None when a reading exchange has read it (the streaming modes)."""
         chunks = self._chunks
         self._chunks = []
+        if self.reader is not None and self.policy.streams:
+            return None
         return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
     def end(self, *, trailers: bool) -> None:
@@ -201,6 +228,7 @@ class RequestMachine:
         self.decision = None
         self._held = None
         self._chunks = []
+        self.echo = []
         return [reply]
 
     def _configure(self, req: pb.ProcessingRequest) -> bool:
@@ -257,6 +285,19 @@ def _trailers_while_deciding(m: RequestMachine, req: pb.ProcessingRequest, kind:
     return []
 
 
+def _body_while_early(m: RequestMachine, req: pb.ProcessingRequest, kind: str | None) -> Replies:
+    # Envoy does not wait for the routing reply in the modes that decide early: keep the chunk for after it.
+    return m.policy.on_body_while_early(m, req.request_body)
+
+
+def _trailers_while_early(m: RequestMachine, req: pb.ProcessingRequest, kind: str | None) -> Replies:
+    if m._ended:
+        return m.violate(rules.AFTER_END, kind)
+    m.end(trailers=True)
+    m.hold(REQUEST_TRAILERS)
+    return []
+
+
 def _late_body(m: RequestMachine, req: pb.ProcessingRequest, kind: str | None) -> Replies:
     return m.policy.on_late_body(m, req.request_body)
 
@@ -278,6 +319,7 @@ def _local_reply(m: RequestMachine, req: pb.ProcessingRequest, kind: str | None)
     m.decision = None
     m._held = None
     m._chunks = []
+    m.echo = []
     return _respond(m, req, kind)
 
 
@@ -340,6 +382,7 @@ TABLE: dict[Phase, tuple[Handler, ...]] = {
     Phase.COMPLETE:  (_repeated,        _after_end,           _late_trailers,           _respond,     _respond,     _respond,     _empty),
     Phase.ABANDONED: (_after_response,  _after_response,      _after_response,          _respond,     _respond,     _respond,     _empty),
     Phase.CLOSED:    (_ignore,          _ignore,              _ignore,                  _ignore,      _ignore,      _ignore,      _ignore),
+    Phase.EARLY:     (_repeated,        _body_while_early,    _trailers_while_early,    _local_reply, _local_reply, _local_reply, _empty),
 }  # fmt: skip
 
 RESPONSE_KINDS = KINDS[3:6]

@@ -6,13 +6,17 @@ The policies are stateless singletons; the per-stream state lives in the machine
 |---|---|---|---|---|
 | NONE | decide on headers | violation (never sent) | on headers, body unseen | header reply |
 | STREAMED (Envoy waits for the header reply) | decide on headers | - (Envoy waits) | on headers, body unseen | header reply; then one empty reply per chunk |
-| STREAMED + send_body_without_waiting | hold | collect | at body end | header reply, then one reply per chunk (the first carries a rewritten body, the rest are cleared) |
+| STREAMED + send_body_without_waiting | hold | collect | at body end, or early | header reply, then one reply per chunk (the first carries a rewritten body, the rest are cleared; after an early decision later chunks pass) |
 | BUFFERED | answer at once (empty) | one message with end_of_stream, else violation | at body end | body reply with the header mutations (+ content-length when rewritten) |
 | BUFFERED_PARTIAL | answer at once (empty) | one message: the whole body (end_of_stream) or a partial buffer | at body end, or on headers alone for a partial buffer | body reply with the header mutations |
-| FULL_DUPLEX_STREAMED | hold | collect | at body end | header reply, then the body echoed in ≤ 62,000-byte `streamed_response` chunks |
+| FULL_DUPLEX_STREAMED | hold | collect, echo built | at body end, or early | header reply, then each chunk echoed as a `streamed_response` (≤ 62,000 bytes each); after an early decision each later chunk is echoed as it arrives |
 
 Trailers end a body that is still being collected (full duplex and early STREAMED); in BUFFERED modes Envoy sends
 the body before the trailers, so trailers there first are a violation.
+
+Early decisions (`streams`: full duplex and STREAMED without waiting): an exchange that reads the body as it
+arrives (`BodyReader.request_chunk`) may say after a chunk that it can decide now; the machine then asks for the
+decision (Phase.EARLY), keeps the chunks that arrive meanwhile and sends them after the routing replies.
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ class BodyPolicy:
 
     __slots__ = ()
     mode: BodyMode = BodyMode.NONE
+    streams = False  # chunks go to a reading exchange as they come, which may decide early
 
     def on_headers(self, m: RequestMachine) -> Replies:
         """request_headers without end_of_stream (a body follows). Default: decide on the headers alone."""
@@ -55,9 +60,18 @@ class BodyPolicy:
 
     def on_trailers(self, m: RequestMachine) -> Replies:
         """request_trailers while the body is being collected: they end the body."""
+        m.body_ended_by_trailers()
         m.end(trailers=True)
         m.hold(REQUEST_TRAILERS)
         return m.request_decision(m.take_body(), at_headers=False)
+
+    def on_body_while_early(self, m: RequestMachine, msg: pb.HttpBody) -> Replies:
+        """A body message while an early decision is pending (phase EARLY): kept for after the routing replies."""
+        if m.collect(msg.body, msg.end_of_stream) is None:
+            return m.too_large()
+        if msg.end_of_stream:
+            m.end(trailers=False)
+        return []
 
     def routed(self, m: RequestMachine, outcome: Outcome, body: bytes | None) -> Replies:
         """The routing replies for a decision made on the body (not on the headers)."""
@@ -94,24 +108,52 @@ class _Collecting(BodyPolicy):
         return []  # the header reply is held until the body ends
 
     def on_body(self, m: RequestMachine, msg: pb.HttpBody) -> Replies:
-        if not m.collect(msg.body):
+        ready = m.collect(msg.body, msg.end_of_stream)
+        if ready is None:
             return m.too_large()
+        self.kept(m, msg)
         if not msg.end_of_stream:
-            return []
+            return m.request_decision(None, at_headers=False, early=True) if ready else []
         m.end(trailers=False)
         return m.request_decision(m.take_body(), at_headers=False)
+
+    def kept(self, m: RequestMachine, msg: pb.HttpBody) -> None:
+        """A chunk was collected (full duplex builds its echo now)."""
 
 
 class FullDuplexPolicy(_Collecting):
     __slots__ = ()
     mode = BodyMode.FULL_DUPLEX_STREAMED
+    streams = True
+
+    def kept(self, m: RequestMachine, msg: pb.HttpBody) -> None:
+        m.echo += streamed_chunks(msg.body, msg.end_of_stream, request=True)
+
+    def on_body_while_early(self, m: RequestMachine, msg: pb.HttpBody) -> Replies:
+        replies = _Collecting.on_body_while_early(self, m, msg)
+        if not replies:
+            self.kept(m, msg)
+        return replies
 
     def routed(self, m: RequestMachine, outcome: Outcome, body: bytes | None) -> Replies:
         replies = [headers_reply(outcome)]
-        if m.body_messages:  # Envoy must get the body back, or upstream gets an empty one
-            new_body = outcome.body if outcome.body is not None else body or b""
-            replies += streamed_chunks(new_body, m.body_eos, request=True)
+        if not m.body_messages:
+            return replies
+        # Envoy must get the body back, or upstream gets an empty one
+        if outcome.body is None:
+            replies += m.echo
+        elif m.early_at >= 0:  # an early rewrite replaces the body received up to the decision
+            replies += streamed_chunks(outcome.body, False, request=True)
+            replies += m.echo[m.echo_at:]
+        else:
+            replies += streamed_chunks(outcome.body, m.body_eos, request=True)
         return replies
+
+    def on_late_body(self, m: RequestMachine, msg: pb.HttpBody) -> Replies:
+        """After an early decision every chunk is echoed as it arrives."""
+        if msg.end_of_stream:
+            m.end(trailers=False)
+        return streamed_chunks(msg.body, msg.end_of_stream, request=True)
 
 
 class StreamedEarlyPolicy(_Collecting):
@@ -119,16 +161,24 @@ class StreamedEarlyPolicy(_Collecting):
 
     __slots__ = ()
     mode = BodyMode.STREAMED
+    streams = True
 
     def routed(self, m: RequestMachine, outcome: Outcome, body: bytes | None) -> Replies:
         n = m.body_messages
         replies = [headers_reply(outcome)]
         if outcome.body is not None and n:
+            upto = m.early_at if m.early_at >= 0 else n  # an early rewrite replaces what came before the decision
             replies.append(replaced_request_chunk(outcome.body))
-            replies += [CLEARED_REQUEST_BODY] * (n - 1)
+            replies += [CLEARED_REQUEST_BODY] * (upto - 1)
+            replies += [EMPTY_REQUEST_BODY] * (n - upto)
         else:
             replies += [EMPTY_REQUEST_BODY] * n
         return replies
+
+    def on_late_body(self, m: RequestMachine, msg: pb.HttpBody) -> Replies:
+        if msg.end_of_stream:
+            m.end(trailers=False)
+        return [EMPTY_REQUEST_BODY]
 
 
 class BufferedPolicy(_Collecting):
@@ -160,7 +210,7 @@ class BufferedPartialPolicy(BufferedPolicy):
     def on_body(self, m: RequestMachine, msg: pb.HttpBody) -> Replies:
         if msg.end_of_stream:
             return _Collecting.on_body(self, m, msg)
-        if not m.collect(msg.body):
+        if m.collect(msg.body) is None:
             return m.too_large()
         m.take_body()
         return m.request_decision(None, at_headers=False)  # a partial JSON body cannot be parsed

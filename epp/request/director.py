@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from epp.fleet.datastore import Datastore
 from epp.protocol import Outcome
 from epp.request.admit import Admitter
+from epp.request.early import EarlySettings
 from epp.request.observe import RequestObserver
 from scheduling.api import Scheduler, SchedulingContext
 from scheduling.types import SchedulingError
@@ -83,6 +84,7 @@ class Director:
     tokens: RequestTokens | None = None  # tokens for configs that read them (precise prefix routing)
     flow: FlowController | None = None  # flow control's queue, while the config turns it on
     observers: Sequence[RequestObserver] = ()  # metrics, the dashboard, passive health, quarantine (observe.py)
+    early: EarlySettings = field(default_factory=EarlySettings)  # deciding before the body ends (early.py)
 
     def exchange(self) -> RequestExchange:
         """The owner of one stream's request lifecycle (epp/request/exchange.py)."""

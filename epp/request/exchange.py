@@ -39,8 +39,11 @@ from epp.request import respond
 from epp.request.admit import Hold
 from epp.request.commit import mutations, mutations_for_provider, schedule
 from epp.request.director import Director, ShellContext
+from epp.request.early import ready
 from epp.request.observe import Follow
+from epp.request.parsing import api_kind
 from epp.request.resolve import Metadata, find_candidates, resolve
+from epp.request.streaming import StreamingBody
 from epp.request.usage import UsageScanner
 from scheduling.api import Scheduler, SchedulingResult
 from scheduling.types import ErrorCode, LLMRequest, SchedulingError
@@ -65,7 +68,7 @@ class RequestExchange:
 
     __slots__ = ("d", "headers", "metadata", "size", "started", "request", "ctx", "result", "scheduler",
                  "schedule_s", "scanner", "served", "_body", "_pending", "_parsed", "_closed", "_rewrite_from",
-                 "_rewrite_to", "_ticket", "_holds", "_follows")
+                 "_rewrite_to", "_ticket", "_holds", "_follows", "reader", "early", "_ended")
 
     def __init__(self, director: Director) -> None:
         self.d = director
@@ -89,6 +92,26 @@ class RequestExchange:
         self._ticket: InflightTicket | None = None
         self._holds: list[Hold] = []  # what the admitters hold until the stream ends
         self._follows: list[Follow] = []  # the holds, then the observers' follows of the response path
+        self.reader: StreamingBody | None = None  # the body, read as it streamed in (full duplex)
+        self.early: str | None = None  # decided before the body ended, with this model (epp/request/early.py)
+        self._ended = False  # the reader has the whole body
+
+    # ---- the body as it streams in (epp.protocol.contract.BodyReader) -----------------------------------------
+    def request_chunk(self, headers: Mapping[str, str], data: bytes, end_of_stream: bool) -> bool:
+        """Read one chunk; True when the decision can be made now, before the body ends."""
+        reader = self.reader
+        if reader is None:
+            reader = self.reader = StreamingBody(api_kind(headers))
+        reader.feed(data)
+        if end_of_stream:
+            self._ended = True
+            return False
+        try:
+            self.early = ready(self.d, headers, reader)
+        except Exception:  # never crash a stream: decide at the end instead
+            log.exception("early decision check failed")
+            self.early = None
+        return self.early is not None
 
     # ---- the decision --------------------------------------------------------------------------------------------
     def decide(self, headers: Mapping[str, str], body: bytes | None, metadata: Metadata
@@ -98,7 +121,13 @@ class RequestExchange:
         cancels."""
         self.started = self.d.clock()
         self.headers, self.metadata = headers, metadata
-        self.size = len(body) if body else _content_length(headers)
+        if body is None and self.reader is not None:  # read as it streamed in
+            if not self._ended and self.early is None:
+                self._ended = True  # (a reader that was never told the end: the machine decides at the end)
+            self.size = self.reader.size if self.early is None else max(_content_length(headers), self.reader.size)
+        else:
+            self.reader, self.early = None, None
+            self.size = len(body) if body else _content_length(headers)
         self._body = body
         return self._run(0)
 
@@ -130,7 +159,11 @@ class RequestExchange:
     def _resolve(self) -> Step:
         body, self._body = self._body, None
         try:
-            ctx, self._parsed = resolve(self.d, self.headers, body, self.metadata)
+            if self.reader is not None:
+                ctx, self._parsed = resolve(self.d, self.headers, self.reader, self.metadata, early=self.early,
+                                            expected_chars=self.size)
+            else:
+                ctx, self._parsed = resolve(self.d, self.headers, body, self.metadata)
         except SchedulingError as err:
             return self._refuse(err)
         except Exception as exc:  # never crash a stream: a bug becomes a clear 500
@@ -277,6 +310,8 @@ class RequestExchange:
                 log.info("decision %s model=%s -> provider %s route=%s/%s", req.request_id[:8],
                          req.target_model or "-", rd.backend_name, rd.route.key, rd.rule.name)
             return mutations_for_provider(d, ctx, parsed)
+        if self.early is not None:
+            parsed = None  # only part of the body: a rewrite changes the model value in the chunks received
         self.scheduler = scheduler = d.scheduler_for(ctx)
         self._ticket = d.datastore.inflight.add(result.primary.key, req.estimated_tokens)
         try:
@@ -288,10 +323,14 @@ class RequestExchange:
         self._decided()
         if d.config.log_decisions:
             route = f" route={ctx.route.route.key}/{ctx.route.rule.name}->{ctx.route.backend_name}" if ctx.route else ""
-            log.info("decision %s model=%s -> %s%s (profile %s)%s", req.request_id[:8], req.target_model or "-",
-                     result.primary.key, f" prefill={result.prefill.key}" if result.prefill else "", result.profile,
-                     route)
-        return mutations(d, ctx, result, parsed)
+            log.info("decision %s model=%s -> %s%s (profile %s)%s%s", req.request_id[:8],
+                     req.target_model or "-", result.primary.key,
+                     f" prefill={result.prefill.key}" if result.prefill else "", result.profile, route,
+                     " (early)" if self.early is not None else "")
+        out = mutations(d, ctx, result, parsed)
+        if self.early is not None and self.reader is not None and req.model and req.target_model != req.model:
+            out.body = self.reader.rewritten_prefix(req.target_model, self.reader.size)
+        return out
 
     # ---- reporting and the response (epp/request/respond.py; plain functions bound as methods) ---------------------
     _decided = respond.decided

@@ -55,12 +55,8 @@ def _bad(msg: str) -> SchedulingError:
     return SchedulingError(ErrorCode.BAD_REQUEST, msg)
 
 
-def _dumps(value: Any) -> str:
+def _json(value: Any) -> str:
     return orjson.dumps(value).decode()
-
-
-def _text(value: Any) -> str:
-    return value if isinstance(value, str) else _dumps(value)
 
 
 def _nonempty(value: Any) -> bool:
@@ -75,60 +71,74 @@ def parse_body(kind: ApiKind, raw: bytes) -> ParsedBody:
         raise _bad(f"request body is not valid JSON: {e}") from None
     if not isinstance(body, dict):
         raise _bad(f"request body must be a JSON object, got {type(body).__name__}")
+    return validate(kind, body)
+
+
+def validate(kind: ApiKind, body: dict[str, Any], texts: Mapping[str, str] | None = None) -> ParsedBody:
+    """Check a parsed body and build its prompt. `texts`: the canonical JSON (orjson.dumps) of some members,
+    already made (epp/request/streaming.py reads them as the body streams in)."""
     model = body.get("model")
     if model is None or model == "":
         raise _bad("model not found in request body")
     if not isinstance(model, str):
         raise _bad("'model' must be a string")
-    prompt = _extract_prompt(kind, body)
+    prompt = _extract_prompt(kind, body, texts or {})
     return ParsedBody(kind, body, model, prompt)
 
 
-def _extract_prompt(kind: ApiKind, body: dict[str, Any]) -> str:
+def _extract_prompt(kind: ApiKind, body: dict[str, Any], texts: Mapping[str, str]) -> str:
+    def _dumps(name: str) -> str:
+        known = texts.get(name)
+        return known if known is not None else _json(body[name])
+
+    def _text(name: str) -> str:
+        value = body[name]
+        return value if isinstance(value, str) else _dumps(name)
+
     if kind is ApiKind.CHAT:
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
             raise _bad("chat completions need at least 1 message in 'messages'")
-        text = _dumps(messages)
+        text = _dumps("messages")
         if body.get("tools"):
-            text += _dumps(body["tools"])
+            text += _dumps("tools")
         return text
     if kind is ApiKind.COMPLETIONS:
         prompt = body.get("prompt")
         if not _nonempty(prompt):
             raise _bad("completions need a 'prompt'")
-        return _text(prompt)
+        return _text("prompt")
     if kind is ApiKind.EMBEDDINGS:
         inp = body.get("input")
         if not _nonempty(inp):
             raise _bad("embeddings need an 'input'")
-        return _text(inp)
+        return _text("input")
     if kind is ApiKind.RESPONSES:
         inp = body.get("input")
         if not _nonempty(inp):
             raise _bad("responses need an 'input'")
         parts = []
         if body.get("instructions"):
-            parts.append(_text(body["instructions"]))
+            parts.append(_text("instructions"))
         if body.get("tools"):
-            parts.append(_dumps(body["tools"]))
-        parts.append(_text(inp))
+            parts.append(_dumps("tools"))
+        parts.append(_text("input"))
         return "".join(parts)
     if kind is ApiKind.CONVERSATIONS:
         items = body.get("items")
         if not isinstance(items, list) or not items:
             raise _bad("conversations need 'items'")
-        return _dumps(items)
+        return _dumps("items")
     if kind is ApiKind.MESSAGES:
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
             raise _bad("messages need at least 1 message in 'messages'")
         parts = []
         if body.get("system"):
-            parts.append(_text(body["system"]))
+            parts.append(_text("system"))
         if body.get("tools"):
-            parts.append(_dumps(body["tools"]))
-        parts.append(_dumps(messages))
+            parts.append(_dumps("tools"))
+        parts.append(_dumps("messages"))
         return "".join(parts)
     return ""
 

@@ -22,8 +22,9 @@ from epp.request.director import (
     Director,
     ShellContext,
 )
-from epp.request.parsing import api_kind, parse_body
+from epp.request.parsing import ParsedBody, api_kind, parse_body
 from epp.request.pool_select import choose_pool
+from epp.request.streaming import StreamingBody
 from scheduling.types import ApiKind, Endpoint, ErrorCode, LLMRequest, SchedulingError
 
 if TYPE_CHECKING:
@@ -32,23 +33,33 @@ if TYPE_CHECKING:
 Metadata = Mapping[str, Mapping[str, object]]
 
 
-def resolve(d: Director, headers: Mapping[str, str], body: bytes | None, metadata: Metadata, *,
-            dry_run: bool = False) -> tuple[ShellContext, dict[str, Any] | None]:
+def _parse(kind: ApiKind, body: bytes | StreamingBody) -> ParsedBody:
+    return body.finish() if isinstance(body, StreamingBody) else parse_body(kind, body)
+
+
+def resolve(d: Director, headers: Mapping[str, str], body: bytes | StreamingBody | None, metadata: Metadata, *,
+            dry_run: bool = False, early: str | None = None,
+            expected_chars: int = 0) -> tuple[ShellContext, dict[str, Any] | None]:
     """Parse and resolve; raise SchedulingError for bad input or no candidates.
 
-    `body` None means a body exists but is not visible before the pick: route on headers and load alone."""
+    `body` None means a body exists but is not visible before the pick: route on headers and load alone. A
+    `StreamingBody` was read as it arrived; with `early` (the model to use, epp/request/early.py) it has not ended:
+    the decision sees the members that have arrived and the prompt's head, and estimates the prompt's length as
+    `expected_chars`."""
     kind = api_kind(headers)
     parsed_body: dict[str, Any] | None = None
     model, prompt = "", ""
-    if body:
+    if early is not None and isinstance(body, StreamingBody):
+        parsed_body, model, prompt = body.partial(), early, body.head_text()
+    elif body:
         if kind is ApiKind.OTHER:
             try:
-                p = parse_body(kind, body)
+                p = _parse(kind, body)
                 parsed_body, model = p.body, p.model
             except SchedulingError:
                 pass  # an unknown API with a non-JSON or model-less body is routed on load alone
         else:
-            p = parse_body(kind, body)
+            p = _parse(kind, body)
             parsed_body, model, prompt = p.body, p.model, p.prompt
     elif body is not None and kind is not ApiKind.OTHER and headers.get(":method", "POST").upper() == "POST":
         raise SchedulingError(ErrorCode.BAD_REQUEST, f"{kind.value} request has no body")
@@ -81,6 +92,7 @@ def resolve(d: Director, headers: Mapping[str, str], body: bytes | None, metadat
         lora_adapter=target if base else None,
         base_model=base,
         body=parsed_body,
+        expected_prompt_chars=expected_chars if early is not None else 0,
     )
     pool = ""
     if route is not None and route.provider is not None:

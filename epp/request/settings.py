@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass, field
 
+from epp.request.early import EarlySettings
+from epp.request.early import add_flags as add_early_flags
 from epp.request.outputs import OutputSettings
 from epp.request.outputs import add_flags as add_output_flags
 
@@ -25,6 +27,7 @@ class RequestSettings:
     fallbacks: int = 0  # extra endpoints listed in envoy.lb metadata for override_host retries
     conformance: bool = False  # honour test-epp-endpoint-selection
     log_decisions: bool = False
+    early: EarlySettings = field(default_factory=EarlySettings)  # deciding before the body ends (early.py)
 
     @classmethod
     def from_args(cls, ns: argparse.Namespace) -> RequestSettings:
@@ -32,7 +35,7 @@ class RequestSettings:
         if ns.fallbacks and not outputs.destination_metadata:
             raise ValueError("--fallbacks lists retry endpoints in envoy.lb metadata: it needs --destination-metadata")
         return cls(outputs=outputs, fallbacks=ns.fallbacks, conformance=ns.enable_conformance_header,
-                   log_decisions=ns.log_decisions)
+                   log_decisions=ns.log_decisions, early=EarlySettings.from_args(ns))
 
 
-__all__ = ["RequestSettings", "add_flags", "add_output_flags"]
+__all__ = ["RequestSettings", "add_early_flags", "add_flags", "add_output_flags"]

@@ -62,7 +62,7 @@ class SyncMachine(RequestMachine):
 
     def feed(self, req: pb.ProcessingRequest) -> list[pb.ProcessingResponse]:
         out = super().feed(req)
-        if self.phase is Phase.DECIDING:
+        if self.phase is Phase.DECIDING or self.phase is Phase.EARLY:
             d = self.decision
             assert d is not None
             out += self.resolve(self.exchange.decide(d.headers, d.body, d.metadata))  # type: ignore[arg-type]
@@ -123,12 +123,18 @@ def kinds(replies: list[pb.ProcessingResponse]) -> list[str]:
 ENDPOINTS = [("10.0.0.1", 8000), ("10.0.0.2", 8000), ("10.0.0.3", 8000)]
 
 
-def real_director(seed: int = 1) -> Director:
-    """A real Director over a real Datastore with three static endpoints and the built-in default scheduler."""
+def real_director(seed: int = 1, config: dict | None = None) -> Director:
+    """A real Director over a real Datastore with three static endpoints and the built-in default scheduler (or the
+    scheduling config document `config`)."""
     ds = Datastore()
     ds.set_pool(PoolSpec("pool"), [Endpoint(key=endpoint_key(ip, port), address=ip, port=port)
                                    for ip, port in ENDPOINTS])
-    return Director(ds, load_scheduler(None, rng=random.Random(seed)))
+    return Director(ds, load_scheduler([config] if config else None, rng=random.Random(seed)))
+
+
+# A scheduling config that reads no prompt: a full-duplex request decides as soon as its model has arrived.
+LOAD_ONLY = {"apiVersion": "inference.networking.x-k8s.io/v1alpha1", "kind": "EndpointPickerConfig",
+             "plugins": [{"type": "queue-scorer"}]}
 
 
 def inflight(director: Director) -> int:

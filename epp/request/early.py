@@ -1,0 +1,125 @@
+"""Reading the body as it streams in, and deciding before it ends: the settings and the rule.
+
+In FULL_DUPLEX_STREAMED (and STREAMED with `send_body_without_waiting_for_header_response`) the exchange reads each
+request chunk as it arrives (epp/request/streaming.py), so the prompt is parsed by the time the last chunk comes.
+It can also decide *early*, before the body ends, when everything the decision reads has arrived:
+
+1. the model is known: a trusted header set by an earlier filter (`--trusted-model-header`, none by default: a
+   client could set any header itself), the one model every endpoint of the only pool serves, or the body's
+   top-level `model`, when it comes before the prompt;
+2. the prompt's head covers what the scheduler hashes: every prefix producer's `blockSizeTokens × 4 ×
+   maxPrefixBlocksToMatch` characters (16 KB for the defaults), for the API kinds whose prompt starts with one
+   member (chat `messages`, completions `prompt`, embeddings `input`, conversations `items`);
+3. nothing else reads the whole body: no routes (`--routes-file`: a rule may match any field), no tokenizer
+   (precise prefix routing reads the whole prompt's tokens), no `x-gateway-model-name-rewrite` header, no
+   InferenceModelRewrite for the pool unless the body's model has arrived (its value is rewritten in the chunks
+   already received).
+
+What the decision cannot see is handled explicitly: the token estimate is the content-length's characters
+(CHARS_PER_TOKEN per token; the prompt seen so far when there is none), the parsed body holds only the members that
+had arrived (so `max_tokens` after the prompt is absent, and admitters use their defaults for it), a `cache_salt`
+after the prompt is not in the block hashes, and the fields after the decision point are not validated (the model
+server answers a malformed body). OpenAI's Python client writes `messages` before `model`: its requests decide early
+only with a trusted model header or a one-model pool.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from epp.request.streaming import HEAD, StreamingBody
+from scheduling.types import CHARS_PER_TOKEN
+
+if TYPE_CHECKING:
+    from epp.request.director import Director
+
+
+@dataclass(frozen=True, slots=True)
+class EarlySettings:
+    """`--early-decisions` and `--trusted-model-header` (see the module docstring)."""
+
+    decisions: bool = True
+    model_headers: tuple[str, ...] = ()
+
+    @classmethod
+    def from_args(cls, ns: argparse.Namespace) -> EarlySettings:
+        return cls(decisions=getattr(ns, "early_decisions", True),
+                   model_headers=tuple(h.lower() for h in getattr(ns, "trusted_model_header", None) or ()))
+
+
+def add_flags(p: argparse.ArgumentParser, parse_bool: Any) -> None:
+    g = p.add_argument_group("early decisions (docs/protocol.md)")
+    g.add_argument("--early-decisions", type=parse_bool, default=True,
+                   help="in FULL_DUPLEX_STREAMED, decide before the body ends once the model and the hashed "
+                        "prompt head have arrived (true)")
+    g.add_argument("--trusted-model-header", action="append", default=[],
+                   help="a request header that names the model, set by a filter before Pointsman (e.g. "
+                        "X-Gateway-Model-Name from a body-based router); repeatable; none by default, since a "
+                        "client can send any header")
+
+
+_NEEDS: dict[int, int] = {}  # id(scheduler) -> prompt characters its prefix producers hash
+
+
+def prompt_chars_needed(scheduler: object) -> int:
+    """The prompt characters a scheduler's prefix producers hash (0: it hashes none)."""
+    key = id(scheduler)
+    got = _NEEDS.get(key)
+    if got is None:
+        plugins = getattr(scheduler, "plugins", None)
+        got = 0
+        for p in plugins() if callable(plugins) else ():
+            bt, mb = getattr(p, "block_tokens", None), getattr(p, "max_blocks", None)
+            if isinstance(bt, int) and isinstance(mb, int):
+                got = max(got, bt * CHARS_PER_TOKEN * mb)
+        if len(_NEEDS) > 64:
+            _NEEDS.clear()
+        _NEEDS[key] = got
+    return got
+
+
+def pool_model(d: Director) -> str | None:
+    """The one model every endpoint of the only pool serves, if that is the case."""
+    ds = d.datastore
+    names = ds.pool_names()
+    if len(names) != 1:
+        return None
+    snap = ds.snapshot(names[0])
+    if snap is None or not snap.endpoints:
+        return None
+    models = {tuple(e.models) for e in snap.endpoints}
+    if len(models) != 1:
+        return None
+    only = next(iter(models))
+    return only[0] if len(only) == 1 else None
+
+
+def early_model(d: Director, headers: Mapping[str, str], body: StreamingBody) -> str | None:
+    """The model an early decision can use, or None (see the module docstring, rules 1 and 3)."""
+    for name in d.early.model_headers:
+        v = headers.get(name)
+        if v:
+            return v
+    model = body.model
+    if model:
+        return model
+    if d.datastore.rewrites:
+        return None  # the rewrite would have to change a model value that has not arrived
+    return pool_model(d)
+
+
+def ready(d: Director, headers: Mapping[str, str], body: StreamingBody) -> str | None:
+    """The model to decide with now, before the body ends; None while the decision must wait."""
+    if not d.early.decisions or body.kind not in HEAD or d.router is not None or d.tokens is not None:
+        return None
+    from epp.request.director import MODEL_REWRITE
+
+    if MODEL_REWRITE in headers:
+        return None
+    body.start()
+    if body.head_chars < prompt_chars_needed(d.scheduler):
+        return None
+    return early_model(d, headers, body)

@@ -1,0 +1,124 @@
+"""A request body read as it streams in: the fields routing needs, exactly as `parsing.parse_body` gives them.
+
+`StreamingBody(kind).feed(chunk)` for every chunk, then `finish()` -> `ParsedBody`. The top-level object is read by
+`epp.request.jsonstream.JsonStream`; the prompt-bearing members of the API kind are collected as their canonical
+JSON text (what `orjson.dumps` gives), so the prompt is the same string `parse_body` builds without serialising the
+messages again. Meanwhile:
+- `model` is the top-level `model` once its value has arrived;
+- `head_chars` / `head_text()` is the first part of the prompt as far as it has arrived, for the kinds whose prompt
+  starts with one member (chat: `messages`; completions: `prompt`; embeddings: `input`; conversations: `items`).
+  Responses (`instructions` + `tools` + `input`) and Anthropic messages (`system` + `tools` + `messages`) have no
+  head: a member that comes later in the body may come first in the prompt.
+
+A body the reader does not accept is parsed whole by `parse_body`, which gives today's exact error (or, should the
+reader have refused a valid body, today's result): the reader never changes what a body means.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from epp.request.jsonstream import JsonStream
+from epp.request.parsing import ParsedBody, parse_body, validate
+from scheduling.types import ApiKind
+
+COLLECT: dict[ApiKind, frozenset[str]] = {
+    ApiKind.CHAT: frozenset({"messages", "tools"}),
+    ApiKind.COMPLETIONS: frozenset({"prompt"}),
+    ApiKind.EMBEDDINGS: frozenset({"input"}),
+    ApiKind.RESPONSES: frozenset({"instructions", "tools", "input"}),
+    ApiKind.CONVERSATIONS: frozenset({"items"}),
+    ApiKind.MESSAGES: frozenset({"system", "tools", "messages"}),
+}
+HEAD: dict[ApiKind, str] = {
+    ApiKind.CHAT: "messages",
+    ApiKind.COMPLETIONS: "prompt",
+    ApiKind.EMBEDDINGS: "input",
+    ApiKind.CONVERSATIONS: "items",
+}
+
+
+class StreamingBody:
+    """One request body, fed chunk by chunk (see the module docstring)."""
+
+    __slots__ = ("kind", "stream", "chunks", "size", "_parsed", "_reading")
+
+    def __init__(self, kind: ApiKind) -> None:
+        self.kind = kind
+        self.stream = JsonStream(COLLECT.get(kind, frozenset()), HEAD.get(kind))
+        self.chunks: list[bytes] = []
+        self.size = 0
+        self._parsed: ParsedBody | None = None
+        self._reading = False  # the stream has been fed (from the second chunk on, or since `start`)
+
+    def __len__(self) -> int:
+        return self.size
+
+    def feed(self, data: bytes) -> None:
+        """One more chunk. The first is only kept: a body that comes whole (BUFFERED, small bodies) is parsed by
+        `parse_body` at once, with nothing read twice; reading starts with the second chunk."""
+        if not data:
+            return
+        chunks = self.chunks
+        chunks.append(data)
+        self.size += len(data)
+        if self._reading:
+            self.stream.feed(data)
+        elif len(chunks) >= 2:
+            self.start()
+
+    def start(self) -> None:
+        """Read what has come so far now (the caller wants the model or the prompt's head before a second chunk)."""
+        if not self._reading:
+            self._reading = True
+            for c in self.chunks:
+                self.stream.feed(c)
+
+    @property
+    def model(self) -> str | None:
+        """The top-level `model`, once its value has arrived (a non-empty string), else None."""
+        v = self.stream.value.get("model") if self.stream.model_span is not None else None
+        return v if isinstance(v, str) and v else None
+
+    @property
+    def head_chars(self) -> int:
+        """Characters of the prompt's first part that have arrived (0 for kinds without a head)."""
+        s = self.stream
+        return s.head_chars if s.head_ok and s.error is None else 0
+
+    def head_text(self) -> str:
+        return "".join(self.stream.head_parts)
+
+    def partial(self) -> dict[str, Any]:
+        """The top-level members that have arrived (for a decision made before the body ended)."""
+        return self.stream.value
+
+    def raw(self) -> bytes:
+        chunks = self.chunks
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+    def finish(self) -> ParsedBody:
+        """The parsed body, as `parse_body(kind, raw)` gives it; raises the same SchedulingError for a bad body."""
+        if self._parsed is not None:
+            return self._parsed
+        s = self.stream
+        if not self._reading:  # came whole: one orjson call
+            self._parsed = parse_body(self.kind, self.raw())
+            return self._parsed
+        if not s.finish():
+            self._parsed = parse_body(self.kind, self.raw())
+            return self._parsed
+        texts = {k: sink.text() for k, sink in s.texts.items() if not sink.dirty}
+        self._parsed = validate(self.kind, s.value, texts)
+        return self._parsed
+
+    def rewritten_prefix(self, model: str, upto: int) -> bytes | None:
+        """The first `upto` bytes of the body with the top-level model value replaced by `model` (a model rewrite
+        decided before the body ended); None when the model's value has not arrived."""
+        span = self.stream.model_span
+        if span is None or span[1] > upto:
+            return None
+        import orjson
+
+        raw = self.raw()[:upto]
+        return raw[: span[0]] + orjson.dumps(model) + raw[span[1] :]
