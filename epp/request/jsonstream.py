@@ -145,82 +145,80 @@ class JsonStream:
                 continue
             if i >= n:
                 break
-            c = buf[i]
             if self._pre:
-                if c != 0x7B:
-                    raise ValueError("not a JSON object")
-                self._pre = False
-                top = _Frame(True, None, self._base + i)
-                self.value = top.value
-                stack.append(top)
-                i += 1
+                i = self._open_top(buf, i)
                 continue
             if not stack:
                 raise ValueError("content after the object")
             f = stack[-1]
-            st = f.state
-            if f.obj:
-                if st == _FIRST or st == _KEY:
-                    if c == 0x7D and st == _FIRST:
-                        i = self._close(buf, i)
-                        continue
-                    if c != 0x22:
-                        raise ValueError("expected a key")
-                    end = _string_end(buf, i + 1)
-                    if end < 0:
-                        break  # the key is not complete yet
-                    key = _loads(buf[i : end + 1])
-                    f.key = key
-                    if f.keys is not None:
-                        if key in f.keys and f.sink is not None:
-                            f.sink.dirty = True
-                        f.keys.add(key)
-                    if f.sink is not None:
-                        self._emit(f.sink, ("," if st == _KEY else "") + _dumps(key).decode() + ":")
-                    f.state = _COLON
-                    i = end + 1
-                elif st == _COLON:
-                    if c != 0x3A:
-                        raise ValueError("expected ':'")
-                    f.state = _VALUE
-                    i += 1
-                elif st == _VALUE:
-                    i = self._value(buf, i, f)
-                    if i < 0:
-                        i = -i - 1
-                        break
-                elif c == 0x2C:
-                    f.state = _KEY
-                    i += 1
-                elif c == 0x7D:
-                    i = self._close(buf, i)
-                else:
-                    raise ValueError("expected ',' or '}'")
-                continue
-            # an array
-            if st == _NEXT:
-                if c == 0x2C:
-                    f.state = _VALUE
-                    if f.sink is not None:
-                        self._emit(f.sink, ",")
-                    i += 1
-                elif c == 0x5D:
-                    i = self._close(buf, i)
-                else:
-                    raise ValueError("expected ',' or ']'")
-                continue
-            if c == 0x5D and st == _FIRST:
-                i = self._close(buf, i)
-                continue
-            j = self._elements(buf, i, f)
-            if j == i:
-                j = self._value(buf, i, f)
-                if j < 0:
-                    i = -j - 1
-                    break
+            j = self._in_object(buf, i, f) if f.obj else self._in_array(buf, i, f)
+            if j < 0:  # wait for more data at -j - 1
+                i = -j - 1
+                break
             i = j
         self._base += i
         self._buf = buf[i:]
+
+    def _open_top(self, buf: bytes, i: int) -> int:
+        if buf[i] != 0x7B:
+            raise ValueError("not a JSON object")
+        self._pre = False
+        top = _Frame(True, None, self._base + i)
+        self.value = top.value
+        self._stack.append(top)
+        return i + 1
+
+    def _in_object(self, buf: bytes, i: int, f: _Frame) -> int:
+        """One token inside an object: where reading goes on, or -(i + 1) to wait for more data at i."""
+        c, st = buf[i], f.state
+        if st == _FIRST or st == _KEY:
+            if c == 0x7D and st == _FIRST:
+                return self._close(buf, i)
+            if c != 0x22:
+                raise ValueError("expected a key")
+            end = _string_end(buf, i + 1)
+            if end < 0:
+                return -i - 1  # the key is not complete yet
+            key = _loads(buf[i : end + 1])
+            f.key = key
+            if f.keys is not None:
+                if key in f.keys and f.sink is not None:
+                    f.sink.dirty = True
+                f.keys.add(key)
+            if f.sink is not None:
+                self._emit(f.sink, ("," if st == _KEY else "") + _dumps(key).decode() + ":")
+            f.state = _COLON
+            return end + 1
+        if st == _COLON:
+            if c != 0x3A:
+                raise ValueError("expected ':'")
+            f.state = _VALUE
+            return i + 1
+        if st == _VALUE:
+            return self._value(buf, i, f)
+        if c == 0x2C:
+            f.state = _KEY
+            return i + 1
+        if c == 0x7D:
+            return self._close(buf, i)
+        raise ValueError("expected ',' or '}'")
+
+    def _in_array(self, buf: bytes, i: int, f: _Frame) -> int:
+        """One token or a run of complete elements inside an array (as `_in_object`)."""
+        c, st = buf[i], f.state
+        if st == _NEXT:
+            if c == 0x2C:
+                f.state = _VALUE
+                if f.sink is not None:
+                    self._emit(f.sink, ",")
+                return i + 1
+            if c == 0x5D:
+                return self._close(buf, i)
+            raise ValueError("expected ',' or ']'")
+        if c == 0x5D and st == _FIRST:
+            return self._close(buf, i)
+        j = self._elements(buf, i, f)
+        return self._value(buf, i, f) if j == i else j
 
     def _emit(self, sink: Sink, text: str) -> None:
         sink.parts.append(text)

@@ -13,6 +13,7 @@ import zlib
 import grpc
 import orjson
 import pytest
+from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from hyperframe.frame import GoAwayFrame
@@ -173,10 +174,16 @@ async def test_a_message_over_the_limit_is_resource_exhausted(h2):
     assert (await unary(Msg(service="small"))).service == "SMALL"  # the connection is fine
 
 
-async def test_big_bodies_flow_both_ways_past_the_windows():
+@pytest.mark.parametrize("early", [False, True])
+async def test_big_bodies_flow_both_ways_past_the_windows(early):
     """An 6 MB chat body in 64 KiB messages: more than the 4 MiB windows in and the client's window out; the
-    streamed echo comes back complete and in order."""
-    director = real_director()
+    streamed echo comes back complete and in order. Decided at the end, the body is held and echoed after the last
+    message (the client may write it all before it reads); decided early, each chunk is echoed as it arrives and
+    the transport's flow control holds the client back while it does not read, so it reads as it writes (as Envoy
+    does)."""
+    from epp.request.early import EarlySettings
+
+    director = real_director().replace(early=EarlySettings(decisions=early))
     server, _ = build_server(director)
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
@@ -185,15 +192,26 @@ async def test_big_bodies_flow_both_ways_past_the_windows():
         async with grpc.aio.insecure_channel(f"127.0.0.1:{port}", options=[
                 ("grpc.max_receive_message_length", -1)]) as channel:
             call = pb_grpc.ExternalProcessorStub(channel).Process()
-            await call.write(headers_msg(mode=FD))
-            step = 64 * 1024
-            for off in range(0, len(body), step):
-                await call.write(body_msg(body[off: off + step], off + step >= len(body)))
-            replies = [await call.read()]
-            echoed = b""
-            while not echoed or len(echoed) < len(body):
-                r = await call.read()
-                echoed += r.request_body.response.body_mutation.streamed_response.body
+
+            async def write() -> None:
+                await call.write(headers_msg(mode=FD))
+                step = 64 * 1024
+                for off in range(0, len(body), step):
+                    await call.write(body_msg(body[off: off + step], off + step >= len(body)))
+
+            async def read() -> tuple[list[pb.ProcessingResponse], bytes]:
+                replies = [await call.read()]
+                echoed = b""
+                while not echoed or len(echoed) < len(body):
+                    r = await call.read()
+                    echoed += r.request_body.response.body_mutation.streamed_response.body
+                return replies, echoed
+
+            if early:
+                _, (replies, echoed) = await asyncio.gather(write(), read())
+            else:
+                await write()
+                replies, echoed = await read()
             assert kinds(replies) == ["request_headers"] and echoed == body
             await call.done_writing()
             assert await read_all(call) == []
