@@ -26,7 +26,25 @@ def _read_body(spec: str | None) -> bytes:
     return spec.encode()
 
 
+def receipt_command(args: argparse.Namespace) -> int:
+    """`epp explain --decision ID`: a past decision as it was made (epp/observe/receipts.py)."""
+    from epp.observe.receipts import format_receipt
+
+    try:
+        resp = _stub(args.addr).GetReceipt(api.ReceiptRequest(decision_id=args.decision), timeout=10)
+    except grpc.RpcError as err:
+        print(f"error: cannot reach Pointsman at {args.addr}: {err.code().name} {err.details()}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json_format.MessageToJson(resp, preserving_proto_field_name=True))
+    else:
+        print(format_receipt(resp))
+    return 0 if resp.found else 1
+
+
 def explain_command(args: argparse.Namespace) -> int:
+    if getattr(args, "decision", None):
+        return receipt_command(args)
     headers = {}
     for h in args.header:
         name, sep, value = h.partition(":")

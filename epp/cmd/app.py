@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from epp.fleet.reload import FileWatcher
     from epp.fleet.saturation import Detector
     from epp.flowcontrol import FlowController, PoolPressure
+    from epp.observe import Observability
     from epp.ratelimit.gate import RateLimitGate
     from epp.request.admit import Admitter
     from epp.request.observe import RequestObserver
@@ -105,6 +106,7 @@ class App:
         self.passive: PassiveHealth | None = None
         self.recorder: DecisionRecorder | None = None  # the dashboard's record of decisions
         self._holders: list[Any] = []  # what serves with the current director (swapped whole on reload)
+        self.observe: Observability | None = None  # traces, receipts, the shadow profile (epp/observe)
 
     async def start(self) -> None:
         args = self.args
@@ -159,20 +161,32 @@ class App:
         self._start_passive_health()
         if self.passive is not None:
             observers.append(self.passive)
-        if args.dashboard and (args.metrics_port or args.worker_index is not None):
+        # HOOK (observability): traces, decision receipts, the shadow profile (epp/observe)
+        from epp.observe import Observability, ObserveSettings
+
+        self.observe = obs = Observability(ObserveSettings.from_args(args))
+        self.cleanups.append(obs.close)
+        await obs.start(self.metrics.registry, args.seed)
+        dashboard = args.dashboard and (args.metrics_port or args.worker_index is not None)
+        receipts = obs.settings.receipts
+        if dashboard or receipts.count:  # the dashboard's record of decisions is also the receipts'
             from epp.api.dashboard.recorder import DecisionRecorder, RecorderObserver
 
-            self.recorder = DecisionRecorder(args.dashboard_decisions)
+            self.recorder = DecisionRecorder(max(receipts.count, args.dashboard_decisions if dashboard else 1),
+                                             receipts.max_age)
             observers.append(RecorderObserver(self.recorder))
+            obs.attach_recorder(self.recorder)
+        observers.extend(obs.observers)
         self.director = Director(
             ds, scheduler, cfg,
             rewrite=lambda model: choose_rewrite(ds.rewrites, model, self.rng) if ds.rewrites else None,
             router=self.routing.router if self.routing is not None else None,
             tokens=self.tokens,  # precise prefix routing: tokenize for configs that read tokens
             observers=tuple(observers),
+            **obs.director_fields(),  # HOOK (observability): decision ids, tracing
         )
         self.apply_scheduler(scheduler)
-        if self.recorder is not None:
+        if self.recorder is not None and dashboard:
             self._make_dashboard()
         await self._start_grpc()
         if args.worker_index is not None:  # HOOK (replicas): a worker of `epp serve --workers N` (epp/workers)
@@ -251,6 +265,9 @@ class App:
                                    prefix=args.dashboard_path_prefix, token=args.dashboard_token,
                                    config_source=source, watchers=self.watchers, started_at=self.started_at)
         self._holders.append(self.dashboard.explainer)
+        self.dashboard.explainer.recorder = self.recorder  # HOOK (observability): receipts and the shadow report
+        self.dashboard.shadow = self.observe.shadow if self.observe is not None else None
+        self.dashboard.rows = args.dashboard_decisions
 
     async def _start_sources(self) -> None:
         args = self.args
@@ -472,6 +489,7 @@ class App:
         from epp.api.explain import PointsmanService
 
         api_service = PointsmanService(self.director, self.passive)
+        api_service.recorder = self.recorder  # HOOK (observability): receipts (GetReceipt)
         self.server, self.extproc = build_server(
             self.director, stream_cfg, extra_servicers=extra, metrics=self.metrics, transport=transport,
             reuse_port=args.worker_index is not None, api=api_service)

@@ -99,7 +99,8 @@ def _add_serve_flags(p: argparse.ArgumentParser) -> None:
 
     g = p.add_argument_group("dashboard (a live page on the metrics port; see docs/dashboard.md)")
     g.add_argument("--dashboard", type=_bool, default=True,
-                   help="serve the dashboard and record decisions for it (true); false turns both off")
+                   help="serve the dashboard and record decisions for it (true); false turns the page off (decisions "
+                        "are still recorded for receipts unless --receipts 0)")
     g.add_argument("--dashboard-path-prefix", default="/", help="URL path of the page on the metrics port (/)")
     g.add_argument("--dashboard-token", default=os.environ.get("POINTSMAN_DASHBOARD_TOKEN") or None,
                    help="require this bearer token for the page and its APIs (/metrics stays open); "
@@ -118,6 +119,10 @@ def _add_serve_flags(p: argparse.ArgumentParser) -> None:
     from epp.bus.flags import add_bus_flags  # HOOK (replicas): --workers, --bus-*
 
     add_bus_flags(p)
+
+    from epp.observe import add_flags as add_observe_flags  # HOOK (observability)
+
+    add_observe_flags(p, _bool, _duration)  # tracing, receipts, shadow profiles, log format
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -179,6 +184,8 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("--body", default=None, help="request body (JSON); '@file' reads a file; default: stdin")
     ex.add_argument("--pool", default="")
     ex.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    ex.add_argument("--decision", default=None, metavar="ID",
+                    help="show a past decision by its id, as it was made (decision receipts)")
 
     st = sub.add_parser("stack", help="run the local stack: modelsim fleet + Pointsman + Envoy, no Docker")
     from epp.stack.localstack import add_flags
@@ -203,9 +210,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return supervise(args, argv)
     if args.command == "serve":
         from epp.cmd.app import run
+        from epp.observe.logs import LogSettings, configure  # HOOK (observability): --log-format
 
-        level = logging.DEBUG if args.v >= 3 else logging.INFO if args.v >= 1 else logging.WARNING
-        logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        configure(LogSettings.from_args(args))
         try:
             if args.event_loop == "uvloop":
                 try:

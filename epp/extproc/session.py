@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -61,8 +61,11 @@ class StreamSession:
     __slots__ = ("machine", "exchange", "metrics", "send", "finish", "deciding", "input_done", "done")
 
     def __init__(self, director: Director, config: StreamConfig, metrics: ProtocolMetrics | None,
-                 send: Callable[[Replies], None], finish: Callable[[], None]) -> None:
-        self.exchange: Exchange = director.exchange()
+                 send: Callable[[Replies], None], finish: Callable[[], None],
+                 stream_metadata: Sequence[tuple[Any, Any]] | None = None) -> None:
+        # The stream's gRPC metadata carries Envoy's trace context when Envoy traces (read only with tracing on).
+        self.exchange: Exchange = (director.exchange(stream_metadata) if getattr(director, "tracing", None)
+                                   is not None else director.exchange())
         self.machine = RequestMachine(self.exchange, request_body_mode=config.request_body_mode,
                                       response_body_mode=config.response_body_mode,
                                       max_body_bytes=config.max_body_bytes)
@@ -129,7 +132,8 @@ class StreamSession:
             self._crash(exc)
 
     def _crash(self, exc: BaseException) -> None:
-        log.error("ext_proc stream failure", exc_info=exc)
+        fields = getattr(self.exchange, "log_fields", None)
+        log.error("ext_proc stream failure", exc_info=exc, extra=fields() if fields is not None else None)
         if not self.done:
             try:
                 self.send([immediate(500, f"inference error: Internal - {exc}")])

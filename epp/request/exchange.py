@@ -18,7 +18,11 @@ saturation check.
 
 What happens to the request is reported to the director's observers (epp/request/observe.py): `decided` after the
 commit (each may return a follow for the response path), `rejected` for every request that never reaches an
-engine (each exactly once). What an admitter holds is given back (`undo`) on a rejection or a failure, and settled
+engine (each exactly once). Every decision and rejection gets a decision id first (`decision`, from the director's
+`DecisionIds`: a counter, formatted only when read), which the reply can carry in a header and in the
+`pointsman` dynamic-metadata namespace (epp/observe/receipts.py). With tracing on the director makes a
+`TracedExchange` (epp/observe/tracing.py) instead, which stamps when each stage begins; this class pays nothing
+for it. What an admitter holds is given back (`undo`) on a rejection or a failure, and settled
 (`closed`) with the response's usage when the stream ends. `close()` releases everything exactly once, whatever
 ended the stream.
 """
@@ -37,7 +41,16 @@ from epp.flowcontrol.controller import DROPPED_REASON, FAIRNESS_HEADER
 from epp.protocol import Outcome
 from epp.request.admit import Hold
 from epp.request.commit import mutations, mutations_for_provider, schedule
-from epp.request.director import CONFORMANCE_RESP, LB_NS, SERVED, Director, ShellContext, error_outcome
+from epp.request.director import (
+    CONFORMANCE_RESP,
+    LB_NS,
+    RECEIPT_KEY,
+    RECEIPT_NS,
+    SERVED,
+    Director,
+    ShellContext,
+    error_outcome,
+)
 from epp.request.observe import Follow
 from epp.request.resolve import Metadata, find_candidates, resolve
 from epp.request.usage import UsageScanner
@@ -63,8 +76,10 @@ class RequestExchange:
     """One stream's request (implements epp.protocol.Exchange). Observers read its public attributes."""
 
     __slots__ = ("d", "headers", "metadata", "size", "started", "request", "ctx", "result", "scheduler",
-                 "schedule_s", "scanner", "served", "_body", "_pending", "_parsed", "_closed", "_rewrite_from",
-                 "_rewrite_to", "_ticket", "_holds", "_follows")
+                 "schedule_s", "scanner", "served", "decision", "_body", "_pending", "_parsed", "_closed",
+                 "_rewrite_from", "_rewrite_to", "_ticket", "_holds", "_follows")
+
+    trace: Any = None  # a TracedExchange's sampled trace (epp/observe/tracing.py); None here, read by observers
 
     def __init__(self, director: Director) -> None:
         self.d = director
@@ -79,6 +94,7 @@ class RequestExchange:
         self.schedule_s = 0.0  # time spent in the scheduler
         self.scanner: UsageScanner | None = None
         self.served: str | None = None
+        self.decision = 0  # the decision id's number once decided or rejected (`decision_id` formats it)
         self._body: bytes | None = None  # until the resolve stage has read it
         self._pending: ShellContext | None = None  # the context being decided
         self._parsed: dict[str, Any] | None = None
@@ -172,7 +188,7 @@ class RequestExchange:
         if isinstance(verdict, Outcome):
             self._undo_holds()
             self._rejected(ErrorCode.RESOURCE_EXHAUSTED.value)
-            return verdict
+            return self._receipt(verdict)
         self._holds.append(verdict)
         return None
 
@@ -213,7 +229,7 @@ class RequestExchange:
         if isinstance(waiting, Outcome):  # refused at once (429)
             self._undo_holds()
             self._rejected(ErrorCode.RESOURCE_EXHAUSTED.value)
-            return waiting
+            return self._receipt(waiting)
         waiting.add_done_callback(self._left_queue)
         return waiting
 
@@ -229,6 +245,7 @@ class RequestExchange:
             # Evicted from the queue (its TTL ran out, or shutdown): nothing reached an engine.
             self._undo_holds()
             self._rejected(ErrorCode.SERVICE_UNAVAILABLE.value)
+            self._receipt(outcome)  # the same reply object the transport is about to send
 
     def _dispatch(self) -> Outcome:
         """A queued request's turn: re-resolve its candidates on the pool as it is now, schedule and commit."""
@@ -265,6 +282,7 @@ class RequestExchange:
         assert ctx is not None
         req = ctx.request
         self.ctx = ctx  # from here on, close() must release what this adds
+        self.decision = d.ids.take()
         if req.model and req.target_model != req.model:
             self._rewrite_from = f'"model":"{req.target_model}"'.encode()
             self._rewrite_to = f'"model":"{req.model}"'.encode()
@@ -273,24 +291,25 @@ class RequestExchange:
             self._decided()
             rd = ctx.route
             if d.config.log_decisions and rd is not None:
-                log.info("decision %s model=%s -> provider %s route=%s/%s", req.request_id[:8],
-                         req.target_model or "-", rd.backend_name, rd.route.key, rd.rule.name)
-            return mutations_for_provider(d, ctx, parsed)
+                log.info("decision %s model=%s -> provider %s route=%s/%s%s", req.request_id[:8],
+                         req.target_model or "-", rd.backend_name, rd.route.key, rd.rule.name, self._log_ids(),
+                         extra=self.log_fields())
+            return self._receipt(mutations_for_provider(d, ctx, parsed))
         self.scheduler = scheduler = d.scheduler_for(ctx)
         self._ticket = d.datastore.inflight.add(result.primary.key, req.estimated_tokens)
         try:
             scheduler.pre_request(ctx, result)
         except Exception:
-            log.exception("pre_request hook failed")
+            log.exception("pre_request hook failed", extra=self.log_fields())
         if ctx.route is not None:
             ctx.route.commit(result, ctx.now)  # e.g. bind the sticky session
         self._decided()
         if d.config.log_decisions:
             route = f" route={ctx.route.route.key}/{ctx.route.rule.name}->{ctx.route.backend_name}" if ctx.route else ""
-            log.info("decision %s model=%s -> %s%s (profile %s)%s", req.request_id[:8], req.target_model or "-",
+            log.info("decision %s model=%s -> %s%s (profile %s)%s%s", req.request_id[:8], req.target_model or "-",
                      result.primary.key, f" prefill={result.prefill.key}" if result.prefill else "", result.profile,
-                     route)
-        return mutations(d, ctx, result, parsed)
+                     route, self._log_ids(), extra=self.log_fields())
+        return self._receipt(mutations(d, ctx, result, parsed))
 
     # ---- reporting -----------------------------------------------------------------------------------------------
     def _decided(self) -> None:
@@ -300,30 +319,74 @@ class RequestExchange:
             try:
                 f = observer.decided(self)
             except Exception:
-                log.exception("a request observer failed")
+                log.exception("a request observer failed", extra=self.log_fields())
                 continue
             if f is not None:
                 follows.append(f)
 
     def _rejected(self, code: str) -> None:
+        self.decision = self.d.ids.take()
         for observer in self.d.observers:
             try:
                 observer.rejected(self, code)
             except Exception:
-                log.exception("a request observer failed")
+                log.exception("a request observer failed", extra=self.log_fields())
+
+    def _receipt(self, outcome: Outcome) -> Outcome:
+        """The decision id in the reply's `pointsman` metadata namespace (the access log prints it) and, for a
+        rejection, in the local reply's header, as configured (epp/observe/receipts.py). Nothing when both are
+        off."""
+        ids = self.d.ids
+        if not (ids.metadata or (ids.header and outcome.reject_status)):
+            return outcome
+        did = ids.format(self.decision)
+        if ids.metadata:
+            outcome.metadata = {**(outcome.metadata or {}), RECEIPT_NS: {RECEIPT_KEY: did}}
+        if ids.header and outcome.reject_status:
+            outcome.reject_headers = [*outcome.reject_headers, (ids.header, did)]
+        return outcome
+
+    @property
+    def pending(self) -> ShellContext | None:
+        """The context being decided: resolved candidates and pool, before the commit (None before resolve)."""
+        return self._pending
+
+    @property
+    def decision_id(self) -> str:
+        """The decision id ("" before the request was decided or rejected)."""
+        return self.d.ids.format(self.decision) if self.decision else ""
+
+    def trace_id(self) -> str:
+        """The W3C trace id the request belongs to (its sampled trace's, else the client's `traceparent`), or ""."""
+        trace = self.trace
+        if trace is not None:
+            return trace.trace_id_hex
+        from epp.observe.tracecontext import trace_id_of
+
+        return trace_id_of(self.headers.get("traceparent"))
+
+    def log_fields(self) -> dict[str, str]:
+        """What a log line about this request carries (`--log-format json` prints them; epp/observe/logs.py)."""
+        req = self.request
+        return {"decision_id": self.decision_id, "trace_id": self.trace_id(),
+                "request_id": req.request_id if req is not None else self.headers.get("x-request-id", "")}
+
+    def _log_ids(self) -> str:
+        trace = self.trace_id()
+        return f" decision={self.decision_id}" + (f" trace={trace}" if trace else "")
 
     def _refuse(self, err: SchedulingError) -> Outcome:
         """The request never reaches an engine: give back what the admitters took, report it, answer the error."""
         self._undo_holds()
         self._rejected(err.code.value)
-        return error_outcome(err)
+        return self._receipt(error_outcome(err))
 
     def _fail(self, exc: BaseException) -> Outcome:
         self._undo_holds()
-        log.exception("scheduling failed", exc_info=exc)
         self.request = None  # reported without a model: the failure may lie in what resolved it
         self._rejected(ErrorCode.INTERNAL.value)
-        return error_outcome(SchedulingError(ErrorCode.INTERNAL, f"scheduling failed: {exc}"))
+        log.exception("scheduling failed", exc_info=exc, extra=self.log_fields())
+        return self._receipt(error_outcome(SchedulingError(ErrorCode.INTERNAL, f"scheduling failed: {exc}")))
 
     def _undo_holds(self) -> None:
         holds, self._holds = self._holds, []
@@ -331,7 +394,7 @@ class RequestExchange:
             try:
                 hold.undo()
             except Exception:
-                log.exception("undoing an admission hold failed")
+                log.exception("undoing an admission hold failed", extra=self.log_fields())
 
     # ---- the response --------------------------------------------------------------------------------------------
     def response_headers(self, headers: Mapping[str, str], metadata: Metadata) -> list[tuple[str, str]]:
@@ -352,6 +415,9 @@ class RequestExchange:
             served = self.served or (result.primary.key if result else "")
             if served:
                 out.append((CONFORMANCE_RESP, served))
+        header = self.d.ids.header
+        if header and self.decision:
+            out.append((header, self.decision_id))
         return out
 
     def response_body(self, chunk: bytes, end_of_stream: bool) -> bytes:
@@ -391,7 +457,7 @@ class RequestExchange:
             if live and self.scheduler is not None and self.result is not None:
                 self.scheduler.response_complete(ctx, self.result)
         except Exception:
-            log.exception("response_complete hook failed")
+            log.exception("response_complete hook failed", extra=self.log_fields())
         usage = self.scanner.usage if self.scanner else None
         for f in self._follows:  # e.g. settle a rate-limit charge with the usage the response reported
             _safely(f.closed, self, usage)
@@ -401,7 +467,7 @@ def _safely(fn: Callable[..., None], *args: Any) -> None:
     try:
         fn(*args)
     except Exception:
-        log.exception("a request follow failed")
+        log.exception("a request follow failed", extra=args[0].log_fields() if args else None)
 
 
 STAGES: tuple[Callable[..., Step | Awaitable[Step]], ...] = (

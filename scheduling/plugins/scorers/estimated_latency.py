@@ -246,6 +246,19 @@ class EstimatedLatencyScorer(PreciseReader[Params], PrefixReader[Params], Scorer
         lo, hi = CALIBRATION_RANGE
         return min(hi, max(lo, (seconds - waits[i]) / model))
 
+    def predicted(self, state: State, key: str) -> float | None:
+        """The request's predicted duration on `key` (seconds: ttft + the whole decode, calibrated, plus the wait)
+        as modelled by the run that left `state`; None when that run did not model `key`. For reports (the shell's
+        shadow profiles); the pick uses `score`."""
+        pred = state.get(_PRED)
+        if pred is None:
+            return None
+        candidates, models, waits = pred
+        for i, e in enumerate(candidates):
+            if e.key == key:
+                return float(self.scale(key) * models[i] + waits[i])
+        return None
+
     def endpoint_removed(self, key: str) -> None:
         self._backlog.forget(key)
         self._duration.pop(key, None)
