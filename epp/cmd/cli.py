@@ -11,6 +11,7 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from epp.argtypes import parse_bool as _bool
 from epp.argtypes import parse_duration_arg as _duration
@@ -175,6 +176,9 @@ def build_parser() -> argparse.ArgumentParser:
     ec.add_argument("--message-timeout", type=_duration, default=0.0,
                     help="ext_proc message timeout (300s closed, 30s open; Envoy does not apply it in "
                          "FULL_DUPLEX_STREAMED): keep it above the flow-control request TTL")
+    from epp.envoy_config.spec import add_observe_flags  # HOOK (observability)
+
+    add_observe_flags(ec)  # --tracing-collector, --access-log
     ec.add_argument("-o", "--output", default="-")
 
     ex = sub.add_parser("explain", help="ask a running Pointsman which endpoint a request would get, and why")
@@ -309,6 +313,7 @@ def _envoy_config(args: argparse.Namespace) -> int:
         route_fragments=fragments,
         failure_mode=args.failure_mode,
         message_timeout_s=args.message_timeout,
+        **_observe_fields(args),  # HOOK (observability)
     )
     if spec.failure_mode == "open" and "FULL_DUPLEX_STREAMED" in spec.body_modes():
         print("warning: with a FULL_DUPLEX_STREAMED body Envoy answers 500 to requests whose ext_proc stream breaks "
@@ -325,6 +330,14 @@ def _envoy_config(args: argparse.Namespace) -> int:
         with open(args.output, "w") as f:
             f.write(text)
     return 0
+
+
+def _observe_fields(args: argparse.Namespace) -> dict[str, Any]:
+    from epp.envoy_config.spec import parse_collector
+
+    return {"tracing_collector": parse_collector(args.tracing_collector) if args.tracing_collector else None,
+            "tracing_service_name": args.tracing_service_name, "tracing_sampling": args.tracing_sampling,
+            "access_log": args.access_log}
 
 
 if __name__ == "__main__":
