@@ -70,7 +70,15 @@ def _fill_attributes(target: Any, attributes: Mapping[str, object] | None) -> No
     for k, v in attributes.items():
         kv = add()
         kv.key = k
-        _set_value(kv.value, v)
+        t = type(v)  # the common scalar types inline; the rest through _set_value
+        if t is str:
+            kv.value.string_value = v
+        elif t is float:
+            kv.value.double_value = v
+        elif t is int:
+            kv.value.int_value = v
+        else:
+            _set_value(kv.value, v)
 
 
 def encode(spans: Sequence[Any]) -> Any:
@@ -118,6 +126,7 @@ def encode(spans: Sequence[Any]) -> Any:
         p.end_time_unix_nano = s.end_time
         _fill_attributes(p.attributes, s.attributes)
         status = s.status
+        p.status.SetInParent()  # present even when unset, as the stock encoder sends it
         if status.status_code.value:
             p.status.code = status.status_code.value
             if status.description:

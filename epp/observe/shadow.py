@@ -2,9 +2,11 @@
 path, and nothing acts on its picks.
 
 For a committed request the live scheduler picked (not a route's own P/D scheduler, not a provider), the shadow
-runs right after the reply is built (`loop.call_soon`): `schedule(ctx, dry_run=True)` over the same candidates,
-with the in-flight load as the live decision saw it (this request's own load taken off its pick). Its pick is
-compared with the live one.
+runs right after the reply is built (`loop.call_soon`): its own scheduler (a separate instance: nothing it does
+reaches the live one) decides over the same candidates, with the in-flight load as the live decision saw it (this
+request's own load taken off its pick). Its pick is compared with the live one; nothing acts on it. (Not
+`dry_run=True`: that keeps a scheduler's random source for its next real decision by copying it, about 25 µs a
+request, and the shadow's next decision is never real.)
 
 Learning (`--shadow-learn`, default true). Scorers that learn from past requests (the approximate prefix index,
 the estimated-latency scorer's backlog, durations and calibration) would stay empty in a scheduler that only ever
@@ -23,7 +25,7 @@ Report (`ShadowReport`, reset when the shadow config reloads), on /metrics (poin
 against the latency the live pick realised (decision start to the stream's end), with the shadow's prediction for
 the live pick beside it (the model's own error); per endpoint, the live and shadow picks (where traffic would
 move), and the moves between pairs of endpoints. Predictions come from an estimated-latency scorer: the shadow
-config's when it has one, else the live config's.
+config's where it estimated that endpoint, else the live config's.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from scheduling.api import InflightLoad, SchedulingContext, SchedulingResult
@@ -136,6 +138,7 @@ class ShadowReport:
         # Disagreements whose request ended with a prediction for both picks:
         self.timed = 0
         self.predicted_shadow = 0.0  # seconds the shadow's model predicted for its own pick, summed
+        self.timed_live = 0  # ... of which the model also estimated the live pick
         self.predicted_live = 0.0  # ... for the live pick
         self.realised_live = 0.0  # seconds the live pick took, summed
         self.realised_all = 0.0  # every shadowed request that ended (agreements too): seconds, and how many
@@ -182,7 +185,7 @@ class ShadowReport:
             "errors": dict(self.errors), "skipped": dict(self.skipped), "cpu_seconds": self.cpu_seconds,
             "disagreements_timed": t,
             "predicted_shadow_ms": self.predicted_shadow / t * 1e3 if t else None,
-            "predicted_live_ms": self.predicted_live / t * 1e3 if t else None,
+            "predicted_live_ms": self.predicted_live / self.timed_live * 1e3 if self.timed_live else None,
             "realised_live_ms": self.realised_live / t * 1e3 if t else None,
             "realised_all_ms": self.realised_all / self.ended * 1e3 if self.ended else None,
             "endpoints": rows, "moves": moves[:50],
@@ -297,7 +300,10 @@ class ShadowRun:
             inflight[self.live] = InflightLoad(max(0, own.requests - 1), max(0, own.tokens - req.estimated_tokens))
         sctx = SchedulingContext(req, ctx.candidates, inflight, ctx.now)
         try:
-            result = self.scheduler.schedule(sctx, dry_run=True)
+            # Not a dry run: that would copy the shadow's random source for every request (about 25 µs) to keep
+            # it for "the next real decision", and the shadow makes none. Its source is its own: the live
+            # scheduler's state is not touched either way.
+            result = self.scheduler.schedule(sctx)
         except SchedulingError as err:
             report.errors[err.code.value] = report.errors.get(err.code.value, 0) + 1
             return
@@ -310,14 +316,13 @@ class ShadowRun:
         rec = self._record()
         if rec is not None:
             rec.shadow = pick
-        if pick != self.live:
-            models = self.shadow.predictors or _predictors(ex.scheduler)
-            source = result if self.shadow.predictors else live
-            self.predicted_shadow = predict(models, source, pick)
-            self.predicted_live = predict(models, source, self.live)
+        if pick != self.live:  # the shadow's model first; the live config's where the shadow's has no estimate
+            own, theirs = self.shadow.predictors, _predictors(ex.scheduler)
+            self.predicted_shadow = predict(own, result, pick) or predict(theirs, live, pick)
+            self.predicted_live = predict(own, result, self.live) or predict(theirs, live, self.live)
         if self.shadow.settings.learn:  # learn what really happened: the live pick
             try:
-                self.scheduler.pre_request(sctx, replace(result, targets=live.targets, prefill=live.prefill))
+                self.scheduler.pre_request(sctx, _as_live(result, live.targets, live.prefill))
             except Exception:
                 log.exception("the shadow's pre_request hook failed")
 
@@ -349,18 +354,27 @@ class ShadowRun:
         report = self.report
         report.ended += 1
         report.realised_all += seconds
-        if self.pick != self.live and self.predicted_shadow is not None and self.predicted_live is not None:
+        if self.pick != self.live and self.predicted_shadow is not None:
             report.timed += 1
             report.predicted_shadow += self.predicted_shadow
-            report.predicted_live += self.predicted_live
             report.realised_live += seconds
+            if self.predicted_live is not None:
+                report.timed_live += 1
+                report.predicted_live += self.predicted_live
         if self.shadow.settings.learn:
             self.sctx.now = self.ended
             try:
-                self.scheduler.response_complete(self.sctx, replace(self.result, targets=self.ex.result.targets
-                                                                    if self.ex.result is not None else []))
+                live = self.ex.result
+                self.scheduler.response_complete(self.sctx, _as_live(self.result, live.targets if live else [],
+                                                                     live.prefill if live else None))
             except Exception:
                 log.exception("the shadow's response_complete hook failed")
+
+
+def _as_live(result: SchedulingResult, targets: list[Any], prefill: Any) -> SchedulingResult:
+    """The shadow's own run (its per-request plugin state) with what really happened: the live pick."""
+    return SchedulingResult(targets=targets, profile=result.profile, profile_results=result.profile_results,
+                            prefill=prefill, decision=result.decision, state=result.state)
 
 
 def shadow_collector(shadow: Shadow) -> Any:

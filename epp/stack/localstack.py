@@ -55,6 +55,8 @@ def add_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config-file", default=None,
                    help="scheduling config for Pointsman (default: deploy/profiles/estimated-latency-precise.yaml "
                         "with --kv-events, else the built-in default)")
+    p.add_argument("--shadow-config", default=None,
+                   help="a scheduling config Pointsman runs in shadow on the same requests (docs/observability.md)")
     p.add_argument("--kv-events", type=_bool, default=True,
                    help="modelsim publishes KV-cache events (and replays them) and Pointsman subscribes (true)")
     p.add_argument("--workers", type=int, default=1,
@@ -137,6 +139,8 @@ class LocalStack:
         config = a.config_file or (str(PRECISE_PROFILE) if a.kv_events else None)
         if config:
             cmd += ["--config-file", config]
+        if getattr(a, "shadow_config", None):
+            cmd += ["--shadow-config", a.shadow_config, "--decision-header", "x-pointsman-decision"]
         if a.workers > 1:
             cmd += ["--workers", str(a.workers)]
         epp = self._spawn("epp", cmd, capture=True)

@@ -94,19 +94,20 @@ async def test_a_request_span_with_stage_children_reaches_a_grpc_receiver(tmp_pa
     assert a["pointsman.runner_up"] in {"10.0.0.1:8000", "10.0.0.2:8000"} - {picked}
     assert isinstance(a["pointsman.margin"], float) and a["pointsman.margin"] >= 0
     assert 0.0 <= a["pointsman.score.estimated-latency-scorer"] <= 1.0
-    assert "pointsman.score.estimated-latency-scorer.runner_up" in a
     assert a["pointsman.pool"] == "pool" and a["gen_ai.request.model"] == "llama"
     assert a["pointsman.candidates"] == 2 and a["pointsman.request_id"] == "req-1"
     assert a["http.response.status_code"] == 200
     assert a["gen_ai.usage.input_tokens"] == 9 and a["gen_ai.usage.output_tokens"] == 4
     assert a["gen_ai.response.time_to_first_chunk"] > 0
     assert a["pointsman.decision_id"].startswith(app.director.ids.prefix + "-")
-    for name in ("pointsman.admit", "pointsman.schedule"):
-        child = by_name(spans, name)[0]
-        assert child.trace_id == root.trace_id and child.parent_id == root.span_id
-        assert root.span.start_time_unix_nano <= child.span.start_time_unix_nano
-        assert child.span.end_time_unix_nano <= root.span.end_time_unix_nano
-    assert not by_name(spans, "pointsman.queue") and not by_name(spans, "pointsman.tokenize")  # stages that did not run
+    child = by_name(spans, "pointsman.schedule")[0]
+    assert child.trace_id == root.trace_id and child.parent_id == root.span_id
+    assert root.span.start_time_unix_nano <= child.span.start_time_unix_nano
+    assert child.span.end_time_unix_nano <= root.span.end_time_unix_nano
+    # Stages that did no work of their own get no span: no flow control, no tokenization, and admission is the
+    # built-in saturation check alone.
+    assert not by_name(spans, "pointsman.queue") and not by_name(spans, "pointsman.tokenize")
+    assert not by_name(spans, "pointsman.admit")
 
 
 @pytest.mark.parametrize("transport", ["h2", "grpcio"])
@@ -189,3 +190,33 @@ def test_tracing_off_imports_no_sdk(tmp_path):
                          env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert run.returncode == 0, run.stderr
     assert run.stdout.strip().splitlines()[-1] == "[]"
+
+
+class Refuse:
+    """An admitter that refuses every request, as a rate limit past its budget does (epp/request/admit.py)."""
+
+    def admit(self, ctx, parsed, dry_run=False):
+        from epp.protocol import Outcome
+
+        return Outcome(reject_status=429, reject_body="inference error: ResourceExhausted - over the limit")
+
+
+async def test_an_admission_refusal_has_an_admit_span(tmp_path):
+    rx = GrpcReceiver()
+    await rx.start()
+    app = await start(tmp_path, "--tracing", "--tracing-endpoint", rx.endpoint, "--tracing-sample-ratio", "1")
+    app.publish(app.director.replace(admitters=(*app.director.admitters, Refuse())))
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{app.port}") as ch:
+            call = pb_grpc.ExternalProcessorStub(ch).Process()
+            await call.write(headers_msg(mode=FD))
+            body = {"model": "llama", "messages": [{"role": "user", "content": "hi"}]}
+            await call.write(body_msg(orjson.dumps(body), True))
+            assert (await call.read()).immediate_response.status.code == 429
+        spans = await rx.wait_for(lambda s: by_name(s, "pointsman.admit") and by_name(s, "pointsman.request"))
+    finally:
+        await app.stop(0)
+        await rx.stop()
+    root, admit = by_name(spans, "pointsman.request")[0], by_name(spans, "pointsman.admit")[0]
+    assert admit.parent_id == root.span_id and root.attrs()["error.type"] == "ResourceExhausted"
+    assert not by_name(spans, "pointsman.schedule")
