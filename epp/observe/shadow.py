@@ -220,12 +220,20 @@ class Shadow:
         self.pending = 0
         self.recorder: DecisionRecorder | None = None  # receipts: each shadowed record notes the shadow's pick
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._live: tuple[Any, list[Any]] | None = None
 
     def apply(self, scheduler: Scheduler, source: str = "") -> None:
         """A new shadow config: a fresh report."""
         self.scheduler = scheduler
         self.predictors = _predictors(scheduler)
         self.report = ShadowReport(source)
+
+    def live_predictors(self, scheduler: Any) -> list[Any]:
+        """The live config's estimated-latency scorers (kept per scheduler: a reload makes a new one)."""
+        cached = self._live
+        if cached is None or cached[0] is not scheduler:
+            cached = self._live = (scheduler, _predictors(scheduler))
+        return cached[1]
 
     # ---- observer ------------------------------------------------------------------------------------------
     def decided(self, ex: RequestExchange) -> ShadowRun | None:
@@ -317,9 +325,9 @@ class ShadowRun:
         if rec is not None:
             rec.shadow = pick
         if pick != self.live:  # the shadow's model first; the live config's where the shadow's has no estimate
-            own, theirs = self.shadow.predictors, _predictors(ex.scheduler)
-            self.predicted_shadow = predict(own, result, pick) or predict(theirs, live, pick)
-            self.predicted_live = predict(own, result, self.live) or predict(theirs, live, self.live)
+            ours, theirs = self.shadow.predictors, self.shadow.live_predictors(ex.scheduler)
+            self.predicted_shadow = predict(ours, result, pick) or predict(theirs, live, pick)
+            self.predicted_live = predict(ours, result, self.live) or predict(theirs, live, self.live)
         if self.shadow.settings.learn:  # learn what really happened: the live pick
             try:
                 self.scheduler.pre_request(sctx, _as_live(result, live.targets, live.prefill))
