@@ -61,6 +61,7 @@ def test_a_receipt_is_looked_up_by_its_decision_id(stack, browser, tmp_path_fact
     for scorer in ("queue-scorer", "kv-cache-utilization-scorer", "prefix-cache-scorer", "total"):
         assert scorer in text
     assert "HTTP 200" in text
+    browser.execute_script("document.querySelector('#receipts').scrollIntoView()")
     save_screenshot(browser, tmp_path_factory.mktemp("dashboard"), "receipt.png", capsys)
     browser.find_element("css selector", "#receipt-id").clear()
     browser.find_element("css selector", "#receipt-id").send_keys("000000-1")
@@ -83,5 +84,6 @@ def test_the_shadow_panel_reports_agreement_latency_and_moves(stack, browser, tm
     for port in stack.sim_ports:
         assert f"127.0.0.1:{port}" in text_of(browser, "#shadow-endpoints")
     assert "predicted" in text_of(browser, "#shadow-latency")
+    browser.execute_script("document.querySelector('#shadow').scrollIntoView()")
     save_screenshot(browser, tmp_path_factory.mktemp("dashboard"), "shadow.png", capsys)
     assert console_errors(browser) == []

@@ -245,7 +245,8 @@ class Dashboard:
         got = self.explainer.receipt(request.match_info["id"])
         out = json_format.MessageToDict(got, preserving_proto_field_name=True)
         out["text"] = format_receipt(got)
-        return _json(out, 200 if got.found else 404)
+        out.setdefault("found", False)
+        return _json(out)  # a lookup that finds nothing is an answer too: `found` false and the reason in `error`
 
     async def _shadow(self, request: web.Request) -> web.Response:
         shadow = self.shadow

@@ -15,7 +15,8 @@
     box.replaceChildren(el("p", { class: "dim" }, "looking up " + id + "…"));
     try {
       const r = await getJSON("api/receipts/" + encodeURIComponent(id));
-      box.replaceChildren(...(r.ok ? receipt(r.body) : [el("div", { class: "error-box" }, r.body.error || "not found")]));
+      box.replaceChildren(...(r.ok && r.body.found ? receipt(r.body)
+        : [el("div", { class: "error-box" }, r.body.error || "not found")]));
     } finally {
       $("#receipt-go").disabled = false;
     }
