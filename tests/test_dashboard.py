@@ -207,9 +207,9 @@ async def test_path_prefix_moves_the_page_and_false_turns_it_off(tmp_path):
                 assert r.status == 200
     finally:
         await app.stop(0)
-    app, base = await start_app(tmp_path, "--dashboard", "false", "--receipts", "0")
+    app, base = await start_app(tmp_path, "--dashboard", "false")
     try:
-        assert app.recorder is None and app.dashboard is None  # the recorder stays only for receipts
+        assert app.recorder is None and app.dashboard is None
         async with aiohttp.ClientSession() as s:
             async with s.get(base + "/") as r:
                 assert r.status == 404

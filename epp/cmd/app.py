@@ -169,11 +169,12 @@ class App:
         await obs.start(self.metrics.registry, args.seed)
         dashboard = args.dashboard and (args.metrics_port or args.worker_index is not None)
         receipts = obs.settings.receipts
-        if dashboard or receipts.count:  # the dashboard's record of decisions is also the receipts'
+        count = (args.dashboard_decisions if dashboard else 0) if receipts.count is None else receipts.count
+        if dashboard or count:  # the dashboard's record of decisions is also the receipts'
             from epp.api.dashboard.recorder import DecisionRecorder, RecorderObserver
 
-            self.recorder = DecisionRecorder(max(receipts.count, args.dashboard_decisions if dashboard else 1),
-                                             receipts.max_age)
+            self.recorder = DecisionRecorder(max(count, args.dashboard_decisions if dashboard else 1),
+                                             receipts.max_age if count else 0.0)
             observers.append(RecorderObserver(self.recorder))
             obs.attach_recorder(self.recorder)
         observers.extend(obs.observers)

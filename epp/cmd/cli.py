@@ -100,8 +100,8 @@ def _add_serve_flags(p: argparse.ArgumentParser) -> None:
 
     g = p.add_argument_group("dashboard (a live page on the metrics port; see docs/dashboard.md)")
     g.add_argument("--dashboard", type=_bool, default=True,
-                   help="serve the dashboard and record decisions for it (true); false turns the page off (decisions "
-                        "are still recorded for receipts unless --receipts 0)")
+                   help="serve the dashboard and record decisions for it (true); false turns both off (decisions are "
+                        "then recorded only for --receipts N)")
     g.add_argument("--dashboard-path-prefix", default="/", help="URL path of the page on the metrics port (/)")
     g.add_argument("--dashboard-token", default=os.environ.get("POINTSMAN_DASHBOARD_TOKEN") or None,
                    help="require this bearer token for the page and its APIs (/metrics stays open); "

@@ -13,7 +13,8 @@ or rejected. It travels:
 The decision as it was made (the candidates, each profile run's per-plugin scores and totals, the pick, the
 runner-up and the margin) and how it went (status, TTFT, duration, usage; a rejection's error code) stay in the
 decision recorder (epp/api/dashboard/recorder.py: references to what the scheduler computed anyway, no copies) for
-`--receipts` decisions and at most `--receipt-max-age`. `epp explain --decision ID`, the gRPC API (`GetReceipt`) and
+`--receipts` decisions (by default the dashboard's own ring: receipts add nothing to what the dashboard costs) and
+at most `--receipt-max-age`. `epp explain --decision ID`, the gRPC API (`GetReceipt`) and
 the dashboard show it. Ids are per process: with `epp serve --workers N` a receipt is found only by the worker that
 made it (the API answers another worker's id with "not found here").
 """
@@ -32,22 +33,21 @@ if TYPE_CHECKING:
     from epp.api.dashboard.recorder import DecisionRecord, DecisionRecorder
     from epp.request.director import DecisionIds
 
-DEFAULT_COUNT = 2000
 DEFAULT_MAX_AGE = 900.0
 
 
 @dataclass(frozen=True)
 class ReceiptSettings:
-    count: int = DEFAULT_COUNT  # decisions kept; 0: no receipts
+    count: int | None = None  # decisions kept; None: as many as the dashboard keeps (none without it); 0: none
     max_age: float = DEFAULT_MAX_AGE  # seconds; 0: no age limit
     header: str = ""  # response header carrying the id ("" none)
     metadata: bool = True  # the id in the `pointsman` dynamic-metadata namespace
 
     @classmethod
     def from_args(cls, ns: argparse.Namespace) -> ReceiptSettings:
-        count = getattr(ns, "receipts", DEFAULT_COUNT)
+        count = getattr(ns, "receipts", None)
         age = getattr(ns, "receipt_max_age", DEFAULT_MAX_AGE)
-        if count < 0 or age < 0:
+        if (count is not None and count < 0) or age < 0:
             raise ValueError("--receipts and --receipt-max-age must be 0 or more")
         header = (getattr(ns, "decision_header", "") or "").strip().lower()
         if header and (header.startswith(":") or not header.replace("-", "").isalnum()):
@@ -59,9 +59,9 @@ class ReceiptSettings:
 def add_flags(p: argparse.ArgumentParser, parse_bool: Callable[[str], bool],
               parse_duration: Callable[[str], float]) -> None:
     g = p.add_argument_group("decision receipts (docs/observability.md)")
-    g.add_argument("--receipts", type=int, default=DEFAULT_COUNT,
-                   help=f"decisions kept for `epp explain --decision ID` and the dashboard ({DEFAULT_COUNT}); "
-                        "0 keeps none")
+    g.add_argument("--receipts", type=int, default=None,
+                   help="decisions kept for `epp explain --decision ID` and the dashboard (default: the dashboard's "
+                        "--dashboard-decisions while the dashboard is on, else none); 0 keeps none")
     g.add_argument("--receipt-max-age", type=parse_duration, default=DEFAULT_MAX_AGE,
                    help="how long a decision is kept at most (15m); 0: only --receipts limits them")
     g.add_argument("--decision-header", default="",
@@ -75,7 +75,7 @@ def lookup(recorder: DecisionRecorder | None, ids: DecisionIds, decision_id: str
            ) -> tuple[DecisionRecord | None, str]:
     """(the record, "") or (None, why not)."""
     if recorder is None:
-        return None, "receipts are off (--receipts 0)"
+        return None, "no decisions are kept: the dashboard is off and --receipts is 0 or unset"
     n = ids.parse(decision_id)
     if n is None:
         prefix = decision_id.strip().rpartition("-")[0]

@@ -30,7 +30,7 @@ async def receipt(port: int, decision_id: str) -> api.Receipt:
 
 
 async def test_a_decision_is_shown_as_it_was_made(tmp_path):
-    app = await start(tmp_path)
+    app = await start(tmp_path, "--receipts", "100")
     try:
         picked = await request(app.port, **{"x-request-id": "r-1"})
         async with grpc.aio.insecure_channel(f"127.0.0.1:{app.port}") as ch:  # the access-log metadata
@@ -101,6 +101,24 @@ def test_ids_are_per_process():
     assert a.prefix != b.prefix
     n = a.take()
     assert a.parse(a.format(n)) == n and b.parse(a.format(n)) is None and a.parse(a.format(n + 1)) is None
+
+
+async def test_receipts_follow_the_dashboard_by_default(tmp_path):
+    from tests.support.envoy import free_port as port
+
+    app = await start(tmp_path)  # no metrics port: no dashboard, so no decisions kept (and nothing spent on them)
+    try:
+        await request(app.port)
+        assert app.recorder is None
+        gone = await receipt(app.port, app.director.ids.format(1))
+        assert not gone.found and "--receipts" in gone.error
+    finally:
+        await app.stop(0)
+    app = await start(tmp_path, "--metrics-port", str(port()), "--dashboard-decisions", "7")
+    try:
+        assert app.recorder is not None and app.recorder.capacity == 7
+    finally:
+        await app.stop(0)
 
 
 @pytest.mark.parametrize("flag", ["--decision-header", "--receipts"])

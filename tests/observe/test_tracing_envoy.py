@@ -27,7 +27,7 @@ async def traced(tmp_path):
     await rx.start()
     log = tmp_path / "access.log"
     s = Stack(tmp_path, epp_flags=("--tracing", "--tracing-endpoint", rx.endpoint, "--tracing-sample-ratio", "1",
-                                   "--decision-header", "x-pointsman-decision"),
+                                   "--decision-header", "x-pointsman-decision", "--receipts", "50"),
               envoy_overrides={"tracing_collector": ("127.0.0.1", rx.port), "access_log": str(log)})
     await s.start()
     try:
