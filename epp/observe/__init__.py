@@ -93,7 +93,8 @@ class Observability:
 
     async def _start_shadow(self, path: Path, registry: Any, seed: int | None) -> None:
         from epp.fleet.reload import FileWatcher
-        from epp.observe.shadow import Shadow, shadow_collector
+        from epp.observe.shadow import Shadow
+        from epp.observe.shadow_report import shadow_collector
         from scheduling.config import load_scheduler, parse_yaml
 
         shadow = self.shadow = Shadow(self.settings.shadow)

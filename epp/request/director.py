@@ -64,6 +64,18 @@ class DecisionIds:
     def format(self, n: int) -> str:
         return f"{self.prefix}-{n:x}"
 
+    def stamp(self, outcome: Outcome, n: int) -> Outcome:
+        """Decision `n`'s id in the reply's `pointsman` metadata namespace (the access log prints it) and, for a
+        rejection, in the local reply's header, as configured. Nothing when both are off."""
+        if not (self.metadata or (self.header and outcome.reject_status)):
+            return outcome
+        did = self.format(n)
+        if self.metadata:
+            outcome.metadata = {**(outcome.metadata or {}), RECEIPT_NS: {RECEIPT_KEY: did}}
+        if self.header and outcome.reject_status:
+            outcome.reject_headers = [*outcome.reject_headers, (self.header, did)]
+        return outcome
+
     def parse(self, decision_id: str) -> int | None:
         """The number of one of this process's ids; None for a malformed id or another process's."""
         prefix, sep, num = decision_id.strip().rpartition("-")

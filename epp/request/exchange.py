@@ -41,16 +41,7 @@ from epp.flowcontrol.controller import DROPPED_REASON, FAIRNESS_HEADER
 from epp.protocol import Outcome
 from epp.request.admit import Hold
 from epp.request.commit import mutations, mutations_for_provider, schedule
-from epp.request.director import (
-    CONFORMANCE_RESP,
-    LB_NS,
-    RECEIPT_KEY,
-    RECEIPT_NS,
-    SERVED,
-    Director,
-    ShellContext,
-    error_outcome,
-)
+from epp.request.director import CONFORMANCE_RESP, LB_NS, SERVED, Director, ShellContext, error_outcome
 from epp.request.observe import Follow
 from epp.request.resolve import Metadata, find_candidates, resolve
 from epp.request.usage import UsageScanner
@@ -333,18 +324,8 @@ class RequestExchange:
                 log.exception("a request observer failed", extra=self.log_fields())
 
     def _receipt(self, outcome: Outcome) -> Outcome:
-        """The decision id in the reply's `pointsman` metadata namespace (the access log prints it) and, for a
-        rejection, in the local reply's header, as configured (epp/observe/receipts.py). Nothing when both are
-        off."""
-        ids = self.d.ids
-        if not (ids.metadata or (ids.header and outcome.reject_status)):
-            return outcome
-        did = ids.format(self.decision)
-        if ids.metadata:
-            outcome.metadata = {**(outcome.metadata or {}), RECEIPT_NS: {RECEIPT_KEY: did}}
-        if ids.header and outcome.reject_status:
-            outcome.reject_headers = [*outcome.reject_headers, (ids.header, did)]
-        return outcome
+        """The decision id on the reply, as configured (DecisionIds.stamp)."""
+        return self.d.ids.stamp(outcome, self.decision)
 
     @property
     def pending(self) -> ShellContext | None:
@@ -372,8 +353,7 @@ class RequestExchange:
                 "request_id": req.request_id if req is not None else self.headers.get("x-request-id", "")}
 
     def _log_ids(self) -> str:
-        trace = self.trace_id()
-        return f" decision={self.decision_id}" + (f" trace={trace}" if trace else "")
+        return f" decision={self.decision_id}" + (f" trace={t}" if (t := self.trace_id()) else "")
 
     def _refuse(self, err: SchedulingError) -> Outcome:
         """The request never reaches an engine: give back what the admitters took, report it, answer the error."""
