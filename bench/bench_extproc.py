@@ -16,7 +16,8 @@ candidate per request body mode.
 
 Pointsman candidates are `--candidate 'LABEL:VARIANT:FLAGS'` (VARIANT is original-dst, override-host or empty for
 `--variant`, with `+MODE` for the front Envoy's request body mode, e.g. `original-dst+BUFFERED`; FLAGS go to `epp serve`, `{port}` in them becomes a free port; an `ENV=value` word before the flags
-sets an environment variable, e.g. `PYTHONPATH=/tmp/before` runs another checkout of Pointsman). The
+sets an environment variable, e.g. `PYTHONPATH=/tmp/before` runs another checkout of Pointsman; `{otlp}` becomes the
+address of a do-nothing OTLP/gRPC collector, bench/otlp_sink.py, started for the run). The
 default candidate is Pointsman with no extra flags. A candidate with `--workers N` gets a front Envoy that spreads
 its streams over the N workers, and its CPU is the whole process group's. Floors are bench/toy_extproc.py variants (`--floor gen --floor aio`).
 
@@ -147,9 +148,15 @@ def start(args: argparse.Namespace, procs: Procs, script: Path) -> tuple[list[Pa
     eps = procs.dir / "endpoints.yaml"
     eps.write_text(yaml.safe_dump({"pools": [{"name": "p", "endpoints": [
         {"address": "127.0.0.1", "port": p} for p in backends[: args.endpoints]]}]}))
+    otlp = ""
+    if any("{otlp}" in c for c in args.candidate or []):  # a do-nothing OTLP/gRPC collector for tracing candidates
+        sink = free_port()
+        procs.spawn("otlp-sink", [sys.executable, str(ROOT / "bench" / "otlp_sink.py"), "--port", str(sink)], sink)
+        otlp = f"http://127.0.0.1:{sink}"
     for i, text in enumerate(args.candidate or [":"]):
         label, variant, flags, env = parse_candidate(text, args.variant)
         flags = [f.replace("{port}", str(free_port())) if "{port}" in f else f for f in flags]
+        flags = [f.replace("{otlp}", otlp) for f in flags]
         port = free_port()
         epp = procs.spawn(f"epp-{i}", [bin_path("epp"), "serve", "--grpc-host", "127.0.0.1", "--grpc-port", str(port),
                                        "--grpc-health-port", "0", "--metrics-port", "0", "--endpoints-file",

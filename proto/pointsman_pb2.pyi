@@ -6,6 +6,76 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class ReceiptRequest(_message.Message):
+    __slots__ = ("decision_id",)
+    DECISION_ID_FIELD_NUMBER: _ClassVar[int]
+    decision_id: str
+    def __init__(self, decision_id: _Optional[str] = ...) -> None: ...
+
+class Receipt(_message.Message):
+    __slots__ = ("found", "error", "decision_id", "request_id", "trace_id", "decided_at", "age_seconds", "model", "target_model", "pool", "config", "profile", "decision", "endpoint", "fallbacks", "prefill", "candidates", "runner_up", "margin", "profiles", "decide_seconds", "error_code", "status", "done", "ttft_seconds", "duration_seconds", "prompt_tokens", "completion_tokens", "cached_tokens", "shadow_endpoint")
+    FOUND_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    DECISION_ID_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    TRACE_ID_FIELD_NUMBER: _ClassVar[int]
+    DECIDED_AT_FIELD_NUMBER: _ClassVar[int]
+    AGE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    TARGET_MODEL_FIELD_NUMBER: _ClassVar[int]
+    POOL_FIELD_NUMBER: _ClassVar[int]
+    CONFIG_FIELD_NUMBER: _ClassVar[int]
+    PROFILE_FIELD_NUMBER: _ClassVar[int]
+    DECISION_FIELD_NUMBER: _ClassVar[int]
+    ENDPOINT_FIELD_NUMBER: _ClassVar[int]
+    FALLBACKS_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_FIELD_NUMBER: _ClassVar[int]
+    CANDIDATES_FIELD_NUMBER: _ClassVar[int]
+    RUNNER_UP_FIELD_NUMBER: _ClassVar[int]
+    MARGIN_FIELD_NUMBER: _ClassVar[int]
+    PROFILES_FIELD_NUMBER: _ClassVar[int]
+    DECIDE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    DONE_FIELD_NUMBER: _ClassVar[int]
+    TTFT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    DURATION_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    COMPLETION_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    SHADOW_ENDPOINT_FIELD_NUMBER: _ClassVar[int]
+    found: bool
+    error: str
+    decision_id: str
+    request_id: str
+    trace_id: str
+    decided_at: float
+    age_seconds: float
+    model: str
+    target_model: str
+    pool: str
+    config: str
+    profile: str
+    decision: str
+    endpoint: str
+    fallbacks: _containers.RepeatedScalarFieldContainer[str]
+    prefill: str
+    candidates: _containers.RepeatedScalarFieldContainer[str]
+    runner_up: str
+    margin: float
+    profiles: _containers.RepeatedCompositeFieldContainer[ProfileRun]
+    decide_seconds: float
+    error_code: str
+    status: int
+    done: bool
+    ttft_seconds: float
+    duration_seconds: float
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    shadow_endpoint: str
+    def __init__(self, found: _Optional[bool] = ..., error: _Optional[str] = ..., decision_id: _Optional[str] = ..., request_id: _Optional[str] = ..., trace_id: _Optional[str] = ..., decided_at: _Optional[float] = ..., age_seconds: _Optional[float] = ..., model: _Optional[str] = ..., target_model: _Optional[str] = ..., pool: _Optional[str] = ..., config: _Optional[str] = ..., profile: _Optional[str] = ..., decision: _Optional[str] = ..., endpoint: _Optional[str] = ..., fallbacks: _Optional[_Iterable[str]] = ..., prefill: _Optional[str] = ..., candidates: _Optional[_Iterable[str]] = ..., runner_up: _Optional[str] = ..., margin: _Optional[float] = ..., profiles: _Optional[_Iterable[_Union[ProfileRun, _Mapping]]] = ..., decide_seconds: _Optional[float] = ..., error_code: _Optional[str] = ..., status: _Optional[int] = ..., done: _Optional[bool] = ..., ttft_seconds: _Optional[float] = ..., duration_seconds: _Optional[float] = ..., prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., shadow_endpoint: _Optional[str] = ...) -> None: ...
+
 class ExplainRequest(_message.Message):
     __slots__ = ("path", "headers", "body", "pool")
     class HeadersEntry(_message.Message):

@@ -44,6 +44,11 @@ class PointsmanStub:
                 request_serializer=proto_dot_pointsman__pb2.ListEndpointsRequest.SerializeToString,
                 response_deserializer=proto_dot_pointsman__pb2.ListEndpointsResponse.FromString,
                 _registered_method=True)
+        self.GetReceipt = channel.unary_unary(
+                '/pointsman.v1.Pointsman/GetReceipt',
+                request_serializer=proto_dot_pointsman__pb2.ReceiptRequest.SerializeToString,
+                response_deserializer=proto_dot_pointsman__pb2.Receipt.FromString,
+                _registered_method=True)
 
 
 class PointsmanServicer:
@@ -64,6 +69,14 @@ class PointsmanServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetReceipt(self, request, context):
+        """A past decision (or rejection) by its decision id, as it was made: the receipt. Kept for a bounded window
+        (`--receipts`, `--receipt-max-age`).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_PointsmanServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -76,6 +89,11 @@ def add_PointsmanServicer_to_server(servicer, server):
                     servicer.ListEndpoints,
                     request_deserializer=proto_dot_pointsman__pb2.ListEndpointsRequest.FromString,
                     response_serializer=proto_dot_pointsman__pb2.ListEndpointsResponse.SerializeToString,
+            ),
+            'GetReceipt': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetReceipt,
+                    request_deserializer=proto_dot_pointsman__pb2.ReceiptRequest.FromString,
+                    response_serializer=proto_dot_pointsman__pb2.Receipt.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -132,6 +150,33 @@ class Pointsman:
             '/pointsman.v1.Pointsman/ListEndpoints',
             proto_dot_pointsman__pb2.ListEndpointsRequest.SerializeToString,
             proto_dot_pointsman__pb2.ListEndpointsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetReceipt(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pointsman.v1.Pointsman/GetReceipt',
+            proto_dot_pointsman__pb2.ReceiptRequest.SerializeToString,
+            proto_dot_pointsman__pb2.Receipt.FromString,
             options,
             channel_credentials,
             insecure,

@@ -33,6 +33,14 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ "$extras" != "$have
   fi
   echo "$extras" > "$stamp"
 fi
+# xds-protos ships an old copy of the opentelemetry.proto modules; installed after opentelemetry-proto it overwrites
+# them and the OTLP exporters (the [otel] extra, in the test extras) cannot import: put opentelemetry-proto's back.
+if ! .venv/bin/python -c "from opentelemetry.proto.common.v1 import common_pb2 as m; m.InstrumentationScope" \
+    >/dev/null 2>&1 && .venv/bin/pip show opentelemetry-proto >/dev/null 2>&1; then
+  version=$(.venv/bin/pip show opentelemetry-proto | awk '/^Version:/ {print $2}')
+  echo "==> restoring opentelemetry-proto $version over the copy xds-protos installed"
+  .venv/bin/pip install -q --force-reinstall --no-deps "opentelemetry-proto==$version" >> .venv/pip.log 2>&1
+fi
 if [ "$mode" = "--test-deps" ]; then
   # the dashboard's browser tests; the shared rate-limit tests (a real redis-server)
   bash scripts/debian-packages.sh chromium chromium-driver redis-server

@@ -108,7 +108,7 @@ def test_ext_proc_filter_settings_match_the_contract():
     mode = ext["processing_mode"]
     assert mode["request_body_mode"] == "FULL_DUPLEX_STREAMED"
     assert mode["request_trailer_mode"] == "SEND" and mode["response_trailer_mode"] == "SEND"
-    assert ext["metadata_options"]["receiving_namespaces"]["untyped"] == ["envoy.lb"]
+    assert ext["metadata_options"]["receiving_namespaces"]["untyped"] == ["envoy.lb", "pointsman"]  # pick, receipt
     assert ext["failure_mode_allow"] is False
     assert hcm["http_filters"][-1]["name"] == "envoy.filters.http.router"
     pool = cfg["static_resources"]["clusters"][1]

@@ -19,6 +19,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("cmd",),  # the entry points: `epp serve` and its components, `epp envoy-config`, `epp explain`
     ("workers", "stack"),  # process supervision (--workers), the local dev stack
     ("api", "extproc", "xds", "envoy_config"),  # servers and outputs: operator API, ext_proc glue, EDS, Envoy config
+    ("observe",),  # traces, decision receipts, the shadow profile, structured logs (request observers)
     ("request",),  # the request lifecycle: resolve, admit, prepare, queue, schedule, commit
     ("routing", "flowcontrol", "tokenize", "bus"),  # services the request path uses
     ("ratelimit", "fleet"),  # fleet state (datastore, sources, scraping, KV events, health) and limits

@@ -26,7 +26,25 @@ def _read_body(spec: str | None) -> bytes:
     return spec.encode()
 
 
+def receipt_command(s: ExplainSettings) -> int:
+    """`epp explain --decision ID`: a past decision as it was made (epp/observe/receipts.py)."""
+    from epp.api.receipts import format_receipt
+
+    try:
+        resp = _stub(s.addr).GetReceipt(api.ReceiptRequest(decision_id=s.decision), timeout=10)
+    except grpc.RpcError as err:
+        print(f"error: cannot reach Pointsman at {s.addr}: {err.code().name} {err.details()}", file=sys.stderr)
+        return 1
+    if s.json:
+        print(json_format.MessageToJson(resp, preserving_proto_field_name=True))
+    else:
+        print(format_receipt(resp))
+    return 0 if resp.found else 1
+
+
 def explain_command(s: ExplainSettings) -> int:
+    if s.decision:
+        return receipt_command(s)
     req = api.ExplainRequest(path=s.path, headers=s.headers, body=_read_body(s.body), pool=s.pool)
     try:
         resp = _stub(s.addr).Explain(req, timeout=10)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Collection, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 
@@ -24,6 +24,9 @@ from proto import pointsman_pb2_grpc
 from scheduling.prefix.cycle import decision_matches
 from scheduling.prefix.precise_data import APPROXIMATE, decision_prefix_hits
 from scheduling.types import Endpoint, SchedulingError
+
+if TYPE_CHECKING:
+    from epp.api.dashboard.recorder import DecisionRecorder
 
 REDACTED = "<redacted>"
 
@@ -107,6 +110,7 @@ class PointsmanService(pointsman_pb2_grpc.PointsmanServicer):
     def __init__(self, director: Director, passive: PassiveHealth | None = None) -> None:
         self.director = director
         self.passive = passive
+        self.recorder: DecisionRecorder | None = None  # the receipts (epp/observe/receipts.py), when kept
 
     def explain(self, request: api.ExplainRequest) -> api.ExplainResponse:
         """The dry run, synchronously: a request is tokenized only from what needs no waiting (the engine's
@@ -271,6 +275,18 @@ class PointsmanService(pointsman_pb2_grpc.PointsmanServicer):
                 )
                 _health(info, ep.key, ds, passive)
         return out
+
+    def receipt(self, decision_id: str) -> api.Receipt:
+        """A past decision by its id, as it was made (epp/observe/receipts.py)."""
+        from epp.api.receipts import get_receipt
+
+        d = self.director
+        return get_receipt(self.recorder, d.ids, decision_id, d.clock)
+
+    async def GetReceipt(  # noqa: N802
+        self, request: api.ReceiptRequest, context: grpc.aio.ServicerContext
+    ) -> api.Receipt:
+        return self.receipt(request.decision_id)
 
     async def ListEndpoints(  # noqa: N802
         self, request: api.ListEndpointsRequest, context: grpc.aio.ServicerContext

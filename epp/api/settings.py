@@ -44,6 +44,8 @@ def add_explain_flags(p: argparse._ActionsContainer) -> None:
     p.add_argument("--body", default=None, help="request body (JSON); '@file' reads a file; default: stdin")
     p.add_argument("--pool", default="")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.add_argument("--decision", default=None, metavar="ID",
+                   help="show a past decision by its id, as it was made (decision receipts)")
 
 
 def add_endpoints_flags(p: argparse._ActionsContainer) -> None:
@@ -62,6 +64,7 @@ class ExplainSettings:
     body: str | None = None  # the JSON itself, '@file', or None: stdin
     pool: str = ""
     json: bool = False
+    decision: str | None = None  # a past decision's id: show its receipt instead
 
     @classmethod
     def from_args(cls, ns: argparse.Namespace) -> ExplainSettings:
@@ -71,7 +74,8 @@ class ExplainSettings:
             if not sep:
                 raise ValueError(f"header {h!r} is not 'name: value'")
             headers[name.strip().lower()] = value.strip()
-        return cls(addr=ns.addr, path=ns.path, headers=headers, body=ns.body, pool=ns.pool, json=ns.json)
+        return cls(addr=ns.addr, path=ns.path, headers=headers, body=ns.body, pool=ns.pool, json=ns.json,
+                   decision=ns.decision)
 
 
 @dataclass(frozen=True)

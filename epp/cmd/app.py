@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from epp.api.metrics import EppMetrics
 from epp.cmd import bus, fleet, precise, request, routing, scheduler, servers
+from epp.cmd import observe as observe_step
 from epp.cmd.runner import Runner
 from epp.cmd.scheduler import build_scheduler, load_scheduling
 from epp.cmd.settings import ServeSettings
@@ -34,6 +35,7 @@ if TYPE_CHECKING:
     from epp.fleet.reload import FileWatcher
     from epp.fleet.scrape.scraper import MetricsScraper
     from epp.flowcontrol import FlowController, PoolPressure
+    from epp.observe import Observability
     from epp.ratelimit.gate import RateLimitGate
     from epp.request.admit import Admitter
     from epp.routing.service import RoutingService
@@ -56,6 +58,7 @@ STEPS: tuple[tuple[str, Step], ...] = (
     ("metrics scraper", fleet.start_scraping),
     ("replica bus", bus.start_replica_bus),
     ("passive health", fleet.start_passive_health),
+    ("observability", observe_step.start_observability),  # traces, decision ids and receipts, the shadow profile
     ("director", request.build_director),
     ("dashboard", servers.make_dashboard),
     ("gRPC servers", servers.start_grpc),
@@ -88,7 +91,8 @@ class App:
         self.scraper: MetricsScraper | None = None
         self.bus: BusRuntime | None = None  # with --bus-peers / --bus-service / --workers
         self.passive: PassiveHealth | None = None
-        self.recorder: DecisionRecorder | None = None  # the dashboard's record of decisions
+        self.recorder: DecisionRecorder | None = None  # the record of decisions: the dashboard's and the receipts'
+        self.observe: Observability | None = None  # traces, receipts, the shadow profile (epp/observe)
         self.director: Director | None = None
         self.dashboard: Dashboard | None = None
         self.server: Any = None  # the gRPC server (grpc.aio.Server or epp.h2grpc.H2Server)

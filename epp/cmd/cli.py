@@ -42,10 +42,9 @@ def serve(settings: ServeSettings) -> int:
 
         return supervise(settings)
     from epp.cmd.app import run
+    from epp.observe.logs import configure
 
-    v = settings.runtime.verbosity
-    level = logging.DEBUG if v >= 3 else logging.INFO if v >= 1 else logging.WARNING
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure(settings.observe.logs)  # text or --log-format json, at -v's level
     try:
         if settings.runtime.event_loop == "uvloop":
             try:

@@ -62,6 +62,9 @@ def add_flags(ec: argparse.ArgumentParser) -> None:
                     help="ext_proc message timeout (300s closed, 30s open; Envoy does not apply it in "
                          "FULL_DUPLEX_STREAMED): keep it above the flow-control request TTL")
     ec.add_argument("-o", "--output", default="-")
+    from epp.envoy_config.spec import add_observe_flags
+
+    add_observe_flags(ec)  # --tracing-collector, --access-log (docs/observability.md)
 
 
 def _address(text: str, flag: str) -> Address:
@@ -99,10 +102,20 @@ class EnvoyConfigSettings:
             "request_body_mode": ns.request_body_mode, "response_body_mode": ns.response_body_mode,
             "response_phases": ns.response_phases, "epp_tls": ns.epp_tls, "failure_mode": ns.failure_mode,
             "message_timeout_s": ns.message_timeout,
+            **_observe_fields(ns),
         }
         return cls(spec=spec, endpoints=tuple(_address(e, "--endpoint") for e in ns.endpoint),
                    endpoints_file=ns.endpoints_file, pool_name=ns.pool_name, routes_files=tuple(ns.routes_file),
                    provider_header=ns.provider_header, provider_ca_file=ns.provider_ca_file, output=ns.output)
+
+
+def _observe_fields(ns: argparse.Namespace) -> dict[str, Any]:
+    """Envoy's own tracing to an OpenTelemetry collector, and an access log with the decision id."""
+    from epp.envoy_config.spec import parse_collector
+
+    return {"tracing_collector": parse_collector(ns.tracing_collector) if ns.tracing_collector else None,
+            "tracing_service_name": ns.tracing_service_name, "tracing_sampling": ns.tracing_sampling,
+            "access_log": ns.access_log}
 
 
 def _error(message: str) -> int:

@@ -20,21 +20,35 @@ def director_config(app: App) -> DirectorConfig:
                           default_pool=app.settings.sources.pool_name, log_decisions=r.log_decisions)
 
 
+def dashboard_on(app: App) -> bool:
+    """The dashboard has a page to show: a metrics port, or a worker's control socket."""
+    return app.settings.dashboard.enabled and bool(app.settings.server.metrics_port or app.settings.worker)
+
+
 def observers(app: App) -> list[RequestObserver]:
     """Who observes each request, in order: metrics, the routing dialects' runtimes (e.g. LLMKube's quarantine and
-    first-byte latency), passive health, and the dashboard's recorder (when the dashboard has a page to show it on)."""
+    first-byte latency), passive health, the decision recorder (the dashboard's page and the decision receipts
+    share it), then tracing and the shadow profile (epp/observe)."""
     assert app.metrics is not None
     out: list[RequestObserver] = [RequestMetrics(app.metrics)]
     if app.routing is not None:
         out.extend(app.routing.router.runtimes)
     if app.passive is not None:
         out.append(app.passive)
-    d = app.settings.dashboard
-    if d.enabled and (app.settings.server.metrics_port or app.settings.worker):
+    d, obs = app.settings.dashboard, app.observe
+    receipts = obs.settings.receipts if obs is not None else None
+    dashboard = dashboard_on(app)
+    count = (d.decisions if dashboard else 0) if receipts is None or receipts.count is None else receipts.count
+    if dashboard or count:  # the dashboard's record of decisions is also the receipts'
         from epp.api.dashboard.recorder import DecisionRecorder, RecorderObserver
 
-        app.recorder = DecisionRecorder(d.decisions)
+        app.recorder = DecisionRecorder(max(count, d.decisions if dashboard else 1),
+                                        receipts.max_age if receipts is not None and count else 0.0)
         out.append(RecorderObserver(app.recorder))
+        if obs is not None:
+            obs.attach_recorder(app.recorder)
+    if obs is not None:
+        out.extend(obs.observers)
     return out
 
 
@@ -48,6 +62,7 @@ async def build_director(app: App) -> None:
         tokens=app.tokens,  # precise prefix routing: tokenize for configs that read tokens
         observers=tuple(observers(app)),
         early=app.settings.request.early,  # reading the body as it streams in (epp/request/early.py)
+        **(app.observe.director_fields() if app.observe is not None else {}),  # decision ids, tracing
     )
     app.apply_scheduler(app.scheduler)
 

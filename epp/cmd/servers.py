@@ -25,7 +25,9 @@ log = logging.getLogger("epp")
 
 async def make_dashboard(app: App) -> None:
     """The live page on the metrics port, reading the decision recorder that observes the request path."""
-    if app.recorder is None:
+    from epp.cmd.request import dashboard_on
+
+    if app.recorder is None or not dashboard_on(app):
         return
     from epp.api.dashboard import Dashboard
 
@@ -34,6 +36,9 @@ async def make_dashboard(app: App) -> None:
                               token=d.token, config_source=lambda: scheduling.source, watchers=app.watchers,
                               started_at=app.started_at)
     app.holders.append(app.dashboard.explainer)
+    app.dashboard.explainer.recorder = app.recorder  # receipts (epp/observe/receipts.py)
+    app.dashboard.shadow = app.observe.shadow if app.observe is not None else None
+    app.dashboard.rows = d.decisions
 
 
 async def start_grpc(app: App) -> None:
@@ -47,6 +52,7 @@ async def start_grpc(app: App) -> None:
         app.eds = eds = EdsService(app.datastore)
         extra.append(lambda server: add_eds_service(server, eds))
     api = PointsmanService(app.current(), app.passive)
+    api.recorder = app.recorder  # receipts: the GetReceipt RPC (epp/observe/receipts.py)
     app.server, app.extproc = build_server(app.current(), s.stream, extra_servicers=extra, metrics=app.metrics,
                                            transport=s.transport, reuse_port=app.settings.worker, api=api,
                                            limits=s.limits)

@@ -31,11 +31,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from epp.api import settings as api_settings
-from epp.argtypes import parse_bool
+from epp.argtypes import parse_bool, parse_duration_arg
 from epp.bus import settings as bus_settings
 from epp.extproc import settings as server_settings
 from epp.fleet import settings as fleet_settings
 from epp.fleet.kvevents import settings as kvevents_settings
+from epp.observe import ObserveSettings
+from epp.observe import add_flags as add_observe_flags
 from epp.ratelimit import settings as ratelimit_settings
 from epp.request import settings as request_settings
 from epp.routing import settings as route_settings
@@ -109,6 +111,7 @@ def add_serve_flags(p: argparse.ArgumentParser) -> None:
     RuntimeSettings.add_event_loop_flag(g)
     request_settings.add_output_flags(p.add_argument_group("routing outputs (docs/performance.md)"))
     request_settings.add_early_flags(p, parse_bool)
+    add_observe_flags(p, parse_bool, parse_duration_arg)  # tracing, receipts, shadow profiles, log format
     g = p.add_argument_group("dashboard (a live page on the metrics port; see docs/dashboard.md)")
     api_settings.add_dashboard_flags(g)
     RuntimeSettings.add_verbosity_flag(g)
@@ -137,6 +140,7 @@ class ServeSettings:
     tokenize: tokenize_settings.TokenizeSettings = field(default_factory=tokenize_settings.TokenizeSettings)
     replicas: bus_settings.ReplicaSettings = field(default_factory=bus_settings.ReplicaSettings)
     runtime: RuntimeSettings = field(default_factory=RuntimeSettings)
+    observe: ObserveSettings = field(default_factory=ObserveSettings)  # traces, receipts, shadow, log format
     argv: tuple[str, ...] = ()  # the `epp` command line, `serve` first (the workers supervisor re-launches it)
 
     @property
@@ -162,6 +166,7 @@ class ServeSettings:
             tokenize=tokenize_settings.TokenizeSettings.from_args(ns),
             replicas=bus_settings.ReplicaSettings.from_args(ns),
             runtime=RuntimeSettings.from_args(ns),
+            observe=ObserveSettings.from_args(ns),
             argv=tuple(argv),
         )
         if s.sources.kind is None and not s.routes.enabled:

@@ -49,15 +49,19 @@ def build_bootstrap(spec: EnvoyConfigSpec) -> Bootstrap:
 
         from epp.envoy_config.clusters import epp_cluster, pool_cluster
         from epp.envoy_config.listener import connection_manager, ext_proc_filter, listener, socket
+        from epp.envoy_config.observe import apply as add_observability
+        from epp.envoy_config.observe import collector_cluster
 
     hcm = connection_manager(spec, ext_proc_filter(spec))
+    add_observability(spec, hcm)  # Envoy's tracing, the access log with the decision id
+    collector = collector_cluster(spec)
     return Bootstrap(
         # xDS needs a node identity; Pointsman logs it for every EDS stream.
         node=Node(id=spec.node_id, cluster=spec.node_cluster),
         admin=Admin(address=socket("127.0.0.1", spec.admin_port)),
         static_resources=BootstrapStaticResources(
             listeners=[listener(spec, hcm)],
-            clusters=[epp_cluster(spec), pool_cluster(spec)],
+            clusters=[epp_cluster(spec), pool_cluster(spec), *([collector] if collector is not None else [])],
         ),
     )
 

@@ -39,6 +39,7 @@ from epp.envoy_config.spec import EnvoyConfigSpec
 EPP_CLUSTER = "epp"
 POOL_CLUSTER = "pool"
 LB_NAMESPACE = "envoy.lb"
+RECEIPT_NAMESPACE = "pointsman"
 DESTINATION_KEY = "x-gateway-destination-endpoint"
 SERVED_KEY = "x-gateway-destination-endpoint-served"
 
@@ -81,7 +82,8 @@ def ext_proc_filter(spec: EnvoyConfigSpec) -> ExternalProcessor:
         failure_mode_allow=spec.failure_mode == "open",
         allow_mode_override=False,
         metadata_options=MetadataOptions(
-            receiving_namespaces=MetadataOptionsMetadataNamespaces(untyped=[LB_NAMESPACE]),
+            # envoy.lb: the pick; pointsman: the decision id, for the access log (epp/observe/receipts.py)
+            receiving_namespaces=MetadataOptionsMetadataNamespaces(untyped=[LB_NAMESPACE, RECEIPT_NAMESPACE]),
             forwarding_namespaces=MetadataOptionsMetadataNamespaces(
                 untyped=[LB_NAMESPACE, "envoy.lb.subset_hint"]),
         ),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -61,6 +62,12 @@ class EnvoyConfigSpec:
     epp_tls: bool = False
     node_id: str = "pointsman-envoy"
     node_cluster: str = "pointsman"
+    # Observability (epp/envoy_config/observe.py): Envoy's own OpenTelemetry tracing to this OTLP/gRPC collector
+    # (host, port), its service name and random sampling percent; a file access log printing the decision id.
+    tracing_collector: tuple[str, int] | None = None
+    tracing_service_name: str = "envoy"
+    tracing_sampling: float = 100.0
+    access_log: str = ""
     # The routing layer's additions (external provider clusters and routes, pool-route retries): an
     # epp.envoy_config.providers.RouteFragments, applied to the rendered bootstrap.
     route_fragments: Any = None
@@ -95,8 +102,36 @@ class EnvoyConfigSpec:
             raise ValueError("--failure-mode open needs the pool's endpoints to fall back on; the original-dst "
                              "cluster has none (no pick, no host): use --eds (the pool kept current by Pointsman) "
                              "or --variant override-host with --endpoint / --endpoints-file")
+        if not 0.0 <= self.tracing_sampling <= 100.0:
+            raise ValueError(f"the tracing sampling is a percentage, got {self.tracing_sampling}")
         if self.message_timeout_s < 0:
             raise ValueError(f"the ext_proc message timeout must be positive, got {self.message_timeout_s}")
         if self.variant == "override-host" and not self.eds and not self.endpoints:
             raise ValueError("the override-host variant needs the pool's endpoints (the policy picks among them): "
                              "give --endpoint / --endpoints-file, or --eds to have Pointsman serve them")
+
+
+def parse_collector(value: str) -> tuple[str, int]:
+    """HOST:PORT (an http:// or https:// prefix is accepted and dropped: Envoy speaks plain gRPC here)."""
+    text = value.strip()
+    for scheme in ("http://", "https://"):
+        if text.startswith(scheme):
+            text = text[len(scheme):]
+    host, sep, port = text.rstrip("/").rpartition(":")
+    if not sep or not port.isdigit() or not host:
+        raise ValueError(f"--tracing-collector {value!r}: expected HOST:PORT (the OTLP/gRPC port, usually 4317)")
+    return host.strip("[]"), int(port)
+
+
+def add_observe_flags(ec: argparse.ArgumentParser) -> None:
+    """`epp envoy-config` flags of epp/envoy_config/observe.py (here: cheap to import)."""
+    add = ec.add_argument
+    add("--tracing-collector", default=None, metavar="HOST:PORT",
+        help="Envoy traces too (OpenTelemetry tracer, OTLP/gRPC to this collector; Pointsman's spans hang under "
+             "its own); default: no tracing")
+    add("--tracing-service-name", default="envoy", help="service.name of Envoy's spans (envoy)")
+    add("--tracing-sampling", type=float, default=100.0,
+        help="percent of requests without a sampled traceparent that Envoy traces (100)")
+    add("--access-log", default="", metavar="PATH",
+        help="write an access log with the decision id (%%DYNAMIC_METADATA(pointsman:decision_id)%%), e.g. "
+             "/dev/stdout (default: none)")

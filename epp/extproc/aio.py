@@ -37,8 +37,10 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
         self, request_iterator: AsyncIterator[pb.ProcessingRequest], context: grpc.aio.ServicerContext
     ) -> None:
         out: asyncio.Queue[Replies | None] = asyncio.Queue()
-        session = StreamSession(self.director, self.config, self.metrics, out.put_nowait,
-                                lambda: out.put_nowait(None))
+        director = self.director
+        md = context.invocation_metadata() if getattr(director, "tracing", None) is not None else None  # Envoy's trace context
+        session = StreamSession(director, self.config, self.metrics, out.put_nowait,
+                                lambda: out.put_nowait(None), md)
         reader = asyncio.ensure_future(_read(context, session, out))
         try:
             while (replies := await out.get()) is not None:

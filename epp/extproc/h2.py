@@ -41,7 +41,8 @@ class ExtProcCall:
 
     def __init__(self, service: ExtProcH2, stream: ServerStream) -> None:
         self.stream = stream
-        self.session = StreamSession(service.director, service.config, service.metrics, self._send, self._finish)
+        self.session = StreamSession(service.director, service.config, service.metrics, self._send, self._finish,
+                                     stream.headers)
 
     def on_message(self, data: bytes) -> None:
         try:

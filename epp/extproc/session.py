@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
@@ -54,8 +54,11 @@ class StreamSession:
     __slots__ = ("machine", "exchange", "metrics", "send", "finish", "deciding", "input_done", "done")
 
     def __init__(self, director: Director, config: StreamConfig, metrics: ProtocolMetrics | None,
-                 send: Callable[[Replies], None], finish: Callable[[], None]) -> None:
-        self.exchange: Exchange = director.exchange()
+                 send: Callable[[Replies], None], finish: Callable[[], None],
+                 stream_metadata: Sequence[tuple[Any, Any]] | None = None) -> None:
+        # The stream's gRPC metadata carries Envoy's trace context when Envoy traces (read only with tracing on).
+        self.exchange: Exchange = (director.exchange(stream_metadata) if getattr(director, "tracing", None)
+                                   is not None else director.exchange())
         self.machine = RequestMachine(self.exchange, request_body_mode=config.request_body_mode,
                                       response_body_mode=config.response_body_mode,
                                       max_body_bytes=config.max_body_bytes)
@@ -122,7 +125,8 @@ class StreamSession:
             self._crash(exc)
 
     def _crash(self, exc: BaseException) -> None:
-        log.error("ext_proc stream failure", exc_info=exc)
+        fields = getattr(self.exchange, "log_fields", None)
+        log.error("ext_proc stream failure", exc_info=exc, extra=fields() if fields is not None else None)
         if not self.done:
             try:
                 self.send([immediate(500, f"inference error: Internal - {exc}")])

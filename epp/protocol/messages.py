@@ -121,7 +121,11 @@ def immediate(status: int, body: str, headers: list[tuple[str, str]] | None = No
 
 
 def rejection(outcome: Outcome) -> pb.ProcessingResponse:
-    return immediate(outcome.reject_status, outcome.reject_body, outcome.reject_headers)
+    """The local reply, with the outcome's dynamic metadata (a decision id for the access log) when it has some."""
+    resp = immediate(outcome.reject_status, outcome.reject_body, outcome.reject_headers)
+    if outcome.metadata:
+        fill_metadata(resp.dynamic_metadata, outcome.metadata)
+    return resp
 
 
 def streamed_chunks(data: bytes, end_of_stream: bool, request: bool) -> list[pb.ProcessingResponse]:

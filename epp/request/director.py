@@ -9,6 +9,7 @@ the bundle it started with. Its `exchange()` makes the per-stream owner of the l
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -24,6 +25,7 @@ from scheduling.types import SchedulingError
 
 if TYPE_CHECKING:
     from epp.flowcontrol.controller import FlowController
+    from epp.observe.tracing import Tracing
     from epp.request.exchange import RequestExchange
     from epp.routing.router import RouteDecision, Router
     from epp.tokenize.shell import RequestTokens
@@ -38,6 +40,53 @@ CONFORMANCE_REQ = "test-epp-endpoint-selection"
 CONFORMANCE_RESP = "x-conformance-test-served-endpoint"
 OBJECTIVE = "x-gateway-inference-objective"
 MODEL_REWRITE = "x-gateway-model-name-rewrite"
+RECEIPT_NS = "pointsman"  # the dynamic-metadata namespace of the decision id (Envoy's access log reads it)
+RECEIPT_KEY = "decision_id"
+
+
+class DecisionIds:
+    """Decision ids: `<prefix>-<n in hex>`, n counting this process's decisions and rejections from 1, the prefix
+    random per process (so ids from replicas, workers and restarts do not collide). Shared by every director of a
+    process (a reload keeps counting). `header` / `metadata`: where replies carry the id (`--decision-header`,
+    `--decision-metadata`; epp/observe/receipts.py)."""
+
+    __slots__ = ("prefix", "n", "header", "metadata")
+
+    def __init__(self, prefix: str | None = None, *, header: str = "", metadata: bool = False) -> None:
+        self.prefix = prefix if prefix is not None else os.urandom(3).hex()
+        self.n = 0
+        self.header = header
+        self.metadata = metadata
+
+    def take(self) -> int:
+        self.n = n = self.n + 1
+        return n
+
+    def format(self, n: int) -> str:
+        return f"{self.prefix}-{n:x}"
+
+    def stamp(self, outcome: Outcome, n: int) -> Outcome:
+        """Decision `n`'s id in the reply's `pointsman` metadata namespace (the access log prints it) and, for a
+        rejection, in the local reply's header, as configured. Nothing when both are off."""
+        if not (self.metadata or (self.header and outcome.reject_status)):
+            return outcome
+        did = self.format(n)
+        if self.metadata:
+            outcome.metadata = {**(outcome.metadata or {}), RECEIPT_NS: {RECEIPT_KEY: did}}
+        if self.header and outcome.reject_status:
+            outcome.reject_headers = [*outcome.reject_headers, (self.header, did)]
+        return outcome
+
+    def parse(self, decision_id: str) -> int | None:
+        """The number of one of this process's ids; None for a malformed id or another process's."""
+        prefix, sep, num = decision_id.strip().rpartition("-")
+        if not sep or prefix != self.prefix:
+            return None
+        try:
+            n = int(num, 16)
+        except ValueError:
+            return None
+        return n if 0 < n <= self.n else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,9 +134,14 @@ class Director:
     flow: FlowController | None = None  # flow control's queue, while the config turns it on
     observers: Sequence[RequestObserver] = ()  # metrics, the dashboard, passive health, quarantine (observe.py)
     early: EarlySettings = field(default_factory=EarlySettings)  # deciding before the body ends (early.py)
+    ids: DecisionIds = field(default_factory=DecisionIds)  # one per process: a reload keeps it
+    tracing: Tracing | None = None  # OpenTelemetry traces, while `--tracing` is on (epp/observe/tracing.py)
 
-    def exchange(self) -> RequestExchange:
-        """The owner of one stream's request lifecycle (epp/request/exchange.py)."""
+    def exchange(self, stream_metadata: Sequence[tuple[Any, Any]] | None = None) -> RequestExchange:
+        """The owner of one stream's request lifecycle (epp/request/exchange.py). `stream_metadata`: the ext_proc
+        stream's gRPC metadata (str or bytes pairs), where Envoy puts its trace context; read only with tracing."""
+        if self.tracing is not None:
+            return self.tracing.exchange(self, stream_metadata)
         from epp.request.exchange import RequestExchange
 
         return RequestExchange(self)

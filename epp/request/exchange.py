@@ -18,7 +18,11 @@ saturation check.
 
 What happens to the request is reported to the director's observers (epp/request/observe.py): `decided` after the
 commit (each may return a follow for the response path), `rejected` for every request that never reaches an
-engine (each exactly once). What an admitter holds is given back (`undo`) on a rejection or a failure, and settled
+engine (each exactly once). Every decision and rejection gets a decision id first (`decision`, from the director's
+`DecisionIds`: a counter, formatted only when read), which the reply can carry in a header and in the
+`pointsman` dynamic-metadata namespace (epp/observe/receipts.py). With tracing on the director makes a
+`TracedExchange` (epp/observe/tracing.py) instead, which stamps when each stage begins; this class pays nothing
+for it. What an admitter holds is given back (`undo`) on a rejection or a failure, and settled
 (`closed`) with the response's usage when the stream ends. `close()` releases everything exactly once, whatever
 ended the stream.
 """
@@ -67,8 +71,10 @@ class RequestExchange:
     """One stream's request (implements epp.protocol.Exchange). Observers read its public attributes."""
 
     __slots__ = ("d", "headers", "metadata", "size", "started", "request", "ctx", "result", "scheduler",
-                 "schedule_s", "scanner", "served", "_body", "_pending", "_parsed", "_closed", "_rewrite_from",
-                 "_rewrite_to", "_ticket", "_holds", "_follows", "reader", "early", "_ended")
+                 "schedule_s", "scanner", "served", "decision", "_body", "_pending", "_parsed", "_closed",
+                 "_rewrite_from", "_rewrite_to", "_ticket", "_holds", "_follows", "reader", "early", "_ended")
+
+    trace: Any = None  # a TracedExchange's sampled trace (epp/observe/tracing.py); None here, read by observers
 
     def __init__(self, director: Director) -> None:
         self.d = director
@@ -83,6 +89,7 @@ class RequestExchange:
         self.schedule_s = 0.0  # time spent in the scheduler
         self.scanner: UsageScanner | None = None
         self.served: str | None = None
+        self.decision = 0  # the decision id's number once decided or rejected (`decision_id` formats it)
         self._body: bytes | None = None  # until the resolve stage has read it
         self._pending: ShellContext | None = None  # the context being decided
         self._parsed: dict[str, Any] | None = None
@@ -206,7 +213,7 @@ class RequestExchange:
         if isinstance(verdict, Outcome):
             self._undo_holds()
             self._rejected(ErrorCode.RESOURCE_EXHAUSTED.value)
-            return verdict
+            return self._receipt(verdict)
         self._holds.append(verdict)
         return None
 
@@ -247,7 +254,7 @@ class RequestExchange:
         if isinstance(waiting, Outcome):  # refused at once (429)
             self._undo_holds()
             self._rejected(ErrorCode.RESOURCE_EXHAUSTED.value)
-            return waiting
+            return self._receipt(waiting)
         waiting.add_done_callback(self._left_queue)
         return waiting
 
@@ -263,6 +270,7 @@ class RequestExchange:
             # Evicted from the queue (its TTL ran out, or shutdown): nothing reached an engine.
             self._undo_holds()
             self._rejected(ErrorCode.SERVICE_UNAVAILABLE.value)
+            self._receipt(outcome)  # the same reply object the transport is about to send
 
     def _dispatch(self) -> Outcome:
         """A queued request's turn: re-resolve its candidates on the pool as it is now, schedule and commit."""
@@ -299,6 +307,7 @@ class RequestExchange:
         assert ctx is not None
         req = ctx.request
         self.ctx = ctx  # from here on, close() must release what this adds
+        self.decision = d.ids.take()
         if req.model and req.target_model != req.model:
             self._rewrite_from = f'"model":"{req.target_model}"'.encode()
             self._rewrite_to = f'"model":"{req.model}"'.encode()
@@ -307,9 +316,10 @@ class RequestExchange:
             self._decided()
             rd = ctx.route
             if d.config.log_decisions and rd is not None:
-                log.info("decision %s model=%s -> provider %s route=%s/%s", req.request_id[:8],
-                         req.target_model or "-", rd.backend_name, rd.route.key, rd.rule.name)
-            return mutations_for_provider(d, ctx, parsed)
+                log.info("decision %s model=%s -> provider %s route=%s/%s%s", req.request_id[:8],
+                         req.target_model or "-", rd.backend_name, rd.route.key, rd.rule.name, self._log_ids(),
+                         extra=self.log_fields())
+            return self._receipt(mutations_for_provider(d, ctx, parsed))
         if self.early is not None:
             parsed = None  # only part of the body: a rewrite changes the model value in the chunks received
         self.scheduler = scheduler = d.scheduler_for(ctx)
@@ -317,20 +327,53 @@ class RequestExchange:
         try:
             scheduler.pre_request(ctx, result)
         except Exception:
-            log.exception("pre_request hook failed")
+            log.exception("pre_request hook failed", extra=self.log_fields())
         if ctx.route is not None:
             ctx.route.commit(result, ctx.now)  # e.g. bind the sticky session
         self._decided()
         if d.config.log_decisions:
             route = f" route={ctx.route.route.key}/{ctx.route.rule.name}->{ctx.route.backend_name}" if ctx.route else ""
-            log.info("decision %s model=%s -> %s%s (profile %s)%s%s", req.request_id[:8],
+            log.info("decision %s model=%s -> %s%s (profile %s)%s%s%s", req.request_id[:8],
                      req.target_model or "-", result.primary.key,
                      f" prefill={result.prefill.key}" if result.prefill else "", result.profile, route,
-                     " (early)" if self.early is not None else "")
+                     " (early)" if self.early is not None else "", self._log_ids(), extra=self.log_fields())
         out = mutations(d, ctx, result, parsed)
         if self.early is not None and self.reader is not None and req.model and req.target_model != req.model:
             out.body = self.reader.rewritten_prefix(req.target_model, self.reader.size)
-        return out
+        return self._receipt(out)
+
+    # ---- decision ids and log fields (epp/observe/receipts.py, logs.py) -------------------------------------------
+    def _receipt(self, outcome: Outcome) -> Outcome:
+        """The decision id on the reply, as configured (DecisionIds.stamp)."""
+        return self.d.ids.stamp(outcome, self.decision)
+
+    @property
+    def pending(self) -> ShellContext | None:
+        """The context being decided: resolved candidates and pool, before the commit (None before resolve)."""
+        return self._pending
+
+    @property
+    def decision_id(self) -> str:
+        """The decision id ("" before the request was decided or rejected)."""
+        return self.d.ids.format(self.decision) if self.decision else ""
+
+    def trace_id(self) -> str:
+        """The W3C trace id the request belongs to (its sampled trace's, else the client's `traceparent`), or ""."""
+        trace = self.trace
+        if trace is not None:
+            return str(trace.trace_id_hex)
+        from epp.request.tracecontext import trace_id_of
+
+        return trace_id_of(self.headers.get("traceparent"))
+
+    def log_fields(self) -> dict[str, str]:
+        """What a log line about this request carries (`--log-format json` prints them; epp/observe/logs.py)."""
+        req = self.request
+        return {"decision_id": self.decision_id, "trace_id": self.trace_id(),
+                "request_id": req.request_id if req is not None else self.headers.get("x-request-id", "")}
+
+    def _log_ids(self) -> str:
+        return f" decision={self.decision_id}" + (f" trace={t}" if (t := self.trace_id()) else "")
 
     # ---- reporting and the response (epp/request/respond.py; plain functions bound as methods) ---------------------
     _decided = respond.decided

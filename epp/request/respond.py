@@ -35,33 +35,34 @@ def decided(ex: RequestExchange) -> None:
         try:
             f = observer.decided(ex)
         except Exception:
-            log.exception("a request observer failed")
+            log.exception("a request observer failed", extra=ex.log_fields())
             continue
         if f is not None:
             follows.append(f)
 
 
 def rejected(ex: RequestExchange, code: str) -> None:
+    ex.decision = ex.d.ids.take()
     for observer in ex.d.observers:
         try:
             observer.rejected(ex, code)
         except Exception:
-            log.exception("a request observer failed")
+            log.exception("a request observer failed", extra=ex.log_fields())
 
 
 def refuse(ex: RequestExchange, err: SchedulingError) -> Outcome:
     """The request never reaches an engine: give back what the admitters took, report it, answer the error."""
     undo_holds(ex)
     rejected(ex, err.code.value)
-    return error_outcome(err)
+    return ex._receipt(error_outcome(err))
 
 
 def fail(ex: RequestExchange, exc: BaseException) -> Outcome:
     undo_holds(ex)
-    log.exception("scheduling failed", exc_info=exc)
     ex.request = None  # reported without a model: the failure may lie in what resolved it
     rejected(ex, ErrorCode.INTERNAL.value)
-    return error_outcome(SchedulingError(ErrorCode.INTERNAL, f"scheduling failed: {exc}"))
+    log.exception("scheduling failed", exc_info=exc, extra=ex.log_fields())
+    return ex._receipt(error_outcome(SchedulingError(ErrorCode.INTERNAL, f"scheduling failed: {exc}")))
 
 
 def undo_holds(ex: RequestExchange) -> None:
@@ -70,7 +71,7 @@ def undo_holds(ex: RequestExchange) -> None:
         try:
             hold.undo()
         except Exception:
-            log.exception("undoing an admission hold failed")
+            log.exception("undoing an admission hold failed", extra=ex.log_fields())
 
 
 # ---- the response ------------------------------------------------------------------------------------------------
@@ -92,6 +93,9 @@ def response_headers(ex: RequestExchange, headers: Mapping[str, str], metadata: 
         served = ex.served or (result.primary.key if result else "")
         if served:
             out.append((CONFORMANCE_RESP, served))
+    header = ex.d.ids.header
+    if header and ex.decision:
+        out.append((header, ex.decision_id))
     return out
 
 
@@ -134,14 +138,14 @@ def close(ex: RequestExchange) -> None:
         if live and ex.scheduler is not None and ex.result is not None:
             ex.scheduler.response_complete(ctx, ex.result)
     except Exception:
-        log.exception("response_complete hook failed")
+        log.exception("response_complete hook failed", extra=ex.log_fields())
     usage = ex.scanner.usage if ex.scanner else None
     for f in ex._follows:  # e.g. settle a rate-limit charge with the usage the response reported
         _safely(f.closed, ex, usage)
 
 
-def _safely(fn: Callable[..., None], *args: Any) -> None:
+def _safely(fn: Callable[..., None], ex: RequestExchange, *args: Any) -> None:
     try:
-        fn(*args)
+        fn(ex, *args)
     except Exception:
-        log.exception("a request follow failed")
+        log.exception("a request follow failed", extra=ex.log_fields())

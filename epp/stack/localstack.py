@@ -118,6 +118,8 @@ class LocalStack:
         config = a.config_file or (str(PRECISE_PROFILE) if a.kv_events else None)
         if config:
             cmd += ["--config-file", config]
+        if a.shadow_config:
+            cmd += ["--shadow-config", a.shadow_config, "--decision-header", "x-pointsman-decision"]
         if a.workers > 1:
             cmd += ["--workers", str(a.workers)]
         epp = self.children.spawn("epp", cmd, capture=True)

@@ -30,6 +30,8 @@ def add_flags(p: argparse._ActionsContainer) -> None:
     p.add_argument("--config-file", default=None,
                    help="scheduling config for Pointsman (default: deploy/profiles/estimated-latency-precise.yaml "
                         "with --kv-events, else the built-in default)")
+    p.add_argument("--shadow-config", default=None,
+                   help="a scheduling config Pointsman runs in shadow on the same requests (docs/observability.md)")
     p.add_argument("--kv-events", type=parse_bool, default=True,
                    help="modelsim publishes KV-cache events (and replays them) and Pointsman subscribes (true)")
     p.add_argument("--workers", type=int, default=1,
@@ -58,6 +60,7 @@ class StackSettings:
     time_scale: float = 1.0
     variant: str = "override-host"
     config_file: str | None = None
+    shadow_config: str | None = None  # a scheduling config Pointsman runs in shadow (epp/observe/shadow.py)
     kv_events: bool = True
     workers: int = 1
     duration: float = 0.0  # 0: until Ctrl-C
@@ -74,7 +77,7 @@ class StackSettings:
         return cls(servers=ns.servers, sim_base_port=ns.sim_base_port, listen_port=ns.listen_port,
                    grpc_port=ns.grpc_port, grpc_health_port=ns.grpc_health_port, metrics_port=ns.metrics_port,
                    admin_port=ns.admin_port, time_scale=ns.time_scale, variant=ns.variant,
-                   config_file=ns.config_file, kv_events=ns.kv_events, workers=ns.workers, duration=ns.duration,
+                   config_file=ns.config_file, shadow_config=ns.shadow_config, kv_events=ns.kv_events, workers=ns.workers, duration=ns.duration,
                    quiet=ns.quiet, example=ns.example)
 
 

@@ -23,13 +23,15 @@ __all__ = ["MODEL", "LocalStack"]
 class LocalStack:
     """`epp stack` as a subprocess on free ports; `dashboard` is the URL it prints."""
 
-    def __init__(self, servers: int = 2, time_scale: float = 0.05, config_file: str | None = None) -> None:
+    def __init__(self, servers: int = 2, time_scale: float = 0.05, config_file: str | None = None,
+                 shadow_config: str | None = None) -> None:
         self.listen, self.metrics, self.admin, self.grpc, self.health = (free_port() for _ in range(5))
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "epp.cmd.cli", "stack", "--servers", str(servers), "--sim-base-port", "0",
              "--listen-port", str(self.listen), "--grpc-port", str(self.grpc), "--grpc-health-port", str(self.health),
              "--metrics-port", str(self.metrics), "--admin-port", str(self.admin), "--time-scale", str(time_scale),
-             "--quiet", *(["--config-file", config_file] if config_file else [])],
+             "--quiet", *(["--config-file", config_file] if config_file else []),
+             *(["--shadow-config", shadow_config] if shadow_config else [])],
             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         )
         self.output: list[str] = []

@@ -14,7 +14,7 @@ read once a second by the sampler (epp.api.dashboard.series), which turns them i
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from scheduling.api import ProfileResult, SchedulingResult
@@ -33,7 +33,8 @@ class DecisionRecord:
 
     __slots__ = ("seq", "started", "decided", "request_id", "model", "target", "priority", "profile", "decision",
                  "targets", "prefill", "runs", "candidates", "prefix_matched", "prefix_total", "error",
-                 "status", "first_byte", "ended", "ttft", "prompt_tokens", "completion_tokens", "cached_tokens")
+                 "status", "first_byte", "ended", "ttft", "prompt_tokens", "completion_tokens", "cached_tokens",
+                 "receipt", "pool", "candidate_list", "trace_id", "shadow")
 
     def __init__(self, seq: int, started: float, decided: float, request_id: str, model: str, target: str) -> None:
         self.seq = seq
@@ -59,6 +60,12 @@ class DecisionRecord:
         self.prompt_tokens = 0
         self.completion_tokens = 0
         self.cached_tokens = 0
+        # The receipt (epp/observe/receipts.py): the decision id's number, and what the decision was made over.
+        self.receipt = 0
+        self.pool = ""
+        self.candidate_list: Sequence[Endpoint] = ()  # the candidates, by reference (the context's own list)
+        self.trace_id = ""  # the sampled trace's id, when traced
+        self.shadow = ""  # the shadow profile's pick, when a shadow ran on this request (epp/observe/shadow.py)
 
     @property
     def endpoint(self) -> str:
@@ -66,10 +73,14 @@ class DecisionRecord:
 
 
 class DecisionRecorder:
-    def __init__(self, capacity: int = 500) -> None:
+    """`capacity` decisions are kept (the receipts' count window); `max_age` seconds (0: no limit) is their age
+    window: older records are dropped as new ones come, and never found."""
+
+    def __init__(self, capacity: int = 500, max_age: float = 0.0) -> None:
         if capacity < 1:
             raise ValueError("the decision ring needs room for at least one decision")
         self.capacity = capacity
+        self.max_age = max_age
         self.ring: deque[DecisionRecord] = deque(maxlen=capacity)
         self.seq = 0
         # Cumulative counters, read by the sampler.
@@ -102,17 +113,27 @@ class DecisionRecorder:
             rec.prefix_total = got[1]
             self.prefix_matched += matched
             self.prefix_total += got[1]
-        self.ring.append(rec)
+        self._append(rec, now)
         return rec
 
-    def rejected(self, model: str, target: str, code: str, request_id: str, started: float, now: float) -> None:
+    def _append(self, rec: DecisionRecord, now: float) -> None:
+        ring = self.ring
+        if self.max_age and ring and ring[0].decided < now - self.max_age:
+            limit = now - self.max_age
+            while ring and ring[0].decided < limit:
+                ring.popleft()
+        ring.append(rec)
+
+    def rejected(self, model: str, target: str, code: str, request_id: str, started: float, now: float
+                 ) -> DecisionRecord:
         self.seq = seq = self.seq + 1
         self.rejections += 1
         self.errors[code] = self.errors.get(code, 0) + 1
         rec = DecisionRecord(seq, started, now, request_id, model, target)
         rec.error = code
         rec.ended = now
-        self.ring.append(rec)
+        self._append(rec, now)
+        return rec
 
     def finished(self, rec: DecisionRecord, now: float, sse: bool, usage: Any = None) -> None:
         """The stream of a committed decision ended. `sse`: the response was an event stream, so the first body
@@ -122,7 +143,7 @@ class DecisionRecorder:
         if status and status[0] in "45":
             code = "HTTP " + status
             self.errors[code] = self.errors.get(code, 0) + 1
-        if sse and rec.first_byte:
+        if sse and rec.first_byte and rec.targets:
             rec.ttft = ttft = rec.first_byte - rec.started
             samples = self.ttft.get(rec.targets[0].key)
             if samples is None:
@@ -154,6 +175,22 @@ class DecisionRecorder:
         rec = ring[seq - ring[0].seq]  # sequence numbers are consecutive inside the ring
         return rec if rec.seq == seq else None
 
+    def find(self, receipt: int, now: float) -> DecisionRecord | None:
+        """The record of decision number `receipt` (DecisionIds), if still inside the count and age windows.
+        Decision numbers grow along the ring: a binary search."""
+        ring = self.ring
+        lo, hi = 0, len(ring)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if ring[mid].receipt < receipt:
+                lo = mid + 1
+            else:
+                hi = mid
+        if lo == len(ring) or ring[lo].receipt != receipt:
+            return None
+        rec = ring[lo]
+        return None if self.max_age and rec.decided < now - self.max_age else rec
+
     def __iter__(self) -> Iterator[DecisionRecord]:
         return iter(self.ring)
 
@@ -176,12 +213,27 @@ class RecorderObserver:
         if result is None or req is None or ctx is None:
             return None
         recorder = self.recorder
-        return _Follow(recorder, recorder.decided(req, len(ctx.candidates), result, ex.started, ex.d.clock()))
+        rec = recorder.decided(req, len(ctx.candidates), result, ex.started, ex.d.clock())
+        rec.receipt = ex.decision
+        rec.pool = ctx.pool
+        rec.candidate_list = ctx.candidates
+        trace = ex.trace
+        if trace is not None:
+            rec.trace_id = trace.trace_id_hex
+        return _Follow(recorder, rec)
 
     def rejected(self, ex: RequestExchange, code: str) -> None:
         req = ex.request
-        self.recorder.rejected(req.model if req else "", req.target_model if req else "", code,
-                               ex.headers.get("x-request-id", ""), ex.started, ex.d.clock())
+        rec = self.recorder.rejected(req.model if req else "", req.target_model if req else "", code,
+                                     ex.headers.get("x-request-id", ""), ex.started, ex.d.clock())
+        rec.receipt = ex.decision
+        pending = ex.pending
+        if pending is not None:
+            rec.pool = pending.pool
+            rec.candidate_list = pending.candidates
+        trace = ex.trace
+        if trace is not None:
+            rec.trace_id = trace.trace_id_hex
 
 
 class _Follow:

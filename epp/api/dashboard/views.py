@@ -50,9 +50,13 @@ def runner_up(run: ProfileResult, chosen: str) -> tuple[float | None, str, float
     return mine, best_key, best
 
 
-def summary(rec: DecisionRecord, to_wall: Callable[[float], float]) -> dict[str, Any]:
+def summary(rec: DecisionRecord, to_wall: Callable[[float], float], ids: Any = None) -> dict[str, Any]:
+    """One row; `ids` (the director's DecisionIds) formats the decision id."""
     out: dict[str, Any] = {
         "seq": rec.seq,
+        "decision_id": ids.format(rec.receipt) if ids is not None and rec.receipt else "",
+        "trace_id": rec.trace_id,
+        "shadow": rec.shadow,
         "t": round(to_wall(rec.started), 3),
         "id": rec.request_id,
         "model": rec.model,
@@ -88,9 +92,9 @@ def summary(rec: DecisionRecord, to_wall: Callable[[float], float]) -> dict[str,
     return out
 
 
-def detail(rec: DecisionRecord, to_wall: Callable[[float], float]) -> dict[str, Any]:
+def detail(rec: DecisionRecord, to_wall: Callable[[float], float], ids: Any = None) -> dict[str, Any]:
     """The summary plus every profile run's per-plugin scores (from the lists the run kept by reference)."""
-    out = summary(rec, to_wall)
+    out = summary(rec, to_wall, ids)
     runs: list[dict[str, Any]] = []
     for name, run in rec.runs.items():
         keys = [e.key for e in run.scored] if run.scored is not None else []

@@ -10,6 +10,8 @@ Under the path prefix P (default "/"):
     GET  P + "api/series"       the last 15 minutes of chart data
     GET  P + "api/config"       effective scheduling configs, model bindings, last reloads; `scope` names the worker
                                 the page shows with `epp serve --workers N` (null otherwise)
+    GET  P + "api/receipts/ID"  a decision by its decision id, as it was made (epp/observe/receipts.py)
+    GET  P + "api/shadow"       the shadow profile's report (epp/observe/shadow.py); {"enabled": false} without one
     POST P + "api/explain"      a dry-run decision for {path, headers, body, pool}, as `epp explain` returns it
     GET  P + "api/events"       server-sent events: `decisions`, `outcomes`, `tick` (fleet + the newest point)
 
@@ -108,6 +110,8 @@ class Dashboard:
         self.clients = 0
         # With `epp serve --workers N` the page is one worker's (epp/workers): {"label": ..., "note": ...}.
         self.scope: dict[str, str] | None = None
+        self.shadow: Any = None  # the shadow runner (epp/observe/shadow.py), with --shadow-config
+        self.rows = capacity  # decisions the page lists (the recorder may keep more, for receipts)
         self._task: asyncio.Task[None] | None = None
         self._closing = asyncio.Event()
 
@@ -131,6 +135,8 @@ class Dashboard:
         r.add_get(p + "api/series", self._guard(self._series))
         r.add_get(p + "api/config", self._guard(self._config))
         r.add_post(p + "api/explain", self._guard(self._explain))
+        r.add_get(p + "api/receipts/{id}", self._guard(self._receipt))
+        r.add_get(p + "api/shadow", self._guard(self._shadow))
         r.add_get(p + "api/events", self._guard(self._events))
 
     async def start(self) -> None:
@@ -220,16 +226,34 @@ class Dashboard:
             since = int(request.query.get("since", "0"))
         except ValueError:
             return _json({"error": "since must be a decision sequence number"}, 400)
-        recs = self.recorder.since(since)
-        return _json({"seq": self.recorder.seq, "capacity": self.recorder.capacity,
-                      "decisions": [views.summary(r, self.to_wall) for r in recs]})
+        recs = self.recorder.since(since)[-self.rows:]
+        return _json({"seq": self.recorder.seq, "capacity": self.rows,
+                      "decisions": [views.summary(r, self.to_wall, self.director.ids) for r in recs]})
 
     async def _decision(self, request: web.Request) -> web.Response:
         rec = self.recorder.get(int(request.match_info["seq"]))
         if rec is None:
             return _json({"error": "that decision is no longer in the ring buffer "
                                    f"(the last {self.recorder.capacity} are kept)"}, 404)
-        return _json(views.detail(rec, self.to_wall))
+        return _json(views.detail(rec, self.to_wall, self.director.ids))
+
+    async def _receipt(self, request: web.Request) -> web.Response:
+        from google.protobuf import json_format
+
+        from epp.api.receipts import format_receipt
+
+        got = self.explainer.receipt(request.match_info["id"])
+        out = json_format.MessageToDict(got, preserving_proto_field_name=True)
+        out["text"] = format_receipt(got)
+        out.setdefault("found", False)
+        return _json(out)  # a lookup that finds nothing is an answer too: `found` false and the reason in `error`
+
+    async def _shadow(self, request: web.Request) -> web.Response:
+        shadow = self.shadow
+        if shadow is None:
+            return _json({"enabled": False})
+        return _json({"enabled": True, **shadow.report.view(), "rate": shadow.settings.rate,
+                      "max_cpu": shadow.settings.max_cpu, "learn": shadow.settings.learn})
 
     async def _series(self, request: web.Request) -> web.Response:
         return _json(self.sampler.series())
@@ -297,7 +321,7 @@ class Dashboard:
             if new:
                 last = new[-1].seq
                 new = new[-MAX_PUSH:]
-                await send("decisions", [views.summary(r, self.to_wall) for r in new])
+                await send("decisions", [views.summary(r, self.to_wall, self.director.ids) for r in new])
                 for r in new:
                     if not r.ended:
                         pending[r.seq] = r
@@ -309,7 +333,7 @@ class Dashboard:
                         del pending[r.seq]
                     while len(pending) > rec.capacity:
                         del pending[next(iter(pending))]
-                    await send("outcomes", [views.summary(r, self.to_wall) for r in done])
+                    await send("outcomes", [views.summary(r, self.to_wall, self.director.ids) for r in done])
                 await send("tick", {"fleet": self.sampler.fleet, "point": self.sampler.points[-1],
                                     "seq": rec.seq, "clients": self.clients})
             await asyncio.sleep(EVENT_POLL_S)

@@ -100,6 +100,7 @@ PRUNE_EVERY = 256  # picks between two sweeps of drained backlogs (a power of tw
 SLOW_TABLE = 4096  # slowdown values precomputed per n (maxNumSeqs beyond this computes the rest per endpoint)
 MAX_OUTBOX = 4096  # finished requests kept for the bus between two exports
 _PRED = "estimated-latency.pred"  # (candidates, n per candidate) of the last scoring pass
+_INPUTS = "estimated-latency.inputs"  # (prompt tokens, endpoint -> cached tokens, now) of that pass, for `predicted`
 _CHOSEN = "estimated-latency.chosen"  # (modelled prefill, D(e)) of the pick, from pre_request
 
 
@@ -248,6 +249,7 @@ class EstimatedLatencyScorer(PreciseReader[Params], PrefixReader[Params], Scorer
             costs.append(cost)
             ns.append(n)
         state[_PRED] = (candidates, ns)
+        state[_INPUTS] = (tokens, cached, now)
         return relative(costs)
 
     def pre_request(self, ctx: SchedulingContext, result: SchedulingResult, state: State) -> None:
@@ -312,6 +314,29 @@ class EstimatedLatencyScorer(PreciseReader[Params], PrefixReader[Params], Scorer
         wait = (n - s1) * duration / p.maxNumSeqs if n > s1 else 0.0
         lo, hi = CALIBRATION_RANGE
         return min(hi, max(lo, (seconds - wait) / model))
+
+    def predicted(self, ctx: SchedulingContext, state: State, key: str) -> float | None:
+        """The request's predicted duration on `key` (seconds: its prefill after the backlog, the whole decode,
+        calibrated and slowed by the batch, plus the wait for a slot) as modelled by the scoring pass that left
+        `state`; None when that pass did not model `key`. For reports (the shell's shadow profiles): the pick
+        uses `score`, and this recomputes one endpoint's model only when asked."""
+        pred: tuple[list[Endpoint], list[int]] | None = state.get(_PRED)
+        inputs: tuple[float, dict[str, float], float] | None = state.get(_INPUTS)
+        if pred is None or inputs is None:
+            return None
+        candidates, ns = pred
+        i = next((j for j, e in enumerate(candidates) if e.key == key), -1)
+        if i < 0:
+            return None
+        tokens, cached, now = inputs
+        p = self.params
+        k = self.scale(key)
+        uncached = max(0.0, tokens - cached.get(key, 0.0))
+        prefill = p.overheadSeconds + (self._backlog_at(key, now, k) + uncached) * p.prefillSecondsPerToken
+        decode = p.interTokenSeconds * output_tokens(ctx.request.body, p.defaultOutputTokens)
+        n, s1 = ns[i], p.maxNumSeqs - 1
+        wait = (n - s1) * self._duration.get(key, p.initialRequestSeconds) / p.maxNumSeqs if n > s1 else 0.0
+        return float(k * (prefill + decode) * self.slowdown(n) + wait)
 
     def endpoint_removed(self, key: str) -> None:
         self._backlog.forget(key)

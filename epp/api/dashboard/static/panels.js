@@ -62,7 +62,8 @@
     if (!r.ok) { box.replaceChildren(el("div", { class: "error-box" }, r.body.error)); return; }
     const d = r.body;
     const parts = [el("h3", {}, "Decision #" + d.seq + (d.error ? " — rejected" : " → " + d.endpoint)),
-      kvlist([["time", clock(d.t)], ["request id", d.id], ["model", d.model + (d.target !== d.model ? " → " + d.target : "")],
+      kvlist([["time", clock(d.t)], ["decision id", d.decision_id], ["trace id", d.trace_id],
+        ["shadow pick", d.shadow], ["request id", d.id], ["model", d.model + (d.target !== d.model ? " → " + d.target : "")],
         ["config", d.config], ["profile", d.profile + (d.decision ? " (" + d.decision + ")" : "")],
         ["endpoint", d.endpoint], ["prefill", d.prefill], ["fallbacks", d.fallbacks && d.fallbacks.join(", ")],
         ["runner-up", d.runner_up ? d.runner_up + " (margin " + fix(d.margin, 3) + ")" : ""],
@@ -176,5 +177,6 @@
 
   function closeDetail() { $("#detail").hidden = true; detailSeq = null; }
 
-  window.PMPanels = { showDecision: showDecision, closeDetail: closeDetail, explain: explain, loadConfig: loadConfig };
+  window.PMPanels = { showDecision: showDecision, closeDetail: closeDetail, explain: explain, loadConfig: loadConfig,
+                      scoreTable: scoreTable, kvlist: kvlist };
 })();

@@ -1,0 +1,357 @@
+"""OpenTelemetry traces of routed requests (`epp serve --tracing`): one span per request, joined to the gateway's trace.
+
+Parent: the trace context Envoy's ext_proc filter puts in the stream's gRPC metadata when Envoy traces (the
+context of its `async envoy.service.ext_proc.v3.ExternalProcessor.Process egress` span), else the client's
+`traceparent` / `tracestate` request headers, else none (a new trace). Sampling is the SDK's: `--tracing-sample-ratio
+R` is ParentBased(TraceIdRatioBased(R)) (a sampled parent is always followed, an unsampled one never); without the
+flag the standard OTEL_TRACES_SAMPLER / OTEL_TRACES_SAMPLER_ARG apply, and without those the ratio is 0.1.
+
+    pointsman.request      SERVER, from the decision's start to the stream's end
+      pointsman.admit      the admitters, when there are more than the built-in saturation check (rate limits,
+                           budgets: they may wait for Redis) or when admission refused the request
+      pointsman.tokenize   when the config reads token ids and the request was tokenized
+      pointsman.queue      when flow control is on: the time held in its queue
+      pointsman.schedule   the scheduler's run
+
+The request span's attributes (built only for a sampled request, bounded: at most MAX_SCORERS scorers) are the
+decision id, the pool, model and target model, the scheduling config and profile run, the pick, the runner-up and
+the margin between their totals, each scorer's score for the pick, the candidate count and the route; when the stream
+ends, the HTTP status, the first response byte as Pointsman saw it (`gen_ai.response.time_to_first_chunk` for an
+event stream) and the usage the response reported (`gen_ai.usage.*`). A rejected request's span carries
+`error.type` (the inference error code) and an error status.
+
+Cost. Off (the default) nothing here is imported and a request pays one attribute check (`Director.tracing`).
+On, `TracedExchange` decides sampling once per request (the configured ratio sampler in place: a random 64-bit
+draw against the SDK's bound); only a sampled request stamps when each stage begins and gets spans. The spans are built once, when the stream ends (their times are known then), as the SDK's
+`ReadableSpan`s handed to its `BatchSpanProcessor`, not through `Tracer.start_span`: the SDK's live `Span`
+(a lock, bounded attributes, the sampler again for every child) costs about 20 µs each, the whole trace built
+here about 6 µs. Export uses the SDK's OTLP exporters with a faster encoder (epp/observe/otlp.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from random import getrandbits
+from typing import TYPE_CHECKING, Any
+
+from epp.observe.attributes import marks_start, request_attributes
+from epp.protocol import Outcome
+from epp.request.exchange import STAGES, RequestExchange
+from epp.request.tracecontext import TraceParent, from_headers, from_metadata
+
+if TYPE_CHECKING:
+    from epp.request.director import Director
+    from epp.request.usage import Usage
+
+log = logging.getLogger("epp.tracing")
+
+DEFAULT_RATIO = 0.1
+ROOT = "pointsman.request"
+RESOLVE, ADMIT, PREPARE, QUEUE, SCHEDULE, COMMIT = range(6)
+DONE = len(STAGES)  # the mark of the decision's end
+CHILDREN = ((ADMIT, "pointsman.admit"), (PREPARE, "pointsman.tokenize"), (QUEUE, "pointsman.queue"),
+            (SCHEDULE, "pointsman.schedule"))
+assert len(STAGES) == 6, "the stage marks follow epp/request/exchange.py STAGES"
+
+
+@dataclass(frozen=True)
+class TracingSettings:
+    enabled: bool = False
+    protocol: str = "grpc"  # grpc | http/protobuf
+    endpoint: str | None = None  # None: OTEL_EXPORTER_OTLP_TRACES_ENDPOINT / OTEL_EXPORTER_OTLP_ENDPOINT
+    sample_ratio: float | None = None  # None: OTEL_TRACES_SAMPLER, else DEFAULT_RATIO
+    service_name: str = "pointsman"
+
+    @classmethod
+    def from_args(cls, ns: argparse.Namespace) -> TracingSettings:
+        ratio = getattr(ns, "tracing_sample_ratio", None)
+        if ratio is not None and not 0.0 <= ratio <= 1.0:
+            raise ValueError(f"--tracing-sample-ratio must be between 0 and 1, got {ratio}")
+        return cls(enabled=bool(getattr(ns, "tracing", False)),
+                   protocol=getattr(ns, "tracing_protocol", None) or default_protocol(),
+                   endpoint=getattr(ns, "tracing_endpoint", None) or None, sample_ratio=ratio,
+                   service_name=getattr(ns, "tracing_service_name", None) or os.environ.get("OTEL_SERVICE_NAME")
+                   or "pointsman")
+
+
+def default_protocol() -> str:
+    return (os.environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") or os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL")
+            or "grpc").strip()
+
+
+def add_flags(p: argparse.ArgumentParser, parse_bool: Callable[[str], bool]) -> None:
+    g = p.add_argument_group("tracing (OpenTelemetry; pip install 'pointsman[otel]'; docs/observability.md)")
+    g.add_argument("--tracing", type=parse_bool, nargs="?", const=True, default=False,
+                   help="export a span per routed request over OTLP (default false); the standard OTEL_* "
+                        "environment variables configure the exporter")
+    g.add_argument("--tracing-protocol", choices=("grpc", "http/protobuf"), default=None,
+                   help="OTLP over gRPC (default) or HTTP (default: $OTEL_EXPORTER_OTLP_TRACES_PROTOCOL, "
+                        "$OTEL_EXPORTER_OTLP_PROTOCOL)")
+    g.add_argument("--tracing-endpoint", default=None,
+                   help="the collector, e.g. http://127.0.0.1:4317 (default: $OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, "
+                        "$OTEL_EXPORTER_OTLP_ENDPOINT, then the exporter's localhost default)")
+    g.add_argument("--tracing-sample-ratio", type=float, default=None,
+                   help="sample this fraction of new traces; a sampled parent is always followed (default: "
+                        f"$OTEL_TRACES_SAMPLER, else {DEFAULT_RATIO})")
+    g.add_argument("--tracing-service-name", default=None,
+                   help="service.name of the spans (default: $OTEL_SERVICE_NAME, else pointsman)")
+
+
+class Trace:
+    """One sampled request's trace: ids, the stage marks, what the response showed. It is the request's follow."""
+
+    __slots__ = ("tracing", "trace_id", "span_id", "parent_id", "flags", "state", "source", "wall0", "perf0",
+                 "marks", "status", "served", "first_byte", "done")
+
+    def __init__(self, tracing: Tracing, trace_id: int, span_id: int, parent: TraceParent | None, state: Any,
+                 source: str) -> None:
+        self.tracing = tracing
+        self.trace_id = trace_id
+        self.span_id = span_id
+        self.parent_id = parent.span_id if parent is not None else 0
+        self.state = state  # the sampler's TraceState for the spans
+        self.source = source  # where the parent came from: envoy | client | "" (a new trace)
+        self.wall0 = time.time_ns()
+        self.perf0 = time.perf_counter_ns()
+        self.marks = [0] * (DONE + 1)
+        self.status = 0
+        self.served: str | None = None
+        self.first_byte = 0
+        self.done = False
+
+    @property
+    def trace_id_hex(self) -> str:
+        return f"{self.trace_id:032x}"
+
+    def wall(self, perf_ns: int) -> int:
+        return self.wall0 + (perf_ns - self.perf0)
+
+    # ---- the follow (epp/request/observe.py) -----------------------------------------------------------------
+    def response_headers(self, ex: RequestExchange, status: int, served: str | None) -> None:
+        self.status = status
+        self.served = served
+
+    def response_chunk(self, ex: RequestExchange, size: int, end_of_stream: bool) -> None:
+        if size and not self.first_byte:
+            self.first_byte = time.perf_counter_ns()
+
+    def closed(self, ex: RequestExchange, usage: Usage | None) -> None:
+        self.tracing.finish(ex, self, usage=usage)
+
+
+class TracedExchange(RequestExchange):
+    """A request exchange that asks the sampler when the decision starts and, for a sampled request, stamps when
+    each stage begins (`Trace.marks`, perf_counter nanoseconds)."""
+
+    __slots__ = ("trace", "_tracing", "_stream_md")
+
+    def __init__(self, director: Director, tracing: Tracing, stream_metadata: Sequence[tuple[Any, Any]] | None
+                 ) -> None:
+        super().__init__(director)
+        self.trace: Trace | None = None
+        self._tracing = tracing
+        self._stream_md = stream_metadata
+
+    def decide(self, headers: Mapping[str, str], body: bytes | None, metadata: Any) -> Outcome | Awaitable[Outcome]:
+        md, self._stream_md = self._stream_md, None
+        try:
+            self.trace = self._tracing.begin(md, headers)
+        except Exception:  # tracing never fails a request
+            log.exception("starting a trace failed")
+        return super().decide(headers, body, metadata)
+
+    def _run(self, i: int) -> Outcome | Awaitable[Outcome]:
+        trace = self.trace
+        if trace is None:
+            return RequestExchange._run(self, i)
+        marks, stages, clock = trace.marks, STAGES, time.perf_counter_ns
+        while True:
+            marks[i] = clock()
+            step = stages[i](self)
+            i += 1
+            if step is None:
+                continue
+            if isinstance(step, Outcome):
+                return step
+            if isinstance(step, asyncio.Future):  # flow control's queue: it resolves to the reply itself
+                return step
+            return self._resume(step, i)
+
+    def close(self) -> None:
+        super().close()
+        trace = self.trace
+        if trace is not None and not trace.done:  # the client went away before a decision or a rejection
+            self._tracing.finish(self, trace, error="Cancelled")
+
+
+class Tracing:
+    """The SDK pieces tracing uses: the sampler, id generator and resource of a TracerProvider configured from
+    the settings and the OTEL_* variables, and a BatchSpanProcessor around the OTLP exporter."""
+
+    def __init__(self, settings: TracingSettings, exporter: Any = None) -> None:
+        from epp.observe.otlp import TracingUnavailable, check_proto
+
+        try:
+            from opentelemetry import trace as api
+            from opentelemetry.sdk.resources import SERVICE_NAME, Resource
+            from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+            from opentelemetry.sdk.trace.export import BatchSpanProcessor
+            from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+            from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+            from opentelemetry.trace.span import NonRecordingSpan, SpanContext, TraceFlags, TraceState
+            from opentelemetry.trace.status import Status, StatusCode
+        except ImportError as e:
+            raise TracingUnavailable(f"--tracing needs the OpenTelemetry SDK: pip install 'pointsman[otel]' "
+                                     f"({e})") from e
+        if exporter is None:
+            check_proto()
+            from epp.observe.otlp import exporter as make_exporter
+
+            exporter = make_exporter(settings.protocol, settings.endpoint)
+        sampler = None
+        ratio = settings.sample_ratio
+        if ratio is None and not os.environ.get("OTEL_TRACES_SAMPLER"):
+            ratio = DEFAULT_RATIO
+        if ratio is not None:
+            sampler = ParentBased(TraceIdRatioBased(ratio))
+        provider = TracerProvider(sampler=sampler, resource=Resource.create({SERVICE_NAME: settings.service_name}))
+        self.settings = settings
+        self.sampler = provider.sampler
+        # ParentBased(TraceIdRatioBased(ratio)), decided here without the SDK's per-call objects: a remote parent's
+        # sampled flag; for a new trace, the trace id's low 64 bits below the ratio's bound (the SDK's own rule and
+        # bound). An OTEL_TRACES_SAMPLER sampler is asked as it is.
+        self.bound = TraceIdRatioBased.get_bound_for_rate(ratio) if ratio is not None else None
+        self.id_generator = provider.id_generator
+        self.resource = provider.resource
+        self.scope = InstrumentationScope("pointsman", _version())
+        self.processor = BatchSpanProcessor(exporter)
+        self._api, self._span_cls, self._ctx_cls = api, ReadableSpan, SpanContext
+        self._nonrecording, self._flags, self._state_cls = NonRecordingSpan, TraceFlags, TraceState
+        self._status, self._code = Status, StatusCode
+        self._server, self._internal = api.SpanKind.SERVER, api.SpanKind.INTERNAL
+        self._sampled = TraceFlags(TraceFlags.SAMPLED)
+
+    def exchange(self, director: Director, stream_metadata: Sequence[tuple[Any, Any]] | None) -> TracedExchange:
+        return TracedExchange(director, self, stream_metadata)
+
+    # ---- per request --------------------------------------------------------------------------------------------
+    def begin(self, stream_metadata: Sequence[tuple[Any, Any]] | None, headers: Mapping[str, str]
+              ) -> Trace | None:
+        """The sampler's decision for a new request: its Trace when sampled, else None."""
+        parent, source = from_metadata(stream_metadata), "envoy"
+        if parent is None:
+            parent, source = from_headers(headers), "client"
+        bound = self.bound
+        if bound is not None:  # the configured ParentBased(TraceIdRatioBased) sampler, decided in place
+            if parent is not None:
+                if not parent.flags & 1:
+                    return None
+                state = self._state_cls.from_header([parent.tracestate]) if parent.tracestate else None
+                return Trace(self, parent.trace_id, self.id_generator.generate_span_id(), parent, state, source)
+            low = getrandbits(64)
+            if low >= bound:
+                return None
+            return Trace(self, (getrandbits(64) << 64 | low) or 1, self.id_generator.generate_span_id(), None,
+                         None, "")
+        if parent is None:
+            trace_id, context, source = self.id_generator.generate_trace_id(), None, ""
+        else:
+            trace_id = parent.trace_id
+            state = self._state_cls.from_header([parent.tracestate]) if parent.tracestate else None
+            sc = self._ctx_cls(trace_id, parent.span_id, True, self._flags(parent.flags & 0xFF), state)
+            context = self._api.set_span_in_context(self._nonrecording(sc))
+        result = self.sampler.should_sample(context, trace_id, ROOT, self._server)
+        if not result.decision.is_sampled():
+            return None
+        return Trace(self, trace_id, self.id_generator.generate_span_id(), parent, result.trace_state, source)
+
+    def finish(self, ex: RequestExchange, trace: Trace, *, usage: Usage | None = None, error: str = "") -> None:
+        """Build the request's spans and hand them to the batch processor (once)."""
+        if trace.done:
+            return
+        trace.done = True
+        end = time.perf_counter_ns()
+        marks = trace.marks
+        if not marks[DONE]:
+            marks[DONE] = end
+        try:
+            attributes = request_attributes(ex, trace, usage, error)
+            self._emit(ex, trace, end, attributes, error)
+        except Exception:
+            log.exception("building a trace failed")
+
+    def _emit(self, ex: RequestExchange, trace: Trace, end: int, attributes: dict[str, Any], error: str) -> None:
+        span, ctx_cls, flags, state = self._span_cls, self._ctx_cls, self._sampled, trace.state
+        tid, resource, scope = trace.trace_id, self.resource, self.scope
+        root = ctx_cls(tid, trace.span_id, False, flags, state)
+        parent = ctx_cls(tid, trace.parent_id, True, flags, state) if trace.parent_id else None
+        status = self._status(self._code.ERROR, error) if error or trace.status >= 500 else self._status(
+            self._code.UNSET)
+        out = [span(name=ROOT, context=root, parent=parent, resource=resource, attributes=attributes,
+                    kind=self._server, status=status, start_time=trace.wall(marks_start(trace)),
+                    end_time=trace.wall(end), instrumentation_scope=scope)]
+        d = ex.d
+        marks = trace.marks
+        for stage, name in CHILDREN:
+            start = marks[stage]
+            if not start or not _child_wanted(stage, d, ex, error):
+                continue
+            stop = next((m for m in marks[stage + 1:] if m), end)
+            ctx = ctx_cls(tid, self.id_generator.generate_span_id(), False, flags, state)
+            out.append(span(name=name, context=ctx, parent=root, resource=resource, attributes=None,
+                            kind=self._internal, start_time=trace.wall(start), end_time=trace.wall(stop),
+                            instrumentation_scope=scope))
+        on_end = self.processor.on_end
+        for s in out:
+            on_end(s)
+
+    def shutdown(self) -> None:
+        """Flush what is queued and stop the exporter (blocking: call it from a thread)."""
+        self.processor.shutdown()
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("pointsman")
+    except PackageNotFoundError:
+        return ""
+
+
+def _child_wanted(stage: int, d: Director, ex: RequestExchange, error: str) -> bool:
+    if stage == ADMIT:  # the built-in saturation check alone takes a microsecond: not worth a span
+        return len(d.admitters) > 1 or (bool(error) and not ex.trace.marks[PREPARE])
+    if stage == PREPARE:
+        req = ex.request
+        return d.tokens is not None and req is not None and bool(req.token_source)
+    if stage == QUEUE:
+        return d.flow is not None
+    if stage == SCHEDULE:
+        return ex.result is not None
+    return True
+
+
+class TracingObserver:
+    """The request observer (epp/request/observe.py) that ends the spans: a decided request's trace follows the
+    response; a rejected one ends at once."""
+
+    __slots__ = ()
+
+    def decided(self, ex: RequestExchange) -> Trace | None:
+        trace = ex.trace
+        if trace is None:
+            return None
+        trace.marks[DONE] = time.perf_counter_ns()
+        return trace
+
+    def rejected(self, ex: RequestExchange, code: str) -> None:
+        trace = ex.trace
+        if trace is not None:
+            trace.tracing.finish(ex, trace, error=code)

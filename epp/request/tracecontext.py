@@ -1,0 +1,95 @@
+"""W3C Trace Context (`traceparent`, `tracestate`): parsing as the spec says, with no SDK import.
+
+    traceparent: 00-<32 hex trace id>-<16 hex parent id>-<2 hex flags>     (lowercase hex; bit 0 of flags: sampled)
+
+A header with a bad version (`ff`, non-hex), an all-zero trace or parent id, or the wrong shape is ignored, and
+so is its `tracestate` (which never counts without a valid `traceparent`). A future version may append fields
+after the flags (`-...`); version 00 may not. `tracestate` is kept as given, cut to its first 32 list members.
+
+Where Pointsman finds the trace context of a request (epp/observe/tracing.py): first in the ext_proc stream's gRPC
+metadata (Envoy's ext_proc filter writes the context of its own egress span there when Envoy traces), then in the
+request's own headers (a client's `traceparent`, which Envoy passes on in `request_headers`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple
+
+_HEX = frozenset("0123456789abcdef")
+MAX_TRACESTATE_MEMBERS = 32
+
+
+class TraceParent(NamedTuple):
+    trace_id: int
+    span_id: int
+    flags: int
+    tracestate: str  # "" when absent
+
+    @property
+    def sampled(self) -> bool:
+        return bool(self.flags & 1)
+
+
+def _hex(text: str, size: int) -> int | None:
+    if len(text) != size or not _HEX.issuperset(text):
+        return None
+    value = int(text, 16)
+    return value or None  # all zeros is invalid
+
+
+def parse_traceparent(value: str | None, tracestate: str | None = None) -> TraceParent | None:
+    """The parsed header, or None when it is absent or invalid (then `tracestate` is dropped too)."""
+    if not value:
+        return None
+    parts = value.strip().split("-")
+    if len(parts) < 4:
+        return None
+    version, trace, parent, flags = parts[0], parts[1], parts[2], parts[3]
+    if len(version) != 2 or not _HEX.issuperset(version) or version == "ff":
+        return None
+    if version == "00" and len(parts) != 4:
+        return None
+    trace_id, span_id = _hex(trace, 32), _hex(parent, 16)
+    if trace_id is None or span_id is None or len(flags) != 2 or not _HEX.issuperset(flags):
+        return None
+    state = ""
+    if tracestate:
+        members = [m.strip() for m in tracestate.split(",") if m.strip()]
+        state = ",".join(members[:MAX_TRACESTATE_MEMBERS])
+    return TraceParent(trace_id, span_id, int(flags, 16), state)
+
+
+def trace_id_of(value: str | None) -> str:
+    """The trace id of a `traceparent` header as 32 hex digits, or "" when it is absent or invalid."""
+    tp = parse_traceparent(value)
+    return f"{tp.trace_id:032x}" if tp is not None else ""
+
+
+def from_metadata(metadata: Sequence[tuple[Any, Any]] | None) -> TraceParent | None:
+    """The trace context in gRPC metadata: (str, str) pairs as grpc.aio reports them, or the h2 transport's raw
+    (bytes, bytes) header list."""
+    if not metadata:
+        return None
+    parent = state = None
+    for k, v in metadata:
+        if isinstance(k, bytes):
+            if k == b"traceparent":
+                parent = v.decode("latin-1")
+            elif k == b"tracestate":
+                state = v.decode("latin-1")
+        elif k == "traceparent":
+            parent = v
+        elif k == "tracestate":
+            state = v
+    return parse_traceparent(parent, state)
+
+
+def from_headers(headers: Mapping[str, str]) -> TraceParent | None:
+    """The trace context a client sent with the request (lower-cased header names)."""
+    value = headers.get("traceparent")
+    return parse_traceparent(value, headers.get("tracestate")) if value else None
+
+
+def format_traceparent(trace_id: int, span_id: int, sampled: bool) -> str:
+    return f"00-{trace_id:032x}-{span_id:016x}-{'01' if sampled else '00'}"
