@@ -12,7 +12,7 @@ from pathlib import Path
 
 import aiohttp
 
-from epp.stack.children import die_with_parent
+from epp.stack.children import with_parent
 from epp.stack.ports import free_port_block
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -39,8 +39,8 @@ class Proc:
         self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
         full_env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
         full_env.update(env or {})
-        self.popen = subprocess.Popen(self.argv, stdout=self._log, stderr=subprocess.STDOUT, env=full_env,
-                                      cwd=str(log_dir), start_new_session=True, preexec_fn=die_with_parent)
+        self.popen = subprocess.Popen(with_parent(self.argv), stdout=self._log, stderr=subprocess.STDOUT,
+                                      env=full_env, cwd=str(log_dir), start_new_session=True)
 
     def alive(self) -> bool:
         return self.popen.poll() is None

@@ -2,7 +2,10 @@
 
 The local stack starts modelsim, Pointsman and Envoy in sessions of their own (so Ctrl-C reaches only the stack,
 which stops them in order). If the stack itself is killed (SIGKILL, a test's timeout), nothing would stop them:
-on Linux `die_with_parent` asks the kernel to send them SIGTERM when their parent dies (PR_SET_PDEATHSIG).
+on Linux the kernel sends them SIGTERM when their parent dies (PR_SET_PDEATHSIG). The child asks for it itself,
+through a small Python shim that then execs the command (`with_parent`): no Python code runs between fork and exec
+in the parent's image, which is not safe once the parent has threads (grpc's poller, in the stack, aborted a
+child that way now and then).
 """
 
 from __future__ import annotations
@@ -20,11 +23,25 @@ _PR_SET_PDEATHSIG = 1
 
 
 def die_with_parent() -> None:
-    """A `preexec_fn` for subprocess.Popen: the child gets SIGTERM when its parent dies (Linux; elsewhere a no-op)."""
+    """Ask the kernel for SIGTERM when this process's parent dies (Linux; elsewhere a no-op)."""
     if not sys.platform.startswith("linux"):
         return
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+
+
+_SHIM = ("import ctypes, os, signal, sys\n"
+         "ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)\n"
+         "if os.getppid() != int(sys.argv[1]):\n"  # the parent died before prctl: go too
+         "    sys.exit(1)\n"
+         "os.execvp(sys.argv[2], sys.argv[2:])\n")
+
+
+def with_parent(cmd: list[str]) -> list[str]:
+    """`cmd` run so that it gets SIGTERM when the calling process dies (Linux; elsewhere `cmd` as it is)."""
+    if not sys.platform.startswith("linux"):
+        return cmd
+    return [sys.executable, "-c", _SHIM, str(os.getpid()), *cmd]
 
 
 class Children:
@@ -39,8 +56,8 @@ class Children:
 
     def spawn(self, name: str, cmd: list[str], capture: bool = False) -> subprocess.Popen[bytes]:
         log = open(self.dir / f"{name}.log", "wb")  # noqa: SIM115 - lives as long as the process
-        proc = subprocess.Popen(cmd, stdout=log if not capture else subprocess.PIPE, stderr=subprocess.STDOUT,
-                                start_new_session=True, preexec_fn=die_with_parent)
+        proc = subprocess.Popen(with_parent(cmd), stdout=log if not capture else subprocess.PIPE,
+                                stderr=subprocess.STDOUT, start_new_session=True)
         self.procs.append((name, proc))
         if capture:
             threading.Thread(target=self._tail, args=(proc, log), daemon=True).start()
