@@ -88,7 +88,7 @@ def render(spec: EnvoyConfigSpec) -> dict[str, Any]:
     doc = build_bootstrap(spec).to_dict(casing=betterproto2.Casing.SNAKE)
     # Proto field order would put admin last; a reader looks for it first.
     ordered = {k: doc.pop(k) for k in ("node", "admin") if k in doc}
-    bootstrap = _with_explicit_defaults({**ordered, **doc})
+    bootstrap: dict[str, Any] = _with_explicit_defaults({**ordered, **doc})
     if spec.route_fragments is not None:  # the routing layer's provider clusters and routes, pool retries
         spec.route_fragments.apply(bootstrap)
     return bootstrap

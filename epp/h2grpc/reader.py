@@ -90,7 +90,7 @@ class FrameReader:
 
     def _length(self, data: bytes | bytearray, pos: int) -> int:
         hi, lo, ftype, _, _ = HEADER.unpack_from(data, pos)
-        length = hi << 8 | lo
+        length: int = hi << 8 | lo
         if length > self.max_frame:
             raise H2Error(FRAME_SIZE_ERROR, f"a frame of {length} bytes (the limit is {self.max_frame})")
         return length

@@ -345,7 +345,7 @@ class TracingObserver:
     __slots__ = ()
 
     def decided(self, ex: RequestExchange) -> Trace | None:
-        trace = ex.trace
+        trace: Trace | None = ex.trace
         if trace is None:
             return None
         trace.marks[DONE] = time.perf_counter_ns()

@@ -42,7 +42,7 @@ def _token_text(value: Any) -> str | None:
     if isinstance(value, str):
         return value
     if isinstance(value, Mapping) and isinstance(value.get("content"), str):  # a serialized AddedToken
-        return value["content"]
+        return str(value["content"])
     return None
 
 
@@ -103,9 +103,12 @@ class LocalTokenizer:
 
     def encode_prompt(self, text: str, add_special_tokens: bool = True) -> list[int]:
         tok = self.tokenizer
+        ids: list[int]
         if hasattr(tok, "encode_batch_fast"):  # tokenizers >= 0.21: no character offsets, ~40% faster
-            return tok.encode_batch_fast([text], add_special_tokens=add_special_tokens)[0].ids
-        return tok.encode(text, add_special_tokens=add_special_tokens).ids
+            ids = tok.encode_batch_fast([text], add_special_tokens=add_special_tokens)[0].ids
+        else:
+            ids = tok.encode(text, add_special_tokens=add_special_tokens).ids
+        return ids
 
     def render_chat(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True,
                     tools: Sequence[Any] | None = None, continue_final_message: bool = False) -> str:
@@ -116,7 +119,7 @@ class LocalTokenizer:
         import jinja2
 
         try:
-            text = self._template.render(messages=list(messages), tools=list(tools) if tools else None,
+            text: str = self._template.render(messages=list(messages), tools=list(tools) if tools else None,
                                          add_generation_prompt=add_generation_prompt, **self.special_tokens)
         except jinja2.TemplateError as e:
             raise ValueError(f"{self.name}: chat template: {e}") from None

@@ -28,10 +28,10 @@ from scheduling.types import Endpoint
 EDS_TYPE_URL = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment"
 WILDCARD = "*"
 
-HEALTHY = health_check_pb2.HEALTHY
-UNKNOWN = health_check_pb2.UNKNOWN
-UNHEALTHY = health_check_pb2.UNHEALTHY
-DEGRADED = health_check_pb2.DEGRADED
+HEALTHY: int = health_check_pb2.HEALTHY
+UNKNOWN: int = health_check_pb2.UNKNOWN
+UNHEALTHY: int = health_check_pb2.UNHEALTHY
+DEGRADED: int = health_check_pb2.DEGRADED
 
 
 def health_of(ep: Endpoint, datastore: Datastore) -> int:

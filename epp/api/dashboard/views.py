@@ -149,7 +149,7 @@ async def explain_async(
 
 
 def _explained(resp: api.ExplainResponse) -> dict[str, Any]:
-    out = json_format.MessageToDict(resp, preserving_proto_field_name=True)
+    out: dict[str, Any] = json_format.MessageToDict(resp, preserving_proto_field_name=True)
     out["text"] = format_explain(resp)
     return out
 

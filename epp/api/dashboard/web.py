@@ -162,7 +162,7 @@ class Dashboard:
                 log.exception("dashboard sampler failed")
 
     def to_wall(self, t: float) -> float:
-        return time.time() - (self.director.clock() - t)
+        return time.time() - (float(self.director.clock()) - t)
 
     # ---- auth --------------------------------------------------------------------------------------------
     def authorized(self, request: web.Request) -> bool:
