@@ -2,7 +2,7 @@
 
 Run:  python bench/bench_scrape.py [--repeat 7] [--number 300] [--http 128 --seconds 3]
 
-For each exposition (realistic vLLM/SGLang/TRT-LLM text from tests/scrape/expositions.py) it times:
+For each exposition (realistic vLLM/SGLang/TRT-LLM text from tests/fleet/scrape/expositions.py) it times:
   fast  epp.fleet.scrape.parser.parse_metrics(body_bytes, engine, now)   (what the scraper runs)
   prom  prometheus_client.parser.text_string_to_metric_families(body.decode()) walked to extract the same values
 and prints the median µs per exposition, the ratio, and the share of one core the fast parser needs to keep up

@@ -39,7 +39,7 @@ class EnvoyConfigSpec:
     # "" picks by failure mode: FULL_DUPLEX_STREAMED when closed; when open, BUFFERED requests and STREAMED responses,
     # the modes in which Envoy keeps the body itself, so a broken ext_proc stream loses nothing (in
     # FULL_DUPLEX_STREAMED the body chunks sent to Pointsman are gone with it: Envoy answers 500 despite
-    # failure_mode_allow until health checks take Pointsman out; measured in tests/test_failopen.py).
+    # failure_mode_allow until health checks take Pointsman out; measured in tests/envoy_config/test_failopen.py).
     request_body_mode: str = ""
     response_body_mode: str = ""
     # "full": response headers, body and trailers go to Pointsman (usage tokens, served endpoint, SSE echo).

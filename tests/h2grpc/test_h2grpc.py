@@ -22,9 +22,9 @@ from epp.api.health import EppHealthServicer
 from epp.extproc.server import build_server
 from epp.extproc.tls import self_signed_cert
 from epp.h2grpc import H2Server, server_ssl_context
+from tests.extproc.test_protocol_server import FD, read_all, slow_director, until
 from tests.support.extproc import CHAT, body_msg, headers_msg, inflight, kinds, real_director
 from tests.support.h2client import RawH2, grpc_frame
-from tests.test_protocol_server import FD, read_all, slow_director, until
 
 Msg = health_pb2.HealthCheckRequest  # a message with one string field, used by the echo service
 

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.api.test_dashboard_browser import click, save_screenshot, text_of, wait_for
 from tests.support.browser import SKIP_REASON, chromium_paths, console_errors, start_chromium, stop_chromium
 from tests.support.localstack import LocalStack
-from tests.test_dashboard_browser import click, save_screenshot, text_of, wait_for
 
 pytestmark = [pytest.mark.envoy, pytest.mark.slow]
 PROFILES = Path(__file__).resolve().parents[2] / "deploy" / "profiles"

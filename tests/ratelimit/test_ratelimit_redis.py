@@ -23,7 +23,7 @@ from epp.ratelimit.redis_store import SCRIPT_SHA, normalize_url
 from epp.ratelimit.state import LocalStore, Mode, Op
 from tests.support.redis_server import RedisServer
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")

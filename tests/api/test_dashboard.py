@@ -25,7 +25,7 @@ TOKEN = "s3cret-dashboard-token-0123456789"
 
 
 # GIE's default profile: three weighted scorers, so per-plugin detail is worth showing.
-GIE_DEFAULT = Path(__file__).resolve().parent.parent / "deploy" / "profiles" / "gie-default.yaml"
+GIE_DEFAULT = Path(__file__).resolve().parents[2] / "deploy" / "profiles" / "gie-default.yaml"
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ from epp.bus.peers import ServicePeers, expand, parse_peers, slice_hosts
 from epp.cmd.app import App
 from epp.fleet.k8s.discovery import make_api_client
 from epp.stack.ports import free_port
-from tests.k8s.fakeapi import FakeKubeAPI, endpoint_slice
+from tests.fleet.k8s.fakeapi import FakeKubeAPI, endpoint_slice
 from tests.support.backend import EchoFleet
 from tests.support.extproc_requests import chat, open_request, stub_for
 from tests.support.stack import serve_args

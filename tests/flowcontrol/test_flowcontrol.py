@@ -18,8 +18,8 @@ from epp.protocol import BodyMode, Outcome
 from epp.request.director import Director
 from scheduling.api import GLOBAL_STRICT, FlowControl, PriorityBand
 from scheduling.types import Endpoint, Metrics, endpoint_key
+from tests.request.test_director import LeastLoaded
 from tests.support.extproc import body_msg, headers_msg, kinds
-from tests.test_director import LeastLoaded
 
 POOL = "pool"
 

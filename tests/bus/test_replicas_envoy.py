@@ -31,7 +31,7 @@ from tests.support.holding import HoldingFleet
 from tests.support.stack import serve_args
 
 pytestmark = pytest.mark.envoy
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 CONFIG = """
 apiVersion: inference.networking.x-k8s.io/v1alpha1

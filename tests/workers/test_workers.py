@@ -24,7 +24,7 @@ from proto import pointsman_pb2_grpc
 from tests.support.backend import EchoFleet
 from tests.support.extproc_requests import chat, open_request, route, stub_for
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 CONFIG = """
 apiVersion: inference.networking.x-k8s.io/v1alpha1
 kind: EndpointPickerConfig

@@ -30,7 +30,7 @@ def chat(content: str = PROMPT, model: str = "llama") -> bytes:
     return orjson.dumps({"model": model, "messages": [{"role": "user", "content": content}]})
 
 
-GIE_DEFAULT = Path(__file__).resolve().parent.parent / "deploy" / "profiles" / "gie-default.yaml"
+GIE_DEFAULT = Path(__file__).resolve().parents[2] / "deploy" / "profiles" / "gie-default.yaml"
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ from scheduling.api import SchedulingContext
 from scheduling.config import load_scheduler
 from scheduling.types import Endpoint, LLMRequest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("path", sorted((ROOT / "deploy" / "profiles").glob("*.yaml")), ids=lambda p: p.name)

@@ -19,11 +19,11 @@ from epp.stack.ports import free_port, wait_port
 from tests.support.browser import SKIP_REASON, chromium_paths, console_errors, start_chromium, stop_chromium
 from tests.support.localstack import MODEL, LocalStack
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.envoy, pytest.mark.slow]
 
 
-GIE_DEFAULT = Path(__file__).resolve().parent.parent / "deploy" / "profiles" / "gie-default.yaml"
+GIE_DEFAULT = Path(__file__).resolve().parents[2] / "deploy" / "profiles" / "gie-default.yaml"
 
 
 @pytest.fixture(scope="module")

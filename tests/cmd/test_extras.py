@@ -16,7 +16,7 @@ import pytest
 from epp.cmd.settings import ServeSettings
 from tests.support.envoy import free_port
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 OPTIONAL = ("redis", "zmq", "msgpack", "tokenizers", "jinja2", "envoy_data_plane", "pydantic", "betterproto2",
             "uvloop", "modelsim")
 

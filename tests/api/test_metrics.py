@@ -11,7 +11,7 @@ from epp.api.metrics import EppMetrics, start_metrics_server
 from epp.fleet.datastore import Datastore, PoolSpec
 from scheduling.types import Endpoint, Metrics
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def samples(m: EppMetrics) -> dict[tuple[str, tuple], float]:

@@ -13,7 +13,7 @@ from epp.cmd.cli import main as epp_main
 from epp.envoy_config import VARIANTS, EnvoyConfigSpec, build_bootstrap, render
 from tests.support.envoy import validate
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.envoy
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from epp.routing.documents import DocumentSet, read_yaml
 from tests.support.envoy import validate
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 EXAMPLE = ROOT / "deploy" / "examples" / "llmkube" / "modelrouter.yaml"
 
 

@@ -15,7 +15,7 @@ import pytest
 from epp.stack.localstack import MODEL
 from epp.stack.ports import free_port
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 pytestmark = pytest.mark.envoy
 BODY = orjson.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 3}).decode()
 

@@ -17,7 +17,7 @@ from proto import pointsman_pb2_grpc
 from tests.support.envoy import free_port
 from tests.support.stack import serve_args
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 BODY = orjson.dumps({"model": "llama", "messages": [{"role": "user", "content": "hi"}]})
 
 

@@ -137,7 +137,7 @@ async def test_config_sections_reach_admission_and_scraping_and_follow_reloads(t
     """saturationDetector sets admission, dataLayer sets where metrics are scraped; a reload applies new values."""
     from aiohttp import web
 
-    from tests.scrape.expositions import vllm_exposition
+    from tests.fleet.scrape.expositions import vllm_exposition
 
     async def metrics(_: web.Request) -> web.Response:
         return web.Response(body=vllm_exposition(waiting=3, kv=0.1), content_type="text/plain")

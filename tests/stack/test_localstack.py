@@ -18,7 +18,7 @@ import yaml
 from epp.stack.ports import free_port
 from tests.support.envoy import cluster_hosts
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.envoy
 
 
