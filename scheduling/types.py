@@ -158,6 +158,21 @@ def endpoint_key(address: str, port: int) -> str:
     return f"{address}:{port}"
 
 
+@dataclass(frozen=True, slots=True)
+class SessionRef:
+    """Which agent session (and program) a request belongs to, as the shell identified it before any hashing
+    (scheduling/sessions/identity.py). Only hashes of what the client sent are kept."""
+
+    key: int  # xxh3-128 of the session value, with its source
+    source: str  # where it came from: header:<name>, user, previous_response_id, metadata.user_id, ...
+    program: int = 0  # xxh3-64 of the program (an explicit program header, else the prompt's head); 0: unknown
+
+    @property
+    def label(self) -> str:
+        """A short, stable, non-reversible name for logs, explain and the dashboard."""
+        return f"{self.key & 0xFFFFFFFFFFFF:012x}"
+
+
 @dataclass(slots=True)
 class LLMRequest:
     """A complete inference request as the scheduler sees it.
@@ -185,6 +200,7 @@ class LLMRequest:
     body: Mapping[str, Any] | None = None  # the parsed body (read-only for plugins)
     token_ids: Sequence[int] | None = None  # the prompt's tokens, when the scheduler reads them (see above)
     token_source: str = ""  # prompt | local | engine | approx ("" when not tokenized)
+    session: SessionRef | None = None  # the agent session the request belongs to (scheduling/sessions), if known
 
     @property
     def prompt_chars(self) -> int:

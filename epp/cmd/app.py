@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     from epp.ratelimit.gate import RateLimitGate
     from epp.request.admit import Admitter
     from epp.request.observe import RequestObserver
+    from epp.request.sessions import SessionIdentity
     from epp.routing.service import RoutingService
     from epp.tokenize.shell import RequestTokens
     from epp.xds import EdsService
@@ -104,6 +105,7 @@ class App:
         self.admitters: list[Admitter] = []  # after the sheddable check: rate limits, budgets
         self.passive: PassiveHealth | None = None
         self.recorder: DecisionRecorder | None = None  # the dashboard's record of decisions
+        self.sessions: SessionIdentity | None = None  # HOOK (sessions): agent session identity
         self._holders: list[Any] = []  # what serves with the current director (swapped whole on reload)
 
     async def start(self) -> None:
@@ -164,12 +166,18 @@ class App:
 
             self.recorder = DecisionRecorder(args.dashboard_decisions)
             observers.append(RecorderObserver(self.recorder))
+        # HOOK (sessions): agent session identity and Responses API chains (epp/request/sessions.py)
+        from epp.request.sessions import SessionIdentity, SessionSettings  # noqa: F811 - at run time
+
+        self.sessions = SessionIdentity(SessionSettings.from_args(args))
+        observers.append(self.sessions)
         self.director = Director(
             ds, scheduler, cfg,
             rewrite=lambda model: choose_rewrite(ds.rewrites, model, self.rng) if ds.rewrites else None,
             router=self.routing.router if self.routing is not None else None,
             tokens=self.tokens,  # precise prefix routing: tokenize for configs that read tokens
             observers=tuple(observers),
+            sessions=self.sessions,
         )
         self.apply_scheduler(scheduler)
         if self.recorder is not None:

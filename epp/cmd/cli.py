@@ -93,6 +93,10 @@ def _add_serve_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--event-loop", choices=("asyncio", "uvloop"), default="asyncio",
                    help="asyncio (default) or uvloop (pip install uvloop; see docs/performance.md)")
 
+    from epp.request.sessions import add_flags as add_session_flags  # HOOK (sessions)
+
+    add_session_flags(p, _bool)
+
     from epp.request.outputs import add_flags as add_output_flags
 
     add_output_flags(p.add_argument_group("routing outputs (docs/performance.md)"), _bool)

@@ -24,6 +24,7 @@ from scheduling.types import SchedulingError
 if TYPE_CHECKING:
     from epp.flowcontrol.controller import FlowController
     from epp.request.exchange import RequestExchange
+    from epp.request.sessions import SessionIdentity
     from epp.routing.router import RouteDecision, Router
     from epp.tokenize.shell import RequestTokens
 
@@ -83,6 +84,7 @@ class Director:
     tokens: RequestTokens | None = None  # tokens for configs that read them (precise prefix routing)
     flow: FlowController | None = None  # flow control's queue, while the config turns it on
     observers: Sequence[RequestObserver] = ()  # metrics, the dashboard, passive health, quarantine (observe.py)
+    sessions: SessionIdentity | None = None  # agent sessions: who a request belongs to (epp/request/sessions.py)
 
     def exchange(self) -> RequestExchange:
         """The owner of one stream's request lifecycle (epp/request/exchange.py)."""

@@ -203,9 +203,11 @@ class RequestExchange:
         assert ctx is not None
         if flow is None or (ctx.route is not None and ctx.route.provider is not None):
             return None
+        fid = self.headers.get(FAIRNESS_HEADER, "")
+        if self.d.sessions is not None:  # per session or program when configured (--flow-fairness-key)
+            fid = self.d.sessions.fairness_id(ctx.request, fid)
         try:
-            waiting = flow.admit(ctx.pool, self.headers.get(FAIRNESS_HEADER, ""), ctx.request, self.size,
-                                 self._dispatch)
+            waiting = flow.admit(ctx.pool, fid, ctx.request, self.size, self._dispatch)
         except Exception as exc:
             return self._fail(exc)
         if waiting is None:

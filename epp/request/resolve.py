@@ -82,6 +82,8 @@ def resolve(d: Director, headers: Mapping[str, str], body: bytes | None, metadat
         base_model=base,
         body=parsed_body,
     )
+    if d.sessions is not None:  # agent sessions: known before any hashing (epp/request/sessions.py)
+        d.sessions.identify(req, route)
     pool = ""
     if route is not None and route.provider is not None:
         candidates: list[Endpoint] = []  # an external provider: no endpoint to schedule

@@ -18,6 +18,7 @@ from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from scheduling.api import ProfileResult, SchedulingResult
+from scheduling.plugins.scorers.agent_session import SessionNote, session_note
 from scheduling.prefix import decision_matches
 from scheduling.types import Endpoint, LLMRequest
 
@@ -33,7 +34,8 @@ class DecisionRecord:
 
     __slots__ = ("seq", "started", "decided", "request_id", "model", "target", "priority", "profile", "decision",
                  "targets", "prefill", "runs", "candidates", "prefix_matched", "prefix_total", "error",
-                 "status", "first_byte", "ended", "ttft", "prompt_tokens", "completion_tokens", "cached_tokens")
+                 "status", "first_byte", "ended", "ttft", "prompt_tokens", "completion_tokens", "cached_tokens",
+                 "session")
 
     def __init__(self, seq: int, started: float, decided: float, request_id: str, model: str, target: str) -> None:
         self.seq = seq
@@ -59,6 +61,7 @@ class DecisionRecord:
         self.prompt_tokens = 0
         self.completion_tokens = 0
         self.cached_tokens = 0
+        self.session: SessionNote | None = None  # the agent session: its turn, and why it stayed or moved
 
     @property
     def endpoint(self) -> str:
@@ -96,6 +99,8 @@ class DecisionRecorder:
         rec.prefill = result.prefill
         rec.runs = result.profile_results
         rec.candidates = candidates
+        if req.session is not None:
+            rec.session = session_note(result.state)
         got = decision_matches(result.state)
         if got is not None and got[1]:
             rec.prefix_matched = matched = got[0].get(result.targets[0].key, 0)

@@ -1,0 +1,182 @@
+"""What Pointsman remembers of each agent session, bounded (LRU and an idle TTL), keyed by a hash.
+
+A session is bound to the endpoint that served the first call of its latest turn (where its context is). A turn is
+the calls that start while none of the session's calls is in flight: a call that starts while another is in flight
+is a parallel call of the same turn (a fan-out) and never moves the binding. Between turns the table learns the gap
+(the pause while the client's tool ran): an EWMA per session, and per program as the prior for sessions that have
+not paused yet.
+
+Memory: at most `max_sessions` sessions (the least recently used go first) and `max_programs` programs; a session
+idle for `ttl_s` is dropped. Each session holds a few numbers and the endpoints of its calls in flight.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
+
+from scheduling.types import SessionRef
+
+
+class Session:
+    __slots__ = ("key", "source", "program", "endpoint", "last", "turns", "gap", "tokens", "ended", "calls",
+                 "decision")
+
+    def __init__(self, key: int, source: str, program: int, now: float) -> None:
+        self.key = key
+        self.source = source
+        self.program = program
+        self.endpoint: str | None = None  # where the context is (the first call of the latest turn went)
+        self.last = now  # the last activity (a call started or ended)
+        self.turns = 0
+        self.gap: float | None = None  # EWMA of the pauses between turns (seconds)
+        self.tokens = 0.0  # prompt tokens of the latest turn (its context)
+        self.ended: float | None = None  # when the latest turn's last call ended (None while one is in flight)
+        self.calls: list[str] = []  # endpoints of the calls in flight
+        self.decision = ""  # why the latest turn stayed or moved
+
+
+class SessionTable:
+    def __init__(self, *, max_sessions: int = 100_000, ttl_s: float = 600.0, gap_alpha: float = 0.3,
+                 max_programs: int = 4096, on_drop: Callable[[int], None] | None = None) -> None:
+        self.max_sessions = max_sessions
+        self.ttl_s = ttl_s
+        self.gap_alpha = gap_alpha
+        self.max_programs = max_programs
+        self.on_drop = on_drop  # told the key of every session dropped (idle, least recently used)
+        self._sessions: OrderedDict[int, Session] = OrderedDict()
+        self._programs: OrderedDict[int, float] = OrderedDict()  # program -> EWMA gap
+
+    def __len__(self) -> int:
+        return len(self._sessions)
+
+    def __iter__(self) -> Iterator[Session]:
+        return iter(self._sessions.values())
+
+    def get(self, key: int, now: float) -> Session | None:
+        """The live session (read-only: scoring and explain call it)."""
+        s = self._sessions.get(key)
+        if s is None or now - s.last > self.ttl_s:
+            return None
+        return s
+
+    def program_gap(self, program: int) -> float | None:
+        return self._programs.get(program)
+
+    def _learn_gap(self, s: Session, gap: float) -> None:
+        a = self.gap_alpha
+        s.gap = gap if s.gap is None else (1 - a) * s.gap + a * gap
+        if s.program:
+            progs = self._programs
+            prev = progs.get(s.program)
+            progs[s.program] = gap if prev is None else (1 - a) * prev + a * gap
+            progs.move_to_end(s.program)
+            while len(progs) > self.max_programs:
+                progs.popitem(last=False)
+
+    def _touch(self, s: Session, now: float) -> None:
+        s.last = now
+        sessions = self._sessions
+        sessions[s.key] = s
+        sessions.move_to_end(s.key)
+        self.expire(now)
+        while len(sessions) > self.max_sessions:
+            self._drop(next(iter(sessions)))
+
+    def _drop(self, key: int) -> None:
+        del self._sessions[key]
+        if self.on_drop is not None:
+            self.on_drop(key)
+
+    def expire(self, now: float) -> None:
+        sessions = self._sessions
+        ttl = self.ttl_s
+        while sessions:
+            key, s = next(iter(sessions.items()))
+            if now - s.last <= ttl:
+                break
+            self._drop(key)
+
+    def begin(self, ref: SessionRef, endpoint: str, tokens: float, now: float) -> tuple[Session, bool]:
+        """A call of the session was sent to `endpoint`: (the session, whether it starts a new turn)."""
+        s = self.get(ref.key, now)
+        if s is None:
+            s = Session(ref.key, ref.source, ref.program, now)
+        new_turn = not s.calls
+        if new_turn:
+            if s.ended is not None:
+                self._learn_gap(s, max(0.0, now - s.ended))
+            s.turns += 1
+            s.endpoint = endpoint
+            s.tokens = tokens
+            s.ended = None
+        elif tokens > s.tokens and endpoint == s.endpoint:
+            s.tokens = tokens
+        s.calls.append(endpoint)
+        if ref.program:
+            s.program = ref.program
+        self._touch(s, now)
+        return s, new_turn
+
+    def end(self, key: int, endpoint: str, now: float) -> Session | None:
+        """A call of the session ended: the session when that was its last call in flight (its turn ended)."""
+        s = self._sessions.get(key)
+        if s is None:
+            return None
+        try:
+            s.calls.remove(endpoint)
+        except ValueError:
+            return None
+        self._touch(s, now)
+        if s.calls:
+            return None
+        s.ended = now
+        return s
+
+    def expected_gap(self, s: Session, prior: float) -> float:
+        """The pause expected before the session's next turn: its own, else its program's, else `prior`."""
+        if s.gap is not None:
+            return s.gap
+        g = self._programs.get(s.program) if s.program else None
+        return g if g is not None else prior
+
+    def endpoint_removed(self, key: str) -> list[int]:
+        """Forget `key` in every session (their calls there are over; their context is gone): the keys of the
+        sessions that were bound to it."""
+        unbound = []
+        for s in self._sessions.values():
+            if s.calls and key in s.calls:
+                s.calls = [c for c in s.calls if c != key]
+                if not s.calls and s.ended is None:
+                    s.ended = s.last
+            if s.endpoint == key:
+                s.endpoint = None
+                unbound.append(s.key)
+        return unbound
+
+    def endpoints(self) -> set[str]:
+        out: set[str] = set()
+        for s in self._sessions.values():
+            if s.endpoint is not None:
+                out.add(s.endpoint)
+            out.update(s.calls)
+        return out
+
+    def place(self, key: int, source: str, program: int, endpoint: str, last: float, turns: int,
+              gap: float | None, tokens: float) -> Session | None:
+        """A binding learnt from a peer (replication): applied when it is newer than what this table knows."""
+        s = self._sessions.get(key)
+        if s is not None and s.last >= last:
+            return None
+        if s is None:
+            s = Session(key, source, program, last)
+        s.endpoint, s.turns, s.tokens = endpoint, max(s.turns, turns), tokens
+        if gap is not None:
+            s.gap = gap
+        if program:
+            s.program = program
+        if not s.calls:
+            s.ended = last
+        self._touch(s, max(last, s.last))
+        s.last = last
+        return s
