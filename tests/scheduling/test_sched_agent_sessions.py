@@ -7,6 +7,7 @@ import random
 import sys
 
 from sched_helpers import ctx, ep, plugin, req
+
 from scheduling.api import InflightLoad
 from scheduling.config import load_scheduler
 from scheduling.plugins.scorers.agent_session import SESSION, session_note
