@@ -126,9 +126,9 @@ def identify(req: LLMRequest, src: IdentitySources, *, extra: Sequence[tuple[str
                 source = "route"
     if raw is None:
         for name in src.headers:
-            value = headers.get(name)
-            if value:
-                raw = _encode(value, limit)
+            hv = headers.get(name)
+            if hv:
+                raw = _encode(hv, limit)
                 if raw is not None:
                     source = f"header:{name}"
                     break
@@ -148,10 +148,10 @@ def identify(req: LLMRequest, src: IdentitySources, *, extra: Sequence[tuple[str
                     key, source = (known if known is not None else rk), "previous_response_id"
         if key is None:
             for path in src.body:
-                value = _field(body, path)
-                if value is None or value == "":
+                bv = _field(body, path)
+                if bv is None or bv == "":
                     continue
-                raw = _encode(value, limit)
+                raw = _encode(bv, limit)
                 if raw is not None:
                     source = path
                     break

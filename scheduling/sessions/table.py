@@ -4,7 +4,8 @@ A session is bound to the endpoint that served the first call of its latest turn
 the calls that start while none of the session's calls is in flight: a call that starts while another is in flight
 is a parallel call of the same turn (a fan-out) and never moves the binding. Between turns the table learns the gap
 (the pause while the client's tool ran): an EWMA per session, and per program as the prior for sessions that have
-not paused yet.
+not paused yet. The table also counts each program's sessions per endpoint: the endpoint holding most of them is
+the program's home, where its shared prompt (system prompt, tools) already is.
 
 Memory: at most `max_sessions` sessions (the least recently used go first) and `max_programs` programs; a session
 idle for `ttl_s` is dropped. Each session holds a few numbers and the endpoints of its calls in flight.
@@ -46,6 +47,7 @@ class SessionTable:
         self.on_drop = on_drop  # told the key of every session dropped (idle, least recently used)
         self._sessions: OrderedDict[int, Session] = OrderedDict()
         self._programs: OrderedDict[int, float] = OrderedDict()  # program -> EWMA gap
+        self._homes: dict[int, dict[str, int]] = {}  # program -> endpoint -> sessions bound there
 
     def __len__(self) -> int:
         return len(self._sessions)
@@ -83,8 +85,40 @@ class SessionTable:
         while len(sessions) > self.max_sessions:
             self._drop(next(iter(sessions)))
 
+    def _bind(self, s: Session, endpoint: str | None) -> None:
+        """Move the session's binding (and its program's count of sessions per endpoint)."""
+        old = s.endpoint
+        if old == endpoint:
+            return
+        s.endpoint = endpoint
+        if not s.program:
+            return
+        homes = self._homes
+        if old is not None:
+            counts = homes.get(s.program)
+            if counts is not None:
+                n = counts.get(old, 0) - 1
+                if n > 0:
+                    counts[old] = n
+                else:
+                    counts.pop(old, None)
+                    if not counts:
+                        del homes[s.program]
+        if endpoint is not None:
+            counts = homes.setdefault(s.program, {})
+            counts[endpoint] = counts.get(endpoint, 0) + 1
+
+    def program_home(self, program: int) -> tuple[str, int] | None:
+        """The endpoint holding most of the program's sessions, and how many (None: none bound)."""
+        counts = self._homes.get(program) if program else None
+        if not counts:
+            return None
+        ep = max(counts, key=counts.__getitem__)
+        return ep, counts[ep]
+
     def _drop(self, key: int) -> None:
-        del self._sessions[key]
+        s = self._sessions.pop(key)
+        self._bind(s, None)
         if self.on_drop is not None:
             self.on_drop(key)
 
@@ -107,14 +141,15 @@ class SessionTable:
             if s.ended is not None:
                 self._learn_gap(s, max(0.0, now - s.ended))
             s.turns += 1
-            s.endpoint = endpoint
+            if ref.program and ref.program != s.program:
+                self._bind(s, None)
+                s.program = ref.program
+            self._bind(s, endpoint)
             s.tokens = tokens
             s.ended = None
         elif tokens > s.tokens and endpoint == s.endpoint:
             s.tokens = tokens
         s.calls.append(endpoint)
-        if ref.program:
-            s.program = ref.program
         self._touch(s, now)
         return s, new_turn
 
@@ -150,7 +185,7 @@ class SessionTable:
                 if not s.calls and s.ended is None:
                     s.ended = s.last
             if s.endpoint == key:
-                s.endpoint = None
+                self._bind(s, None)
                 unbound.append(s.key)
         return unbound
 
@@ -169,12 +204,14 @@ class SessionTable:
         if s is not None and s.last >= last:
             return None
         if s is None:
-            s = Session(key, source, program, last)
-        s.endpoint, s.turns, s.tokens = endpoint, max(s.turns, turns), tokens
+            s = Session(key, source, 0, last)
+        if program and program != s.program:
+            self._bind(s, None)
+            s.program = program
+        self._bind(s, endpoint)
+        s.turns, s.tokens = max(s.turns, turns), tokens
         if gap is not None:
             s.gap = gap
-        if program:
-            s.program = program
         if not s.calls:
             s.ended = last
         self._touch(s, max(last, s.last))

@@ -5,14 +5,22 @@ The shell identifies the session before any hashing (scheduling/sessions/identit
 session settings) and hands it over as `LLMRequest.session`. This scorer remembers each session
 (scheduling/sessions/table.py) and, next to the estimated-latency scorer (weight 1 each, the built-in default):
 
-    no session, or a new one              -> 0 everywhere: the request is placed on predicted latency alone
+    no session                            -> 0 everywhere: the request is placed on predicted latency alone
     a session bound to candidate b        -> b: 1 − 1/moveFactor, others 0
+    a new session (or one whose endpoint left) whose program has sessions bound elsewhere
+                                          -> the program's home h: 1 − 1/programFactor (1.25), others 0
 So the turn stays on b unless b's predicted latency is more than moveFactor (1.5) times the best candidate's: the
 estimated-latency scores are best/cost, so b keeps the lead while best/cost(b) + 1 − 1/moveFactor ≥ 1. It is
 LLMKube's move rule (stay unless clearly worse), judged by predicted latency instead of queue lengths. Parallel
 calls of one turn (a fan-out) get the same preference: they share the turn's context and are co-located while b's
 predicted latency, which counts the calls already sent there, stays within the factor; then they spread, and the
 binding stays with the context.
+
+Programs: the sessions of one program share its prompt (system prompt, tools: the same head of the prompt, or the
+same program header), as the parallel calls of a fan-out or RL rollouts do. A new session joins the endpoint that
+holds most of its program's sessions (its home) unless that is predicted more than programFactor times slower, so
+one program's shared prompt is held once instead of on every endpoint (under KV pressure that is room for the
+sessions' own contexts); when the home is full, new sessions spread by predicted latency.
 
 Keeping the context warm: when a turn's last call ends, the session's prompt tokens on b are protected on the warm
 board (scheduling/sessions/warm.py) until its next turn is due: warmFactor × the expected pause (the session's own
@@ -51,6 +59,7 @@ SNAPSHOT = 4096
 @dataclass(frozen=True)
 class Params:
     moveFactor: float = bounded(1.5, min=1.0)
+    programFactor: float = bounded(1.25, min=1.0)
     ttlSeconds: float = bounded(600.0, min=0.0)
     maxSessions: int = bounded(100_000, min=1)
     gapAlpha: float = bounded(0.3, min=0.0, max=1.0)
@@ -72,6 +81,7 @@ class SessionView:
     bonus: float  # the score the bound endpoint got
     expected_gap: float | None  # the learnt pause between turns (None: no turn ended yet)
     warm_until: float | None = None  # until when its context is protected from eviction (None: not protected)
+    home: str | None = None  # a session not bound yet: its program's home, when that is a candidate
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,7 +112,12 @@ def decision(view: SessionView, result: SchedulingResult) -> str:
     chosen = result.targets[0].key
     b = view.bound
     if b is None:
-        return "new session" if view.turn == 1 else "placed by predicted latency (its endpoint left)"
+        what = "new session" if view.turn == 1 else "placed by predicted latency (its endpoint left)"
+        if view.home is None:
+            return what
+        if chosen == view.home:
+            return f"{what}: joined its program on {view.home}"
+        return f"{what}: its program's {view.home} predicted clearly slower"
     if chosen == b:
         return "parallel call co-located" if view.parallel else "stayed"
     if not view.candidate:
@@ -130,6 +145,7 @@ class AgentSessionScorer(Scorer[Params]):
         self.table = SessionTable(max_sessions=p.maxSessions, ttl_s=p.ttlSeconds, gap_alpha=p.gapAlpha,
                                   on_drop=self.board.release)
         self.bonus = 1.0 - 1.0 / p.moveFactor
+        self.program_bonus = 1.0 - 1.0 / p.programFactor
         self._zeros: list[float] = []
         self._outbox: deque[tuple[Record, float]] | None = None  # (record as of its time, that time)
 
@@ -143,13 +159,17 @@ class AgentSessionScorer(Scorer[Params]):
         ref = ctx.request.session
         if ref is None:
             return None
-        s = self.table.get(ref.key, ctx.now)
-        if s is None:
-            return SessionView(ref, 1, False, None, False, 0.0, None)
+        table = self.table
+        s = table.get(ref.key, ctx.now)
+        if s is None or s.endpoint is None:
+            home = table.program_home(ref.program) if self.program_bonus else None
+            h = home[0] if home is not None and any(e.key == home[0] for e in candidates) else None
+            turn, gap = (1, None) if s is None else (s.turns + 1, s.gap)
+            return SessionView(ref, turn, False, None, False, self.program_bonus if h else 0.0, gap, None, h)
         parallel = bool(s.calls)
         b = s.endpoint
-        cand = b is not None and any(e.key == b for e in candidates)
-        gap = s.gap if s.gap is not None else self.table.program_gap(s.program)
+        cand = any(e.key == b for e in candidates)
+        gap = s.gap if s.gap is not None else table.program_gap(s.program)
         return SessionView(ref, s.turns if parallel else s.turns + 1, parallel, b, cand,
                            self.bonus if cand else 0.0, gap, self.board.until(ref.key))
 
@@ -159,9 +179,9 @@ class AgentSessionScorer(Scorer[Params]):
             return self._zero(n)
         v = self.view(ctx, candidates)
         state[SESSION] = v
-        if v is None or not v.candidate or not v.bonus:
+        if v is None or not v.bonus:
             return self._zero(n)
-        b = v.bound
+        b = v.bound if v.candidate else v.home
         return [v.bonus if e.key == b else 0.0 for e in candidates]
 
     def pre_request(self, ctx: SchedulingContext, result: SchedulingResult, state: State) -> None:
