@@ -272,3 +272,24 @@ def test_sessions_replicate_between_processes() -> None:
     assert sb.apply_records("peer-a", [["x"], [home, b"short", 0, 1, -1, 0, 0, -1],
                                        [home, bytes(16), -5, 1, -1, 0, 0, -1]], 100.0) == 3
     assert len(sb.snapshot_records(100.0)) == 1
+
+
+def test_new_sessions_join_their_program_when_asked() -> None:
+    doc = {"apiVersion": "inference.networking.x-k8s.io/v1alpha1", "kind": "EndpointPickerConfig",
+           "plugins": [{"type": "estimated-latency-scorer"},
+                       {"type": "agent-session-scorer", "parameters": {"programFactor": 1.25}},
+                       {"type": "max-score-picker"}],
+           "schedulingProfiles": [{"name": "default", "plugins": [
+               {"pluginRef": "estimated-latency-scorer"}, {"pluginRef": "agent-session-scorer"},
+               {"pluginRef": "max-score-picker"}]}]}
+    sched = load_scheduler([doc], rng=random.Random(0)).fallback
+    cands = [ep(i) for i in range(4)]
+    home = _turn(sched, _agent("p1", 1, "a"), cands, 0.0, end=1.0).primary.key
+    busy = {home: InflightLoad(1, 0)}  # a little busier than the others: predicted latency alone would go elsewhere
+    assert _turn(_sched(), _agent("p2", 1, "b"), cands, 2.0, inflight=busy).primary.key != home
+    res = _turn(sched, _agent("p2", 1, "b"), cands, 2.0, inflight=busy)
+    assert res.primary.key == home
+    assert session_note(res.state).why == f"new session: joined its program on {home}"
+    jammed = {home: InflightLoad(40, 0)}  # the home is full: the next new session spreads
+    res = _turn(sched, _agent("p3", 1, "c"), cands, 3.0, inflight=jammed)
+    assert res.primary.key != home and "predicted clearly slower" in session_note(res.state).why

@@ -8,7 +8,8 @@ session settings) and hands it over as `LLMRequest.session`. This scorer remembe
     no session                            -> 0 everywhere: the request is placed on predicted latency alone
     a session bound to candidate b        -> b: 1 − 1/moveFactor, others 0
     a new session (or one whose endpoint left) whose program has sessions bound elsewhere
-                                          -> the program's home h: 1 − 1/programFactor (1.25), others 0
+                                          -> the program's home h: 1 − 1/programFactor, others 0 (programFactor
+                                             1, the default, turns this off)
 So the turn stays on b unless b's predicted latency is more than moveFactor (1.5) times the best candidate's: the
 estimated-latency scores are best/cost, so b keeps the lead while best/cost(b) + 1 − 1/moveFactor ≥ 1. It is
 LLMKube's move rule (stay unless clearly worse), judged by predicted latency instead of queue lengths. Parallel
@@ -16,11 +17,13 @@ calls of one turn (a fan-out) get the same preference: they share the turn's con
 predicted latency, which counts the calls already sent there, stays within the factor; then they spread, and the
 binding stays with the context.
 
-Programs: the sessions of one program share its prompt (system prompt, tools: the same head of the prompt, or the
-same program header), as the parallel calls of a fan-out or RL rollouts do. A new session joins the endpoint that
+Programs (off by default): the sessions of one program share its prompt (system prompt, tools: the same head of the
+prompt, or the same program header), as RL rollouts do. With programFactor > 1 a new session joins the endpoint that
 holds most of its program's sessions (its home) unless that is predicted more than programFactor times slower, so
-one program's shared prompt is held once instead of on every endpoint (under KV pressure that is room for the
-sessions' own contexts); when the home is full, new sessions spread by predicted latency.
+one program's shared prompt is held once instead of on every endpoint; when the home is full, new sessions spread
+by predicted latency. In the routing benchmark's agent regime (4 programs on 4 servers) 1.25 piled new sessions
+onto busy homes (first-turn TTFT p90 4x worse), so the default leaves placement to predicted latency, which already
+prefers endpoints holding the shared prompt.
 
 Keeping the context warm: when a turn's last call ends, the session's prompt tokens on b are protected on the warm
 board (scheduling/sessions/warm.py) until its next turn is due: warmFactor × the expected pause (the session's own
@@ -59,14 +62,14 @@ SNAPSHOT = 4096
 @dataclass(frozen=True)
 class Params:
     moveFactor: float = bounded(1.5, min=1.0)
-    programFactor: float = bounded(1.25, min=1.0)
+    programFactor: float = bounded(1.0, min=1.0)
     ttlSeconds: float = bounded(600.0, min=0.0)
     maxSessions: int = bounded(100_000, min=1)
     gapAlpha: float = bounded(0.3, min=0.0, max=1.0)
     priorGapSeconds: float = bounded(10.0, min=0.0)
     warmFactor: float = bounded(2.0, min=0.0)
     maxWarmSeconds: float = bounded(60.0, min=0.0)
-    warmWeight: float = bounded(1.0, min=0.0)
+    warmWeight: float = bounded(2.0, min=0.0)
 
 
 @dataclass(frozen=True, slots=True)
