@@ -5,7 +5,8 @@ the calls that start while none of the session's calls is in flight: a call that
 is a parallel call of the same turn (a fan-out) and never moves the binding. Between turns the table learns the gap
 (the pause while the client's tool ran): an EWMA per session, and per program as the prior for sessions that have
 not paused yet. The table also counts each program's sessions per endpoint: the endpoint holding most of them is
-the program's home, where its shared prompt (system prompt, tools) already is.
+the program's home, where its shared prompt (system prompt, tools) already is; and each endpoint's programs, so
+that a new program can start where no other program lives.
 
 Memory: at most `max_sessions` sessions (the least recently used go first) and `max_programs` programs; a session
 idle for `ttl_s` is dropped. Each session holds a few numbers and the endpoints of its calls in flight.
@@ -48,6 +49,8 @@ class SessionTable:
         self._sessions: OrderedDict[int, Session] = OrderedDict()
         self._programs: OrderedDict[int, float] = OrderedDict()  # program -> EWMA gap
         self._homes: dict[int, dict[str, int]] = {}  # program -> endpoint -> sessions bound there
+        self._home_of: dict[int, str] = {}  # program -> its home (the endpoint with most of its sessions)
+        self._claims: dict[str, int] = {}  # endpoint -> programs whose home it is
 
     def __len__(self) -> int:
         return len(self._sessions)
@@ -107,14 +110,41 @@ class SessionTable:
         if endpoint is not None:
             counts = homes.setdefault(s.program, {})
             counts[endpoint] = counts.get(endpoint, 0) + 1
+        self._rehome(s.program)
+
+    def _rehome(self, program: int) -> None:
+        """Keep the program's home (the endpoint with most of its sessions; a tie keeps the current one) and each
+        endpoint's count of programs calling it home."""
+        counts = self._homes.get(program)
+        old = self._home_of.get(program)
+        new: str | None = None
+        if counts:
+            best = max(counts.values())
+            new = old if old is not None and counts.get(old) == best else max(counts, key=counts.__getitem__)
+        if new == old:
+            return
+        claims = self._claims
+        if old is not None:
+            n = claims.get(old, 0) - 1
+            if n > 0:
+                claims[old] = n
+            else:
+                claims.pop(old, None)
+            del self._home_of[program]
+        if new is not None:
+            self._home_of[program] = new
+            claims[new] = claims.get(new, 0) + 1
 
     def program_home(self, program: int) -> tuple[str, int] | None:
         """The endpoint holding most of the program's sessions, and how many (None: none bound)."""
-        counts = self._homes.get(program) if program else None
-        if not counts:
+        ep = self._home_of.get(program) if program else None
+        if ep is None:
             return None
-        ep = max(counts, key=counts.__getitem__)
-        return ep, counts[ep]
+        return ep, self._homes[program][ep]
+
+    def claims(self, endpoint: str) -> int:
+        """How many programs call `endpoint` home."""
+        return self._claims.get(endpoint, 0)
 
     def _drop(self, key: int) -> None:
         s = self._sessions.pop(key)

@@ -274,15 +274,19 @@ def test_sessions_replicate_between_processes() -> None:
     assert len(sb.snapshot_records(100.0)) == 1
 
 
-def test_new_sessions_join_their_program_when_asked() -> None:
+def _program_sched(factor: float = 1.25):
     doc = {"apiVersion": "inference.networking.x-k8s.io/v1alpha1", "kind": "EndpointPickerConfig",
            "plugins": [{"type": "estimated-latency-scorer"},
-                       {"type": "agent-session-scorer", "parameters": {"programFactor": 1.25}},
+                       {"type": "agent-session-scorer", "parameters": {"programFactor": factor}},
                        {"type": "max-score-picker"}],
            "schedulingProfiles": [{"name": "default", "plugins": [
                {"pluginRef": "estimated-latency-scorer"}, {"pluginRef": "agent-session-scorer"},
                {"pluginRef": "max-score-picker"}]}]}
-    sched = load_scheduler([doc], rng=random.Random(0)).fallback
+    return load_scheduler([doc], rng=random.Random(0)).fallback
+
+
+def test_new_sessions_join_their_program_when_asked() -> None:
+    sched = _program_sched()
     cands = [ep(i) for i in range(4)]
     home = _turn(sched, _agent("p1", 1, "a"), cands, 0.0, end=1.0).primary.key
     busy = {home: InflightLoad(1, 0)}  # a little busier than the others: predicted latency alone would go elsewhere
@@ -293,3 +297,25 @@ def test_new_sessions_join_their_program_when_asked() -> None:
     jammed = {home: InflightLoad(40, 0)}  # the home is full: the next new session spreads
     res = _turn(sched, _agent("p3", 1, "c"), cands, 3.0, inflight=jammed)
     assert res.primary.key != home and "predicted clearly slower" in session_note(res.state).why
+
+
+def _program_session(sid: str, program: int, rid: str) -> LLMRequest:
+    r = req(f"agent {program} tools " * 300 + f"task of {sid}", rid=rid)
+    r.session = SessionRef(hash(sid) & (2**127 - 1), "user", program)
+    return r
+
+
+def test_programs_spread_over_the_endpoints_and_their_sessions_follow() -> None:
+    sched = _program_sched()
+    cands = [ep(i) for i in range(4)]
+    homes = {}
+    for p in range(4):  # each program's first session starts where no other program lives
+        homes[p] = _turn(sched, _program_session(f"first-{p}", p + 1, f"f{p}"), cands, p * 0.1, end=p * 0.1 + 1).primary.key
+    assert len(set(homes.values())) == 4
+    load: dict[str, InflightLoad] = {}
+    for i in range(12):  # later sessions join their program's home while it is not clearly slower
+        p = i % 4
+        res = _turn(sched, _program_session(f"s{i}", p + 1, f"r{i}"), cands, 5 + i * 0.1, inflight=dict(load))
+        assert res.primary.key == homes[p], i
+        load[res.primary.key] = InflightLoad(load.get(res.primary.key, InflightLoad()).requests + 1, 0)
+    assert "joined its program" in session_note(res.state).why

@@ -85,6 +85,7 @@ class SessionView:
     expected_gap: float | None  # the learnt pause between turns (None: no turn ended yet)
     warm_until: float | None = None  # until when its context is protected from eviction (None: not protected)
     home: str | None = None  # a session not bound yet: its program's home, when that is a candidate
+    spread: tuple[str, ...] = ()  # a new program: the candidates where the fewest programs live
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +117,9 @@ def decision(view: SessionView, result: SchedulingResult) -> str:
     b = view.bound
     if b is None:
         what = "new session" if view.turn == 1 else "placed by predicted latency (its endpoint left)"
+        if view.spread:
+            return f"{what}: a new program, placed where the fewest programs live" if chosen in view.spread else \
+                f"{what}: a new program, placed by predicted latency"
         if view.home is None:
             return what
         if chosen == view.home:
@@ -165,10 +169,21 @@ class AgentSessionScorer(Scorer[Params]):
         table = self.table
         s = table.get(ref.key, ctx.now)
         if s is None or s.endpoint is None:
-            home = table.program_home(ref.program) if self.program_bonus else None
-            h = home[0] if home is not None and any(e.key == home[0] for e in candidates) else None
             turn, gap = (1, None) if s is None else (s.turns + 1, s.gap)
-            return SessionView(ref, turn, False, None, False, self.program_bonus if h else 0.0, gap, None, h)
+            if not self.program_bonus or not ref.program:
+                return SessionView(ref, turn, False, None, False, 0.0, gap)
+            home = table.program_home(ref.program)
+            h = home[0] if home is not None and any(e.key == home[0] for e in candidates) else None
+            if h is not None:
+                return SessionView(ref, turn, False, None, False, self.program_bonus, gap, None, h)
+            # A program new here: it starts where the fewest programs live (programs spread over the endpoints).
+            claims = table.claims
+            fewest = min(claims(e.key) for e in candidates)
+            spread = tuple(e.key for e in candidates if claims(e.key) == fewest)
+            if len(spread) == len(candidates):
+                spread = ()
+            return SessionView(ref, turn, False, None, False, self.program_bonus if spread else 0.0, gap,
+                               spread=spread)
         parallel = bool(s.calls)
         b = s.endpoint
         cand = any(e.key == b for e in candidates)
@@ -184,6 +199,9 @@ class AgentSessionScorer(Scorer[Params]):
         state[SESSION] = v
         if v is None or not v.bonus:
             return self._zero(n)
+        if v.spread:
+            spread, bonus = set(v.spread), v.bonus
+            return [bonus if e.key in spread else 0.0 for e in candidates]
         b = v.bound if v.candidate else v.home
         return [v.bonus if e.key == b else 0.0 for e in candidates]
 
