@@ -233,3 +233,30 @@ async def _dispatch_order(fairness: str) -> list[str]:
     assert not rig.ds.inflight.view()
     await rig.director.flow.close()
     return order
+
+
+def test_a_kthena_session_setting_names_the_session() -> None:
+    """Kthena's sessionSticky sources (here a cookie) identify the agent session too, before the shell's own."""
+    from pathlib import Path
+
+    from epp.routing.service import RoutingService
+
+    routes = Path(__file__).resolve().parents[2] / "deploy" / "examples" / "kthena" / "routes.yaml"
+    clock, ds = Clock(), Datastore()
+    svc = RoutingService(ds, random.Random(3))
+    svc.load_text(routes.read_text(), routes.name)
+    sessions = SessionIdentity(SessionSettings())
+    d = Director(ds, load_scheduler(None, rng=random.Random(1)), DirectorConfig(), clock=clock, router=svc.router,
+                 observers=(sessions,), sessions=sessions)
+    body = orjson.dumps({"model": "deepseek-r1", "messages": [{"role": "user", "content": "hi"}], "user": "u9"})
+    headers = {":path": "/v1/chat/completions", ":method": "POST", "user-type": "premium", "cookie": "session=abc"}
+    ex = d.exchange()
+    out = ex.decide(headers, body, {})
+    assert isinstance(out, Outcome) and not out.reject_status, out
+    assert ex.request.session is not None and ex.request.session.source == "route"
+    ex.close()
+    ex = d.exchange()  # the same cookie on the canary rule's v1 backend (no session settings): the body's user
+    out = ex.decide({k: v for k, v in headers.items() if k != "user-type"}, body, {})
+    assert ex.request.session is not None and ex.request.session.source in ("route", "user")
+    ex.close()
+    assert sessions.identified["route"] >= 1
