@@ -42,6 +42,7 @@ from epp.request.observe import Follow
 from epp.request.resolve import Metadata, find_candidates, resolve
 from epp.request.usage import UsageScanner
 from scheduling.api import Scheduler, SchedulingResult
+from scheduling.plugins.scorers.agent_session import session_note
 from scheduling.types import ErrorCode, LLMRequest, SchedulingError
 
 if TYPE_CHECKING:
@@ -289,9 +290,11 @@ class RequestExchange:
         self._decided()
         if d.config.log_decisions:
             route = f" route={ctx.route.route.key}/{ctx.route.rule.name}->{ctx.route.backend_name}" if ctx.route else ""
-            log.info("decision %s model=%s -> %s%s (profile %s)%s", req.request_id[:8], req.target_model or "-",
+            note = session_note(result.state) if req.session is not None else None
+            session = f" session={note.session} turn={note.turn}: {note.why}" if note is not None else ""
+            log.info("decision %s model=%s -> %s%s (profile %s)%s%s", req.request_id[:8], req.target_model or "-",
                      result.primary.key, f" prefill={result.prefill.key}" if result.prefill else "", result.profile,
-                     route)
+                     route, session)
         return mutations(d, ctx, result, parsed)
 
     # ---- reporting -----------------------------------------------------------------------------------------------
