@@ -21,9 +21,10 @@ Programs (off by default): the sessions of one program share its prompt (system 
 prompt, or the same program header), as RL rollouts do. With programFactor > 1 a new session joins the endpoint that
 holds most of its program's sessions (its home) unless that is predicted more than programFactor times slower, so
 one program's shared prompt is held once instead of on every endpoint; when the home is full, new sessions spread
-by predicted latency. In the routing benchmark's agent regime (4 programs on 4 servers) 1.25 piled new sessions
-onto busy homes (first-turn TTFT p90 4x worse), so the default leaves placement to predicted latency, which already
-prefers endpoints holding the shared prompt.
+by predicted latency; a program new to the pool starts where the fewest programs live. The default leaves placement
+to predicted latency, which already prefers endpoints holding the shared prompt: a chat app whose users send
+OpenAI's `user` is one program, and program affinity would gather its users on one endpoint.
+deploy/profiles/agent-sessions.yaml sets programFactor and moveFactor 3 for agent fleets (docs/sessions.md).
 
 Keeping the context warm: when a turn's last call ends, the session's prompt tokens on b are protected on the warm
 board (scheduling/sessions/warm.py) until its next turn is due: warmFactor × the expected pause (the session's own
