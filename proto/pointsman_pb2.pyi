@@ -140,7 +140,7 @@ class ProfileRun(_message.Message):
     def __init__(self, profile: _Optional[str] = ..., targets: _Optional[_Iterable[str]] = ..., totals: _Optional[_Mapping[str, float]] = ..., plugins: _Optional[_Iterable[_Union[PluginRun, _Mapping]]] = ...) -> None: ...
 
 class ExplainResponse(_message.Message):
-    __slots__ = ("status", "error", "endpoint", "fallbacks", "prefill", "profile", "decision", "candidates", "profiles", "headers", "model", "target_model", "route", "prefix", "token_source", "prompt_tokens")
+    __slots__ = ("status", "error", "endpoint", "fallbacks", "prefill", "profile", "decision", "candidates", "profiles", "headers", "model", "target_model", "route", "prefix", "token_source", "prompt_tokens", "session")
     class HeadersEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -164,6 +164,7 @@ class ExplainResponse(_message.Message):
     PREFIX_FIELD_NUMBER: _ClassVar[int]
     TOKEN_SOURCE_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    SESSION_FIELD_NUMBER: _ClassVar[int]
     status: int
     error: str
     endpoint: str
@@ -180,7 +181,28 @@ class ExplainResponse(_message.Message):
     prefix: _containers.RepeatedCompositeFieldContainer[PrefixMatch]
     token_source: str
     prompt_tokens: int
-    def __init__(self, status: _Optional[int] = ..., error: _Optional[str] = ..., endpoint: _Optional[str] = ..., fallbacks: _Optional[_Iterable[str]] = ..., prefill: _Optional[str] = ..., profile: _Optional[str] = ..., decision: _Optional[str] = ..., candidates: _Optional[_Iterable[str]] = ..., profiles: _Optional[_Iterable[_Union[ProfileRun, _Mapping]]] = ..., headers: _Optional[_Mapping[str, str]] = ..., model: _Optional[str] = ..., target_model: _Optional[str] = ..., route: _Optional[_Union[RouteInfo, _Mapping]] = ..., prefix: _Optional[_Iterable[_Union[PrefixMatch, _Mapping]]] = ..., token_source: _Optional[str] = ..., prompt_tokens: _Optional[int] = ...) -> None: ...
+    session: SessionInfo
+    def __init__(self, status: _Optional[int] = ..., error: _Optional[str] = ..., endpoint: _Optional[str] = ..., fallbacks: _Optional[_Iterable[str]] = ..., prefill: _Optional[str] = ..., profile: _Optional[str] = ..., decision: _Optional[str] = ..., candidates: _Optional[_Iterable[str]] = ..., profiles: _Optional[_Iterable[_Union[ProfileRun, _Mapping]]] = ..., headers: _Optional[_Mapping[str, str]] = ..., model: _Optional[str] = ..., target_model: _Optional[str] = ..., route: _Optional[_Union[RouteInfo, _Mapping]] = ..., prefix: _Optional[_Iterable[_Union[PrefixMatch, _Mapping]]] = ..., token_source: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., session: _Optional[_Union[SessionInfo, _Mapping]] = ...) -> None: ...
+
+class SessionInfo(_message.Message):
+    __slots__ = ("id", "source", "turn", "parallel", "bound", "decision", "expected_gap_seconds", "warm_seconds")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    TURN_FIELD_NUMBER: _ClassVar[int]
+    PARALLEL_FIELD_NUMBER: _ClassVar[int]
+    BOUND_FIELD_NUMBER: _ClassVar[int]
+    DECISION_FIELD_NUMBER: _ClassVar[int]
+    EXPECTED_GAP_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    WARM_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    source: str
+    turn: int
+    parallel: bool
+    bound: str
+    decision: str
+    expected_gap_seconds: float
+    warm_seconds: float
+    def __init__(self, id: _Optional[str] = ..., source: _Optional[str] = ..., turn: _Optional[int] = ..., parallel: _Optional[bool] = ..., bound: _Optional[str] = ..., decision: _Optional[str] = ..., expected_gap_seconds: _Optional[float] = ..., warm_seconds: _Optional[float] = ...) -> None: ...
 
 class PrefixMatch(_message.Message):
     __slots__ = ("endpoint", "source", "blocks", "total_blocks", "block_tokens", "gpu_blocks", "cpu_blocks", "speculative_blocks", "index_state", "weighted")

@@ -158,6 +158,21 @@ def endpoint_key(address: str, port: int) -> str:
     return f"{address}:{port}"
 
 
+@dataclass(frozen=True, slots=True)
+class SessionRef:
+    """Which agent session (and program) a request belongs to, as the shell identified it before any hashing
+    (scheduling/sessions/identity.py). Only hashes of what the client sent are kept."""
+
+    key: int  # xxh3-128 of the session value, with its source
+    source: str  # where it came from: header:<name>, user, previous_response_id, metadata.user_id, ...
+    program: int = 0  # xxh3-64 of the program (an explicit program header, else the prompt's head); 0: unknown
+
+    @property
+    def label(self) -> str:
+        """A short, stable, non-reversible name for logs, explain and the dashboard."""
+        return f"{self.key & 0xFFFFFFFFFFFF:012x}"
+
+
 @dataclass(slots=True)
 class LLMRequest:
     """A complete inference request as the scheduler sees it.
@@ -188,6 +203,7 @@ class LLMRequest:
     # Decided before the body ended: `prompt` is only its head; the whole prompt's length estimated by the shell
     # (from content-length). 0: `prompt` is the whole prompt.
     expected_prompt_chars: int = 0
+    session: SessionRef | None = None  # the agent session the request belongs to (scheduling/sessions), if known
 
     @property
     def prompt_chars(self) -> int:

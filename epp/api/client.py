@@ -76,6 +76,13 @@ def format_explain(resp: api.ExplainResponse) -> str:
     if resp.token_source:
         lines.append(f"tokens    {resp.prompt_tokens} ({resp.token_source})")
     lines.extend(format_prefix(resp))
+    if resp.HasField("session"):
+        s = resp.session
+        gap = f"{s.expected_gap_seconds:.1f}s" if s.expected_gap_seconds >= 0 else "not learnt yet"
+        lines.append(f"session   {s.id} ({s.source})   turn {s.turn}{' (parallel call)' if s.parallel else ''}   "
+                     f"context on {s.bound or '-'}   pause {gap}"
+                     + (f"   warm {s.warm_seconds:.1f}s more" if s.warm_seconds > 0 else ""))
+        lines.append(f"          {s.decision}")
     for run in resp.profiles:
         lines.append(f"\n[{run.profile}] -> {', '.join(run.targets)}")
         eps = sorted(run.totals, key=lambda k: -run.totals[k]) or list(resp.candidates)

@@ -21,6 +21,9 @@ from epp.request.resolve import resolve
 from epp.routing.providers import CREDENTIAL_HEADERS
 from proto import pointsman_pb2 as api
 from proto import pointsman_pb2_grpc
+from scheduling.api import SchedulingResult
+from scheduling.plugins.scorers.agent_session import decision as session_decision
+from scheduling.plugins.scorers.agent_session import session_view
 from scheduling.prefix.cycle import decision_matches
 from scheduling.prefix.precise_data import APPROXIMATE, decision_prefix_hits
 from scheduling.types import Endpoint, SchedulingError
@@ -102,6 +105,19 @@ def describe_prefix(state: dict[Any, Any], candidates: Sequence[Endpoint], out: 
         for e in candidates:
             m = matches.get(e.key, 0)
             out.prefix.add(endpoint=e.key, source=APPROXIMATE, blocks=m, total_blocks=total, weighted=float(m))
+
+
+def describe_session(result: SchedulingResult, now: float, out: api.ExplainResponse) -> None:
+    """The request's agent session: its turn, where its context is, and whether the pick stays there."""
+    v = session_view(result.state)
+    if v is None:
+        return
+    info = out.session
+    info.id, info.source, info.turn, info.parallel = v.ref.label, v.ref.source, v.turn, v.parallel
+    info.bound = v.bound or ""
+    info.decision = session_decision(v, result)
+    info.expected_gap_seconds = -1.0 if v.expected_gap is None else v.expected_gap
+    info.warm_seconds = max(0.0, v.warm_until - now) if v.warm_until is not None else 0.0
 
 
 class PointsmanService(pointsman_pb2_grpc.PointsmanServicer):
@@ -234,6 +250,7 @@ class PointsmanService(pointsman_pb2_grpc.PointsmanServicer):
                 if det.scores is not None:
                     pl.scores.update(det.scores)
         describe_prefix(result.state, ctx.candidates, out)
+        describe_session(result, ctx.now, out)
         if ctx.route is not None and ctx.route.sticky is not None:
             out.route.session = f"pinned {ctx.route.pinned}" if ctx.route.pinned else (
                 "new" if ctx.route.session is not None else "")

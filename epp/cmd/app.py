@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from epp.observe import Observability
     from epp.ratelimit.gate import RateLimitGate
     from epp.request.admit import Admitter
+    from epp.request.sessions import SessionIdentity
     from epp.routing.service import RoutingService
     from epp.tokenize.shell import RequestTokens
     from epp.xds import EdsService
@@ -93,6 +94,7 @@ class App:
         self.passive: PassiveHealth | None = None
         self.recorder: DecisionRecorder | None = None  # the record of decisions: the dashboard's and the receipts'
         self.observe: Observability | None = None  # traces, receipts, the shadow profile (epp/observe)
+        self.sessions: SessionIdentity | None = None  # agent session identity (epp/request/sessions.py)
         self.director: Director | None = None
         self.dashboard: Dashboard | None = None
         self.server: Any = None  # the gRPC server (grpc.aio.Server or epp.h2grpc.H2Server)

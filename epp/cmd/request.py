@@ -35,6 +35,8 @@ def observers(app: App) -> list[RequestObserver]:
         out.extend(app.routing.router.runtimes)
     if app.passive is not None:
         out.append(app.passive)
+    if app.sessions is not None:  # agent sessions: Responses API chains learnt from the responses
+        out.append(app.sessions)
     d, obs = app.settings.dashboard, app.observe
     receipts = obs.settings.receipts if obs is not None else None
     dashboard = dashboard_on(app)
@@ -54,6 +56,9 @@ def observers(app: App) -> list[RequestObserver]:
 
 async def build_director(app: App) -> None:
     assert app.scheduler is not None, "the scheduling step runs first"
+    from epp.request.sessions import SessionIdentity
+
+    app.sessions = SessionIdentity(app.settings.request.sessions)  # agent session identity (epp/request/sessions.py)
     ds, rng = app.datastore, app.rng
     app.director = Director(
         ds, app.scheduler, director_config(app),
@@ -62,6 +67,7 @@ async def build_director(app: App) -> None:
         tokens=app.tokens,  # precise prefix routing: tokenize for configs that read tokens
         observers=tuple(observers(app)),
         early=app.settings.request.early,  # reading the body as it streams in (epp/request/early.py)
+        sessions=app.sessions,
         **(app.observe.director_fields() if app.observe is not None else {}),  # decision ids, tracing
     )
     app.apply_scheduler(app.scheduler)

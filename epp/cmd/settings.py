@@ -111,6 +111,7 @@ def add_serve_flags(p: argparse.ArgumentParser) -> None:
     RuntimeSettings.add_event_loop_flag(g)
     request_settings.add_output_flags(p.add_argument_group("routing outputs (docs/performance.md)"))
     request_settings.add_early_flags(p, parse_bool)
+    request_settings.add_session_flags(p, parse_bool)
     add_observe_flags(p, parse_bool, parse_duration_arg)  # tracing, receipts, shadow profiles, log format
     g = p.add_argument_group("dashboard (a live page on the metrics port; see docs/dashboard.md)")
     api_settings.add_dashboard_flags(g)

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from epp.flowcontrol.controller import FlowController
     from epp.observe.tracing import Tracing
     from epp.request.exchange import RequestExchange
+    from epp.request.sessions import SessionIdentity
     from epp.routing.router import RouteDecision, Router
     from epp.tokenize.shell import RequestTokens
 
@@ -136,6 +137,7 @@ class Director:
     early: EarlySettings = field(default_factory=EarlySettings)  # deciding before the body ends (early.py)
     ids: DecisionIds = field(default_factory=DecisionIds)  # one per process: a reload keeps it
     tracing: Tracing | None = None  # OpenTelemetry traces, while `--tracing` is on (epp/observe/tracing.py)
+    sessions: SessionIdentity | None = None  # agent sessions: who a request belongs to (epp/request/sessions.py)
 
     def exchange(self, stream_metadata: Sequence[tuple[Any, Any]] | None = None) -> RequestExchange:
         """The owner of one stream's request lifecycle (epp/request/exchange.py). `stream_metadata`: the ext_proc

@@ -50,6 +50,7 @@ from epp.request.resolve import Metadata, find_candidates, resolve
 from epp.request.streaming import StreamingBody
 from epp.request.usage import UsageScanner
 from scheduling.api import Scheduler, SchedulingResult
+from scheduling.plugins.scorers.agent_session import session_note
 from scheduling.types import ErrorCode, LLMRequest, SchedulingError
 
 if TYPE_CHECKING:
@@ -244,9 +245,11 @@ class RequestExchange:
         assert ctx is not None
         if flow is None or (ctx.route is not None and ctx.route.provider is not None):
             return None
+        fid = self.headers.get(FAIRNESS_HEADER, "")
+        if self.d.sessions is not None:  # per session or program when configured (--flow-fairness-key)
+            fid = self.d.sessions.fairness_id(ctx.request, fid)
         try:
-            waiting = flow.admit(ctx.pool, self.headers.get(FAIRNESS_HEADER, ""), ctx.request, self.size,
-                                 self._dispatch)
+            waiting = flow.admit(ctx.pool, fid, ctx.request, self.size, self._dispatch)
         except Exception as exc:
             return self._fail(exc)
         if waiting is None:
@@ -333,10 +336,12 @@ class RequestExchange:
         self._decided()
         if d.config.log_decisions:
             route = f" route={ctx.route.route.key}/{ctx.route.rule.name}->{ctx.route.backend_name}" if ctx.route else ""
-            log.info("decision %s model=%s -> %s%s (profile %s)%s%s%s", req.request_id[:8],
+            note = session_note(result.state) if req.session is not None else None
+            session = f" session={note.session} turn={note.turn}: {note.why}" if note is not None else ""
+            log.info("decision %s model=%s -> %s%s (profile %s)%s%s%s%s", req.request_id[:8],
                      req.target_model or "-", result.primary.key,
                      f" prefill={result.prefill.key}" if result.prefill else "", result.profile, route,
-                     " (early)" if self.early is not None else "", self._log_ids(), extra=self.log_fields())
+                     " (early)" if self.early is not None else "", session, self._log_ids(), extra=self.log_fields())
         out = mutations(d, ctx, result, parsed)
         if self.early is not None and self.reader is not None and req.model and req.target_model != req.model:
             out.body = self.reader.rewritten_prefix(req.target_model, self.reader.size)

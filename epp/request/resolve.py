@@ -94,6 +94,8 @@ def resolve(d: Director, headers: Mapping[str, str], body: bytes | StreamingBody
         body=parsed_body,
         expected_prompt_chars=expected_chars if early is not None else 0,
     )
+    if d.sessions is not None:  # agent sessions: known before any hashing (epp/request/sessions.py)
+        d.sessions.identify(req, route)
     pool = ""
     if route is not None and route.provider is not None:
         candidates: list[Endpoint] = []  # an external provider: no endpoint to schedule

@@ -9,6 +9,8 @@ from epp.request.early import EarlySettings
 from epp.request.early import add_flags as add_early_flags
 from epp.request.outputs import OutputSettings
 from epp.request.outputs import add_flags as add_output_flags
+from epp.request.sessions import SessionSettings
+from epp.request.sessions import add_flags as add_session_flags
 
 
 def add_flags(g: argparse._ActionsContainer) -> None:
@@ -28,6 +30,7 @@ class RequestSettings:
     conformance: bool = False  # honour test-epp-endpoint-selection
     log_decisions: bool = False
     early: EarlySettings = field(default_factory=EarlySettings)  # deciding before the body ends (early.py)
+    sessions: SessionSettings = field(default_factory=SessionSettings)  # agent session identity (sessions.py)
 
     @classmethod
     def from_args(cls, ns: argparse.Namespace) -> RequestSettings:
@@ -35,7 +38,8 @@ class RequestSettings:
         if ns.fallbacks and not outputs.destination_metadata:
             raise ValueError("--fallbacks lists retry endpoints in envoy.lb metadata: it needs --destination-metadata")
         return cls(outputs=outputs, fallbacks=ns.fallbacks, conformance=ns.enable_conformance_header,
-                   log_decisions=ns.log_decisions, early=EarlySettings.from_args(ns))
+                   log_decisions=ns.log_decisions, early=EarlySettings.from_args(ns),
+                   sessions=SessionSettings.from_args(ns))
 
 
-__all__ = ["RequestSettings", "add_early_flags", "add_flags", "add_output_flags"]
+__all__ = ["RequestSettings", "add_early_flags", "add_flags", "add_output_flags", "add_session_flags"]

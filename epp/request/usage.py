@@ -62,6 +62,7 @@ class UsageScanner:
         self._overflow = False
         self._done = False
         self._anthropic_output_seen = False
+        self.response_id = ""  # the Responses API's response id, when the body carried one (session chains)
 
     def feed(self, chunk: bytes, end_of_stream: bool = False) -> None:
         if self._done:
@@ -87,9 +88,11 @@ class UsageScanner:
                 self._buf += chunk
         if end_of_stream and not self._overflow and self._buf:
             try:
-                _from_object(self.usage, orjson.loads(self._buf))
+                obj = orjson.loads(self._buf)
             except orjson.JSONDecodeError:
-                pass
+                obj = None
+            _from_object(self.usage, obj)
+            self._response_id(obj)
             self._buf.clear()
             self._done = True
 
@@ -103,6 +106,8 @@ class UsageScanner:
             obj = orjson.loads(payload)
         except orjson.JSONDecodeError:
             return
+        if not self.response_id:
+            self._response_id(obj)
         if isinstance(obj, dict) and obj.get("type") == "message_delta":
             # Anthropic: output tokens arrive last; keep the input count from message_start.
             u = obj.get("usage") or {}
@@ -113,3 +118,15 @@ class UsageScanner:
         if self.usage.found and not (isinstance(obj, dict) and obj.get("type") == "message_start"):
             return  # the first object carrying usage wins
         _from_object(self.usage, obj)
+
+    def _response_id(self, obj: Any) -> None:
+        """A Responses API body (`"object": "response"`) or event (`response.created` and the like) names its id."""
+        if not isinstance(obj, dict):
+            return
+        if obj.get("object") != "response":
+            obj = obj.get("response")
+            if not isinstance(obj, dict) or obj.get("object", "response") != "response":
+                return
+        rid = obj.get("id")
+        if isinstance(rid, str) and rid:
+            self.response_id = rid

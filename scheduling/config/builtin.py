@@ -1,7 +1,8 @@
 """The built-in default scheduling config, used when nothing else applies.
 
 It is Pointsman's estimated-latency profile (deploy/profiles/estimated-latency.yaml spells out its parameters):
-the estimated-latency-scorer alone, with the max-score picker. It trades prefix affinity against load in one
+the estimated-latency-scorer and the agent-session-scorer (weight 1 each: it scores 0 for requests that name no
+session, so they are placed on predicted latency alone), with the max-score picker. It trades prefix affinity against load in one
 currency (predicted seconds), which measured best in every regime of the routing benchmark, where GIE's default
 weights (deploy/profiles/gie-default.yaml) collapsed under skewed prefix popularity (docs/routing-benchmark.md).
 """
@@ -27,14 +28,15 @@ BUILTIN_NAME = "default"
 def builtin_scheduler(
     *, rng: random.Random, timer: Timer | None = None, shared: dict[Any, Any] | None = None
 ) -> ProfileScheduler:
-    """estimated-latency-scorer ×1, max-score-picker."""
+    """estimated-latency-scorer ×1, agent-session-scorer ×1, max-score-picker."""
     build = BuildContext(
         source="<builtin default>", path="", dialect="epp", shared={} if shared is None else shared
     )
     profile = Profile(
         "default",
         [],
-        [(create_scorer("estimated-latency-scorer", build=build), 1.0)],
+        [(create_scorer("estimated-latency-scorer", build=build), 1.0),
+         (create_scorer("agent-session-scorer", build=build), 1.0)],
         create_picker("max-score-picker", build=build),
     )
     handler = create_handler("single-profile-handler", build=build)

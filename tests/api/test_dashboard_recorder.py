@@ -194,3 +194,24 @@ def test_a_director_without_recorder_records_nothing(director):
     kept = director.recorder
     ex, out = run(director.replace(observers=()), chat())
     assert not out.reject_status and not kept.ring
+
+
+def test_the_decision_stream_shows_the_session_its_turn_and_why():
+    from epp.request.sessions import SessionIdentity, SessionSettings
+
+    ds = Datastore(default_pool="pool")
+    ds.set_pool(PoolSpec("pool"), [ep("10.0.0.1"), ep("10.0.0.2")])
+    sessions = SessionIdentity(SessionSettings())
+    d = Recorded(ds, load_scheduler(None, rng=random.Random(1), timer=time.perf_counter),
+                 observers=[RecorderObserver(DecisionRecorder(capacity=8)), sessions], sessions=sessions)
+    body = orjson.dumps({"model": "llama", "messages": [{"role": "user", "content": "plan " * 300}],
+                         "user": "agent-1"})
+    run(d, body)
+    run(d, body)
+    first, second = (views.summary(d.recorder.get(i), to_wall) for i in (1, 2))
+    assert first["session"]["turn"] == 1 and first["session"]["why"] == "new session"
+    assert second["session"] == {"id": first["session"]["id"], "source": "user", "turn": 2, "parallel": False,
+                                 "why": "stayed"}
+    assert "agent-1" not in orjson.dumps(second).decode()  # the value itself is never shown
+    plain = run(d, chat())[0]
+    assert "session" not in views.summary(d.recorder.get(3), to_wall) and plain.request.session is None

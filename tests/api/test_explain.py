@@ -46,7 +46,8 @@ async def test_explain_returns_the_decision_with_plugin_detail(app):
         assert resp.headers["x-gateway-destination-endpoint"] == resp.endpoint
         run = resp.profiles[0]
         scorers = {p.type: p for p in run.plugins if p.kind == "scorer"}
-        assert set(scorers) == {"estimated-latency-scorer"}  # the built-in default profile
+        assert set(scorers) == {"estimated-latency-scorer", "agent-session-scorer"}  # the built-in default profile
+        assert not resp.HasField("session")  # the request names no session
         assert all(0.0 <= v <= 1.0 for p in scorers.values() for v in p.scores.values())
         assert set(run.totals) == {"10.0.0.1:8000", "10.0.0.2:8000"}  # only endpoints serving the model
         # A dry run commits nothing.
@@ -73,6 +74,26 @@ async def test_explain_and_endpoints_commands(app):
     rows = [line.split() for line in res.stdout.splitlines()[1:]]
     assert res.returncode == 0 and [r[1] for r in rows] == ["10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000"]
     assert all(r[8] in ("healthy", "out") for r in rows), res.stdout  # the state column
+
+
+async def test_explain_shows_the_session_its_turn_and_why(app):
+    session_body = orjson.dumps({"model": "llama", "messages": [{"role": "user", "content": "plan " * 400}],
+                                 "user": "agent-7"})
+    ex = app.director.exchange()  # turn 1, committed as Envoy's stream would
+    out = ex.decide({":path": "/v1/chat/completions", ":method": "POST"}, session_body, {})
+    home = dict(out.set_headers)["x-gateway-destination-endpoint"]
+    ex.close()
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{app.port}") as ch:
+        stub = pointsman_pb2_grpc.PointsmanStub(ch)
+        resp = await stub.Explain(api.ExplainRequest(path="/v1/chat/completions", body=session_body))
+    s = resp.session
+    assert resp.HasField("session") and s.source == "user" and s.turn == 2 and s.bound == home
+    assert s.decision == "stayed" and resp.endpoint == home and s.warm_seconds > 0 and len(s.id) == 12
+    assert "agent-7" not in str(resp)  # the value itself never leaves the process
+    from epp.api.client import format_explain
+
+    text = format_explain(resp)
+    assert f"turn 2   context on {home}" in text and "stayed" in text
 
 
 def test_generated_proto_code_matches_the_proto(tmp_path):

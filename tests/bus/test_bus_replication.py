@@ -213,6 +213,23 @@ async def test_session_bindings_follow_the_session_across_replicas(tmp_path, fle
         await b.stop()
 
 
+async def test_agent_sessions_follow_across_replicas_with_the_default_profile(pair):
+    """The built-in default's agent-session-scorer replicates its bindings: a later turn decided by the other
+    replica goes where the session's context is."""
+    a, b = pair
+    sessions = [f"agent-{i}" for i in range(6)]
+    held = {s: await open_request(a.stub, chat("plan"), **{"x-session-id": s}) for s in sessions}  # spread by load
+    first = {s: r.endpoint for s, r in held.items()}
+    for r in held.values():
+        await r.finish()
+    assert len(set(first.values())) == 3
+    agent_b = b.plugin("agent-session-scorer")
+    await eventually(lambda: len(agent_b.table) == 6 and len(agent_b.board) == 6, 1.0, "bindings and warm at b")
+    assert any(name.endswith(":agent-session") for name in b.bus.channels())
+    for s in sessions:
+        assert await route(b.stub, chat("tool result"), **{"x-session-id": s}) == first[s]
+
+
 async def test_a_replica_that_joins_converges_within_one_second(tmp_path, fleet):
     pa, pb = free_port(), free_port()
     peers = [f"127.0.0.1:{pa}", f"127.0.0.1:{pb}"]

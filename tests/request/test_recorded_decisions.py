@@ -73,6 +73,21 @@ def plain_rig(config: Path | None) -> Rig:
     return Rig(d.exchange, ds, clock)
 
 
+def session_rig() -> Rig:
+    """The default profile with agent sessions identified (as `epp serve` runs it): the session case."""
+    from epp.request.sessions import SessionIdentity, SessionSettings
+
+    clock, ds = Clock(), Datastore(default_pool="pool")
+    ds.set_pool(PoolSpec("pool"), [_ep(i) for i in range(8)])
+    sched = _scheduler(None, 13)
+    ds.on_endpoint_removed(sched.endpoint_removed)
+    sessions = SessionIdentity(SessionSettings())
+    from epp.request.director import Director, DirectorConfig
+
+    d = Director(ds, sched, DirectorConfig(fallbacks=1), clock=clock, observers=(sessions,), sessions=sessions)
+    return Rig(d.exchange, ds, clock)
+
+
 def routed_rig(path: Path, pools: dict[str, list[str]] | None = None) -> Rig:
     from epp.routing.service import RoutingService
 
@@ -214,6 +229,7 @@ def run(rig: Rig, seed: int, n: int, models: list[str]) -> list[dict[str, Any]]:
 
 CASES: dict[str, Callable[[], list[dict[str, Any]]]] = {
     "default-profile": lambda: run(plain_rig(None), 1, 160, ["m", "m", "other"]),
+    "default-profile-sessions": lambda: run(session_rig(), 5, 160, ["m", "m", "other"]),
     "gie-profile": lambda: run(plain_rig(PROFILES / "gie-default.yaml"), 2, 120, ["m"]),
     "kthena-routes": lambda: run(routed_rig(KTHENA), 3, 100, ["deepseek-r1", "deepseek-r1", "nope"]),
     "llmkube-router": lambda: run(

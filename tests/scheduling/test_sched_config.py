@@ -32,7 +32,8 @@ def profile_shape(ps, name="default"):
 def test_builtin_default():
     s = load_scheduler(None, rng=RNG(0))
     assert isinstance(s, ModelScheduler) and s is not None and isinstance(s, MS)
-    assert profile_shape(s.fallback) == ([], [("estimated-latency-scorer", 1.0)], "max-score-picker")
+    assert profile_shape(s.fallback) == ([], [("estimated-latency-scorer", 1.0), ("agent-session-scorer", 1.0)],
+                                         "max-score-picker")
     res = s.schedule(ctx(req("hi"), [ep(1)]))
     assert res.profile == "default"
 
@@ -333,7 +334,7 @@ def test_no_binding_match_uses_builtin_default(tmp_path):
     )
     assert s.schedule(ctx(req("x", model="other"), [ep(1)])).profile == "default"
     assert s.default is s.fallback
-    assert profile_shape(s.fallback)[1] == [("estimated-latency-scorer", 1.0)]
+    assert profile_shape(s.fallback)[1] == [("estimated-latency-scorer", 1.0), ("agent-session-scorer", 1.0)]
 
 
 def test_epp_config_is_fallback_with_bindings(tmp_path):

@@ -18,6 +18,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from scheduling.api import ProfileResult, SchedulingResult
+from scheduling.plugins.scorers.agent_session import SessionNote, session_note
 from scheduling.prefix import decision_matches
 from scheduling.types import Endpoint, LLMRequest
 
@@ -34,7 +35,7 @@ class DecisionRecord:
     __slots__ = ("seq", "started", "decided", "request_id", "model", "target", "priority", "profile", "decision",
                  "targets", "prefill", "runs", "candidates", "prefix_matched", "prefix_total", "error",
                  "status", "first_byte", "ended", "ttft", "prompt_tokens", "completion_tokens", "cached_tokens",
-                 "receipt", "pool", "candidate_list", "trace_id", "shadow")
+                 "receipt", "pool", "candidate_list", "trace_id", "shadow", "session")
 
     def __init__(self, seq: int, started: float, decided: float, request_id: str, model: str, target: str) -> None:
         self.seq = seq
@@ -66,6 +67,7 @@ class DecisionRecord:
         self.candidate_list: Sequence[Endpoint] = ()  # the candidates, by reference (the context's own list)
         self.trace_id = ""  # the sampled trace's id, when traced
         self.shadow = ""  # the shadow profile's pick, when a shadow ran on this request (epp/observe/shadow.py)
+        self.session: SessionNote | None = None  # the agent session: its turn, and why it stayed or moved
 
     @property
     def endpoint(self) -> str:
@@ -107,6 +109,8 @@ class DecisionRecorder:
         rec.prefill = result.prefill
         rec.runs = result.profile_results
         rec.candidates = candidates
+        if req.session is not None:
+            rec.session = session_note(result.state)
         got = decision_matches(result.state)
         if got is not None and got[1]:
             rec.prefix_matched = matched = got[0].get(result.targets[0].key, 0)

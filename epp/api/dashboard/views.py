@@ -89,6 +89,10 @@ def summary(rec: DecisionRecord, to_wall: Callable[[float], float], ids: Any = N
             out["margin"] = mine - best
     if rec.prompt_tokens:
         out["tokens"] = [rec.prompt_tokens, rec.completion_tokens, rec.cached_tokens]
+    note = rec.session
+    if note is not None:
+        out["session"] = {"id": note.session, "source": note.source, "turn": note.turn, "parallel": note.parallel,
+                          "why": note.why}
     return out
 
 

@@ -19,6 +19,8 @@ affinity and load are traded in one currency (seconds) instead of by hand-tuned 
     evict(e)       = evictionWeight × max(0, ⌈uncached(e) / blockSizeTokens⌉ − free(e)) × blockSizeTokens × prefillSecondsPerToken
                      free(e): blocks the prefix index believes e can still take before evicting another prefix
                      (precise and live: (num_gpu_blocks − blocks the engine holds) × engine block / blockSizeTokens)
+                     + warmWeight × min(evicted tokens, warm(e)) × prefillSecondsPerToken    warm(e): tokens of
+                     sessions waiting for their next turn on e (agent-session-scorer's warm board; none without it)
     cost(e)        = ttft(e) + decodeWeight × decode(e) + evict(e)
     score(e)       = min over candidates of cost / cost(e)                (the best endpoint scores 1)
 
@@ -70,6 +72,7 @@ from scheduling.plugins.scorers._backlog import SharedBacklog
 from scheduling.prefix import PrefixReader
 from scheduling.prefix.precise import GPU
 from scheduling.prefix.precise_data import EVENTS, PreciseReader, PrefixHit, prefix_hits
+from scheduling.sessions.warm import warm_board
 from scheduling.types import Endpoint
 
 _START = "estimated-latency.start"
@@ -131,6 +134,7 @@ class EstimatedLatencyScorer(PreciseReader[Params], PrefixReader[Params], Scorer
         self.pool_scale = 1.0  # the pool-wide calibration factor (prior for endpoints without samples)
         self._picks = 0
         self._outbox: deque[Record] | None = None  # finished requests for the bus, while replicating
+        self._warm = warm_board(build.shared)  # sessions' protected KV, per endpoint (scheduling/sessions/warm.py)
         p = self.params
         s1 = p.maxNumSeqs - 1
         # slowdown(n) for n = 0 .. min(s1, SLOW_TABLE), computed once (other n: per endpoint, same formula)
@@ -210,6 +214,8 @@ class EstimatedLatencyScorer(PreciseReader[Params], PrefixReader[Params], Scorer
         inflight_get = inflight.get
         room = self._room(hits, candidates) if evict_w else {}
         room_get = room.get
+        warm_get = self._warm.current(now).get  # sessions' protected tokens (agent-session-scorer), usually empty
+        warm_w = self._warm.weight
         default_room = self.prefix.index.default_capacity
         # An endpoint with no backlog and nothing cached: uncached = tokens (backlog + uncached = tokens exactly).
         plain_pd = overhead + tokens * pspt + decode
@@ -244,6 +250,9 @@ class EstimatedLatencyScorer(PreciseReader[Params], PrefixReader[Params], Scorer
                 over = (plain_need if c is None else -(-uncached // block)) - room_get(key, default_room)
                 if over > 0:
                     cost += k * evict_w * over * block * pspt
+                    warm = warm_get(key)
+                    if warm:  # evicting a waiting session's context: its next turn recomputes it for certain
+                        cost += k * warm_w * min(over * block, warm) * pspt
             if n > s1:
                 cost += (n - s1) * duration_get(key, initial) / per_seq
             costs.append(cost)

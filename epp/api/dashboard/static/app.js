@@ -84,7 +84,8 @@
   function decisionRow(d) {
     const model = d.target && d.target !== d.model ? d.model + " → " + d.target : d.model || "–";
     const profile = d.profile ? d.profile + (d.decision ? " (" + d.decision + ")" : "") : "–";
-    const endpoint = d.endpoint ? d.endpoint + (d.prefill ? "  ⇐ " + d.prefill : "") : "–";
+    const endpoint = d.endpoint ? d.endpoint + (d.prefill ? "  ⇐ " + d.prefill : "") +
+      (d.session ? "  · session " + d.session.id.slice(0, 6) + " turn " + d.session.turn + ": " + d.session.why : "") : "–";
     const margin = d.margin === null ? "–" : (d.margin >= 0 ? "+" : "") + d.margin.toFixed(3);
     return el("tr", { class: d.error ? "err" : null, "data-seq": d.seq, title: "request " + (d.id || "?") + " · " + d.config },
       el("td", { class: "mono" }, clock(d.t)),

@@ -67,6 +67,8 @@
         ["config", d.config], ["profile", d.profile + (d.decision ? " (" + d.decision + ")" : "")],
         ["endpoint", d.endpoint], ["prefill", d.prefill], ["fallbacks", d.fallbacks && d.fallbacks.join(", ")],
         ["runner-up", d.runner_up ? d.runner_up + " (margin " + fix(d.margin, 3) + ")" : ""],
+        ["session", d.session ? d.session.id + " (" + d.session.source + "), turn " + d.session.turn +
+          (d.session.parallel ? " (parallel call)" : "") + ": " + d.session.why : ""],
         ["candidates", d.candidates], ["prefix blocks", d.prefix ? d.prefix[0] + " of " + d.prefix[1] + " matched" : ""],
         ["decide", ms(d.decide_ms)], ["error", d.error],
         ["outcome", d.done ? (d.status ? "HTTP " + d.status : "ended") + (d.ttft_ms !== null ? ", TTFT " + ms(d.ttft_ms) : "") +

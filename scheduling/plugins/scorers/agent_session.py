@@ -1,0 +1,307 @@
+"""agent-session-scorer (Pointsman): keep an agent session's turns where its context is, and that context warm.
+
+The shell identifies the session before any hashing (scheduling/sessions/identity.py: a session header, OpenAI's
+`user` or `prompt_cache_key`, the Responses API's `previous_response_id`, Anthropic's `metadata.user_id`, a route's
+session settings) and hands it over as `LLMRequest.session`. This scorer remembers each session
+(scheduling/sessions/table.py) and, next to the estimated-latency scorer (weight 1 each, the built-in default):
+
+    no session                            -> 0 everywhere: the request is placed on predicted latency alone
+    a session bound to candidate b        -> b: 1 − 1/moveFactor, others 0
+    a new session (or one whose endpoint left) whose program has sessions bound elsewhere
+                                          -> the program's home h: 1 − 1/programFactor, others 0 (programFactor
+                                             1, the default, turns this off)
+So the turn stays on b unless b's predicted latency is more than moveFactor (1.5) times the best candidate's: the
+estimated-latency scores are best/cost, so b keeps the lead while best/cost(b) + 1 − 1/moveFactor ≥ 1. It is
+LLMKube's move rule (stay unless clearly worse), judged by predicted latency instead of queue lengths. Parallel
+calls of one turn (a fan-out) get the same preference: they share the turn's context and are co-located while b's
+predicted latency, which counts the calls already sent there, stays within the factor; then they spread, and the
+binding stays with the context.
+
+Programs (off by default): the sessions of one program share its prompt (system prompt, tools: the same head of the
+prompt, or the same program header), as RL rollouts do. With programFactor > 1 a new session joins the endpoint that
+holds most of its program's sessions (its home) unless that is predicted more than programFactor times slower, so
+one program's shared prompt is held once instead of on every endpoint; when the home is full, new sessions spread
+by predicted latency; a program new to the pool starts where the fewest programs live. The default leaves placement
+to predicted latency, which already prefers endpoints holding the shared prompt: a chat app whose users send
+OpenAI's `user` is one program, and program affinity would gather its users on one endpoint.
+deploy/profiles/agent-sessions.yaml sets programFactor and moveFactor 3 for agent fleets (docs/sessions.md).
+
+Keeping the context warm: when a turn's last call ends, the session's prompt tokens on b are protected on the warm
+board (scheduling/sessions/warm.py) until its next turn is due: warmFactor × the expected pause (the session's own
+EWMA, else its program's, else priorGapSeconds), at most maxWarmSeconds. The estimated-latency scorer charges
+evicting protected tokens warmWeight × their prefill on top of its eviction price, so other traffic goes where it
+evicts nothing that is about to be used. The next turn, the session going quiet, or b leaving releases it.
+
+State is bounded: maxSessions sessions (LRU) idle for at most ttlSeconds, 4096 programs. A departed endpoint is
+forgotten by every session (they start over by predicted latency). Replication (bus): each turn's binding and each
+protection is a record [endpoint, 16-byte key, age s, turns, gap s or -1, program, tokens, warm s left or -1];
+the most recent binding of a session wins, wherever it was made.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from scheduling.api import SchedulingContext, SchedulingResult
+from scheduling.framework import BuildContext, Scorer, register
+from scheduling.framework.params import bounded
+from scheduling.framework.plugin import State
+from scheduling.framework.replication import Record, drain, is_count
+from scheduling.sessions.table import Session, SessionTable
+from scheduling.sessions.warm import warm_board
+from scheduling.types import Endpoint, SessionRef
+
+SESSION = "agent-session"  # state key: the SessionView of the decision (explain, pre_request)
+NOTE = "agent-session.note"  # state key: the SessionNote of a committed decision
+MAX_OUTBOX = 4096
+SNAPSHOT = 4096
+
+
+@dataclass(frozen=True)
+class Params:
+    moveFactor: float = bounded(1.5, min=1.0)
+    programFactor: float = bounded(1.0, min=1.0)
+    ttlSeconds: float = bounded(600.0, min=0.0)
+    maxSessions: int = bounded(100_000, min=1)
+    gapAlpha: float = bounded(0.3, min=0.0, max=1.0)
+    priorGapSeconds: float = bounded(10.0, min=0.0)
+    warmFactor: float = bounded(2.0, min=0.0)
+    maxWarmSeconds: float = bounded(60.0, min=0.0)
+    warmWeight: float = bounded(2.0, min=0.0)
+
+
+@dataclass(frozen=True, slots=True)
+class SessionView:
+    """One decision's view of its session (scoring never changes state: explain shows this as a dry run)."""
+
+    ref: SessionRef
+    turn: int  # the turn this call belongs to (1 = the first)
+    parallel: bool  # a parallel call of a turn in flight (fan-out)
+    bound: str | None  # the endpoint holding the session's context, if known
+    candidate: bool  # whether that endpoint is a candidate
+    bonus: float  # the score the bound endpoint got
+    expected_gap: float | None  # the learnt pause between turns (None: no turn ended yet)
+    warm_until: float | None = None  # until when its context is protected from eviction (None: not protected)
+    home: str | None = None  # a session not bound yet: its program's home, when that is a candidate
+    spread: tuple[str, ...] = ()  # a new program: the candidates where the fewest programs live
+
+
+@dataclass(frozen=True, slots=True)
+class SessionNote:
+    """What the committed decision did for its session (the dashboard's decision stream reads it)."""
+
+    session: str  # SessionRef.label
+    source: str
+    turn: int
+    parallel: bool
+    why: str  # new session | stayed | moved: ... | a parallel call spread: ...
+
+
+def session_note(state: Mapping[str, Any]) -> SessionNote | None:
+    note = state.get(NOTE)
+    return note if isinstance(note, SessionNote) else None
+
+
+def session_view(state: Mapping[str, Any]) -> SessionView | None:
+    view = state.get(SESSION)
+    return view if isinstance(view, SessionView) else None
+
+
+def decision(view: SessionView, result: SchedulingResult) -> str:
+    """Why the call went where it went: new, stayed, moved (and why)."""
+    if not result.targets:
+        return ""
+    chosen = result.targets[0].key
+    b = view.bound
+    if b is None:
+        what = "new session" if view.turn == 1 else "placed by predicted latency (its endpoint left)"
+        if view.spread:
+            return f"{what}: a new program, placed where the fewest programs live" if chosen in view.spread else \
+                f"{what}: a new program, placed by predicted latency"
+        if view.home is None:
+            return what
+        if chosen == view.home:
+            return f"{what}: joined its program on {view.home}"
+        return f"{what}: its program's {view.home} predicted clearly slower"
+    if chosen == b:
+        return "parallel call co-located" if view.parallel else "stayed"
+    if not view.candidate:
+        return f"moved: {b} is not a candidate"
+    pr = result.profile_results.get(result.profile) or next(iter(result.profile_results.values()), None)
+    totals: dict[str, float] = {}
+    if pr is not None and pr.scored is not None and pr.score_totals is not None:
+        totals = {e.key: t for e, t in zip(pr.scored, pr.score_totals, strict=False)}
+    tb, tc = totals.get(b), totals.get(chosen)
+    what = "a parallel call spread" if view.parallel else "moved"
+    if tb is not None and tc is not None:
+        return f"{what}: {b} predicted clearly slower (score {tb:.2f} against {tc:.2f})"
+    return f"{what}: {b} predicted clearly slower"
+
+
+@register("agent-session-scorer")
+class AgentSessionScorer(Scorer[Params]):
+    Params = Params
+    clamped = True
+
+    def setup(self, build: BuildContext) -> None:
+        p = self.params
+        self.board = warm_board(build.shared)
+        self.board.weight = p.warmWeight
+        self.table = SessionTable(max_sessions=p.maxSessions, ttl_s=p.ttlSeconds, gap_alpha=p.gapAlpha,
+                                  on_drop=self.board.release)
+        self.bonus = 1.0 - 1.0 / p.moveFactor
+        self.program_bonus = 1.0 - 1.0 / p.programFactor
+        self._zeros: list[float] = []
+        self._outbox: deque[tuple[Record, float]] | None = None  # (record as of its time, that time)
+
+    def _zero(self, n: int) -> list[float]:
+        z = self._zeros
+        if len(z) != n:
+            z = self._zeros = [0.0] * n
+        return z
+
+    def view(self, ctx: SchedulingContext, candidates: Sequence[Endpoint]) -> SessionView | None:
+        ref = ctx.request.session
+        if ref is None:
+            return None
+        table = self.table
+        s = table.get(ref.key, ctx.now)
+        if s is None or s.endpoint is None:
+            turn, gap = (1, None) if s is None else (s.turns + 1, s.gap)
+            if not self.program_bonus or not ref.program:
+                return SessionView(ref, turn, False, None, False, 0.0, gap)
+            home = table.program_home(ref.program)
+            h = home[0] if home is not None and any(e.key == home[0] for e in candidates) else None
+            if h is not None:
+                return SessionView(ref, turn, False, None, False, self.program_bonus, gap, None, h)
+            # A program new here: it starts where the fewest programs live (programs spread over the endpoints).
+            claims = table.claims
+            fewest = min(claims(e.key) for e in candidates)
+            spread = tuple(e.key for e in candidates if claims(e.key) == fewest)
+            if len(spread) == len(candidates):
+                spread = ()
+            return SessionView(ref, turn, False, None, False, self.program_bonus if spread else 0.0, gap,
+                               spread=spread)
+        parallel = bool(s.calls)
+        b = s.endpoint
+        cand = any(e.key == b for e in candidates)
+        gap = s.gap if s.gap is not None else table.program_gap(s.program)
+        return SessionView(ref, s.turns if parallel else s.turns + 1, parallel, b, cand,
+                           self.bonus if cand else 0.0, gap, self.board.until(ref.key))
+
+    def score(self, ctx: SchedulingContext, candidates: list[Endpoint], state: State) -> list[float]:
+        n = len(candidates)
+        if ctx.request.session is None:
+            return self._zero(n)
+        v = self.view(ctx, candidates)
+        state[SESSION] = v
+        if v is None or not v.bonus:
+            return self._zero(n)
+        if v.spread:
+            spread, bonus = set(v.spread), v.bonus
+            return [bonus if e.key in spread else 0.0 for e in candidates]
+        b = v.bound if v.candidate else v.home
+        return [v.bonus if e.key == b else 0.0 for e in candidates]
+
+    def pre_request(self, ctx: SchedulingContext, result: SchedulingResult, state: State) -> None:
+        v: SessionView | None = state.get(SESSION)
+        if v is None or not result.targets:
+            return
+        chosen = result.targets[0].key
+        now = ctx.now
+        s, new_turn = self.table.begin(v.ref, chosen, float(ctx.request.estimated_tokens), now)
+        why = decision(v, result)
+        state[NOTE] = SessionNote(v.ref.label, v.ref.source, s.turns, not new_turn, why)
+        if new_turn:
+            self.board.release(s.key)  # its context is in use again
+            s.decision = why
+            self._export(s, now, -1.0)
+
+    def response_complete(self, ctx: SchedulingContext, result: SchedulingResult, state: State) -> None:
+        v: SessionView | None = state.get(SESSION)
+        if v is None or not result.targets:
+            return
+        now = ctx.now
+        s = self.table.end(v.ref.key, result.targets[0].key, now)
+        if s is None or s.endpoint is None:
+            return
+        p = self.params
+        warm = min(p.maxWarmSeconds, p.warmFactor * self.table.expected_gap(s, p.priorGapSeconds))
+        if warm > 0:
+            self.board.protect(s.key, s.endpoint, s.tokens, now + warm)
+        self._export(s, now, warm)
+
+    def endpoint_removed(self, key: str) -> None:
+        self.table.endpoint_removed(key)
+        self.board.forget(key)
+
+    def tracked_endpoints(self) -> Collection[str]:
+        return self.table.endpoints() | self.board.endpoints()
+
+    # ---- replication -------------------------------------------------------------------------------------
+    def _export(self, s: Session, now: float, warm: float) -> None:
+        """Queue the session for the bus: its binding as of `now`, and a protection of `warm` s from `now`."""
+        if self._outbox is not None and s.endpoint is not None:
+            self._outbox.append((_record(s, now, warm), now))
+
+    def replication_key(self) -> str:
+        return "agent-session"
+
+    def set_replicating(self, on: bool) -> None:
+        self._outbox = deque(maxlen=MAX_OUTBOX) if on else None
+
+    def export_records(self, now: float) -> list[Record]:
+        """The bindings and protections since the last call, with ages and what is left of the protection as of
+        `now` (so receivers on other clocks place them right)."""
+        out: list[Record] = []
+        for rec, at in drain(self._outbox):
+            late = max(0.0, now - at)
+            rec[2] += late
+            if rec[7] >= 0:
+                rec[7] = max(0.0, rec[7] - late)
+            out.append(rec)
+        return out
+
+    def snapshot_records(self, now: float) -> list[Record]:
+        out: list[Record] = []
+        for s in reversed(list(self.table)):
+            if len(out) >= SNAPSHOT or now - s.last > self.table.ttl_s:
+                break
+            if s.endpoint is not None:
+                until = self.board.until(s.key)
+                out.append(_record(s, now, -1.0 if until is None else max(0.0, until - now)))
+        return out
+
+    def apply_records(self, peer: str, records: Sequence[Record], now: float) -> int:
+        bad = 0
+        ttl = self.table.ttl_s
+        for rec in records:
+            if not _valid(rec):
+                bad += 1
+                continue
+            ep, raw, age, turns, gap, program, tokens, warm = rec
+            s = self.table.place(int.from_bytes(raw, "big"), "peer", int(program), ep, now - min(float(age), ttl),
+                                 int(turns), None if gap < 0 else float(gap), float(tokens))
+            if s is not None and warm > 0:
+                self.board.protect(s.key, ep, s.tokens, now + float(warm))
+            elif s is not None and warm < 0 and not s.calls:
+                self.board.release(s.key)
+        return bad
+
+
+def _record(s: Session, now: float, warm: float) -> Record:
+    return [s.endpoint, s.key.to_bytes(16, "big"), max(0.0, now - s.last), s.turns,
+            -1.0 if s.gap is None else s.gap, s.program, s.tokens, warm]
+
+
+def _num(v: Any, lo: float, hi: float) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and lo <= v < hi
+
+
+def _valid(rec: Record) -> bool:
+    return (len(rec) == 8 and isinstance(rec[1], bytes) and len(rec[1]) == 16 and _num(rec[2], 0.0, 1e9)
+            and is_count(rec[3], 2**31) and (rec[4] == -1.0 or _num(rec[4], 0.0, 1e9)) and is_count(rec[5])
+            and _num(rec[6], 0.0, 1e9) and (rec[7] == -1.0 or _num(rec[7], 0.0, 1e6)))
