@@ -3,9 +3,9 @@
 The SDK's OTLP exporters (`opentelemetry-exporter-otlp-proto-grpc` and `-http`, the `[otel]` extra) send the
 spans: their endpoints, headers, TLS, compression, timeouts and retries follow the standard `OTEL_EXPORTER_OTLP_*`
 environment variables. What they do slowly is turn spans into protobuf: the stock encoder builds every nested
-message through keyword constructors, which upb copies, about 35 µs per span with a dozen attributes, spent in the
+message through keyword constructors, which upb copies, about 35 µs per span of Pointsman's shape, spent in the
 batch processor's thread while it holds the GIL, so on the event loop's time. `encode` fills the same
-`ExportTraceServiceRequest` in place, about six times faster (bench/bench_tracing_encode.py compares them;
+`ExportTraceServiceRequest` in place, about four times faster (bench/bench_tracing_encode.py compares them;
 tests/observe/test_otlp_encode.py checks both give the same message). The exporters take it through their own
 hooks: the gRPC exporter's `_translate_data`, the HTTP exporter's module-level `encode_spans`. Spans this encoder
 does not expect (events, links, several resources or scopes) go to the stock encoder.
