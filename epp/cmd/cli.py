@@ -52,7 +52,8 @@ def serve(settings: ServeSettings) -> int:
             except ImportError:
                 print("error: --event-loop uvloop needs the uvloop package (pip install uvloop)", file=sys.stderr)
                 return 2
-            return uvloop.run(run(settings))
+            code: int = uvloop.run(run(settings))
+            return code
         return asyncio.run(run(settings))
     except KeyboardInterrupt:
         return 0
