@@ -8,8 +8,9 @@ The HTTP/2 layer is our own rather than a general library's state machine so tha
 is bounded by a limit and O(1) per frame: see docs/frontdoor.md.
 
 - `H2Server` (server.py): ports, routing, lifecycle, the connection cap; the grpc.aio.Server calls Pointsman uses.
-- `Connection` (connection.py): one HTTP/2 connection: frames in (reader.py), streams, budgets (budget.py),
-  timers, GOAWAY; the sending side and flow control both ways (outbound.py); wire format (frames.py).
+- `Connection` (connection.py): one HTTP/2 connection: frames in (reader.py; a stream's frames in inbound.py, the
+  connection's in control.py), the open streams (streamtable.py), budgets (budget.py), timers, GOAWAY; the sending
+  side and flow control both ways (outbound.py); wire format (frames.py).
 - `ServerStream`/`StreamHandler` (stream.py): one call; message assembly and size limit; status. Compressed
   messages are inflated off the loop (inflate.py); header blocks decoded with hpack, once per distinct block
   (headers.py).

@@ -1,12 +1,13 @@
 """One HTTP/2 connection of the gRPC server (RFC 9113, the server's side, what gRPC needs): an asyncio Protocol.
 
 - Reading: `FrameReader` (reader.py) cuts each read into frames, checking a frame's length on its header;
-  `Inbound` (inbound.py) applies them. Request bodies go to the streams, which hand complete messages to their
-  handlers synchronously. Header blocks are size-checked in bytes, then decoded with `hpack`. The sending side
-  and flow control both ways are `Outbound` (outbound.py).
-- Streams: a dict of the open ones (its size is the open-stream count); client stream ids only grow, so anything
-  at or below the highest seen and not in the table is closed. Beyond SETTINGS_MAX_CONCURRENT_STREAMS a new stream
-  gets RST_STREAM REFUSED_STREAM.
+  `Inbound` (inbound.py: a stream's frames) and `Control` (control.py: the connection's) apply them. Request
+  bodies go to the streams, which hand complete messages to their handlers synchronously. Header blocks are
+  size-checked in bytes, then decoded with `hpack`. The sending side and flow control both ways are `Outbound`
+  (outbound.py).
+- Streams: a dict of the open ones (its size is the open-stream count), kept by `StreamTable` (streamtable.py);
+  client stream ids only grow, so anything at or below the highest seen and not in the table is closed. Beyond
+  SETTINGS_MAX_CONCURRENT_STREAMS a new stream gets RST_STREAM REFUSED_STREAM.
 - Work a client causes without getting any done is budgeted (budget.py); a connection error, or a spent budget,
   ends the connection with GOAWAY and the matching code. An exception anywhere in handling a read does too (logged),
   never the server.
@@ -37,7 +38,6 @@ from epp.h2grpc.frames import (
 from epp.h2grpc.headers import HeaderDecoder
 from epp.h2grpc.inbound import Inbound
 from epp.h2grpc.reader import FrameReader
-from epp.h2grpc.stream import ServerStream
 
 if TYPE_CHECKING:
     from epp.h2grpc.server import H2Server
@@ -78,7 +78,7 @@ class Connection(Inbound, asyncio.Protocol):
         self._block_flags = 0
         self._block_frames = 0
         self._block_self_dependent = False
-        self._reset_ids: dict[int, None] = {}  # streams we reset lately, oldest first
+        self._reset_ids = {}  # streams we reset lately, oldest first (streamtable.py)
         self._reset_memory = max(4096, 2 * lim.max_concurrent_streams)
         # the sending side (outbound.py)
         self._out = []
@@ -175,41 +175,6 @@ class Connection(Inbound, asyncio.Protocol):
         self._drain_waiting()
         self._flush()
         self._wake_writers()
-
-    # ---- streams ---------------------------------------------------------------------------------------------
-    def reset(self, sid: int, code: int) -> None:
-        """RST_STREAM from us. Frames the client sent before it learns of it are ignored, for the last few
-        thousand streams reset; on other closed streams they are connection errors (RFC 9113 §5.1)."""
-        self._out.append(frames.rst_stream(sid, code))
-        reset = self._reset_ids
-        reset[sid] = None
-        if len(reset) > self._reset_memory:
-            del reset[next(iter(reset))]
-
-    def _remove(self, stream: ServerStream) -> None:
-        """The stream leaves the table (closed both ways, or reset); its buffers leave the connection's budget."""
-        if self.streams.pop(stream.id, None) is None:
-            return
-        if stream.pending_bytes:
-            self.out_pending -= stream.pending_bytes
-            self.server.buffered -= stream.pending_bytes
-            stream.pending_bytes = 0
-            stream.pending = None
-        self._waiting_conn.pop(stream, None)
-        self._waiting_stream.pop(stream, None)
-        if stream.reserved:
-            self.unreserve(stream)
-        if stream.held:
-            self.held -= stream.held
-            self.server.buffered -= stream.held
-            stream.held = 0
-        if not self.streams:
-            self._became_idle()
-
-    def _forget(self, stream: ServerStream) -> None:
-        """Reset, by either side, or the connection is gone: the call is cancelled."""
-        self._remove(stream)
-        stream.lost()
 
     # ---- lifecycle -------------------------------------------------------------------------------------------
     def _timer(self, name: str, delay: float, callback: Callable[[], object]) -> None:

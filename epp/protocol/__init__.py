@@ -1,7 +1,7 @@
 """The sans-IO ext_proc protocol machine (see `epp.protocol.machine` for the theory of operation)."""
 
 from epp.protocol.contract import RULES, BodyMode, Decision, Exchange, Outcome, Rule
-from epp.protocol.machine import KINDS, RESPONSE_TABLE, TABLE, Phase, RequestMachine, ResponsePhase
+from epp.protocol.machine import KINDS, TABLE, Phase, RequestMachine
 from epp.protocol.messages import (
     CHUNK_LIMIT,
     header_mutation,
@@ -11,6 +11,7 @@ from epp.protocol.messages import (
     streamed_chunks,
     struct_to_dict,
 )
+from epp.protocol.response import RESPONSE_TABLE, ResponsePhase
 
 __all__ = [
     "CHUNK_LIMIT", "KINDS", "RESPONSE_TABLE", "RULES", "TABLE", "BodyMode", "Decision", "Exchange", "Outcome",

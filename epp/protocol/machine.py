@@ -36,13 +36,14 @@ The request side of a stream moves through these phases (`Phase`):
   request is never decided (a pending decision is dropped) and the response phase is answered.
 - CLOSED: an ImmediateResponse was sent; Envoy closes the stream. Messages it had already sent are ignored.
 
-The response side has its own small machine (`ResponsePhase`): WAITING → HEADERS → BODY → BODY_ENDED → DONE, where
-headers may be skipped (response_header_mode SKIP) and trailers may come at any point before DONE.
+The response side has its own small machine (`ResponsePhase`, in `epp.protocol.response`): WAITING → HEADERS →
+BODY → BODY_ENDED → DONE, where headers may be skipped (response_header_mode SKIP) and trailers may come at any
+point before DONE.
 
-Every (phase, message kind) pair has an entry in TABLE, and every (response phase, kind) pair in RESPONSE_TABLE:
-each message either advances a phase or is handled by a written rule. A violation gets an ImmediateResponse
-`inference error: <Code> - ext_proc protocol violation: ...` (the rules are in `epp.protocol.contract`), closes the
-stream and is reported in `violation` for the driver to count.
+Every (phase, message kind) pair has an entry in TABLE, and every (response phase, kind) pair in RESPONSE_TABLE
+(`epp.protocol.response`): each message either advances a phase or is handled by a written rule. A violation gets
+an ImmediateResponse `inference error: <Code> - ext_proc protocol violation: ...` (the rules are in
+`epp.protocol.contract`), closes the stream and is reported in `violation` for the driver to count.
 
 Guarantees: a decision is requested at most once per stream (no phase leads back to DECIDING), so at most one
 request-header reply is ever sent and in-flight counts go up at most once; the driver calls `exchange.close()`
@@ -60,16 +61,14 @@ from epp.protocol import contract as rules
 from epp.protocol.contract import BodyMode, Decision, Exchange, Outcome, Rule
 from epp.protocol.messages import (
     REQUEST_TRAILERS,
-    RESPONSE_TRAILERS,
     headers_reply,
     immediate,
     read_headers,
     read_metadata,
     rejection,
-    response_body_replies,
-    response_headers_reply,
 )
 from epp.protocol.policies import BodyPolicy, policy_for
+from epp.protocol.response import RESPONSE_KINDS, ResponsePhase, respond
 
 Replies = list[pb.ProcessingResponse]
 
@@ -83,14 +82,6 @@ class Phase(enum.IntEnum):
     ABANDONED = 5
     CLOSED = 6
     EARLY = 7
-
-
-class ResponsePhase(enum.IntEnum):
-    WAITING = 0
-    HEADERS = 1
-    BODY = 2
-    BODY_ENDED = 3
-    DONE = 4
 
 
 class RequestMachine:
@@ -320,11 +311,7 @@ def _local_reply(m: RequestMachine, req: pb.ProcessingRequest, kind: str | None)
     m._held = None
     m._chunks = []
     m.echo = []
-    return _respond(m, req, kind)
-
-
-def _respond(m: RequestMachine, req: pb.ProcessingRequest, kind: str | None) -> Replies:
-    return _RESPONSE_DISPATCH[m.response_phase][kind](m, req, kind)
+    return respond(m, req, kind)
 
 
 def _ignore(m: RequestMachine, req: pb.ProcessingRequest, kind: str | None) -> Replies:
@@ -344,33 +331,11 @@ _repeated = _violation(rules.HEADERS_REPEATED)
 _before_headers = _violation(rules.BEFORE_HEADERS)
 _after_end = _violation(rules.AFTER_END)
 _after_response = _violation(rules.AFTER_RESPONSE)
-_response_violation = _violation(rules.RESPONSE_OUT_OF_ORDER)
-
-
-# ---- response-side handlers ------------------------------------------------------------------------------------
-def _response_headers(m: RequestMachine, req: pb.ProcessingRequest, kind: str | None) -> Replies:
-    h = req.response_headers
-    sets = m.exchange.response_headers(read_headers(h), read_metadata(req))
-    m.response_phase = ResponsePhase.BODY_ENDED if h.end_of_stream else ResponsePhase.HEADERS
-    return [response_headers_reply(sets)]
-
-
-def _response_body(m: RequestMachine, req: pb.ProcessingRequest, kind: str | None) -> Replies:
-    body = req.response_body
-    data = m.exchange.response_body(body.body, body.end_of_stream)
-    m.response_phase = ResponsePhase.BODY_ENDED if body.end_of_stream else ResponsePhase.BODY
-    return response_body_replies(body.body, data, body.end_of_stream, m.response_mode)
-
-
-def _response_trailers(m: RequestMachine, req: pb.ProcessingRequest, kind: str | None) -> Replies:
-    m.response_phase = ResponsePhase.DONE
-    m.exchange.response_end()
-    return [RESPONSE_TRAILERS]
 
 
 # ---- the tables --------------------------------------------------------------------------------------------------
-KINDS: tuple[str | None, ...] = ("request_headers", "request_body", "request_trailers", "response_headers", "response_body",
-         "response_trailers", None)  # None: a ProcessingRequest with no message set
+KINDS: tuple[str | None, ...] = ("request_headers", "request_body", "request_trailers", *RESPONSE_KINDS,
+                                 None)  # None: a ProcessingRequest with no message set
 
 # (phase, message kind) -> handler, one row per phase, columns in KINDS order.
 TABLE: dict[Phase, tuple[Handler, ...]] = {
@@ -378,26 +343,13 @@ TABLE: dict[Phase, tuple[Handler, ...]] = {
     Phase.IDLE:      (_request_headers, _before_headers,      _before_headers,          _local_reply, _local_reply, _local_reply, _empty),
     Phase.BODY:      (_repeated,        _collect_body,        _collect_trailers,        _local_reply, _local_reply, _local_reply, _empty),
     Phase.DECIDING:  (_repeated,        _body_while_deciding, _trailers_while_deciding, _local_reply, _local_reply, _local_reply, _empty),
-    Phase.STREAMING: (_repeated,        _late_body,           _late_trailers,           _respond,     _respond,     _respond,     _empty),
-    Phase.COMPLETE:  (_repeated,        _after_end,           _late_trailers,           _respond,     _respond,     _respond,     _empty),
-    Phase.ABANDONED: (_after_response,  _after_response,      _after_response,          _respond,     _respond,     _respond,     _empty),
+    Phase.STREAMING: (_repeated,        _late_body,           _late_trailers,           respond,      respond,      respond,      _empty),
+    Phase.COMPLETE:  (_repeated,        _after_end,           _late_trailers,           respond,      respond,      respond,      _empty),
+    Phase.ABANDONED: (_after_response,  _after_response,      _after_response,          respond,      respond,      respond,      _empty),
     Phase.CLOSED:    (_ignore,          _ignore,              _ignore,                  _ignore,      _ignore,      _ignore,      _ignore),
     Phase.EARLY:     (_repeated,        _body_while_early,    _trailers_while_early,    _local_reply, _local_reply, _local_reply, _empty),
-}  # fmt: skip
-
-RESPONSE_KINDS = KINDS[3:6]
-# (response phase, response message kind) -> handler.
-RESPONSE_TABLE: dict[ResponsePhase, tuple[Handler, ...]] = {
-    #                             response_headers      response_body         response_trailers
-    ResponsePhase.WAITING:    (_response_headers,   _response_body,       _response_trailers),
-    ResponsePhase.HEADERS:    (_response_violation, _response_body,       _response_trailers),
-    ResponsePhase.BODY:       (_response_violation, _response_body,       _response_trailers),
-    ResponsePhase.BODY_ENDED: (_response_violation, _response_violation,  _response_trailers),
-    ResponsePhase.DONE:       (_response_violation, _response_violation,  _response_violation),
 }  # fmt: skip
 
 # Compiled for the hot path: a tuple indexed by phase of dicts keyed by message kind.
 _DISPATCH: tuple[dict[str | None, Handler], ...] = tuple(
     dict(zip(KINDS, TABLE[p], strict=True)) for p in Phase)
-_RESPONSE_DISPATCH: tuple[dict[str | None, Handler], ...] = tuple(
-    dict(zip(RESPONSE_KINDS, RESPONSE_TABLE[p], strict=True)) for p in ResponsePhase)

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from epp.request import jsonstream
+from epp.request import jsonvalues
 from epp.request.parsing import parse_body
 from epp.request.streaming import StreamingBody
 from scheduling.types import ApiKind, SchedulingError
@@ -166,8 +166,8 @@ def test_streaming_reader_matches_parse_body_with_small_thresholds(data):
     kind, raw = data.draw(bodies())
     pieces = chunks(data.draw, raw)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(jsonstream, "DEEP_BYTES", 8)
-        mp.setattr(jsonstream, "LONG_STRING", 4)
+        mp.setattr(jsonvalues, "DEEP_BYTES", 8)
+        mp.setattr(jsonvalues, "LONG_STRING", 4)
         got = streamed(kind, pieces)
     assert got == expected(kind, raw)
 

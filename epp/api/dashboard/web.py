@@ -17,18 +17,16 @@ Under the path prefix P (default "/"):
 
 Everything is read-only: explain is a dry run and no route changes routing state. With a token every route above
 but static/ (the package's JS and CSS, which hold no data) needs `Authorization: Bearer <token>` or the session
-cookie (compared in constant time); /metrics stays open for Prometheus scrapers. The token is never logged.
+cookie (compared in constant time: auth.py); /metrics stays open for Prometheus scrapers. The token is never logged.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
-import hmac
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from importlib import resources
 from typing import Any
 
@@ -36,20 +34,17 @@ import orjson
 from aiohttp import web
 
 from epp.api.dashboard import views
+from epp.api.dashboard.auth import CSP, TokenAuth
 from epp.api.dashboard.recorder import DecisionRecorder
 from epp.api.dashboard.series import Sampler
 from epp.api.explain import PointsmanService
 
 log = logging.getLogger(__name__)
 
-COOKIE = "pointsman_dashboard"
 MAX_EVENT_CLIENTS = 32
 EVENT_POLL_S = 0.25  # how often an event stream looks for new decisions
 MAX_PUSH = 50  # decisions sent per poll at most: a busy picker costs an open page at most 200 rows a second
 STATIC_TYPES = {".js": "text/javascript", ".css": "text/css", ".html": "text/html", ".txt": "text/plain"}
-CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
-       "form-action 'self'; base-uri 'none'; frame-ancestors 'none'")
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 def normalize_prefix(prefix: str) -> str:
@@ -98,15 +93,13 @@ class Dashboard:
     ) -> None:
         self.explainer = PointsmanService(director, passive)  # holds the current director (swapped on reload)
         self.prefix = normalize_prefix(prefix)
-        self._token = token.encode() if token else None
-        self._session = (hmac.new(self._token, b"pointsman-dashboard-session", hashlib.sha256).hexdigest().encode()
-                         if self._token else b"")
+        self.static = _load_static()
+        self.auth = TokenAuth(token, self.prefix, self.static["login.html"][0].decode())
         self.recorder = recorder if recorder is not None else DecisionRecorder(capacity)
         self.sampler = Sampler(self.recorder, director.datastore, director.clock)
         self.config_source = config_source
         self.watchers = watchers if watchers is not None else {}
         self.started_at = started_at or time.time()
-        self.static = _load_static()
         self.clients = 0
         # With `epp serve --workers N` the page is one worker's (epp/workers): {"label": ..., "note": ...}.
         self.scope: dict[str, str] | None = None
@@ -124,20 +117,21 @@ class Dashboard:
         """Add the routes to the metrics server's application (before it starts)."""
         p = self.prefix
         r = app.router
+        guard = self.auth.guard
         if p != "/":
-            r.add_get(p.rstrip("/"), self._guard(self._to_prefix))
+            r.add_get(p.rstrip("/"), guard(self._to_prefix))
         r.add_get(p, self._page)
-        r.add_post(p + "login", self._login)
+        r.add_post(p + "login", self.auth.login)
         r.add_get(p + "static/{path:.+}", self._static)  # the package's own JS/CSS: no data, no token needed
-        r.add_get(p + "api/fleet", self._guard(self._fleet))
-        r.add_get(p + "api/decisions", self._guard(self._decisions))
-        r.add_get(p + "api/decisions/{seq:\\d+}", self._guard(self._decision))
-        r.add_get(p + "api/series", self._guard(self._series))
-        r.add_get(p + "api/config", self._guard(self._config))
-        r.add_post(p + "api/explain", self._guard(self._explain))
-        r.add_get(p + "api/receipts/{id}", self._guard(self._receipt))
-        r.add_get(p + "api/shadow", self._guard(self._shadow))
-        r.add_get(p + "api/events", self._guard(self._events))
+        r.add_get(p + "api/fleet", guard(self._fleet))
+        r.add_get(p + "api/decisions", guard(self._decisions))
+        r.add_get(p + "api/decisions/{seq:\\d+}", guard(self._decision))
+        r.add_get(p + "api/series", guard(self._series))
+        r.add_get(p + "api/config", guard(self._config))
+        r.add_post(p + "api/explain", guard(self._explain))
+        r.add_get(p + "api/receipts/{id}", guard(self._receipt))
+        r.add_get(p + "api/shadow", guard(self._shadow))
+        r.add_get(p + "api/events", guard(self._events))
 
     async def start(self) -> None:
         self.sampler.sample()
@@ -164,49 +158,13 @@ class Dashboard:
     def to_wall(self, t: float) -> float:
         return time.time() - (float(self.director.clock()) - t)
 
-    # ---- auth --------------------------------------------------------------------------------------------
-    def authorized(self, request: web.Request) -> bool:
-        if self._token is None:
-            return True
-        auth = request.headers.get("Authorization", "")
-        if auth[:7].lower() == "bearer " and hmac.compare_digest(auth[7:].strip().encode(), self._token):
-            return True
-        cookie = request.cookies.get(COOKIE)
-        return cookie is not None and hmac.compare_digest(cookie.encode(), self._session)
-
-    def _guard(self, handler: Handler) -> Handler:
-        async def guarded(request: web.Request) -> web.StreamResponse:
-            if not self.authorized(request):
-                return web.json_response({"error": "unauthorized: send Authorization: Bearer <token>"},
-                                         status=401, headers={"WWW-Authenticate": 'Bearer realm="pointsman"'})
-            return await handler(request)
-
-        return guarded
-
-    def _login_page(self, message: str, status: int) -> web.Response:
-        # Relative URLs, like the page's: they keep working behind a reverse proxy that rewrites the prefix.
-        html = self.static["login.html"][0].decode().replace("{{action}}", "login").replace("{{message}}", message)
-        return web.Response(text=html, status=status, content_type="text/html", headers={"Content-Security-Policy": CSP})
-
-    async def _login(self, request: web.Request) -> web.Response:
-        if self._token is None:
-            raise web.HTTPSeeOther(self.prefix)
-        form = await request.post()
-        given = str(form.get("token", "")).strip().encode()
-        if not hmac.compare_digest(given, self._token):
-            return self._login_page("That token is not right.", 401)
-        resp = web.Response(status=303, headers={"Location": "./"})
-        resp.set_cookie(COOKIE, self._session.decode(), path=self.prefix, httponly=True, samesite="Strict",
-                        secure=request.secure)
-        return resp
-
     # ---- the page and its assets -------------------------------------------------------------------------
     async def _to_prefix(self, request: web.Request) -> web.Response:
         raise web.HTTPMovedPermanently(self.prefix)
 
     async def _page(self, request: web.Request) -> web.Response:
-        if not self.authorized(request):
-            return self._login_page("This dashboard needs a token.", 401)
+        if not self.auth.authorized(request):
+            return self.auth.login_page("This dashboard needs a token.", 401)
         body, ctype = self.static["index.html"]
         return web.Response(body=body, content_type=ctype,
                             headers={"Content-Security-Policy": CSP, "Cache-Control": "no-cache"})

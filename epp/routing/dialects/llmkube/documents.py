@@ -20,6 +20,7 @@ webhook; every error names the document, the field and what was expected:
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
@@ -233,9 +234,24 @@ def _rule(doc: Doc, raw: Any, i: int, backends: Mapping[str, RouterBackend], sen
     name = doc.string(r.get("name"), join(path, "name"), required=True, pattern=NAME, what="a rule name")
     assert name is not None
     fail_closed = doc.boolean(r.get("failClosed"), join(path, "failClosed"))
-    mpath = join(path, "match")
-    m = doc.mapping(r.get("match"), mpath, ("models", "headers", "dataClassification", "requiredCapabilities",
-                                            "taskComplexity", "latencySLOMs"))
+    models, headers, classes, required, complexity, slo = _match(doc, r.get("match"), join(path, "match"))
+    names, strategy, timeout = _route(doc, r.get("route"), join(path, "route"), backends, plane)
+    rule = RouterRule(name=name, index=i, backends=names,
+                      strategy=strategy or PRIMARY_FALLBACK,  # type: ignore[arg-type]
+                      models=models, headers=headers, classifications=classes,
+                      required=required, complexity=complexity, latency_slo_ms=slo, timeout_s=timeout,
+                      fail_closed=fail_closed)
+    _sensitive_rule(doc, rule, path, backends, sensitive)
+    return rule
+
+
+def _match(doc: Doc, raw: Any, mpath: str) -> tuple[tuple[tuple[str, re.Pattern[str]], ...],
+                                                    tuple[tuple[str, str], ...], frozenset[str], frozenset[str],
+                                                    str | None, int | None]:
+    """A rule's `match`: (models with their compiled globs, headers, classifications, required capabilities,
+    task complexity, latency SLO)."""
+    m = doc.mapping(raw, mpath, ("models", "headers", "dataClassification", "requiredCapabilities",
+                                 "taskComplexity", "latencySLOMs"))
     models = []
     for j, g in enumerate(doc.list(m.get("models"), join(mpath, "models"))):
         glob = doc.string(g, f"{mpath}.models[{j}]", required=True, what="a model name or glob")
@@ -261,8 +277,13 @@ def _rule(doc: Doc, raw: Any, i: int, backends: Mapping[str, RouterBackend], sen
                                                         join(mpath, "requiredCapabilities"))))
     complexity = doc.enum(m.get("taskComplexity"), join(mpath, "taskComplexity"), COMPLEXITIES)
     slo = doc.integer(m.get("latencySLOMs"), join(mpath, "latencySLOMs"), lo=1, hi=2**31 - 1)
-    rpath = join(path, "route")
-    route = doc.mapping(r.get("route"), rpath, ("backends", "strategy", "timeout", "poolActivation"), required=True)
+    return tuple(models), tuple(sorted(headers)), frozenset(classes), required, complexity, slo
+
+
+def _route(doc: Doc, raw: Any, rpath: str, backends: Mapping[str, RouterBackend],
+           plane: str) -> tuple[tuple[str, ...], str | None, float | None]:
+    """A rule's `route`: (its backends, in order; the strategy; the timeout)."""
+    route = doc.mapping(raw, rpath, ("backends", "strategy", "timeout", "poolActivation"), required=True)
     names: list[str] = []
     for j, n in enumerate(doc.list(route.get("backends"), join(rpath, "backends"), min_items=1)):
         bname = doc.string(n, f"{rpath}.backends[{j}]", required=True, what="a backend name") or ""
@@ -292,13 +313,7 @@ def _rule(doc: Doc, raw: Any, i: int, backends: Mapping[str, RouterBackend], sen
                                                     "mirroring nor mirrored to")
     timeout = duration(doc, route.get("timeout"), join(rpath, "timeout"), lo=0.1, hi=1800.0)
     doc.enum(route.get("poolActivation"), join(rpath, "poolActivation"), ("Wait", "IfIdle"))
-    rule = RouterRule(name=name, index=i, backends=tuple(names),
-                      strategy=strategy or PRIMARY_FALLBACK,  # type: ignore[arg-type]
-                      models=tuple(models), headers=tuple(sorted(headers)), classifications=frozenset(classes),
-                      required=required, complexity=complexity, latency_slo_ms=slo, timeout_s=timeout,
-                      fail_closed=fail_closed)
-    _sensitive_rule(doc, rule, path, backends, sensitive)
-    return rule
+    return tuple(names), strategy, timeout
 
 
 def _sensitive_rule(doc: Doc, rule: RouterRule, path: str, backends: Mapping[str, RouterBackend],
