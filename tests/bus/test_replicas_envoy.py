@@ -214,54 +214,54 @@ async def test_killing_a_replica_mid_traffic_loses_only_its_streams_and_leaves_n
     def ok_after(t: float) -> int:
         return sum(1 for t0, _, st in results if t0 > t and st == 200)
 
-    try:
-        for r in (a, b):
-            await asyncio.to_thread(wait_port, r.grpc, 30.0)
-        await asyncio.to_thread(envoy.start)
-
-        async def client(i: int) -> None:
-            nonlocal outstanding
-            async with aiohttp.ClientSession() as s:
-                n = 0
-                while not stop.is_set():
-                    n += 1
-                    t0 = time.monotonic()
-                    outstanding += 1
-                    try:
-                        status, _ = await post(s, url, f"client {i} request {n}")
-                    except aiohttp.ClientError:
-                        status = -1  # a reset: the client saw no status at all
-                    finally:
-                        outstanding -= 1
-                    results.append((t0, time.monotonic(), status))
-
-        clients = [asyncio.create_task(client(i)) for i in range(8)]
+    try:  # the replicas and the fleet are stopped whatever happens
         try:
-            # traffic flows through both replicas (Envoy alternates them), and a sees load
-            await until(lambda: asyncio.to_thread(all_served, [a, b], 10), 20, "both replicas to decide requests")
-            await until(lambda: inflight_view(a.grpc), 10, "load in a's view")
-            killed_at = time.monotonic()
-            os.kill(b.proc.pid, signal.SIGKILL)
-            # Past the bus ttl (1 s) a stops counting b, and b's last snapshot goes with it (at a's next sweep, a
-            # heartbeat later): from 1.5 s after the kill a's view holds only real requests, no phantom.
-            await until(lambda: asyncio.to_thread(lambda: live_peers(a.metrics) == 0), 10,
-                        "a to stop counting b (the bus ttl)")
-            seen: list[tuple[dict[str, int], int]] = []
+            for r in (a, b):
+                await asyncio.to_thread(wait_port, r.grpc, 30.0)
+            await asyncio.to_thread(envoy.start)
 
-            async def no_phantom() -> bool:
-                view = await inflight_view(a.grpc)
-                seen.append((view, outstanding))
-                return sum(view.values()) <= outstanding <= 8
+            async def client(i: int) -> None:
+                nonlocal outstanding
+                async with aiohttp.ClientSession() as s:
+                    n = 0
+                    while not stop.is_set():
+                        n += 1
+                        t0 = time.monotonic()
+                        outstanding += 1
+                        try:
+                            status, _ = await post(s, url, f"client {i} request {n}")
+                        except aiohttp.ClientError:
+                            status = -1  # a reset: the client saw no status at all
+                        finally:
+                            outstanding -= 1
+                        results.append((t0, time.monotonic(), status))
 
-            await until(no_phantom, max(0.0, killed_at + 1.5 - time.monotonic()),
-                        lambda: f"only real requests in a's view (view, outstanding): {seen[-1:]}")
-            await until(lambda: ok_after(killed_at) > 20, 20, "the survivor to carry on")
+            clients = [asyncio.create_task(client(i)) for i in range(8)]
+            try:
+                # traffic flows through both replicas (Envoy alternates them), and a sees load
+                await until(lambda: asyncio.to_thread(all_served, [a, b], 10), 20, "both replicas to decide requests")
+                await until(lambda: inflight_view(a.grpc), 10, "load in a's view")
+                killed_at = time.monotonic()
+                os.kill(b.proc.pid, signal.SIGKILL)
+                # Past the bus ttl (1 s) a stops counting b, and b's last snapshot goes with it (at a's next sweep, a
+                # heartbeat later): from 1.5 s after the kill a's view holds only real requests, no phantom.
+                await until(lambda: asyncio.to_thread(lambda: live_peers(a.metrics) == 0), 10,
+                            "a to stop counting b (the bus ttl)")
+                seen: list[tuple[dict[str, int], int]] = []
+
+                async def no_phantom() -> bool:
+                    view = await inflight_view(a.grpc)
+                    seen.append((view, outstanding))
+                    return sum(view.values()) <= outstanding <= 8
+
+                await until(no_phantom, max(0.0, killed_at + 1.5 - time.monotonic()),
+                            lambda: f"only real requests in a's view (view, outstanding): {seen[-1:]}")
+                await until(lambda: ok_after(killed_at) > 20, 20, "the survivor to carry on")
+            finally:
+                stop.set()
+                await asyncio.gather(*clients)
         finally:
-            stop.set()
-            await asyncio.gather(*clients)
-    finally:
-        envoy.stop()
-    try:
+            envoy.stop()
         failed = [(t0 - killed_at, t1 - killed_at, st) for t0, t1, st in results if st != 200]
         # Envoy's ext_proc failure policy (failure_mode_allow: false, docs/replicas.md): a request whose ext_proc
         # stream breaks gets a 500; the streams open on the killed replica are lost (with any Envoy put on its
