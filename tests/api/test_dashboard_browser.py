@@ -57,6 +57,24 @@ def text_of(drv, css: str) -> str:
         "return [...document.querySelectorAll(arguments[0])].map((e) => e.innerText).join('\\n')", css)
 
 
+def count_ticks(drv) -> None:
+    """Count the page's live ticks from now on (window.__ticks): every tick redraws the fleet table's rows."""
+    drv.execute_script(
+        "window.__ticks = 0; new MutationObserver(() => { window.__ticks += 1; })"
+        ".observe(document.querySelector('#fleet-table tbody'), {childList: true});")
+
+
+def ticks(drv) -> int:
+    return drv.execute_script("return window.__ticks || 0;")
+
+
+def wait_ticks(drv, n: int, timeout: float = 10.0, extra=lambda d: True) -> None:
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    WebDriverWait(drv, timeout, poll_frequency=0.05).until(lambda d: ticks(d) >= n and extra(d),
+                                                           f"{n} live ticks within {timeout} s")
+
+
 def click(drv, css: str) -> None:
     assert drv.execute_script("const e = document.querySelector(arguments[0]); if (e) e.click(); return !!e;", css)
 
@@ -74,7 +92,8 @@ def test_the_page_loads_live_with_no_console_errors(stack, browser):
     browser.get(stack.dashboard)
     wait_for(browser, "#live.pill-ok")
     wait_for(browser, ".uplot", count=5)  # all five charts drew
-    time.sleep(1.5)  # a few live ticks
+    count_ticks(browser)
+    wait_ticks(browser, 2)  # a few live ticks
     assert console_errors(browser) == []
     browser.execute_script("console.error('probe: the console log is read')")
     assert any("probe: the console log is read" in e for e in console_errors(browser))
@@ -153,7 +172,8 @@ def test_screenshot_with_the_stack_under_load(stack, browser, tmp_path_factory, 
     try:
         browser.get(stack.dashboard)
         wait_for(browser, "#dec-table tbody tr", count=20, timeout=20)
-        time.sleep(3)
+        count_ticks(browser)  # live ticks drawing the load: the charts and the request rate show it
+        wait_ticks(browser, 2, extra=lambda d: float(text_of(d, "#st-rate") or 0) > 0)
         path = save_screenshot(browser, tmp_path_factory.mktemp("dashboard"), "dashboard-under-load.png", capsys)
     finally:
         stop.set()

@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import aiohttp
@@ -29,6 +30,7 @@ from tests.support.envoy import Envoy
 from tests.support.extproc_requests import chat, open_request, stub_for
 from tests.support.holding import HoldingFleet
 from tests.support.stack import serve_args
+from tests.support.wait import until
 
 pytestmark = pytest.mark.envoy
 ROOT = Path(__file__).resolve().parents[2]
@@ -128,13 +130,20 @@ async def test_two_replicas_keep_prefix_affinity_and_balance_shared_load(tmp_pat
                 for k in range(9):
                     tasks.append(asyncio.create_task(post(s, url, f"unique request {k} " * 20)))
                     await asyncio.sleep(0.06)
-                await asyncio.sleep(0.3)
+                await until(lambda: sum(fleet.inflight.values()) == 9, 10,
+                            lambda: f"the nine requests held at the servers: {dict(fleet.inflight)}")
                 truth = {f"127.0.0.1:{p}": n for p, n in fleet.inflight.items() if n}
                 truth[pinned] = truth.get(pinned, 0) + 3  # the pinned ones are held at the EPP, not the server
                 assert sorted(truth.values()) == [4, 4, 4], truth
-                # every replica's view is the whole truth, not its half
+                # every replica's view is the whole truth, not its half (the other's share comes over the bus)
                 for g in grpc_ports:
-                    assert await inflight_view(g) == truth
+                    views: list[dict[str, int]] = []
+
+                    async def whole(g: int = g, views: list[dict[str, int]] = views) -> bool:
+                        views.append(await inflight_view(g))
+                        return views[-1] == truth
+
+                    await until(whole, 5, lambda g=g, views=views: f"replica {g}'s view {views[-1:]} == {truth}")
                 fleet.release()
                 assert all(st == 200 for st, _ in await asyncio.gather(*tasks))
                 for r in held:
@@ -144,6 +153,28 @@ async def test_two_replicas_keep_prefix_affinity_and_balance_shared_load(tmp_pat
         for app in apps:
             await app.stop(0)
         await fleet.stop()
+
+
+def metrics_page(port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+        return r.read().decode()
+
+
+def live_peers(metrics_port: int) -> float:
+    for line in metrics_page(metrics_port).splitlines():
+        if line.startswith("pointsman_bus_live_peers "):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"no pointsman_bus_live_peers on port {metrics_port}")
+
+
+def all_served(replicas: list[ReplicaProcess], n: int) -> bool:
+    """Whether every replica has decided at least `n` requests (its own request counter)."""
+    for r in replicas:
+        total = sum(float(line.rsplit(" ", 1)[1]) for line in metrics_page(r.metrics).splitlines()
+                    if line.startswith("inference_objective_request_total{"))
+        if total < n:
+            return False
+    return True
 
 
 class ReplicaProcess:
@@ -178,40 +209,59 @@ async def test_killing_a_replica_mid_traffic_loses_only_its_streams_and_leaves_n
     url = f"http://127.0.0.1:{listen}"
     results: list[tuple[float, float, int]] = []
     outstanding = 0
-    try:
-        for r in (a, b):
-            await asyncio.to_thread(wait_port, r.grpc, 30.0)
-        await asyncio.to_thread(envoy.start)
-        stop_at = time.monotonic() + 5.0
+    stop = asyncio.Event()
 
-        async def client(i: int) -> None:
-            nonlocal outstanding
-            async with aiohttp.ClientSession() as s:
-                n = 0
-                while time.monotonic() < stop_at:
-                    n += 1
-                    t0 = time.monotonic()
-                    outstanding += 1
-                    try:
-                        status, _ = await post(s, url, f"client {i} request {n}")
-                    except aiohttp.ClientError:
-                        status = -1  # a reset: the client saw no status at all
-                    finally:
-                        outstanding -= 1
-                    results.append((t0, time.monotonic(), status))
+    def ok_after(t: float) -> int:
+        return sum(1 for t0, _, st in results if t0 > t and st == 200)
 
-        clients = [asyncio.create_task(client(i)) for i in range(8)]
-        await asyncio.sleep(1.5)
-        assert await inflight_view(a.grpc)  # traffic flows, and a sees load
-        killed_at = time.monotonic()
-        os.kill(b.proc.pid, signal.SIGKILL)
-        await asyncio.sleep(1.5)  # past the bus ttl (1 s): b's last snapshot has expired at a
-        view = await inflight_view(a.grpc)
-        assert sum(view.values()) <= outstanding <= 8, (view, outstanding)  # only real requests, no phantom
-        await asyncio.gather(*clients)
-    finally:
-        envoy.stop()
-    try:
+    try:  # the replicas and the fleet are stopped whatever happens
+        try:
+            for r in (a, b):
+                await asyncio.to_thread(wait_port, r.grpc, 30.0)
+            await asyncio.to_thread(envoy.start)
+
+            async def client(i: int) -> None:
+                nonlocal outstanding
+                async with aiohttp.ClientSession() as s:
+                    n = 0
+                    while not stop.is_set():
+                        n += 1
+                        t0 = time.monotonic()
+                        outstanding += 1
+                        try:
+                            status, _ = await post(s, url, f"client {i} request {n}")
+                        except aiohttp.ClientError:
+                            status = -1  # a reset: the client saw no status at all
+                        finally:
+                            outstanding -= 1
+                        results.append((t0, time.monotonic(), status))
+
+            clients = [asyncio.create_task(client(i)) for i in range(8)]
+            try:
+                # traffic flows through both replicas (Envoy alternates them), and a sees load
+                await until(lambda: asyncio.to_thread(all_served, [a, b], 10), 20, "both replicas to decide requests")
+                await until(lambda: inflight_view(a.grpc), 10, "load in a's view")
+                killed_at = time.monotonic()
+                os.kill(b.proc.pid, signal.SIGKILL)
+                # Past the bus ttl (1 s) a stops counting b, and b's last snapshot goes with it (at a's next sweep, a
+                # heartbeat later): from 1.5 s after the kill a's view holds only real requests, no phantom.
+                await until(lambda: asyncio.to_thread(lambda: live_peers(a.metrics) == 0), 10,
+                            "a to stop counting b (the bus ttl)")
+                seen: list[tuple[dict[str, int], int]] = []
+
+                async def no_phantom() -> bool:
+                    view = await inflight_view(a.grpc)
+                    seen.append((view, outstanding))
+                    return sum(view.values()) <= outstanding <= 8
+
+                await until(no_phantom, max(0.0, killed_at + 1.5 - time.monotonic()),
+                            lambda: f"only real requests in a's view (view, outstanding): {seen[-1:]}")
+                await until(lambda: ok_after(killed_at) > 20, 20, "the survivor to carry on")
+            finally:
+                stop.set()
+                await asyncio.gather(*clients)
+        finally:
+            envoy.stop()
         failed = [(t0 - killed_at, t1 - killed_at, st) for t0, t1, st in results if st != 200]
         # Envoy's ext_proc failure policy (failure_mode_allow: false, docs/replicas.md): a request whose ext_proc
         # stream breaks gets a 500; the streams open on the killed replica are lost (with any Envoy put on its
@@ -220,9 +270,15 @@ async def test_killing_a_replica_mid_traffic_loses_only_its_streams_and_leaves_n
         assert failed, "no stream was open on the killed replica: the test measured nothing"
         assert all(st == 500 and t0 < 0.1 and -0.05 < t1 < 0.5 for t0, t1, st in failed), failed
         assert len(failed) <= 8
-        assert sum(1 for t0, _, st in results if t0 > killed_at and st == 200) > 20  # the survivor carried on
-        await asyncio.sleep(0.5)
-        assert await inflight_view(a.grpc) == {}  # nothing in flight, nothing phantom
+        assert ok_after(killed_at) > 20  # the survivor carried on
+        views: list[dict[str, int]] = []
+
+        async def idle() -> bool:
+            views.append(await inflight_view(a.grpc))
+            return views[-1] == {}
+
+        # nothing in flight, nothing phantom (a stream is released when Envoy closes it, just after its response)
+        await until(idle, 5, lambda: f"a's view to empty: {views[-1:]}")
         async with aiohttp.ClientSession() as s, s.get(f"http://127.0.0.1:{a.metrics}/metrics") as r:
             assert "pointsman_bus_live_peers 0.0" in await r.text()
     finally:

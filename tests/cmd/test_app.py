@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import aiohttp
 import grpc
@@ -13,7 +14,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from epp.cmd.app import App
 from tests.support.envoy import free_port
 from tests.support.stack import Stack, serve_args
+from tests.support.wait import until
 
+REQUESTS = 'inference_objective_request_total{model_name="llama",priority="0",target_model_name="llama"}'
 CHAT = orjson.dumps({"model": "llama", "messages": [{"role": "user", "content": "hi"}]})
 
 
@@ -30,9 +33,22 @@ async def test_gie_metric_names_after_traffic(tmp_path):
                     await r.read()
             async with c.post(s.url + "/v1/chat/completions", data=b"{") as r:
                 assert r.status == 400
-            await asyncio.sleep(0.2)  # the scraper fills the pool gauges
-            async with c.get(f"http://127.0.0.1:{mport}/metrics") as r:
-                text = await r.text()
+
+            async def metrics_page() -> str:
+                async with c.get(f"http://127.0.0.1:{mport}/metrics") as r:
+                    return await r.text()
+
+            # Until all four requests are counted (a stream is recorded when it ends, which may be just after the
+            # client has its answer) and the scraper has filled the pool gauges (a per-pod queue for all three).
+            text = ""
+
+            async def settled() -> bool:
+                nonlocal text
+                text = await metrics_page()
+                return (f"{REQUESTS} 3.0" in text and 'error_code="BadRequest"' in text
+                        and text.count("inference_pool_per_pod_queue_size{") == 3)
+
+            await until(settled, 10, lambda: f"the requests and the pool gauges on the metrics page:\n{text}")
     finally:
         await s.stop()
     for name in ("inference_objective_request_total", "inference_objective_request_error_total",
@@ -42,7 +58,7 @@ async def test_gie_metric_names_after_traffic(tmp_path):
                  "inference_pool_ready_pods", "inference_extension_scheduler_e2e_duration_seconds",
                  "inference_extension_plugin_duration_seconds"):
         assert name in text, name
-    assert 'inference_objective_request_total{model_name="llama",priority="0",target_model_name="llama"} 3.0' in text
+    assert f"{REQUESTS} 3.0" in text
     assert 'error_code="BadRequest"' in text
     assert 'inference_pool_ready_pods{name="pool"} 3.0' in text
 
@@ -78,6 +94,14 @@ async def _wait_for(cond, timeout: float = 8.0) -> bool:
     return False
 
 
+def replace_file(path: Path, text: str) -> None:
+    """Write in one step (a new file renamed over the old): the watcher never reads a half-written version, so the
+    version it rejects is this one."""
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
 async def test_scheduling_config_hot_reload_good_and_bad(tmp_path):
     eps = tmp_path / "eps.yaml"
     eps.write_text("pools:\n- name: p\n  endpoints: [{address: 127.0.0.1, port: 1}, {address: 127.0.0.2, port: 1}]\n")
@@ -92,8 +116,10 @@ async def test_scheduling_config_hot_reload_good_and_bad(tmp_path):
         out = ex.decide({":path": "/v1/chat/completions"}, CHAT, {})
         assert out.reject_status == 0 and ex.result.profile == "first"
         old = d.scheduler
-        cfg.write_text("kind: EndpointPickerConfig\nplugins: [{type: no-such-scorer}]\n")  # invalid
-        await asyncio.sleep(2.5)
+        watcher = app.watchers["scheduling config"]
+        rejected = watcher.failures
+        replace_file(cfg, "kind: EndpointPickerConfig\nplugins: [{type: no-such-scorer}]\n")  # invalid
+        await until(lambda: watcher.failures > rejected, 8, "the watcher to reject the invalid config")
         assert app.director.scheduler is old, "an invalid config must not replace the serving one"
         cfg.write_text("apiVersion: inference.networking.x-k8s.io/v1alpha1\nkind: EndpointPickerConfig\n"
                        "metadata: {name: second}\nplugins:\n- type: kv-cache-utilization-scorer\n")
@@ -117,8 +143,10 @@ async def test_endpoints_file_hot_reload(tmp_path):
     try:
         eps.write_text("pools:\n- name: p\n  endpoints: [{address: 127.0.0.1, port: 1}, {address: 127.0.0.9, port: 2}]\n")
         assert await _wait_for(lambda: len(app.datastore.snapshot().endpoints) == 2)
-        eps.write_text("pools: [{name: p, endpoints: [{address: 127.0.0.1, port: 99999}]}]\n")  # bad port
-        await asyncio.sleep(2.5)
+        watcher = app.watchers["endpoints"]
+        rejected = watcher.failures
+        replace_file(eps, "pools: [{name: p, endpoints: [{address: 127.0.0.1, port: 99999}]}]\n")  # bad port
+        await until(lambda: watcher.failures > rejected, 8, "the watcher to reject the bad port")
         assert [e.key for e in app.datastore.snapshot().endpoints] == ["127.0.0.1:1", "127.0.0.9:2"]
     finally:
         await app.stop(0)

@@ -7,6 +7,7 @@ import pytest
 from epp.fleet.datastore import Datastore
 from epp.fleet.reload import FileWatcher, yaml_parser
 from epp.fleet.static_source import StaticConfigError, apply_static, parse_static_config
+from tests.support.wait import until
 
 GOOD_A = """
 pools:
@@ -129,7 +130,7 @@ async def test_background_loop_picks_up_changes_and_async_apply(tmp_path):
     w.start()
     try:
         _write(path, BAD_PORT, 1)
-        await asyncio.sleep(0.1)
+        await until(lambda: w.failures >= 1, 5, "the watcher to reject the bad version")
         _write(path, GOOD_B, 2)
         for _ in range(100):
             if seen[-1] == 2:

@@ -9,6 +9,7 @@ import msgpack
 import pytest
 import zmq
 import zmq.asyncio
+from zmq.utils.monitor import parse_monitor_message
 
 from epp.stack.ports import free_port_block
 from modelsim import tokenizer as tk
@@ -20,11 +21,21 @@ STORED_ARRAY_LEN = 12  # tag + 11 fields, trailing nils included (msgspec array_
 
 
 async def _sub(endpoint: str) -> zmq.asyncio.Socket:
+    """A subscriber to everything the publisher sends from now on. ZMQ's slow joiner: what is published before the
+    subscription reaches the publisher is lost. The subscription is the first thing the SUB socket sends on a new
+    connection, right behind the handshake, so once the handshake has succeeded it is there (it crosses loopback
+    long before the test has a request answered and its events published)."""
     sub = zmq.asyncio.Context.instance().socket(zmq.SUB)
     sub.setsockopt(zmq.LINGER, 0)
     sub.setsockopt(zmq.SUBSCRIBE, b"")
-    sub.connect(endpoint)
-    await asyncio.sleep(0.3)  # slow joiner
+    monitor = sub.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED)
+    try:
+        sub.connect(endpoint)
+        event = parse_monitor_message(await asyncio.wait_for(monitor.recv_multipart(), 10))
+        assert event["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED, event
+    finally:
+        sub.disable_monitor()
+        monitor.close(0)
     return sub
 
 

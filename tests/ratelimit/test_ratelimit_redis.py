@@ -22,6 +22,7 @@ from epp.ratelimit import Limit, Limiter, Price, RateLimitMetrics, RedisStore, r
 from epp.ratelimit.redis_store import SCRIPT_SHA, normalize_url
 from epp.ratelimit.state import LocalStore, Mode, Op
 from tests.support.redis_server import RedisServer
+from tests.support.wait import until
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -55,6 +56,13 @@ def fallbacks(metrics: RateLimitMetrics) -> float:
         if fam.name == "pointsman_ratelimit_redis_fallback":
             total += sum(s.value for s in fam.samples if s.name.endswith("_total"))
     return total
+
+
+def answers(sync: redis_sync.Redis) -> bool:
+    try:
+        return bool(sync.ping())
+    except redis_sync.RedisError:
+        return False
 
 
 # ---- the script is the local store, on the server --------------------------------------------------------------
@@ -291,8 +299,9 @@ def test_hung_redis_costs_at_most_the_timeout_and_settles_count_once(own_redis: 
     async def main() -> None:
         metrics = RateLimitMetrics()
         timeout = 0.03
+        clock = Clock()  # the retry interval is measured on the limiter's clock: the test moves it
         limiter = Limiter(redis=RedisStore(own_redis.url, timeout_s=timeout), redis_down="local",
-                          retry_interval_s=1.0, metrics=metrics)
+                          retry_interval_s=1.0, metrics=metrics, clock=clock)
         assert await limiter.probe(timeout_s=5.0)
         hot = Limit.per_unit("hot", "input_tokens", 10_000, "day", shared=True)
         tally = Limit.rolling("tally", "total_tokens", 10_000, 3600, shared=True)
@@ -310,19 +319,20 @@ def test_hung_redis_costs_at_most_the_timeout_and_settles_count_once(own_redis: 
                 adm = await limiter.admit([(hot, "")], 1)
                 assert adm.allowed and adm.degraded
             assert time.perf_counter() - t0 < timeout + 0.5  # twenty admissions, none waited for Redis
-            await asyncio.sleep(1.05)  # past the retry interval (Redis stays paused until the finally)
+            clock.t += 1.05  # past the retry interval (Redis stays paused until the finally)
             t0 = time.perf_counter()
             adm = await limiter.admit([(hot, "")], 1)  # the retry interval passed: this one tries Redis
             assert time.perf_counter() - t0 < timeout + 0.5
             assert adm.allowed and adm.degraded and fallbacks(metrics) == 22
         finally:
             own_redis.resume()
-        await asyncio.sleep(1.05)
+        sync = redis_sync.Redis.from_url(own_redis.url, socket_timeout=1)
+        await until(lambda: asyncio.to_thread(answers, sync), 10, "Redis to answer after SIGCONT")
+        clock.t += 1.05  # past the retry interval that the last failed try started
         back = await limiter.admit([(hot, "")], 1)
         assert not back.degraded and limiter.redis_healthy
         await limiter.flush()
         assert limiter.pending == 0
-        sync = redis_sync.Redis.from_url(own_redis.url)
         fields = sync.hgetall("pointsman:{rl}:budget:tally:total_tokens|-")
         assert sum(float(v) for v in fields.values()) == pytest.approx(125)  # 100 admitted + 25 settled, once
         await limiter.close()
@@ -344,10 +354,10 @@ def test_redis_hangs_mid_run_under_concurrent_load(own_redis: RedisServer) -> No
         shared = Limit.per_unit("busy", "input_tokens", 10**9, "day", shared=True)
         log: list[tuple[float, float, bool]] = []  # (start, seconds, degraded)
         t_start = time.perf_counter()
-        stop = t_start + 4.0
+        stop = asyncio.Event()
 
         async def client() -> None:
-            while time.perf_counter() < stop:
+            while not stop.is_set():
                 t0 = time.perf_counter()
                 adm = await limiter.admit([(shared, "")], 10, 5)
                 log.append((t0 - t_start, time.perf_counter() - t0, adm.degraded))
@@ -357,13 +367,24 @@ def test_redis_hangs_mid_run_under_concurrent_load(own_redis: RedisServer) -> No
 
         marks: dict[str, float] = {}
 
+        def later_than(t: float) -> list[tuple[float, float, bool]]:
+            return [x for x in log if x[0] > t]
+
         async def chaos() -> None:
-            await asyncio.sleep(0.5)
-            own_redis.pause()  # for 2 s: an admission that waited for Redis would take that long
-            marks["paused"] = time.perf_counter() - t_start
-            await asyncio.sleep(2.0)
-            marks["resumed"] = time.perf_counter() - t_start
-            own_redis.resume()
+            try:
+                await until(lambda: [deg for _, _, deg in log].count(False) >= 100, 10,
+                            "a hundred admissions answered by Redis before the hang")
+                own_redis.pause()
+                marks["paused"] = time.perf_counter() - t_start
+                # A window in which nothing may happen: no admission waits for the hung Redis. It clearly outlasts
+                # the bound checked below (timeout + 0.5 s), so an admission that waited for Redis would break it.
+                await asyncio.sleep(1.0)
+                marks["resumed"] = time.perf_counter() - t_start
+                own_redis.resume()
+                await until(lambda: len(later_than(marks["resumed"] + 0.7)) >= 200, 10,
+                            "two hundred admissions from 0.7 s after Redis came back")
+            finally:
+                stop.set()
 
         try:
             await asyncio.gather(chaos(), *(client() for _ in range(32)))
@@ -372,7 +393,7 @@ def test_redis_hangs_mid_run_under_concurrent_load(own_redis: RedisServer) -> No
         worst = max(d for _, d, _ in log)
         assert worst < timeout + 0.5, worst  # the margin is the event loop's own delay under 32 clients
         during = [deg for t, d, deg in log if marks["paused"] + 0.01 < t and t + d < marks["resumed"]]
-        after = [deg for t, _, deg in log if t > marks["resumed"] + 0.7]
+        after = [deg for _, _, deg in later_than(marks["resumed"] + 0.7)]
         assert during and all(during)  # the policy answered while Redis hung
         assert after and after.count(False) >= len(after) / 2  # global again (a loaded machine may blip)
         assert fallbacks(metrics) >= len(during)
@@ -390,7 +411,8 @@ def test_an_admission_cancelled_while_waiting_for_redis_leaves_no_local_charge(o
         own_redis.pause()
         try:
             task = asyncio.ensure_future(limiter.admit([(shared, ""), (local, "")], 300))
-            await asyncio.sleep(0.1)
+            await until(lambda: {r.name: r.used for r in limiter.snapshot()}["local"] > 10.1, 5,
+                        "the admission to charge the local limit")
             assert {r.name: r.used for r in limiter.snapshot()}["local"] == pytest.approx(310, abs=0.1)  # charged, waiting
             task.cancel()
             with pytest.raises(asyncio.CancelledError):

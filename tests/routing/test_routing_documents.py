@@ -11,6 +11,7 @@ from routing_helpers import decide, hdrs, routed
 
 from epp.routing.documents import DocumentSet, read_yaml
 from epp.routing.model import RouteConfigError
+from tests.support.wait import until
 
 HEAD = "apiVersion: networking.serving.volcano.sh/v1alpha1\n"
 GOOD_SERVER = HEAD + """kind: ModelServer
@@ -123,7 +124,7 @@ def test_a_document_that_turns_bad_keeps_its_last_good_version_and_the_others_se
     assert decide(d, "m")[1].reject_status == 404
 
 
-async def test_routes_file_hot_reload(tmp_path):
+async def test_routes_file_hot_reload(tmp_path, caplog):
     from epp.fleet.datastore import Datastore
     from epp.routing.service import RoutingService
 
@@ -142,8 +143,12 @@ async def test_routes_file_hot_reload(tmp_path):
             if svc.router.table.routes and svc.router.table.routes[0].models == ("m2",):
                 break
         assert svc.router.table.routes[0].models == ("m2",)
-        path.write_text("kind: [broken")  # unparsable YAML: everything keeps serving
-        await asyncio.sleep(0.3)
+        caplog.set_level(logging.ERROR, logger="epp.fleet.reload")
+        broken = path.with_suffix(".new")
+        broken.write_text("kind: [broken")  # unparsable YAML: everything keeps serving
+        broken.replace(path)  # in one step: the watcher never reads a half-written (empty) file
+        await until(lambda: any("expected valid YAML" in r.getMessage() for r in caplog.records), 5,
+                    "the watcher to reject the broken file")
         assert svc.router.table.routes[0].models == ("m2",)
     finally:
         await svc.stop()

@@ -163,11 +163,12 @@ class Misbehaving:
         self.mode = "slow"
         self.port = 0
         self.runner: web.AppRunner | None = None
+        self.released = asyncio.Event()  # set when the server stops: a slow reply never comes before that
 
     async def handle(self, request: web.Request) -> web.Response:
         self.hits += 1
         if self.mode == "slow":
-            await asyncio.sleep(2)
+            await self.released.wait()
         if self.mode == "garbage":
             return web.Response(text='{"tokens": "no"}', content_type="application/json")
         return web.json_response({"count": 2, "max_model_len": 10, "tokens": [7, 8]})
@@ -204,6 +205,7 @@ async def test_engine_timeout_backoff_and_bad_replies() -> None:
         assert eng.errors["connection"] == 1
     finally:
         await eng.close()
+        srv.released.set()
         await srv.runner.cleanup()
 
 

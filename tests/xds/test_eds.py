@@ -21,6 +21,7 @@ from epp.xds import EDS_TYPE_URL, EdsStream, ResourceTable
 from epp.xds.resources import DEGRADED, HEALTHY, UNHEALTHY, UNKNOWN
 from scheduling.types import Endpoint, Metrics, endpoint_key
 from tests.support.stack import serve_args
+from tests.support.wait import until
 
 
 def ep(port: int, address: str = "10.0.0.1", **metrics) -> Endpoint:
@@ -350,7 +351,8 @@ async def test_a_change_found_while_answering_one_stream_reaches_the_others(ds):
         assert first_a is not None and first_b is not None
         a.send(request(version=first_a.version_info, nonce=first_a.nonce))
         b.send(request(version=first_b.version_info, nonce=first_b.nonce))
-        await asyncio.sleep(0.3)
+        await until(lambda: len(service.streams) == 2 and all(st.acks == 1 for st in service.streams), 5,
+                    lambda: f"both ACKs handled: {[(st.acks, st.nacks) for st in service.streams]}")
         ds.set_unhealthy("10.0.0.1:8001", True)  # no notification
         a.send(request(["pool", "other"], version=first_a.version_info, nonce=first_a.nonce))
         assert await a.recv(3) is not None

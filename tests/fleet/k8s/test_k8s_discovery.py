@@ -89,8 +89,12 @@ async def test_initial_sync_builds_endpoints_objectives_and_rewrites(kube, disco
 async def test_not_synced_until_the_pool_exists(kube, discover):
     kube.apply(CORE, "pods", pod("p1", "10.0.0.1", VLLM))
     ds, disc = await discover()
-    await eventually(lambda: kube.count("watch", "inferencepools") >= 1, what="pool watch")
-    await asyncio.sleep(0.1)
+    # Every reflector lists, hands the list over, then watches: once all three watch, discovery has seen everything
+    # there is (no pool) and will do nothing more until an event arrives.
+    await eventually(lambda: all(kube.count("watch", plural) >= 1 for plural in
+                                 ("inferencepools", "inferenceobjectives", "inferencemodelrewrites")),
+                     what="the pool, objective and rewrite watches")
+    assert kube.count("list", "pods") == 0  # no pool, no selector: pods are not even listed
     assert not ds.synced and ds.snapshot("llama") is None
     kube.apply(POOLS, "inferencepools", pool("llama", VLLM, [8000]))
     assert await disc.wait_synced(5)
@@ -133,10 +137,13 @@ async def test_pool_changes_selector_and_ports(kube, discover):
     kube.apply(CORE, "pods", pod("v2-b", "10.0.1.2", {"app": "vllm-v2"}))  # the new watch is live
     await eventually(lambda: "10.0.1.2:9000" in keys(ds), what="pod under the new selector")
     kube.apply(CORE, "pods", pod("old", "10.0.0.9", VLLM))  # the old selector is no longer watched
-    await asyncio.sleep(0.2)
+    # A marker under the new selector, applied after it: once discovery has it, an old-selector watch would have
+    # been sent the older event too.
+    kube.apply(CORE, "pods", pod("v2-c", "10.0.1.3", {"app": "vllm-v2"}))
+    await eventually(lambda: "10.0.1.3:9000" in keys(ds), what="the marker pod under the new selector")
     assert "10.0.0.9:9000" not in keys(ds)
     kube.apply(POOLS, "inferencepools", pool("llama", {"app": "vllm-v2"}, [9000, 9001]))
-    await eventually(lambda: len(keys(ds)) == 4, what="second port")
+    await eventually(lambda: len(keys(ds)) == 6, what="second port")  # three pods, two ports each
 
 
 @pytest.mark.parametrize("kube", ["event", "http"], indirect=True)

@@ -5,7 +5,6 @@ port template is honoured."""
 
 from __future__ import annotations
 
-import asyncio
 import random
 import time
 from pathlib import Path
@@ -27,6 +26,7 @@ from scheduling.prefix.precise import LIVE, PENDING
 from scheduling.types import Endpoint
 from tests.support.envoy import free_port
 from tests.support.stack import serve_args
+from tests.support.wait import until
 
 MODEL = "meta-llama/Llama-3.1-8B"
 SYSTEM = "You are a careful assistant who always answers in full sentences. " * 12
@@ -132,7 +132,12 @@ async def test_an_unreachable_publisher_never_blocks_routing(make_fleet, tmp_pat
         key = f"127.0.0.1:{fleet.config.port(0)}"
         m = prefix(resp)[key]
         assert (m.source, m.index_state) == ("approximate", PENDING)
-        await asyncio.sleep(1.6)  # past the catch-up and its replay timeout: still pending, still routing
+        # Nothing arrives, so the catch-up asks the (dead) replay socket and gives up after its timeout; after
+        # that: still pending, still routing.
+        assert app.precise is not None and app.precise.subscriber is not None
+        subscriber = app.precise.subscriber
+        await until(lambda: subscriber.status()[key][0].replays_failed >= 1, 10,
+                    lambda: f"the catch-up's replay to fail: {subscriber.status()[key]}")
         resp = await explain(app, chat("hello"))
         assert resp.status == 200 and prefix(resp)[key].index_state == PENDING
     finally:

@@ -21,6 +21,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from epp.stack.ports import free_port, wait_port
 from tests.support.extproc_client import one_request
 from tests.support.redis_server import RedisServer
+from tests.support.wait import until
 
 pytestmark = pytest.mark.slow
 EPP = str(Path(sys.executable).parent / "epp")
@@ -126,12 +127,18 @@ async def test_model_router_budgets_are_shared_by_two_processes_within_5_percent
         total = sum(s["total"] for s in stats)
         assert all(s["admitted"] > 10 for s in stats), stats  # both replicas served
         assert 0.95 * budget <= total <= budget + 200, stats  # + at most the last request's output
-        await asyncio.sleep(2.5)  # each process re-reads the shared state every 2 s for its metrics page
-        for p in procs:
-            text = await p.metrics()
-            line = next(li for li in text.splitlines()
-                        if li.startswith('pointsman_budget_utilization{budget="default/shared/daily"}'))
-            assert float(line.rsplit(" ", 1)[1]) >= 0.95, line
+        for p in procs:  # each process re-reads the shared state every 2 s for its metrics page
+            seen: list[str] = []
+
+            async def utilization(p: EppProcess = p, seen: list[str] = seen) -> bool:
+                text = await p.metrics()
+                line = next(li for li in text.splitlines()
+                            if li.startswith('pointsman_budget_utilization{budget="default/shared/daily"}'))
+                seen.append(line)
+                return float(line.rsplit(" ", 1)[1]) >= 0.95
+
+            await until(utilization, 10, lambda seen=seen: f"the shared budget's utilization >= 0.95: {seen[-1:]}",
+                        interval=0.1)
     finally:
         for p in procs:
             p.stop()

@@ -21,6 +21,7 @@ from modelsim.config import FleetConfig
 from modelsim.fleet import Fleet
 from tests.support.envoy import Envoy, free_port
 from tests.support.stack import serve_args
+from tests.support.wait import until
 
 pytestmark = pytest.mark.envoy
 MODEL = FleetConfig().model
@@ -82,6 +83,17 @@ async def sim_fleet(n: int) -> Fleet:
     return fleet
 
 
+async def refuses(port: int) -> bool:
+    """Whether a connection to the port is refused (nothing listens)."""
+    try:
+        _, writer = await asyncio.open_connection("127.0.0.1", port)
+    except OSError:
+        return True
+    writer.close()
+    await writer.wait_closed()
+    return False
+
+
 async def admin(port: int, what: str) -> None:
     async with aiohttp.ClientSession() as s, s.post(f"http://127.0.0.1:{port}/admin/{what}") as r:
         assert r.status == 200, await r.text()
@@ -96,18 +108,21 @@ async def test_a_dead_pod_is_quarantined_after_two_failures_and_probed_back_in(t
         async with Rig(tmp_path, router([], proxy={"quarantineDuration": "1s"}), {"svc-a": [p0, p1]},
                        "--refresh-metrics-interval", "60s") as rig:
             assert (await rig.ask())[0] == 200
-            await admin(p0, "kill?seconds=3")
-            killed_at = time.monotonic()
-            await asyncio.sleep(0.2)  # modelsim stops listening 50 ms after it answers
+            key = f"127.0.0.1:{p0}"
+            await admin(p0, "kill")  # dead until the test brings it back
+            await until(lambda: refuses(p0), 5, f"modelsim {p0} to stop listening")  # 50 ms after it answers
             results = [await rig.ask() for _ in range(8)]
             failures = [s for s, _ in results if s != 200]
             assert len(failures) == 2, results  # then the pod is skipped
             assert all(port == p1 for s, port in results[-4:] if s == 200)
-            assert rig.tracker.state(f"127.0.0.1:{p0}", time.monotonic()) == "quarantined"
-            await asyncio.sleep(1.1)  # half-open while p0 is still down: its one probe fails, quarantined at once
+            assert rig.tracker.state(key, time.monotonic()) == "quarantined"
+            # half-open while p0 is still down: its one probe fails, quarantined at once
+            await until(lambda: rig.tracker.state(key, time.monotonic()) == "half-open", 5, "p0 to be half-open")
             results = [await rig.ask() for _ in range(4)]
             assert [s for s, _ in results].count(200) == 3, results
-            await asyncio.sleep(max(0.0, 3.2 - (time.monotonic() - killed_at)) + 1.1)  # p0 is back; half-open
+            await fleet.servers[0].listen()  # p0 is back ...
+            await until(lambda: rig.tracker.state(key, time.monotonic()) == "half-open", 5,
+                        "p0 to be half-open again")  # ... and half-open
             ports = set()
             for _ in range(8):
                 status, port = await rig.ask()

@@ -9,6 +9,7 @@ import asyncio
 from llmkube_helpers import Clock, Rig, cloud, finish, local, router_doc, served
 
 from epp.routing.dialects.llmkube.quarantine import FailureTracker, LatencyWindow, StreamWatch
+from tests.support.wait import until
 
 PODS = ["10.0.0.1:8000", "10.0.0.2:8000"]
 
@@ -60,14 +61,18 @@ async def test_a_silent_stream_quarantines_at_once_and_a_chatty_one_never():
         await asyncio.sleep(0.05)
         w.response_chunk(False)
     assert t.state("slow", real()) == "healthy"
-    await asyncio.sleep(0.3)  # silence
-    assert t.state("slow", real()) == "quarantined"
+    silent_from = w.last  # silence from here
+    await until(lambda: t.state("slow", real()) == "quarantined", 5, "the silent stream to be quarantined")
+    assert real() - silent_from >= 0.149  # not before the idle timeout (0.15 s)
     w.closed()
-    w2 = StreamWatch(t, "quick", threshold=2, clock=real, idle_s=0.1)
+    w2 = StreamWatch(t, "quick", threshold=2, clock=real, idle_s=0.02)
     w2.response_headers(200)
     w2.response_chunk(True)
     w2.closed()
-    await asyncio.sleep(0.2)
+    assert w2.timer is None
+    # A window in which nothing may happen: past the quick stream's idle timeout (0.02 s) with room to spare, a
+    # timer left behind would have fired by now.
+    await asyncio.sleep(0.06)
     assert t.state("quick", real()) == "healthy" and w2.timer is None
 
 
