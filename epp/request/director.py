@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -35,8 +35,19 @@ LB_NS = "envoy.lb"
 SUBSET_NS = "envoy.lb.subset_hint"
 CONFORMANCE_REQ = "test-epp-endpoint-selection"
 CONFORMANCE_RESP = "x-conformance-test-served-endpoint"
-OBJECTIVE = "x-gateway-inference-objective"
-MODEL_REWRITE = "x-gateway-model-name-rewrite"
+# Request headers Pointsman reads under llm-d's current name first, then the older GIE name (both accepted).
+OBJECTIVE_HEADERS = ("x-llm-d-inference-objective", "x-gateway-inference-objective")
+MODEL_REWRITE_HEADERS = ("x-llm-d-model-name-rewrite", "x-gateway-model-name-rewrite")
+OBJECTIVE, MODEL_REWRITE = OBJECTIVE_HEADERS[1], MODEL_REWRITE_HEADERS[1]  # the GIE names
+
+
+def first_header(headers: Mapping[str, str], names: Sequence[str]) -> str:
+    """The value of the first of `names` the request carries non-empty (lower-case names), else ""."""
+    for name in names:
+        value = headers.get(name)
+        if value:
+            return value
+    return ""
 
 
 @dataclass(frozen=True, slots=True)

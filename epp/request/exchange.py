@@ -33,7 +33,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from epp.fleet.datastore import InflightTicket
-from epp.flowcontrol.controller import DROPPED_REASON, FAIRNESS_HEADER
+from epp.flowcontrol.controller import DROPPED_REASON, fairness_id
 from epp.protocol import Outcome
 from epp.request.admit import Hold
 from epp.request.commit import mutations, mutations_for_provider, schedule
@@ -204,7 +204,7 @@ class RequestExchange:
         if flow is None or (ctx.route is not None and ctx.route.provider is not None):
             return None
         try:
-            waiting = flow.admit(ctx.pool, self.headers.get(FAIRNESS_HEADER, ""), ctx.request, self.size,
+            waiting = flow.admit(ctx.pool, fairness_id(self.headers), ctx.request, self.size,
                                  self._dispatch)
         except Exception as exc:
             return self._fail(exc)
