@@ -148,12 +148,13 @@ class App:
         ds.on_endpoint_removed(self.pressure.forget)
         ds.on_metrics_updated(self._metrics_arrived)
         self.cleanups.append(self._stop_flow_control)
-        from epp.fleet.scrape.scraper import bounded_timeout, start_scraper
+        from epp.fleet.scrape.scraper import ScrapeSettings, bounded_timeout, start_scraper
 
         staleness = args.metrics_staleness_threshold
         timeout = getattr(args, "scrape_timeout", None) or bounded_timeout(staleness, 3, args.refresh_metrics_interval)
         self.scraper = await start_scraper(ds, interval=args.refresh_metrics_interval, timeout=timeout,
-                                           staleness=staleness)
+                                           staleness=staleness,
+                                           backoff_max=ScrapeSettings.from_args(args).backoff_max)  # issue 23
         self.cleanups.append(self.scraper.stop)
         await self._start_bus()
         self._start_passive_health()

@@ -66,6 +66,9 @@ def _add_serve_flags(p: argparse.ArgumentParser) -> None:
     from epp.ratelimit.wiring import add_flags as add_ratelimit_flags
 
     add_ratelimit_flags(p, _duration)
+    from epp.fleet.scrape.scraper import add_flags as add_scrape_flags
+
+    add_scrape_flags(p, _duration)
 
     g = p.add_argument_group("health (scraping and passive)")
     g.add_argument("--scrape-timeout", type=_duration, default=None,

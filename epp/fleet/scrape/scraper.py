@@ -11,10 +11,15 @@ Staleness: an endpoint whose last good scrape is older than `staleness` (2 s) ge
 Health: `failure_threshold` (3) consecutive failures (connection error, timeout, non-200, unparsable body) put the
 endpoint key in `datastore.unhealthy`; the first good scrape takes it out again. The director skips unhealthy keys
 through `datastore.is_routable(key)`.
+
+Backoff: an endpoint that is out is scraped less often: after its k-th failure past the threshold the next scrape
+waits interval × 2^k, capped at `backoff_max` (1 s): a dead endpoint costs about one failed connect a second instead of
+twenty, and a recovered one is back within `backoff_max` plus a round.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import logging
 import time
@@ -40,11 +45,34 @@ def bounded_timeout(staleness: float, failure_threshold: int = 3, interval: floa
     return min(1.0, max(0.05, budget))
 
 
+BACKOFF_MAX_S = 1.0
+
+
+def add_flags(parser: argparse.ArgumentParser, duration: Callable[[str], float]) -> None:
+    """The scraper's own flags (the rest of the scrape settings are in epp/cmd/cli.py's health group)."""
+    g = parser.add_argument_group("scrape backoff")
+    g.add_argument("--scrape-backoff-max", type=duration, default=BACKOFF_MAX_S,
+                   help="an endpoint that is out is scraped with a doubling backoff, capped at this (1s)")
+
+
+@dataclass(frozen=True, slots=True)
+class ScrapeSettings:
+    backoff_max: float = BACKOFF_MAX_S
+
+    @classmethod
+    def from_args(cls, ns: argparse.Namespace) -> ScrapeSettings:
+        value = getattr(ns, "scrape_backoff_max", BACKOFF_MAX_S)
+        if value < 0:
+            raise ValueError(f"--scrape-backoff-max: expected a duration >= 0, got {value}")
+        return cls(backoff_max=value)
+
+
 @dataclass(slots=True)
 class _State:
     failures: int = 0
     last_error: str = ""
     pending: asyncio.Task[Metrics] | None = None
+    next_at: float = 0.0  # while out: no scrape before this (the backoff)
 
 
 def period_latency(new: Metrics, old: Metrics | None) -> Metrics:
@@ -81,6 +109,7 @@ class MetricsScraper:
         insecure_skip_verify: bool = True,
         engine_label_key: str = "llm-d.ai/engine-type",
         default_engine: str = "vllm",
+        backoff_max: float = BACKOFF_MAX_S,
     ) -> None:
         if interval <= 0 or timeout <= 0 or staleness <= 0:
             raise ValueError("interval, timeout and staleness must be positive")
@@ -89,6 +118,7 @@ class MetricsScraper:
         self.timeout = timeout
         self.staleness = staleness
         self.failure_threshold = max(1, failure_threshold)
+        self.backoff_max = max(0.0, backoff_max)
         self.path = path if path.startswith("/") else "/" + path
         self.scheme = scheme
         self.insecure_skip_verify = insecure_skip_verify
@@ -150,9 +180,10 @@ class MetricsScraper:
         """Launch scrapes, wait up to `wait` (default: one interval), publish. Returns endpoints updated."""
         session = await self._ensure_session()
         endpoints = {ep.key: ep for ep in self.datastore.all_endpoints()}
+        now = self.clock()
         for key, ep in endpoints.items():
             st = self._state.setdefault(key, _State())
-            if st.pending is None:
+            if st.pending is None and now >= st.next_at:
                 st.pending = asyncio.ensure_future(self._scrape(session, ep))
         pending = [st.pending for st in self._state.values() if st.pending is not None and not st.pending.done()]
         if pending:
@@ -178,7 +209,7 @@ class MetricsScraper:
                 updates[key] = period_latency(task.result(), ep.metrics if ep is not None else None)
                 if st.failures >= self.failure_threshold:
                     log.info("endpoint %s scrapes again; back in rotation", key)
-                st.failures, st.last_error = 0, ""
+                st.failures, st.last_error, st.next_at = 0, "", 0.0
                 self.datastore.set_unhealthy(key, False)
             else:
                 st.failures += 1
@@ -190,6 +221,7 @@ class MetricsScraper:
                     )
                 if st.failures >= self.failure_threshold:
                     self.datastore.set_unhealthy(key, True)
+                    st.next_at = self.clock() + self.backoff(st.failures)
         now = self.clock()
         for key, ep in endpoints.items():
             if key in updates:
@@ -198,6 +230,14 @@ class MetricsScraper:
             if not m.stale and m.updated_at is not None and now - m.updated_at > self.staleness:
                 updates[key] = replace(m, stale=True)
         return updates
+
+    def backoff(self, failures: int) -> float:
+        """The wait before the next scrape of an endpoint that failed `failures` times in a row (0 below the
+        threshold): interval × 2^(failures − threshold + 1), capped at backoff_max."""
+        past = failures - self.failure_threshold
+        if past < 0:
+            return 0.0
+        return min(self.backoff_max, self.interval * (2.0 ** min(past + 1, 30)))
 
     def configure(self, scrape: Scrape) -> None:
         """Apply a config's data-layer section (metrics-data-source, core-metrics-extractor); takes effect at the
