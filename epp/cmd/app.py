@@ -447,6 +447,12 @@ class App:
     def _metrics_arrived(self, keys: Iterable[str]) -> None:
         if self.pressure is not None:
             self.pressure.metrics_updated(keys)
+        # issue 23: the scheduler's plugins learn the engines' timings from their histograms (engine_metrics)
+        director = self.director
+        learn = getattr(director.scheduler, "engine_metrics", None) if director is not None else None
+        if learn is not None and director is not None:
+            wanted = set(keys)
+            learn([e for e in self.datastore.all_endpoints() if e.key in wanted], director.clock())
         if self.flow is not None:
             self.flow.kick()
 

@@ -67,6 +67,7 @@ from scheduling.framework.params import bounded
 from scheduling.framework.plugin import State
 from scheduling.framework.replication import Record, drain
 from scheduling.plugins.scorers._backlog import SharedBacklog
+from scheduling.plugins.scorers._timings import EngineTimingTable, Timings
 from scheduling.prefix import PrefixReader
 from scheduling.prefix.precise import GPU
 from scheduling.prefix.precise_data import EVENTS, PreciseReader, PrefixHit, prefix_hits
@@ -92,6 +93,7 @@ class Params:
     lruCapacityPerServer: int = bounded(31_250, min=1)
     calibrate: bool = True
     calibrationAlpha: float = bounded(0.05, min=0.0, max=1.0)
+    fitEngineTimings: bool = True
     prefixSource: Literal["approximate", "precise"] = "approximate"
 
 
@@ -134,6 +136,9 @@ class EstimatedLatencyScorer(PreciseReader[Params], PrefixReader[Params], Scorer
         s1 = p.maxNumSeqs - 1
         # slowdown(n) for n = 0 .. min(s1, SLOW_TABLE), computed once (other n: per endpoint, same formula)
         self._slow = {n: 1.0 + (p.loadFactor - 1.0) * n / s1 for n in range(min(s1, SLOW_TABLE) + 1)}
+        # engine timings fitted from the engines' histograms (scheduling/plugins/scorers/_timings.py)
+        self.timings = EngineTimingTable(Timings(p.overheadSeconds, p.prefillSecondsPerToken, p.interTokenSeconds),
+                                         self.slowdown_at, p.calibrationAlpha)
 
     def slowdown(self, n: int) -> float:
         """slowdown(e) for n(e) = n requests."""
@@ -141,16 +146,40 @@ class EstimatedLatencyScorer(PreciseReader[Params], PrefixReader[Params], Scorer
         s1 = p.maxNumSeqs - 1
         return 1.0 + (p.loadFactor - 1.0) * min(n, s1) / s1
 
+    def slowdown_at(self, n: float) -> float:
+        """slowdown for a mean of n other requests (fractional: an interval's mean batch)."""
+        p = self.params
+        s1 = p.maxNumSeqs - 1
+        return 1.0 + (p.loadFactor - 1.0) * min(max(0.0, n), s1) / s1
+
     def scale(self, key: str) -> float:
         """k(e): how much slower (> 1) or faster (< 1) than the reference engine this endpoint has proved."""
         return self._scale.get(key, self.pool_scale)
 
-    def _backlog_at(self, key: str, now: float, k: float) -> float:
-        return self._backlog.total(key, now, 1.0 / (k * self.params.prefillSecondsPerToken))
+    def _per_token(self, key: str) -> float:
+        """Prefill seconds per token on endpoint `key`: fitted (× its calibration), else the reference × k(e)."""
+        t = self.timings.eff.get(key)
+        if t is None and self.timings.pool is not None and key not in self._scale:
+            t = self.timings.pool
+        return t[1] if t is not None else self.scale(key) * self.params.prefillSecondsPerToken
 
     def _drain_rate(self, key: str) -> float:
         """Prefill tokens per second endpoint `key` works off."""
-        return 1.0 / (self.scale(key) * self.params.prefillSecondsPerToken)
+        return 1.0 / self._per_token(key)
+
+    def engine_metrics(self, endpoints: Sequence[Endpoint], now: float) -> None:
+        """Scrapes arrived: fit the engines' timings from their histograms (scheduling/plugins/scorers/_timings.py)."""
+        if not self.params.fitEngineTimings:
+            return
+        table = self.timings
+        changed = False
+        for e in endpoints:
+            m = e.metrics
+            if m.engine is not None and not m.stale:
+                changed = table.observe(e.key, m.engine, float(m.running),
+                                        m.updated_at if m.updated_at is not None else now) or changed
+        if changed:
+            table.refresh_pool()
 
     def _cached(
         self, ctx: SchedulingContext, state: State, candidates: list[Endpoint]
@@ -196,12 +225,16 @@ class EstimatedLatencyScorer(PreciseReader[Params], PrefixReader[Params], Scorer
         block = p.blockSizeTokens
         s1 = p.maxNumSeqs - 1
         f1 = p.loadFactor - 1.0
+        dw_out = p.decodeWeight * output_tokens(ctx.request.body, p.defaultOutputTokens)
         decode = p.decodeWeight * (p.interTokenSeconds * output_tokens(ctx.request.body, p.defaultOutputTokens))
         evict_w = p.evictionWeight
         per_seq = p.maxNumSeqs
         initial = p.initialRequestSeconds
         pool_k = self.pool_scale
         scale_get = self._scale.get
+        fit_get = self.timings.eff.get  # endpoints with fitted engine timings: (overhead, per token, inter-token)
+        fit_pool = self.timings.pool  # their mean: the prior of an endpoint with neither a fit nor its own k
+        scaled = self._scale
         duration_get = self._duration.get
         queue_get = self._backlog.queues().get
         cached_get = cached.get
@@ -223,26 +256,41 @@ class EstimatedLatencyScorer(PreciseReader[Params], PrefixReader[Params], Scorer
             w = e.metrics.fresh_load  # 0 when stale: n is never below 0, so max(n, 0) is n
             if w > n:
                 n = w
-            k = scale_get(key, pool_k)
             q = queue_get(key)
             c = cached_get(key)
-            if q is None and c is None:
-                uncached = tokens
-                cost = k * plain_pd
-            else:
+            t = fit_get(key)
+            if t is None and fit_pool is not None and key not in scaled:
+                t = fit_pool
+            if t is None:  # the reference timings × k(e)
+                k = scale_get(key, pool_k)
+                unit = pspt  # × k below (the reference path's arithmetic, bit for bit)
+                if q is None and c is None:
+                    uncached = tokens
+                    cost = k * plain_pd
+                else:
+                    uncached = tokens if c is None else (tokens - c if tokens > c else 0.0)
+                    backlog = 0.0
+                    if q is not None:
+                        backlog = q.total - (now - q.since) * (1.0 / (k * pspt))
+                        if not backlog > 0.0:
+                            backlog = 0.0
+                    cost = k * (overhead + (backlog + uncached) * pspt + decode)
+            else:  # fitted engine timings (× the calibration on them)
+                k = 1.0
+                o_e, unit, i_e = t
                 uncached = tokens if c is None else (tokens - c if tokens > c else 0.0)
                 backlog = 0.0
                 if q is not None:
-                    backlog = q.total - (now - q.since) * (1.0 / (k * pspt))
+                    backlog = q.total - (now - q.since) / unit
                     if not backlog > 0.0:
                         backlog = 0.0
-                cost = k * (overhead + (backlog + uncached) * pspt + decode)
+                cost = o_e + (backlog + uncached) * unit + dw_out * i_e
             slow = slow_get(n)
             cost *= slow if slow is not None else (slow_full if n > s1 else 1.0 + f1 * n / s1)
             if evict_w and uncached:
                 over = (plain_need if c is None else -(-uncached // block)) - room_get(key, default_room)
                 if over > 0:
-                    cost += k * evict_w * over * block * pspt
+                    cost += k * evict_w * over * block * unit
             if n > s1:
                 cost += (n - s1) * duration_get(key, initial) / per_seq
             costs.append(cost)
@@ -260,9 +308,13 @@ class EstimatedLatencyScorer(PreciseReader[Params], PrefixReader[Params], Scorer
         rate = self._drain_rate(chosen.key)
         p = self.params
         # What the calibration needs of the pick, as the decision saw it (before this request's own prefill joins
-        # the backlog): its modelled prefill and the endpoint's D(e).
-        prefill = p.overheadSeconds + (self._backlog.total(chosen.key, now, rate) + uncached) * p.prefillSecondsPerToken
-        state[_CHOSEN] = (prefill, self._duration.get(chosen.key, p.initialRequestSeconds))
+        # the backlog): its modelled prefill and decode on the base timings (fitted, else the reference), which of
+        # the two, and the endpoint's D(e).
+        fitted = self.timings.fitted(chosen.key) if p.fitEngineTimings else None
+        base = fitted or Timings(p.overheadSeconds, p.prefillSecondsPerToken, p.interTokenSeconds)
+        prefill = base.overhead + (self._backlog.total(chosen.key, now, rate) + uncached) * base.prefill_per_token
+        state[_CHOSEN] = (prefill, self._duration.get(chosen.key, p.initialRequestSeconds), base.inter_token,
+                          fitted is not None)
         self._backlog.add(chosen.key, uncached, now, rate)
         state[_START] = now
         self._picks += 1
@@ -276,25 +328,34 @@ class EstimatedLatencyScorer(PreciseReader[Params], PrefixReader[Params], Scorer
         key = result.targets[0].key
         seconds = max(0.0, ctx.now - start)
         sample = self._sample(ctx, key, seconds, state) if self.params.calibrate else None
-        self._learn(key, seconds, sample)
+        chosen = state.get(_CHOSEN)
+        on_fit = bool(chosen[3]) if chosen is not None else False
+        self._learn(key, seconds, sample, on_fit)
         if self._outbox is not None:
             self._outbox.append([key, seconds, -1.0 if sample is None else sample])
 
-    def _learn(self, key: str, seconds: float, sample: float | None) -> None:
-        """One finished request on `key` (here or at a peer): its duration, and its calibration sample."""
+    def _learn(self, key: str, seconds: float, sample: float | None, on_fit: bool | None = None) -> None:
+        """One finished request on `key` (here or at a peer): its duration, and its calibration sample, taken on
+        the fitted timings (`on_fit`; None: whatever this scorer has for `key` now) or on the reference's."""
         a = self.params.durationEwmaAlpha
         prev = self._duration.get(key)
         self._duration[key] = seconds if prev is None else (1 - a) * prev + a * seconds
-        if sample is not None:
-            a = self.params.calibrationAlpha
-            self._scale[key] = (1 - a) * self._scale.get(key, self.pool_scale) + a * sample
-            self.pool_scale = (1 - a) * self.pool_scale + a * sample
+        if sample is None:
+            return
+        if on_fit is None:
+            on_fit = self.timings.fitted(key) is not None
+        if on_fit:
+            self.timings.learn(key, sample)
+            return
+        a = self.params.calibrationAlpha
+        self._scale[key] = (1 - a) * self._scale.get(key, self.pool_scale) + a * sample
+        self.pool_scale = (1 - a) * self.pool_scale + a * sample
 
     def _sample(self, ctx: SchedulingContext, key: str, seconds: float, state: State) -> float | None:
         """(observed − wait) / model for the request that ran on `key`, from what the decision saw: n(e) from the
         scoring pass, the modelled prefill and D(e) from pre_request."""
         pred: tuple[list[Endpoint], list[int]] | None = state.get(_PRED)
-        chosen: tuple[float, float] | None = state.get(_CHOSEN)
+        chosen: tuple[float, float, float, bool] | None = state.get(_CHOSEN)
         if pred is None or chosen is None:
             return None
         candidates, ns = pred
@@ -304,8 +365,8 @@ class EstimatedLatencyScorer(PreciseReader[Params], PrefixReader[Params], Scorer
         p = self.params
         s1 = p.maxNumSeqs - 1
         n = ns[i]
-        prefill, duration = chosen
-        full_decode = p.interTokenSeconds * output_tokens(ctx.request.body, p.defaultOutputTokens)
+        prefill, duration, inter_token, _ = chosen
+        full_decode = inter_token * output_tokens(ctx.request.body, p.defaultOutputTokens)
         model = (prefill + full_decode) * self.slowdown(n)
         if model <= 0.0:
             return None
@@ -317,9 +378,11 @@ class EstimatedLatencyScorer(PreciseReader[Params], PrefixReader[Params], Scorer
         self._backlog.forget(key)
         self._duration.pop(key, None)
         self._scale.pop(key, None)
+        self.timings.forget(key)
+        self.timings.refresh_pool()
 
     def tracked_endpoints(self) -> Collection[str]:
-        return self._backlog.endpoints() | self._duration.keys() | self._scale.keys()
+        return self._backlog.endpoints() | self._duration.keys() | self._scale.keys() | self.timings.keys()
 
     # ---- replication -------------------------------------------------------------------------------------
     def replication_key(self) -> str:
