@@ -85,7 +85,8 @@ class EngineTotals:
 
     ttft: Totals | None = None  # time to first token
     itl: Totals | None = None  # inter-token latency (or the older time per output token)
-    prefill: Totals | None = None  # time in prefill, queue excluded (vLLM)
+    prefill: Totals | None = None  # time in prefill, queue excluded (vLLM; observed at the request's end)
+    decode: Totals | None = None  # time from the first token to the last (vLLM; observed at the request's end)
     queue: Totals | None = None  # time waiting before the first admission
     prompt_tokens: float | None = None
     cached_tokens: float | None = None

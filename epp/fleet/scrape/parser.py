@@ -208,6 +208,7 @@ def vllm_engine_totals(data: bytes) -> EngineTotals | None:
         ttft=ttft,
         itl=itl,
         prefill=histogram_totals(data, b"vllm:request_prefill_time_seconds"),
+        decode=histogram_totals(data, b"vllm:request_decode_time_seconds"),
         queue=histogram_totals(data, b"vllm:request_queue_time_seconds"),
         prompt_tokens=_counter(data, b"vllm:prefix_cache_queries_total", b"vllm:gpu_prefix_cache_queries_total"),
         cached_tokens=_counter(data, b"vllm:prefix_cache_hits_total", b"vllm:gpu_prefix_cache_hits_total"),

@@ -15,8 +15,12 @@ other requests running.
   time per output token; SGLang's ITL, whose count is per token too); divided by the slowdown, it is one sample of
   `inter_token`, weighted by its token count (at most 64), kept as a decaying weighted mean.
 - Prefill: intervals are pooled until at least `MIN_REQUESTS` requests got their first token (`FIRST_REQUESTS` for
-  the first two points; or `MAX_POOL_S` passed with at least one), then give one point (x̄, ȳ): ȳ = (mean TTFT −
-  mean queue time) / slowdown, and x̄ =
+  the first two points; or `MAX_POOL_S` passed with at least one), then give one point (x̄, ȳ) about the requests
+  whose first token came in that window. ȳ = their mean prefill time / slowdown: mean TTFT − mean queue time while
+  no request waited in the engine's queue (no queue time to take out); when some did, vLLM's prefill histogram
+  (queue excluded), which counts a request at its end, read over the window shifted by the mean decode time (its
+  decode histogram); an engine without it (SGLang) gives no point for such a window (the queue histogram, observed
+  at another moment, cannot take the queue out reliably). x̄ =
   the uncached prompt tokens per request of the same requests, from the prefix-cache counters. Those counters tick at
   another moment of a request's life than its first token (vLLM: at admission, one prefill earlier; SGLang: at its
   end, one decode later), so they are read from a short ring of past scrapes, interpolated at the pool's window
@@ -32,6 +36,11 @@ other requests running.
   slope) and scatter the points: the slope is trusted when window sizes spread widely (short prompts for a while,
   then long ones) and the windows lie on a line; otherwise the split of the level between overhead and per-token
   time stays near the reference's.
+
+Before the first prefill point, and beside the first few, the prefill level is the reference's scaled as the decode
+is (fitted inter-token / reference inter-token): an engine's decode speed is known within a few scrapes of its first
+tokens, long before enough requests have had a first token to measure the prefill, and an engine twice as fast at
+decoding is the best first guess of one twice as fast at prefill. It counts as `PRIOR_LEVEL` points.
 
 Robust: once the estimate rests on a few points, a new point is clipped to `CLIP`× the estimate and weighted down
 by how far it lies from it (Huber: weight HUBER / relative miss beyond HUBER); counters that go back (an engine
@@ -59,13 +68,17 @@ MAX_WEIGHT = 200.0  # the decaying sums keep about this many points (prefill) / 
 CLIP = 5.0
 HUBER = 0.25  # a prefill point further than this (relative) from the estimate counts for less
 PRIOR_SPREAD = 0.5  # window sizes must spread more than ±50% of their mean to outweigh the reference's slope ...
+PRIOR_LEVEL = 1.0  # before and beside the prefill points: the reference scaled like the decode, as this many points
 SCATTER_REF = 0.05  # ... when the windows scatter 5% (relative) or more off their line; less when they scatter less
 MIN_SLOPE_POINTS = 3.0  # the slope stays the reference's until the slope points weigh this much
 SLOPE_GROUP = 3  # consecutive full windows per slope point
 HALF_LIFE_S = 60.0
 MIN_ITL_TOKENS = 8.0  # decode timing used once this many tokens were seen
-RING = 256  # scrapes of prefix-cache counters kept to align them with the first tokens (~13 s at 50 ms)
+RING = 256  # scrapes of counters kept to align them with the first tokens (~13 s at 50 ms)
 WINDOWS = 16  # pooled windows waiting for their counters (SGLang's tick after the requests end)
+
+
+Window = tuple[float, float, float, float, float, bool]
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,7 +145,7 @@ def quantile(new: tuple[tuple[float, float], ...], old: tuple[tuple[float, float
 class EndpointFit:
     """One endpoint's fit (see the module docstring)."""
 
-    __slots__ = ("ref", "slowdown", "half_life", "prev", "prev_running", "prev_at", "p_n", "p_sum", "p_load",
+    __slots__ = ("ref", "slowdown", "half_life", "prev", "prev_running", "prev_at", "p_n", "p_sum", "p_load", "p_queued",
                  "p_dt", "p_since", "ring", "windows", "W", "Sx", "Sy", "V", "Tx", "Ty", "Txx", "Txy", "Tyy", "points", "group", "fit_at", "itl_w",
                  "itl_mean", "itl_raw", "itl_at", "timings", "updated_at", "ttft_mean", "ttft_p90")
 
@@ -147,15 +160,18 @@ class EndpointFit:
         # the TTFT window being pooled: first tokens, their prefill seconds, ∫ running dt, seconds, start
         self.p_n = self.p_sum = self.p_load = self.p_dt = 0.0
         self.p_since: float | None = None
-        # (time, cumulative uncached prompt tokens, cumulative requests, cumulative generated tokens) per scrape
-        self.ring: deque[tuple[float, float, float, float]] = deque(maxlen=RING)
-        # pooled windows waiting for their counters: (start, end, first tokens, prefill seconds, mean running)
-        self.windows: deque[tuple[float, float, float, float, float]] = deque(maxlen=WINDOWS)
+        self.p_queued = False  # requests waited in the engine's queue during the window
+        # per scrape: (time, then cumulative uncached prompt tokens, requests, generated tokens, prefill seconds,
+        # prefill count, decode seconds, decode count)
+        self.ring: deque[tuple[float, ...]] = deque(maxlen=RING)
+        # pooled windows waiting for their counters: (start, end, first tokens, TTFT − queue seconds, mean running,
+        # whether requests waited in the engine's queue meanwhile)
+        self.windows: deque[Window] = deque(maxlen=WINDOWS)
         # decaying regression sums over the prefill points
         self.W = self.Sx = self.Sy = 0.0  # the level: every point
         self.V = self.Tx = self.Ty = self.Txx = self.Txy = self.Tyy = 0.0  # the slope: full windows only
         self.points = 0
-        self.group: list[tuple[float, float, float, float, float]] = []  # consecutive full windows, for the slope
+        self.group: list[Window] = []  # consecutive full windows, for the slope
         self.fit_at: float | None = None
         self.itl_w = 0.0
         self.itl_mean = 0.0
@@ -167,8 +183,8 @@ class EndpointFit:
         self.ttft_p90: float | None = None
 
     # ---- input --------------------------------------------------------------------------------------------
-    def observe(self, totals: EngineTotals, running: float, now: float) -> bool:
-        """One scrape's totals and running gauge at `now`. True when the timings changed."""
+    def observe(self, totals: EngineTotals, running: float, now: float, waiting: float = 0.0) -> bool:
+        """One scrape's totals and running and waiting gauges at `now`. True when the timings changed."""
         prev = self.prev
         self.prev = totals
         prev_running, prev_at = self.prev_running, self.prev_at
@@ -185,21 +201,23 @@ class EndpointFit:
         load = 0.5 * (running + prev_running)  # the batch over the interval
         changed = self._decode(totals, prev, load, now)
         self._ttft(totals, prev)
-        self._pool(totals, prev, load, now - prev_at, now)
+        self._pool(totals, prev, load, now - prev_at, now, waiting > 0)
         return self._resolve(totals, now) or changed
 
     def _remember(self, t: EngineTotals, now: float) -> None:
         if t.prompt_tokens is None:
             return
-        uncached = t.prompt_tokens - (t.cached_tokens or 0.0)
         ring = self.ring
         if ring and ring[-1][0] >= now:
             return
-        ring.append((now, uncached, t.requests or 0.0, t.generation_tokens or 0.0))
+        pre = t.prefill or (0.0, 0.0)
+        dec = t.decode or (0.0, 0.0)
+        ring.append((now, t.prompt_tokens - (t.cached_tokens or 0.0), t.requests or 0.0, t.generation_tokens or 0.0,
+                     pre[0], pre[1], dec[0], dec[1]))
 
-    def _at(self, when: float) -> tuple[float, float, float] | None:
-        """The counters (uncached tokens, requests, generated tokens) interpolated at `when`, if the ring covers
-        it."""
+    def _at(self, when: float) -> tuple[float, ...] | None:
+        """The cumulative counters (uncached tokens, requests, generated tokens, prefill seconds and count, decode
+        seconds and count) interpolated at `when`, if the ring covers it."""
         ring = self.ring
         if not ring or when < ring[0][0] or when > ring[-1][0]:
             return None
@@ -208,10 +226,20 @@ class EndpointFit:
             hi -= 1
         b = ring[hi]
         if hi == 0 or b[0] == when:
-            return b[1], b[2], b[3]
+            return b[1:]
         a = ring[hi - 1]
         f = (when - a[0]) / (b[0] - a[0])
-        return a[1] + f * (b[1] - a[1]), a[2] + f * (b[2] - a[2]), a[3] + f * (b[3] - a[3])
+        return tuple(x + f * (y - x) for x, y in zip(a[1:], b[1:], strict=True))
+
+    def _decode_time(self) -> float | None:
+        """The mean time from first to last token of the requests that ended over the ring (vLLM's decode
+        histogram): how long after its first token a request's end-of-request histograms count it."""
+        ring = self.ring
+        if len(ring) < 2:
+            return None
+        a, b = ring[0], ring[-1]
+        n = b[7] - a[7]
+        return (b[6] - a[6]) / n if n > 0 else None
 
     def _decode(self, new: EngineTotals, old: EngineTotals, load: float, now: float) -> bool:
         d = _delta(new.itl, old.itl)
@@ -239,7 +267,7 @@ class EndpointFit:
         self.ttft_mean = d[0] / d[1]
         self.ttft_p90 = quantile(new.ttft_buckets, old.ttft_buckets, 0.9)
 
-    def _pool(self, new: EngineTotals, old: EngineTotals, load: float, dt: float, now: float) -> None:
+    def _pool(self, new: EngineTotals, old: EngineTotals, load: float, dt: float, now: float, queued: bool) -> None:
         """Add the interval's first tokens to the window being pooled; close it when it has enough."""
         ttft, queue = _delta(new.ttft, old.ttft), _delta(new.queue, old.queue)
         if ttft is None:
@@ -248,6 +276,7 @@ class EndpointFit:
             self.p_since = now - dt
         self.p_load += load * dt
         self.p_dt += dt
+        self.p_queued = self.p_queued or queued
         if ttft[1] > 0 and ttft[0] >= 0:
             pre = ttft[0]
             if queue is not None and queue[1] > 0:
@@ -258,26 +287,27 @@ class EndpointFit:
         if self.p_n < least and not (self.p_n >= 1 and now - self.p_since >= MAX_POOL_S):
             if self.p_n == 0 and now - self.p_since >= MAX_POOL_S:
                 self.p_since, self.p_load, self.p_dt = None, 0.0, 0.0  # an idle stretch: start afresh
+                self.p_queued = False
             return
         mean_load = self.p_load / self.p_dt if self.p_dt > 0 else load
-        self.windows.append((self.p_since, now, self.p_n, self.p_sum, mean_load))
+        self.windows.append((self.p_since, now, self.p_n, self.p_sum, mean_load, self.p_queued))
         self.p_n = self.p_sum = self.p_load = self.p_dt = 0.0
         self.p_since = None
+        self.p_queued = False
 
     def _resolve(self, totals: EngineTotals, now: float) -> bool:
         """Turn pooled windows into prefill points once the counters of their requests are in the ring: each full
         window is a level point; `SLOPE_GROUP` consecutive full windows together are a slope point."""
         changed = False
-        at_end = totals.counted_at == "end"
         while self.windows:
             window = self.windows[0]
-            got = self._measure(window, at_end, now)
+            got = self._measure(window, totals, now)
             if got is None:
                 break  # its requests have not all been counted yet
             self.windows.popleft()
             if not got:
                 self.group.clear()
-                continue  # no counters for it (the ring does not reach back, or none exported)
+                continue  # no counters for it, or its TTFTs hold queue time that cannot be taken out
             x, y = got
             n = window[2]
             # a window of few requests misattributes more of them at its edges: it counts for less
@@ -291,19 +321,37 @@ class EndpointFit:
             if len(self.group) >= SLOPE_GROUP:
                 g = self.group
                 total = sum(w[2] for w in g)
-                union = (g[0][0], g[-1][1], total, sum(w[3] for w in g), sum(w[4] * w[2] for w in g) / total)
+                union = (g[0][0], g[-1][1], total, sum(w[3] for w in g), sum(w[4] * w[2] for w in g) / total,
+                         any(w[5] for w in g))
                 self.group = []
-                both = self._measure(union, at_end, now)
+                both = self._measure(union, totals, now)
                 if both:
                     self._slope_point(*both, now)
         return changed
 
-    def _measure(self, window: tuple[float, float, float, float, float], at_end: bool, now: float
-                 ) -> tuple[float, float] | tuple[()] | None:
-        """(x̄, ȳ) of a pooled window; () when its counters cannot be had; None when they are not in yet."""
-        start, end, n, seconds, load = window
-        prefill = seconds / n
-        if at_end:  # counted when the requests end: one decode after their first token
+    def _measure(self, window: Window, totals: EngineTotals, now: float) -> tuple[float, float] | tuple[()] | None:
+        """(x̄, ȳ) of a pooled window; () when it gives none; None when its requests are not all counted yet.
+
+        ȳ: TTFT − queue time for a window without queueing; else, with vLLM's prefill histogram (queue excluded,
+        observed at the requests' end), its mean over the window shifted by the mean decode time, which counts the
+        same requests. x̄: the uncached prompt tokens over the window shifted to when the counters count its
+        requests (see the module docstring)."""
+        start, end, n, seconds, load, queued = window
+        if not queued:
+            prefill = seconds / n
+        elif totals.prefill is not None:
+            decode = self._decode_time()
+            if decode is None:
+                return ()
+            if end + decode > now:
+                return None
+            a, b = self._at(start + decode), self._at(end + decode)
+            if a is None or b is None or b[4] - a[4] <= 0:
+                return ()
+            prefill = (b[3] - a[3]) / (b[4] - a[4])
+        else:
+            return ()
+        if totals.counted_at == "end":  # counted when the requests end: one decode after their first token
             a, b = self._at(start), self._at(end)
             lag = 0.0
             if a is not None and b is not None and b[1] > a[1] and self.itl_raw is not None:
@@ -315,7 +363,7 @@ class EndpointFit:
         a, b = self._at(start + lag), self._at(end + lag)
         if a is None or b is None:
             return ()
-        requests = (b[1] - a[1]) if at_end else n
+        requests = (b[1] - a[1]) if totals.counted_at == "end" else n
         if requests <= 0:
             return ()
         return max(0.0, b[0] - a[0]) / requests, prefill / self.slowdown(max(0.0, load - 1.0))
@@ -371,14 +419,19 @@ class EndpointFit:
 
     # ---- the estimate ---------------------------------------------------------------------------------------
     def _solve(self) -> tuple[float, float] | None:
-        """(overhead, per token) from the prefill points: their weighted mean fixes the level; the slope moves from
-        the reference's slope at that level towards the full windows' own as far as their spread allows (see the
-        module docstring)."""
+        """(overhead, per token) from the prefill points: their weighted mean, with the decode-scaled reference as
+        `PRIOR_LEVEL` more points at the same size, fixes the level; the slope moves from the reference's slope at
+        that level towards the slope points' own as far as their spread allows (see the module docstring)."""
         W = self.W
-        if W <= 0:
-            return None
         ref = self.ref
+        decode_scale = self.itl_mean / ref.inter_token if self.has_decode and ref.inter_token > 0 else None
+        if W <= 0:
+            if decode_scale is None:
+                return None
+            return ref.overhead * decode_scale, ref.prefill_per_token * decode_scale
         mx, my = self.Sx / W, self.Sy / W
+        if decode_scale is not None:
+            my = (W * my + PRIOR_LEVEL * decode_scale * (ref.overhead + ref.prefill_per_token * mx)) / (W + PRIOR_LEVEL)
         p0 = my * ref.prefill_per_token / (ref.overhead + ref.prefill_per_token * mx)
         p = p0
         V = self.V
@@ -400,15 +453,19 @@ class EndpointFit:
         return o, p
 
     def _refresh(self) -> None:
-        """The timings, once there is a prefill point: the fitted overhead and per-token time, the fitted
-        inter-token time (or, before enough tokens, the reference's scaled like the prefill)."""
+        """The timings, once the decode or a prefill point is known: the fitted overhead and per-token time (before
+        prefill points, the reference's scaled like the decode), the fitted inter-token time (before enough tokens,
+        the reference's scaled like the prefill)."""
         prefill = self._solve()
         if prefill is None:
             return
         o, p = prefill
         ref = self.ref
-        scale = (self.Sy / self.W) / (ref.overhead + ref.prefill_per_token * self.Sx / self.W)
-        itl = self.itl_mean if self.has_decode else ref.inter_token * scale
+        if self.has_decode:
+            itl = self.itl_mean
+        else:
+            scale = (self.Sy / self.W) / (ref.overhead + ref.prefill_per_token * self.Sx / self.W)
+            itl = ref.inter_token * scale
         self.timings = Timings(o, p, itl)
 
     @property
@@ -423,36 +480,45 @@ class EndpointFit:
         return FitView(self.timings, self.W, self.itl_w, self.updated_at, self.ttft_mean, self.ttft_p90)
 
 
-FIT_CALIBRATION_RANGE = (0.25, 4.0)  # what finished requests may still correct on fitted timings
+BACKLOG_WEIGHT_RANGE = (0.0, 1.5)  # what finished requests may make of the queued prefill's weight
 
 
 class EngineTimingTable:
     """The estimated-latency scorer's fitted timings: one `EndpointFit` per endpoint that exports latency
-    histograms, and, per fitted endpoint, a calibration c(e) from its finished requests against the fitted model
-    (the second source: what the engine-side histograms cannot see, such as the scorer's own queueing model).
+    histograms, and, per fitted endpoint, the weight β(e) of the prefill backlog in its predicted time to first
+    token, learnt from its finished requests (the second source).
 
-    `eff[key]` = the fitted timings × c(e), as (overhead, prefill per token, inter-token) seconds: what the scoring
-    pass reads. `pool` is their mean over the fitted endpoints (× the pool-wide c), the prior for an endpoint not
-    fitted yet; None until one is."""
+    The engine's histograms measure its own timings, but not how much the prefill Pointsman queued on it delays a
+    new request: a serial prefill queue would delay it by all of it (β = 1, the scorer's model and its start), an
+    engine that prefills the queued requests together with the new one (batched, chunked prefill; modelsim) by
+    much less. Each finished request whose modelled time included a backlog gives one sample
 
-    __slots__ = ("ref", "slowdown", "alpha", "fits", "scale", "pool_scale", "eff", "pool")
+        β = (observed − wait − (overhead + uncached × per_token + outputTokens × inter_token) × slowdown)
+            / (backlog × per_token × slowdown)
+
+    (clamped to `BACKLOG_WEIGHT_RANGE`; an EWMA per endpoint and pool-wide).
+
+    `eff[key]` = (overhead, prefill per token, inter-token, β) seconds: what the scoring pass reads. `pool` is their
+    mean over the fitted endpoints, the prior for an endpoint not fitted yet; None until one is."""
+
+    __slots__ = ("ref", "slowdown", "alpha", "fits", "weight", "pool_weight", "eff", "pool")
 
     def __init__(self, reference: Timings, slowdown: Callable[[float], float], alpha: float) -> None:
         self.ref = reference
         self.slowdown = slowdown
         self.alpha = alpha
         self.fits: dict[str, EndpointFit] = {}
-        self.scale: dict[str, float] = {}  # c(e)
-        self.pool_scale = 1.0
-        self.eff: dict[str, tuple[float, float, float]] = {}
-        self.pool: tuple[float, float, float] | None = None
+        self.weight: dict[str, float] = {}  # β(e)
+        self.pool_weight = 1.0
+        self.eff: dict[str, tuple[float, float, float, float]] = {}
+        self.pool: tuple[float, float, float, float] | None = None
 
-    def observe(self, key: str, totals: EngineTotals, running: float, now: float) -> bool:
+    def observe(self, key: str, totals: EngineTotals, running: float, now: float, waiting: float = 0.0) -> bool:
         """An endpoint's scrape; True when its timings changed (call `refresh_pool` after a batch)."""
         fit = self.fits.get(key)
         if fit is None:
             fit = self.fits[key] = EndpointFit(self.ref, self.slowdown)
-        if not fit.observe(totals, running, now):
+        if not fit.observe(totals, running, now, waiting):
             return False
         self._set(key)
         return True
@@ -463,35 +529,34 @@ class EngineTimingTable:
         if t is None:
             self.eff.pop(key, None)
             return
-        c = self.scale.get(key, self.pool_scale)
-        self.eff[key] = (c * t.overhead, c * t.prefill_per_token, c * t.inter_token)
+        self.eff[key] = (t.overhead, t.prefill_per_token, t.inter_token, self.weight.get(key, self.pool_weight))
 
     def refresh_pool(self) -> None:
         fitted = [f.timings for f in self.fits.values() if f.timings is not None]
         if not fitted:
             self.pool = None
             return
-        n, c = len(fitted), self.pool_scale
-        self.pool = (c * sum(t.overhead for t in fitted) / n, c * sum(t.prefill_per_token for t in fitted) / n,
-                     c * sum(t.inter_token for t in fitted) / n)
+        n = len(fitted)
+        self.pool = (sum(t.overhead for t in fitted) / n, sum(t.prefill_per_token for t in fitted) / n,
+                     sum(t.inter_token for t in fitted) / n, self.pool_weight)
 
     def fitted(self, key: str) -> Timings | None:
         fit = self.fits.get(key)
         return fit.timings if fit is not None else None
 
     def learn(self, key: str, sample: float) -> None:
-        """A finished request's sample (observed / modelled on the fitted timings)."""
-        lo, hi = FIT_CALIBRATION_RANGE
+        """A finished request's backlog-weight sample (see the class docstring)."""
+        lo, hi = BACKLOG_WEIGHT_RANGE
         sample = min(hi, max(lo, sample))
         a = self.alpha
-        self.scale[key] = (1 - a) * self.scale.get(key, self.pool_scale) + a * sample
-        self.pool_scale = (1 - a) * self.pool_scale + a * sample
+        self.weight[key] = (1 - a) * self.weight.get(key, self.pool_weight) + a * sample
+        self.pool_weight = (1 - a) * self.pool_weight + a * sample
         self._set(key)
 
     def forget(self, key: str) -> None:
         self.fits.pop(key, None)
-        self.scale.pop(key, None)
+        self.weight.pop(key, None)
         self.eff.pop(key, None)
 
     def keys(self) -> set[str]:
-        return set(self.fits) | set(self.scale)
+        return set(self.fits) | set(self.weight)

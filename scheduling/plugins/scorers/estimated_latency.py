@@ -67,9 +67,10 @@ from scheduling.framework.params import bounded
 from scheduling.framework.plugin import State
 from scheduling.framework.replication import Record, drain
 from scheduling.plugins.scorers._backlog import SharedBacklog
-from scheduling.plugins.scorers._timings import EngineTimingTable, Timings
+from scheduling.plugins.scorers._timings import BACKLOG_WEIGHT_RANGE, EngineTimingTable, Timings
+from scheduling.plugins.scorers._trust import TrustTable, TrustView
 from scheduling.prefix import PrefixReader
-from scheduling.prefix.precise import GPU
+from scheduling.prefix.precise import GPU, LIVE
 from scheduling.prefix.precise_data import EVENTS, PreciseReader, PrefixHit, prefix_hits
 from scheduling.types import Endpoint
 
@@ -94,6 +95,10 @@ class Params:
     calibrate: bool = True
     calibrationAlpha: float = bounded(0.05, min=0.0, max=1.0)
     fitEngineTimings: bool = True
+    prefixTrust: bool = True
+    trustWindowSeconds: float = bounded(30.0, min=0.0)
+    trustAgreement: float = bounded(0.8, min=0.0, max=1.0)
+    trustFloor: float = bounded(0.2, min=0.0, max=1.0)
     prefixSource: Literal["approximate", "precise"] = "approximate"
 
 
@@ -101,6 +106,7 @@ CALIBRATION_RANGE = (0.02, 50.0)
 PRUNE_EVERY = 256  # picks between two sweeps of drained backlogs (a power of two)
 SLOW_TABLE = 4096  # slowdown values precomputed per n (maxNumSeqs beyond this computes the rest per endpoint)
 MAX_OUTBOX = 4096  # finished requests kept for the bus between two exports
+MIN_BACKLOG_SHARE = 0.1  # a finished request teaches the backlog's weight when it was this much of its model
 _PRED = "estimated-latency.pred"  # (candidates, n per candidate) of the last scoring pass
 _CHOSEN = "estimated-latency.chosen"  # (modelled prefill, D(e)) of the pick, from pre_request
 
@@ -139,6 +145,8 @@ class EstimatedLatencyScorer(PreciseReader[Params], PrefixReader[Params], Scorer
         # engine timings fitted from the engines' histograms (scheduling/plugins/scorers/_timings.py)
         self.timings = EngineTimingTable(Timings(p.overheadSeconds, p.prefillSecondsPerToken, p.interTokenSeconds),
                                          self.slowdown_at, p.calibrationAlpha)
+        # how much a predicted prefix hit is believed, per endpoint (scheduling/plugins/scorers/_trust.py)
+        self.trust = TrustTable(window=p.trustWindowSeconds, agree=p.trustAgreement, floor=p.trustFloor)
 
     def slowdown(self, n: int) -> float:
         """slowdown(e) for n(e) = n requests."""
@@ -168,18 +176,33 @@ class EstimatedLatencyScorer(PreciseReader[Params], PrefixReader[Params], Scorer
         return 1.0 / self._per_token(key)
 
     def engine_metrics(self, endpoints: Sequence[Endpoint], now: float) -> None:
-        """Scrapes arrived: fit the engines' timings from their histograms (scheduling/plugins/scorers/_timings.py)."""
-        if not self.params.fitEngineTimings:
-            return
+        """Scrapes arrived: fit the engines' timings from their histograms (scheduling/plugins/scorers/_timings.py)
+        and weigh their prefix-cache counters against the predicted hits (scheduling/plugins/scorers/_trust.py)."""
+        p = self.params
         table = self.timings
         changed = False
         for e in endpoints:
             m = e.metrics
-            if m.engine is not None and not m.stale:
-                changed = table.observe(e.key, m.engine, float(m.running),
-                                        m.updated_at if m.updated_at is not None else now) or changed
+            if m.engine is None or m.stale:
+                continue
+            at = m.updated_at if m.updated_at is not None else now
+            if p.fitEngineTimings:
+                changed = table.observe(e.key, m.engine, float(m.running), at, float(m.waiting)) or changed
+            if p.prefixTrust:
+                self.trust.engine(e.key, m.engine, at)
+                self.trust_view(e.key, now, refresh=True)
         if changed:
             table.refresh_pool()
+
+    def trust_view(self, key: str, now: float, refresh: bool = False) -> TrustView:
+        """The prefix trust of endpoint `key` (exact / degraded / approximate) and the belief scoring gives its
+        predicted hits; `refresh` also updates the belief the scoring pass reads."""
+        precise = self.precise
+        events = precise is not None and precise.index.state(key) == LIVE
+        disrupted = precise.index.disrupted.get(key) if precise is not None else None
+        if refresh:
+            return self.trust.refresh(key, now, events, disrupted)
+        return self.trust.view(key, now, events, disrupted)
 
     def _cached(
         self, ctx: SchedulingContext, state: State, candidates: list[Endpoint]
@@ -232,6 +255,8 @@ class EstimatedLatencyScorer(PreciseReader[Params], PrefixReader[Params], Scorer
         initial = p.initialRequestSeconds
         pool_k = self.pool_scale
         scale_get = self._scale.get
+        believed = self.trust.belief  # endpoints whose predicted hits count for less than they say
+        belief_get = believed.get
         fit_get = self.timings.eff.get  # endpoints with fitted engine timings: (overhead, per token, inter-token)
         fit_pool = self.timings.pool  # their mean: the prior of an endpoint with neither a fit nor its own k
         scaled = self._scale
@@ -258,6 +283,10 @@ class EstimatedLatencyScorer(PreciseReader[Params], PrefixReader[Params], Scorer
                 n = w
             q = queue_get(key)
             c = cached_get(key)
+            if believed and c is not None:
+                b = belief_get(key)
+                if b is not None:
+                    c *= b
             t = fit_get(key)
             if t is None and fit_pool is not None and key not in scaled:
                 t = fit_pool
@@ -275,16 +304,16 @@ class EstimatedLatencyScorer(PreciseReader[Params], PrefixReader[Params], Scorer
                         if not backlog > 0.0:
                             backlog = 0.0
                     cost = k * (overhead + (backlog + uncached) * pspt + decode)
-            else:  # fitted engine timings (× the calibration on them)
+            else:  # fitted engine timings, the backlog weighed as finished requests taught
                 k = 1.0
-                o_e, unit, i_e = t
+                o_e, unit, i_e, beta = t
                 uncached = tokens if c is None else (tokens - c if tokens > c else 0.0)
                 backlog = 0.0
                 if q is not None:
                     backlog = q.total - (now - q.since) / unit
                     if not backlog > 0.0:
                         backlog = 0.0
-                cost = o_e + (backlog + uncached) * unit + dw_out * i_e
+                cost = o_e + (beta * backlog + uncached) * unit + dw_out * i_e
             slow = slow_get(n)
             cost *= slow if slow is not None else (slow_full if n > s1 else 1.0 + f1 * n / s1)
             if evict_w and uncached:
@@ -304,17 +333,26 @@ class EstimatedLatencyScorer(PreciseReader[Params], PrefixReader[Params], Scorer
         chosen = result.targets[0]
         now = ctx.now
         tokens, cached, _ = self._cached(ctx, state, [chosen])
-        uncached = max(0.0, tokens - cached.get(chosen.key, 0.0))
-        rate = self._drain_rate(chosen.key)
+        predicted = cached.get(chosen.key, 0.0)
         p = self.params
+        if p.prefixTrust:
+            self.trust.sent(chosen.key, tokens, predicted, now)
+        uncached = max(0.0, tokens - predicted * self.trust.belief.get(chosen.key, 1.0))
+        rate = self._drain_rate(chosen.key)
         # What the calibration needs of the pick, as the decision saw it (before this request's own prefill joins
         # the backlog): its modelled prefill and decode on the base timings (fitted, else the reference), which of
         # the two, and the endpoint's D(e).
         fitted = self.timings.fitted(chosen.key) if p.fitEngineTimings else None
         base = fitted or Timings(p.overheadSeconds, p.prefillSecondsPerToken, p.interTokenSeconds)
-        prefill = base.overhead + (self._backlog.total(chosen.key, now, rate) + uncached) * base.prefill_per_token
+        backlog = self._backlog.total(chosen.key, now, rate)
+        if fitted is None:
+            prefill = base.overhead + (backlog + uncached) * base.prefill_per_token
+            queued = 0.0
+        else:  # on fitted timings the sample is the backlog's weight: its modelled time apart
+            prefill = base.overhead + uncached * base.prefill_per_token
+            queued = backlog * base.prefill_per_token
         state[_CHOSEN] = (prefill, self._duration.get(chosen.key, p.initialRequestSeconds), base.inter_token,
-                          fitted is not None)
+                          queued if fitted is not None else None)
         self._backlog.add(chosen.key, uncached, now, rate)
         state[_START] = now
         self._picks += 1
@@ -329,7 +367,7 @@ class EstimatedLatencyScorer(PreciseReader[Params], PrefixReader[Params], Scorer
         seconds = max(0.0, ctx.now - start)
         sample = self._sample(ctx, key, seconds, state) if self.params.calibrate else None
         chosen = state.get(_CHOSEN)
-        on_fit = bool(chosen[3]) if chosen is not None else False
+        on_fit = chosen is not None and chosen[3] is not None
         self._learn(key, seconds, sample, on_fit)
         if self._outbox is not None:
             self._outbox.append([key, seconds, -1.0 if sample is None else sample])
@@ -355,7 +393,7 @@ class EstimatedLatencyScorer(PreciseReader[Params], PrefixReader[Params], Scorer
         """(observed − wait) / model for the request that ran on `key`, from what the decision saw: n(e) from the
         scoring pass, the modelled prefill and D(e) from pre_request."""
         pred: tuple[list[Endpoint], list[int]] | None = state.get(_PRED)
-        chosen: tuple[float, float, float, bool] | None = state.get(_CHOSEN)
+        chosen: tuple[float, float, float, float | None] | None = state.get(_CHOSEN)
         if pred is None or chosen is None:
             return None
         candidates, ns = pred
@@ -365,12 +403,18 @@ class EstimatedLatencyScorer(PreciseReader[Params], PrefixReader[Params], Scorer
         p = self.params
         s1 = p.maxNumSeqs - 1
         n = ns[i]
-        prefill, duration, inter_token, _ = chosen
+        prefill, duration, inter_token, queued = chosen
         full_decode = inter_token * output_tokens(ctx.request.body, p.defaultOutputTokens)
-        model = (prefill + full_decode) * self.slowdown(n)
+        slow = self.slowdown(n)
+        model = (prefill + full_decode) * slow
+        wait = (n - s1) * duration / p.maxNumSeqs if n > s1 else 0.0
+        if queued is not None:  # fitted timings: the weight of the backlog (EngineTimingTable)
+            if queued * slow < MIN_BACKLOG_SHARE * model:
+                return None  # too little backlog to tell its weight
+            lo, hi = BACKLOG_WEIGHT_RANGE
+            return min(hi, max(lo, (seconds - wait - model) / (queued * slow)))
         if model <= 0.0:
             return None
-        wait = (n - s1) * duration / p.maxNumSeqs if n > s1 else 0.0
         lo, hi = CALIBRATION_RANGE
         return min(hi, max(lo, (seconds - wait) / model))
 
@@ -380,9 +424,11 @@ class EstimatedLatencyScorer(PreciseReader[Params], PrefixReader[Params], Scorer
         self._scale.pop(key, None)
         self.timings.forget(key)
         self.timings.refresh_pool()
+        self.trust.forget(key)
 
     def tracked_endpoints(self) -> Collection[str]:
-        return self._backlog.endpoints() | self._duration.keys() | self._scale.keys() | self.timings.keys()
+        return (self._backlog.endpoints() | self._duration.keys() | self._scale.keys() | self.timings.keys()
+                | self.trust.entries.keys())
 
     # ---- replication -------------------------------------------------------------------------------------
     def replication_key(self) -> str:
@@ -413,7 +459,7 @@ class EstimatedLatencyScorer(PreciseReader[Params], PrefixReader[Params], Scorer
         lo, hi = CALIBRATION_RANGE
         for rec in records:
             if not (3 <= len(rec) <= 4 and all(_finite(v) for v in rec[1:]) and 0.0 <= rec[1] < 1e6
-                    and (rec[2] == -1.0 or lo <= rec[2] <= hi)):
+                    and (rec[2] == -1.0 or 0.0 <= rec[2] <= hi)):
                 bad += 1
                 continue
             key, seconds, sample = rec[0], float(rec[1]), None if rec[2] == -1.0 else float(rec[2])
