@@ -129,7 +129,9 @@ class App:
             log_decisions=args.log_decisions,
         )
         ds = self.datastore
-        observers: list[RequestObserver] = [RequestMetrics(self.metrics)]
+        from epp.api.slo_metrics import SloMetrics  # issue 23: predicted and actual SLO attainment
+
+        observers: list[RequestObserver] = [RequestMetrics(self.metrics), SloMetrics(self.metrics.registry)]
         if self.routing is not None:  # routes may carry token rate limits (Kthena's ModelRoute.rateLimit)
             from epp.ratelimit.wiring import build_budgets, build_gate
 

@@ -9,7 +9,7 @@ that never waits is decided synchronously:
     admit     the admitters in order: sheddable saturation, rate limits, budgets (epp/request/admit.py)
     prepare   tokenize, for scheduling configs that read token ids               (epp/tokenize)
     queue     flow control: go now, refused, or held until capacity frees        (epp/flowcontrol)
-    schedule  the scheduler picks                                                (epp/request/commit.py)
+    schedule  the scheduler picks; a sheddable request no endpoint can serve within its SLO is shed (commit.py)
     commit    count it in flight, run pre_request, bind the session, tell the observers, build the mutations
 
 A queued request's turn comes inside flow control's dispatch cycle: it re-resolves its candidates on the pool as it
@@ -36,7 +36,7 @@ from epp.fleet.datastore import InflightTicket
 from epp.flowcontrol.controller import DROPPED_REASON, fairness_id
 from epp.protocol import Outcome
 from epp.request.admit import Hold
-from epp.request.commit import mutations, mutations_for_provider, schedule
+from epp.request.commit import mutations, mutations_for_provider, schedule, slo_refusal
 from epp.request.director import CONFORMANCE_RESP, LB_NS, SERVED, Director, ShellContext, error_outcome
 from epp.request.observe import Follow
 from epp.request.resolve import Metadata, find_candidates, resolve
@@ -257,6 +257,9 @@ class RequestExchange:
         except Exception as exc:  # never crash a stream: a bug becomes a clear 500
             return self._fail(exc)
         self.schedule_s = time.perf_counter() - t0
+        shed = slo_refusal(ctx.request, result)
+        if shed is not None:
+            return self._refuse(shed)
         self.result = result
         return None
 

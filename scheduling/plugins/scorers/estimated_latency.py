@@ -72,6 +72,7 @@ from scheduling.plugins.scorers._trust import TrustTable, TrustView
 from scheduling.prefix import PrefixReader
 from scheduling.prefix.precise import GPU, LIVE
 from scheduling.prefix.precise_data import EVENTS, PreciseReader, PrefixHit, prefix_hits
+from scheduling.slo import SLO_STATE, Slo, SloVerdict, slo_from_headers
 from scheduling.types import Endpoint
 
 _START = "estimated-latency.start"
@@ -99,6 +100,8 @@ class Params:
     trustWindowSeconds: float = bounded(30.0, min=0.0)
     trustAgreement: float = bounded(0.8, min=0.0, max=1.0)
     trustFloor: float = bounded(0.2, min=0.0, max=1.0)
+    sloAware: bool = True
+    sloHeadroom: float = bounded(0.8, min=0.0, max=1.0)
     prefixSource: Literal["approximate", "precise"] = "approximate"
 
 
@@ -109,6 +112,7 @@ MAX_OUTBOX = 4096  # finished requests kept for the bus between two exports
 MIN_BACKLOG_SHARE = 0.1  # a finished request teaches the backlog's weight when it was this much of its model
 _PRED = "estimated-latency.pred"  # (candidates, n per candidate) of the last scoring pass
 _CHOSEN = "estimated-latency.chosen"  # (modelled prefill, D(e)) of the pick, from pre_request
+_PREDICTED = "estimated-latency.predicted"  # (TTFT, TPOT) per candidate: SLO requests and explain
 
 
 def output_tokens(body: Mapping[str, Any] | None, default: int) -> int:
@@ -325,7 +329,43 @@ class EstimatedLatencyScorer(PreciseReader[Params], PrefixReader[Params], Scorer
             costs.append(cost)
             ns.append(n)
         state[_PRED] = (candidates, ns)
-        return relative(costs)
+        slo = slo_from_headers(ctx.request.headers) if p.sloAware else None
+        if slo is None and not ctx.explain:
+            return relative(costs)
+        predicted = self.predict(ctx, candidates, ns, tokens, cached)
+        state[_PREDICTED] = predicted
+        if slo is None:
+            return relative(costs)
+        return slo_scores(slo, candidates, costs, predicted, p.sloHeadroom, state)
+
+    def predict(self, ctx: SchedulingContext, candidates: list[Endpoint], ns: Sequence[int], tokens: float,
+                cached: Mapping[str, float]) -> list[tuple[float, float]]:
+        """(TTFT, TPOT) seconds the request is predicted on each candidate, from the same model as its cost: for
+        SLO-aware picks and explain only (a second pass; the scoring pass keeps to its one number per endpoint)."""
+        p = self.params
+        now = ctx.now
+        s1 = p.maxNumSeqs - 1
+        ref = Timings(p.overheadSeconds, p.prefillSecondsPerToken, p.interTokenSeconds)
+        queues = self._backlog.queues()
+        out: list[tuple[float, float]] = []
+        for e, n in zip(candidates, ns, strict=True):
+            key = e.key
+            c = cached.get(key, 0.0) * self.trust.belief.get(key, 1.0)
+            uncached = max(0.0, tokens - c)
+            t = self.timings.eff.get(key)
+            if t is None and self.timings.pool is not None and key not in self._scale:
+                t = self.timings.pool
+            if t is None:
+                k = self.scale(key)
+                o, per, itl, beta = k * ref.overhead, k * ref.prefill_per_token, k * ref.inter_token, 1.0
+            else:
+                o, per, itl, beta = t
+            q = queues.get(key)
+            backlog = max(0.0, q.total - (now - q.since) / per) if q is not None else 0.0
+            slow = self.slowdown(n)
+            wait = (n - s1) * self._duration.get(key, p.initialRequestSeconds) / p.maxNumSeqs if n > s1 else 0.0
+            out.append(((o + (beta * backlog + uncached) * per) * slow + wait, itl * slow))
+        return out
 
     def pre_request(self, ctx: SchedulingContext, result: SchedulingResult, state: State) -> None:
         if not result.targets:
@@ -470,6 +510,39 @@ class EstimatedLatencyScorer(PreciseReader[Params], PrefixReader[Params], Scorer
                 if sample is not None and key not in self._scale:
                     self._scale[key] = sample
         return bad
+
+
+def predictions(state: State) -> list[tuple[float, float]] | None:
+    """The (TTFT, TPOT) a decision predicted per candidate (SLO requests and explain), in candidate order."""
+    got: list[tuple[float, float]] | None = state.get(_PREDICTED)
+    return got
+
+
+def slo_scores(slo: Slo, candidates: list[Endpoint], costs: list[float], predicted: list[tuple[float, float]],
+               headroom: float, state: State) -> list[float]:
+    """Scores for a request with objectives: the candidates predicted to meet them with headroom (within `headroom`
+    × the SLO) first, then those predicted to meet them, each tier by cost (min cost / cost); then the rest by how
+    close they come (min TTFT / TTFT, or TPOT with a TPOT objective only): a request no endpoint can serve in time
+    goes where it misses least. Tier t of 3 scores in ((2 − t) / 3, (3 − t) / 3]. Records the verdict (SLO_STATE)."""
+    tiers = [0 if slo.meets(tt, tp, headroom) else 1 if slo.meets(tt, tp) else 2 for tt, tp in predicted]
+    by_ttft = slo.ttft_s is not None
+    best: dict[int, float] = {}
+    keys: list[float] = []
+    for tier, cost, (tt, tp) in zip(tiers, costs, predicted, strict=True):
+        v = cost if tier < 2 else (tt if by_ttft else tp)
+        keys.append(v)
+        if tier not in best or v < best[tier]:
+            best[tier] = v
+    out = []
+    for tier, v in zip(tiers, keys, strict=True):
+        b = best[tier]
+        rel = (b / v if v > 0 else 1.0) if b > 0 else (1.0 if v <= 0 else 0.0)
+        out.append((2 - tier + rel) / 3.0)
+    state[SLO_STATE] = SloVerdict(
+        slo, {e.key: pr for e, pr in zip(candidates, predicted, strict=True)},
+        frozenset(e.key for e, t in zip(candidates, tiers, strict=True) if t < 2),
+        frozenset(e.key for e, t in zip(candidates, tiers, strict=True) if t == 0))
+    return out
 
 
 def relative(costs: list[float]) -> list[float]:
