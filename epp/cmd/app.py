@@ -173,6 +173,7 @@ class App:
             router=self.routing.router if self.routing is not None else None,
             tokens=self.tokens,  # precise prefix routing: tokenize for configs that read tokens
             observers=tuple(observers),
+            probe=self.passive.probe_for if self.passive is not None else None,  # issue 23: probes whatever scores
         )
         self.apply_scheduler(scheduler)
         if self.recorder is not None:

@@ -19,7 +19,7 @@ from epp.protocol import Outcome
 from epp.request.admit import Admitter
 from epp.request.observe import RequestObserver
 from scheduling.api import Scheduler, SchedulingContext
-from scheduling.types import SchedulingError
+from scheduling.types import Endpoint, SchedulingError
 
 if TYPE_CHECKING:
     from epp.flowcontrol.controller import FlowController
@@ -94,6 +94,8 @@ class Director:
     tokens: RequestTokens | None = None  # tokens for configs that read them (precise prefix routing)
     flow: FlowController | None = None  # flow control's queue, while the config turns it on
     observers: Sequence[RequestObserver] = ()  # metrics, the dashboard, passive health, quarantine (observe.py)
+    # passive health's probe: a candidate waiting for its probe, which the request at hand then goes to
+    probe: Callable[[Sequence[Endpoint]], Endpoint | None] | None = None
 
     def exchange(self) -> RequestExchange:
         """The owner of one stream's request lifecycle (epp/request/exchange.py)."""

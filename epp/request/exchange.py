@@ -9,7 +9,8 @@ that never waits is decided synchronously:
     admit     the admitters in order: sheddable saturation, rate limits, budgets (epp/request/admit.py)
     prepare   tokenize, for scheduling configs that read token ids               (epp/tokenize)
     queue     flow control: go now, refused, or held until capacity frees        (epp/flowcontrol)
-    schedule  the scheduler picks; a sheddable request no endpoint can serve within its SLO is shed (commit.py)
+    schedule  the scheduler picks (commit.py); a sheddable request no endpoint can serve within its SLO is shed; an
+              endpoint waiting for its passive-health probe gets this request
     commit    count it in flight, run pre_request, bind the session, tell the observers, build the mutations
 
 A queued request's turn comes inside flow control's dispatch cycle: it re-resolves its candidates on the pool as it
@@ -26,6 +27,7 @@ ended the stream.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import inspect
 import logging
 import time
@@ -260,6 +262,13 @@ class RequestExchange:
         shed = slo_refusal(ctx.request, result)
         if shed is not None:
             return self._refuse(shed)
+        probe = self.d.probe
+        if probe is not None and result.prefill is None:
+            target = probe(ctx.candidates)
+            if target is not None and target.key != result.primary.key:
+                # passive health waits for a probe of this endpoint: this request is it, whatever the scores said
+                result = dataclasses.replace(result, targets=[target, *(e for e in result.targets
+                                                                        if e.key != target.key)])
         self.result = result
         return None
 
