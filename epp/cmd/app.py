@@ -176,6 +176,9 @@ class App:
             probe=self.passive.probe_for if self.passive is not None else None,  # issue 23: probes whatever scores
         )
         self.apply_scheduler(scheduler)
+        from epp.api.model_metrics import ModelCollector  # issue 23: timings and prefix trust per endpoint
+
+        self.metrics.registry.register(ModelCollector(lambda: self.director, ds))
         if self.recorder is not None:
             self._make_dashboard()
         await self._start_grpc()

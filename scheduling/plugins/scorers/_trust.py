@@ -169,3 +169,21 @@ class TrustTable:
     def forget(self, key: str) -> None:
         self.entries.pop(key, None)
         self.belief.pop(key, None)
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointModel:
+    """What the estimated-latency scorer believes about one endpoint (explain, `epp endpoints`, the dashboard)."""
+
+    timings: str  # "engine" (fitted from its own metrics), "pool" (the fitted endpoints' mean), "reference"
+    overhead_s: float  # as the scoring pass uses them
+    prefill_per_token_s: float
+    inter_token_s: float
+    backlog_weight: float  # how much queued prefill delays a request (1: the reference model's serial queue)
+    calibration: float  # reference timings: k(e) from finished requests; 1 on engine timings
+    fitted_age_s: float | None  # since the engine's metrics last brought a measurement; None: never
+    prefill_points: float
+    decode_tokens: float
+    engine_ttft_mean_s: float | None  # the engine's own TTFT over its last interval with first tokens
+    engine_ttft_p90_s: float | None
+    trust: TrustView

@@ -68,7 +68,7 @@ from scheduling.framework.plugin import State
 from scheduling.framework.replication import Record, drain
 from scheduling.plugins.scorers._backlog import SharedBacklog
 from scheduling.plugins.scorers._timings import BACKLOG_WEIGHT_RANGE, EngineTimingTable, Timings
-from scheduling.plugins.scorers._trust import TrustTable, TrustView
+from scheduling.plugins.scorers._trust import EndpointModel, TrustTable, TrustView
 from scheduling.prefix import PrefixReader
 from scheduling.prefix.precise import GPU, LIVE
 from scheduling.prefix.precise_data import EVENTS, PreciseReader, PrefixHit, prefix_hits
@@ -112,7 +112,7 @@ MAX_OUTBOX = 4096  # finished requests kept for the bus between two exports
 MIN_BACKLOG_SHARE = 0.1  # a finished request teaches the backlog's weight when it was this much of its model
 _PRED = "estimated-latency.pred"  # (candidates, n per candidate) of the last scoring pass
 _CHOSEN = "estimated-latency.chosen"  # (modelled prefill, D(e)) of the pick, from pre_request
-_PREDICTED = "estimated-latency.predicted"  # (TTFT, TPOT) per candidate: SLO requests and explain
+_PREDICTED = "estimated-latency.predicted"  # endpoint -> (TTFT, TPOT): SLO requests and explain
 
 
 def output_tokens(body: Mapping[str, Any] | None, default: int) -> int:
@@ -197,6 +197,24 @@ class EstimatedLatencyScorer(PreciseReader[Params], PrefixReader[Params], Scorer
                 self.trust_view(e.key, now, refresh=True)
         if changed:
             table.refresh_pool()
+
+    def endpoint_model(self, key: str, now: float) -> EndpointModel:
+        """The timings this scorer uses for `key` (and where they come from), their age, and its prefix trust."""
+        p = self.params
+        fit = self.timings.fits.get(key)
+        view = fit.view() if fit is not None else None
+        t = self.timings.eff.get(key)
+        source = "engine"
+        k = 1.0
+        if t is None and self.timings.pool is not None and key not in self._scale:
+            t, source = self.timings.pool, "pool"
+        if t is None:
+            k, source = self.scale(key), "reference"
+            t = (k * p.overheadSeconds, k * p.prefillSecondsPerToken, k * p.interTokenSeconds, 1.0)
+        age = now - view.updated_at if view is not None and view.updated_at is not None else None
+        return EndpointModel(source, t[0], t[1], t[2], t[3], k, age, view.prefill_points if view else 0.0,
+                             view.decode_tokens if view else 0.0, view.ttft_mean if view else None,
+                             view.ttft_p90 if view else None, self.trust_view(key, now))
 
     def trust_view(self, key: str, now: float, refresh: bool = False) -> TrustView:
         """The prefix trust of endpoint `key` (exact / degraded / approximate) and the belief scoring gives its
@@ -333,7 +351,7 @@ class EstimatedLatencyScorer(PreciseReader[Params], PrefixReader[Params], Scorer
         if slo is None and not ctx.explain:
             return relative(costs)
         predicted = self.predict(ctx, candidates, ns, tokens, cached)
-        state[_PREDICTED] = predicted
+        state[_PREDICTED] = {e.key: pr for e, pr in zip(candidates, predicted, strict=True)}
         if slo is None:
             return relative(costs)
         return slo_scores(slo, candidates, costs, predicted, p.sloHeadroom, state)
@@ -512,9 +530,9 @@ class EstimatedLatencyScorer(PreciseReader[Params], PrefixReader[Params], Scorer
         return bad
 
 
-def predictions(state: State) -> list[tuple[float, float]] | None:
-    """The (TTFT, TPOT) a decision predicted per candidate (SLO requests and explain), in candidate order."""
-    got: list[tuple[float, float]] | None = state.get(_PREDICTED)
+def predictions(state: State) -> Mapping[str, tuple[float, float]] | None:
+    """The (TTFT, TPOT) a decision predicted per scored candidate (SLO requests and explain), by endpoint key."""
+    got: Mapping[str, tuple[float, float]] | None = state.get(_PREDICTED)
     return got
 
 
