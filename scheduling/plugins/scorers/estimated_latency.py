@@ -31,6 +31,17 @@ is multiplied by k(e), learnt from the requests that finish on e:
 So a fleet twice as fast as the reference converges to k = 0.5, and the trade between prefill, decode and queueing
 (whose wait already comes from observed durations) stays right without hand-set timings.
 
+Engine timings (fitEngineTimings, on by default; docs/latency-model.md): for an endpoint whose engine exports latency
+histograms, overhead, prefillSecondsPerToken and interTokenSeconds are replaced by its own, fitted at every scrape
+(the `engine_metrics` hook; scheduling/plugins/scorers/_timings.py), and its finished requests teach the weight β(e)
+of its backlog instead of k(e) (ttft(e) uses β(e) × backlog(e)); an endpoint without its own fit or k uses the fitted
+endpoints' mean. The reference path above is unchanged, bit for bit, for engines that export none.
+
+Prefix trust (prefixTrust; scheduling/plugins/scorers/_trust.py): cached(e) is multiplied by the belief b(e) of the
+endpoint's prefix state (exact 1; degraded after a KV-event disruption, or short of the engine's reported hits while
+traffic bypasses Pointsman; approximate). SLO headers (sloAware; scheduling/slo.py, _slo.py): the scores become
+tiers by whether each candidate's predicted TTFT and TPOT meet the request's objectives.
+
 The decode term is what makes the choice far-sighted: a busy batch slows every token of the request (and the
 requests already there), so it spreads load before queues form, while a long uncached prefill still keeps a
 request on the endpoint holding its prefix. decodeWeight 0 gives a pure time-to-first-token estimate. The
@@ -67,12 +78,22 @@ from scheduling.framework.params import bounded
 from scheduling.framework.plugin import State
 from scheduling.framework.replication import Record, drain
 from scheduling.plugins.scorers._backlog import SharedBacklog
-from scheduling.plugins.scorers._timings import BACKLOG_WEIGHT_RANGE, EngineTimingTable, Timings
+from scheduling.plugins.scorers._learning import (
+    endpoint_model,
+    engine_metrics,
+    predict,
+    timings_of,
+    trust_view,
+)
+from scheduling.plugins.scorers._slo import PREDICTED, slo_scores
+from scheduling.plugins.scorers._slo import predictions as predictions  # for explain
+from scheduling.plugins.scorers._timing_table import BACKLOG_WEIGHT_RANGE, EngineTimingTable
+from scheduling.plugins.scorers._timings import Timings
 from scheduling.plugins.scorers._trust import EndpointModel, TrustTable, TrustView
 from scheduling.prefix import PrefixReader
-from scheduling.prefix.precise import GPU, LIVE
+from scheduling.prefix.precise import GPU
 from scheduling.prefix.precise_data import EVENTS, PreciseReader, PrefixHit, prefix_hits
-from scheduling.slo import SLO_STATE, Slo, SloVerdict, slo_from_headers
+from scheduling.slo import slo_from_headers
 from scheduling.types import Endpoint
 
 _START = "estimated-latency.start"
@@ -112,7 +133,6 @@ MAX_OUTBOX = 4096  # finished requests kept for the bus between two exports
 MIN_BACKLOG_SHARE = 0.1  # a finished request teaches the backlog's weight when it was this much of its model
 _PRED = "estimated-latency.pred"  # (candidates, n per candidate) of the last scoring pass
 _CHOSEN = "estimated-latency.chosen"  # (modelled prefill, D(e)) of the pick, from pre_request
-_PREDICTED = "estimated-latency.predicted"  # endpoint -> (TTFT, TPOT): SLO requests and explain
 
 
 def output_tokens(body: Mapping[str, Any] | None, default: int) -> int:
@@ -169,62 +189,27 @@ class EstimatedLatencyScorer(PreciseReader[Params], PrefixReader[Params], Scorer
         return self._scale.get(key, self.pool_scale)
 
     def _per_token(self, key: str) -> float:
-        """Prefill seconds per token on endpoint `key`: fitted (× its calibration), else the reference × k(e)."""
-        t = self.timings.eff.get(key)
-        if t is None and self.timings.pool is not None and key not in self._scale:
-            t = self.timings.pool
-        return t[1] if t is not None else self.scale(key) * self.params.prefillSecondsPerToken
+        """Prefill seconds per token on endpoint `key`: fitted, else the fitted endpoints' mean, else the reference
+        × k(e)."""
+        return timings_of(self, key)[1]
+
+    # ---- what it learns from the engines, and what it shows (scheduling/plugins/scorers/_learning.py) -------
+    def engine_metrics(self, endpoints: Sequence[Endpoint], now: float) -> None:
+        """Scrapes arrived: fit the engines' timings from their histograms and weigh their prefix-cache counters
+        against the predicted hits."""
+        engine_metrics(self, endpoints, now)
+
+    def endpoint_model(self, key: str, now: float) -> EndpointModel:
+        """The timings this scorer uses for `key` (and where they come from), their age, and its prefix trust."""
+        return endpoint_model(self, key, now)
+
+    def trust_view(self, key: str, now: float, refresh: bool = False) -> TrustView:
+        """The prefix trust of `key`; `refresh` also updates the belief the scoring pass reads."""
+        return trust_view(self, key, now, refresh)
 
     def _drain_rate(self, key: str) -> float:
         """Prefill tokens per second endpoint `key` works off."""
         return 1.0 / self._per_token(key)
-
-    def engine_metrics(self, endpoints: Sequence[Endpoint], now: float) -> None:
-        """Scrapes arrived: fit the engines' timings from their histograms (scheduling/plugins/scorers/_timings.py)
-        and weigh their prefix-cache counters against the predicted hits (scheduling/plugins/scorers/_trust.py)."""
-        p = self.params
-        table = self.timings
-        changed = False
-        for e in endpoints:
-            m = e.metrics
-            if m.engine is None or m.stale:
-                continue
-            at = m.updated_at if m.updated_at is not None else now
-            if p.fitEngineTimings:
-                changed = table.observe(e.key, m.engine, float(m.running), at, float(m.waiting)) or changed
-            if p.prefixTrust:
-                self.trust.engine(e.key, m.engine, at)
-                self.trust_view(e.key, now, refresh=True)
-        if changed:
-            table.refresh_pool()
-
-    def endpoint_model(self, key: str, now: float) -> EndpointModel:
-        """The timings this scorer uses for `key` (and where they come from), their age, and its prefix trust."""
-        p = self.params
-        fit = self.timings.fits.get(key)
-        view = fit.view() if fit is not None else None
-        t = self.timings.eff.get(key)
-        source = "engine"
-        k = 1.0
-        if t is None and self.timings.pool is not None and key not in self._scale:
-            t, source = self.timings.pool, "pool"
-        if t is None:
-            k, source = self.scale(key), "reference"
-            t = (k * p.overheadSeconds, k * p.prefillSecondsPerToken, k * p.interTokenSeconds, 1.0)
-        age = now - view.updated_at if view is not None and view.updated_at is not None else None
-        return EndpointModel(source, t[0], t[1], t[2], t[3], k, age, view.prefill_points if view else 0.0,
-                             view.decode_tokens if view else 0.0, view.ttft_mean if view else None,
-                             view.ttft_p90 if view else None, self.trust_view(key, now))
-
-    def trust_view(self, key: str, now: float, refresh: bool = False) -> TrustView:
-        """The prefix trust of endpoint `key` (exact / degraded / approximate) and the belief scoring gives its
-        predicted hits; `refresh` also updates the belief the scoring pass reads."""
-        precise = self.precise
-        events = precise is not None and precise.index.state(key) == LIVE
-        disrupted = precise.index.disrupted.get(key) if precise is not None else None
-        if refresh:
-            return self.trust.refresh(key, now, events, disrupted)
-        return self.trust.view(key, now, events, disrupted)
 
     def _cached(
         self, ctx: SchedulingContext, state: State, candidates: list[Endpoint]
@@ -350,40 +335,11 @@ class EstimatedLatencyScorer(PreciseReader[Params], PrefixReader[Params], Scorer
         slo = slo_from_headers(ctx.request.headers) if p.sloAware else None
         if slo is None and not ctx.explain:
             return relative(costs)
-        predicted = self.predict(ctx, candidates, ns, tokens, cached)
-        state[_PREDICTED] = {e.key: pr for e, pr in zip(candidates, predicted, strict=True)}
+        predicted = predict(self, ctx, candidates, ns, tokens, cached)
+        state[PREDICTED] = {e.key: pr for e, pr in zip(candidates, predicted, strict=True)}
         if slo is None:
             return relative(costs)
         return slo_scores(slo, candidates, costs, predicted, p.sloHeadroom, state)
-
-    def predict(self, ctx: SchedulingContext, candidates: list[Endpoint], ns: Sequence[int], tokens: float,
-                cached: Mapping[str, float]) -> list[tuple[float, float]]:
-        """(TTFT, TPOT) seconds the request is predicted on each candidate, from the same model as its cost: for
-        SLO-aware picks and explain only (a second pass; the scoring pass keeps to its one number per endpoint)."""
-        p = self.params
-        now = ctx.now
-        s1 = p.maxNumSeqs - 1
-        ref = Timings(p.overheadSeconds, p.prefillSecondsPerToken, p.interTokenSeconds)
-        queues = self._backlog.queues()
-        out: list[tuple[float, float]] = []
-        for e, n in zip(candidates, ns, strict=True):
-            key = e.key
-            c = cached.get(key, 0.0) * self.trust.belief.get(key, 1.0)
-            uncached = max(0.0, tokens - c)
-            t = self.timings.eff.get(key)
-            if t is None and self.timings.pool is not None and key not in self._scale:
-                t = self.timings.pool
-            if t is None:
-                k = self.scale(key)
-                o, per, itl, beta = k * ref.overhead, k * ref.prefill_per_token, k * ref.inter_token, 1.0
-            else:
-                o, per, itl, beta = t
-            q = queues.get(key)
-            backlog = max(0.0, q.total - (now - q.since) / per) if q is not None else 0.0
-            slow = self.slowdown(n)
-            wait = (n - s1) * self._duration.get(key, p.initialRequestSeconds) / p.maxNumSeqs if n > s1 else 0.0
-            out.append(((o + (beta * backlog + uncached) * per) * slow + wait, itl * slow))
-        return out
 
     def pre_request(self, ctx: SchedulingContext, result: SchedulingResult, state: State) -> None:
         if not result.targets:
@@ -528,39 +484,6 @@ class EstimatedLatencyScorer(PreciseReader[Params], PrefixReader[Params], Scorer
                 if sample is not None and key not in self._scale:
                     self._scale[key] = sample
         return bad
-
-
-def predictions(state: State) -> Mapping[str, tuple[float, float]] | None:
-    """The (TTFT, TPOT) a decision predicted per scored candidate (SLO requests and explain), by endpoint key."""
-    got: Mapping[str, tuple[float, float]] | None = state.get(_PREDICTED)
-    return got
-
-
-def slo_scores(slo: Slo, candidates: list[Endpoint], costs: list[float], predicted: list[tuple[float, float]],
-               headroom: float, state: State) -> list[float]:
-    """Scores for a request with objectives: the candidates predicted to meet them with headroom (within `headroom`
-    × the SLO) first, then those predicted to meet them, each tier by cost (min cost / cost); then the rest by how
-    close they come (min TTFT / TTFT, or TPOT with a TPOT objective only): a request no endpoint can serve in time
-    goes where it misses least. Tier t of 3 scores in ((2 − t) / 3, (3 − t) / 3]. Records the verdict (SLO_STATE)."""
-    tiers = [0 if slo.meets(tt, tp, headroom) else 1 if slo.meets(tt, tp) else 2 for tt, tp in predicted]
-    by_ttft = slo.ttft_s is not None
-    best: dict[int, float] = {}
-    keys: list[float] = []
-    for tier, cost, (tt, tp) in zip(tiers, costs, predicted, strict=True):
-        v = cost if tier < 2 else (tt if by_ttft else tp)
-        keys.append(v)
-        if tier not in best or v < best[tier]:
-            best[tier] = v
-    out = []
-    for tier, v in zip(tiers, keys, strict=True):
-        b = best[tier]
-        rel = (b / v if v > 0 else 1.0) if b > 0 else (1.0 if v <= 0 else 0.0)
-        out.append((2 - tier + rel) / 3.0)
-    state[SLO_STATE] = SloVerdict(
-        slo, {e.key: pr for e, pr in zip(candidates, predicted, strict=True)},
-        frozenset(e.key for e, t in zip(candidates, tiers, strict=True) if t < 2),
-        frozenset(e.key for e, t in zip(candidates, tiers, strict=True) if t == 0))
-    return out
 
 
 def relative(costs: list[float]) -> list[float]:
