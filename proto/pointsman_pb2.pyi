@@ -140,7 +140,7 @@ class ProfileRun(_message.Message):
     def __init__(self, profile: _Optional[str] = ..., targets: _Optional[_Iterable[str]] = ..., totals: _Optional[_Mapping[str, float]] = ..., plugins: _Optional[_Iterable[_Union[PluginRun, _Mapping]]] = ...) -> None: ...
 
 class ExplainResponse(_message.Message):
-    __slots__ = ("status", "error", "endpoint", "fallbacks", "prefill", "profile", "decision", "candidates", "profiles", "headers", "model", "target_model", "route", "prefix", "token_source", "prompt_tokens", "session")
+    __slots__ = ("status", "error", "endpoint", "fallbacks", "prefill", "profile", "decision", "candidates", "profiles", "headers", "model", "target_model", "route", "prefix", "token_source", "prompt_tokens", "models", "slo", "slo_attainable", "session")
     class HeadersEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -164,6 +164,9 @@ class ExplainResponse(_message.Message):
     PREFIX_FIELD_NUMBER: _ClassVar[int]
     TOKEN_SOURCE_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    MODELS_FIELD_NUMBER: _ClassVar[int]
+    SLO_FIELD_NUMBER: _ClassVar[int]
+    SLO_ATTAINABLE_FIELD_NUMBER: _ClassVar[int]
     SESSION_FIELD_NUMBER: _ClassVar[int]
     status: int
     error: str
@@ -181,8 +184,11 @@ class ExplainResponse(_message.Message):
     prefix: _containers.RepeatedCompositeFieldContainer[PrefixMatch]
     token_source: str
     prompt_tokens: int
+    models: _containers.RepeatedCompositeFieldContainer[EndpointModel]
+    slo: str
+    slo_attainable: bool
     session: SessionInfo
-    def __init__(self, status: _Optional[int] = ..., error: _Optional[str] = ..., endpoint: _Optional[str] = ..., fallbacks: _Optional[_Iterable[str]] = ..., prefill: _Optional[str] = ..., profile: _Optional[str] = ..., decision: _Optional[str] = ..., candidates: _Optional[_Iterable[str]] = ..., profiles: _Optional[_Iterable[_Union[ProfileRun, _Mapping]]] = ..., headers: _Optional[_Mapping[str, str]] = ..., model: _Optional[str] = ..., target_model: _Optional[str] = ..., route: _Optional[_Union[RouteInfo, _Mapping]] = ..., prefix: _Optional[_Iterable[_Union[PrefixMatch, _Mapping]]] = ..., token_source: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., session: _Optional[_Union[SessionInfo, _Mapping]] = ...) -> None: ...
+    def __init__(self, status: _Optional[int] = ..., error: _Optional[str] = ..., endpoint: _Optional[str] = ..., fallbacks: _Optional[_Iterable[str]] = ..., prefill: _Optional[str] = ..., profile: _Optional[str] = ..., decision: _Optional[str] = ..., candidates: _Optional[_Iterable[str]] = ..., profiles: _Optional[_Iterable[_Union[ProfileRun, _Mapping]]] = ..., headers: _Optional[_Mapping[str, str]] = ..., model: _Optional[str] = ..., target_model: _Optional[str] = ..., route: _Optional[_Union[RouteInfo, _Mapping]] = ..., prefix: _Optional[_Iterable[_Union[PrefixMatch, _Mapping]]] = ..., token_source: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., models: _Optional[_Iterable[_Union[EndpointModel, _Mapping]]] = ..., slo: _Optional[str] = ..., slo_attainable: _Optional[bool] = ..., session: _Optional[_Union[SessionInfo, _Mapping]] = ...) -> None: ...
 
 class SessionInfo(_message.Message):
     __slots__ = ("id", "source", "turn", "parallel", "bound", "decision", "expected_gap_seconds", "warm_seconds")
@@ -203,6 +209,54 @@ class SessionInfo(_message.Message):
     expected_gap_seconds: float
     warm_seconds: float
     def __init__(self, id: _Optional[str] = ..., source: _Optional[str] = ..., turn: _Optional[int] = ..., parallel: _Optional[bool] = ..., bound: _Optional[str] = ..., decision: _Optional[str] = ..., expected_gap_seconds: _Optional[float] = ..., warm_seconds: _Optional[float] = ...) -> None: ...
+
+class EndpointModel(_message.Message):
+    __slots__ = ("endpoint", "timings", "overhead_seconds", "prefill_seconds_per_token", "inter_token_seconds", "backlog_weight", "calibration", "fitted_age_seconds", "prefill_points", "decode_tokens", "engine_ttft_mean_seconds", "engine_ttft_p90_seconds", "trust", "hit_belief", "trust_reason", "agreement", "engine_hit_ratio", "predicted_hit_ratio", "outside_share", "predicted_ttft_seconds", "predicted_tpot_seconds", "meets_slo")
+    ENDPOINT_FIELD_NUMBER: _ClassVar[int]
+    TIMINGS_FIELD_NUMBER: _ClassVar[int]
+    OVERHEAD_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_SECONDS_PER_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    INTER_TOKEN_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    BACKLOG_WEIGHT_FIELD_NUMBER: _ClassVar[int]
+    CALIBRATION_FIELD_NUMBER: _ClassVar[int]
+    FITTED_AGE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_POINTS_FIELD_NUMBER: _ClassVar[int]
+    DECODE_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_TTFT_MEAN_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_TTFT_P90_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    TRUST_FIELD_NUMBER: _ClassVar[int]
+    HIT_BELIEF_FIELD_NUMBER: _ClassVar[int]
+    TRUST_REASON_FIELD_NUMBER: _ClassVar[int]
+    AGREEMENT_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_HIT_RATIO_FIELD_NUMBER: _ClassVar[int]
+    PREDICTED_HIT_RATIO_FIELD_NUMBER: _ClassVar[int]
+    OUTSIDE_SHARE_FIELD_NUMBER: _ClassVar[int]
+    PREDICTED_TTFT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    PREDICTED_TPOT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    MEETS_SLO_FIELD_NUMBER: _ClassVar[int]
+    endpoint: str
+    timings: str
+    overhead_seconds: float
+    prefill_seconds_per_token: float
+    inter_token_seconds: float
+    backlog_weight: float
+    calibration: float
+    fitted_age_seconds: float
+    prefill_points: float
+    decode_tokens: float
+    engine_ttft_mean_seconds: float
+    engine_ttft_p90_seconds: float
+    trust: str
+    hit_belief: float
+    trust_reason: str
+    agreement: float
+    engine_hit_ratio: float
+    predicted_hit_ratio: float
+    outside_share: float
+    predicted_ttft_seconds: float
+    predicted_tpot_seconds: float
+    meets_slo: bool
+    def __init__(self, endpoint: _Optional[str] = ..., timings: _Optional[str] = ..., overhead_seconds: _Optional[float] = ..., prefill_seconds_per_token: _Optional[float] = ..., inter_token_seconds: _Optional[float] = ..., backlog_weight: _Optional[float] = ..., calibration: _Optional[float] = ..., fitted_age_seconds: _Optional[float] = ..., prefill_points: _Optional[float] = ..., decode_tokens: _Optional[float] = ..., engine_ttft_mean_seconds: _Optional[float] = ..., engine_ttft_p90_seconds: _Optional[float] = ..., trust: _Optional[str] = ..., hit_belief: _Optional[float] = ..., trust_reason: _Optional[str] = ..., agreement: _Optional[float] = ..., engine_hit_ratio: _Optional[float] = ..., predicted_hit_ratio: _Optional[float] = ..., outside_share: _Optional[float] = ..., predicted_ttft_seconds: _Optional[float] = ..., predicted_tpot_seconds: _Optional[float] = ..., meets_slo: _Optional[bool] = ...) -> None: ...
 
 class PrefixMatch(_message.Message):
     __slots__ = ("endpoint", "source", "blocks", "total_blocks", "block_tokens", "gpu_blocks", "cpu_blocks", "speculative_blocks", "index_state", "weighted")
@@ -309,7 +363,7 @@ class ListEndpointsRequest(_message.Message):
     def __init__(self, pool: _Optional[str] = ...) -> None: ...
 
 class EndpointInfo(_message.Message):
-    __slots__ = ("pool", "key", "name", "labels", "models", "role", "waiting", "running", "kv_usage", "active_loras", "stale", "metrics_age_seconds", "inflight", "routable", "state", "reason", "failures", "consecutive_failures", "scrape_failures", "ejections")
+    __slots__ = ("pool", "key", "name", "labels", "models", "role", "waiting", "running", "kv_usage", "active_loras", "stale", "metrics_age_seconds", "inflight", "routable", "state", "reason", "failures", "consecutive_failures", "scrape_failures", "ejections", "model")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -337,6 +391,7 @@ class EndpointInfo(_message.Message):
     CONSECUTIVE_FAILURES_FIELD_NUMBER: _ClassVar[int]
     SCRAPE_FAILURES_FIELD_NUMBER: _ClassVar[int]
     EJECTIONS_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
     pool: str
     key: str
     name: str
@@ -357,7 +412,8 @@ class EndpointInfo(_message.Message):
     consecutive_failures: int
     scrape_failures: int
     ejections: int
-    def __init__(self, pool: _Optional[str] = ..., key: _Optional[str] = ..., name: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., models: _Optional[_Iterable[str]] = ..., role: _Optional[str] = ..., waiting: _Optional[int] = ..., running: _Optional[int] = ..., kv_usage: _Optional[float] = ..., active_loras: _Optional[_Iterable[str]] = ..., stale: _Optional[bool] = ..., metrics_age_seconds: _Optional[float] = ..., inflight: _Optional[int] = ..., routable: _Optional[bool] = ..., state: _Optional[str] = ..., reason: _Optional[str] = ..., failures: _Optional[int] = ..., consecutive_failures: _Optional[int] = ..., scrape_failures: _Optional[int] = ..., ejections: _Optional[int] = ...) -> None: ...
+    model: EndpointModel
+    def __init__(self, pool: _Optional[str] = ..., key: _Optional[str] = ..., name: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., models: _Optional[_Iterable[str]] = ..., role: _Optional[str] = ..., waiting: _Optional[int] = ..., running: _Optional[int] = ..., kv_usage: _Optional[float] = ..., active_loras: _Optional[_Iterable[str]] = ..., stale: _Optional[bool] = ..., metrics_age_seconds: _Optional[float] = ..., inflight: _Optional[int] = ..., routable: _Optional[bool] = ..., state: _Optional[str] = ..., reason: _Optional[str] = ..., failures: _Optional[int] = ..., consecutive_failures: _Optional[int] = ..., scrape_failures: _Optional[int] = ..., ejections: _Optional[int] = ..., model: _Optional[_Union[EndpointModel, _Mapping]] = ...) -> None: ...
 
 class ListEndpointsResponse(_message.Message):
     __slots__ = ("endpoints", "pools", "default_pool")

@@ -69,6 +69,33 @@ class SchedulingError(Exception):
         return f"inference error: {self.code.value} - {self.message}"
 
 
+Totals = tuple[float, float]  # a histogram's cumulative (sum, count)
+
+
+@dataclass(frozen=True, slots=True)
+class EngineTotals:
+    """What an engine's /metrics says cumulatively about the requests it served (None: not exported), read at each
+    scrape; two scrapes' difference describes the interval between them. Counters only grow; an engine restart
+    starts them over.
+
+    `prompt_tokens` and `cached_tokens` count the prompt tokens and how many of them came from the prefix cache,
+    `counted_at` says when: "admission" (vLLM's prefix-cache queries and hits; `requests` is then the TTFT count) or
+    "end" (SGLang's prompt and cached tokens, with `requests` and `generation_tokens` of the same finished
+    requests)."""
+
+    ttft: Totals | None = None  # time to first token
+    itl: Totals | None = None  # inter-token latency (or the older time per output token)
+    prefill: Totals | None = None  # time in prefill, queue excluded (vLLM; observed at the request's end)
+    decode: Totals | None = None  # time from the first token to the last (vLLM; observed at the request's end)
+    queue: Totals | None = None  # time waiting before the first admission
+    prompt_tokens: float | None = None
+    cached_tokens: float | None = None
+    requests: float | None = None
+    generation_tokens: float | None = None
+    counted_at: str = "admission"
+    ttft_buckets: tuple[tuple[float, float], ...] = ()  # (upper bound in seconds, cumulative count), all series
+
+
 @dataclass(frozen=True, slots=True)
 class Metrics:
     """The latest model-server state of one endpoint, as scraped.
@@ -93,6 +120,9 @@ class Metrics:
     tpot_s: float | None = None  # time per output token (inter-token latency)
     # The histograms' cumulative (TTFT sum, TTFT count, TPOT sum, TPOT count) the period means come from.
     latency_totals: tuple[float, float, float, float] | None = None
+    # The engine's cumulative latency histograms and prefix-cache counters (what fitted engine timings and the
+    # prefix trust learn from); None when the engine exports none of them.
+    engine: EngineTotals | None = field(default=None, compare=False)
     # Derived once per snapshot (not per request): waiting + running when the scrape is fresh, else 0.
     fresh_load: int = field(init=False, repr=False, compare=False)
 

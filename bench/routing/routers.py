@@ -218,7 +218,17 @@ def write_best_profile(fleet: FleetInfo, path: Path, prefix_source: str | None =
 
 
 GIE_DEFAULT_PROFILE = ROOT / "deploy" / "profiles" / "gie-default.yaml"
-POINTSMAN_BASES = ("pointsman", "pointsman-best", "pointsman-approx", "pointsman-precise", "pointsman-gie")
+POINTSMAN_BASES = ("pointsman", "pointsman-best", "pointsman-approx", "pointsman-precise", "pointsman-gie",
+                   "pointsman-kv")
+
+
+def write_default_profile(path: Path, prefix_source: str) -> Path:
+    """deploy/profiles/estimated-latency.yaml as shipped (Pointsman's default: reference timings, learnt online)
+    with its prefixSource set."""
+    doc = yaml.safe_load(BEST_PROFILE.read_text())
+    doc["plugins"][0]["parameters"]["prefixSource"] = prefix_source
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
 
 
 def pointsman_base_args(base: str, fleet: FleetInfo, workdir: Path, tag: str | None = None) -> tuple[str, bool]:
@@ -231,6 +241,10 @@ def pointsman_base_args(base: str, fleet: FleetInfo, workdir: Path, tag: str | N
     if base == "pointsman-gie":
         # GIE's default profile (queue ×2, KV ×2, prefix ×3), Pointsman's own default until this benchmark
         return f"--config-file {GIE_DEFAULT_PROFILE} {env}", False
+    if base == "pointsman-kv":
+        # the default (reference timings, learnt from the engines) on the engines' KV events
+        profile = write_default_profile(workdir / f"{tag}-profile.yaml", "precise")
+        return f"--config-file {profile} {env}", True
     # the estimated-latency profile with the fleet's timings: on the approximate index (Pointsman's own past
     # picks; `pointsman-best` is the same) or the precise one (the engines' KV events, subscribed from the endpoints
     # file; requests tokenized by the engine's /tokenize, Pointsman's default without a local tokenizer)
@@ -263,8 +277,12 @@ async def start_pointsman_gie(fleet: FleetInfo, workdir: Path) -> Launched:
     return await start_pointsman_base("pointsman-gie", fleet, workdir)
 
 
+async def start_pointsman_kv(fleet: FleetInfo, workdir: Path) -> Launched:
+    return await start_pointsman_base("pointsman-kv", fleet, workdir)
+
+
 async def start_pointsman(fleet: FleetInfo, workdir: Path, extra: str | None = None,
-                          kv_events: bool = False) -> Launched:
+                          kv_events: bool = False, env: dict[str, str] | None = None) -> Launched:
     epp = _epp_command()
     grpc, health, metrics, listen, admin = free_ports(5)
     endpoints, envoy_cfg = workdir / "pointsman-endpoints.yaml", workdir / "pointsman-envoy.yaml"
@@ -278,7 +296,8 @@ async def start_pointsman(fleet: FleetInfo, workdir: Path, extra: str | None = N
                               env={**os.environ, "PYTHONPATH": str(ROOT)})
     if rendered.returncode != 0:
         raise Unavailable(f"`epp envoy-config` failed: {rendered.stderr.decode(errors='replace')[-800:]}")
-    epp_proc = Proc("pointsman-epp", ["/bin/sh", "-c", "exec " + POINTSMAN_EPP_SERVE.format(**values)], workdir)
+    epp_proc = Proc("pointsman-epp", ["/bin/sh", "-c", "exec " + POINTSMAN_EPP_SERVE.format(**values)], workdir,
+                    env=env)
     try:
         await wait_tcp(grpc, epp_proc, 30.0)
         envoy = await _start_envoy("pointsman-envoy", envoy_cfg, workdir, listen, admin)
@@ -356,6 +375,7 @@ ROUTERS: dict[str, Adapter] = {
     "pointsman-best": start_pointsman_best,
     "pointsman-approx": start_pointsman_approx,
     "pointsman-precise": start_pointsman_precise,
+    "pointsman-kv": start_pointsman_kv,  # the default (timings learnt, not set) on the engines' KV events
     "pointsman-2r-bus": start_pointsman_2r_bus,  # 2 replicas sharing state over the replica bus
     "pointsman-2r-nobus": start_pointsman_2r_nobus,  # 2 replicas, each on its own view
     "pointsman-2w": start_pointsman_2w,  # 1 replica, 2 worker processes (epp serve --workers 2)

@@ -6,11 +6,15 @@
 
 FLAGS go on the `epp serve` command line after the base's own flags (a shell parses them: quote as in a shell).
 Placeholders: `{fleet_profile}` is deploy/profiles/estimated-latency.yaml with the fleet's engine timings (written
-to the variant's work directory), `{workdir}` that directory, `{time_scale}` the fleet's time scale. Examples:
+to the variant's work directory), `{workdir}` that directory, `{time_scale}` the fleet's time scale. Leading
+`NAME=VALUE` words are the epp process's environment instead of flags: `PYTHONPATH=/path/to/other/checkout` runs
+another tree's Pointsman (its `epp serve`, with this tree's benchmark), for before/after comparisons in one run.
+Examples:
 
     --router-variant 'pointsman-seed1:--seed 1'
     --router-variant 'pointsman-fleet:--config-file {fleet_profile}'      # = pointsman-best
     --router-variant 'precise-cfg@pointsman-precise:--config-file /path/to/profile.yaml'
+    --router-variant 'before:PYTHONPATH=/path/to/main/checkout'          # the default as another tree has it
 """
 
 from __future__ import annotations
@@ -62,9 +66,23 @@ def parse_variant(text: str, taken: set[str] | frozenset[str] = frozenset()) -> 
     return Variant(name, base, flags.strip())
 
 
+_ASSIGN = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(\S*)$")
+
+
+def split_env(flags: str) -> tuple[dict[str, str], str]:
+    """Leading NAME=VALUE words of `flags` (the epp process's environment) and the rest (epp serve flags)."""
+    env: dict[str, str] = {}
+    words = flags.split()
+    while words and _ASSIGN.match(words[0]):
+        name, value = words.pop(0).split("=", 1)
+        env[name] = value
+    return env, " ".join(words) if env else flags
+
+
 def variant_adapter(v: Variant) -> Adapter:
     async def start(fleet: FleetInfo, workdir: Path) -> Launched:
         extra, kv_events = pointsman_base_args(v.base, fleet, workdir, tag=v.name)
-        return await start_pointsman(fleet, workdir, extra=f"{extra} {v.render(fleet, workdir)}", kv_events=kv_events)
+        env, flags = split_env(v.render(fleet, workdir))
+        return await start_pointsman(fleet, workdir, extra=f"{extra} {flags}", kv_events=kv_events, env=env or None)
 
     return start

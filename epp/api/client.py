@@ -83,6 +83,7 @@ def format_explain(resp: api.ExplainResponse) -> str:
                      f"context on {s.bound or '-'}   pause {gap}"
                      + (f"   warm {s.warm_seconds:.1f}s more" if s.warm_seconds > 0 else ""))
         lines.append(f"          {s.decision}")
+    lines.extend(format_models(resp))
     for run in resp.profiles:
         lines.append(f"\n[{run.profile}] -> {', '.join(run.targets)}")
         eps = sorted(run.totals, key=lambda k: -run.totals[k]) or list(resp.candidates)
@@ -116,6 +117,40 @@ def format_prefix(resp: api.ExplainResponse) -> list[str]:
         else:
             where = "approximate" + (f" (index {m.index_state})" if m.index_state else "")
         lines.append(f"          {m.endpoint:<22} {held:<9} {where}")
+    return lines
+
+
+def format_timings(m: api.EndpointModel) -> str:
+    """`engine 15.0ms+125µs/tok, 6.0ms/tok (2.1 s ago)`: the timings the latency model uses, their source and age."""
+    age = f" ({m.fitted_age_seconds:.1f} s ago)" if m.fitted_age_seconds >= 0 else ""
+    extra = f" ×{m.calibration:.2f}" if m.timings == "reference" else ""
+    beta = f" backlog×{m.backlog_weight:.2f}" if m.backlog_weight != 1.0 else ""
+    return (f"{m.timings}{extra} {m.overhead_seconds * 1e3:.1f}ms+{m.prefill_seconds_per_token * 1e6:.0f}µs/tok "
+            f"{m.inter_token_seconds * 1e3:.1f}ms/tok{beta}{age}")
+
+
+def format_trust(m: api.EndpointModel) -> str:
+    belief = f" ×{m.hit_belief:.2f}" if m.hit_belief < 1.0 else ""
+    return m.trust + belief
+
+
+def format_models(resp: api.ExplainResponse) -> list[str]:
+    """Per endpoint, the latency model's timings and trust, and what it predicted for this request."""
+    if not resp.models:
+        return []
+    lines = []
+    if resp.slo:
+        lines.append(f"slo       {resp.slo}: " + ("attainable" if resp.slo_attainable else "no endpoint predicted to "
+                                                                                       "meet it"))
+    lines.append("model     endpoint               ttft     tpot     trust            timings")
+    for m in resp.models:
+        ttft = f"{m.predicted_ttft_seconds * 1e3:.0f}ms" if m.predicted_ttft_seconds >= 0 else "-"
+        tpot = f"{m.predicted_tpot_seconds * 1e3:.1f}ms" if m.predicted_tpot_seconds >= 0 else "-"
+        mark = (" ✓" if m.meets_slo else " ✗") if resp.slo else ""
+        lines.append(f"          {m.endpoint:<22} {ttft + mark:<8} {tpot:<8} {format_trust(m):<16} "
+                     f"{format_timings(m)}")
+        if m.trust_reason:
+            lines.append(f"          {'':<22} {m.trust_reason}")
     return lines
 
 
@@ -161,11 +196,16 @@ def endpoints_command(s: EndpointsSettings) -> int:
         print(json_format.MessageToJson(resp, preserving_proto_field_name=True))
         return 0
     print(f"{'pool':<12} {'endpoint':<22} {'role':<8} {'wait':>4} {'run':>4} {'kv':>5} {'infl':>4} "
-          f"{'metrics':<7} {'state':<8} {'fail':>4}  reason")
+          f"{'metrics':<7} {'state':<8} {'fail':>4} {'trust':<16} {'timings':<44} reason")
     for e in resp.endpoints:
         metrics = "stale" if e.stale else "fresh"
         state = e.state or ("healthy" if e.routable else "out")
         fails = f"{e.consecutive_failures}/{e.failures}" if e.failures else "-"
+        has_model = e.HasField("model")
+        trust = format_trust(e.model) if has_model else "-"
+        timings = format_timings(e.model) if has_model else "-"
+        reason = "; ".join(r for r in (e.reason, e.model.trust_reason if has_model else "") if r)
         print(f"{e.pool:<12} {e.key:<22} {e.role or '-':<8} {e.waiting:>4} {e.running:>4} "
-              f"{e.kv_usage:>5.2f} {e.inflight:>4} {metrics:<7} {state:<8} {fails:>4}  {e.reason}".rstrip())
+              f"{e.kv_usage:>5.2f} {e.inflight:>4} {metrics:<7} {state:<8} {fails:>4} {trust:<16} {timings:<44} "
+              f"{reason}".rstrip())
     return 0

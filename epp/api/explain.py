@@ -24,8 +24,10 @@ from proto import pointsman_pb2_grpc
 from scheduling.api import SchedulingResult
 from scheduling.plugins.scorers.agent_session import decision as session_decision
 from scheduling.plugins.scorers.agent_session import session_view
+from scheduling.plugins.scorers.estimated_latency import predictions
 from scheduling.prefix.cycle import decision_matches
 from scheduling.prefix.precise_data import APPROXIMATE, decision_prefix_hits
+from scheduling.slo import decision_slo
 from scheduling.types import Endpoint, SchedulingError
 
 if TYPE_CHECKING:
@@ -118,6 +120,54 @@ def describe_session(result: SchedulingResult, now: float, out: api.ExplainRespo
     info.decision = session_decision(v, result)
     info.expected_gap_seconds = -1.0 if v.expected_gap is None else v.expected_gap
     info.warm_seconds = max(0.0, v.warm_until - now) if v.warm_until is not None else 0.0
+
+
+def latency_model(director: Director) -> Any:
+    """The current config's estimated-latency scorer (anything with `endpoint_model`), if it has one."""
+    plugins = getattr(director.scheduler, "plugins", None)
+    if plugins is None:
+        return None
+    return next((p for p in plugins() if callable(getattr(p, "endpoint_model", None))), None)
+
+
+def fill_model(out: api.EndpointModel, key: str, m: Any) -> None:
+    """An EndpointModel message from the scorer's view (scheduling/plugins/scorers/_trust.py: EndpointModel)."""
+    t = m.trust
+
+    def opt(v: float | None) -> float:
+        return -1.0 if v is None else v
+
+    out.endpoint, out.timings = key, m.timings
+    out.overhead_seconds, out.prefill_seconds_per_token = m.overhead_s, m.prefill_per_token_s
+    out.inter_token_seconds, out.backlog_weight, out.calibration = m.inter_token_s, m.backlog_weight, m.calibration
+    out.fitted_age_seconds = opt(m.fitted_age_s)
+    out.prefill_points, out.decode_tokens = m.prefill_points, m.decode_tokens
+    out.engine_ttft_mean_seconds, out.engine_ttft_p90_seconds = opt(m.engine_ttft_mean_s), opt(m.engine_ttft_p90_s)
+    out.trust, out.hit_belief, out.trust_reason = t.state, t.belief, t.reason
+    out.agreement, out.engine_hit_ratio = opt(t.agreement), opt(t.engine_hit_ratio)
+    out.predicted_hit_ratio, out.outside_share = opt(t.predicted_hit_ratio), opt(t.outside_share)
+    out.predicted_ttft_seconds = out.predicted_tpot_seconds = -1.0
+
+
+def describe_models(director: Director, state: dict[Any, Any], candidates: Sequence[Endpoint], now: float,
+                    out: api.ExplainResponse) -> None:
+    """Per candidate: what the latency model uses for it and what it predicted for this request; the SLO verdict."""
+    scorer = latency_model(director)
+    if scorer is None:
+        return
+    predicted = predictions(state)
+    verdict = decision_slo(state)
+    for e in candidates:
+        if predicted is not None and e.key not in predicted:
+            continue  # not scored (it does not serve the model)
+        m = out.models.add()
+        fill_model(m, e.key, scorer.endpoint_model(e.key, now))
+        if predicted is not None:
+            m.predicted_ttft_seconds, m.predicted_tpot_seconds = predicted[e.key]
+        if verdict is not None:
+            m.meets_slo = verdict.meets(e.key)
+    if verdict is not None:
+        out.slo, out.slo_attainable = verdict.slo.describe(), verdict.attainable
 
 
 class PointsmanService(pointsman_pb2_grpc.PointsmanServicer):
@@ -251,6 +301,7 @@ class PointsmanService(pointsman_pb2_grpc.PointsmanServicer):
                     pl.scores.update(det.scores)
         describe_prefix(result.state, ctx.candidates, out)
         describe_session(result, ctx.now, out)
+        describe_models(d, result.state, ctx.candidates, ctx.now, out)
         if ctx.route is not None and ctx.route.sticky is not None:
             out.route.session = f"pinned {ctx.route.pinned}" if ctx.route.pinned else (
                 "new" if ctx.route.session is not None else "")
@@ -268,6 +319,7 @@ class PointsmanService(pointsman_pb2_grpc.PointsmanServicer):
         now = self.director.clock()
         passive = self.passive
         out = api.ListEndpointsResponse(pools=ds.pool_names(), default_pool=ds.default_pool or "")
+        scorer = latency_model(self.director)
         for pool in [request.pool] if request.pool else ds.pool_names():
             snap = ds.snapshot(pool)
             if snap is None:
@@ -291,6 +343,8 @@ class PointsmanService(pointsman_pb2_grpc.PointsmanServicer):
                     routable=ds.is_routable(ep.key),
                 )
                 _health(info, ep.key, ds, passive)
+                if scorer is not None:
+                    fill_model(info.model, ep.key, scorer.endpoint_model(ep.key, now))
         return out
 
     def receipt(self, decision_id: str) -> api.Receipt:

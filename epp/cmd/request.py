@@ -26,11 +26,13 @@ def dashboard_on(app: App) -> bool:
 
 
 def observers(app: App) -> list[RequestObserver]:
-    """Who observes each request, in order: metrics, the routing dialects' runtimes (e.g. LLMKube's quarantine and
+    """Who observes each request, in order: metrics (and SLO attainment), the routing dialects' runtimes (e.g. LLMKube's quarantine and
     first-byte latency), passive health, the decision recorder (the dashboard's page and the decision receipts
     share it), then tracing and the shadow profile (epp/observe)."""
     assert app.metrics is not None
-    out: list[RequestObserver] = [RequestMetrics(app.metrics)]
+    from epp.api.slo_metrics import SloMetrics  # predicted and measured SLO attainment (x-llm-d-slo-*)
+
+    out: list[RequestObserver] = [RequestMetrics(app.metrics), SloMetrics(app.metrics.registry)]
     if app.routing is not None:
         out.extend(app.routing.router.runtimes)
     if app.passive is not None:
@@ -68,9 +70,16 @@ async def build_director(app: App) -> None:
         observers=tuple(observers(app)),
         early=app.settings.request.early,  # reading the body as it streams in (epp/request/early.py)
         sessions=app.sessions,
+        probe=app.passive.probe_for if app.passive is not None else None,  # a probe goes out whatever the scores
         **(app.observe.director_fields() if app.observe is not None else {}),  # decision ids, tracing
     )
     app.apply_scheduler(app.scheduler)
+    from epp.api.model_metrics import (
+        ModelCollector,  # the latency model: timings and prefix trust per endpoint
+    )
+
+    assert app.metrics is not None
+    app.metrics.registry.register(ModelCollector(app.current, ds))
 
 
 __all__ = ["build_director", "director_config", "observers"]

@@ -113,6 +113,7 @@ async def start_flow_control(app: App) -> None:
     counts and the unhealthy mark are the datastore's own; the scraper subscribes itself)."""
     ds = app.datastore
     ds.on_endpoint_removed(lambda key: app.current().scheduler.endpoint_removed(key))
+    ds.on_metrics_updated(lambda keys: engines_scraped(app, keys))
     switch = app.flow_switch = FlowSwitch(ds, app.metrics)
 
     async def close() -> None:
@@ -121,6 +122,18 @@ async def start_flow_control(app: App) -> None:
         await switch.close()
 
     app.runner.add("flow control", close)
+
+
+def engines_scraped(app: App, keys: Iterable[str]) -> None:
+    """After each scrape batch the current scheduler's plugins learn the engines' timings from their histograms
+    (the `engine_metrics` hook: the estimated-latency scorer's fitted timings and prefix trust)."""
+    director = app.director
+    if director is None:
+        return
+    learn = getattr(director.scheduler, "engine_metrics", None)
+    if learn is not None:
+        wanted = set(keys)
+        learn([e for e in app.datastore.all_endpoints() if e.key in wanted], director.clock())
 
 
 def apply_scheduler(app: App, scheduler: ModelScheduler) -> None:

@@ -16,7 +16,10 @@ override_host reports it, else Pointsman's pick):
 
 States: `healthy` → (`failure_threshold` consecutive failures) → `ejected` for `cooldown` → `probing`: the endpoint
 is a candidate again, and the first request routed to it is the probe; until the probe answers no other request is
-sent there. A probe answered below 500 makes it `healthy`; a failed probe ejects it again for twice the cool-down (up to
+sent there. The probe does not wait for the scheduler to prefer the endpoint (with identical prompts it may never:
+the others hold the prefix): `probe_for(candidates)` names a probing endpoint with no probe in flight, and the
+request path routes the next request that may go there to it (epp/request/exchange.py), so an endpoint is probed
+within one tick (`interval`) and one request of its cool-down's end, whatever the profile. A probe answered below 500 makes it `healthy`; a failed probe ejects it again for twice the cool-down (up to
 `max_cooldown`); a probe whose client left unanswered lets the next request probe. Ejected endpoints sit in
 `Datastore.ejected` (this module is its only writer): the director skips them (routing to every endpoint when all
 are out), and EDS reports them UNHEALTHY so a fail-open fallback avoids them too.
@@ -37,13 +40,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from epp.aio import cancel_and_wait
 from epp.fleet.datastore import Datastore
-from scheduling.types import LLMRequest
+from scheduling.types import Endpoint, LLMRequest
 
 if TYPE_CHECKING:
     from epp.fleet.scrape.scraper import MetricsScraper
@@ -135,6 +138,7 @@ class PassiveHealth:
         self.scraper: MetricsScraper | None = None  # for reporting its view next to this one
         self.states: dict[str, EndpointHealth] = {}
         self.live: set[Watch] = set()
+        self.awaiting_probe: set[str] = set()  # probing endpoints with no probe in flight
         self.headers_seen_at = -HEADERS_SEEN_WINDOW_S
         self._task: asyncio.Task[None] | None = None
         datastore.on_endpoint_removed(self.forget)
@@ -150,6 +154,16 @@ class PassiveHealth:
     def rejected(self, ex: Any, code: str) -> None:
         pass
 
+    def probe_for(self, candidates: Sequence[Endpoint]) -> Endpoint | None:
+        """A candidate whose cool-down is over and that waits for its probe, if any: the request at hand probes it."""
+        waiting = self.awaiting_probe
+        if not waiting:
+            return None
+        for e in candidates:
+            if e.key in waiting:
+                return e
+        return None
+
     # ---- what a followed request reports -------------------------------------------------------------------------
     def routed(self, key: str, req: LLMRequest) -> Watch:
         body = req.body
@@ -159,6 +173,7 @@ class PassiveHealth:
         if st is not None and st.state == PROBING and st.probe is None:
             st.probe = w
             w.probe = True
+            self.awaiting_probe.discard(key)
             self.datastore.ejected.add(key)  # one request at a time while probing
         return w
 
@@ -210,6 +225,7 @@ class PassiveHealth:
             st.probe = None
             w.probe = False
             st.state, st.since, st.cooldown, st.consecutive = HEALTHY, self.clock(), 0.0, 0
+            self.awaiting_probe.discard(w.key)
             self.datastore.ejected.discard(w.key)
             log.info("endpoint %s answered its probe; back in rotation", w.key)
 
@@ -236,6 +252,7 @@ class PassiveHealth:
         now = self.clock()
         st.state, st.since, st.until, st.cooldown = EJECTED, now, now + cooldown, cooldown
         st.ejections += 1
+        self.awaiting_probe.discard(key)
         self.datastore.ejected.add(key)
         if self.metrics is not None:
             self.metrics.endpoint_ejected(key, "passive")
@@ -250,6 +267,7 @@ class PassiveHealth:
         if st is not None and st.probe is w:
             st.probe = None
             if st.state == PROBING:
+                self.awaiting_probe.add(w.key)
                 self.datastore.ejected.discard(w.key)
 
     # ---- time ---------------------------------------------------------------------------------------------------
@@ -260,6 +278,7 @@ class PassiveHealth:
             if st.state == EJECTED and now >= st.until:
                 st.state, st.since = PROBING, now
                 if st.probe is None:
+                    self.awaiting_probe.add(key)
                     self.datastore.ejected.discard(key)
                 log.info("endpoint %s: cool-down over, the next request probes it", key)
         headers_flow = now - self.headers_seen_at < HEADERS_SEEN_WINDOW_S
@@ -290,6 +309,7 @@ class PassiveHealth:
     def forget(self, key: str) -> None:
         """The endpoint left (datastore lifecycle): a key that comes back starts healthy."""
         self.states.pop(key, None)
+        self.awaiting_probe.discard(key)
         for w in self.live:
             if w.key == key:
                 w.probe = False

@@ -37,6 +37,8 @@ def add_health_flags(g: argparse._ActionsContainer) -> None:
     g.add_argument("--scrape-timeout", type=parse_duration_arg, default=None,
                    help="timeout of one metrics scrape (default: 3 hung scrapes in a row fit in the staleness "
                         "threshold: 0.45s with 2s)")
+    g.add_argument("--scrape-backoff-max", type=parse_duration_arg, default=BACKOFF_MAX_S,
+                   help="an endpoint that is out is scraped with a doubling backoff, capped at this (1s)")
     g.add_argument("--passive-health", type=parse_bool, default=True,
                    help="count failed responses (5xx, resets, silent streams) against endpoints (default true)")
     g.add_argument("--passive-failure-threshold", type=int, default=5,
@@ -95,6 +97,9 @@ class SourceSettings:
         return s
 
 
+BACKOFF_MAX_S = 1.0  # --scrape-backoff-max's default
+
+
 def bounded_timeout(staleness: float, failure_threshold: int = 3, interval: float = 0.05) -> float:
     """A scrape timeout that takes a hung metrics endpoint out of rotation within the staleness threshold:
     `failure_threshold` timeouts in a row, each followed by up to one round before the next scrape starts, fit
@@ -108,11 +113,15 @@ class ScrapeSettings:
     interval: float = 0.05  # --refresh-metrics-interval
     staleness: float = 2.0  # --metrics-staleness-threshold
     timeout: float = 0.45  # --scrape-timeout, else bounded_timeout(staleness, 3, interval)
+    backoff_max: float = BACKOFF_MAX_S  # --scrape-backoff-max: the cap of an out endpoint's doubling backoff
 
     @classmethod
     def from_args(cls, ns: argparse.Namespace) -> ScrapeSettings:
         interval, staleness = ns.refresh_metrics_interval, ns.metrics_staleness_threshold
-        return cls(interval, staleness, ns.scrape_timeout or bounded_timeout(staleness, 3, interval))
+        backoff_max = ns.scrape_backoff_max
+        if backoff_max < 0:
+            raise ValueError(f"--scrape-backoff-max: expected a duration >= 0, got {backoff_max}")
+        return cls(interval, staleness, ns.scrape_timeout or bounded_timeout(staleness, 3, interval), backoff_max)
 
 
 @dataclass(frozen=True)
@@ -132,5 +141,5 @@ class PassiveSettings:
                    silence_timeout=ns.passive_silence_timeout)
 
 
-__all__ = ["PassiveSettings", "ScrapeSettings", "SourceSettings", "add_health_flags", "add_scrape_flags",
+__all__ = ["BACKOFF_MAX_S", "PassiveSettings", "ScrapeSettings", "SourceSettings", "add_health_flags", "add_scrape_flags",
            "add_source_flags", "bounded_timeout"]

@@ -9,7 +9,15 @@ The director's exchange calls `FlowController.admit` after the admission gates a
 callback that re-resolves the candidates and schedules and commits the request when its turn comes.
 """
 
-from epp.flowcontrol.controller import DEFAULT_FLOW, DROPPED_REASON, FAIRNESS_HEADER, FlowController
+from epp.flowcontrol.controller import (
+    DEFAULT_FLOW,
+    DROPPED_REASON,
+    FAIRNESS_HEADER,
+    FAIRNESS_HEADERS,
+    FlowController,
+    fairness_id,
+)
 from epp.flowcontrol.pressure import PoolPressure
 
-__all__ = ["DEFAULT_FLOW", "DROPPED_REASON", "FAIRNESS_HEADER", "FlowController", "PoolPressure"]
+__all__ = ["DEFAULT_FLOW", "DROPPED_REASON", "FAIRNESS_HEADER", "FAIRNESS_HEADERS", "FlowController", "PoolPressure",
+           "fairness_id"]

@@ -1,8 +1,8 @@
 """The flow controller: holds requests while their pool is saturated and dispatches them as capacity frees.
 
 GIE semantics (v1.5 flow control):
-- a request's flow is (fairness id, priority): the `x-gateway-inference-fairness-id` header (`default-flow` when
-  absent) and its InferenceObjective priority;
+- a request's flow is (fairness id, priority): the `x-llm-d-inference-fairness-id` header, else the older
+  `x-gateway-inference-fairness-id` (`default-flow` when absent) and its InferenceObjective priority;
 - dispatch order: strict priority between bands, the band's fairness policy between flows, FCFS within a flow;
 - a request is dispatched while the pool's saturation is below the usage limit of its priority (1.0; with the
   priority-usage-limit-policy lower for sheddable priorities); while the highest queued band may not go, nothing
@@ -31,7 +31,7 @@ import logging
 import math
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Protocol
 
 from epp.flowcontrol.queues import Item, PoolQueues
@@ -41,7 +41,18 @@ from scheduling.types import ErrorCode, LLMRequest
 
 log = logging.getLogger(__name__)
 
-FAIRNESS_HEADER = "x-gateway-inference-fairness-id"
+# llm-d's current name first, then GIE's (both accepted)
+FAIRNESS_HEADERS = ("x-llm-d-inference-fairness-id", "x-gateway-inference-fairness-id")
+FAIRNESS_HEADER = FAIRNESS_HEADERS[1]
+
+
+def fairness_id(headers: Mapping[str, str]) -> str:
+    """The request's fairness id: the first of FAIRNESS_HEADERS it carries non-empty, else "" (the default flow)."""
+    for name in FAIRNESS_HEADERS:
+        value = headers.get(name)
+        if value:
+            return value
+    return ""
 DEFAULT_FLOW = "default-flow"
 DROPPED_REASON = "x-llm-d-request-dropped-reason"
 

@@ -1,7 +1,8 @@
 """The schedule and commit stages' pure parts: asking the scheduler, and turning a decision into mutations.
 
 `schedule` asks the request's scheduler (its route's P/D scheduler, else the director's), retrying once without a
-sticky session's pin when the pinned endpoint was filtered out. `mutations` builds what Envoy applies: the
+sticky session's pin when the pinned endpoint was filtered out; `slo_refusal` sheds a sheddable request whose SLO
+no endpoint is predicted to meet. `mutations` builds what Envoy applies: the
 destination header and `envoy.lb` metadata (as the data plane reads them, epp/request/outputs.py), the model headers,
 the route's headers, the retry budget and a rewritten body; `mutations_for_provider` does the same for an external
 provider (no endpoint). A client never picks its own upstream: the reserved headers it sent are always removed.
@@ -16,6 +17,7 @@ from epp.protocol import Outcome
 from epp.request.director import DESTINATION, LB_NS, PREFILLER, SERVED, SUBSET, Director, ShellContext
 from epp.request.parsing import set_model
 from scheduling.api import Scheduler, SchedulingContext, SchedulingResult
+from scheduling.slo import decision_slo
 from scheduling.types import ErrorCode, LLMRequest, SchedulingError
 
 
@@ -33,6 +35,19 @@ def schedule(scheduler: Scheduler, ctx: SchedulingContext, *, dry_run: bool = Fa
     if not result.targets:
         raise SchedulingError(ErrorCode.SERVICE_UNAVAILABLE, "the scheduler returned no endpoint")
     return result
+
+
+def slo_refusal(req: LLMRequest, result: SchedulingResult) -> SchedulingError | None:
+    """A sheddable request (priority < 0) whose objectives (x-llm-d-slo-ttft-ms / -tpot-ms) no candidate is
+    predicted to meet is shed (429), as llm-d's SLO admitter does; a critical one goes to the best endpoint."""
+    if req.priority >= 0:
+        return None
+    verdict = decision_slo(result.state)
+    if verdict is None or verdict.attainable:
+        return None
+    return SchedulingError(ErrorCode.RESOURCE_EXHAUSTED,
+                           f"no endpoint is predicted to meet the request's objectives ({verdict.slo.describe()}) "
+                           "and it is sheddable (priority < 0)")
 
 
 def merge_headers(sets: list[tuple[str, str]], extra: Sequence[tuple[str, str]]) -> None:

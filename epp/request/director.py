@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -21,7 +21,7 @@ from epp.request.admit import Admitter
 from epp.request.early import EarlySettings
 from epp.request.observe import RequestObserver
 from scheduling.api import Scheduler, SchedulingContext
-from scheduling.types import SchedulingError
+from scheduling.types import Endpoint, SchedulingError
 
 if TYPE_CHECKING:
     from epp.flowcontrol.controller import FlowController
@@ -39,8 +39,21 @@ LB_NS = "envoy.lb"
 SUBSET_NS = "envoy.lb.subset_hint"
 CONFORMANCE_REQ = "test-epp-endpoint-selection"
 CONFORMANCE_RESP = "x-conformance-test-served-endpoint"
-OBJECTIVE = "x-gateway-inference-objective"
-MODEL_REWRITE = "x-gateway-model-name-rewrite"
+# Request headers Pointsman reads under llm-d's current name first, then the older GIE name (both accepted).
+OBJECTIVE_HEADERS = ("x-llm-d-inference-objective", "x-gateway-inference-objective")
+MODEL_REWRITE_HEADERS = ("x-llm-d-model-name-rewrite", "x-gateway-model-name-rewrite")
+OBJECTIVE, MODEL_REWRITE = OBJECTIVE_HEADERS[1], MODEL_REWRITE_HEADERS[1]  # the GIE names
+
+
+def first_header(headers: Mapping[str, str], names: Sequence[str]) -> str:
+    """The value of the first of `names` the request carries non-empty (lower-case names), else ""."""
+    for name in names:
+        value = headers.get(name)
+        if value:
+            return value
+    return ""
+
+
 RECEIPT_NS = "pointsman"  # the dynamic-metadata namespace of the decision id (Envoy's access log reads it)
 RECEIPT_KEY = "decision_id"
 
@@ -138,6 +151,8 @@ class Director:
     ids: DecisionIds = field(default_factory=DecisionIds)  # one per process: a reload keeps it
     tracing: Tracing | None = None  # OpenTelemetry traces, while `--tracing` is on (epp/observe/tracing.py)
     sessions: SessionIdentity | None = None  # agent sessions: who a request belongs to (epp/request/sessions.py)
+    # passive health's probe: a candidate waiting for its probe, which the request at hand then goes to
+    probe: Callable[[Sequence[Endpoint]], Endpoint | None] | None = None
 
     def exchange(self, stream_metadata: Sequence[tuple[Any, Any]] | None = None) -> RequestExchange:
         """The owner of one stream's request lifecycle (epp/request/exchange.py). `stream_metadata`: the ext_proc

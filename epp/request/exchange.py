@@ -9,7 +9,8 @@ that never waits is decided synchronously:
     admit     the admitters in order: sheddable saturation, rate limits, budgets (epp/request/admit.py)
     prepare   tokenize, for scheduling configs that read token ids               (epp/tokenize)
     queue     flow control: go now, refused, or held until capacity frees        (epp/flowcontrol)
-    schedule  the scheduler picks                                                (epp/request/commit.py)
+    schedule  the scheduler picks (commit.py); a sheddable request no endpoint can serve within its SLO is shed; an
+              endpoint waiting for its passive-health probe gets this request
     commit    count it in flight, run pre_request, bind the session, tell the observers, build the mutations
 
 A queued request's turn comes inside flow control's dispatch cycle: it re-resolves its candidates on the pool as it
@@ -30,6 +31,7 @@ ended the stream.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import inspect
 import logging
 import time
@@ -37,11 +39,11 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from epp.fleet.datastore import InflightTicket
-from epp.flowcontrol.controller import DROPPED_REASON, FAIRNESS_HEADER
+from epp.flowcontrol.controller import DROPPED_REASON, fairness_id
 from epp.protocol import Outcome
 from epp.request import respond
 from epp.request.admit import Hold
-from epp.request.commit import mutations, mutations_for_provider, schedule
+from epp.request.commit import mutations, mutations_for_provider, schedule, slo_refusal
 from epp.request.director import Director, ShellContext
 from epp.request.early import ready
 from epp.request.observe import Follow
@@ -245,7 +247,7 @@ class RequestExchange:
         assert ctx is not None
         if flow is None or (ctx.route is not None and ctx.route.provider is not None):
             return None
-        fid = self.headers.get(FAIRNESS_HEADER, "")
+        fid = fairness_id(self.headers)
         if self.d.sessions is not None:  # per session or program when configured (--flow-fairness-key)
             fid = self.d.sessions.fairness_id(ctx.request, fid)
         try:
@@ -302,6 +304,16 @@ class RequestExchange:
         except Exception as exc:  # never crash a stream: a bug becomes a clear 500
             return self._fail(exc)
         self.schedule_s = time.perf_counter() - t0
+        shed = slo_refusal(ctx.request, result)
+        if shed is not None:
+            return self._refuse(shed)
+        probe = self.d.probe
+        if probe is not None and result.prefill is None:
+            target = probe(ctx.candidates)
+            if target is not None and target.key != result.primary.key:
+                # passive health waits for a probe of this endpoint: this request is it, whatever the scores said
+                result = dataclasses.replace(result, targets=[target, *(e for e in result.targets
+                                                                        if e.key != target.key)])
         self.result = result
         return None
 

@@ -2,7 +2,8 @@
 
 In order: the API kind and the body (model, prompt); the routing layer (route -> rule -> target: a pool, or an
 external provider); the model rewrite (a routed engine model, `x-gateway-model-name-rewrite`, or an
-InferenceModelRewrite); the objective's priority; the pool (epp/request/pool_select.py) and its candidates (in
+InferenceModelRewrite; llm-d's `x-llm-d-model-name-rewrite` first); the objective's priority
+(`x-llm-d-inference-objective`, else `x-gateway-inference-objective`); the pool (epp/request/pool_select.py) and its candidates (in
 rotation, the subset hint, the conformance header, the route's P/D pairing and sticky session). Bad input or no
 candidate raises `SchedulingError`, which the exchange answers.
 """
@@ -15,12 +16,13 @@ from typing import TYPE_CHECKING, Any
 
 from epp.request.director import (
     CONFORMANCE_REQ,
-    MODEL_REWRITE,
-    OBJECTIVE,
+    MODEL_REWRITE_HEADERS,
+    OBJECTIVE_HEADERS,
     SUBSET,
     SUBSET_NS,
     Director,
     ShellContext,
+    first_header,
 )
 from epp.request.parsing import ParsedBody, api_kind, parse_body
 from epp.request.pool_select import choose_pool
@@ -68,14 +70,14 @@ def resolve(d: Director, headers: Mapping[str, str], body: bytes | StreamingBody
     router = d.router
     route = router.decide(headers, model, now=d.clock(), dry_run=dry_run, metadata=metadata,
                           body=parsed_body) if router is not None else None
-    forced = headers.get(MODEL_REWRITE)
+    forced = first_header(headers, MODEL_REWRITE_HEADERS)
     if route is not None:
         target = route.engine_model or model
     elif forced:
         target = forced
     elif model and d.rewrite is not None:
         target = d.rewrite(model) or model
-    objective = headers.get(OBJECTIVE, "")
+    objective = first_header(headers, OBJECTIVE_HEADERS)
     ds = d.datastore
     priority = ds.objectives.get(objective, 0) if objective else 0
     base = route.base_model if route is not None and route.base_model else ds.adapters.get(target)

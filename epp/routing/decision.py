@@ -98,9 +98,13 @@ class RouteDecision:
 
     def fallbacks(self, result: SchedulingResult, candidates: Sequence[Endpoint],
                   inflight: Mapping[str, InflightLoad]) -> list[str]:
-        """Primary first, then up to `retries` other endpoints Envoy may retry on: the scheduler's own ranking,
-        then the least loaded of the remaining candidates (a sticky pin does not narrow them). With P/D pairing,
-        only decode endpoints of the primary's group (the prefill endpoint sent along belongs to that group)."""
+        """Primary first, then `retries` endpoints Envoy may retry on: other endpoints first (the scheduler's own
+        ranking, then the least loaded of the remaining candidates; a sticky pin does not narrow them; with P/D
+        pairing, only decode endpoints of the primary's group, as the prefill endpoint sent along belongs to that
+        group). When there are fewer other endpoints than retries, the list goes round again from the primary:
+        `retry.attempts` is "the maximum number of times an individual request should be retried", one endpoint or
+        many, and Envoy's override_host policy takes one listed entry per attempt (an exhausted list falls back to
+        the cluster's own load balancing), so the same host is listed again to be retried."""
         out = [result.primary.key]
         want = 1 + self.retries
         if want <= 1:
@@ -126,6 +130,9 @@ class RouteDecision:
                 continue
             seen.add(e.key)
             out.append(e.key)
+        distinct = len(out)
+        while len(out) < want:  # fewer endpoints than retries: the same ones again, in order
+            out.append(out[len(out) % distinct])
         return out
 
     def commit(self, result: SchedulingResult, now: float) -> None:

@@ -23,12 +23,13 @@ from scheduling.framework import (
 )
 
 BUILTIN_NAME = "default"
+TIE_TOLERANCE = 0.02  # near-ties (within 2%) go to the least loaded candidate: spreading, not starving
 
 
 def builtin_scheduler(
     *, rng: random.Random, timer: Timer | None = None, shared: dict[Any, Any] | None = None
 ) -> ProfileScheduler:
-    """estimated-latency-scorer ×1, agent-session-scorer ×1, max-score-picker."""
+    """estimated-latency-scorer ×1, agent-session-scorer ×1, max-score-picker (tieTolerance 0.02)."""
     build = BuildContext(
         source="<builtin default>", path="", dialect="epp", shared={} if shared is None else shared
     )
@@ -37,7 +38,7 @@ def builtin_scheduler(
         [],
         [(create_scorer("estimated-latency-scorer", build=build), 1.0),
          (create_scorer("agent-session-scorer", build=build), 1.0)],
-        create_picker("max-score-picker", build=build),
+        create_picker("max-score-picker", params={"tieTolerance": TIE_TOLERANCE}, build=build),
     )
     handler = create_handler("single-profile-handler", build=build)
     return ProfileScheduler(BUILTIN_NAME, handler, {"default": profile}, rng=rng, timer=timer)

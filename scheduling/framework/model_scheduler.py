@@ -15,7 +15,7 @@ from typing import Any
 from scheduling.api import SchedulingContext, SchedulingResult, ShellConfig
 from scheduling.framework.plugin import Plugin
 from scheduling.framework.scheduler import ProfileScheduler
-from scheduling.types import ErrorCode, LLMRequest, SchedulingError, serves
+from scheduling.types import Endpoint, ErrorCode, LLMRequest, SchedulingError, serves
 
 _ROUTE = "model_scheduler.route"
 
@@ -51,6 +51,7 @@ class ModelScheduler:
             else:
                 self._by_model.setdefault(model, sched)
         self.default = default or fallback
+        self._engine_observers: list[Plugin[Any]] | None = None
 
     def scheduler_for(self, model: str, target_model: str = "") -> ProfileScheduler:
         by = self._by_model
@@ -100,6 +101,14 @@ class ModelScheduler:
 
     def response_complete(self, ctx: SchedulingContext, result: SchedulingResult) -> None:
         self._sched(ctx, result).response_complete(ctx, result)
+
+    def engine_metrics(self, endpoints: Sequence[Endpoint], now: float) -> None:
+        """A scrape batch arrived: the plugins that learn from the engines' own metrics see it."""
+        observers = self._engine_observers
+        if observers is None:
+            observers = self._engine_observers = [p for p in self.plugins() if p.observes_engines]
+        for plugin in observers:
+            plugin.engine_metrics(endpoints, now)
 
     def endpoint_removed(self, key: str) -> None:
         """The endpoint left every pool: every plugin (and producer) drops what it kept for it."""

@@ -7,6 +7,10 @@ travels with the `SchedulingResult` so the lifecycle hooks see what the scoring 
 Request lifecycle: `pre_request(ctx, result, state)` runs once the pick is committed; `response_complete(ctx,
 result, state)` runs once when the request ends. Only plugins that override them are called.
 
+Engine metrics: `engine_metrics(endpoints, now)` runs after each scrape batch with the endpoints whose metrics it
+updated (their `Metrics.engine` holds the engines' cumulative latency histograms and prefix-cache counters), for
+plugins that learn from the engines themselves (fitted engine timings). Only plugins that override it are called.
+
 Endpoint lifecycle: `endpoint_removed(key)` runs when an endpoint leaves every pool (the shell's datastore
 reports it). A plugin that keeps anything per endpoint drops it there, so pod churn cannot grow its state and
 an ip:port that comes back starts clean; `tracked_endpoints()` reports which endpoints it holds state for. A
@@ -97,6 +101,13 @@ class Plugin(ABC, Generic[P]):
 
     def response_complete(self, ctx: SchedulingContext, result: SchedulingResult, state: State) -> None:
         """The request ended, whatever the outcome."""
+
+    @property
+    def observes_engines(self) -> bool:
+        return type(self).engine_metrics is not Plugin.engine_metrics
+
+    def engine_metrics(self, endpoints: Sequence[Endpoint], now: float) -> None:
+        """New metrics arrived for these endpoints (one scrape batch)."""
 
     # ---- endpoint lifecycle ----------------------------------------------------------------------------------
     def endpoint_removed(self, key: str) -> None:

@@ -97,6 +97,9 @@ class PreciseIndex:
         self._roots: dict[str | None, int] = {None: ROOT}
         self._specs = Speculative(speculative_ttl)
         self._spec = self._specs.entries  # endpoint -> key -> expiry
+        # endpoint -> (when, what, minor): the event stream's last gap, replay or restart, as its subscriber reports
+        # it (the estimated-latency scorer's prefix trust reads it); minor: a gap the replay filled
+        self.disrupted: dict[str, tuple[float, str, bool]] = {}
         self.counters = {"stored": 0, "removed": 0, "orphaned": 0, "evicted": 0, "duplicates": 0,
                          "unknown_removals": 0, "malformed": 0, "speculative": 0, "confirmed": 0, "lapsed": 0}
 
@@ -368,8 +371,13 @@ class PreciseIndex:
         """Batches were lost: empty the slot and mark it unknown until a reset or a restart."""
         self.clear(endpoint, rank, UNKNOWN)
 
+    def note_disruption(self, endpoint: str, now: float, what: str, minor: bool = False) -> None:
+        """The event stream of `endpoint` had a gap (`minor` once a replay filled it) or its publisher restarted."""
+        self.disrupted[endpoint] = (now, what, minor)
+
     def forget(self, endpoint: str) -> None:
         """The endpoint left: drop its slots, entries and speculative entries."""
+        self.disrupted.pop(endpoint, None)
         self._drop_spec(endpoint)
         self._spec.pop(endpoint, None)
         self._caps.pop(endpoint, None)

@@ -159,3 +159,44 @@ plugins:
 def _without_health(exposition: bytes) -> list[bytes]:
     """The exposition minus the endpoint health gauges, which follow the (failing) scrapes over time."""
     return [line for line in exposition.splitlines() if b"pointsman_endpoint_" not in line]
+
+
+async def test_explain_and_endpoints_show_the_latency_model(app):
+    """Fitted timings (from two scrapes of engine histograms), their source and age, and the prefix trust, in
+    explain (per candidate, with this request's predicted TTFT and TPOT and its SLO verdict) and in ListEndpoints."""
+    from scheduling.types import EngineTotals, Metrics
+
+    ds = app.datastore
+    key = "10.0.0.1:8000"
+    now = app.director.clock()
+    for i, at in enumerate((now - 0.1, now)):  # the engine decoded 100 tokens at 6 ms each, alone
+        totals = EngineTotals(ttft=(0.0, 0.0), itl=(0.6 * i, 100.0 * i), prompt_tokens=0.0, cached_tokens=0.0,
+                              requests=0.0)
+        ds.update_metrics({key: Metrics(running=1, stale=False, updated_at=at, engine=totals)})
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{app.port}") as ch:
+        stub = pointsman_pb2_grpc.PointsmanStub(ch)
+        headers = {"x-llm-d-slo-ttft-ms": "2000", "x-llm-d-slo-tpot-ms": "8"}
+        resp = await stub.Explain(api.ExplainRequest(path="/v1/chat/completions", body=BODY, headers=headers))
+        assert resp.status == 200, resp.error
+        models = {m.endpoint: m for m in resp.models}
+        assert set(models) == {"10.0.0.1:8000", "10.0.0.2:8000"}
+        fitted, other = models[key], models["10.0.0.2:8000"]
+        assert fitted.timings == "engine" and abs(fitted.inter_token_seconds - 0.006) < 1e-9
+        assert 0 <= fitted.fitted_age_seconds < 5
+        assert other.timings == "pool" and other.fitted_age_seconds == -1  # the fitted endpoints' mean
+        assert fitted.trust == "approximate" and fitted.hit_belief == 1.0  # no KV events here
+        # its engine runs one request (the scraped gauge): one more slows the decode by 1/15
+        assert fitted.predicted_ttft_seconds > 0 and abs(fitted.predicted_tpot_seconds - 0.006 * 16 / 15) < 1e-9
+        assert resp.slo == "ttft 2000 ms, tpot 8 ms" and resp.slo_attainable and fitted.meets_slo
+        listing = await stub.ListEndpoints(api.ListEndpointsRequest())
+        by_key = {e.key: e for e in listing.endpoints}
+        assert by_key[key].model.timings == "engine" and by_key[key].model.trust == "approximate"
+    exposition = app.metrics.exposition().decode()
+    assert (f'pointsman_endpoint_timing_seconds{{endpoint="{key}",source="engine",timing="inter_token"}} 0.006'
+            in exposition)
+    assert f'pointsman_endpoint_prefix_trust{{endpoint="{key}",state="approximate"}} 1.0' in exposition
+    from epp.api.client import format_explain
+
+    text = format_explain(resp)
+    assert "slo       ttft 2000 ms, tpot 8 ms: attainable" in text
+    assert "engine " in text and "6.0ms/tok" in text and "s ago)" in text

@@ -195,3 +195,38 @@ def test_scrape_timeout_fits_the_staleness_threshold():
     assert bounded_timeout(2.0, 3, 0.05) == pytest.approx(0.45)
     assert 3 * (bounded_timeout(2.0, 3, 0.05) + 0.05) < 2.0
     assert bounded_timeout(60.0) == 1.0 and bounded_timeout(0.1) == 0.05
+
+
+class Last:
+    """Always picks the last candidate by key: B, whatever happens to A (a profile that never prefers A)."""
+
+    def schedule(self, ctx, *, dry_run=False):
+        from scheduling.api import SchedulingResult
+
+        return SchedulingResult(targets=sorted(ctx.candidates, key=lambda e: e.key, reverse=True), profile="test")
+
+    def pre_request(self, ctx, result): ...
+    def response_complete(self, ctx, result): ...
+    def endpoint_removed(self, key): ...
+
+
+def test_the_probe_goes_to_the_probing_endpoint_even_if_the_scheduler_never_picks_it(rig):
+    d, passive, clock, _ = rig
+    for _ in range(3):
+        respond(send(d), 503)
+    d = d.replace(scheduler=Last(), probe=passive.probe_for)
+    assert picked(send(d)) == B
+    clock.t += 5.1
+    passive.tick()
+    assert passive.probe_for(d.datastore.routable("pool")) is not None
+    probe = send(d)
+    assert picked(probe) == A, "the next request after the cool-down is the probe"
+    assert [e.key for e in probe.result.targets] == [A, B]
+    assert passive.probe_for(d.datastore.routable("pool")) is None
+    assert picked(send(d)) == B, "one probe at a time; the others go where the scheduler says"
+    probe.close()  # its client left before any answer: the next request probes
+    again = send(d)
+    assert picked(again) == A
+    respond(again, 200)
+    assert passive.states[A].state == HEALTHY
+    assert picked(send(d)) == B and passive.probe_for(d.datastore.routable("pool")) is None

@@ -11,6 +11,7 @@ import json
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import aiohttp
 import grpc
@@ -141,3 +142,67 @@ async def test_killed_and_hung_servers_are_out_fast():
             await until_state(s, 2, ("healthy",), timeout=3)
     finally:
         await s.stop()
+
+
+GIE_PROFILE = (Path(__file__).resolve().parents[2] / "deploy" / "profiles" / "gie-default.yaml").read_text()
+SHARED = "the same long system prompt " * 600  # ~4,200 tokens: a cold prefill the profiles avoid
+
+
+@pytest.mark.parametrize("profile", ["default", "gie"])
+async def test_a_recovered_server_gets_its_probe_within_the_cooldown_whatever_the_profile(profile):
+    """Identical prompts: every profile keeps them on the server that holds their prefix. The other server fails,
+    is ejected and recovers; nothing would ever route an identical prompt to it, yet it gets its probe (the next
+    request after its cool-down) and is back in rotation within the cool-down plus a second."""
+    cooldown = 2.0
+    s = SimStack(2, epp_flags=("--passive-failure-threshold", "3", "--passive-cooldown", f"{cooldown:g}s"),
+                 config_text=GIE_PROFILE if profile == "gie" else None)
+    await s.start()
+    stop = asyncio.Event()
+    ports: list[str | None] = []
+
+    async def identical(c: aiohttp.ClientSession) -> None:
+        body = {"model": MODEL, "messages": [{"role": "user", "content": SHARED}], "max_tokens": 2}
+        while not stop.is_set():
+            async with c.post(s.url + "/v1/chat/completions", json=body) as r:
+                await r.read()
+                ports.append(r.headers.get("x-inference-port"))
+
+    try:
+        async with aiohttp.ClientSession() as c:
+            await identical_once(c, s)
+            holder = holder_of(s)
+            other = 1 - holder
+            await admin(c, s, other, "/admin/fail?status=503")
+            for n in range(3):  # the other server fails three requests sent to it: out for the cool-down
+                async with c.post(s.url + "/v1/chat/completions", json=body(False, n),
+                                  headers={"test-epp-endpoint-selection": s.key(other)}) as r:
+                    assert r.status == 503
+            await until_state(s, other, ("ejected",), timeout=5)
+            ejected_at = time.monotonic()
+            await admin(c, s, other, "/admin/recover")
+            load = asyncio.ensure_future(identical(c))
+            took = await until_state(s, other, ("healthy",), timeout=cooldown + 5)
+            back = time.monotonic() - ejected_at
+            stop.set()
+            await load
+        assert back <= cooldown + 1.0, f"back in rotation {back:.2f} s after the ejection ({took:.2f} s of polling)"
+        assert str(s.ports[other]) in ports, "its probe was a real request"
+        assert ports.count(str(s.ports[holder])) > ports.count(str(s.ports[other])), "the profile still decides"
+    finally:
+        stop.set()
+        await s.stop()
+
+
+async def identical_once(c: aiohttp.ClientSession, s: SimStack) -> None:
+    """A few identical requests, so that one server holds the prompt (and Pointsman knows it)."""
+    body = {"model": MODEL, "messages": [{"role": "user", "content": SHARED}], "max_tokens": 2}
+    for _ in range(3):
+        async with c.post(s.url + "/v1/chat/completions", json=body) as r:
+            assert r.status == 200
+            await r.read()
+
+
+def holder_of(s: SimStack) -> int:
+    """The server that holds the prompt: the one that served the identical requests."""
+    served = [s.fleet.servers[i].engine.stats.prompt_tokens for i in range(2)]
+    return 0 if served[0] >= served[1] else 1

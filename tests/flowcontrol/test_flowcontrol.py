@@ -109,10 +109,11 @@ class Rig:
 
     def send(self, n: int = 0, objective: str = "", fairness: str = ""):
         headers = {":path": "/v1/chat/completions", ":method": "POST"}
+        # llm-d's current header names for even n, GIE's older ones for odd n: both are read
         if objective:
-            headers["x-gateway-inference-objective"] = objective
+            headers["x-llm-d-inference-objective" if n % 2 == 0 else "x-gateway-inference-objective"] = objective
         if fairness:
-            headers["x-gateway-inference-fairness-id"] = fairness
+            headers["x-llm-d-inference-fairness-id" if n % 2 == 0 else "x-gateway-inference-fairness-id"] = fairness
         ex = self.director.exchange()
         return ex, ex.decide(headers, chat(n), {})
 

@@ -154,6 +154,19 @@ def test_model_rewrite_header_rewrites_body_and_response(ds):
     assert ex.scanner.usage.prompt_tokens == 3
 
 
+def test_llm_d_header_names_come_first_and_the_gie_names_stay(ds):
+    ds.objectives = {"batch": -1, "chat": 10}
+    d = Director(ds, LeastLoaded())
+    ex, out = decide(d, headers={"x-llm-d-model-name-rewrite": "llama-v3", "x-gateway-model-name-rewrite": "old"})
+    assert orjson.loads(out.body)["model"] == "llama-v3"
+    ex, out = decide(d, headers={"x-llm-d-model-name-rewrite": "", "x-gateway-model-name-rewrite": "llama-v2"})
+    assert orjson.loads(out.body)["model"] == "llama-v2", "an empty current name falls back to the old one"
+    ex, _ = decide(d, headers={"x-llm-d-inference-objective": "batch", "x-gateway-inference-objective": "chat"})
+    assert (ex.request.objective, ex.request.priority) == ("batch", -1)
+    ex, _ = decide(d, headers={"x-gateway-inference-objective": "chat"})
+    assert (ex.request.objective, ex.request.priority) == ("chat", 10)
+
+
 def test_served_endpoint_read_from_metadata(ds):
     d = Director(ds, LeastLoaded(), DirectorConfig(conformance=True))
     ex, _ = decide(d)

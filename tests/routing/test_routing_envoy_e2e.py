@@ -103,3 +103,61 @@ async def test_without_retry_attempts_envoy_does_not_retry(tmp_path):
     statuses, bad, good, _ = await run_stack(tmp_path, attempts=0, n=16)
     assert statuses[503] == len(bad.requests) > 0, statuses
     assert statuses[200] == len(good.requests)
+
+
+SINGLE = """
+apiVersion: networking.serving.volcano.sh/v1alpha1
+kind: ModelServer
+metadata: {{name: single}}
+spec:
+  inferenceEngine: vLLM
+  workloadPort: {{port: {port}}}
+  endpoints: [{{name: only, address: 127.0.0.1}}]
+  trafficPolicy: {{retry: {{attempts: 3}}}}
+---
+apiVersion: networking.serving.volcano.sh/v1alpha1
+kind: ModelRoute
+metadata: {{name: r}}
+spec:
+  modelName: m
+  rules:
+  - name: single
+    targetModels: [{{modelServerName: single}}]
+"""
+
+
+@pytest.mark.parametrize("variant", ["override-host", "original-dst"])
+async def test_retry_attempts_with_one_endpoint_retry_the_same_host(tmp_path, variant):
+    """retry.attempts 3 and a single endpoint: Pointsman allows 3 retries (x-envoy-max-retries 3) and, for
+    override_host, lists the one host once per attempt (an exhausted list would fall back to round robin); Envoy
+    retries the same host until it answers."""
+    only = EchoUpstream(free_port(), first=[503, 503])
+    routes = tmp_path / "single.yaml"
+    routes.write_text(SINGLE.format(port=only.port))
+    epp_port, listen, admin = free_port(), free_port(), free_port()
+    app = App(serve_args("--grpc-port", str(epp_port), "--routes-file", str(routes)))
+    fragments, eps, errors = fragments_from_files([routes])
+    assert not errors
+    spec = EnvoyConfigSpec(variant=variant, listen_port=listen, admin_port=admin, epp_port=epp_port,
+                           endpoints=eps if variant == "override-host" else [], route_fragments=fragments)
+    envoy = Envoy(render_yaml(spec), listen, admin)
+    await only.start()
+    await app.start()
+    await asyncio.to_thread(envoy.start)
+    try:
+        async with aiohttp.ClientSession() as s:
+            body = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": "q"}]})
+            async with s.post(f"http://127.0.0.1:{listen}/v1/chat/completions", data=body,
+                              headers={"content-type": "application/json"}) as r:
+                status = r.status
+            only.first = [503] * 4  # more failures than retries: the client gets the last 503
+            async with s.post(f"http://127.0.0.1:{listen}/v1/chat/completions", data=body,
+                              headers={"content-type": "application/json"}) as r:
+                exhausted = r.status
+    finally:
+        envoy.stop()
+        await app.stop(0)
+        await only.stop()
+    assert status == 200, "two failures, then the third attempt on the same host answers"
+    assert exhausted == 503
+    assert len(only.requests) == 3 + 4, "1 + 3 attempts for the second request, no more"

@@ -28,6 +28,27 @@ def test_max_score_ties_uniform():
     assert set(c2) == {(0, 1, 2), (1, 0, 2)}
 
 
+def test_max_score_near_ties_go_to_the_least_loaded():
+    from scheduling.api import InflightLoad
+
+    eps = [ep(0), ep(1, waiting=1, running=2), ep(2)]
+    p = plugin("max-score-picker", {"tieTolerance": 0.02})
+    busy = {eps[0].key: InflightLoad(6, 0)}
+
+    def choose(totals, inflight, seed=0):
+        return p.pick(ctx(req(), eps, inflight=inflight), eps, list(totals), random.Random(seed))[0]
+
+    # 0 scores a hair better but runs 6; 1 runs 3 by its metrics; 2 is idle and within 2%: it is not starved
+    assert choose([1.0, 0.99, 0.985], busy) == 2
+    assert choose([1.0, 0.99, 0.9], busy) == 1, "2 is no near-tie: the least loaded of the near-tied"
+    assert choose([1.0, 0.97, 0.97], busy) == 0, "beyond the tolerance the best score wins"
+    # the engine's own load counts too (1 runs 3, 0 nothing): 0; equally loaded near-ties: at random among them
+    assert {choose([1.0, 0.995, 0.5], {}, seed=s) for s in range(400)} == {0}
+    assert set(Counter(choose([1.0, 0.995, 0.999], {}, seed=s) for s in range(400))) == {0, 2}
+    # GIE's behaviour by default: exact ties only
+    assert pick("max-score-picker", [1.0, 0.995, 0.5]) == [0]
+
+
 def test_random_picker_uniform_and_distinct():
     c = Counter(pick("random-picker", [0.0, 5.0, 0.0], seed=s)[0] for s in range(3000))
     assert all(800 < v < 1200 for v in c.values())

@@ -66,10 +66,12 @@ class EchoUpstream:
     """An HTTPS (or HTTP) server that records every request and echoes it: {"model", "path", "headers", ...}.
     GET /metrics answers idle load gauges and is not recorded."""
 
-    def __init__(self, port: int, certs: dict[str, Path] | None = None, status: int = 200) -> None:
+    def __init__(self, port: int, certs: dict[str, Path] | None = None, status: int = 200,
+                 first: list[int] | None = None) -> None:
         self.port = port
         self.certs = certs
         self.status = status
+        self.first = list(first or ())  # statuses of the first requests, in order; then `status`
         self.requests: list[dict] = []
         self.runner: web.AppRunner | None = None
 
@@ -89,7 +91,8 @@ class EchoUpstream:
         info = {"path": request.path_qs, "host": request.host, "model": parsed.get("model"), "port": self.port,
                 "headers": {k.lower(): v for k, v in request.headers.items()}, "body": parsed}
         self.requests.append(info)
-        return web.Response(status=self.status, body=orjson.dumps(info), content_type="application/json",
+        status = self.first.pop(0) if self.first else self.status
+        return web.Response(status=status, body=orjson.dumps(info), content_type="application/json",
                             headers={"x-served-by": str(self.port)})
 
     async def start(self) -> None:

@@ -14,7 +14,8 @@ counters and the datastore and appends one point:
 - queue:       per endpoint, waiting requests as last scraped; inflight: the picker's exact in-flight total
 
 Each endpoint's sparkline holds its last 60 load samples: running + waiting as scraped (the picker's in-flight
-count for an endpoint never scraped).
+count for an endpoint never scraped). With an estimated-latency scorer, each row also has `model`: its prefix trust
+(exact / degraded / approximate, the belief and why) and the timings the latency model uses, with their age.
 """
 
 from __future__ import annotations
@@ -49,8 +50,10 @@ class Sampler:
         *,
         window: int = WINDOW_SECONDS,
         wall: Callable[[], float] = time.time,
+        model: Callable[[str, float], dict[str, Any] | None] | None = None,
     ) -> None:
         self.recorder = recorder
+        self.model = model  # the latency model's trust and timings per endpoint (None: not shown)
         self.datastore = datastore
         self.clock = clock  # the clock of Metrics.updated_at (the director's)
         self.wall = wall
@@ -130,6 +133,7 @@ class Sampler:
                     "age": round(now - m.updated_at, 3) if m.updated_at is not None else None,
                     "health": health(ep.key, m, unhealthy),
                     "spark": list(self.spark[ep.key]),
+                    "model": self.model(ep.key, now) if self.model is not None else None,
                 })
         for gone in set(self.spark) - seen:
             del self.spark[gone]

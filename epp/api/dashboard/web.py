@@ -33,11 +33,13 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from epp.api.client import format_timings
 from epp.api.dashboard import views
 from epp.api.dashboard.auth import CSP, TokenAuth
 from epp.api.dashboard.recorder import DecisionRecorder
 from epp.api.dashboard.series import Sampler
-from epp.api.explain import PointsmanService
+from epp.api.explain import PointsmanService, fill_model, latency_model
+from proto import pointsman_pb2 as api
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +98,7 @@ class Dashboard:
         self.static = _load_static()
         self.auth = TokenAuth(token, self.prefix, self.static["login.html"][0].decode())
         self.recorder = recorder if recorder is not None else DecisionRecorder(capacity)
-        self.sampler = Sampler(self.recorder, director.datastore, director.clock)
+        self.sampler = Sampler(self.recorder, director.datastore, director.clock, model=self._model)
         self.config_source = config_source
         self.watchers = watchers if watchers is not None else {}
         self.started_at = started_at or time.time()
@@ -113,6 +115,18 @@ class Dashboard:
         return self.explainer.director
 
     # ---- lifecycle ---------------------------------------------------------------------------------------
+    def _model(self, key: str, now: float) -> dict[str, Any] | None:
+        """The latency model's trust and timings for the fleet table (none without an estimated-latency scorer)."""
+        scorer = latency_model(self.director)
+        if scorer is None:
+            return None
+        m = scorer.endpoint_model(key, now)
+        msg = api.EndpointModel()
+        fill_model(msg, key, m)
+        return {"trust": m.trust.state, "belief": round(m.trust.belief, 3), "trust_reason": m.trust.reason,
+                "timings": format_timings(msg),
+                "outside": None if m.trust.outside_share is None else round(m.trust.outside_share, 3)}
+
     def install(self, app: web.Application) -> None:
         """Add the routes to the metrics server's application (before it starts)."""
         p = self.prefix

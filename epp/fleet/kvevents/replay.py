@@ -49,6 +49,7 @@ async def fill_gap(sub: KVEventSubscriber, rk: _Rank, batch: EventBatch, start: 
     complete = outcome == "ok"
     if complete:
         rk.status.replays_ok += 1
+        sub.index.note_disruption(rk.key, sub.clock(), f"gap of {batch.seq - start} batches replayed", True)
     else:
         rk.status.replays_failed += 1
         log.warning("KV events from %s rank %d: seq %d..%d missing, replay %s; endpoint marked unknown",

@@ -36,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -94,8 +95,10 @@ class KVEventSubscriber:
         context: zmq.asyncio.Context | None = None,
         rcvhwm: int = 100_000,
         on_batch: Callable[[str, int, EventBatch], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.index = index
+        self.clock = clock  # when a gap, replay or restart happened (the index keeps the last per endpoint)
         self.metrics = metrics if metrics is not None else KVEventMetrics()
         self._subs: dict[str, tuple[KVEventsSource, list[_Rank]]] = {}
         self.metrics.watch(index, lambda: len(self._subs))
@@ -258,6 +261,7 @@ class KVEventSubscriber:
             return None
         self.metrics.gaps.inc()
         rk.status.gaps += 1
+        self.index.note_disruption(rk.key, self.clock(), "gap")
         if decision.restart:
             self._restarted(rk, True)
         return batch, decision.start, decision.from_zero, decision.restart
@@ -265,10 +269,12 @@ class KVEventSubscriber:
     def _restarted(self, rk: _Rank, restart: bool) -> None:
         if restart:
             self.metrics.restarts.inc()
+            self.index.note_disruption(rk.key, self.clock(), "publisher restarted")
             log.info("KV events from %s rank %d: the publisher restarted", rk.key, rk.rank)
 
     def _lost(self, rk: _Rank) -> None:
         self.index.mark_unknown(rk.key, rk.rank)
+        self.index.note_disruption(rk.key, self.clock(), "batches lost")
         self.metrics.unknown.inc()
 
     def _apply(self, rk: _Rank, batch: EventBatch, counter: object) -> None:

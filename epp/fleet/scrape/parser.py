@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
-from scheduling.types import Metrics
+from scheduling.types import EngineTotals, Metrics, Totals
 
 
 class MetricsParseError(ValueError):
@@ -130,33 +130,118 @@ def _count(v: float | None) -> int:
     return max(0, int(v))
 
 
-def _histogram(data: bytes, name: bytes) -> tuple[float, float] | None:
-    """(sum, count) of a histogram over all its series, or None when the engine does not export it."""
-    sums = samples(data, name + b"_sum", grouped=False)
-    counts = samples(data, name + b"_count", grouped=False)
-    if not counts:
+def _family(data: bytes, name: bytes) -> bytes | None:
+    """The sample lines of histogram `name`: from its first `name_...` line to the next comment line (the text format
+    keeps a family's lines together), or the end. None when the engine does not export it."""
+    start = 0 if data.startswith(name + b"_") else data.find(b"\n" + name + b"_")
+    if start < 0:
         return None
-    return sum(v for _, v in sums), sum(v for _, v in counts)
+    end = data.find(b"\n#", start + 1)
+    return data[start:] if end < 0 else data[start:end + 1]
 
 
-def latency_totals(data: bytes, ttft: bytes, tpot: tuple[bytes, ...]) -> tuple[float, float, float, float] | None:
-    """Cumulative (TTFT sum, count, TPOT sum, count); the TPOT histogram is the first of `tpot` exported."""
-    first = _histogram(data, ttft)
-    second = None
-    for name in tpot:
-        second = _histogram(data, name)
-        if second is not None:
-            break
-    if first is None and second is None:
+def _tail_value(line: bytes) -> float:
+    """The value of a sample line (after the labels, or after the name)."""
+    close = line.rfind(b"}")
+    return float((line[close + 1 :] if close >= 0 else line.partition(b" ")[2]).split()[0])
+
+
+def histogram(data: bytes, name: bytes, buckets: bool = False
+              ) -> tuple[Totals | None, tuple[tuple[float, float], ...]]:
+    """Histogram `name` over all its series, in one pass over its own lines: (sum, count) (None when not exported)
+    and, when asked, the (upper bound, cumulative count) buckets summed by bound, +Inf last."""
+    family = _family(data, name)
+    if family is None:
+        return None, ()
+    total, count, seen = 0.0, 0.0, False
+    acc: dict[float, float] = {}
+    n = len(name)
+    for line in family.split(b"\n"):
+        if not line.startswith(name):
+            continue
+        kind = line[n : n + 7]
+        try:
+            if kind.startswith(b"_sum") and line[n + 4 : n + 5] in (b"{", b" "):
+                total += _tail_value(line)
+            elif kind.startswith(b"_count") and line[n + 6 : n + 7] in (b"{", b" "):
+                count += _tail_value(line)
+                seen = True
+            elif buckets and kind == b"_bucket":
+                i = line.find(b'le="')
+                j = line.find(b'"', i + 4)
+                if i >= 0 and j >= 0:
+                    le = float(line[i + 4 : j])
+                    acc[le] = acc.get(le, 0.0) + _tail_value(line)
+        except (ValueError, IndexError):
+            continue
+    return ((total, count) if seen else None), tuple(sorted(acc.items()))
+
+
+def histogram_totals(data: bytes, name: bytes) -> Totals | None:
+    """(sum, count) of histogram `name` over all its series, searching only its own lines."""
+    return histogram(data, name)[0]
+
+
+def histogram_buckets(data: bytes, name: bytes) -> tuple[tuple[float, float], ...]:
+    """(upper bound, cumulative count) of histogram `name`, summed over its series by bound, +Inf last."""
+    return histogram(data, name, buckets=True)[1]
+
+
+def _counter(data: bytes, *names: bytes) -> float | None:
+    """A counter summed over its series: the first of `names` the engine exports."""
+    for name in names:
+        ss = samples(data, name, grouped=False)
+        if ss:
+            return sum(v for _, v in ss)
+    return None
+
+
+def vllm_engine_totals(data: bytes) -> EngineTotals | None:
+    """vLLM's latency histograms and prefix-cache counters (the prefix-cache counters cover the requests that got
+    their first token: the TTFT histogram's count)."""
+    ttft, ttft_buckets = histogram(data, b"vllm:time_to_first_token_seconds", buckets=True)
+    itl = (histogram_totals(data, b"vllm:inter_token_latency_seconds")
+           or histogram_totals(data, b"vllm:time_per_output_token_seconds"))
+    if ttft is None and itl is None:
         return None
-    return (*(first or (0.0, 0.0)), *(second or (0.0, 0.0)))
+    return EngineTotals(
+        ttft=ttft,
+        itl=itl,
+        prefill=histogram_totals(data, b"vllm:request_prefill_time_seconds"),
+        decode=histogram_totals(data, b"vllm:request_decode_time_seconds"),
+        queue=histogram_totals(data, b"vllm:request_queue_time_seconds"),
+        prompt_tokens=_counter(data, b"vllm:prefix_cache_queries_total", b"vllm:gpu_prefix_cache_queries_total"),
+        cached_tokens=_counter(data, b"vllm:prefix_cache_hits_total", b"vllm:gpu_prefix_cache_hits_total"),
+        requests=ttft[1] if ttft is not None else None,
+        ttft_buckets=ttft_buckets,
+    )
+
+
+def sglang_engine_totals(data: bytes) -> EngineTotals | None:
+    """SGLang's latency histograms and token counters (prompt and cached tokens over the finished requests)."""
+    ttft, ttft_buckets = histogram(data, b"sglang:time_to_first_token_seconds", buckets=True)
+    itl = (histogram_totals(data, b"sglang:inter_token_latency_seconds")
+           or histogram_totals(data, b"sglang:time_per_output_token_seconds"))
+    if ttft is None and itl is None:
+        return None
+    return EngineTotals(
+        ttft=ttft,
+        itl=itl,
+        queue=histogram_totals(data, b"sglang:queue_time_seconds"),
+        prompt_tokens=_counter(data, b"sglang:prompt_tokens_total"),
+        cached_tokens=_counter(data, b"sglang:cached_tokens_total"),
+        requests=_counter(data, b"sglang:num_requests_total"),
+        generation_tokens=_counter(data, b"sglang:generation_tokens_total"),
+        counted_at="end",
+        ttft_buckets=ttft_buckets,
+    )
 
 
 def _build(
-    engine: str, now: float, waiting: float | None, running: float | None, kv: float | None, **extra: object
+    engine_name: str, now: float, waiting: float | None, running: float | None, kv: float | None, **extra: object
 ) -> Metrics:
     if waiting is None and running is None and kv is None:
-        raise MetricsParseError(f"no {engine} load series (waiting/running/KV usage) in the exposition")
+        raise MetricsParseError(f"no {engine_name} load series (waiting/running/KV usage) in the exposition")
     return Metrics(
         waiting=_count(waiting),
         running=_count(running),
@@ -196,8 +281,8 @@ def parse_vllm(data: bytes, now: float) -> Metrics:
         active_loras=active,
         waiting_loras=waiting_l,
         max_lora=max_lora,
-        latency_totals=latency_totals(data, b"vllm:time_to_first_token_seconds",
-                                      (b"vllm:inter_token_latency_seconds", b"vllm:time_per_output_token_seconds")),
+        latency_totals=_legacy(engine := vllm_engine_totals(data)),
+        engine=engine,
     )
 
 
@@ -214,9 +299,16 @@ def parse_sglang(data: bytes, now: float) -> Metrics:
         _mean(samples(data, b"sglang:token_usage")),
         block_size=block_size,
         num_gpu_blocks=num_blocks,
-        latency_totals=latency_totals(data, b"sglang:time_to_first_token_seconds",
-                                      (b"sglang:inter_token_latency_seconds", b"sglang:time_per_output_token_seconds")),
+        latency_totals=_legacy(engine := sglang_engine_totals(data)),
+        engine=engine,
     )
+
+
+def _legacy(engine: EngineTotals | None) -> tuple[float, float, float, float] | None:
+    """(TTFT sum, count, TPOT sum, count) for the period means (least-latency-scorer)."""
+    if engine is None:
+        return None
+    return (*(engine.ttft or (0.0, 0.0)), *(engine.itl or (0.0, 0.0)))
 
 
 def _opt_int(v: float | None) -> int | None:

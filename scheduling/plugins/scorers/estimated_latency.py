@@ -33,6 +33,17 @@ is multiplied by k(e), learnt from the requests that finish on e:
 So a fleet twice as fast as the reference converges to k = 0.5, and the trade between prefill, decode and queueing
 (whose wait already comes from observed durations) stays right without hand-set timings.
 
+Engine timings (fitEngineTimings, on by default; docs/latency-model.md): for an endpoint whose engine exports latency
+histograms, overhead, prefillSecondsPerToken and interTokenSeconds are replaced by its own, fitted at every scrape
+(the `engine_metrics` hook; scheduling/plugins/scorers/_timings.py), and its finished requests teach the weight β(e)
+of its backlog instead of k(e) (ttft(e) uses β(e) × backlog(e)); an endpoint without its own fit or k uses the fitted
+endpoints' mean. The reference path above is unchanged, bit for bit, for engines that export none.
+
+Prefix trust (prefixTrust; scheduling/plugins/scorers/_trust.py): cached(e) is multiplied by the belief b(e) of the
+endpoint's prefix state (exact 1; degraded after a KV-event disruption, or short of the engine's reported hits while
+traffic bypasses Pointsman; approximate). SLO headers (sloAware; scheduling/slo.py, _slo.py): the scores become
+tiers by whether each candidate's predicted TTFT and TPOT meet the request's objectives.
+
 The decode term is what makes the choice far-sighted: a busy batch slows every token of the request (and the
 requests already there), so it spreads load before queues form, while a long uncached prefill still keeps a
 request on the endpoint holding its prefix. decodeWeight 0 gives a pure time-to-first-token estimate. The
@@ -69,10 +80,23 @@ from scheduling.framework.params import bounded
 from scheduling.framework.plugin import State
 from scheduling.framework.replication import Record, drain
 from scheduling.plugins.scorers._backlog import SharedBacklog
+from scheduling.plugins.scorers._learning import (
+    endpoint_model,
+    engine_metrics,
+    predict,
+    timings_of,
+    trust_view,
+)
+from scheduling.plugins.scorers._slo import PREDICTED, slo_scores
+from scheduling.plugins.scorers._slo import predictions as predictions  # for explain
+from scheduling.plugins.scorers._timing_table import BACKLOG_WEIGHT_RANGE, EngineTimingTable
+from scheduling.plugins.scorers._timings import Timings
+from scheduling.plugins.scorers._trust import EndpointModel, TrustTable, TrustView
 from scheduling.prefix import PrefixReader
 from scheduling.prefix.precise import GPU
 from scheduling.prefix.precise_data import EVENTS, PreciseReader, PrefixHit, prefix_hits
 from scheduling.sessions.warm import warm_board
+from scheduling.slo import slo_from_headers
 from scheduling.types import Endpoint
 
 _START = "estimated-latency.start"
@@ -95,6 +119,13 @@ class Params:
     lruCapacityPerServer: int = bounded(31_250, min=1)
     calibrate: bool = True
     calibrationAlpha: float = bounded(0.05, min=0.0, max=1.0)
+    fitEngineTimings: bool = True
+    prefixTrust: bool = True
+    trustWindowSeconds: float = bounded(30.0, min=0.0)
+    trustAgreement: float = bounded(0.8, min=0.0, max=1.0)
+    trustFloor: float = bounded(0.2, min=0.0, max=1.0)
+    sloAware: bool = True
+    sloHeadroom: float = bounded(0.8, min=0.0, max=1.0)
     prefixSource: Literal["approximate", "precise"] = "approximate"
 
 
@@ -102,6 +133,7 @@ CALIBRATION_RANGE = (0.02, 50.0)
 PRUNE_EVERY = 256  # picks between two sweeps of drained backlogs (a power of two)
 SLOW_TABLE = 4096  # slowdown values precomputed per n (maxNumSeqs beyond this computes the rest per endpoint)
 MAX_OUTBOX = 4096  # finished requests kept for the bus between two exports
+MIN_BACKLOG_SHARE = 0.1  # a finished request teaches the backlog's weight when it was this much of its model
 _PRED = "estimated-latency.pred"  # (candidates, n per candidate) of the last scoring pass
 _INPUTS = "estimated-latency.inputs"  # (prompt tokens, endpoint -> cached tokens, now) of that pass, for `predicted`
 _CHOSEN = "estimated-latency.chosen"  # (modelled prefill, D(e)) of the pick, from pre_request
@@ -139,6 +171,11 @@ class EstimatedLatencyScorer(PreciseReader[Params], PrefixReader[Params], Scorer
         s1 = p.maxNumSeqs - 1
         # slowdown(n) for n = 0 .. min(s1, SLOW_TABLE), computed once (other n: per endpoint, same formula)
         self._slow = {n: 1.0 + (p.loadFactor - 1.0) * n / s1 for n in range(min(s1, SLOW_TABLE) + 1)}
+        # engine timings fitted from the engines' histograms (scheduling/plugins/scorers/_timings.py)
+        self.timings = EngineTimingTable(Timings(p.overheadSeconds, p.prefillSecondsPerToken, p.interTokenSeconds),
+                                         self.slowdown_at, p.calibrationAlpha)
+        # how much a predicted prefix hit is believed, per endpoint (scheduling/plugins/scorers/_trust.py)
+        self.trust = TrustTable(window=p.trustWindowSeconds, agree=p.trustAgreement, floor=p.trustFloor)
 
     def slowdown(self, n: int) -> float:
         """slowdown(e) for n(e) = n requests."""
@@ -146,16 +183,38 @@ class EstimatedLatencyScorer(PreciseReader[Params], PrefixReader[Params], Scorer
         s1 = p.maxNumSeqs - 1
         return 1.0 + (p.loadFactor - 1.0) * min(n, s1) / s1
 
+    def slowdown_at(self, n: float) -> float:
+        """slowdown for a mean of n other requests (fractional: an interval's mean batch)."""
+        p = self.params
+        s1 = p.maxNumSeqs - 1
+        return 1.0 + (p.loadFactor - 1.0) * min(max(0.0, n), s1) / s1
+
     def scale(self, key: str) -> float:
         """k(e): how much slower (> 1) or faster (< 1) than the reference engine this endpoint has proved."""
         return self._scale.get(key, self.pool_scale)
 
-    def _backlog_at(self, key: str, now: float, k: float) -> float:
-        return self._backlog.total(key, now, 1.0 / (k * self.params.prefillSecondsPerToken))
+    def _per_token(self, key: str) -> float:
+        """Prefill seconds per token on endpoint `key`: fitted, else the fitted endpoints' mean, else the reference
+        × k(e)."""
+        return timings_of(self, key)[1]
+
+    # ---- what it learns from the engines, and what it shows (scheduling/plugins/scorers/_learning.py) -------
+    def engine_metrics(self, endpoints: Sequence[Endpoint], now: float) -> None:
+        """Scrapes arrived: fit the engines' timings from their histograms and weigh their prefix-cache counters
+        against the predicted hits."""
+        engine_metrics(self, endpoints, now)
+
+    def endpoint_model(self, key: str, now: float) -> EndpointModel:
+        """The timings this scorer uses for `key` (and where they come from), their age, and its prefix trust."""
+        return endpoint_model(self, key, now)
+
+    def trust_view(self, key: str, now: float, refresh: bool = False) -> TrustView:
+        """The prefix trust of `key`; `refresh` also updates the belief the scoring pass reads."""
+        return trust_view(self, key, now, refresh)
 
     def _drain_rate(self, key: str) -> float:
         """Prefill tokens per second endpoint `key` works off."""
-        return 1.0 / (self.scale(key) * self.params.prefillSecondsPerToken)
+        return 1.0 / self._per_token(key)
 
     def _cached(
         self, ctx: SchedulingContext, state: State, candidates: list[Endpoint]
@@ -201,12 +260,18 @@ class EstimatedLatencyScorer(PreciseReader[Params], PrefixReader[Params], Scorer
         block = p.blockSizeTokens
         s1 = p.maxNumSeqs - 1
         f1 = p.loadFactor - 1.0
+        dw_out = p.decodeWeight * output_tokens(ctx.request.body, p.defaultOutputTokens)
         decode = p.decodeWeight * (p.interTokenSeconds * output_tokens(ctx.request.body, p.defaultOutputTokens))
         evict_w = p.evictionWeight
         per_seq = p.maxNumSeqs
         initial = p.initialRequestSeconds
         pool_k = self.pool_scale
         scale_get = self._scale.get
+        believed = self.trust.belief  # endpoints whose predicted hits count for less than they say
+        belief_get = believed.get
+        fit_get = self.timings.eff.get  # endpoints with fitted engine timings: (overhead, per token, inter-token)
+        fit_pool = self.timings.pool  # their mean: the prior of an endpoint with neither a fit nor its own k
+        scaled = self._scale
         duration_get = self._duration.get
         queue_get = self._backlog.queues().get
         cached_get = cached.get
@@ -230,36 +295,62 @@ class EstimatedLatencyScorer(PreciseReader[Params], PrefixReader[Params], Scorer
             w = e.metrics.fresh_load  # 0 when stale: n is never below 0, so max(n, 0) is n
             if w > n:
                 n = w
-            k = scale_get(key, pool_k)
             q = queue_get(key)
             c = cached_get(key)
-            if q is None and c is None:
-                uncached = tokens
-                cost = k * plain_pd
-            else:
+            if believed and c is not None:
+                b = belief_get(key)
+                if b is not None:
+                    c *= b
+            t = fit_get(key)
+            if t is None and fit_pool is not None and key not in scaled:
+                t = fit_pool
+            if t is None:  # the reference timings × k(e)
+                k = scale_get(key, pool_k)
+                unit = pspt  # × k below (the reference path's arithmetic, bit for bit)
+                if q is None and c is None:
+                    uncached = tokens
+                    cost = k * plain_pd
+                else:
+                    uncached = tokens if c is None else (tokens - c if tokens > c else 0.0)
+                    backlog = 0.0
+                    if q is not None:
+                        backlog = q.total - (now - q.since) * (1.0 / (k * pspt))
+                        if not backlog > 0.0:
+                            backlog = 0.0
+                    cost = k * (overhead + (backlog + uncached) * pspt + decode)
+            else:  # fitted engine timings, the backlog weighed as finished requests taught
+                k = 1.0
+                o_e, unit, i_e, beta = t
                 uncached = tokens if c is None else (tokens - c if tokens > c else 0.0)
                 backlog = 0.0
                 if q is not None:
-                    backlog = q.total - (now - q.since) * (1.0 / (k * pspt))
+                    backlog = q.total - (now - q.since) / unit
                     if not backlog > 0.0:
                         backlog = 0.0
-                cost = k * (overhead + (backlog + uncached) * pspt + decode)
+                cost = o_e + (beta * backlog + uncached) * unit + dw_out * i_e
             slow = slow_get(n)
             cost *= slow if slow is not None else (slow_full if n > s1 else 1.0 + f1 * n / s1)
             if evict_w and uncached:
                 over = (plain_need if c is None else -(-uncached // block)) - room_get(key, default_room)
                 if over > 0:
-                    cost += k * evict_w * over * block * pspt
+                    cost += k * evict_w * over * block * unit
                     warm = warm_get(key)
                     if warm:  # evicting a waiting session's context: its next turn recomputes it for certain
-                        cost += k * warm_w * min(over * block, warm) * pspt
+                        cost += k * warm_w * min(over * block, warm) * unit
             if n > s1:
                 cost += (n - s1) * duration_get(key, initial) / per_seq
             costs.append(cost)
             ns.append(n)
         state[_PRED] = (candidates, ns)
         state[_INPUTS] = (tokens, cached, now)
-        return relative(costs)
+        slo = slo_from_headers(ctx.request.headers) if p.sloAware else None
+        if slo is None and not ctx.explain:
+            return relative(costs)
+        predicted = predict(self, ctx, candidates, ns, tokens, cached)
+        state[PREDICTED] = {e.key: pr for e, pr in zip(candidates, predicted, strict=True)}
+        if slo is None:
+            return relative(costs)
+        return slo_scores(slo, candidates, costs, predicted, p.sloHeadroom, state)
 
     def pre_request(self, ctx: SchedulingContext, result: SchedulingResult, state: State) -> None:
         if not result.targets:
@@ -267,13 +358,26 @@ class EstimatedLatencyScorer(PreciseReader[Params], PrefixReader[Params], Scorer
         chosen = result.targets[0]
         now = ctx.now
         tokens, cached, _ = self._cached(ctx, state, [chosen])
-        uncached = max(0.0, tokens - cached.get(chosen.key, 0.0))
-        rate = self._drain_rate(chosen.key)
+        predicted = cached.get(chosen.key, 0.0)
         p = self.params
+        if p.prefixTrust:
+            self.trust.sent(chosen.key, tokens, predicted, now)
+        uncached = max(0.0, tokens - predicted * self.trust.belief.get(chosen.key, 1.0))
+        rate = self._drain_rate(chosen.key)
         # What the calibration needs of the pick, as the decision saw it (before this request's own prefill joins
-        # the backlog): its modelled prefill and the endpoint's D(e).
-        prefill = p.overheadSeconds + (self._backlog.total(chosen.key, now, rate) + uncached) * p.prefillSecondsPerToken
-        state[_CHOSEN] = (prefill, self._duration.get(chosen.key, p.initialRequestSeconds))
+        # the backlog): its modelled prefill and decode on the base timings (fitted, else the reference), which of
+        # the two, and the endpoint's D(e).
+        fitted = self.timings.fitted(chosen.key) if p.fitEngineTimings else None
+        base = fitted or Timings(p.overheadSeconds, p.prefillSecondsPerToken, p.interTokenSeconds)
+        backlog = self._backlog.total(chosen.key, now, rate)
+        if fitted is None:
+            prefill = base.overhead + (backlog + uncached) * base.prefill_per_token
+            queued = 0.0
+        else:  # on fitted timings the sample is the backlog's weight: its modelled time apart
+            prefill = base.overhead + uncached * base.prefill_per_token
+            queued = backlog * base.prefill_per_token
+        state[_CHOSEN] = (prefill, self._duration.get(chosen.key, p.initialRequestSeconds), base.inter_token,
+                          queued if fitted is not None else None)
         self._backlog.add(chosen.key, uncached, now, rate)
         state[_START] = now
         self._picks += 1
@@ -287,25 +391,34 @@ class EstimatedLatencyScorer(PreciseReader[Params], PrefixReader[Params], Scorer
         key = result.targets[0].key
         seconds = max(0.0, ctx.now - start)
         sample = self._sample(ctx, key, seconds, state) if self.params.calibrate else None
-        self._learn(key, seconds, sample)
+        chosen = state.get(_CHOSEN)
+        on_fit = chosen is not None and chosen[3] is not None
+        self._learn(key, seconds, sample, on_fit)
         if self._outbox is not None:
             self._outbox.append([key, seconds, -1.0 if sample is None else sample])
 
-    def _learn(self, key: str, seconds: float, sample: float | None) -> None:
-        """One finished request on `key` (here or at a peer): its duration, and its calibration sample."""
+    def _learn(self, key: str, seconds: float, sample: float | None, on_fit: bool | None = None) -> None:
+        """One finished request on `key` (here or at a peer): its duration, and its calibration sample, taken on
+        the fitted timings (`on_fit`; None: whatever this scorer has for `key` now) or on the reference's."""
         a = self.params.durationEwmaAlpha
         prev = self._duration.get(key)
         self._duration[key] = seconds if prev is None else (1 - a) * prev + a * seconds
-        if sample is not None:
-            a = self.params.calibrationAlpha
-            self._scale[key] = (1 - a) * self._scale.get(key, self.pool_scale) + a * sample
-            self.pool_scale = (1 - a) * self.pool_scale + a * sample
+        if sample is None:
+            return
+        if on_fit is None:
+            on_fit = self.timings.fitted(key) is not None
+        if on_fit:
+            self.timings.learn(key, sample)
+            return
+        a = self.params.calibrationAlpha
+        self._scale[key] = (1 - a) * self._scale.get(key, self.pool_scale) + a * sample
+        self.pool_scale = (1 - a) * self.pool_scale + a * sample
 
     def _sample(self, ctx: SchedulingContext, key: str, seconds: float, state: State) -> float | None:
         """(observed − wait) / model for the request that ran on `key`, from what the decision saw: n(e) from the
         scoring pass, the modelled prefill and D(e) from pre_request."""
         pred: tuple[list[Endpoint], list[int]] | None = state.get(_PRED)
-        chosen: tuple[float, float] | None = state.get(_CHOSEN)
+        chosen: tuple[float, float, float, float | None] | None = state.get(_CHOSEN)
         if pred is None or chosen is None:
             return None
         candidates, ns = pred
@@ -315,20 +428,27 @@ class EstimatedLatencyScorer(PreciseReader[Params], PrefixReader[Params], Scorer
         p = self.params
         s1 = p.maxNumSeqs - 1
         n = ns[i]
-        prefill, duration = chosen
-        full_decode = p.interTokenSeconds * output_tokens(ctx.request.body, p.defaultOutputTokens)
-        model = (prefill + full_decode) * self.slowdown(n)
+        prefill, duration, inter_token, queued = chosen
+        full_decode = inter_token * output_tokens(ctx.request.body, p.defaultOutputTokens)
+        slow = self.slowdown(n)
+        model = (prefill + full_decode) * slow
+        wait = (n - s1) * duration / p.maxNumSeqs if n > s1 else 0.0
+        if queued is not None:  # fitted timings: the weight of the backlog (EngineTimingTable)
+            if queued * slow < MIN_BACKLOG_SHARE * model:
+                return None  # too little backlog to tell its weight
+            lo, hi = BACKLOG_WEIGHT_RANGE
+            return min(hi, max(lo, (seconds - wait - model) / (queued * slow)))
         if model <= 0.0:
             return None
-        wait = (n - s1) * duration / p.maxNumSeqs if n > s1 else 0.0
         lo, hi = CALIBRATION_RANGE
         return min(hi, max(lo, (seconds - wait) / model))
 
     def predicted(self, ctx: SchedulingContext, state: State, key: str) -> float | None:
-        """The request's predicted duration on `key` (seconds: its prefill after the backlog, the whole decode,
-        calibrated and slowed by the batch, plus the wait for a slot) as modelled by the scoring pass that left
-        `state`; None when that pass did not model `key`. For reports (the shell's shadow profiles): the pick
-        uses `score`, and this recomputes one endpoint's model only when asked."""
+        """The request's predicted duration on `key` (seconds: TTFT after the backlog and the wait for a slot, plus
+        the whole decode at the predicted TPOT) from the timings scoring used for it (engine, pool or reference:
+        `timings_of`), as modelled by the scoring pass that left `state`; None when that pass did not model `key`.
+        For reports (the shell's shadow profiles): the pick uses `score`, and this recomputes one endpoint's model
+        only when asked."""
         pred: tuple[list[Endpoint], list[int]] | None = state.get(_PRED)
         inputs: tuple[float, dict[str, float], float] | None = state.get(_INPUTS)
         if pred is None or inputs is None:
@@ -337,23 +457,21 @@ class EstimatedLatencyScorer(PreciseReader[Params], PrefixReader[Params], Scorer
         i = next((j for j, e in enumerate(candidates) if e.key == key), -1)
         if i < 0:
             return None
-        tokens, cached, now = inputs
-        p = self.params
-        k = self.scale(key)
-        uncached = max(0.0, tokens - cached.get(key, 0.0))
-        prefill = p.overheadSeconds + (self._backlog_at(key, now, k) + uncached) * p.prefillSecondsPerToken
-        decode = p.interTokenSeconds * output_tokens(ctx.request.body, p.defaultOutputTokens)
-        n, s1 = ns[i], p.maxNumSeqs - 1
-        wait = (n - s1) * self._duration.get(key, p.initialRequestSeconds) / p.maxNumSeqs if n > s1 else 0.0
-        return float(k * (prefill + decode) * self.slowdown(n) + wait)
+        tokens, cached, _ = inputs
+        ((ttft, tpot),) = predict(self, ctx, [candidates[i]], [ns[i]], tokens, cached)
+        return float(ttft + tpot * output_tokens(ctx.request.body, self.params.defaultOutputTokens))
 
     def endpoint_removed(self, key: str) -> None:
         self._backlog.forget(key)
         self._duration.pop(key, None)
         self._scale.pop(key, None)
+        self.timings.forget(key)
+        self.timings.refresh_pool()
+        self.trust.forget(key)
 
     def tracked_endpoints(self) -> Collection[str]:
-        return self._backlog.endpoints() | self._duration.keys() | self._scale.keys()
+        return (self._backlog.endpoints() | self._duration.keys() | self._scale.keys() | self.timings.keys()
+                | self.trust.entries.keys())
 
     # ---- replication -------------------------------------------------------------------------------------
     def replication_key(self) -> str:
@@ -384,7 +502,7 @@ class EstimatedLatencyScorer(PreciseReader[Params], PrefixReader[Params], Scorer
         lo, hi = CALIBRATION_RANGE
         for rec in records:
             if not (3 <= len(rec) <= 4 and all(_finite(v) for v in rec[1:]) and 0.0 <= rec[1] < 1e6
-                    and (rec[2] == -1.0 or lo <= rec[2] <= hi)):
+                    and (rec[2] == -1.0 or 0.0 <= rec[2] <= hi)):
                 bad += 1
                 continue
             key, seconds, sample = rec[0], float(rec[1]), None if rec[2] == -1.0 else float(rec[2])

@@ -116,6 +116,8 @@ async def test_a_gap_is_filled_by_replay(make_fleet, subscriber) -> None:
     assert _value(m, "pointsman_kv_events_replays_total", outcome="ok") == 1
     assert _value(m, "pointsman_kv_events_batches_total", source="replay") == 3
     assert fleet.servers[0].publisher.replays_served == 1
+    when, what, minor = sub.index.disrupted["sim-0"]  # the prefix trust sees the gap the replay filled
+    assert what == "gap of 3 batches replayed" and minor
 
 
 @pytest.mark.parametrize("replay", [False, True])
@@ -134,6 +136,7 @@ async def test_a_failed_replay_marks_the_endpoint_unknown(make_fleet, subscriber
     outcome = "incomplete" if replay else "unavailable"
     assert _value(sub.metrics, "pointsman_kv_events_replays_total", outcome=outcome) == 1
     assert _value(sub.metrics, "pointsman_kv_events_unknown_total") == 1
+    assert sub.index.disrupted["sim-0"][1:] == ("batches lost", False)
     # what arrives after the gap is still applied (true, if incomplete), and reported as unknown
     keys = sub.index.keys_for(await _tokens(url, late))
     await wait_for(lambda: "sim-0" in sub.index.match(keys))
@@ -297,6 +300,7 @@ async def test_a_restarted_publisher_starts_the_endpoint_afresh(subscriber) -> N
         assert "r" not in sub.index.match(sub.index.keys_for(old))
         assert sub.index.state("r") == LIVE
         assert _value(sub.metrics, "pointsman_kv_events_restarts_total") == 1
+        assert sub.index.disrupted["r"][1:] == ("publisher restarted", False)
     finally:
         pub.close()
 

@@ -44,3 +44,38 @@ def test_period_means_from_consecutive_scrapes():
     assert quiet.ttft_s == pytest.approx(0.5)  # nothing finished: the last means stay
     restarted = period_latency(parse_vllm(vllm(0.1, 1, 0.0, 0), 4.0), quiet)
     assert restarted.ttft_s is None  # counters went back: start over
+
+
+def test_engine_totals_for_the_timing_fit_and_the_prefix_trust():
+    text = (
+        b"# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting 0\n"
+        b"# TYPE vllm:time_to_first_token_seconds histogram\n"
+        b'vllm:time_to_first_token_seconds_bucket{le="0.1",engine="0"} 3\n'
+        b'vllm:time_to_first_token_seconds_bucket{le="+Inf",engine="0"} 4\n'
+        b'vllm:time_to_first_token_seconds_count{engine="0"} 4\n'
+        b'vllm:time_to_first_token_seconds_sum{engine="0"} 0.5\n'
+        b'vllm:time_to_first_token_seconds_bucket{le="0.1",engine="1"} 1\n'
+        b'vllm:time_to_first_token_seconds_bucket{le="+Inf",engine="1"} 1\n'
+        b'vllm:time_to_first_token_seconds_count{engine="1"} 1\n'
+        b'vllm:time_to_first_token_seconds_sum{engine="1"} 0.05\n'
+        b"# TYPE vllm:request_prefill_time_seconds histogram\n"
+        b"vllm:request_prefill_time_seconds_sum 0.4\nvllm:request_prefill_time_seconds_count 5\n"
+        b"# TYPE vllm:request_decode_time_seconds histogram\n"
+        b"vllm:request_decode_time_seconds_sum 2.0\nvllm:request_decode_time_seconds_count 5\n"
+        b"# TYPE vllm:prefix_cache_queries counter\n"
+        b'vllm:prefix_cache_queries_total{engine="0"} 800\nvllm:prefix_cache_queries_total{engine="1"} 200\n'
+        b"# TYPE vllm:prefix_cache_hits counter\nvllm:prefix_cache_hits_total 640\n"
+    )
+    e = parse_vllm(text, 1.0).engine
+    assert e is not None
+    assert e.ttft == pytest.approx((0.55, 5)) and e.requests == 5 and e.counted_at == "admission"
+    assert e.ttft_buckets == ((0.1, 4.0), (float("inf"), 5.0))  # summed over the engines, by bound
+    assert e.prefill == pytest.approx((0.4, 5)) and e.decode == pytest.approx((2.0, 5)) and e.itl is None
+    assert (e.prompt_tokens, e.cached_tokens) == (1000, 640)
+    sg = parse_sglang(b"sglang:num_queue_reqs 0\nsglang:time_to_first_token_seconds_sum 2\n"
+                      b"sglang:time_to_first_token_seconds_count 4\nsglang:prompt_tokens_total 900\n"
+                      b"sglang:cached_tokens_total 300\nsglang:num_requests_total 3\n"
+                      b"sglang:generation_tokens_total 60\n", 1.0).engine
+    assert sg is not None and sg.counted_at == "end"
+    assert (sg.prompt_tokens, sg.cached_tokens, sg.requests, sg.generation_tokens) == (900, 300, 3, 60)
+    assert parse_vllm(b"vllm:num_requests_waiting 0\n", 1.0).engine is None  # no histograms: nothing to fit

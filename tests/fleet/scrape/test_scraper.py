@@ -115,7 +115,7 @@ async def test_failure_streak_takes_endpoint_out_and_recovery_brings_it_back(ser
     bad = await servers(vllm_exposition(waiting=5))
     ds = _ds(good.endpoint(), bad.endpoint())
     bad_key = endpoint_key("127.0.0.1", bad.port)
-    scraper = MetricsScraper(ds, staleness=0.15, failure_threshold=3)
+    scraper = MetricsScraper(ds, staleness=0.15, failure_threshold=3, backoff_max=0.0)  # every round scrapes
     try:
         await scraper.scrape_round(wait=1.0)
         assert _m(ds, bad).waiting == 5 and ds.is_routable(bad_key)
@@ -185,5 +185,33 @@ async def test_removed_endpoint_is_forgotten(servers):
         await scraper.scrape_round(wait=1.0)
         assert ds.unhealthy == set()
         assert scraper.failures(b.endpoint().key) == 0
+    finally:
+        await scraper.stop()
+
+
+async def test_an_endpoint_that_is_out_is_scraped_with_a_capped_backoff(servers):
+    bad = await servers(vllm_exposition(waiting=1), status=500)
+    ds = _ds(bad.endpoint())
+    key = bad.endpoint().key
+    scraper = MetricsScraper(ds, interval=0.05, failure_threshold=3, backoff_max=0.4)
+    assert [scraper.backoff(n) for n in (1, 2, 3, 4, 5, 6, 9)] == [0.0, 0.0, 0.1, 0.2, 0.4, 0.4, 0.4]
+    scraper.start()
+    try:
+        deadline = time.monotonic() + 5.0
+        while ds.is_routable(key) and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        assert not ds.is_routable(key)
+        out_at, hits_at_out = time.monotonic(), bad.hits
+        await asyncio.sleep(2.0)
+        during = bad.hits - hits_at_out
+        # at the full rate 2 s would be ~40 scrapes; with the backoff 0.1 + 0.2 + 0.4 + 0.4 ... about 6
+        assert 3 <= during <= 10, during
+        bad.status = 200
+        recovered = time.monotonic()
+        while not ds.is_routable(key) and time.monotonic() < recovered + 5.0:
+            await asyncio.sleep(0.01)
+        assert ds.is_routable(key)
+        assert time.monotonic() - recovered < 0.4 + 0.3, "back within the cap plus a round"
+        assert out_at < recovered
     finally:
         await scraper.stop()

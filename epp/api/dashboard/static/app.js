@@ -36,6 +36,14 @@
     bar.firstChild.style.width = Math.max(0, Math.min(100, kv * 100)).toFixed(0) + "%";
     return bar;
   }
+  const TRUST = { exact: "pill-ok", degraded: "pill-warn", approximate: "pill-wait" };
+  function trustCell(m) {
+    if (!m) return el("td", {}, "–");
+    const label = m.trust + (m.belief < 1 ? " ×" + m.belief.toFixed(2) : "");
+    const title = [m.trust_reason, m.outside != null ? pct(m.outside) + " of its prompt tokens bypass Pointsman" : ""]
+      .filter(Boolean).join("; ");
+    return el("td", {}, el("span", { class: "pill " + (TRUST[m.trust] || "pill-wait"), title: title }, label));
+  }
   function renderFleet(rows) {
     S.fleet = rows;
     const tb = $("#fleet-table tbody");
@@ -56,6 +64,8 @@
         el("td", { class: "mono" }, loras),
         el("td", { class: "num" }, ago(r.age)),
         el("td", {}, el("span", { class: "pill " + cls }, label)),
+        trustCell(r.model),
+        el("td", { class: "mono small" }, r.model ? r.model.timings : "–"),
         el("td", {}, spark(r.spark)));
     }));
     $("#st-endpoints").textContent = rows.length;

@@ -1,0 +1,117 @@
+"""SLO attainment, predicted and actual, for requests that state objectives (x-llm-d-slo-ttft-ms / -tpot-ms).
+
+A request observer (epp/request/observe.py); it acts only on requests whose decision recorded an SLO verdict
+(scheduling/slo.py), so the others cost one dictionary lookup.
+
+- pointsman_slo_requests_total{slo, predicted}      the pick was predicted to meet the objective (`met`) or not
+                                                    (`missed`: no endpoint could; a critical request went where
+                                                    it missed least)
+- pointsman_slo_attained_total{slo, outcome}        the response met it (`met`) or not, as Pointsman saw it: TTFT
+                                                    from the decision to the first response body chunk, TPOT from
+                                                    there to the end over the output tokens the usage reports;
+                                                    needs Envoy's response phases (`--response-phases full`)
+- inference_objective_request_ttft_slo_violation_total{model_name, target_model_name}, and _tpot_: llm-d's
+  violation counters, from the same measurements
+- inference_objective_request_predicted_ttft_seconds / _ttft_seconds{model_name, target_model_name}: the predicted
+  and the measured TTFT of these requests (histograms)
+
+`slo` is `ttft` or `tpot`. Requests shed because no endpoint could meet a sheddable request's objectives are counted
+as request errors (ResourceExhausted), like every request that never reaches an engine.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+from scheduling.slo import SloVerdict, decision_slo
+
+if TYPE_CHECKING:
+    from epp.request.exchange import RequestExchange
+    from epp.request.usage import Usage
+
+REQ_LABELS = ("model_name", "target_model_name")
+TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 20.0, 60.0)
+
+
+class SloMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.requests = Counter("pointsman_slo_requests_total",
+                                "Requests with SLO headers, by whether their pick was predicted to meet the objective.",
+                                ["slo", "predicted"], registry=registry)
+        self.attained = Counter("pointsman_slo_attained_total",
+                                "Requests with SLO headers, by whether the response met the objective (seen by "
+                                "Pointsman; needs response phases).", ["slo", "outcome"], registry=registry)
+        self.violations = {
+            "ttft": Counter("inference_objective_request_ttft_slo_violation_total",
+                            "Requests whose time to first token exceeded their SLO.", REQ_LABELS, registry=registry),
+            "tpot": Counter("inference_objective_request_tpot_slo_violation_total",
+                            "Requests whose time per output token exceeded their SLO.", REQ_LABELS,
+                            registry=registry),
+        }
+        self.predicted_ttft = Histogram("inference_objective_request_predicted_ttft_seconds",
+                                        "Predicted time to first token of requests with SLO headers.", REQ_LABELS,
+                                        buckets=TTFT_BUCKETS, registry=registry)
+        self.ttft = Histogram("inference_objective_request_ttft_seconds",
+                              "Measured time to first token of requests with SLO headers (response phases).",
+                              REQ_LABELS, buckets=TTFT_BUCKETS, registry=registry)
+
+    # ---- the request observer ----------------------------------------------------------------------------------
+    def decided(self, ex: RequestExchange) -> _Follow | None:
+        result = ex.result
+        verdict = decision_slo(result.state) if result is not None else None
+        if verdict is None or result is None:
+            return None
+        key = result.primary.key
+        predicted = verdict.predicted.get(key)
+        met = verdict.meets(key)
+        slo = verdict.slo
+        req = ex.request
+        labels = (req.model, req.target_model) if req is not None else ("", "")
+        for name, limit in (("ttft", slo.ttft_s), ("tpot", slo.tpot_s)):
+            if limit is not None:
+                self.requests.labels(name, "met" if met else "missed").inc()
+        if predicted is not None and slo.ttft_s is not None:
+            self.predicted_ttft.labels(*labels).observe(predicted[0])
+        return _Follow(self, verdict, labels)
+
+    def rejected(self, ex: RequestExchange, code: str) -> None:
+        pass
+
+    def outcome(self, name: str, limit: float | None, value: float, labels: tuple[str, str]) -> None:
+        if limit is None:
+            return
+        ok = value <= limit
+        self.attained.labels(name, "met" if ok else "missed").inc()
+        if not ok:
+            self.violations[name].labels(*labels).inc()
+
+
+class _Follow:
+    """One SLO request's response: its first body chunk (TTFT) and its end (TPOT)."""
+
+    __slots__ = ("m", "verdict", "labels", "first")
+
+    def __init__(self, m: SloMetrics, verdict: SloVerdict, labels: tuple[str, str]) -> None:
+        self.m = m
+        self.verdict = verdict
+        self.labels = labels
+        self.first: float | None = None
+
+    def response_headers(self, ex: Any, status: int, served: str | None) -> None:
+        pass
+
+    def response_chunk(self, ex: Any, size: int, end_of_stream: bool) -> None:
+        if self.first is None and size > 0:
+            self.first = ex.d.clock()  # the director's clock, which `ex.started` is on
+            ttft = self.first - ex.started
+            self.m.ttft.labels(*self.labels).observe(ttft)
+            self.m.outcome("ttft", self.verdict.slo.ttft_s, ttft, self.labels)
+
+    def closed(self, ex: Any, usage: Usage | None) -> None:
+        tokens = usage.completion_tokens if usage is not None else 0
+        if self.first is None or not tokens or tokens < 2:
+            return
+        tpot = (ex.d.clock() - self.first) / (tokens - 1)
+        self.m.outcome("tpot", self.verdict.slo.tpot_s, tpot, self.labels)

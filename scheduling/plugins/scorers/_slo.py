@@ -1,0 +1,45 @@
+"""SLO tiers for the estimated-latency scorer: a request that states objectives (scheduling/slo.py) ranks the
+candidates by whether their predicted TTFT and TPOT meet them, and leaves its verdict for the shell."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from scheduling.framework.plugin import State
+from scheduling.slo import SLO_STATE, Slo, SloVerdict
+from scheduling.types import Endpoint
+
+PREDICTED = "estimated-latency.predicted"  # endpoint -> (TTFT, TPOT): SLO requests and explain
+
+
+def predictions(state: State) -> Mapping[str, tuple[float, float]] | None:
+    """The (TTFT, TPOT) a decision predicted per scored candidate (SLO requests and explain), by endpoint key."""
+    got: Mapping[str, tuple[float, float]] | None = state.get(PREDICTED)
+    return got
+
+
+def slo_scores(slo: Slo, candidates: list[Endpoint], costs: list[float], predicted: list[tuple[float, float]],
+               headroom: float, state: State) -> list[float]:
+    """Scores for a request with objectives: the candidates predicted to meet them with headroom (within `headroom`
+    × the SLO) first, then those predicted to meet them, each tier by cost (min cost / cost); then the rest by how
+    close they come (min TTFT / TTFT, or TPOT with a TPOT objective only): a request no endpoint can serve in time
+    goes where it misses least. Tier t of 3 scores in ((2 − t) / 3, (3 − t) / 3]. Records the verdict (SLO_STATE)."""
+    tiers = [0 if slo.meets(tt, tp, headroom) else 1 if slo.meets(tt, tp) else 2 for tt, tp in predicted]
+    by_ttft = slo.ttft_s is not None
+    best: dict[int, float] = {}
+    keys: list[float] = []
+    for tier, cost, (tt, tp) in zip(tiers, costs, predicted, strict=True):
+        v = cost if tier < 2 else (tt if by_ttft else tp)
+        keys.append(v)
+        if tier not in best or v < best[tier]:
+            best[tier] = v
+    out = []
+    for tier, v in zip(tiers, keys, strict=True):
+        b = best[tier]
+        rel = (b / v if v > 0 else 1.0) if b > 0 else (1.0 if v <= 0 else 0.0)
+        out.append((2 - tier + rel) / 3.0)
+    state[SLO_STATE] = SloVerdict(
+        slo, {e.key: pr for e, pr in zip(candidates, predicted, strict=True)},
+        frozenset(e.key for e, t in zip(candidates, tiers, strict=True) if t < 2),
+        frozenset(e.key for e, t in zip(candidates, tiers, strict=True) if t == 0))
+    return out

@@ -1,0 +1,90 @@
+"""Per-request latency objectives (SLOs), as llm-d states them, and what a decision predicted about them.
+
+Headers (llm-d's current names first, then the older ones; values in milliseconds, as llm-d parses them, decimals
+accepted): `x-llm-d-slo-ttft-ms` / `x-slo-ttft-ms` (time to first token) and `x-llm-d-slo-tpot-ms` /
+`x-slo-tpot-ms` (time per output token). A missing, empty, non-numeric, non-positive or non-finite value states no
+objective; a value above `MAX_SLO_MS` (one hour) is taken as one hour, so a huge value can neither overflow a
+deadline nor mean anything but "loose".
+
+A scorer that predicts latency (estimated-latency-scorer) records its verdict in the decision's state under
+`SLO_STATE`: the objective, the predicted TTFT and TPOT of every candidate, and whether any candidate is predicted
+to meet it. The shell reads it (`decision_slo`) to shed a sheddable request no endpoint can serve in time and to
+count predicted and actual attainment. Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+TTFT_HEADERS = ("x-llm-d-slo-ttft-ms", "x-slo-ttft-ms")
+TPOT_HEADERS = ("x-llm-d-slo-tpot-ms", "x-slo-tpot-ms")
+MAX_SLO_MS = 3_600_000.0
+SLO_STATE = "slo.verdict"
+
+
+@dataclass(frozen=True, slots=True)
+class Slo:
+    ttft_s: float | None  # None: no TTFT objective
+    tpot_s: float | None
+
+    def meets(self, ttft: float, tpot: float, margin: float = 1.0) -> bool:
+        """Whether predictions `ttft` and `tpot` are within the objectives × `margin` (< 1: with headroom)."""
+        return ((self.ttft_s is None or ttft <= self.ttft_s * margin)
+                and (self.tpot_s is None or tpot <= self.tpot_s * margin))
+
+    def describe(self) -> str:
+        parts = []
+        if self.ttft_s is not None:
+            parts.append(f"ttft {self.ttft_s * 1000:g} ms")
+        if self.tpot_s is not None:
+            parts.append(f"tpot {self.tpot_s * 1000:g} ms")
+        return ", ".join(parts)
+
+
+def _ms(headers: Mapping[str, str], names: tuple[str, ...]) -> float | None:
+    for name in names:
+        raw = headers.get(name)
+        if not raw:
+            continue
+        try:
+            value = float(raw.strip())
+        except ValueError:
+            return None
+        if not math.isfinite(value) or value <= 0:
+            return None
+        return min(value, MAX_SLO_MS) / 1000.0
+    return None
+
+
+def slo_from_headers(headers: Mapping[str, str]) -> Slo | None:
+    """The request's objectives, or None when it states none (see the module docstring)."""
+    if not headers:
+        return None
+    ttft, tpot = _ms(headers, TTFT_HEADERS), _ms(headers, TPOT_HEADERS)
+    if ttft is None and tpot is None:
+        return None
+    return Slo(ttft, tpot)
+
+
+@dataclass(frozen=True, slots=True)
+class SloVerdict:
+    slo: Slo
+    predicted: Mapping[str, tuple[float, float]]  # endpoint key -> (TTFT, TPOT) seconds
+    met: frozenset[str]  # the candidates predicted to meet the objectives
+    headroom: frozenset[str]  # ... with headroom
+
+    @property
+    def attainable(self) -> bool:
+        return bool(self.met)
+
+    def meets(self, key: str) -> bool:
+        return key in self.met
+
+
+def decision_slo(state: Mapping[Any, Any]) -> SloVerdict | None:
+    """The SLO verdict of a decision, when its request stated objectives and a scorer predicted them."""
+    got = state.get(SLO_STATE)
+    return got if isinstance(got, SloVerdict) else None

@@ -1,0 +1,87 @@
+"""Requests with SLO headers through the shell's request path with the built-in default scheduler: a sheddable
+request no endpoint can serve in time is shed (429), a critical one is routed where it misses least, and the SLO
+metrics count predicted and measured attainment."""
+
+from __future__ import annotations
+
+import random
+
+import orjson
+from prometheus_client import CollectorRegistry
+
+from epp.api.slo_metrics import SloMetrics
+from epp.fleet.datastore import Datastore, PoolSpec
+from epp.request.director import DESTINATION, Director
+from scheduling.config import load_scheduler
+from scheduling.types import Endpoint, Metrics, endpoint_key
+
+HDRS = {":path": "/v1/chat/completions", ":method": "POST", "content-type": "application/json"}
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def rig() -> tuple[Director, SloMetrics, CollectorRegistry, Clock]:
+    ds = Datastore()
+    eps = [Endpoint(endpoint_key(f"10.0.0.{i}", 8000), f"10.0.0.{i}", 8000,
+                    metrics=Metrics(stale=False, updated_at=0.0)) for i in (1, 2)]
+    ds.set_pool(PoolSpec("pool"), eps)
+    ds.objectives = {"batch": -1, "chat": 5}
+    registry = CollectorRegistry()
+    slo = SloMetrics(registry)
+    clock = Clock()
+    d = Director(ds, load_scheduler(None, rng=random.Random(0)), clock=clock, observers=[slo])
+    return d, slo, registry, clock
+
+
+def body(n: int = 1) -> bytes:
+    return orjson.dumps({"model": "llama", "max_tokens": 8,
+                         "messages": [{"role": "user", "content": "q" * 4000 + str(n)}]})
+
+
+def value(registry: CollectorRegistry, name: str, **labels: str) -> float:
+    return registry.get_sample_value(name, labels) or 0.0
+
+
+def test_a_sheddable_request_no_endpoint_can_serve_in_time_is_shed_and_a_critical_one_is_routed():
+    d, _, registry, _ = rig()
+    impossible = {**HDRS, "x-llm-d-slo-ttft-ms": "1"}  # 1 ms: no endpoint is predicted to meet it
+    ex = d.exchange()
+    out = ex.decide({**impossible, "x-llm-d-inference-objective": "batch"}, body(), {})
+    assert out.reject_status == 429 and "sheddable" in out.reject_body and "ttft 1 ms" in out.reject_body
+    assert d.datastore.inflight.view() == {}  # nothing was committed
+    ex = d.exchange()
+    out = ex.decide({**impossible, "x-llm-d-inference-objective": "chat"}, body(), {})
+    assert out.reject_status == 0 and dict(out.set_headers)[DESTINATION]
+    assert value(registry, "pointsman_slo_requests_total", slo="ttft", predicted="missed") == 1
+    ex.close()
+    ex = d.exchange()  # sheddable, but the objective is within reach: routed
+    out = ex.decide({**HDRS, "x-llm-d-slo-ttft-ms": "5000", "x-llm-d-inference-objective": "batch"}, body(), {})
+    assert out.reject_status == 0
+    assert value(registry, "pointsman_slo_requests_total", slo="ttft", predicted="met") == 1
+    ex.close()
+
+
+def test_measured_attainment_comes_from_the_response_path():
+    d, _, registry, clock = rig()
+    hdrs = {**HDRS, "x-llm-d-slo-ttft-ms": "500", "x-llm-d-slo-tpot-ms": "20"}
+    ex = d.exchange()
+    ex.decide(hdrs, body(), {})
+    ex.response_headers({":status": "200", "content-type": "text/event-stream"}, {})
+    clock.t += 0.2  # the first chunk 200 ms after the decision: within 500 ms
+    ex.response_body(b'data: {"choices":[{"delta":{"content":"a"}}]}\n\n', False)
+    clock.t += 0.35  # 7 more tokens in 350 ms: 50 ms per token, over the 20 ms objective
+    usage = b'data: {"choices":[],"usage":{"prompt_tokens":1000,"completion_tokens":8}}\n\ndata: [DONE]\n\n'
+    ex.response_body(usage, True)
+    ex.close()
+    assert value(registry, "pointsman_slo_attained_total", slo="ttft", outcome="met") == 1
+    assert value(registry, "pointsman_slo_attained_total", slo="tpot", outcome="missed") == 1
+    assert value(registry, "inference_objective_request_tpot_slo_violation_total", model_name="llama",
+                 target_model_name="llama") == 1
+    assert value(registry, "inference_objective_request_ttft_seconds_count", model_name="llama",
+                 target_model_name="llama") == 1
