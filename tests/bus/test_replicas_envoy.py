@@ -266,9 +266,11 @@ async def test_killing_a_replica_mid_traffic_loses_only_its_streams_and_leaves_n
         # Envoy's ext_proc failure policy (failure_mode_allow: false, docs/replicas.md): a request whose ext_proc
         # stream breaks gets a 500; the streams open on the killed replica are lost (with any Envoy put on its
         # connection in the instant before the close reached it), and nothing else: Envoy's health check sees the
-        # replica's connection close and sends it no new stream.
+        # replica's connection close and sends it no new stream. The lost ones end when the close reaches Envoy, not
+        # at a timeout: within 2 s of the kill (0.75 s seen when the machine was busy; a hung stream would outlive
+        # the traffic), and every one was sent before the kill.
         assert failed, "no stream was open on the killed replica: the test measured nothing"
-        assert all(st == 500 and t0 < 0.1 and -0.05 < t1 < 0.5 for t0, t1, st in failed), failed
+        assert all(st == 500 and t0 < 0.1 and -0.05 < t1 < 2.0 for t0, t1, st in failed), failed
         assert len(failed) <= 8
         assert ok_after(killed_at) > 20  # the survivor carried on
         views: list[dict[str, int]] = []
