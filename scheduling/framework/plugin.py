@@ -141,6 +141,14 @@ class Filter(Plugin[P]):
         raise NotImplementedError
 
 
+class ZeroScores(list[float]):
+    """A scorer's result that is 0 for every candidate (e.g. the agent-session scorer for a request that names no
+    session): the profile leaves it out of the weighted sum, which is then one pass over fewer lists. Same values
+    as a plain list of zeros; the framework only reads the type."""
+
+    __slots__ = ()
+
+
 class Scorer(Plugin[P]):
     kind: ClassVar[str] = "scorer"
     # True when the formula itself guarantees [0, 1] (checked by property tests): the framework skips clamping.

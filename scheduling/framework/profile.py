@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from scheduling.api import PluginDetail, ProfileResult, SchedulingContext
-from scheduling.framework.plugin import Filter, Picker, Plugin, Scorer, State
+from scheduling.framework.plugin import Filter, Picker, Plugin, Scorer, State, ZeroScores
 from scheduling.types import Endpoint, ErrorCode, SchedulingError
 
 Timer = Callable[[], float]
@@ -92,6 +92,8 @@ class Profile:
 
     def __post_init__(self) -> None:
         self._combine = make_combiner([w for _, w in self.scorers])
+        # Combiners for subsets of the scorers, by the indices of those that did not return ZeroScores.
+        self._partial: dict[tuple[int, ...], Callable[..., list[float]]] = {}
 
     def plugins(self) -> list[Any]:
         return [*self.filters, *(s for s, _ in self.scorers), self.picker]
@@ -141,7 +143,8 @@ class Profile:
         """The weighted sum of every scorer's (clamped) values, per candidate."""
         n = len(cands)
         all_values: list[Sequence[float]] = []
-        for scorer, weight in self.scorers:
+        zero: list[int] | None = None  # indices of scorers that returned ZeroScores (left out of the sum)
+        for i, (scorer, weight) in enumerate(self.scorers):
             if trace is None:
                 values = scorer.score(ctx, cands, state)
             else:
@@ -155,10 +158,21 @@ class Profile:
                     ErrorCode.INTERNAL,
                     f"scorer {scorer.name!r} returned {len(values)} scores for {n} endpoints",
                 )
-            all_values.append(values)
             if trace is not None:
                 trace.scored(scorer, weight, dur, cands, values)
-        return self._combine(*all_values) if all_values else [0.0] * n
+            if type(values) is ZeroScores:
+                (zero if zero is not None else (zero := [])).append(i)
+                continue
+            all_values.append(values)
+        if zero is None:
+            return self._combine(*all_values) if all_values else [0.0] * n
+        if not all_values:
+            return [0.0] * n
+        kept = tuple(i for i in range(len(self.scorers)) if i not in zero)
+        combine = self._partial.get(kept)
+        if combine is None:
+            combine = self._partial[kept] = make_combiner([self.scorers[i][1] for i in kept])
+        return combine(*all_values)
 
     def pick(
         self,

@@ -150,3 +150,28 @@ def test_combiner_is_the_weighted_sum():
     assert make_combiner([2.0])(a) == [0.2, 1.0, 2.0]
     got = make_combiner([2.0, 1.0, 3.0])(a, b, c)
     assert got == pytest.approx([2 * x + y + 3 * z for x, y, z in zip(a, b, c, strict=True)])
+
+
+class Zeros(Scorer):
+    type_name = "zeros-test-scorer"
+
+    def score(self, c, candidates, state):
+        from scheduling.framework.plugin import ZeroScores
+
+        return ZeroScores([0.0] * len(candidates))
+
+
+def test_zero_scores_leave_the_sum_but_not_the_trace():
+    a, b, d = ep(1), ep(2), ep(3)
+    s1 = Fixed({a.key: 0.25, b.key: 0.5, d.key: 1.0}, "s1")
+    s2 = Fixed({a.key: 1.0, b.key: 0.0, d.key: 0.5}, "s2")
+    plain = sched([], [(s1, 2.0), (Recorder(), 3.0), (s2, 1.0)])
+    skipping = sched([], [(s1, 2.0), (Zeros("z"), 3.0), (s2, 1.0)])
+    want = plain.schedule(ctx(req(), [a, b, d], explain=True)).profile_results["default"]
+    for _ in range(2):  # the second pass reuses the combiner built for the scorers that remain
+        got = skipping.schedule(ctx(req(), [a, b, d], explain=True)).profile_results["default"]
+        assert got.totals == want.totals == {a.key: 1.5, b.key: 1.0, d.key: 2.5}
+        assert [x.name for x in got.details if x.kind == "scorer"] == ["s1", "z", "s2"]
+        assert got.details[1].scores == {a.key: 0.0, b.key: 0.0, d.key: 0.0}
+    only = sched([], [(Zeros("z"), 1.0)]).schedule(ctx(req(), [a, b], explain=True))
+    assert only.profile_results["default"].totals == {a.key: 0.0, b.key: 0.0}

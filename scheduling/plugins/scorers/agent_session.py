@@ -48,7 +48,7 @@ from typing import Any
 from scheduling.api import SchedulingContext, SchedulingResult
 from scheduling.framework import BuildContext, Scorer, register
 from scheduling.framework.params import bounded
-from scheduling.framework.plugin import State
+from scheduling.framework.plugin import State, ZeroScores
 from scheduling.framework.replication import Record, drain, is_count
 from scheduling.sessions.table import Session, SessionTable
 from scheduling.sessions.warm import warm_board
@@ -154,13 +154,13 @@ class AgentSessionScorer(Scorer[Params]):
                                   on_drop=self.board.release)
         self.bonus = 1.0 - 1.0 / p.moveFactor
         self.program_bonus = 1.0 - 1.0 / p.programFactor
-        self._zeros: list[float] = []
+        self._zeros = ZeroScores()
         self._outbox: deque[tuple[Record, float]] | None = None  # (record as of its time, that time)
 
-    def _zero(self, n: int) -> list[float]:
+    def _zero(self, n: int) -> ZeroScores:
         z = self._zeros
         if len(z) != n:
-            z = self._zeros = [0.0] * n
+            z = self._zeros = ZeroScores([0.0] * n)
         return z
 
     def view(self, ctx: SchedulingContext, candidates: Sequence[Endpoint]) -> SessionView | None:
