@@ -1,6 +1,6 @@
 """Pointsman's own Prometheus metrics, with the Gateway API Inference Extension (GIE) names.
 
-Request path (`RequestMetrics`, a request observer, calls these):
+Request path (`RequestMetrics`, a request observer in epp/api/request_metrics.py, calls these):
 - inference_objective_request_total{model_name, target_model_name, priority}            counter
 - inference_objective_request_error_total{model_name, target_model_name, error_code}    counter
 - inference_objective_request_duration_seconds{model_name, target_model_name}           histogram
@@ -23,14 +23,14 @@ Flow control (epp.flowcontrol calls these; GIE's names and labels):
 - inference_extension_flow_control_pool_saturation{inference_pool}                       gauge
   (fairness_id: the first 1000 distinct ids, then "other": they come from a client header)
 
-Endpoint health (epp.fleet.passive and the scraper):
+Endpoint health (epp.fleet.passive and the scraper; the gauges in epp/api/metrics_gauges.py):
 - pointsman_endpoint_response_failures_total{endpoint, reason}   failed responses: http_5xx | cut_short | silent
 - pointsman_endpoint_ejections_total{endpoint, source}           times passive health took it out of rotation
 - pointsman_endpoint_state{endpoint, state}                      1 for its state: healthy | out (failed scrapes) |
                                                                  ejected | probing (computed at scrape time)
 - pointsman_endpoint_scrape_failures{endpoint}                   consecutive failed scrapes (computed at scrape time)
 
-Pool gauges, computed from the datastore at scrape time (so never stale):
+Pool gauges, computed from the datastore at scrape time (so never stale; epp/api/metrics_gauges.py):
 - inference_pool_average_kv_cache_utilization{name}, inference_pool_average_queue_size{name},
   inference_pool_ready_pods{name}, inference_pool_per_pod_queue_size{name, model_server_pod}
 
@@ -61,12 +61,13 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.registry import Collector
 
+from epp.api.metrics_gauges import HealthCollector, PoolCollector
+from epp.api.request_metrics import PLUGIN_SAMPLE_EVERY as PLUGIN_SAMPLE_EVERY  # re-exported
+from epp.api.request_metrics import RequestMetrics as RequestMetrics  # re-exported
 from epp.fleet.datastore import Datastore
 
 if TYPE_CHECKING:
     from epp.fleet.passive import PassiveHealth
-    from epp.request.exchange import RequestExchange
-    from epp.request.usage import Usage
 
 log = logging.getLogger(__name__)
 
@@ -79,51 +80,6 @@ SCHEDULER_BUCKETS = (0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.
 FAIRNESS_LABELS = 1000  # distinct fairness ids with their own flow-control series; the rest share "other"
 FLOW_BUCKETS = (0.0001, 0.0005, 0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 PLUGIN_BUCKETS = (0.00001, 0.00002, 0.00005, 0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05)
-
-
-class _PoolCollector(Collector):
-    def __init__(self, datastore: Datastore) -> None:
-        self.datastore = datastore
-
-    def collect(self) -> Iterator[GaugeMetricFamily]:
-        kv = GaugeMetricFamily("inference_pool_average_kv_cache_utilization",
-                               "The average KV cache utilization of the pool's model servers (0-1).", labels=["name"])
-        queue = GaugeMetricFamily("inference_pool_average_queue_size",
-                                  "The average number of waiting requests per model server.", labels=["name"])
-        ready = GaugeMetricFamily("inference_pool_ready_pods", "The number of ready pods in the pool.", labels=["name"])
-        per_pod = GaugeMetricFamily("inference_pool_per_pod_queue_size", "Waiting requests per model server.",
-                                    labels=["name", "model_server_pod"])
-        for name in self.datastore.pool_names():
-            snap = self.datastore.snapshot(name)
-            if snap is None:
-                continue
-            scraped = [e for e in snap.endpoints if e.metrics.updated_at is not None]
-            n = len(scraped)
-            kv.add_metric([name], sum(e.metrics.kv_usage for e in scraped) / n if n else 0.0)
-            queue.add_metric([name], sum(e.metrics.waiting for e in scraped) / n if n else 0.0)
-            ready.add_metric([name], float(len({e.name or e.address for e in snap.endpoints})))
-            for e in scraped:
-                per_pod.add_metric([name, e.name or e.key], float(e.metrics.waiting))
-        yield from (kv, queue, ready, per_pod)
-
-
-class _HealthCollector(Collector):
-    def __init__(self, passive: PassiveHealth) -> None:
-        self.passive = passive
-
-    def collect(self) -> Iterator[GaugeMetricFamily]:
-        state = GaugeMetricFamily("pointsman_endpoint_state", "1 for the endpoint's health state.",
-                                  labels=["endpoint", "state"])
-        scrapes = GaugeMetricFamily("pointsman_endpoint_scrape_failures", "Consecutive failed metrics scrapes.",
-                                    labels=["endpoint"])
-        passive = self.passive
-        scraper = passive.scraper
-        for key in sorted(passive.datastore.members()):
-            state.add_metric([key, passive.view(key)[0]], 1.0)
-            if scraper is not None:
-                scrapes.add_metric([key], float(scraper.failures(key)))
-        yield state
-        yield scrapes
 
 
 class _Fold(Collector):
@@ -195,10 +151,10 @@ class EppMetrics:
         self.endpoint_ejections = Counter("pointsman_endpoint_ejections_total",
                                           "Times an endpoint was taken out of rotation.", ["endpoint", "source"],
                                           registry=r)
-        self._health_collector: _HealthCollector | None = None
+        self._health_collector: HealthCollector | None = None
         self._flow_queued: dict[tuple[str, ...], int] = {}
         self._fairness_ids: set[str] = set()
-        self._pool_collector: _PoolCollector | None = None
+        self._pool_collector: PoolCollector | None = None
         self._children: dict[tuple[int, tuple[str, ...]], MetricWrapperBase] = {}
         if datastore is not None:
             self.bind_datastore(datastore)
@@ -362,7 +318,7 @@ class EppMetrics:
         """Serve the endpoint state gauges from this passive-health tracker (and its scraper)."""
         if self._health_collector is not None:
             self.registry.unregister(self._health_collector)
-        self._health_collector = _HealthCollector(passive)
+        self._health_collector = HealthCollector(passive)
         self.registry.register(self._health_collector)
 
     # ---- pool gauges -------------------------------------------------------------------------------------
@@ -370,61 +326,11 @@ class EppMetrics:
         """Serve the inference_pool_* gauges computed from this datastore at every scrape."""
         if self._pool_collector is not None:
             self.registry.unregister(self._pool_collector)
-        self._pool_collector = _PoolCollector(datastore)
+        self._pool_collector = PoolCollector(datastore)
         self.registry.register(self._pool_collector)
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
-
-
-PLUGIN_SAMPLE_EVERY = 8  # report per-plugin durations for one request in this many
-
-
-class RequestMetrics:
-    """The request path's metrics, as a request observer (epp/request/observe.py) and its own follow.
-
-    Every routed request is counted once when decided and once when its stream closes (so the running gauge
-    returns to zero); every request that never reaches an engine once as an error. Per-plugin latency is
-    sampled: a histogram per plugin per request costs more than the plugins."""
-
-    __slots__ = ("m", "_decisions")
-
-    def __init__(self, metrics: EppMetrics) -> None:
-        self.m = metrics
-        self._decisions = 0
-
-    def decided(self, ex: RequestExchange) -> RequestMetrics:
-        m = self.m
-        req = ex.request
-        assert req is not None
-        m.request_started(req.model, req.target_model, req.priority)
-        result = ex.result
-        if result is not None:
-            m.scheduler_duration(ex.schedule_s)
-            self._decisions += 1
-            if self._decisions % PLUGIN_SAMPLE_EVERY == 0:
-                for pr in result.profile_results.values():
-                    for det in pr.details:
-                        m.plugin_duration(det.kind, det.type, det.name, det.duration_s)
-            if result.decision:
-                m.disagg_decision(req.target_model, result.decision)
-        return self
-
-    def rejected(self, ex: RequestExchange, code: str) -> None:
-        req = ex.request
-        self.m.request_error(req.model if req else "", req.target_model if req else "", code)
-
-    def response_headers(self, ex: RequestExchange, status: int, served: str | None) -> None:
-        pass
-
-    def response_chunk(self, ex: RequestExchange, size: int, end_of_stream: bool) -> None:
-        pass
-
-    def closed(self, ex: RequestExchange, usage: Usage | None) -> None:
-        req = ex.request
-        assert req is not None
-        self.m.request_finished(req.model, req.target_model, ex.d.clock() - ex.started,
-                                usage.prompt_tokens if usage else 0, usage.completion_tokens if usage else 0)
 
 
 async def start_metrics_server(

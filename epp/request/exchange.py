@@ -9,6 +9,7 @@ that never waits is decided synchronously:
     admit     the admitters in order: sheddable saturation, rate limits, budgets (epp/request/admit.py)
     prepare   tokenize, for scheduling configs that read token ids               (epp/tokenize)
     queue     flow control: go now, refused, or held until capacity frees        (epp/flowcontrol)
+              (these three may wait: epp/request/waiting.py, bound as methods)
     schedule  the scheduler picks (commit.py); a sheddable request no endpoint can serve within its SLO is shed; an
               endpoint waiting for its passive-health probe gets this request
     commit    count it in flight, run pre_request, bind the session, tell the observers, build the mutations
@@ -36,27 +37,23 @@ import inspect
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from epp.fleet.datastore import InflightTicket
-from epp.flowcontrol.controller import DROPPED_REASON, fairness_id
 from epp.protocol import Outcome
-from epp.request import respond
+from epp.request import respond, waiting
 from epp.request.admit import Hold
 from epp.request.commit import mutations, mutations_for_provider, schedule, slo_refusal
 from epp.request.director import Director, ShellContext
 from epp.request.early import ready
 from epp.request.observe import Follow
 from epp.request.parsing import api_kind
-from epp.request.resolve import Metadata, find_candidates, resolve
+from epp.request.resolve import Metadata, resolve
 from epp.request.streaming import StreamingBody
 from epp.request.usage import UsageScanner
 from scheduling.api import Scheduler, SchedulingResult
 from scheduling.plugins.scorers.agent_session import session_note
-from scheduling.types import ErrorCode, LLMRequest, SchedulingError
-
-if TYPE_CHECKING:
-    from epp.request.admit import Verdict
+from scheduling.types import LLMRequest, SchedulingError
 
 log = logging.getLogger("epp.director")
 
@@ -181,116 +178,6 @@ class RequestExchange:
         self._pending, self.request = ctx, ctx.request
         return None
 
-    def _admit(self, start: int = 0) -> Step | Awaitable[Step]:
-        admitters = self.d.admitters
-        for i in range(start, len(admitters)):
-            try:
-                verdict = admitters[i].admit(self._pending, self._parsed)
-            except Exception as exc:
-                return self._fail(exc)
-            if inspect.isawaitable(verdict):
-                return self._admit_later(verdict, i)
-            refused = self._take(verdict)
-            if refused is not None:
-                return refused
-        return None
-
-    async def _admit_later(self, pending: Awaitable[Verdict], i: int) -> Step:
-        try:
-            verdict = await pending
-        except asyncio.CancelledError:
-            self._undo_holds()
-            raise
-        except Exception as exc:
-            return self._fail(exc)
-        refused = self._take(verdict)
-        if refused is not None:
-            return refused
-        rest = self._admit(i + 1)
-        return await rest if inspect.isawaitable(rest) else rest
-
-    def _take(self, verdict: Verdict) -> Outcome | None:
-        """Keep an admitter's hold; a refusal gives back what earlier admitters took and is reported."""
-        if verdict is None:
-            return None
-        if isinstance(verdict, Outcome):
-            self._undo_holds()
-            self._rejected(ErrorCode.RESOURCE_EXHAUSTED.value)
-            return self._receipt(verdict)
-        self._holds.append(verdict)
-        return None
-
-    def _prepare(self) -> Step | Awaitable[Step]:
-        tokens = self.d.tokens
-        if tokens is None:
-            return None
-        ctx = self._pending
-        assert ctx is not None
-        try:
-            pending = tokens.prepare(ctx, self.d.scheduler_for(ctx))
-        except Exception as exc:
-            return self._fail(exc)
-        return None if pending is None else self._tokenized(pending)
-
-    async def _tokenized(self, pending: Awaitable[object]) -> Step:
-        try:
-            await pending  # falls back to the approximation rather than failing
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            return self._fail(exc)
-        return None
-
-    def _queue(self) -> Step | Awaitable[Step]:
-        flow = self.d.flow
-        ctx = self._pending
-        assert ctx is not None
-        if flow is None or (ctx.route is not None and ctx.route.provider is not None):
-            return None
-        fid = fairness_id(self.headers)
-        if self.d.sessions is not None:  # per session or program when configured (--flow-fairness-key)
-            fid = self.d.sessions.fairness_id(ctx.request, fid)
-        try:
-            waiting = flow.admit(ctx.pool, fid, ctx.request, self.size, self._dispatch)
-        except Exception as exc:
-            return self._fail(exc)
-        if waiting is None:
-            return None
-        if isinstance(waiting, Outcome):  # refused at once (429)
-            self._undo_holds()
-            self._rejected(ErrorCode.RESOURCE_EXHAUSTED.value)
-            return self._receipt(waiting)
-        waiting.add_done_callback(self._left_queue)
-        return waiting
-
-    def _left_queue(self, waiting: asyncio.Future[Outcome]) -> None:
-        """Flow control's future is done: routed by `_dispatch` (inside the dispatch cycle), evicted, or cancelled
-        because the client went away. (Done callbacks run in the order they were added, so this one runs before
-        the transport resumes.)"""
-        if waiting.cancelled():  # the controller took it out of the queue
-            self._undo_holds()
-            return
-        outcome = waiting.result()
-        if self.ctx is None and any(name == DROPPED_REASON for name, _ in outcome.reject_headers or ()):
-            # Evicted from the queue (its TTL ran out, or shutdown): nothing reached an engine.
-            self._undo_holds()
-            self._rejected(ErrorCode.SERVICE_UNAVAILABLE.value)
-            self._receipt(outcome)  # the same reply object the transport is about to send
-
-    def _dispatch(self) -> Outcome:
-        """A queued request's turn: re-resolve its candidates on the pool as it is now, schedule and commit."""
-        d, ctx = self.d, self._pending
-        assert ctx is not None
-        try:
-            cands = find_candidates(d, self.headers, self.metadata, route=ctx.route, pool=ctx.pool)
-        except SchedulingError as err:
-            return self._refuse(err)
-        self._pending = ShellContext(ctx.request, cands, d.datastore.inflight.view(), d.clock(), route=ctx.route,
-                                     pool=ctx.pool)
-        out = self._run(SCHEDULE_STAGE)
-        assert isinstance(out, Outcome), "schedule and commit never wait"
-        return out
-
     def _schedule(self) -> Step:
         ctx = self._pending
         assert ctx is not None
@@ -391,6 +278,16 @@ class RequestExchange:
 
     def _log_ids(self) -> str:
         return f" decision={self.decision_id}" + (f" trace={t}" if (t := self.trace_id()) else "")
+
+    # ---- the stages that may wait (epp/request/waiting.py; plain functions bound as methods) ----------------------
+    _admit = waiting.admit
+    _admit_later = waiting.admit_later
+    _take = waiting.take
+    _prepare = waiting.prepare
+    _tokenized = waiting.tokenized
+    _queue = waiting.queue
+    _left_queue = waiting.left_queue
+    _dispatch = waiting.dispatch
 
     # ---- reporting and the response (epp/request/respond.py; plain functions bound as methods) ---------------------
     _decided = respond.decided

@@ -10,7 +10,7 @@
 request id), `ex.result` (the scheduler's result, None for a provider), `ex.started` / `ex.clock()` (the director's
 clock), `ex.scanner` (the response's usage scanner), `ex.schedule_s` (scheduling time, 0 for a dry run).
 
-Subscribers: Prometheus metrics (epp/api/metrics.py), the dashboard's decision recorder (epp/api/dashboard),
+Subscribers: Prometheus metrics (epp/api/request_metrics.py), the dashboard's decision recorder (epp/api/dashboard),
 passive health (epp/fleet/passive.py), LLMKube's quarantine (epp/routing/dialects/llmkube/runtime.py); a rate-limit hold is a
 follow too (epp/request/admit.py). A stateless observer returns itself as its follow. The calls come in that order
 per request; the response calls only with Envoy's response phases (with lean phases a follow sees `closed` alone).

@@ -39,16 +39,10 @@ def _parse(kind: ApiKind, body: bytes | StreamingBody) -> ParsedBody:
     return body.finish() if isinstance(body, StreamingBody) else parse_body(kind, body)
 
 
-def resolve(d: Director, headers: Mapping[str, str], body: bytes | StreamingBody | None, metadata: Metadata, *,
-            dry_run: bool = False, early: str | None = None,
-            expected_chars: int = 0) -> tuple[ShellContext, dict[str, Any] | None]:
-    """Parse and resolve; raise SchedulingError for bad input or no candidates.
-
-    `body` None means a body exists but is not visible before the pick: route on headers and load alone. A
-    `StreamingBody` was read as it arrived; with `early` (the model to use, epp/request/early.py) it has not ended:
-    the decision sees the members that have arrived and the prompt's head, and estimates the prompt's length as
-    `expected_chars`."""
-    kind = api_kind(headers)
+def read_body(kind: ApiKind, headers: Mapping[str, str], body: bytes | StreamingBody | None, early: str | None
+              ) -> tuple[dict[str, Any] | None, str, str]:
+    """(the parsed body, its model, its prompt) as far as the decision sees them (see `resolve`); SchedulingError
+    for a body that does not parse or a POST of a known API without one."""
     parsed_body: dict[str, Any] | None = None
     model, prompt = "", ""
     if early is not None and isinstance(body, StreamingBody):
@@ -65,6 +59,20 @@ def resolve(d: Director, headers: Mapping[str, str], body: bytes | StreamingBody
             parsed_body, model, prompt = p.body, p.model, p.prompt
     elif body is not None and kind is not ApiKind.OTHER and headers.get(":method", "POST").upper() == "POST":
         raise SchedulingError(ErrorCode.BAD_REQUEST, f"{kind.value} request has no body")
+    return parsed_body, model, prompt
+
+
+def resolve(d: Director, headers: Mapping[str, str], body: bytes | StreamingBody | None, metadata: Metadata, *,
+            dry_run: bool = False, early: str | None = None,
+            expected_chars: int = 0) -> tuple[ShellContext, dict[str, Any] | None]:
+    """Parse and resolve; raise SchedulingError for bad input or no candidates.
+
+    `body` None means a body exists but is not visible before the pick: route on headers and load alone. A
+    `StreamingBody` was read as it arrived; with `early` (the model to use, epp/request/early.py) it has not ended:
+    the decision sees the members that have arrived and the prompt's head, and estimates the prompt's length as
+    `expected_chars`."""
+    kind = api_kind(headers)
+    parsed_body, model, prompt = read_body(kind, headers, body, early)
     target = model
     # ---- routing layer: route -> rule -> target (a pool to schedule in, or an external provider) ----------
     router = d.router

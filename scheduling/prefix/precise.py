@@ -32,17 +32,18 @@ consecutive blocks it holds in any form. Each matched block counts once, from th
 CPU (events) > speculative; the score weighs GPU and speculative blocks with `gpu_weight`, CPU blocks with
 `cpu_weight`. An endpoint's result is its best rank.
 
+Applying BlockStored / BlockRemoved and the capacity bound are functions in scheduling.prefix.precise_events,
+bound as the index's methods; the layout's building blocks are in scheduling.prefix.precise_layout.
+
 Public API: `PreciseIndex` (store, remove, clear, mark_unknown, set_state, forget, set_capacity,
 add_speculative, expire, match, keys_for, state, states, size, counters) and `EndpointMatch`.
 """
 
 from __future__ import annotations
 
-from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
-import xxhash
-
+from scheduling.prefix import precise_events
 from scheduling.prefix.precise_layout import (
     CPU,
     DEFAULT_CAPACITY,
@@ -60,12 +61,11 @@ from scheduling.prefix.precise_layout import (
     unset,
     walk,
 )
-from scheduling.prefix.token_keys import ROOT, TOKEN_BYTES, chain_keys, extend_chain, pack_tokens, root_key
+from scheduling.prefix.token_keys import ROOT, chain_keys, root_key
 
 __all__ = ["CPU", "DEFAULT_CAPACITY", "GPU", "LIVE", "MALFORMED", "MEDIA", "ORPHAN", "PENDING", "UNKNOWN",
            "EndpointMatch", "PreciseIndex"]
 
-_h = xxhash.xxh3_64_intdigest
 
 class PreciseIndex:
     def __init__(
@@ -179,176 +179,13 @@ class PreciseIndex:
             r = self._roots[lora] = root_key(lora)
         return r
 
-    # ---- engine events ----------------------------------------------------------------------------------
-    def store(
-        self,
-        endpoint: str,
-        rank: int,
-        block_hashes: Sequence[int],
-        parent: int | None,
-        token_ids: Sequence[int],
-        block_size: int,
-        lora: str | None = None,
-        medium: int = GPU,
-    ) -> int:
-        """Apply one BlockStored. Returns the engine blocks newly indexed, or ORPHAN (parent unknown: dropped)
-        or MALFORMED. An event without tokens re-homes already known blocks on `medium` (offloading)."""
-        slot = self._slot(endpoint, rank)
-        n = len(block_hashes)
-        if n == 0:
-            return 0
-        if not token_ids:
-            return self._store_known(slot, block_hashes, medium)
-        emap = slot.maps[medium]
-        if parent is None:
-            pkey, ptail = self._root(lora), b""
-        else:
-            e = emap.get(parent)
-            if e is None:
-                e = slot.maps[1 - medium].get(parent)
-            if e is None:
-                self.counters["orphaned"] += n
-                return ORPHAN
-            pkey, ptail = (e, b"") if isinstance(e, int) else (e[0], e[1])
-        ntok = len(token_ids)
-        if ntok == n * block_size:
-            eb = block_size
-        elif n == 1 or ntok % n == 0:
-            eb = ntok // n
-        else:
-            self.counters["malformed"] += 1
-            return MALFORMED
-        data = pack_tokens(token_ids)
-        if not ptail and eb == self.block_size:
-            new = self._store_aligned(slot, medium, block_hashes, pkey, data)
-        else:
-            new = self._store_general(slot, medium, block_hashes, pkey, ptail, data, eb)
-        cap = self._caps.get(endpoint, self.capacity)
-        if len(emap) > cap:
-            self._trim(slot, medium, cap)
-        order = slot.orders[medium]
-        if len(order) > 2 * len(emap) + 64:
-            slot.orders[medium] = deque(emap)
-        return new
-
-    def _store_aligned(self, slot: Slot, medium: int, hashes: Sequence[int], prev: int, data: bytes) -> int:
-        emap = slot.maps[medium]
-        order = slot.orders[medium]
-        bit = slot.bits[medium]
-        m = self._map
-        get = m.get
-        h = _h
-        step = self.block_size * TOKEN_BYTES
-        spec = self._spec.get(slot.endpoint)
-        new = 0
-        pos = 0
-        for eh in hashes:
-            prev = h(prev.to_bytes(8, "little") + data[pos : pos + step])
-            pos += step
-            if eh in emap:
-                dups = slot.dups[medium]
-                dups[eh] = dups.get(eh, 0) + 1
-                self.counters["duplicates"] += 1
-                continue
-            emap[eh] = prev
-            order.append(eh)
-            v = get(prev)
-            m[prev] = bit if v is None else v | bit
-            new += 1
-            if spec and prev in spec:
-                self._confirm(slot.endpoint, prev)
-        self.counters["stored"] += new
-        return new
-
-    def _store_general(
-        self, slot: Slot, medium: int, hashes: Sequence[int], pkey: int, tail: bytes, data: bytes, eb: int
-    ) -> int:
-        emap = slot.maps[medium]
-        order = slot.orders[medium]
-        bit = slot.bits[medium]
-        m = self._map
-        spec = self._spec.get(slot.endpoint)
-        step = eb * TOKEN_BYTES
-        new = 0
-        for i, eh in enumerate(hashes):
-            keys, pkey, tail = extend_chain(pkey, tail, data[i * step : (i + 1) * step], self.block_size)
-            if eh in emap:
-                dups = slot.dups[medium]
-                dups[eh] = dups.get(eh, 0) + 1
-                self.counters["duplicates"] += 1
-                continue
-            emap[eh] = keys[0] if (len(keys) == 1 and not tail) else (pkey, tail, tuple(keys))
-            order.append(eh)
-            for k in keys:
-                v = m.get(k)
-                m[k] = bit if v is None else v | bit
-                if spec and k in spec:
-                    self._confirm(slot.endpoint, k)
-            new += 1
-        self.counters["stored"] += new
-        return new
-
-    def _store_known(self, slot: Slot, hashes: Sequence[int], medium: int) -> int:
-        """BlockStored without tokens (a tier update): copy known blocks' entries to `medium`."""
-        emap, other = slot.maps[medium], slot.maps[1 - medium]
-        bit = slot.bits[medium]
-        m = self._map
-        new = 0
-        for eh in hashes:
-            e = other.get(eh)
-            if e is None or eh in emap:
-                continue
-            emap[eh] = e
-            slot.orders[medium].append(eh)
-            for k in (e,) if isinstance(e, int) else e[2]:
-                m[k] = m.get(k, 0) | bit
-            new += 1
-        self.counters["stored"] += new
-        return new
-
-    def remove(self, endpoint: str, rank: int, block_hashes: Iterable[int], medium: int = GPU) -> int:
-        """Apply one BlockRemoved. Returns the engine blocks dropped."""
-        slot = self._by.get((endpoint, rank))
-        if slot is None:
-            return 0
-        emap = slot.maps[medium]
-        dups = slot.dups[medium]
-        bit = slot.bits[medium]
-        removed = 0
-        unknown = 0
-        for eh in block_hashes:
-            if dups and eh in dups:
-                c = dups[eh] - 1
-                if c:
-                    dups[eh] = c
-                else:
-                    del dups[eh]
-                continue
-            e = emap.pop(eh, None)
-            if e is None:
-                unknown += 1
-                continue
-            unset(self._map, e, bit)
-            removed += 1
-        self.counters["removed"] += removed
-        self.counters["unknown_removals"] += unknown
-        return removed
-
-    def _trim(self, slot: Slot, medium: int, cap: int) -> None:
-        emap = slot.maps[medium]
-        order = slot.orders[medium]
-        dups = slot.dups[medium]
-        bit = slot.bits[medium]
-        evicted = 0
-        while len(emap) > cap and order:
-            eh = order.popleft()
-            e = emap.pop(eh, None)
-            if e is None:
-                continue
-            dups.pop(eh, None)
-            unset(self._map, e, bit)
-            evicted += 1
-        self.counters["evicted"] += evicted
+    # ---- engine events (scheduling/prefix/precise_events.py; functions bound as methods) ----------------------
+    store = precise_events.store
+    _store_aligned = precise_events.store_aligned
+    _store_general = precise_events.store_general
+    _store_known = precise_events.store_known
+    remove = precise_events.remove
+    _trim = precise_events.trim
 
     def _empty(self, slot: Slot) -> None:
         for medium in (GPU, CPU):

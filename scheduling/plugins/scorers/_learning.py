@@ -1,7 +1,7 @@
 """What the estimated-latency scorer learns from the engines and what it shows of it: the engine-metrics hook
 (fitted timings, scheduling/plugins/scorers/_timings.py; prefix trust, _trust.py), the timings it uses per endpoint,
-the per-endpoint view for explain and `epp endpoints`, and the TTFT / TPOT prediction for SLO-aware picks. Functions
-of the scorer, kept apart from its scoring pass."""
+the per-endpoint view for explain and `epp endpoints`, the TTFT / TPOT prediction for SLO-aware picks, and the
+`predicted` duration for reports. Functions of the scorer, kept apart from its scoring pass."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from scheduling.api import SchedulingContext
+from scheduling.framework.plugin import State
+from scheduling.plugins.scorers._calibration import _INPUTS, _PRED, output_tokens
 from scheduling.plugins.scorers._trust import EndpointModel, TrustView
 from scheduling.prefix.precise import LIVE
 from scheduling.types import Endpoint
@@ -95,3 +97,23 @@ def predict(s: EstimatedLatencyScorer, ctx: SchedulingContext, candidates: list[
         wait = (n - s1) * s._duration.get(key, p.initialRequestSeconds) / p.maxNumSeqs if n > s1 else 0.0
         out.append(((o + (beta * backlog + uncached) * per) * slow + wait, itl * slow))
     return out
+
+
+def predicted(s: EstimatedLatencyScorer, ctx: SchedulingContext, state: State, key: str) -> float | None:
+    """The request's predicted duration on `key` (seconds: TTFT after the backlog and the wait for a slot, plus
+    the whole decode at the predicted TPOT) from the timings scoring used for it (engine, pool or reference:
+    `timings_of`), as modelled by the scoring pass that left `state`; None when that pass did not model `key`.
+    For reports (the shell's shadow profiles): the pick uses `score`, and this recomputes one endpoint's model
+    only when asked."""
+    pred: tuple[list[Endpoint], list[int]] | None = state.get(_PRED)
+    inputs: tuple[float, dict[str, float], float] | None = state.get(_INPUTS)
+    if pred is None or inputs is None:
+        return None
+    candidates, ns = pred
+    i = next((j for j, e in enumerate(candidates) if e.key == key), -1)
+    if i < 0:
+        return None
+    tokens, cached, _ = inputs
+    ((ttft, tpot),) = predict(s, ctx, [candidates[i]], [ns[i]], tokens, cached)
+    return float(ttft + tpot * output_tokens(ctx.request.body, s.params.defaultOutputTokens))
+

@@ -24,9 +24,9 @@ affinity and load are traded in one currency (seconds) instead of by hand-tuned 
     cost(e)        = ttft(e) + decodeWeight × decode(e) + evict(e)
     score(e)       = min over candidates of cost / cost(e)                (the best endpoint scores 1)
 
-Calibration (calibrate, on by default): the timing parameters describe a reference engine, and the engines behind a
-pool are faster or slower. Every modelled time (overhead, prefill per token, inter-token time, the backlog's drain)
-is multiplied by k(e), learnt from the requests that finish on e:
+Calibration (calibrate, on by default; scheduling/plugins/scorers/_calibration.py): the timing parameters describe a
+reference engine, and the engines behind a pool are faster or slower. Every modelled time (overhead, prefill per
+token, inter-token time, the backlog's drain) is multiplied by k(e), learnt from the requests that finish on e:
     sample = (observed duration − wait(e) at the pick) / ((overhead + (backlog + uncached) × prefillSecondsPerToken
               + outputTokens × interTokenSeconds) × slowdown(e))        clamped to [0.02, 50]
     k(e)   ← EWMA of the samples (calibrationAlpha, 0.05); an endpoint without samples uses the pool-wide EWMA k
@@ -68,18 +68,19 @@ max-num-seqs 16, 12 ms per output token); set them in wall-clock seconds for the
 
 from __future__ import annotations
 
-import math
 from collections import deque
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
-from scheduling.api import NO_LOAD, SchedulingContext, SchedulingResult
+from scheduling.api import NO_LOAD, SchedulingContext
 from scheduling.framework import BuildContext, Scorer, register
 from scheduling.framework.params import bounded
 from scheduling.framework.plugin import State
 from scheduling.framework.replication import Record, drain
+from scheduling.plugins.scorers import _calibration, _learning
 from scheduling.plugins.scorers._backlog import SharedBacklog
+from scheduling.plugins.scorers._calibration import _INPUTS, _PRED, output_tokens
 from scheduling.plugins.scorers._learning import (
     endpoint_model,
     engine_metrics,
@@ -89,7 +90,7 @@ from scheduling.plugins.scorers._learning import (
 )
 from scheduling.plugins.scorers._slo import PREDICTED, slo_scores
 from scheduling.plugins.scorers._slo import predictions as predictions  # for explain
-from scheduling.plugins.scorers._timing_table import BACKLOG_WEIGHT_RANGE, EngineTimingTable
+from scheduling.plugins.scorers._timing_table import EngineTimingTable
 from scheduling.plugins.scorers._timings import Timings
 from scheduling.plugins.scorers._trust import EndpointModel, TrustTable, TrustView
 from scheduling.prefix import PrefixReader
@@ -98,8 +99,6 @@ from scheduling.prefix.precise_data import EVENTS, PreciseReader, PrefixHit, pre
 from scheduling.sessions.warm import warm_board
 from scheduling.slo import slo_from_headers
 from scheduling.types import Endpoint
-
-_START = "estimated-latency.start"
 
 
 @dataclass(frozen=True)
@@ -129,24 +128,8 @@ class Params:
     prefixSource: Literal["approximate", "precise"] = "approximate"
 
 
-CALIBRATION_RANGE = (0.02, 50.0)
-PRUNE_EVERY = 256  # picks between two sweeps of drained backlogs (a power of two)
 SLOW_TABLE = 4096  # slowdown values precomputed per n (maxNumSeqs beyond this computes the rest per endpoint)
 MAX_OUTBOX = 4096  # finished requests kept for the bus between two exports
-MIN_BACKLOG_SHARE = 0.1  # a finished request teaches the backlog's weight when it was this much of its model
-_PRED = "estimated-latency.pred"  # (candidates, n per candidate) of the last scoring pass
-_INPUTS = "estimated-latency.inputs"  # (prompt tokens, endpoint -> cached tokens, now) of that pass, for `predicted`
-_CHOSEN = "estimated-latency.chosen"  # (modelled prefill, D(e)) of the pick, from pre_request
-
-
-def output_tokens(body: Mapping[str, Any] | None, default: int) -> int:
-    """The request's own output budget, when it states one."""
-    if body:
-        for key in ("max_completion_tokens", "max_tokens", "max_output_tokens"):
-            v = body.get(key)
-            if isinstance(v, int) and v > 0:
-                return v
-    return default
 
 
 @register("estimated-latency-scorer")
@@ -352,114 +335,13 @@ class EstimatedLatencyScorer(PreciseReader[Params], PrefixReader[Params], Scorer
             return relative(costs)
         return slo_scores(slo, candidates, costs, predicted, p.sloHeadroom, state)
 
-    def pre_request(self, ctx: SchedulingContext, result: SchedulingResult, state: State) -> None:
-        if not result.targets:
-            return
-        chosen = result.targets[0]
-        now = ctx.now
-        tokens, cached, _ = self._cached(ctx, state, [chosen])
-        predicted = cached.get(chosen.key, 0.0)
-        p = self.params
-        if p.prefixTrust:
-            self.trust.sent(chosen.key, tokens, predicted, now)
-        uncached = max(0.0, tokens - predicted * self.trust.belief.get(chosen.key, 1.0))
-        rate = self._drain_rate(chosen.key)
-        # What the calibration needs of the pick, as the decision saw it (before this request's own prefill joins
-        # the backlog): its modelled prefill and decode on the base timings (fitted, else the reference), which of
-        # the two, and the endpoint's D(e).
-        fitted = self.timings.fitted(chosen.key) if p.fitEngineTimings else None
-        base = fitted or Timings(p.overheadSeconds, p.prefillSecondsPerToken, p.interTokenSeconds)
-        backlog = self._backlog.total(chosen.key, now, rate)
-        if fitted is None:
-            prefill = base.overhead + (backlog + uncached) * base.prefill_per_token
-            queued = 0.0
-        else:  # on fitted timings the sample is the backlog's weight: its modelled time apart
-            prefill = base.overhead + uncached * base.prefill_per_token
-            queued = backlog * base.prefill_per_token
-        state[_CHOSEN] = (prefill, self._duration.get(chosen.key, p.initialRequestSeconds), base.inter_token,
-                          queued if fitted is not None else None)
-        self._backlog.add(chosen.key, uncached, now, rate)
-        state[_START] = now
-        self._picks += 1
-        if not self._picks & (PRUNE_EVERY - 1):
-            self._backlog.drop_drained(now, self._drain_rate)
-
-    def response_complete(self, ctx: SchedulingContext, result: SchedulingResult, state: State) -> None:
-        start = state.get(_START)
-        if start is None or not result.targets:
-            return
-        key = result.targets[0].key
-        seconds = max(0.0, ctx.now - start)
-        sample = self._sample(ctx, key, seconds, state) if self.params.calibrate else None
-        chosen = state.get(_CHOSEN)
-        on_fit = chosen is not None and chosen[3] is not None
-        self._learn(key, seconds, sample, on_fit)
-        if self._outbox is not None:
-            self._outbox.append([key, seconds, -1.0 if sample is None else sample])
-
-    def _learn(self, key: str, seconds: float, sample: float | None, on_fit: bool | None = None) -> None:
-        """One finished request on `key` (here or at a peer): its duration, and its calibration sample, taken on
-        the fitted timings (`on_fit`; None: whatever this scorer has for `key` now) or on the reference's."""
-        a = self.params.durationEwmaAlpha
-        prev = self._duration.get(key)
-        self._duration[key] = seconds if prev is None else (1 - a) * prev + a * seconds
-        if sample is None:
-            return
-        if on_fit is None:
-            on_fit = self.timings.fitted(key) is not None
-        if on_fit:
-            self.timings.learn(key, sample)
-            return
-        a = self.params.calibrationAlpha
-        self._scale[key] = (1 - a) * self._scale.get(key, self.pool_scale) + a * sample
-        self.pool_scale = (1 - a) * self.pool_scale + a * sample
-
-    def _sample(self, ctx: SchedulingContext, key: str, seconds: float, state: State) -> float | None:
-        """(observed − wait) / model for the request that ran on `key`, from what the decision saw: n(e) from the
-        scoring pass, the modelled prefill and D(e) from pre_request."""
-        pred: tuple[list[Endpoint], list[int]] | None = state.get(_PRED)
-        chosen: tuple[float, float, float, float | None] | None = state.get(_CHOSEN)
-        if pred is None or chosen is None:
-            return None
-        candidates, ns = pred
-        i = next((j for j, e in enumerate(candidates) if e.key == key), -1)
-        if i < 0:
-            return None
-        p = self.params
-        s1 = p.maxNumSeqs - 1
-        n = ns[i]
-        prefill, duration, inter_token, queued = chosen
-        full_decode = inter_token * output_tokens(ctx.request.body, p.defaultOutputTokens)
-        slow = self.slowdown(n)
-        model = (prefill + full_decode) * slow
-        wait = (n - s1) * duration / p.maxNumSeqs if n > s1 else 0.0
-        if queued is not None:  # fitted timings: the weight of the backlog (EngineTimingTable)
-            if queued * slow < MIN_BACKLOG_SHARE * model:
-                return None  # too little backlog to tell its weight
-            lo, hi = BACKLOG_WEIGHT_RANGE
-            return min(hi, max(lo, (seconds - wait - model) / (queued * slow)))
-        if model <= 0.0:
-            return None
-        lo, hi = CALIBRATION_RANGE
-        return min(hi, max(lo, (seconds - wait) / model))
-
-    def predicted(self, ctx: SchedulingContext, state: State, key: str) -> float | None:
-        """The request's predicted duration on `key` (seconds: TTFT after the backlog and the wait for a slot, plus
-        the whole decode at the predicted TPOT) from the timings scoring used for it (engine, pool or reference:
-        `timings_of`), as modelled by the scoring pass that left `state`; None when that pass did not model `key`.
-        For reports (the shell's shadow profiles): the pick uses `score`, and this recomputes one endpoint's model
-        only when asked."""
-        pred: tuple[list[Endpoint], list[int]] | None = state.get(_PRED)
-        inputs: tuple[float, dict[str, float], float] | None = state.get(_INPUTS)
-        if pred is None or inputs is None:
-            return None
-        candidates, ns = pred
-        i = next((j for j, e in enumerate(candidates) if e.key == key), -1)
-        if i < 0:
-            return None
-        tokens, cached, _ = inputs
-        ((ttft, tpot),) = predict(self, ctx, [candidates[i]], [ns[i]], tokens, cached)
-        return float(ttft + tpot * output_tokens(ctx.request.body, self.params.defaultOutputTokens))
+    # ---- what it learns from its picks (scheduling/plugins/scorers/_calibration.py; functions bound as methods) ---
+    pre_request = _calibration.pre_request
+    response_complete = _calibration.response_complete
+    _learn = _calibration.learn
+    _sample = _calibration.calibration_sample
+    # the request's predicted duration on one endpoint, for reports (scheduling/plugins/scorers/_learning.py)
+    predicted = _learning.predicted
 
     def endpoint_removed(self, key: str) -> None:
         self._backlog.forget(key)
@@ -490,29 +372,9 @@ class EstimatedLatencyScorer(PreciseReader[Params], PrefixReader[Params], Scorer
         """[endpoint, seconds, calibration sample or -1] per request that finished here since the last call."""
         return drain(self._outbox)
 
-    def snapshot_records(self, now: float) -> list[Record]:
-        """What was learnt so far, for a peer that joins: [endpoint, D(e), k(e) or -1, 1]."""
-        out: list[Record] = [[key, d, self._scale.get(key, -1.0), 1] for key, d in self._duration.items()]
-        return out
-
-    def apply_records(self, peer: str, records: Sequence[Record], now: float) -> int:
-        """A peer's finished requests teach this scorer as its own do (so every replica calibrates on all of
-        them); a snapshot fills in only what this scorer has not learnt itself."""
-        bad = 0
-        lo, hi = CALIBRATION_RANGE
-        for rec in records:
-            if not (3 <= len(rec) <= 4 and all(_finite(v) for v in rec[1:]) and 0.0 <= rec[1] < 1e6
-                    and (rec[2] == -1.0 or 0.0 <= rec[2] <= hi)):
-                bad += 1
-                continue
-            key, seconds, sample = rec[0], float(rec[1]), None if rec[2] == -1.0 else float(rec[2])
-            if len(rec) == 3:
-                self._learn(key, seconds, sample)
-            elif key not in self._duration:
-                self._duration[key] = seconds
-                if sample is not None and key not in self._scale:
-                    self._scale[key] = sample
-        return bad
+    # what finished requests taught, to and from peers (scheduling/plugins/scorers/_calibration.py)
+    snapshot_records = _calibration.snapshot_records
+    apply_records = _calibration.apply_records
 
 
 def relative(costs: list[float]) -> list[float]:
@@ -522,6 +384,3 @@ def relative(costs: list[float]) -> list[float]:
         return [1.0 if c <= 0.0 else 0.0 for c in costs]
     return [best / c for c in costs]
 
-
-def _finite(v: object) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)

@@ -1,0 +1,60 @@
+"""The request path's Prometheus metrics as a request observer (`RequestMetrics`, epp/request/observe.py): it
+reports each request's start, error and end to `epp.api.metrics.EppMetrics`, which holds the series."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from epp.api.metrics import EppMetrics
+    from epp.request.exchange import RequestExchange
+    from epp.request.usage import Usage
+
+PLUGIN_SAMPLE_EVERY = 8  # report per-plugin durations for one request in this many
+
+
+class RequestMetrics:
+    """The request path's metrics, as a request observer (epp/request/observe.py) and its own follow.
+
+    Every routed request is counted once when decided and once when its stream closes (so the running gauge
+    returns to zero); every request that never reaches an engine once as an error. Per-plugin latency is
+    sampled: a histogram per plugin per request costs more than the plugins."""
+
+    __slots__ = ("m", "_decisions")
+
+    def __init__(self, metrics: EppMetrics) -> None:
+        self.m = metrics
+        self._decisions = 0
+
+    def decided(self, ex: RequestExchange) -> RequestMetrics:
+        m = self.m
+        req = ex.request
+        assert req is not None
+        m.request_started(req.model, req.target_model, req.priority)
+        result = ex.result
+        if result is not None:
+            m.scheduler_duration(ex.schedule_s)
+            self._decisions += 1
+            if self._decisions % PLUGIN_SAMPLE_EVERY == 0:
+                for pr in result.profile_results.values():
+                    for det in pr.details:
+                        m.plugin_duration(det.kind, det.type, det.name, det.duration_s)
+            if result.decision:
+                m.disagg_decision(req.target_model, result.decision)
+        return self
+
+    def rejected(self, ex: RequestExchange, code: str) -> None:
+        req = ex.request
+        self.m.request_error(req.model if req else "", req.target_model if req else "", code)
+
+    def response_headers(self, ex: RequestExchange, status: int, served: str | None) -> None:
+        pass
+
+    def response_chunk(self, ex: RequestExchange, size: int, end_of_stream: bool) -> None:
+        pass
+
+    def closed(self, ex: RequestExchange, usage: Usage | None) -> None:
+        req = ex.request
+        assert req is not None
+        self.m.request_finished(req.model, req.target_model, ex.d.clock() - ex.started,
+                                usage.prompt_tokens if usage else 0, usage.completion_tokens if usage else 0)
