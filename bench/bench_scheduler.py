@@ -16,6 +16,7 @@
    endpoints), then again after inserting as many blocks again: a bounded index does not grow.
 
     python bench/bench_scheduler.py [--quick] [--skip-memory] [--cpu-clock] [--busy] [--endpoints 8,64,512,2048]
+        [--profile NAME=FILE ...]   (more configs timed in the same interleaved run)
 
 Use --cpu-clock (the thread CPU clock) on a shared machine: it does not count time the thread spent descheduled.
 """
@@ -161,7 +162,14 @@ def main() -> None:
     )
     ap.add_argument("--busy", action="store_true", help="a busy pool: in-flight requests, learnt state, backlogs")
     ap.add_argument("--endpoints", default="8,64,512,2048", help="comma-separated pool sizes (default %(default)s)")
+    ap.add_argument("--profile", action="append", default=[], metavar="NAME=FILE",
+                    help="also time this config in the same interleaved run (repeatable; rows after the table)")
     args = ap.parse_args()
+    for spec in args.profile:
+        name, _, path = spec.partition("=")
+        if not name or not path or name in PROFILES:
+            ap.error(f"--profile {spec!r}: expected NAME=FILE with a new NAME")
+        PROFILES[name] = Path(path)
     sizes = [int(s) for s in args.endpoints.split(",") if s]
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     print(
@@ -176,11 +184,17 @@ def main() -> None:
     )
     print("|---:|---:|---:|---:|---:|---:|---:|---:|")
     clock = time.thread_time_ns if args.cpu_clock else time.perf_counter_ns
+    extra: list[str] = []
     for n in sizes:
         iters = ITERS.get(n, 400) // (4 if args.quick else 1)
         got = bench_decisions(n, iters, clock, args.busy)
         (d, d10, dp), (g, g10, gp) = got["default"], got["GIE"]
         print(f"| {n} | {d:.1f} | {g:.1f} | {d / g:.2f}x | {d10:.1f} | {g10:.1f} | {dp:.1f} | {gp:.1f} |", flush=True)
+        extra += [f"| {n} | {name} | {v[0]:.1f} | {v[0] / g:.2f}x | {v[2]:.1f} |"
+                  for name, v in got.items() if name not in ("default", "GIE")]
+    if extra:
+        print("\n| endpoints | profile | schedule() µs | vs GIE | pre_request() µs |\n|---:|---|---:|---:|---:|")
+        print("\n".join(extra))
     if args.skip_memory:
         return
     n_ep = 64 if args.quick else 512
