@@ -48,17 +48,18 @@ restart) start the differences over and keep the estimates. Bounded: a few float
 whatever the traffic. Decaying: every weight halves each `half_life` seconds, and the total weight is capped, so an
 engine that changes speed is relearnt within about a half-life.
 
-Pure and deterministic: time comes from the metrics' own timestamps.
+Pure and deterministic: time comes from the metrics' own timestamps. The differences between two scrapes and the ring
+of past scrapes' counters are in _timing_scrapes.py.
 """
 
 from __future__ import annotations
 
-import math
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from scheduling.types import EngineTotals, Totals
+from scheduling.plugins.scorers._timing_scrapes import CounterRing, delta, quantile, went_back
+from scheduling.types import EngineTotals
 
 MIN_REQUESTS = 16  # requests per prefill point (longer windows: fewer requests misattributed at their edges)
 FIRST_REQUESTS = 4  # for the first points: a quick first scale, which later points outweigh
@@ -74,7 +75,6 @@ MIN_SLOPE_POINTS = 3.0  # the slope stays the reference's until the slope points
 SLOPE_GROUP = 3  # consecutive full windows per slope point
 HALF_LIFE_S = 60.0
 MIN_ITL_TOKENS = 8.0  # decode timing used once this many tokens were seen
-RING = 256  # scrapes of counters kept to align them with the first tokens (~13 s at 50 ms)
 WINDOWS = 16  # pooled windows waiting for their counters (SGLang's tick after the requests end)
 
 
@@ -102,46 +102,6 @@ class FitView:
     ttft_p90: float | None
 
 
-def _delta(new: Totals | None, old: Totals | None) -> tuple[float, float] | None:
-    if new is None or old is None:
-        return None
-    return new[0] - old[0], new[1] - old[1]
-
-
-def _went_back(new: EngineTotals, old: EngineTotals) -> bool:
-    for a, b in ((new.ttft, old.ttft), (new.itl, old.itl), (new.prefill, old.prefill), (new.queue, old.queue)):
-        if a is not None and b is not None and a[1] < b[1]:
-            return True
-    for x, y in ((new.prompt_tokens, old.prompt_tokens), (new.cached_tokens, old.cached_tokens),
-                 (new.requests, old.requests)):
-        if x is not None and y is not None and x < y:
-            return True
-    return False
-
-
-def quantile(new: tuple[tuple[float, float], ...], old: tuple[tuple[float, float], ...], q: float
-             ) -> float | None:
-    """The q-quantile of the observations between two cumulative bucket readings (linear within a bucket)."""
-    if not new:
-        return None
-    before = dict(old)
-    counts = [(le, c - before.get(le, 0.0)) for le, c in new]
-    total = counts[-1][1]
-    if total <= 0:
-        return None
-    rank = q * total
-    lo = 0.0
-    prev = 0.0
-    for le, c in counts:
-        if c >= rank:
-            if math.isinf(le):
-                return lo
-            span = c - prev
-            return lo + (le - lo) * ((rank - prev) / span if span > 0 else 1.0)
-        lo, prev = le, c
-    return lo
-
-
 class EndpointFit:
     """One endpoint's fit (see the module docstring)."""
 
@@ -161,9 +121,7 @@ class EndpointFit:
         self.p_n = self.p_sum = self.p_load = self.p_dt = 0.0
         self.p_since: float | None = None
         self.p_queued = False  # requests waited in the engine's queue during the window
-        # per scrape: (time, then cumulative uncached prompt tokens, requests, generated tokens, prefill seconds,
-        # prefill count, decode seconds, decode count)
-        self.ring: deque[tuple[float, ...]] = deque(maxlen=RING)
+        self.ring = CounterRing()  # past scrapes' counters, to read them when they count a window's requests
         # pooled windows waiting for their counters: (start, end, first tokens, TTFT − queue seconds, mean running,
         # whether requests waited in the engine's queue meanwhile)
         self.windows: deque[Window] = deque(maxlen=WINDOWS)
@@ -189,13 +147,13 @@ class EndpointFit:
         self.prev = totals
         prev_running, prev_at = self.prev_running, self.prev_at
         self.prev_running, self.prev_at = running, now
-        if prev is not None and _went_back(totals, prev):
+        if prev is not None and went_back(totals, prev):
             self.ring.clear()  # an engine restart: the counters start over, the timings stay
             self.windows.clear()
             self.p_n = self.p_sum = self.p_load = self.p_dt = 0.0
             self.p_since = None
             prev = None
-        self._remember(totals, now)
+        self.ring.remember(totals, now)
         if prev is None or now <= prev_at:
             return False
         load = 0.5 * (running + prev_running)  # the batch over the interval
@@ -204,45 +162,8 @@ class EndpointFit:
         self._pool(totals, prev, load, now - prev_at, now, waiting > 0)
         return self._resolve(totals, now) or changed
 
-    def _remember(self, t: EngineTotals, now: float) -> None:
-        if t.prompt_tokens is None:
-            return
-        ring = self.ring
-        if ring and ring[-1][0] >= now:
-            return
-        pre = t.prefill or (0.0, 0.0)
-        dec = t.decode or (0.0, 0.0)
-        ring.append((now, t.prompt_tokens - (t.cached_tokens or 0.0), t.requests or 0.0, t.generation_tokens or 0.0,
-                     pre[0], pre[1], dec[0], dec[1]))
-
-    def _at(self, when: float) -> tuple[float, ...] | None:
-        """The cumulative counters (uncached tokens, requests, generated tokens, prefill seconds and count, decode
-        seconds and count) interpolated at `when`, if the ring covers it."""
-        ring = self.ring
-        if not ring or when < ring[0][0] or when > ring[-1][0]:
-            return None
-        hi = len(ring) - 1
-        while hi > 0 and ring[hi - 1][0] >= when:
-            hi -= 1
-        b = ring[hi]
-        if hi == 0 or b[0] == when:
-            return b[1:]
-        a = ring[hi - 1]
-        f = (when - a[0]) / (b[0] - a[0])
-        return tuple(x + f * (y - x) for x, y in zip(a[1:], b[1:], strict=True))
-
-    def _decode_time(self) -> float | None:
-        """The mean time from first to last token of the requests that ended over the ring (vLLM's decode
-        histogram): how long after its first token a request's end-of-request histograms count it."""
-        ring = self.ring
-        if len(ring) < 2:
-            return None
-        a, b = ring[0], ring[-1]
-        n = b[7] - a[7]
-        return (b[6] - a[6]) / n if n > 0 else None
-
     def _decode(self, new: EngineTotals, old: EngineTotals, load: float, now: float) -> bool:
-        d = _delta(new.itl, old.itl)
+        d = delta(new.itl, old.itl)
         if d is None or d[1] <= 0 or d[0] < 0:
             return False
         self.itl_raw = d[0] / d[1]
@@ -261,7 +182,7 @@ class EndpointFit:
         return True
 
     def _ttft(self, new: EngineTotals, old: EngineTotals) -> None:
-        d = _delta(new.ttft, old.ttft)
+        d = delta(new.ttft, old.ttft)
         if d is None or d[1] <= 0:
             return
         self.ttft_mean = d[0] / d[1]
@@ -269,7 +190,7 @@ class EndpointFit:
 
     def _pool(self, new: EngineTotals, old: EngineTotals, load: float, dt: float, now: float, queued: bool) -> None:
         """Add the interval's first tokens to the window being pooled; close it when it has enough."""
-        ttft, queue = _delta(new.ttft, old.ttft), _delta(new.queue, old.queue)
+        ttft, queue = delta(new.ttft, old.ttft), delta(new.queue, old.queue)
         if ttft is None:
             return
         if self.p_since is None:
@@ -340,19 +261,19 @@ class EndpointFit:
         if not queued:
             prefill = seconds / n
         elif totals.prefill is not None:
-            decode = self._decode_time()
+            decode = self.ring.decode_time()
             if decode is None:
                 return ()
             if end + decode > now:
                 return None
-            a, b = self._at(start + decode), self._at(end + decode)
+            a, b = self.ring.at(start + decode), self.ring.at(end + decode)
             if a is None or b is None or b[4] - a[4] <= 0:
                 return ()
             prefill = (b[3] - a[3]) / (b[4] - a[4])
         else:
             return ()
         if totals.counted_at == "end":  # counted when the requests end: one decode after their first token
-            a, b = self._at(start), self._at(end)
+            a, b = self.ring.at(start), self.ring.at(end)
             lag = 0.0
             if a is not None and b is not None and b[1] > a[1] and self.itl_raw is not None:
                 lag = (b[2] - a[2]) / (b[1] - a[1]) * self.itl_raw
@@ -360,7 +281,7 @@ class EndpointFit:
             lag = -prefill
         if end + lag > now:
             return None
-        a, b = self._at(start + lag), self._at(end + lag)
+        a, b = self.ring.at(start + lag), self.ring.at(end + lag)
         if a is None or b is None:
             return ()
         requests = (b[1] - a[1]) if totals.counted_at == "end" else n
