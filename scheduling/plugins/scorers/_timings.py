@@ -48,8 +48,9 @@ restart) start the differences over and keep the estimates. Bounded: a few float
 whatever the traffic. Decaying: every weight halves each `half_life` seconds, and the total weight is capped, so an
 engine that changes speed is relearnt within about a half-life.
 
-Pure and deterministic: time comes from the metrics' own timestamps. The differences between two scrapes and the ring
-of past scrapes' counters are in _timing_scrapes.py.
+Pure and deterministic: time comes from the metrics' own timestamps. Here: the pooling of windows and their points;
+the differences between two scrapes and the ring of past scrapes' counters are in _timing_scrapes.py; the decode mean,
+the prefill points' regression sums and their solution (and `CLIP`, `HUBER`, `PRIOR_*` ...) in _timing_estimates.py.
 """
 
 from __future__ import annotations
@@ -58,36 +59,22 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from scheduling.plugins.scorers._timing_estimates import DecodeEstimate, PrefillEstimate, Timings
 from scheduling.plugins.scorers._timing_scrapes import CounterRing, delta, quantile, went_back
 from scheduling.types import EngineTotals
+
+__all__ = ["EndpointFit", "FitView", "Timings", "quantile"]
 
 MIN_REQUESTS = 16  # requests per prefill point (longer windows: fewer requests misattributed at their edges)
 FIRST_REQUESTS = 4  # for the first points: a quick first scale, which later points outweigh
 MAX_POOL_S = 4.0  # or this long with at least one request
 ITL_WEIGHT_CAP = 64.0  # tokens one interval counts for at most
-MAX_WEIGHT = 200.0  # the decaying sums keep about this many points (prefill) / token-weights ×4 (decode)
-CLIP = 5.0
-HUBER = 0.25  # a prefill point further than this (relative) from the estimate counts for less
-PRIOR_SPREAD = 0.5  # window sizes must spread more than ±50% of their mean to outweigh the reference's slope ...
-PRIOR_LEVEL = 1.0  # before and beside the prefill points: the reference scaled like the decode, as this many points
-SCATTER_REF = 0.05  # ... when the windows scatter 5% (relative) or more off their line; less when they scatter less
-MIN_SLOPE_POINTS = 3.0  # the slope stays the reference's until the slope points weigh this much
 SLOPE_GROUP = 3  # consecutive full windows per slope point
 HALF_LIFE_S = 60.0
-MIN_ITL_TOKENS = 8.0  # decode timing used once this many tokens were seen
 WINDOWS = 16  # pooled windows waiting for their counters (SGLang's tick after the requests end)
 
 
 Window = tuple[float, float, float, float, float, bool]
-
-
-@dataclass(frozen=True, slots=True)
-class Timings:
-    """An endpoint's timings for one request alone on the engine, in seconds (the scorer's model)."""
-
-    overhead: float
-    prefill_per_token: float
-    inter_token: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,8 +93,8 @@ class EndpointFit:
     """One endpoint's fit (see the module docstring)."""
 
     __slots__ = ("ref", "slowdown", "half_life", "prev", "prev_running", "prev_at", "p_n", "p_sum", "p_load", "p_queued",
-                 "p_dt", "p_since", "ring", "windows", "W", "Sx", "Sy", "V", "Tx", "Ty", "Txx", "Txy", "Tyy", "points", "group", "fit_at", "itl_w",
-                 "itl_mean", "itl_raw", "itl_at", "timings", "updated_at", "ttft_mean", "ttft_p90")
+                 "p_dt", "p_since", "ring", "windows", "prefill", "group", "inter_token", "itl_raw", "timings",
+                 "updated_at", "ttft_mean", "ttft_p90")
 
     def __init__(self, reference: Timings, slowdown: Callable[[float], float], half_life: float = HALF_LIFE_S
                  ) -> None:
@@ -125,16 +112,10 @@ class EndpointFit:
         # pooled windows waiting for their counters: (start, end, first tokens, TTFT − queue seconds, mean running,
         # whether requests waited in the engine's queue meanwhile)
         self.windows: deque[Window] = deque(maxlen=WINDOWS)
-        # decaying regression sums over the prefill points
-        self.W = self.Sx = self.Sy = 0.0  # the level: every point
-        self.V = self.Tx = self.Ty = self.Txx = self.Txy = self.Tyy = 0.0  # the slope: full windows only
-        self.points = 0
+        self.prefill = PrefillEstimate(half_life)  # decaying regression sums over the prefill points
         self.group: list[Window] = []  # consecutive full windows, for the slope
-        self.fit_at: float | None = None
-        self.itl_w = 0.0
-        self.itl_mean = 0.0
+        self.inter_token = DecodeEstimate(half_life)
         self.itl_raw: float | None = None  # the last interval's mean ITL as measured (under load)
-        self.itl_at: float | None = None
         self.timings: Timings | None = None
         self.updated_at: float | None = None
         self.ttft_mean: float | None = None
@@ -168,15 +149,7 @@ class EndpointFit:
             return False
         self.itl_raw = d[0] / d[1]
         sample = self.itl_raw / self.slowdown(max(0.0, load - 1.0))
-        w = min(d[1], ITL_WEIGHT_CAP)
-        if self.itl_at is not None:
-            self.itl_w *= self._decay(now - self.itl_at)
-        if self.itl_w >= 4 * MIN_ITL_TOKENS and self.itl_mean > 0:
-            sample = min(self.itl_mean * CLIP, max(self.itl_mean / CLIP, sample))
-        total = self.itl_w + w
-        self.itl_mean = (self.itl_mean * self.itl_w + sample * w) / total
-        self.itl_w = min(total, 4 * MAX_WEIGHT)
-        self.itl_at = now
+        self.inter_token.add(sample, min(d[1], ITL_WEIGHT_CAP), now)
         self.updated_at = now
         self._refresh()
         return True
@@ -204,7 +177,7 @@ class EndpointFit:
                 pre = max(0.0, pre - ttft[1] * queue[0] / queue[1])
             self.p_n += ttft[1]
             self.p_sum += pre
-        least = MIN_REQUESTS if self.points >= 2 else FIRST_REQUESTS
+        least = MIN_REQUESTS if self.prefill.points >= 2 else FIRST_REQUESTS
         if self.p_n < least and not (self.p_n >= 1 and now - self.p_since >= MAX_POOL_S):
             if self.p_n == 0 and now - self.p_since >= MAX_POOL_S:
                 self.p_since, self.p_load, self.p_dt = None, 0.0, 0.0  # an idle stretch: start afresh
@@ -291,111 +264,44 @@ class EndpointFit:
 
     def _point(self, x: float, y: float, now: float, weight: float = 1.0) -> None:
         """A level point."""
-        self._age(now)
-        w = weight * self._huber(x, y)
-        self.points += 1
-        self.W += w
-        self.Sx += w * x
-        self.Sy += w * y
-        if self.W > MAX_WEIGHT:
-            self._scale_sums(MAX_WEIGHT / self.W)
+        self.prefill.level_point(x, y, now, weight, self.timings)
         self.updated_at = now
         self._refresh()
 
     def _slope_point(self, x: float, y: float, now: float) -> None:
         """A slope point (several consecutive windows together: fewer requests misattributed at the edges)."""
-        self._age(now)
-        w = self._huber(x, y)
-        self.V += w
-        self.Tx += w * x
-        self.Ty += w * y
-        self.Txx += w * x * x
-        self.Txy += w * x * y
-        self.Tyy += w * y * y
+        self.prefill.slope_point(x, y, now, self.timings)
         self._refresh()
 
-    def _age(self, now: float) -> None:
-        if self.fit_at is not None:
-            self._scale_sums(self._decay(now - self.fit_at))
-        self.fit_at = now
-
-    def _huber(self, x: float, y: float) -> float:
-        """The weight of a point far from the current estimate (1 near it; none before a few points)."""
-        t = self.timings
-        if self.W < 3.0 or t is None:
-            return 1.0
-        pred = t.overhead + x * t.prefill_per_token
-        if pred <= 0:
-            return 1.0
-        miss = abs(min(CLIP, max(1.0 / CLIP, y / pred)) - 1.0)
-        return HUBER / miss if miss > HUBER else 1.0
-
-    def _scale_sums(self, f: float) -> None:
-        self.W, self.Sx, self.Sy = f * self.W, f * self.Sx, f * self.Sy
-        self.V, self.Tx, self.Ty = f * self.V, f * self.Tx, f * self.Ty
-        self.Txx, self.Txy, self.Tyy = f * self.Txx, f * self.Txy, f * self.Tyy
-
-    def _decay(self, dt: float) -> float:
-        return 0.5 ** (max(0.0, dt) / self.half_life) if self.half_life > 0 else 1.0
-
     # ---- the estimate ---------------------------------------------------------------------------------------
-    def _solve(self) -> tuple[float, float] | None:
-        """(overhead, per token) from the prefill points: their weighted mean, with the decode-scaled reference as
-        `PRIOR_LEVEL` more points at the same size, fixes the level; the slope moves from the reference's slope at
-        that level towards the slope points' own as far as their spread allows (see the module docstring)."""
-        W = self.W
-        ref = self.ref
-        decode_scale = self.itl_mean / ref.inter_token if self.has_decode and ref.inter_token > 0 else None
-        if W <= 0:
-            if decode_scale is None:
-                return None
-            return ref.overhead * decode_scale, ref.prefill_per_token * decode_scale
-        mx, my = self.Sx / W, self.Sy / W
-        if decode_scale is not None:
-            my = (W * my + PRIOR_LEVEL * decode_scale * (ref.overhead + ref.prefill_per_token * mx)) / (W + PRIOR_LEVEL)
-        p0 = my * ref.prefill_per_token / (ref.overhead + ref.prefill_per_token * mx)
-        p = p0
-        V = self.V
-        if V >= MIN_SLOPE_POINTS:
-            vx, vy = self.Tx / V, self.Ty / V
-            sxx = max(0.0, self.Txx - V * vx * vx)
-            sxy = self.Txy - V * vx * vy
-            syy = max(0.0, self.Tyy - V * vy * vy)
-            # points scattered off their line: sizes misattributed at the windows' edges, which flattens the slope
-            scatter = (syy - sxy * sxy / sxx) / V / (vy * vy) if sxx > 0 and vy > 0 else 1.0
-            lam = V * (PRIOR_SPREAD * max(vx, 1.0)) ** 2 * min(1.0, max(0.0, scatter) / SCATTER_REF ** 2)
-            p = (sxy + lam * p0) / (sxx + lam) if sxx + lam > 0 else p0
-        o = my - p * mx
-        floor = 1e-9
-        if o < 0.0:
-            o, p = 0.0, (my / mx if mx > 0 else p0)
-        if p < floor:
-            p, o = floor, max(0.0, my - floor * mx)
-        return o, p
-
     def _refresh(self) -> None:
         """The timings, once the decode or a prefill point is known: the fitted overhead and per-token time (before
         prefill points, the reference's scaled like the decode), the fitted inter-token time (before enough tokens,
         the reference's scaled like the prefill)."""
-        prefill = self._solve()
+        ref = self.ref
+        decode_scale = self.inter_token.mean / ref.inter_token if self.has_decode and ref.inter_token > 0 else None
+        prefill = self.prefill.solve(ref, decode_scale)
         if prefill is None:
             return
         o, p = prefill
-        ref = self.ref
         if self.has_decode:
-            itl = self.itl_mean
+            itl = self.inter_token.mean
         else:
-            scale = (self.Sy / self.W) / (ref.overhead + ref.prefill_per_token * self.Sx / self.W)
-            itl = ref.inter_token * scale
+            itl = ref.inter_token * self.prefill.level_scale(ref)
         self.timings = Timings(o, p, itl)
 
     @property
+    def W(self) -> float:
+        """The level points' decayed weight (the regression sums' W)."""
+        return self.prefill.W
+
+    @property
     def has_prefill(self) -> bool:
-        return self.W > 0
+        return self.prefill.W > 0
 
     @property
     def has_decode(self) -> bool:
-        return self.itl_w >= MIN_ITL_TOKENS and self.itl_mean > 0
+        return self.inter_token.known
 
     def view(self) -> FitView:
-        return FitView(self.timings, self.W, self.itl_w, self.updated_at, self.ttft_mean, self.ttft_p90)
+        return FitView(self.timings, self.prefill.W, self.inter_token.w, self.updated_at, self.ttft_mean, self.ttft_p90)
