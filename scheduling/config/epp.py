@@ -30,6 +30,7 @@ from scheduling.framework import (
     FilterScorer,
     Picker,
     Plugin,
+    Profile,
     ProfileHandler,
     ProfileScheduler,
     Scorer,
@@ -45,6 +46,9 @@ TOP_KEYS = ("apiVersion", "kind", "metadata", "plugins", "schedulingProfiles", *
 
 def _or_empty(value: Any) -> Any:
     return [] if value is None else value
+
+
+ProfileRefs = list[tuple[Plugin[Any], float | None, str]]  # a profile's plugins, each with its weight and config path
 
 
 def build_epp_config(
@@ -75,8 +79,25 @@ def build_epp_config(
             f"at most one profile handler may be declared, got {', '.join(h.name for h in handlers)}",
         )
 
-    raw_profiles = d.get("schedulingProfiles")
-    profile_refs: dict[str, list[tuple[Plugin[Any], float | None, str]]] = {}
+    profile_refs, ppaths = _profile_refs(d.get("schedulingProfiles"), order, plugins, src)
+    profiles = {
+        name: assemble_profile(name, refs, source=src, path=ppaths[name], shared=shared, dialect="epp")
+        for name, refs in profile_refs.items()
+    }
+    handler = _profile_handler(handlers, order, profiles, src, shared)
+    shell = build_shell_config(d, plugins, src)
+    sched = ProfileScheduler(
+        cfg_name, handler, profiles, rng=rng, timer=timer, declared=order
+    )
+    return sched, shell
+
+
+def _profile_refs(
+    raw_profiles: Any, order: list[Plugin[Any]], plugins: dict[str, Plugin[Any]], src: str
+) -> tuple[dict[str, ProfileRefs], dict[str, str]]:
+    """Each profile's plugin references and the config path it is declared at; without `schedulingProfiles`, one
+    "default" profile of every filter, scorer and picker declared (at most one picker then)."""
+    profile_refs: dict[str, ProfileRefs] = {}
     if not raw_profiles:
         pickers = [p for p in order if isinstance(p, Picker)]
         if len(pickers) > 1:
@@ -90,30 +111,33 @@ def build_epp_config(
             for i, p in enumerate(order)
             if isinstance(p, (Filter, Scorer, Picker, FilterScorer))
         ]
-        ppaths = {"default": "plugins"}
-    else:
-        ppaths = {}
-        for j, rawp in enumerate(expect_list(raw_profiles, src, "schedulingProfiles")):
-            ppath = join_path("schedulingProfiles", j)
-            prof = expect_mapping(rawp, src, ppath, "a profile {name, plugins}")
-            check_keys(prof, ("name", "plugins"), src, ppath)
-            pname = expect_str(prof.get("name"), src, join_path(ppath, "name"), "a profile name")
-            if pname in profile_refs:
-                raise ConfigError(src, join_path(ppath, "name"), f"duplicate profile name {pname!r}")
-            refs = resolve_plugin_refs(
-                expect_list(_or_empty(prof.get("plugins")), src, join_path(ppath, "plugins")),
-                plugins,
-                source=src,
-                base=join_path(ppath, "plugins"),
-                name_key="pluginRef",
-            )
-            profile_refs[pname] = refs
-            ppaths[pname] = ppath
+        return profile_refs, {"default": "plugins"}
+    ppaths: dict[str, str] = {}
+    for j, rawp in enumerate(expect_list(raw_profiles, src, "schedulingProfiles")):
+        ppath = join_path("schedulingProfiles", j)
+        prof = expect_mapping(rawp, src, ppath, "a profile {name, plugins}")
+        check_keys(prof, ("name", "plugins"), src, ppath)
+        pname = expect_str(prof.get("name"), src, join_path(ppath, "name"), "a profile name")
+        if pname in profile_refs:
+            raise ConfigError(src, join_path(ppath, "name"), f"duplicate profile name {pname!r}")
+        refs = resolve_plugin_refs(
+            expect_list(_or_empty(prof.get("plugins")), src, join_path(ppath, "plugins")),
+            plugins,
+            source=src,
+            base=join_path(ppath, "plugins"),
+            name_key="pluginRef",
+        )
+        profile_refs[pname] = refs
+        ppaths[pname] = ppath
+    return profile_refs, ppaths
 
-    profiles = {
-        name: assemble_profile(name, refs, source=src, path=ppaths[name], shared=shared, dialect="epp")
-        for name, refs in profile_refs.items()
-    }
+
+def _profile_handler(
+    handlers: list[ProfileHandler[Any]], order: list[Plugin[Any]], profiles: dict[str, Profile], src: str,
+    shared: dict[Any, Any]
+) -> ProfileHandler[Any]:
+    """The declared profile handler, or single-profile-handler when there is one profile; checked against the
+    profiles."""
     handler: ProfileHandler[Any]
     if handlers:
         handler = handlers[0]
@@ -134,8 +158,4 @@ def build_epp_config(
             src, join_path("plugins", hidx) if hidx is not None else "schedulingProfiles", "epp", shared
         ),
     )
-    shell = build_shell_config(d, plugins, src)
-    sched = ProfileScheduler(
-        cfg_name, handler, profiles, rng=rng, timer=timer, declared=order
-    )
-    return sched, shell
+    return handler

@@ -8,6 +8,7 @@ internal and prepended here). spec.plugins: [{type, name?, config?}]. spec.profi
 from __future__ import annotations
 
 import random
+from collections.abc import Mapping
 from typing import Any
 
 from scheduling.config.common import (
@@ -25,6 +26,7 @@ from scheduling.framework import (
     ConfigError,
     Filter,
     Plugin,
+    Profile,
     ProfileScheduler,
     Timer,
     create_filter,
@@ -40,6 +42,7 @@ HANDLERS = ("e2e", "pd")
 def build_scheduling_profile(
     doc: Doc, *, rng: random.Random, timer: Timer | None, shared: dict[Any, Any]
 ) -> ProfileScheduler:
+    """The scheduler of one SchedulingProfile document."""
     src = doc.source
     d = doc.data
     check_keys(d, ("apiVersion", "kind", "metadata", "spec", "status"), src, "")
@@ -53,6 +56,21 @@ def build_scheduling_profile(
     if mode not in HANDLERS:
         raise ConfigError(src, "spec.profileHandler", f"expected one of {', '.join(HANDLERS)}, got {mode!r}")
 
+    built = _build_plugins(spec, src, shared)
+    plugins: dict[str, tuple[Plugin[Any], str]] = {plugin.name: (plugin, path) for plugin, path in built}
+    declared = {name: plugin for name, (plugin, _) in plugins.items()}
+    profiles = _build_profiles(spec, mode, declared, src, shared)
+    hbuild = BuildContext(src, "spec.profileHandler", "heimdall", shared)
+    if mode == "e2e":
+        handler = create_handler("single-profile-handler", build=hbuild)
+    else:
+        handler = create_handler("pd-profile-handler", params={"decider": "always"}, build=hbuild)
+    return ProfileScheduler(name, handler, profiles, rng=rng, timer=timer, declared=[p for p, _ in built])
+
+
+def _build_plugins(spec: Mapping[str, Any], src: str, shared: dict[Any, Any]) -> list[tuple[Plugin[Any], str]]:
+    """spec.plugins built, each with its config path; no profile handler among them (spec.profileHandler chooses
+    it)."""
     entries = expect_list(spec.get("plugins"), src, "spec.plugins", "a list of plugins")
     built = build_plugins(entries, source=src, base="spec.plugins", dialect="heimdall", shared=shared,
                           params_key="config")
@@ -63,9 +81,14 @@ def build_scheduling_profile(
                 join_path(path, "type"),
                 "profile handlers are chosen by spec.profileHandler, not declared as plugins",
             )
-    plugins: dict[str, tuple[Plugin[Any], str]] = {plugin.name: (plugin, path) for plugin, path in built}
-    declared = {name: plugin for name, (plugin, _) in plugins.items()}
+    return built
 
+
+def _build_profiles(
+    spec: Mapping[str, Any], mode: str, declared: dict[str, Plugin[Any]], src: str, shared: dict[Any, Any]
+) -> dict[str, Profile]:
+    """spec.profiles, exactly the ones the handler expects (e2e: default; pd: prefill and decode, each behind its
+    internal role filter)."""
     raw_profiles = expect_mapping(
         spec.get("profiles"), src, "spec.profiles", "a mapping of profile name to pluginRefs"
     )
@@ -106,9 +129,4 @@ def build_scheduling_profile(
             dialect="heimdall",
             prepend_filters=internal,
         )
-    hbuild = BuildContext(src, "spec.profileHandler", "heimdall", shared)
-    if mode == "e2e":
-        handler = create_handler("single-profile-handler", build=hbuild)
-    else:
-        handler = create_handler("pd-profile-handler", params={"decider": "always"}, build=hbuild)
-    return ProfileScheduler(name, handler, profiles, rng=rng, timer=timer, declared=[p for p, _ in built])
+    return profiles

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import random
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Union
 
@@ -101,37 +102,8 @@ def load_scheduler(
     """
     docs = read_documents(source, name=name)
     shared: dict[Any, Any] = {SERVICES: dict(services or {})}
-    epp: ProfileScheduler | None = None
-    shell = ShellConfig()
-    profiles: dict[str, ProfileScheduler] = {}
-    profile_src: dict[str, str] = {}
-    bindings: list[tuple[str, str, str]] | None = None
-    binding_src = ""
-    for doc in docs:
-        kind = doc.data.get("kind")
-        if kind == EPP_KIND:
-            if epp is not None:
-                raise ConfigError(doc.source, "kind", "only one EndpointPickerConfig may be loaded")
-            epp, shell = build_epp_config(doc, rng=rng, timer=timer, shared=shared)
-        elif kind == SP_KIND:
-            sched = build_scheduling_profile(doc, rng=rng, timer=timer, shared=shared)
-            if sched.name in profiles:
-                raise ConfigError(
-                    doc.source,
-                    "metadata.name",
-                    f"SchedulingProfile {sched.name!r} is already defined in {profile_src[sched.name]}",
-                )
-            profiles[sched.name] = sched
-            profile_src[sched.name] = doc.source
-        elif kind in ("ModelBinding", "AIGateway"):
-            if bindings is not None:
-                raise ConfigError(
-                    doc.source, "kind", f"only one binding document may be loaded (first: {binding_src})"
-                )
-            bindings = parse_binding(doc)
-            binding_src = doc.source
-        else:
-            raise ConfigError(doc.source, "kind", f"expected one of {', '.join(KINDS)}, got {kind!r}")
+    loaded = _build_documents(docs, rng=rng, timer=timer, shared=shared)
+    epp, profiles, bindings = loaded.epp, loaded.profiles, loaded.bindings
     if epp is not None:
         fallback = epp
     elif bindings is None and len(profiles) == 1:
@@ -142,15 +114,7 @@ def load_scheduler(
     named = dict(profiles)
     if epp is not None and epp.name not in named:
         named[epp.name] = epp
-    resolved: list[tuple[str, str]] = []
-    for model, profile, path in bindings or []:
-        if profile not in named:
-            raise ConfigError(
-                binding_src,
-                f"{path}.profile",
-                f"no SchedulingProfile named {profile!r} was loaded; loaded: {', '.join(named) or '(none)'}",
-            )
-        resolved.append((model, profile))
+    resolved = _resolve_bindings(bindings or [], named, loaded.binding_src)
     schedulers = [*named.values(), fallback]
     wire_data(
         [p for sched in schedulers for p in sched.plugins()],
@@ -159,4 +123,66 @@ def load_scheduler(
     )
     for sched in schedulers:
         sched.finalize()
-    return ModelScheduler(named, resolved, fallback, filter_served_models=filter_served_models, shell=shell)
+    return ModelScheduler(named, resolved, fallback, filter_served_models=filter_served_models, shell=loaded.shell)
+
+
+@dataclass
+class _Loaded:
+    """What the documents declare, by kind."""
+
+    epp: ProfileScheduler | None = None  # the EndpointPickerConfig's scheduler
+    shell: ShellConfig = field(default_factory=ShellConfig)  # its shell sections
+    profiles: dict[str, ProfileScheduler] = field(default_factory=dict)  # the SchedulingProfiles by name
+    bindings: list[tuple[str, str, str]] | None = None  # the binding document's (model, profile, path)
+    binding_src: str = ""
+
+
+def _build_documents(
+    docs: list[Doc], *, rng: random.Random, timer: Timer | None, shared: dict[Any, Any]
+) -> _Loaded:
+    """Build each document by its kind: at most one EndpointPickerConfig, SchedulingProfiles of distinct names, at
+    most one binding document."""
+    out = _Loaded()
+    profile_src: dict[str, str] = {}
+    for doc in docs:
+        kind = doc.data.get("kind")
+        if kind == EPP_KIND:
+            if out.epp is not None:
+                raise ConfigError(doc.source, "kind", "only one EndpointPickerConfig may be loaded")
+            out.epp, out.shell = build_epp_config(doc, rng=rng, timer=timer, shared=shared)
+        elif kind == SP_KIND:
+            sched = build_scheduling_profile(doc, rng=rng, timer=timer, shared=shared)
+            if sched.name in out.profiles:
+                raise ConfigError(
+                    doc.source,
+                    "metadata.name",
+                    f"SchedulingProfile {sched.name!r} is already defined in {profile_src[sched.name]}",
+                )
+            out.profiles[sched.name] = sched
+            profile_src[sched.name] = doc.source
+        elif kind in ("ModelBinding", "AIGateway"):
+            if out.bindings is not None:
+                raise ConfigError(
+                    doc.source, "kind", f"only one binding document may be loaded (first: {out.binding_src})"
+                )
+            out.bindings = parse_binding(doc)
+            out.binding_src = doc.source
+        else:
+            raise ConfigError(doc.source, "kind", f"expected one of {', '.join(KINDS)}, got {kind!r}")
+    return out
+
+
+def _resolve_bindings(
+    bindings: list[tuple[str, str, str]], named: Mapping[str, ProfileScheduler], binding_src: str
+) -> list[tuple[str, str]]:
+    """The binding document's (model, profile) pairs, each profile one that was loaded."""
+    resolved: list[tuple[str, str]] = []
+    for model, profile, path in bindings:
+        if profile not in named:
+            raise ConfigError(
+                binding_src,
+                f"{path}.profile",
+                f"no SchedulingProfile named {profile!r} was loaded; loaded: {', '.join(named) or '(none)'}",
+            )
+        resolved.append((model, profile))
+    return resolved

@@ -59,6 +59,9 @@ def _where(plugin: Plugin[Any], *, at: bool = True) -> str:
     return f"plugin {plugin.describe()}" + (f" at {plugin.source}: {plugin.path}" if at and plugin.path else "")
 
 
+Requests = dict[DataKey, list[tuple[Plugin[Any], DataRequest]]]  # per key, who requested it and how
+
+
 def wire_data(
     plugins: Iterable[Plugin[Any]],
     factories: Mapping[str, ProducerFactory],
@@ -68,8 +71,25 @@ def wire_data(
     """Resolve every data request of `plugins` (declared producers included) to one producer and bind it.
 
     Returns the producers by key. Raises ConfigError for conflicts and for data nobody produces."""
+    declared, requests = _collect(plugins, source)
+    producers: dict[DataKey, Producer[Any]] = {}
+    for key, reqs in requests.items():
+        producer = declared.get(key)
+        chosen = _agreed_params(key, producer, reqs, source)
+        if producer is None:
+            producer = _create_producer(key, chosen, requests, declared, factories, source)
+        producers[key] = producer
+        for plugin, _ in reqs:
+            plugin.bind_data(key, producer)
+    for key, producer in declared.items():
+        producers.setdefault(key, producer)
+    return producers
+
+
+def _collect(plugins: Iterable[Plugin[Any]], source: str) -> tuple[dict[DataKey, Producer[Any]], Requests]:
+    """The declared producers by key (one per key) and every plugin's requests by key, each plugin counted once."""
     declared: dict[DataKey, Producer[Any]] = {}
-    requests: dict[DataKey, list[tuple[Plugin[Any], DataRequest]]] = {}
+    requests: Requests = {}
     seen: set[int] = set()
     for plugin in plugins:
         if id(plugin) in seen:
@@ -87,51 +107,62 @@ def wire_data(
             declared[key] = plugin
         for req in plugin.data_requests():
             requests.setdefault(req.key, []).append((plugin, req))
+    return declared, requests
 
-    producers: dict[DataKey, Producer[Any]] = {}
-    for key, reqs in requests.items():
-        chosen: dict[str, tuple[object, Plugin[Any]]] = {}
-        producer = declared.get(key)
-        if producer is not None:
-            p = producer.params
-            for name in producer.defining_params:
-                if name in producer.given_params:
-                    chosen[name] = (getattr(p, name), producer)
-        for plugin, req in reqs:
-            for name, value in req.params.items():
-                have = chosen.get(name)
-                if have is None:
-                    chosen[name] = (value, plugin)
-                elif have[0] != value:
-                    raise ConfigError(
-                        plugin.source or source,
-                        join_path(plugin.path, name) if plugin.path else name,
-                        f"{_where(plugin, at=False)} sets {name}={value!r} for {key}, but {_where(have[1])} sets "
-                        f"{name}={have[0]!r}; plugins sharing {key} must agree",
-                    )
-        if producer is None:
-            writers = [pl for pl, r in reqs if r.produces]
-            if not writers:
-                reader, req = reqs[0]
-                others = [
-                    _where(pl) + f" ({k})" for k, rs in requests.items() if k != key and k.name == key.name
-                    for pl, r in rs if r.produces
-                ]
-                others += [_where(pr) + f" ({k})" for k, pr in declared.items() if k != key and k.name == key.name]
-                there = f"; this config produces it only as {', '.join(others)}" if others else ""
+
+def _agreed_params(
+    key: DataKey, producer: Producer[Any] | None, reqs: list[tuple[Plugin[Any], DataRequest]], source: str
+) -> dict[str, tuple[object, Plugin[Any]]]:
+    """The producer parameters set explicitly for `key` (by its declared producer and by the requests), each with
+    the plugin that set it; two different values of one parameter are a ConfigError."""
+    chosen: dict[str, tuple[object, Plugin[Any]]] = {}
+    if producer is not None:
+        p = producer.params
+        for name in producer.defining_params:
+            if name in producer.given_params:
+                chosen[name] = (getattr(p, name), producer)
+    for plugin, req in reqs:
+        for name, value in req.params.items():
+            have = chosen.get(name)
+            if have is None:
+                chosen[name] = (value, plugin)
+            elif have[0] != value:
                 raise ConfigError(
-                    reader.source or source,
-                    reader.path,
-                    f"{_where(reader, at=False)} reads {key}, but no plugin in this config produces it{there}. "
-                    f"{req.hint}".rstrip(),
+                    plugin.source or source,
+                    join_path(plugin.path, name) if plugin.path else name,
+                    f"{_where(plugin, at=False)} sets {name}={value!r} for {key}, but {_where(have[1])} sets "
+                    f"{name}={have[0]!r}; plugins sharing {key} must agree",
                 )
-            factory = factories.get(key.name)
-            if factory is None:
-                raise ConfigError(source, "", f"no producer is known for {key}")
-            producer = factory(key, {k: v for k, (v, _) in chosen.items()}, [pl for pl, _ in reqs])
-        producers[key] = producer
-        for plugin, _ in reqs:
-            plugin.bind_data(key, producer)
-    for key, producer in declared.items():
-        producers.setdefault(key, producer)
-    return producers
+    return chosen
+
+
+def _create_producer(
+    key: DataKey,
+    chosen: dict[str, tuple[object, Plugin[Any]]],
+    requests: Requests,
+    declared: Mapping[DataKey, Producer[Any]],
+    factories: Mapping[str, ProducerFactory],
+    source: str,
+) -> Producer[Any]:
+    """The producer of a key no plugin declares, from its factory with the agreed parameters, when some request
+    produces it (a ConfigError naming the reader, and where the config produces another variant, when none does)."""
+    reqs = requests[key]
+    writers = [pl for pl, r in reqs if r.produces]
+    if not writers:
+        reader, req = reqs[0]
+        others = [
+            _where(pl) + f" ({k})" for k, rs in requests.items() if k != key and k.name == key.name
+            for pl, r in rs if r.produces
+        ]
+        others += [_where(pr) + f" ({k})" for k, pr in declared.items() if k != key and k.name == key.name]
+        there = f"; this config produces it only as {', '.join(others)}" if others else ""
+        raise ConfigError(
+            reader.source or source,
+            reader.path,
+            f"{_where(reader, at=False)} reads {key}, but no plugin in this config produces it{there}. "
+            f"{req.hint}".rstrip(),
+        )
+    factory = factories.get(key.name)
+    if factory is None:
+        raise ConfigError(source, "", f"no producer is known for {key}")
+    return factory(key, {k: v for k, (v, _) in chosen.items()}, [pl for pl, _ in reqs])

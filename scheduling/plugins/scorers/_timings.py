@@ -48,46 +48,33 @@ restart) start the differences over and keep the estimates. Bounded: a few float
 whatever the traffic. Decaying: every weight halves each `half_life` seconds, and the total weight is capped, so an
 engine that changes speed is relearnt within about a half-life.
 
-Pure and deterministic: time comes from the metrics' own timestamps.
+Pure and deterministic: time comes from the metrics' own timestamps. Here: the pooling of windows and their points;
+the differences between two scrapes and the ring of past scrapes' counters are in _timing_scrapes.py; the decode mean,
+the prefill points' regression sums and their solution (and `CLIP`, `HUBER`, `PRIOR_*` ...) in _timing_estimates.py.
 """
 
 from __future__ import annotations
 
-import math
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from scheduling.types import EngineTotals, Totals
+from scheduling.plugins.scorers._timing_estimates import DecodeEstimate, PrefillEstimate, Timings
+from scheduling.plugins.scorers._timing_scrapes import CounterRing, delta, quantile, went_back
+from scheduling.types import EngineTotals
+
+__all__ = ["EndpointFit", "FitView", "Timings", "quantile"]
 
 MIN_REQUESTS = 16  # requests per prefill point (longer windows: fewer requests misattributed at their edges)
 FIRST_REQUESTS = 4  # for the first points: a quick first scale, which later points outweigh
 MAX_POOL_S = 4.0  # or this long with at least one request
 ITL_WEIGHT_CAP = 64.0  # tokens one interval counts for at most
-MAX_WEIGHT = 200.0  # the decaying sums keep about this many points (prefill) / token-weights ×4 (decode)
-CLIP = 5.0
-HUBER = 0.25  # a prefill point further than this (relative) from the estimate counts for less
-PRIOR_SPREAD = 0.5  # window sizes must spread more than ±50% of their mean to outweigh the reference's slope ...
-PRIOR_LEVEL = 1.0  # before and beside the prefill points: the reference scaled like the decode, as this many points
-SCATTER_REF = 0.05  # ... when the windows scatter 5% (relative) or more off their line; less when they scatter less
-MIN_SLOPE_POINTS = 3.0  # the slope stays the reference's until the slope points weigh this much
 SLOPE_GROUP = 3  # consecutive full windows per slope point
 HALF_LIFE_S = 60.0
-MIN_ITL_TOKENS = 8.0  # decode timing used once this many tokens were seen
-RING = 256  # scrapes of counters kept to align them with the first tokens (~13 s at 50 ms)
 WINDOWS = 16  # pooled windows waiting for their counters (SGLang's tick after the requests end)
 
 
 Window = tuple[float, float, float, float, float, bool]
-
-
-@dataclass(frozen=True, slots=True)
-class Timings:
-    """An endpoint's timings for one request alone on the engine, in seconds (the scorer's model)."""
-
-    overhead: float
-    prefill_per_token: float
-    inter_token: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,52 +89,12 @@ class FitView:
     ttft_p90: float | None
 
 
-def _delta(new: Totals | None, old: Totals | None) -> tuple[float, float] | None:
-    if new is None or old is None:
-        return None
-    return new[0] - old[0], new[1] - old[1]
-
-
-def _went_back(new: EngineTotals, old: EngineTotals) -> bool:
-    for a, b in ((new.ttft, old.ttft), (new.itl, old.itl), (new.prefill, old.prefill), (new.queue, old.queue)):
-        if a is not None and b is not None and a[1] < b[1]:
-            return True
-    for x, y in ((new.prompt_tokens, old.prompt_tokens), (new.cached_tokens, old.cached_tokens),
-                 (new.requests, old.requests)):
-        if x is not None and y is not None and x < y:
-            return True
-    return False
-
-
-def quantile(new: tuple[tuple[float, float], ...], old: tuple[tuple[float, float], ...], q: float
-             ) -> float | None:
-    """The q-quantile of the observations between two cumulative bucket readings (linear within a bucket)."""
-    if not new:
-        return None
-    before = dict(old)
-    counts = [(le, c - before.get(le, 0.0)) for le, c in new]
-    total = counts[-1][1]
-    if total <= 0:
-        return None
-    rank = q * total
-    lo = 0.0
-    prev = 0.0
-    for le, c in counts:
-        if c >= rank:
-            if math.isinf(le):
-                return lo
-            span = c - prev
-            return lo + (le - lo) * ((rank - prev) / span if span > 0 else 1.0)
-        lo, prev = le, c
-    return lo
-
-
 class EndpointFit:
     """One endpoint's fit (see the module docstring)."""
 
     __slots__ = ("ref", "slowdown", "half_life", "prev", "prev_running", "prev_at", "p_n", "p_sum", "p_load", "p_queued",
-                 "p_dt", "p_since", "ring", "windows", "W", "Sx", "Sy", "V", "Tx", "Ty", "Txx", "Txy", "Tyy", "points", "group", "fit_at", "itl_w",
-                 "itl_mean", "itl_raw", "itl_at", "timings", "updated_at", "ttft_mean", "ttft_p90")
+                 "p_dt", "p_since", "ring", "windows", "prefill", "group", "inter_token", "itl_raw", "timings",
+                 "updated_at", "ttft_mean", "ttft_p90")
 
     def __init__(self, reference: Timings, slowdown: Callable[[float], float], half_life: float = HALF_LIFE_S
                  ) -> None:
@@ -161,22 +108,14 @@ class EndpointFit:
         self.p_n = self.p_sum = self.p_load = self.p_dt = 0.0
         self.p_since: float | None = None
         self.p_queued = False  # requests waited in the engine's queue during the window
-        # per scrape: (time, then cumulative uncached prompt tokens, requests, generated tokens, prefill seconds,
-        # prefill count, decode seconds, decode count)
-        self.ring: deque[tuple[float, ...]] = deque(maxlen=RING)
+        self.ring = CounterRing()  # past scrapes' counters, to read them when they count a window's requests
         # pooled windows waiting for their counters: (start, end, first tokens, TTFT − queue seconds, mean running,
         # whether requests waited in the engine's queue meanwhile)
         self.windows: deque[Window] = deque(maxlen=WINDOWS)
-        # decaying regression sums over the prefill points
-        self.W = self.Sx = self.Sy = 0.0  # the level: every point
-        self.V = self.Tx = self.Ty = self.Txx = self.Txy = self.Tyy = 0.0  # the slope: full windows only
-        self.points = 0
+        self.prefill = PrefillEstimate(half_life)  # decaying regression sums over the prefill points
         self.group: list[Window] = []  # consecutive full windows, for the slope
-        self.fit_at: float | None = None
-        self.itl_w = 0.0
-        self.itl_mean = 0.0
+        self.inter_token = DecodeEstimate(half_life)
         self.itl_raw: float | None = None  # the last interval's mean ITL as measured (under load)
-        self.itl_at: float | None = None
         self.timings: Timings | None = None
         self.updated_at: float | None = None
         self.ttft_mean: float | None = None
@@ -189,13 +128,13 @@ class EndpointFit:
         self.prev = totals
         prev_running, prev_at = self.prev_running, self.prev_at
         self.prev_running, self.prev_at = running, now
-        if prev is not None and _went_back(totals, prev):
+        if prev is not None and went_back(totals, prev):
             self.ring.clear()  # an engine restart: the counters start over, the timings stay
             self.windows.clear()
             self.p_n = self.p_sum = self.p_load = self.p_dt = 0.0
             self.p_since = None
             prev = None
-        self._remember(totals, now)
+        self.ring.remember(totals, now)
         if prev is None or now <= prev_at:
             return False
         load = 0.5 * (running + prev_running)  # the batch over the interval
@@ -204,64 +143,19 @@ class EndpointFit:
         self._pool(totals, prev, load, now - prev_at, now, waiting > 0)
         return self._resolve(totals, now) or changed
 
-    def _remember(self, t: EngineTotals, now: float) -> None:
-        if t.prompt_tokens is None:
-            return
-        ring = self.ring
-        if ring and ring[-1][0] >= now:
-            return
-        pre = t.prefill or (0.0, 0.0)
-        dec = t.decode or (0.0, 0.0)
-        ring.append((now, t.prompt_tokens - (t.cached_tokens or 0.0), t.requests or 0.0, t.generation_tokens or 0.0,
-                     pre[0], pre[1], dec[0], dec[1]))
-
-    def _at(self, when: float) -> tuple[float, ...] | None:
-        """The cumulative counters (uncached tokens, requests, generated tokens, prefill seconds and count, decode
-        seconds and count) interpolated at `when`, if the ring covers it."""
-        ring = self.ring
-        if not ring or when < ring[0][0] or when > ring[-1][0]:
-            return None
-        hi = len(ring) - 1
-        while hi > 0 and ring[hi - 1][0] >= when:
-            hi -= 1
-        b = ring[hi]
-        if hi == 0 or b[0] == when:
-            return b[1:]
-        a = ring[hi - 1]
-        f = (when - a[0]) / (b[0] - a[0])
-        return tuple(x + f * (y - x) for x, y in zip(a[1:], b[1:], strict=True))
-
-    def _decode_time(self) -> float | None:
-        """The mean time from first to last token of the requests that ended over the ring (vLLM's decode
-        histogram): how long after its first token a request's end-of-request histograms count it."""
-        ring = self.ring
-        if len(ring) < 2:
-            return None
-        a, b = ring[0], ring[-1]
-        n = b[7] - a[7]
-        return (b[6] - a[6]) / n if n > 0 else None
-
     def _decode(self, new: EngineTotals, old: EngineTotals, load: float, now: float) -> bool:
-        d = _delta(new.itl, old.itl)
+        d = delta(new.itl, old.itl)
         if d is None or d[1] <= 0 or d[0] < 0:
             return False
         self.itl_raw = d[0] / d[1]
         sample = self.itl_raw / self.slowdown(max(0.0, load - 1.0))
-        w = min(d[1], ITL_WEIGHT_CAP)
-        if self.itl_at is not None:
-            self.itl_w *= self._decay(now - self.itl_at)
-        if self.itl_w >= 4 * MIN_ITL_TOKENS and self.itl_mean > 0:
-            sample = min(self.itl_mean * CLIP, max(self.itl_mean / CLIP, sample))
-        total = self.itl_w + w
-        self.itl_mean = (self.itl_mean * self.itl_w + sample * w) / total
-        self.itl_w = min(total, 4 * MAX_WEIGHT)
-        self.itl_at = now
+        self.inter_token.add(sample, min(d[1], ITL_WEIGHT_CAP), now)
         self.updated_at = now
         self._refresh()
         return True
 
     def _ttft(self, new: EngineTotals, old: EngineTotals) -> None:
-        d = _delta(new.ttft, old.ttft)
+        d = delta(new.ttft, old.ttft)
         if d is None or d[1] <= 0:
             return
         self.ttft_mean = d[0] / d[1]
@@ -269,7 +163,7 @@ class EndpointFit:
 
     def _pool(self, new: EngineTotals, old: EngineTotals, load: float, dt: float, now: float, queued: bool) -> None:
         """Add the interval's first tokens to the window being pooled; close it when it has enough."""
-        ttft, queue = _delta(new.ttft, old.ttft), _delta(new.queue, old.queue)
+        ttft, queue = delta(new.ttft, old.ttft), delta(new.queue, old.queue)
         if ttft is None:
             return
         if self.p_since is None:
@@ -283,7 +177,7 @@ class EndpointFit:
                 pre = max(0.0, pre - ttft[1] * queue[0] / queue[1])
             self.p_n += ttft[1]
             self.p_sum += pre
-        least = MIN_REQUESTS if self.points >= 2 else FIRST_REQUESTS
+        least = MIN_REQUESTS if self.prefill.points >= 2 else FIRST_REQUESTS
         if self.p_n < least and not (self.p_n >= 1 and now - self.p_since >= MAX_POOL_S):
             if self.p_n == 0 and now - self.p_since >= MAX_POOL_S:
                 self.p_since, self.p_load, self.p_dt = None, 0.0, 0.0  # an idle stretch: start afresh
@@ -340,19 +234,19 @@ class EndpointFit:
         if not queued:
             prefill = seconds / n
         elif totals.prefill is not None:
-            decode = self._decode_time()
+            decode = self.ring.decode_time()
             if decode is None:
                 return ()
             if end + decode > now:
                 return None
-            a, b = self._at(start + decode), self._at(end + decode)
+            a, b = self.ring.at(start + decode), self.ring.at(end + decode)
             if a is None or b is None or b[4] - a[4] <= 0:
                 return ()
             prefill = (b[3] - a[3]) / (b[4] - a[4])
         else:
             return ()
         if totals.counted_at == "end":  # counted when the requests end: one decode after their first token
-            a, b = self._at(start), self._at(end)
+            a, b = self.ring.at(start), self.ring.at(end)
             lag = 0.0
             if a is not None and b is not None and b[1] > a[1] and self.itl_raw is not None:
                 lag = (b[2] - a[2]) / (b[1] - a[1]) * self.itl_raw
@@ -360,7 +254,7 @@ class EndpointFit:
             lag = -prefill
         if end + lag > now:
             return None
-        a, b = self._at(start + lag), self._at(end + lag)
+        a, b = self.ring.at(start + lag), self.ring.at(end + lag)
         if a is None or b is None:
             return ()
         requests = (b[1] - a[1]) if totals.counted_at == "end" else n
@@ -370,111 +264,44 @@ class EndpointFit:
 
     def _point(self, x: float, y: float, now: float, weight: float = 1.0) -> None:
         """A level point."""
-        self._age(now)
-        w = weight * self._huber(x, y)
-        self.points += 1
-        self.W += w
-        self.Sx += w * x
-        self.Sy += w * y
-        if self.W > MAX_WEIGHT:
-            self._scale_sums(MAX_WEIGHT / self.W)
+        self.prefill.level_point(x, y, now, weight, self.timings)
         self.updated_at = now
         self._refresh()
 
     def _slope_point(self, x: float, y: float, now: float) -> None:
         """A slope point (several consecutive windows together: fewer requests misattributed at the edges)."""
-        self._age(now)
-        w = self._huber(x, y)
-        self.V += w
-        self.Tx += w * x
-        self.Ty += w * y
-        self.Txx += w * x * x
-        self.Txy += w * x * y
-        self.Tyy += w * y * y
+        self.prefill.slope_point(x, y, now, self.timings)
         self._refresh()
 
-    def _age(self, now: float) -> None:
-        if self.fit_at is not None:
-            self._scale_sums(self._decay(now - self.fit_at))
-        self.fit_at = now
-
-    def _huber(self, x: float, y: float) -> float:
-        """The weight of a point far from the current estimate (1 near it; none before a few points)."""
-        t = self.timings
-        if self.W < 3.0 or t is None:
-            return 1.0
-        pred = t.overhead + x * t.prefill_per_token
-        if pred <= 0:
-            return 1.0
-        miss = abs(min(CLIP, max(1.0 / CLIP, y / pred)) - 1.0)
-        return HUBER / miss if miss > HUBER else 1.0
-
-    def _scale_sums(self, f: float) -> None:
-        self.W, self.Sx, self.Sy = f * self.W, f * self.Sx, f * self.Sy
-        self.V, self.Tx, self.Ty = f * self.V, f * self.Tx, f * self.Ty
-        self.Txx, self.Txy, self.Tyy = f * self.Txx, f * self.Txy, f * self.Tyy
-
-    def _decay(self, dt: float) -> float:
-        return 0.5 ** (max(0.0, dt) / self.half_life) if self.half_life > 0 else 1.0
-
     # ---- the estimate ---------------------------------------------------------------------------------------
-    def _solve(self) -> tuple[float, float] | None:
-        """(overhead, per token) from the prefill points: their weighted mean, with the decode-scaled reference as
-        `PRIOR_LEVEL` more points at the same size, fixes the level; the slope moves from the reference's slope at
-        that level towards the slope points' own as far as their spread allows (see the module docstring)."""
-        W = self.W
-        ref = self.ref
-        decode_scale = self.itl_mean / ref.inter_token if self.has_decode and ref.inter_token > 0 else None
-        if W <= 0:
-            if decode_scale is None:
-                return None
-            return ref.overhead * decode_scale, ref.prefill_per_token * decode_scale
-        mx, my = self.Sx / W, self.Sy / W
-        if decode_scale is not None:
-            my = (W * my + PRIOR_LEVEL * decode_scale * (ref.overhead + ref.prefill_per_token * mx)) / (W + PRIOR_LEVEL)
-        p0 = my * ref.prefill_per_token / (ref.overhead + ref.prefill_per_token * mx)
-        p = p0
-        V = self.V
-        if V >= MIN_SLOPE_POINTS:
-            vx, vy = self.Tx / V, self.Ty / V
-            sxx = max(0.0, self.Txx - V * vx * vx)
-            sxy = self.Txy - V * vx * vy
-            syy = max(0.0, self.Tyy - V * vy * vy)
-            # points scattered off their line: sizes misattributed at the windows' edges, which flattens the slope
-            scatter = (syy - sxy * sxy / sxx) / V / (vy * vy) if sxx > 0 and vy > 0 else 1.0
-            lam = V * (PRIOR_SPREAD * max(vx, 1.0)) ** 2 * min(1.0, max(0.0, scatter) / SCATTER_REF ** 2)
-            p = (sxy + lam * p0) / (sxx + lam) if sxx + lam > 0 else p0
-        o = my - p * mx
-        floor = 1e-9
-        if o < 0.0:
-            o, p = 0.0, (my / mx if mx > 0 else p0)
-        if p < floor:
-            p, o = floor, max(0.0, my - floor * mx)
-        return o, p
-
     def _refresh(self) -> None:
         """The timings, once the decode or a prefill point is known: the fitted overhead and per-token time (before
         prefill points, the reference's scaled like the decode), the fitted inter-token time (before enough tokens,
         the reference's scaled like the prefill)."""
-        prefill = self._solve()
+        ref = self.ref
+        decode_scale = self.inter_token.mean / ref.inter_token if self.has_decode and ref.inter_token > 0 else None
+        prefill = self.prefill.solve(ref, decode_scale)
         if prefill is None:
             return
         o, p = prefill
-        ref = self.ref
         if self.has_decode:
-            itl = self.itl_mean
+            itl = self.inter_token.mean
         else:
-            scale = (self.Sy / self.W) / (ref.overhead + ref.prefill_per_token * self.Sx / self.W)
-            itl = ref.inter_token * scale
+            itl = ref.inter_token * self.prefill.level_scale(ref)
         self.timings = Timings(o, p, itl)
 
     @property
+    def W(self) -> float:
+        """The level points' decayed weight (the regression sums' W)."""
+        return self.prefill.W
+
+    @property
     def has_prefill(self) -> bool:
-        return self.W > 0
+        return self.prefill.W > 0
 
     @property
     def has_decode(self) -> bool:
-        return self.itl_w >= MIN_ITL_TOKENS and self.itl_mean > 0
+        return self.inter_token.known
 
     def view(self) -> FitView:
-        return FitView(self.timings, self.W, self.itl_w, self.updated_at, self.ttft_mean, self.ttft_p90)
+        return FitView(self.timings, self.prefill.W, self.inter_token.w, self.updated_at, self.ttft_mean, self.ttft_p90)
