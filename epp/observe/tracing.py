@@ -106,8 +106,10 @@ def add_flags(p: argparse.ArgumentParser, parse_bool: Callable[[str], bool]) -> 
 class Trace:
     """One sampled request's trace: ids, the stage marks, what the response showed. It is the request's follow."""
 
-    __slots__ = ("tracing", "trace_id", "span_id", "parent_id", "flags", "state", "source", "wall0", "perf0",
-                 "marks", "status", "served", "first_byte", "done")
+    __slots__ = ("tracing", "trace_id", "span_id", "parent_id", "state", "source", "wall0", "perf0", "marks",
+                 "status", "served", "first_byte", "done", "start", "end", "error", "attributes", "children")
+    otlp_record = True  # epp/observe/otlp.py hands it to epp/observe/wire.py
+    root_name = ROOT
 
     def __init__(self, tracing: Tracing, trace_id: int, span_id: int, parent: TraceParent | None, state: Any,
                  source: str) -> None:
@@ -124,6 +126,12 @@ class Trace:
         self.served: str | None = None
         self.first_byte = 0
         self.done = False
+        # set when it finishes (Tracing.finish): perf_counter ns, the rejection's error code, the request span's
+        # attributes and its children as (name, start, end)
+        self.start = self.end = 0
+        self.error = ""
+        self.attributes: dict[str, Any] = {}
+        self.children: list[tuple[str, int, int]] = []
 
     @property
     def trace_id_hex(self) -> str:
@@ -200,15 +208,16 @@ class Tracing:
         try:
             from opentelemetry import trace as api
             from opentelemetry.sdk.resources import SERVICE_NAME, Resource
-            from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-            from opentelemetry.sdk.trace.export import BatchSpanProcessor
+            from opentelemetry.sdk.trace import TracerProvider
             from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
             from opentelemetry.sdk.util.instrumentation import InstrumentationScope
             from opentelemetry.trace.span import NonRecordingSpan, SpanContext, TraceFlags, TraceState
-            from opentelemetry.trace.status import Status, StatusCode
         except ImportError as e:
             raise TracingUnavailable(f"--tracing needs the OpenTelemetry SDK: pip install 'pointsman[otel]' "
                                      f"({e})") from e
+        from epp.observe.batching import Batcher
+        from epp.observe.wire import Origin
+
         if exporter is None:
             check_proto()
             from epp.observe.otlp import exporter as make_exporter
@@ -228,14 +237,14 @@ class Tracing:
         # bound). An OTEL_TRACES_SAMPLER sampler is asked as it is.
         self.bound = TraceIdRatioBased.get_bound_for_rate(ratio) if ratio is not None else None
         self.id_generator = provider.id_generator
+        self.new_span_id = self.id_generator.generate_span_id
         self.resource = provider.resource
         self.scope = InstrumentationScope("pointsman", _version())
-        self.processor = BatchSpanProcessor(exporter)
-        self._api, self._span_cls, self._ctx_cls = api, ReadableSpan, SpanContext
+        self.origin = Origin(self.resource, self.scope)
+        self.processor = Batcher(exporter, count=_span_count)
+        self._api, self._ctx_cls = api, SpanContext
         self._nonrecording, self._flags, self._state_cls = NonRecordingSpan, TraceFlags, TraceState
-        self._status, self._code = Status, StatusCode
-        self._server, self._internal = api.SpanKind.SERVER, api.SpanKind.INTERNAL
-        self._sampled = TraceFlags(TraceFlags.SAMPLED)
+        self._server = api.SpanKind.SERVER
 
     def exchange(self, director: Director, stream_metadata: Sequence[tuple[Any, Any]] | None) -> TracedExchange:
         return TracedExchange(director, self, stream_metadata)
@@ -272,7 +281,7 @@ class Tracing:
         return Trace(self, trace_id, self.id_generator.generate_span_id(), parent, result.trace_state, source)
 
     def finish(self, ex: RequestExchange, trace: Trace, *, usage: Usage | None = None, error: str = "") -> None:
-        """Build the request's spans and hand them to the batch processor (once)."""
+        """Complete the request's trace (its end, attributes and stage spans) and queue it for export (once)."""
         if trace.done:
             return
         trace.done = True
@@ -281,39 +290,27 @@ class Tracing:
         if not marks[DONE]:
             marks[DONE] = end
         try:
-            attributes = request_attributes(ex, trace, usage, error)
-            self._emit(ex, trace, end, attributes, error)
+            trace.attributes = request_attributes(ex, trace, usage, error)
+            trace.start, trace.end, trace.error = marks_start(trace), end, error
+            children = trace.children
+            d = ex.d
+            for stage, name in CHILDREN:
+                start = marks[stage]
+                if not start or not _child_wanted(stage, d, ex, error):
+                    continue
+                stop = next((m for m in marks[stage + 1:] if m), end)
+                children.append((name, start, stop))
+            self.processor.emit(trace)
         except Exception:
             log.exception("building a trace failed")
-
-    def _emit(self, ex: RequestExchange, trace: Trace, end: int, attributes: dict[str, Any], error: str) -> None:
-        span, ctx_cls, flags, state = self._span_cls, self._ctx_cls, self._sampled, trace.state
-        tid, resource, scope = trace.trace_id, self.resource, self.scope
-        root = ctx_cls(tid, trace.span_id, False, flags, state)
-        parent = ctx_cls(tid, trace.parent_id, True, flags, state) if trace.parent_id else None
-        status = self._status(self._code.ERROR, error) if error or trace.status >= 500 else self._status(
-            self._code.UNSET)
-        out = [span(name=ROOT, context=root, parent=parent, resource=resource, attributes=attributes,
-                    kind=self._server, status=status, start_time=trace.wall(marks_start(trace)),
-                    end_time=trace.wall(end), instrumentation_scope=scope)]
-        d = ex.d
-        marks = trace.marks
-        for stage, name in CHILDREN:
-            start = marks[stage]
-            if not start or not _child_wanted(stage, d, ex, error):
-                continue
-            stop = next((m for m in marks[stage + 1:] if m), end)
-            ctx = ctx_cls(tid, self.id_generator.generate_span_id(), False, flags, state)
-            out.append(span(name=name, context=ctx, parent=root, resource=resource, attributes=None,
-                            kind=self._internal, start_time=trace.wall(start), end_time=trace.wall(stop),
-                            instrumentation_scope=scope))
-        on_end = self.processor.on_end
-        for s in out:
-            on_end(s)
 
     def shutdown(self) -> None:
         """Flush what is queued and stop the exporter (blocking: call it from a thread)."""
         self.processor.shutdown()
+
+
+def _span_count(trace: Trace) -> int:
+    return 1 + len(trace.children)
 
 
 def _version() -> str:
