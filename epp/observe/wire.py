@@ -112,7 +112,7 @@ class Encoder:
     def attributes(self, attributes: Mapping[str, object]) -> list[bytes]:
         """Span.attributes (field 9) of each attribute: a repeated string or integer value is looked up whole,
         a float's field is a constant prefix and its 8 bytes."""
-        out = []
+        out: list[bytes] = []
         append = out.append
         strings, ints, floats = self._strings, self._ints, self._floats
         for k, v in attributes.items():
@@ -138,7 +138,7 @@ class Encoder:
                 if prefix is None:
                     key = self._key(k)
                     prefix = floats[k] = b"\x4a" + varint(len(key) + 11) + key + b"\x12\x09\x21"
-                append(prefix + _D(v))  # type: ignore[arg-type]
+                append(prefix + _D(v))
             elif t is int:
                 kv = ints.get((k, v))  # type: ignore[arg-type]
                 if kv is None:
