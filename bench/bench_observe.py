@@ -8,6 +8,7 @@ theirs. CPU is the process's (every thread), per request; cases interleave round
 with the ratio to `off`. The wire (gRPC, HTTP/2, Envoy) is not in it: bench/bench_extproc.py measures that.
 
     .venv/bin/python bench/bench_observe.py --rounds 7 --requests 3000
+    .venv/bin/python bench/bench_observe.py --case "trace 1%" --case "trace 100%"    # only these (and off)
 """
 
 from __future__ import annotations

@@ -4,11 +4,17 @@ The SDK's OTLP exporters (`opentelemetry-exporter-otlp-proto-grpc` and `-http`, 
 spans: their endpoints, headers, TLS, compression, timeouts and retries follow the standard `OTEL_EXPORTER_OTLP_*`
 environment variables. What they do slowly is turn spans into protobuf: the stock encoder builds every nested
 message through keyword constructors, which upb copies, about 35 µs per span of Pointsman's shape, spent in the
-batch processor's thread while it holds the GIL, so on the event loop's time. `encode` fills the same
-`ExportTraceServiceRequest` in place, about four times faster (bench/bench_tracing_encode.py compares them;
-tests/observe/test_otlp_encode.py checks both give the same message). The exporters take it through their own
-hooks: the gRPC exporter's `_translate_data`, the HTTP exporter's module-level `encode_spans`. Spans this encoder
-does not expect (events, links, several resources or scopes) go to the stock encoder.
+batch thread while it holds the GIL, so on the event loop's time.
+
+Pointsman's own trace records (epp/observe/tracing.py `Trace`, one per sampled request) take the short way:
+epp/observe/wire.py writes them to the request's bytes directly, and the gRPC exporter's stub sends those bytes as
+they are (a stub without a request serializer, in the exporter's `_stub` / `_client`; an SDK that keeps them
+elsewhere gets the bytes parsed back into the request message). The SDK's own spans, should anything hand them
+over, still go through `encode_message`, which fills the `ExportTraceServiceRequest` in place, about four times
+faster than the stock encoder (bench/bench_tracing_encode.py compares them; tests/observe/test_otlp_encode.py
+checks both give the same message); spans it does not expect (events, links, several resources or scopes) go to
+the stock encoder. The exporters take both through their own hooks: the gRPC exporter's `_translate_data`, the
+HTTP exporter's module-level `encode_spans` (`encode`).
 
 `xds-protos` (a Pointsman dependency) ships an old copy of the `opentelemetry.proto` modules that overwrites
 `opentelemetry-proto`'s when it is installed second; the exporters then fail to import. `check_proto()` names the

@@ -22,10 +22,14 @@ event stream) and the usage the response reported (`gen_ai.usage.*`). A rejected
 
 Cost. Off (the default) nothing here is imported and a request pays one attribute check (`Director.tracing`).
 On, `TracedExchange` decides sampling once per request (the configured ratio sampler in place: a random 64-bit
-draw against the SDK's bound); only a sampled request stamps when each stage begins and gets spans. The spans are built once, when the stream ends (their times are known then), as the SDK's
-`ReadableSpan`s handed to its `BatchSpanProcessor`, not through `Tracer.start_span`: the SDK's live `Span`
-(a lock, bounded attributes, the sampler again for every child) costs about 20 µs each, the whole trace built
-here about 6 µs. Export uses the SDK's OTLP exporters with a faster encoder (epp/observe/otlp.py).
+draw against the SDK's bound); only a sampled request stamps when each stage begins. When its stream ends the
+request's `Trace` itself becomes the export record: its end, the request span's attributes and the stage spans
+as (name, start, end) are set on it and it joins the export queue (epp/observe/batching.py: a lock and an append).
+No SDK span object is made: the SDK's live `Span` (a lock, bounded attributes, the sampler again for every child)
+costs about 20 µs each, and even its `ReadableSpan`s plus the SDK's BatchSpanProcessor cost about as much again
+as the whole record path does now. The batch thread hands the records to the SDK's OTLP exporter, whose
+translation hook writes them straight to protobuf bytes (epp/observe/wire.py, epp/observe/otlp.py); the stage
+spans' ids are drawn there. docs/observability.md "Performance" has the measurements.
 """
 
 from __future__ import annotations
