@@ -64,13 +64,14 @@ class BatchSettings:
 
 
 class Batcher:
-    """Bounded queue of trace records and the thread that exports them. `count(record)` is a record's spans."""
+    """Bounded queue of trace records and the thread that exports them. `count(record)` is a record's spans;
+    `wrap(batch)` is what the exporter is given for a list of records."""
 
     def __init__(self, exporter: Any, settings: BatchSettings | None = None,
-                 count: Callable[[Any], int] = lambda r: 1) -> None:
+                 count: Callable[[Any], int] = lambda r: 1, wrap: Callable[[list[Any]], Any] = lambda b: b) -> None:
         self.exporter = exporter
         self.settings = s = settings or BatchSettings.from_env()
-        self._count = count
+        self._count, self._wrap = count, wrap
         self._queue: deque[tuple[Any, int]] = deque()
         self._queued = 0  # spans in the queue
         self.dropped = 0  # spans dropped because the queue was full
@@ -136,7 +137,7 @@ class Batcher:
                     return
                 self.exported += sum(self._count(r) for r in batch)
                 try:
-                    self.exporter.export(batch)
+                    self.exporter.export(self._wrap(batch))
                 except Exception:
                     log.exception("tracing: exporting %d traces failed", len(batch))
                 if not everything and self._queued < self._max_batch:

@@ -6,7 +6,7 @@ environment variables. What they do slowly is turn spans into protobuf: the stoc
 message through keyword constructors, which upb copies, about 35 µs per span of Pointsman's shape, spent in the
 batch thread while it holds the GIL, so on the event loop's time.
 
-Pointsman's own trace records (epp/observe/tracing.py `Trace`, one per sampled request) take the short way:
+Pointsman's own trace records (epp/observe/tracing.py `record`, one per sampled request, in a wire.py `Records`) take the short way:
 epp/observe/wire.py writes them to the request's bytes directly, and the gRPC exporter's stub sends those bytes as
 they are (a stub without a request serializer, in the exporter's `_stub` / `_client`; an SDK that keeps them
 elsewhere gets the bytes parsed back into the request message). The SDK's own spans, should anything hand them
@@ -105,12 +105,12 @@ _ENCODER: Any = None
 
 
 def _records(spans: Sequence[Any]) -> bool:
-    return bool(spans) and getattr(spans[0], "otlp_record", False)
+    return getattr(spans, "otlp_records", False)
 
 
 def encode(spans: Sequence[Any]) -> Any:
-    """The ExportTraceServiceRequest for `spans` (ReadableSpans), built in place; for Pointsman's trace records
-    (epp/observe/tracing.py `Trace`), their bytes (epp/observe/wire.py) as an `Encoded`."""
+    """The ExportTraceServiceRequest for `spans` (ReadableSpans), built in place; for a batch of Pointsman's
+    trace records (epp/observe/wire.py `Records`), their bytes as an `Encoded`."""
     global _ENCODER
     if _records(spans):
         if _ENCODER is None:
@@ -227,7 +227,7 @@ def _grpc_exporter(base: type, endpoint: str | None) -> Any:
 
         def _translate_data(self, data: Sequence[Any]) -> Any:
             if _records(data):
-                raw = self._encoder.encode(data)
+                raw = self._encoder.encode(data)  # type: ignore[arg-type]
                 return raw if self._raw else ExportTraceServiceRequest.FromString(raw)
             message = encode_message(data)
             return message.SerializeToString() if self._raw else message

@@ -20,16 +20,16 @@ ends, the HTTP status, the first response byte as Pointsman saw it (`gen_ai.resp
 event stream) and the usage the response reported (`gen_ai.usage.*`). A rejected request's span carries
 `error.type` (the inference error code) and an error status.
 
-Cost. Off (the default) nothing here is imported and a request pays one attribute check (`Director.tracing`).
-On, `TracedExchange` decides sampling once per request (the configured ratio sampler in place: a random 64-bit
-draw against the SDK's bound); only a sampled request stamps when each stage begins. When its stream ends the
-request's `Trace` itself becomes the export record: its end, the request span's attributes and the stage spans
-as (name, start, end) are set on it and it joins the export queue (epp/observe/batching.py: a lock and an append).
-No SDK span object is made: the SDK's live `Span` (a lock, bounded attributes, the sampler again for every child)
-costs about 20 µs each, and even its `ReadableSpan`s plus the SDK's BatchSpanProcessor cost about as much again
-as the whole record path does now. The batch thread hands the records to the SDK's OTLP exporter, whose
-translation hook writes them straight to protobuf bytes (epp/observe/wire.py, epp/observe/otlp.py); the stage
-spans' ids are drawn there. docs/observability.md "Performance" has the measurements.
+Cost. Off (the default) nothing here is imported and a request pays one attribute check (`Director.tracing`). On,
+`TracedExchange` decides sampling once per request (the configured ratio sampler in place: a random 64-bit draw
+against the SDK's bound); only a sampled request stamps when each stage begins. When its stream ends the request's
+attributes and stage spans are gathered into one record, a plain tuple (`record`), that joins the export queue
+(epp/observe/batching.py: a lock and an append). No SDK span object is made: the SDK's live `Span` (a lock, bounded
+attributes, the sampler again for every child) costs about 20 µs each; its `ReadableSpan`s and BatchSpanProcessor,
+which this used before, cost about as much again as the whole record path. The batch thread hands the records to the
+SDK's OTLP exporter, whose translation hook writes them straight to protobuf bytes (epp/observe/wire.py,
+epp/observe/otlp.py); the stage spans' ids are drawn there. docs/observability.md "Performance" has the
+measurements.
 """
 
 from __future__ import annotations
@@ -111,9 +111,7 @@ class Trace:
     """One sampled request's trace: ids, the stage marks, what the response showed. It is the request's follow."""
 
     __slots__ = ("tracing", "trace_id", "span_id", "parent_id", "state", "source", "wall0", "perf0", "marks",
-                 "status", "served", "first_byte", "done", "start", "end", "error", "attributes", "children")
-    otlp_record = True  # epp/observe/otlp.py hands it to epp/observe/wire.py
-    root_name = ROOT
+                 "status", "served", "first_byte", "done")
 
     def __init__(self, tracing: Tracing, trace_id: int, span_id: int, parent: TraceParent | None, state: Any,
                  source: str) -> None:
@@ -130,12 +128,6 @@ class Trace:
         self.served: str | None = None
         self.first_byte = 0
         self.done = False
-        # set when it finishes (Tracing.finish): perf_counter ns, the rejection's error code, the request span's
-        # attributes and its children as (name, start, end)
-        self.start = self.end = 0
-        self.error = ""
-        self.attributes: dict[str, Any] = {}
-        self.children: list[tuple[str, int, int]] = []
 
     @property
     def trace_id_hex(self) -> str:
@@ -220,7 +212,7 @@ class Tracing:
             raise TracingUnavailable(f"--tracing needs the OpenTelemetry SDK: pip install 'pointsman[otel]' "
                                      f"({e})") from e
         from epp.observe.batching import Batcher
-        from epp.observe.wire import Origin
+        from epp.observe.wire import Origin, Records
 
         if exporter is None:
             check_proto()
@@ -245,7 +237,8 @@ class Tracing:
         self.resource = provider.resource
         self.scope = InstrumentationScope("pointsman", _version())
         self.origin = Origin(self.resource, self.scope)
-        self.processor = Batcher(exporter, count=_span_count)
+        self.processor = Batcher(exporter, count=_span_count,
+                                 wrap=lambda recs: Records(recs, self.origin, self.new_span_id, ROOT))
         self._api, self._ctx_cls = api, SpanContext
         self._nonrecording, self._flags, self._state_cls = NonRecordingSpan, TraceFlags, TraceState
         self._server = api.SpanKind.SERVER
@@ -294,9 +287,8 @@ class Tracing:
         if not marks[DONE]:
             marks[DONE] = end
         try:
-            trace.attributes = request_attributes(ex, trace, usage, error)
-            trace.start, trace.end, trace.error = marks_start(trace), end, error
-            children = trace.children
+            attributes = request_attributes(ex, trace, usage, error)
+            children = []
             d = ex.d
             for stage, name in CHILDREN:
                 start = marks[stage]
@@ -304,7 +296,7 @@ class Tracing:
                     continue
                 stop = next((m for m in marks[stage + 1:] if m), end)
                 children.append((name, start, stop))
-            self.processor.emit(trace)
+            self.processor.emit(record(trace, marks_start(trace), end, attributes, children, error))
         except Exception:
             log.exception("building a trace failed")
 
@@ -313,8 +305,20 @@ class Tracing:
         self.processor.shutdown()
 
 
-def _span_count(trace: Trace) -> int:
-    return 1 + len(trace.children)
+def record(trace: Trace, start: int, end: int, attributes: dict[str, Any], children: Sequence[tuple[str, int, int]],
+           error: str = "") -> tuple[Any, ...]:
+    """A finished trace as the export queue holds it (epp/observe/wire.py reads it): a plain tuple of plain values
+    (ids, the state header, the wall clock's offset from perf_counter, perf_counter start and end, the error code,
+    the HTTP status, the attributes as (key, value) pairs, the children as (name, start, end)). The garbage
+    collector stops tracking tuples of strings and numbers after its first passes over them (a dict, or an
+    object, it would track to the end), so queued traces do not pile up in its older generations."""
+    state = trace.state.to_header() if trace.state else ""
+    return (trace.trace_id, trace.span_id, trace.parent_id, state, trace.wall0 - trace.perf0, start, end, error,
+            trace.status, tuple(attributes.items()), tuple(children))
+
+
+def _span_count(rec: tuple[Any, ...]) -> int:
+    return 1 + len(rec[-1])
 
 
 def _version() -> str:

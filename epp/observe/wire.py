@@ -1,7 +1,8 @@
 """Pointsman's trace records straight to OTLP protobuf bytes (imported with tracing only).
 
-A sampled request's trace (epp/observe/tracing.py `Trace`) leaves the event loop as one record: its ids, the stage
-marks, the status and the request span's attributes. `encode_traces` writes a batch of them as the bytes of an
+A sampled request's trace leaves the event loop as one record (epp/observe/tracing.py `record`, a plain tuple):
+its ids, times, status, the request span's attributes and the stage spans. A batch of them (`Records`) carries
+what they share. `encode_traces` writes a batch of them as the bytes of an
 `ExportTraceServiceRequest` (opentelemetry/proto/collector/trace/v1/trace_service.proto), without building the
 SDK's span objects or a protobuf message per field: the resource and the instrumentation scope are serialized once
 per `Origin`, the fields every span shares (names, kinds, flags, an empty status) are constants, and an attribute
@@ -15,7 +16,7 @@ Wire format reminders: a field is a varint key `(number << 3) | wire type` (0 va
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 _Q = struct.Struct("<Q").pack  # fixed64
@@ -109,13 +110,13 @@ class Encoder:
         self._floats: dict[str, bytes] = {}
         self._names: dict[tuple[str, int], bytes] = {}
 
-    def attributes(self, attributes: Mapping[str, object]) -> list[bytes]:
+    def attributes(self, attributes: Iterable[tuple[str, object]]) -> list[bytes]:
         """Span.attributes (field 9) of each attribute: a repeated string or integer value is looked up whole,
         a float's field is a constant prefix and its 8 bytes."""
         out: list[bytes] = []
         append = out.append
         strings, ints, floats = self._strings, self._ints, self._floats
-        for k, v in attributes.items():
+        for k, v in attributes:
             t = type(v)
             if t is str:
                 if k in UNIQUE_KEYS:
@@ -168,62 +169,62 @@ class Encoder:
             out = self._names[(name, kind)] = field(5, name.encode()) + b"\x30" + varint(kind)
         return out
 
-    def trace(self, t: Any, out: list[bytes]) -> None:
-        """The spans of one record (epp/observe/tracing.py `Trace`, finished) onto `out`: the request span, then
-        its children (each a ScopeSpans.spans field)."""
-        tid = b"\x0a\x10" + t.trace_id.to_bytes(16, "big")
-        state = t.state
-        state_field = field(3, state.to_header().encode()) if state else b""
-        sid = b"\x12\x08" + t.span_id.to_bytes(8, "big")
-        wall = t.wall0 - t.perf0
-        if t.parent_id:
-            parent = b"\x22\x08" + t.parent_id.to_bytes(8, "big")
+    def trace(self, r: tuple[Any, ...], out: list[bytes], new_span_id: Callable[[], int], root_name: str) -> None:
+        """The spans of one record (epp/observe/tracing.py `record`) onto `out`: the request span, then its
+        children (each a ScopeSpans.spans field)."""
+        trace_id, span_id, parent_id, state, wall, start, end, error, status, attributes, children = r
+        tid = b"\x0a\x10" + trace_id.to_bytes(16, "big")
+        state_field = field(3, state.encode()) if state else b""
+        sid = span_id.to_bytes(8, "big")
+        if parent_id:
+            parent = b"\x22\x08" + parent_id.to_bytes(8, "big")
             flags = _FLAGS_REMOTE_PARENT
         else:
             parent, flags = b"", _FLAGS
-        error = t.error
-        if error or t.status >= 500:
-            status = field(15, field(2, error.encode()) + b"\x18\x02" if error else b"\x18\x02")
+        if error or status >= 500:
+            status_field = field(15, field(2, error.encode()) + b"\x18\x02" if error else b"\x18\x02")
         else:
-            status = _NO_STATUS
-        parts = [tid, sid, state_field, parent, self.name(t.root_name, KIND_SERVER), b"\x39" + _Q(wall + t.start),
-                 b"\x41" + _Q(wall + t.end)]
-        parts += self.attributes(t.attributes)
-        parts.append(status)
+            status_field = _NO_STATUS
+        parts = [tid, b"\x12\x08", sid, state_field, parent, self.name(root_name, KIND_SERVER),
+                 b"\x39" + _Q(wall + start), b"\x41" + _Q(wall + end)]
+        parts += self.attributes(attributes)
+        parts.append(status_field)
         parts.append(flags)
         body = b"".join(parts)
         out.append(b"\x12" + varint(len(body)) + body)
-        if not t.children:
+        if not children:
             return
-        child_parent = b"\x22\x08" + sid[2:]
-        new_id = t.tracing.new_span_id
+        child_parent = b"\x22\x08" + sid
         name = self.name
-        for child, start, stop in t.children:
-            body = b"".join((tid, b"\x12\x08", new_id().to_bytes(8, "big"), state_field, child_parent,
-                             name(child, KIND_INTERNAL), b"\x39", _Q(wall + start), b"\x41", _Q(wall + stop),
+        for child, begin, stop in children:
+            body = b"".join((tid, b"\x12\x08", new_span_id().to_bytes(8, "big"), state_field, child_parent,
+                             name(child, KIND_INTERNAL), b"\x39", _Q(wall + begin), b"\x41", _Q(wall + stop),
                              _CHILD_TAIL))
             out.append(b"\x12" + varint(len(body)) + body)
 
-    def encode(self, traces: Sequence[Any]) -> bytes:
-        """ExportTraceServiceRequest bytes for a batch of trace records, grouped by origin."""
-        if not traces:
+    def encode(self, records: Records) -> bytes:
+        """ExportTraceServiceRequest bytes for a batch of trace records."""
+        if not records:
             return b""
-        origin = traces[0].tracing.origin
-        if all(t.tracing.origin is origin for t in traces):
-            groups: dict[Origin, list[Any]] = {origin: list(traces)}
-        else:
-            groups = {}
-            for t in traces:
-                groups.setdefault(t.tracing.origin, []).append(t)
-        out = []
-        for o, group in groups.items():
-            spans: list[bytes] = []
-            trace = self.trace
-            for t in group:
-                trace(t, spans)
-            out.append(o.request(spans))
-        return b"".join(out)
+        spans: list[bytes] = []
+        trace, new_id, root = self.trace, records.new_span_id, records.root_name
+        for r in records:
+            trace(r, spans, new_id, root)
+        return records.origin.request(spans)
 
 
-def span_count(traces: Sequence[Any]) -> int:
-    return sum(1 + len(t.children) for t in traces)
+class Records(list):  # type: ignore[type-arg]
+    """A batch of trace records as the exporter gets it, with what they share: the origin, the span id
+    generator (the stage spans' ids are drawn when they are encoded) and the request span's name."""
+
+    __slots__ = ("origin", "new_span_id", "root_name")
+    otlp_records = True  # epp/observe/otlp.py: encode with `Encoder`
+
+    def __init__(self, records: Iterable[tuple[Any, ...]], origin: Origin, new_span_id: Callable[[], int],
+                 root_name: str) -> None:
+        super().__init__(records)
+        self.origin, self.new_span_id, self.root_name = origin, new_span_id, root_name
+
+
+def span_count(records: Sequence[tuple[Any, ...]]) -> int:
+    return sum(1 + len(r[-1]) for r in records)
