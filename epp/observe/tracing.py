@@ -294,7 +294,11 @@ class Tracing:
                 start = marks[stage]
                 if not start or not _child_wanted(stage, d, ex, error):
                     continue
-                stop = next((m for m in marks[stage + 1:] if m), end)
+                stop = end
+                for m in marks[stage + 1:]:
+                    if m:
+                        stop = m
+                        break
                 children.append((name, start, stop))
             self.processor.emit(record(trace, marks_start(trace), end, attributes, children, error))
         except Exception:
@@ -309,12 +313,12 @@ def record(trace: Trace, start: int, end: int, attributes: dict[str, Any], child
            error: str = "") -> tuple[Any, ...]:
     """A finished trace as the export queue holds it (epp/observe/wire.py reads it): a plain tuple of plain values
     (ids, the state header, the wall clock's offset from perf_counter, perf_counter start and end, the error code,
-    the HTTP status, the attributes as (key, value) pairs, the children as (name, start, end)). The garbage
+    the HTTP status, the attributes' keys and values, the children as (name, start, end)). The garbage
     collector stops tracking tuples of strings and numbers after its first passes over them (a dict, or an
     object, it would track to the end), so queued traces do not pile up in its older generations."""
     state = trace.state.to_header() if trace.state else ""
     return (trace.trace_id, trace.span_id, trace.parent_id, state, trace.wall0 - trace.perf0, start, end, error,
-            trace.status, tuple(attributes.items()), tuple(children))
+            trace.status, tuple(attributes), tuple(attributes.values()), tuple(children))
 
 
 def _span_count(rec: tuple[Any, ...]) -> int:

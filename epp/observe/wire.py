@@ -172,7 +172,7 @@ class Encoder:
     def trace(self, r: tuple[Any, ...], out: list[bytes], new_span_id: Callable[[], int], root_name: str) -> None:
         """The spans of one record (epp/observe/tracing.py `record`) onto `out`: the request span, then its
         children (each a ScopeSpans.spans field)."""
-        trace_id, span_id, parent_id, state, wall, start, end, error, status, attributes, children = r
+        trace_id, span_id, parent_id, state, wall, start, end, error, status, keys, values, children = r
         tid = b"\x0a\x10" + trace_id.to_bytes(16, "big")
         state_field = field(3, state.encode()) if state else b""
         sid = span_id.to_bytes(8, "big")
@@ -187,7 +187,7 @@ class Encoder:
             status_field = _NO_STATUS
         parts = [tid, b"\x12\x08", sid, state_field, parent, self.name(root_name, KIND_SERVER),
                  b"\x39" + _Q(wall + start), b"\x41" + _Q(wall + end)]
-        parts += self.attributes(attributes)
+        parts += self.attributes(zip(keys, values, strict=True))
         parts.append(status_field)
         parts.append(flags)
         body = b"".join(parts)

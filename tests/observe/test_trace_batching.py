@@ -170,14 +170,14 @@ def sdk_spans(tracing: Tracing, recs: list[tuple], child_ids: list[int]) -> list
     """The same spans as the SDK's ReadableSpans, built as Pointsman built them before its own encoder."""
     out, ids = [], iter(child_ids)
     flags = TraceFlags(TraceFlags.SAMPLED)
-    for trace_id, span_id, parent_id, state, wall, begin0, end, error, status, attrs, children in recs:
+    for trace_id, span_id, parent_id, state, wall, begin0, end, error, status, keys, values, children in recs:
         ts = tracing._state_cls.from_header([state]) if state else None
         root = SpanContext(trace_id, span_id, False, flags, ts)
         parent = SpanContext(trace_id, parent_id, True, flags, ts) if parent_id else None
         st = Status(StatusCode.ERROR, error) if error or status >= 500 else Status(StatusCode.UNSET)
         out.append(ReadableSpan(name="pointsman.request", context=root, parent=parent, resource=tracing.resource,
-                                attributes=dict(attrs), kind=SpanKind.SERVER, status=st, start_time=wall + begin0,
-                                end_time=wall + end, instrumentation_scope=tracing.scope))
+                                attributes=dict(zip(keys, values, strict=True)), kind=SpanKind.SERVER, status=st,
+                                start_time=wall + begin0, end_time=wall + end, instrumentation_scope=tracing.scope))
         for name, begin, stop in children:
             ctx = SpanContext(trace_id, next(ids), False, flags, ts)
             out.append(ReadableSpan(name=name, context=ctx, parent=root, resource=tracing.resource, attributes=None,
