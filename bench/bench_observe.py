@@ -8,6 +8,7 @@ theirs. CPU is the process's (every thread), per request; cases interleave round
 with the ratio to `off`. The wire (gRPC, HTTP/2, Envoy) is not in it: bench/bench_extproc.py measures that.
 
     .venv/bin/python bench/bench_observe.py --rounds 7 --requests 3000
+    .venv/bin/python bench/bench_observe.py --case "trace 1%" --case "trace 100%"    # only these (and off)
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 import orjson  # noqa: E402
 
 from epp.cmd.app import App  # noqa: E402
-from epp.cmd.cli import build_parser  # noqa: E402
+from epp.cmd.settings import ServeSettings  # noqa: E402
 from epp.stack.ports import free_port, wait_port  # noqa: E402
 
 HEADERS = {":path": "/v1/chat/completions", ":method": "POST", "content-type": "application/json",
@@ -78,6 +79,7 @@ async def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--requests", type=int, default=3000, help="requests per case per round")
+    ap.add_argument("--case", action="append", default=[], help="only these cases (repeatable; `off` is always in)")
     args = ap.parse_args()
     os.environ.setdefault("OTEL_BSP_SCHEDULE_DELAY", "50")
     tmp = Path(tempfile.mkdtemp(prefix="bench-observe-"))
@@ -90,10 +92,12 @@ async def main() -> int:
     try:
         wait_port(port)
         for name, flags in cases(f"http://127.0.0.1:{port}").items():
-            ns = build_parser().parse_args(["serve", "--grpc-host", "127.0.0.1", "--grpc-port", str(free_port()),
-                                            "--grpc-health-port", "0", "--metrics-port", "0", "--endpoints-file",
-                                            str(eps), "--seed", "1", "--passive-health", "false", *flags])
-            apps[name] = app = App(ns)
+            if args.case and name != "off" and name not in args.case:
+                continue
+            settings = ServeSettings.from_argv(["--grpc-host", "127.0.0.1", "--grpc-port", str(free_port()),
+                                                "--grpc-health-port", "0", "--metrics-port", "0", "--endpoints-file",
+                                                str(eps), "--seed", "1", "--passive-health", "false", *flags])
+            apps[name] = app = App(settings)
             await app.start()
             await drive(app, 500)  # warm up
         times: dict[str, list[float]] = {k: [] for k in apps}

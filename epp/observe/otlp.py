@@ -4,11 +4,17 @@ The SDK's OTLP exporters (`opentelemetry-exporter-otlp-proto-grpc` and `-http`, 
 spans: their endpoints, headers, TLS, compression, timeouts and retries follow the standard `OTEL_EXPORTER_OTLP_*`
 environment variables. What they do slowly is turn spans into protobuf: the stock encoder builds every nested
 message through keyword constructors, which upb copies, about 35 µs per span of Pointsman's shape, spent in the
-batch processor's thread while it holds the GIL, so on the event loop's time. `encode` fills the same
-`ExportTraceServiceRequest` in place, about four times faster (bench/bench_tracing_encode.py compares them;
-tests/observe/test_otlp_encode.py checks both give the same message). The exporters take it through their own
-hooks: the gRPC exporter's `_translate_data`, the HTTP exporter's module-level `encode_spans`. Spans this encoder
-does not expect (events, links, several resources or scopes) go to the stock encoder.
+batch thread while it holds the GIL, so on the event loop's time.
+
+Pointsman's own trace records (epp/observe/tracing.py `record`, one per sampled request, in a wire.py `Records`) take the short way:
+epp/observe/wire.py writes them to the request's bytes directly, and the gRPC exporter's stub sends those bytes as
+they are (a stub without a request serializer, in the exporter's `_stub` / `_client`; an SDK that keeps them
+elsewhere gets the bytes parsed back into the request message). The SDK's own spans, should anything hand them
+over, still go through `encode_message`, which fills the `ExportTraceServiceRequest` in place, about four times
+faster than the stock encoder (bench/bench_tracing_encode.py compares them; tests/observe/test_otlp_encode.py
+checks both give the same message); spans it does not expect (events, links, several resources or scopes) go to
+the stock encoder. The exporters take both through their own hooks: the gRPC exporter's `_translate_data`, the
+HTTP exporter's module-level `encode_spans` (`encode`).
 
 `xds-protos` (a Pointsman dependency) ships an old copy of the `opentelemetry.proto` modules that overwrites
 `opentelemetry-proto`'s when it is installed second; the exporters then fail to import. `check_proto()` names the
@@ -63,7 +69,7 @@ def _set_value(value: Any, v: object) -> None:
         value.string_value = str(v)
 
 
-def _fill_attributes(target: Any, attributes: Mapping[str, object] | None) -> None:
+def fill_attributes(target: Any, attributes: Mapping[str, object] | None) -> None:
     if not attributes:
         return
     add = target.add
@@ -81,7 +87,41 @@ def _fill_attributes(target: Any, attributes: Mapping[str, object] | None) -> No
             _set_value(kv.value, v)
 
 
+class Encoded:
+    """Trace records already encoded (epp/observe/wire.py), in the shape the HTTP exporter serializes."""
+
+    __slots__ = ("data",)
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+    def SerializePartialToString(self) -> bytes:  # noqa: N802 (the protobuf method the exporter calls)
+        return self.data
+
+    SerializeToString = SerializePartialToString
+
+
+_ENCODER: Any = None
+
+
+def _records(spans: Sequence[Any]) -> bool:
+    return getattr(spans, "otlp_records", False)
+
+
 def encode(spans: Sequence[Any]) -> Any:
+    """The ExportTraceServiceRequest for `spans` (ReadableSpans), built in place; for a batch of Pointsman's
+    trace records (epp/observe/wire.py `Records`), their bytes as an `Encoded`."""
+    global _ENCODER
+    if _records(spans):
+        if _ENCODER is None:
+            from epp.observe.wire import Encoder
+
+            _ENCODER = Encoder()
+        return Encoded(_ENCODER.encode(spans))
+    return encode_message(spans)
+
+
+def encode_message(spans: Sequence[Any]) -> Any:
     """The ExportTraceServiceRequest for `spans` (ReadableSpans), built in place."""
     from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
@@ -95,7 +135,7 @@ def encode(spans: Sequence[Any]) -> Any:
         return encode_spans(spans)
     req = ExportTraceServiceRequest()
     rs = req.resource_spans.add()
-    _fill_attributes(rs.resource.attributes, resource.attributes)
+    fill_attributes(rs.resource.attributes, resource.attributes)
     if resource.schema_url:
         rs.schema_url = resource.schema_url
     ss = rs.scope_spans.add()
@@ -124,7 +164,7 @@ def encode(spans: Sequence[Any]) -> Any:
         p.kind = s.kind.value + 1  # SDK INTERNAL=0 .. CONSUMER=4; OTLP 0 is UNSPECIFIED
         p.start_time_unix_nano = s.start_time
         p.end_time_unix_nano = s.end_time
-        _fill_attributes(p.attributes, s.attributes)
+        fill_attributes(p.attributes, s.attributes)
         status = s.status
         p.status.SetInParent()  # present even when unset, as the stock encoder sends it
         if status.status_code.value:
@@ -141,11 +181,7 @@ def exporter(protocol: str, endpoint: str | None) -> Any:
         if protocol == "grpc":
             from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as Grpc
 
-            class FastGrpc(Grpc):
-                def _translate_data(self, data: Sequence[Any]) -> Any:
-                    return encode(data)
-
-            return FastGrpc(endpoint=endpoint)
+            return _grpc_exporter(Grpc, endpoint)
         if protocol == "http/protobuf":
             from opentelemetry.exporter.otlp.proto.http import trace_exporter as http
 
@@ -157,3 +193,46 @@ def exporter(protocol: str, endpoint: str | None) -> Any:
         raise TracingUnavailable(f"--tracing needs the OpenTelemetry SDK's OTLP exporters: pip install "
                                  f"'pointsman[otel]' ({e})") from e
     raise ValueError(f"unknown OTLP protocol {protocol!r}; expected one of {PROTOCOLS}")
+
+
+SERVICE_EXPORT = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
+
+
+class _RawStub:
+    """TraceService/Export taking the request's bytes as they are (our encoder has serialized it)."""
+
+    def __init__(self, channel: Any) -> None:
+        from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
+
+        self.Export = channel.unary_unary(SERVICE_EXPORT, request_serializer=None,  # noqa: N815 (the stub's name)
+                                          response_deserializer=ExportTraceServiceResponse.FromString)
+
+
+def _grpc_exporter(base: type, endpoint: str | None) -> Any:
+    """The gRPC exporter with our encoder as its translation hook. When the exporter keeps its stub where this
+    SDK does (`_stub`, `_channel`, `_client`), the stub sends our bytes as they are; else they are parsed back
+    into the request message the stock stub serializes."""
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    from epp.observe.wire import Encoder, span_count
+
+    class FastGrpc(base):  # type: ignore[misc]
+        def __init__(self, **kwargs: Any) -> None:
+            super().__init__(**kwargs)
+            self._encoder = Encoder()
+            self._raw = all(hasattr(self, a) for a in ("_stub", "_channel", "_client"))
+            if self._raw:
+                self._stub = _RawStub  # the exporter re-creates its stub from this when it reconnects
+                self._client = _RawStub(self._channel)
+
+        def _translate_data(self, data: Sequence[Any]) -> Any:
+            if _records(data):
+                raw = self._encoder.encode(data)  # type: ignore[arg-type]
+                return raw if self._raw else ExportTraceServiceRequest.FromString(raw)
+            message = encode_message(data)
+            return message.SerializeToString() if self._raw else message
+
+        def _count_data(self, data: Sequence[Any]) -> int:
+            return span_count(data) if _records(data) else len(data)
+
+    return FastGrpc(endpoint=endpoint)

@@ -20,12 +20,16 @@ ends, the HTTP status, the first response byte as Pointsman saw it (`gen_ai.resp
 event stream) and the usage the response reported (`gen_ai.usage.*`). A rejected request's span carries
 `error.type` (the inference error code) and an error status.
 
-Cost. Off (the default) nothing here is imported and a request pays one attribute check (`Director.tracing`).
-On, `TracedExchange` decides sampling once per request (the configured ratio sampler in place: a random 64-bit
-draw against the SDK's bound); only a sampled request stamps when each stage begins and gets spans. The spans are built once, when the stream ends (their times are known then), as the SDK's
-`ReadableSpan`s handed to its `BatchSpanProcessor`, not through `Tracer.start_span`: the SDK's live `Span`
-(a lock, bounded attributes, the sampler again for every child) costs about 20 µs each, the whole trace built
-here about 6 µs. Export uses the SDK's OTLP exporters with a faster encoder (epp/observe/otlp.py).
+Cost. Off (the default) nothing here is imported and a request pays one attribute check (`Director.tracing`). On,
+`TracedExchange` decides sampling once per request (the configured ratio sampler in place: a random 64-bit draw
+against the SDK's bound); only a sampled request stamps when each stage begins. When its stream ends the request's
+attributes and stage spans are gathered into one record, a plain tuple (`record`), that joins the export queue
+(epp/observe/batching.py: a lock and an append). No SDK span object is made: the SDK's live `Span` (a lock, bounded
+attributes, the sampler again for every child) costs about 20 µs each; its `ReadableSpan`s and BatchSpanProcessor,
+which this used before, cost about as much again as the whole record path. The batch thread hands the records to the
+SDK's OTLP exporter, whose translation hook writes them straight to protobuf bytes (epp/observe/wire.py,
+epp/observe/otlp.py); the stage spans' ids are drawn there. docs/observability.md "Performance" has the
+measurements.
 """
 
 from __future__ import annotations
@@ -106,8 +110,8 @@ def add_flags(p: argparse.ArgumentParser, parse_bool: Callable[[str], bool]) -> 
 class Trace:
     """One sampled request's trace: ids, the stage marks, what the response showed. It is the request's follow."""
 
-    __slots__ = ("tracing", "trace_id", "span_id", "parent_id", "flags", "state", "source", "wall0", "perf0",
-                 "marks", "status", "served", "first_byte", "done")
+    __slots__ = ("tracing", "trace_id", "span_id", "parent_id", "state", "source", "wall0", "perf0", "marks",
+                 "status", "served", "first_byte", "done")
 
     def __init__(self, tracing: Tracing, trace_id: int, span_id: int, parent: TraceParent | None, state: Any,
                  source: str) -> None:
@@ -200,15 +204,16 @@ class Tracing:
         try:
             from opentelemetry import trace as api
             from opentelemetry.sdk.resources import SERVICE_NAME, Resource
-            from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-            from opentelemetry.sdk.trace.export import BatchSpanProcessor
+            from opentelemetry.sdk.trace import TracerProvider
             from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
             from opentelemetry.sdk.util.instrumentation import InstrumentationScope
             from opentelemetry.trace.span import NonRecordingSpan, SpanContext, TraceFlags, TraceState
-            from opentelemetry.trace.status import Status, StatusCode
         except ImportError as e:
             raise TracingUnavailable(f"--tracing needs the OpenTelemetry SDK: pip install 'pointsman[otel]' "
                                      f"({e})") from e
+        from epp.observe.batching import Batcher
+        from epp.observe.wire import Origin, Records
+
         if exporter is None:
             check_proto()
             from epp.observe.otlp import exporter as make_exporter
@@ -228,14 +233,15 @@ class Tracing:
         # bound). An OTEL_TRACES_SAMPLER sampler is asked as it is.
         self.bound = TraceIdRatioBased.get_bound_for_rate(ratio) if ratio is not None else None
         self.id_generator = provider.id_generator
+        self.new_span_id = self.id_generator.generate_span_id
         self.resource = provider.resource
         self.scope = InstrumentationScope("pointsman", _version())
-        self.processor = BatchSpanProcessor(exporter)
-        self._api, self._span_cls, self._ctx_cls = api, ReadableSpan, SpanContext
+        self.origin = Origin(self.resource, self.scope)
+        self.processor = Batcher(exporter, count=_span_count,
+                                 wrap=lambda recs: Records(recs, self.origin, self.new_span_id, ROOT))
+        self._api, self._ctx_cls = api, SpanContext
         self._nonrecording, self._flags, self._state_cls = NonRecordingSpan, TraceFlags, TraceState
-        self._status, self._code = Status, StatusCode
-        self._server, self._internal = api.SpanKind.SERVER, api.SpanKind.INTERNAL
-        self._sampled = TraceFlags(TraceFlags.SAMPLED)
+        self._server = api.SpanKind.SERVER
 
     def exchange(self, director: Director, stream_metadata: Sequence[tuple[Any, Any]] | None) -> TracedExchange:
         return TracedExchange(director, self, stream_metadata)
@@ -272,7 +278,7 @@ class Tracing:
         return Trace(self, trace_id, self.id_generator.generate_span_id(), parent, result.trace_state, source)
 
     def finish(self, ex: RequestExchange, trace: Trace, *, usage: Usage | None = None, error: str = "") -> None:
-        """Build the request's spans and hand them to the batch processor (once)."""
+        """Complete the request's trace (its end, attributes and stage spans) and queue it for export (once)."""
         if trace.done:
             return
         trace.done = True
@@ -282,38 +288,41 @@ class Tracing:
             marks[DONE] = end
         try:
             attributes = request_attributes(ex, trace, usage, error)
-            self._emit(ex, trace, end, attributes, error)
+            children = []
+            d = ex.d
+            for stage, name in CHILDREN:
+                start = marks[stage]
+                if not start or not _child_wanted(stage, d, ex, error):
+                    continue
+                stop = end
+                for m in marks[stage + 1:]:
+                    if m:
+                        stop = m
+                        break
+                children.append((name, start, stop))
+            self.processor.emit(record(trace, marks_start(trace), end, attributes, children, error))
         except Exception:
             log.exception("building a trace failed")
-
-    def _emit(self, ex: RequestExchange, trace: Trace, end: int, attributes: dict[str, Any], error: str) -> None:
-        span, ctx_cls, flags, state = self._span_cls, self._ctx_cls, self._sampled, trace.state
-        tid, resource, scope = trace.trace_id, self.resource, self.scope
-        root = ctx_cls(tid, trace.span_id, False, flags, state)
-        parent = ctx_cls(tid, trace.parent_id, True, flags, state) if trace.parent_id else None
-        status = self._status(self._code.ERROR, error) if error or trace.status >= 500 else self._status(
-            self._code.UNSET)
-        out = [span(name=ROOT, context=root, parent=parent, resource=resource, attributes=attributes,
-                    kind=self._server, status=status, start_time=trace.wall(marks_start(trace)),
-                    end_time=trace.wall(end), instrumentation_scope=scope)]
-        d = ex.d
-        marks = trace.marks
-        for stage, name in CHILDREN:
-            start = marks[stage]
-            if not start or not _child_wanted(stage, d, ex, error):
-                continue
-            stop = next((m for m in marks[stage + 1:] if m), end)
-            ctx = ctx_cls(tid, self.id_generator.generate_span_id(), False, flags, state)
-            out.append(span(name=name, context=ctx, parent=root, resource=resource, attributes=None,
-                            kind=self._internal, start_time=trace.wall(start), end_time=trace.wall(stop),
-                            instrumentation_scope=scope))
-        on_end = self.processor.on_end
-        for s in out:
-            on_end(s)
 
     def shutdown(self) -> None:
         """Flush what is queued and stop the exporter (blocking: call it from a thread)."""
         self.processor.shutdown()
+
+
+def record(trace: Trace, start: int, end: int, attributes: dict[str, Any], children: Sequence[tuple[str, int, int]],
+           error: str = "") -> tuple[Any, ...]:
+    """A finished trace as the export queue holds it (epp/observe/wire.py reads it): a plain tuple of plain values
+    (ids, the state header, the wall clock's offset from perf_counter, perf_counter start and end, the error code,
+    the HTTP status, the attributes' keys and values, the children as (name, start, end)). The garbage
+    collector stops tracking tuples of strings and numbers after its first passes over them (a dict, or an
+    object, it would track to the end), so queued traces do not pile up in its older generations."""
+    state = trace.state.to_header() if trace.state else ""
+    return (trace.trace_id, trace.span_id, trace.parent_id, state, trace.wall0 - trace.perf0, start, end, error,
+            trace.status, tuple(attributes), tuple(attributes.values()), tuple(children))
+
+
+def _span_count(rec: tuple[Any, ...]) -> int:
+    return 1 + len(rec[-1])
 
 
 def _version() -> str:

@@ -1,0 +1,230 @@
+"""Pointsman's trace records straight to OTLP protobuf bytes (imported with tracing only).
+
+A sampled request's trace leaves the event loop as one record (epp/observe/tracing.py `record`, a plain tuple):
+its ids, times, status, the request span's attributes and the stage spans. A batch of them (`Records`) carries
+what they share. `encode_traces` writes a batch of them as the bytes of an
+`ExportTraceServiceRequest` (opentelemetry/proto/collector/trace/v1/trace_service.proto), without building the
+SDK's span objects or a protobuf message per field: the resource and the instrumentation scope are serialized once
+per `Origin`, the fields every span shares (names, kinds, flags, an empty status) are constants, and an attribute
+whose string value repeats (the pool, the model, the pick...) is encoded once and then looked up. What it writes is
+what the SDK's encoder writes for the same spans (tests/observe/test_trace_batching.py parses both and compares).
+
+Wire format reminders: a field is a varint key `(number << 3) | wire type` (0 varint, 1 fixed64, 2 length-delimited,
+5 fixed32); proto3 scalars at their zero value are left out, except inside a oneof (AnyValue's members).
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+_Q = struct.Struct("<Q").pack  # fixed64
+_D = struct.Struct("<d").pack  # double
+_I = struct.Struct("<I").pack  # fixed32
+_SMALL = [bytes((n,)) for n in range(128)]
+MASK64 = (1 << 64) - 1
+MAX_CACHED = 4096  # encoded attributes (key, string value) kept; cleared past this
+UNIQUE_KEYS = frozenset({"pointsman.decision_id", "pointsman.request_id"})  # never repeat: not cached
+
+SPAN_FLAGS = 0x100  # SPAN_FLAGS_CONTEXT_HAS_IS_REMOTE_MASK
+REMOTE_PARENT = 0x200  # SPAN_FLAGS_CONTEXT_IS_REMOTE_MASK
+KIND_INTERNAL, KIND_SERVER = 1, 2  # OTLP's SpanKind (0 is UNSPECIFIED)
+_FLAGS = b"\x85\x01" + _I(SPAN_FLAGS)  # Span.flags (16, fixed32)
+_FLAGS_REMOTE_PARENT = b"\x85\x01" + _I(SPAN_FLAGS | REMOTE_PARENT)
+_NO_STATUS = b"\x7a\x00"  # Span.status (15), empty: UNSET, present as the SDK's encoder sends it
+_CHILD_TAIL = _NO_STATUS + _FLAGS
+
+
+def varint(n: int) -> bytes:
+    if n < 128:
+        return _SMALL[n]
+    out = bytearray()
+    while n >= 128:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def field(number: int, payload: bytes) -> bytes:
+    """A length-delimited field."""
+    return varint(number << 3 | 2) + varint(len(payload)) + payload
+
+
+def _any_value(v: object) -> bytes:
+    """An AnyValue message's bytes."""
+    t = type(v)
+    if t is str:
+        return field(1, v.encode())  # type: ignore[attr-defined]
+    if t is bool:
+        return b"\x10\x01" if v else b"\x10\x00"
+    if t is int:
+        return b"\x18" + varint(v & MASK64)  # type: ignore[operator]
+    if t is float:
+        return b"\x21" + _D(v)
+    if isinstance(v, (list, tuple)):
+        return field(5, b"".join(field(1, _any_value(item)) for item in v))
+    if isinstance(v, bytes):
+        return field(7, v)
+    return field(1, str(v).encode())
+
+
+class Origin:
+    """Where a batch's spans come from: the resource and the instrumentation scope, serialized once."""
+
+    __slots__ = ("prefix_resource", "prefix_scope", "suffix_resource", "suffix_scope")
+
+    def __init__(self, resource: Any, scope: Any) -> None:
+        from opentelemetry.proto.common.v1.common_pb2 import InstrumentationScope
+        from opentelemetry.proto.resource.v1.resource_pb2 import Resource
+
+        from epp.observe.otlp import fill_attributes
+
+        r = Resource()
+        fill_attributes(r.attributes, resource.attributes)
+        s = InstrumentationScope()
+        if scope is not None:
+            s.name = scope.name
+            if scope.version:
+                s.version = scope.version
+        self.prefix_resource = field(1, r.SerializeToString())  # ResourceSpans.resource
+        self.suffix_resource = field(3, resource.schema_url.encode()) if resource.schema_url else b""
+        self.prefix_scope = field(1, s.SerializeToString())  # ScopeSpans.scope
+        self.suffix_scope = field(3, scope.schema_url.encode()) if scope is not None and scope.schema_url else b""
+
+    def request(self, spans: Iterable[bytes]) -> bytes:
+        """ResourceSpans { resource, ScopeSpans { scope, spans } }, as ExportTraceServiceRequest field 1."""
+        scope_spans = self.prefix_scope + b"".join(spans) + self.suffix_scope
+        return field(1, self.prefix_resource + field(2, scope_spans) + self.suffix_resource)
+
+
+class Encoder:
+    """Encodes trace records; keeps the encoded attribute keys and repeated (key, value) pairs. One thread at a
+    time (the batch thread, or a flush holding its export lock)."""
+
+    def __init__(self) -> None:
+        self._keys: dict[str, bytes] = {}
+        self._strings: dict[tuple[str, str], bytes] = {}
+        self._ints: dict[tuple[str, int], bytes] = {}
+        self._floats: dict[str, bytes] = {}
+        self._names: dict[tuple[str, int], bytes] = {}
+
+    def attributes(self, attributes: Iterable[tuple[str, object]]) -> list[bytes]:
+        """Span.attributes (field 9) of each attribute: a repeated string or integer value is looked up whole,
+        a float's field is a constant prefix and its 8 bytes."""
+        out: list[bytes] = []
+        append = out.append
+        strings, ints, floats = self._strings, self._ints, self._floats
+        for k, v in attributes:
+            t = type(v)
+            if t is str:
+                if k in UNIQUE_KEYS:
+                    vb = v.encode()  # type: ignore[attr-defined]
+                    n = len(vb)
+                    if n < 126:  # AnyValue and its length fit a byte each
+                        body = self._key(k) + b"\x12" + _SMALL[n + 2] + b"\x0a" + _SMALL[n] + vb
+                        append(b"\x4a" + varint(len(body)) + body)
+                    else:
+                        append(self._pair(k, v))
+                    continue
+                kv = strings.get((k, v))  # type: ignore[arg-type]
+                if kv is None:
+                    if len(strings) >= MAX_CACHED:
+                        strings.clear()
+                    kv = strings[(k, v)] = self._pair(k, v)  # type: ignore[index]
+                append(kv)
+            elif t is float:
+                prefix = floats.get(k)
+                if prefix is None:
+                    key = self._key(k)
+                    prefix = floats[k] = b"\x4a" + varint(len(key) + 11) + key + b"\x12\x09\x21"
+                append(prefix + _D(v))
+            elif t is int:
+                kv = ints.get((k, v))  # type: ignore[arg-type]
+                if kv is None:
+                    if len(ints) >= MAX_CACHED:
+                        ints.clear()
+                    kv = ints[(k, v)] = self._pair(k, v)  # type: ignore[index]
+                append(kv)
+            else:
+                append(self._pair(k, v))
+        return out
+
+    def _key(self, k: str) -> bytes:
+        key = self._keys.get(k)
+        if key is None:
+            if len(self._keys) >= MAX_CACHED:
+                self._keys.clear()
+            key = self._keys[k] = field(1, k.encode())
+        return key
+
+    def _pair(self, k: str, v: object) -> bytes:
+        return field(9, self._key(k) + field(2, _any_value(v)))
+
+    def name(self, name: str, kind: int) -> bytes:
+        """Span.name (5) and Span.kind (6)."""
+        out = self._names.get((name, kind))
+        if out is None:
+            out = self._names[(name, kind)] = field(5, name.encode()) + b"\x30" + varint(kind)
+        return out
+
+    def trace(self, r: tuple[Any, ...], out: list[bytes], new_span_id: Callable[[], int], root_name: str) -> None:
+        """The spans of one record (epp/observe/tracing.py `record`) onto `out`: the request span, then its
+        children (each a ScopeSpans.spans field)."""
+        trace_id, span_id, parent_id, state, wall, start, end, error, status, keys, values, children = r
+        tid = b"\x0a\x10" + trace_id.to_bytes(16, "big")
+        state_field = field(3, state.encode()) if state else b""
+        sid = span_id.to_bytes(8, "big")
+        if parent_id:
+            parent = b"\x22\x08" + parent_id.to_bytes(8, "big")
+            flags = _FLAGS_REMOTE_PARENT
+        else:
+            parent, flags = b"", _FLAGS
+        if error or status >= 500:
+            status_field = field(15, field(2, error.encode()) + b"\x18\x02" if error else b"\x18\x02")
+        else:
+            status_field = _NO_STATUS
+        parts = [tid, b"\x12\x08", sid, state_field, parent, self.name(root_name, KIND_SERVER),
+                 b"\x39" + _Q(wall + start), b"\x41" + _Q(wall + end)]
+        parts += self.attributes(zip(keys, values, strict=True))
+        parts.append(status_field)
+        parts.append(flags)
+        body = b"".join(parts)
+        out.append(b"\x12" + varint(len(body)) + body)
+        if not children:
+            return
+        child_parent = b"\x22\x08" + sid
+        name = self.name
+        for child, begin, stop in children:
+            body = b"".join((tid, b"\x12\x08", new_span_id().to_bytes(8, "big"), state_field, child_parent,
+                             name(child, KIND_INTERNAL), b"\x39", _Q(wall + begin), b"\x41", _Q(wall + stop),
+                             _CHILD_TAIL))
+            out.append(b"\x12" + varint(len(body)) + body)
+
+    def encode(self, records: Records) -> bytes:
+        """ExportTraceServiceRequest bytes for a batch of trace records."""
+        if not records:
+            return b""
+        spans: list[bytes] = []
+        trace, new_id, root = self.trace, records.new_span_id, records.root_name
+        for r in records:
+            trace(r, spans, new_id, root)
+        return records.origin.request(spans)
+
+
+class Records(list):  # type: ignore[type-arg]
+    """A batch of trace records as the exporter gets it, with what they share: the origin, the span id
+    generator (the stage spans' ids are drawn when they are encoded) and the request span's name."""
+
+    __slots__ = ("origin", "new_span_id", "root_name")
+    otlp_records = True  # epp/observe/otlp.py: encode with `Encoder`
+
+    def __init__(self, records: Iterable[tuple[Any, ...]], origin: Origin, new_span_id: Callable[[], int],
+                 root_name: str) -> None:
+        super().__init__(records)
+        self.origin, self.new_span_id, self.root_name = origin, new_span_id, root_name
+
+
+def span_count(records: Sequence[tuple[Any, ...]]) -> int:
+    return sum(1 + len(r[-1]) for r in records)
