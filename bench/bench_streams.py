@@ -16,6 +16,14 @@ over rounds and medians are printed.
     .venv/bin/python bench/bench_streams.py --candidate 'before::PYTHONPATH=/path/to/other/checkout'
     .venv/bin/python bench/bench_streams.py --candidate 'transport alone::toy'   # bench/toy_extproc.py --h2
     .venv/bin/python bench/bench_streams.py --transport-only --rounds 5          # the HTTP/2 layer, in process
+    .venv/bin/python bench/bench_streams.py --in-process --rounds 5 \
+        --candidate 'before::PYTHONPATH=/path/to/other/checkout' --candidate 'after::'   # the whole EPP, no sockets
+
+`--in-process` runs `epp serve`'s whole application (director, scheduler, passive health, metrics) in a child
+process per measurement, fed by its HTTP/2 connections directly (four of them, each with a transport that drops
+what it is given): what the EPP does per request with the streams held, without the sockets, the event loop's
+wake-ups and the machine's other load that dominate the end-to-end figure's noise. Its clock runs faster than
+the load's (the same request count goes through in a second or two), and GC runs as it would.
 """
 
 from __future__ import annotations
@@ -35,8 +43,11 @@ import hpack
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
+# This checkout's modules, behind PYTHONPATH's: an --in-process child with a candidate's `PYTHONPATH=/other/checkout`
+# runs that checkout's EPP.
+_AFTER_PYTHONPATH = 1 + len([p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
+sys.path.insert(_AFTER_PYTHONPATH, str(ROOT))
+sys.path.insert(_AFTER_PYTHONPATH, str(ROOT / "bench"))
 
 from extproc_stack import Procs, bin_path, cpu_seconds  # noqa: E402
 
@@ -241,6 +252,61 @@ async def transport_only(streams: int, requests: int) -> float:
     return spent / requests * 1e6
 
 
+SERVE_FLAGS = ["--grpc-host", "127.0.0.1", "--grpc-health-port", "0", "--metrics-port", "0",
+               "--refresh-metrics-interval", "1h", "--metrics-staleness-threshold", "2h", "-v", "0"]
+
+
+async def in_process(streams: int, requests: int, endpoints: str, flags: list[str], connections: int = 4) -> float:
+    """CPU µs per request of `epp serve`'s application in this process, with `streams` held open over
+    `connections` HTTP/2 connections whose transports drop what they are given: each request opens a stream on
+    the next connection (headers and both messages: routed) and half-closes that connection's oldest one."""
+    import gc
+
+    from epp.cmd.app import App
+    from epp.cmd.settings import ServeSettings
+    from epp.h2grpc.connection import Connection
+
+    app = App(ServeSettings.from_argv([*SERVE_FLAGS, "--grpc-port", str(free_port()), "--endpoints-file", endpoints,
+                                       *flags]))
+    await app.start()
+    try:
+        block, messages = header_block(), request_messages()
+        conns, held = [], []
+        for _ in range(connections):
+            conn = Connection(app.server)
+            conn.connection_made(_NullTransport())  # type: ignore[arg-type]
+            conn.data_received(PREFACE + frame(4, 0, 0, struct.pack(">HI", 4, (1 << 31) - 1))
+                               + frame(8, 0, 0, struct.pack(">I", (1 << 31) - 65536)))
+            conns.append([conn, 1])  # the connection, its next stream id
+            held.append(collections.deque())
+
+        def open_one(i: int) -> None:
+            c = conns[i]
+            c[0].data_received(frame(1, 4, c[1], block) + frame(0, 0, c[1], messages))
+            held[i].append(c[1])
+            c[1] += 2
+
+        for k in range(streams):
+            open_one(k % connections)
+            if k % 64 == 0:
+                await asyncio.sleep(0)
+        await asyncio.sleep(0.1)
+        gc.collect()
+        t0 = time.process_time()
+        for k in range(requests):
+            i = k % connections
+            open_one(i)
+            conns[i][0].data_received(frame(0, 1, held[i].popleft(), b""))
+            if k % 32 == 0:
+                await asyncio.sleep(0)  # timers and callbacks run (passive health's tick, flow control)
+        spent = time.process_time() - t0
+        open_now = sum(len(c[0].streams) for c in conns)
+        assert open_now == streams, f"{open_now} streams open, {streams} expected: not every request was served"
+        return spent / requests * 1e6
+    finally:
+        await app.stop(0)
+
+
 def parse_candidate(text: str) -> tuple[str, dict[str, str], list[str]]:
     label, _, rest = text.partition("::")
     env, flags = {}, []
@@ -264,7 +330,17 @@ def main() -> int:
                     help="'LABEL::[ENV=value ...] [epp serve flags]' (repeatable; default: this checkout)")
     ap.add_argument("--transport-only", action="store_true",
                     help="measure this checkout's HTTP/2 connection alone, in process (no sockets, no routing)")
-    args = ap.parse_args()
+    ap.add_argument("--in-process", action="store_true",
+                    help="measure each candidate's whole EPP in a child process, fed without sockets (see above)")
+    ap.add_argument("--requests", type=int, default=20000, help="requests per --in-process measurement (20000)")
+    ap.add_argument("--in-process-child", nargs=2, metavar=("STREAMS", "ENDPOINTS_FILE"), help=argparse.SUPPRESS)
+    args, extra = ap.parse_known_args()
+    if args.in_process_child:  # one --in-process measurement: print µs/req
+        n, eps_file = int(args.in_process_child[0]), args.in_process_child[1]
+        print(asyncio.run(in_process(n, args.requests, eps_file, extra)))
+        return 0
+    if extra:
+        ap.error(f"unrecognized arguments: {' '.join(extra)}")
     counts = [int(x) for x in args.streams.split(",")]
     if args.transport_only:
         got: dict[int, list[float]] = collections.defaultdict(list)
@@ -282,6 +358,10 @@ def main() -> int:
     eps.write_text(yaml.safe_dump({"pools": [{"name": "p", "endpoints": [
         {"address": "127.0.0.1", "port": p} for p in (9, 19, 29, 39)]}]}))
     rows: dict[tuple[str, int], list[dict[str, float]]] = collections.defaultdict(list)
+    if args.in_process:
+        if any(flags[:1] == ["toy"] for _, _, flags in candidates):
+            ap.error("--in-process measures the EPP: no toy candidate")
+        return in_process_runs(args, counts, candidates, eps)
     try:
         for r in range(args.rounds):
             for n in counts if r % 2 == 0 else counts[::-1]:
@@ -291,10 +371,8 @@ def main() -> int:
                         cmd = [sys.executable, str(ROOT / "bench" / "toy_extproc.py"), "--h2", "--port", str(port),
                                "--backend", "127.0.0.1:9", *flags[1:]]
                     else:
-                        cmd = [bin_path("epp"), "serve", "--grpc-host", "127.0.0.1", "--grpc-port", str(port),
-                               "--grpc-health-port", "0", "--metrics-port", "0", "--endpoints-file", str(eps),
-                               "--refresh-metrics-interval", "1h", "--metrics-staleness-threshold", "2h", "-v", "0",
-                               *flags]
+                        cmd = [bin_path("epp"), "serve", *SERVE_FLAGS, "--grpc-port", str(port), "--endpoints-file",
+                               str(eps), *flags]
                     proc = procs.spawn(f"epp-{r}-{n}-{label}", cmd, port, env=env)
                     got = asyncio.run(generate(port, n, args.rate, args.connections, n / args.rate + 1.0,
                                                args.duration, proc.pid))
@@ -317,6 +395,32 @@ def main() -> int:
             cpu = statistics.median(x["epp_cpu_us"] for x in rs)
             print(f"| {label} | {n} | {statistics.median(x['rps'] for x in rs):.0f} | {cpu:.0f} | {cpu / base:.2f}x | "
                   f"{statistics.median(x['gen_cpu_us'] for x in rs):.0f} | {sum(x['errors'] for x in rs):.0f} |")
+    return 0
+
+
+def in_process_runs(args: argparse.Namespace, counts: list[int], candidates: list[tuple[str, dict[str, str], list[str]]],
+                    eps: Path) -> int:
+    import subprocess
+
+    got: dict[tuple[str, int], list[float]] = collections.defaultdict(list)
+    for r in range(args.rounds):
+        for n in counts if r % 2 == 0 else counts[::-1]:
+            for label, env, flags in candidates:
+                out = subprocess.run([sys.executable, __file__, "--requests", str(args.requests), "--in-process-child",
+                                      str(n), str(eps), *flags], env={**os.environ, **env}, check=True,
+                                     capture_output=True, text=True)
+                got[(label, n)].append(float(out.stdout.split()[-1]))
+                print(f"round {r + 1}: {label}, {n} streams: {got[(label, n)][-1]:.0f} µs/req", file=sys.stderr,
+                      flush=True)
+    print(f"\n{args.rounds} interleaved rounds x {args.requests} requests, medians; the whole EPP in a child process, "
+          f"fed over {4} HTTP/2 connections without sockets; {os.cpu_count()} CPUs\n")
+    print("| candidate | streams open | EPP CPU µs/req (median) | vs fewest streams | min-max |\n|---|---|---|---|---|")
+    for label, _, _ in candidates:
+        base = statistics.median(got[(label, counts[0])])
+        for n in counts:
+            xs = got[(label, n)]
+            print(f"| {label} | {n} | {statistics.median(xs):.0f} | {statistics.median(xs) / base:.2f}x | "
+                  f"{min(xs):.0f}-{max(xs):.0f} |")
     return 0
 
 
