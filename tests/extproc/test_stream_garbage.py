@@ -12,12 +12,22 @@ from collections.abc import Callable
 import grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
+from epp.cmd.app import App
 from epp.extproc.h2 import ExtProcCall
-from epp.extproc.server import build_server
 from epp.extproc.session import StreamSession
 from epp.protocol import BodyMode
 from epp.request.exchange import RequestExchange
-from tests.support.extproc import CHAT, body_msg, headers_msg, inflight, kinds, real_director
+from tests.support.envoy import free_port
+from tests.support.extproc import (
+    CHAT,
+    body_msg,
+    headers_msg,
+    inflight,
+    kinds,
+    response_body_msg,
+    response_headers_msg,
+)
+from tests.support.stack import serve_args
 
 FD = BodyMode.FULL_DUPLEX_STREAMED
 PER_STREAM = (ExtProcCall, StreamSession, RequestExchange)
@@ -39,12 +49,15 @@ async def until(cond: Callable[[], bool], what: str, timeout: float = 5.0) -> No
         await asyncio.sleep(0.01)
 
 
-async def test_finished_and_cancelled_streams_are_freed_without_the_cyclic_gc():
-    director = real_director()
-    server, _ = build_server(director, transport="h2")
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+async def test_finished_and_cancelled_streams_are_freed_without_the_cyclic_gc(tmp_path):
+    """`epp serve`'s application (its request observers: passive health, metrics, the decision record) on the
+    default h2 transport."""
+    eps = tmp_path / "eps.yaml"
+    eps.write_text("pools:\n- name: p\n  endpoints: [{address: 127.0.0.1, port: 1}, {address: 127.0.0.1, port: 2}]\n")
+    app = App(serve_args("--grpc-port", str(free_port()), "--endpoints-file", str(eps)))
+    await app.start()
+    director = app.current()
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{app.port}")
     stub = pb_grpc.ExternalProcessorStub(channel)
 
     async def routed(end: str) -> None:
@@ -55,6 +68,10 @@ async def test_finished_and_cancelled_streams_are_freed_without_the_cyclic_gc():
         if end == "cancel":  # the client resets the stream (the server sees it lost)
             call.cancel()
             return
+        if end == "response":  # Envoy's full response phases: the follows (passive health, metrics) see it
+            await call.write(response_headers_msg())
+            await call.write(response_body_msg(b'{"usage": {"completion_tokens": 3}}', True))
+            assert kinds([await call.read(), await call.read()]) == ["response_headers", "response_body"]
         await call.done_writing()
         assert await call.read() is grpc.aio.EOF
 
@@ -64,7 +81,7 @@ async def test_finished_and_cancelled_streams_are_freed_without_the_cyclic_gc():
         gc.collect()
         gc.disable()
         try:
-            await asyncio.gather(*(routed("cancel" if i % 4 == 0 else "half-close") for i in range(20)))
+            await asyncio.gather(*(routed(("cancel", "response", "half-close")[i % 3]) for i in range(21)))
             await until(lambda: inflight(director) == 0, "every stream ended")
             # Envoy-like streams, all over: nothing of theirs may be left waiting for a collection.
             await until(lambda: not any(alive().values()), f"streams' objects left for the cyclic GC: {alive()}")
@@ -72,4 +89,4 @@ async def test_finished_and_cancelled_streams_are_freed_without_the_cyclic_gc():
             gc.enable()
     finally:
         await channel.close()
-        await server.stop(0)
+        await app.stop(0)
