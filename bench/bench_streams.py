@@ -7,10 +7,13 @@ CPU per request growing with the streams held; the target is per-request CPU wit
 
 The load is Envoy's lean sequence, from a raw HTTP/2 client in this process (cheap: it builds frames itself): each
 request opens a stream, sends the request headers and the whole body (two gRPC messages, FULL_DUPLEX_STREAMED)
-without ending the stream, holds it open for `streams / rate` seconds (the "response"), then half-closes it, and a
-new request takes its place. Header blocks are the same bytes on every stream, as Envoy's are. The EPP runs alone
-(endpoints never scraped), started afresh for every measurement; candidates and stream counts are interleaved
-over rounds and medians are printed.
+without ending the stream, holds it open for `streams / rate` seconds (the "response"), then half-closes it. New
+requests start at `rate` per second whatever ends (as independent clients would), so the streams held are
+rate x hold = `streams`, and the frames reach the EPP in the same pattern at every count: "EPP wake-ups/req" (its
+voluntary context switches per request) shows it, since every wake-up costs the EPP the same whatever it brings.
+Header blocks are the same bytes on every stream, as Envoy's are. The EPP runs alone (endpoints never scraped),
+started afresh for every measurement; candidates and stream counts are interleaved over rounds and medians are
+printed.
 
     .venv/bin/python bench/bench_streams.py --rounds 3 --rate 400 --streams 16,2000
     .venv/bin/python bench/bench_streams.py --candidate 'before::PYTHONPATH=/path/to/other/checkout'
@@ -125,12 +128,15 @@ async def generate(port: int, streams: int, rate: float, connections: int, warmu
                        + frame(8, 0, 0, struct.pack(">I", 1 << 30)))
         clients.append(c)
     readers = [asyncio.ensure_future(c.read()) for c in clients]
-    per_conn = streams // connections
+    # Headroom over the streams held (rate x hold): a cap that binds would make each new request wait for a
+    # stream to end and go out with that stream's half-close, and with few streams the whole load would fall into
+    # lockstep (bursts that the EPP takes in one wake-up, which makes few streams look cheaper than they are).
+    per_conn = streams // connections + max(2, streams // connections // 10)
     loop = asyncio.get_running_loop()
     start = last = loop.time()
     tokens = 0.0  # new requests start at `rate` per second (a burst would end in a burst: no steady state)
     turn = 0
-    marks: dict[str, tuple[float, float, int, int, float]] = {}
+    marks: dict[str, tuple[float, float, int, int, float, int]] = {}
     try:
         while True:
             now = loop.time()
@@ -138,10 +144,10 @@ async def generate(port: int, streams: int, rate: float, connections: int, warmu
             last = now
             if "start" not in marks and now >= start + warmup:
                 marks["start"] = (now, cpu_seconds(epp_pid), sum(c.completed for c in clients),
-                                  sum(c.errors for c in clients), time.process_time())
+                                  sum(c.errors for c in clients), time.process_time(), wakeups(epp_pid))
             if now >= start + warmup + duration:
                 marks["end"] = (now, cpu_seconds(epp_pid), sum(c.completed for c in clients),
-                                sum(c.errors for c in clients), time.process_time())
+                                sum(c.errors for c in clients), time.process_time(), wakeups(epp_pid))
                 break
             outs: dict[Client, list[bytes]] = {c: [] for c in clients}
             for c in clients:
@@ -167,10 +173,22 @@ async def generate(port: int, streams: int, rate: float, connections: int, warmu
             c.writer.close()
         for r in readers:
             r.cancel()
-    (t0, cpu0, done0, err0, gen0), (t1, cpu1, done1, err1, gen1) = marks["start"], marks["end"]
+    (t0, cpu0, done0, err0, gen0, wake0), (t1, cpu1, done1, err1, gen1, wake1) = marks["start"], marks["end"]
     done = max(done1 - done0, 1)
     return {"rps": done / (t1 - t0), "epp_cpu_us": (cpu1 - cpu0) / done * 1e6, "gen_cpu_us": (gen1 - gen0) / done * 1e6,
-            "errors": err1 - err0, "open": streams}
+            "errors": err1 - err0, "open": streams, "wakeups": (wake1 - wake0) / done}
+
+
+def wakeups(pid: int) -> int:
+    """The process's voluntary context switches (its main thread's sleeps in epoll, mostly): how many wake-ups
+    the load cost it. Each costs the same whatever it brings, so a load that batches differently costs differently."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("voluntary_ctxt_switches:"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
 
 
 class _NullTransport:
@@ -380,20 +398,22 @@ def main() -> int:
                     proc.wait(30)
                     rows[(label, n)].append(got)
                     print(f"round {r + 1}: {label}, {n} streams: {got['rps']:.0f} req/s, EPP {got['epp_cpu_us']:.0f} "
-                          f"µs/req, generator {got['gen_cpu_us']:.0f} µs/req, errors {got['errors']:.0f}",
+                          f"µs/req, {got['wakeups']:.2f} wake-ups/req, generator {got['gen_cpu_us']:.0f} µs/req, errors {got['errors']:.0f}",
                           file=sys.stderr, flush=True)
     finally:
         procs.stop()
     print(f"\n{args.rounds} interleaved rounds x {args.duration:g}s, medians; {args.rate:g} requests/s, each held open "
           f"for streams/rate seconds, over {args.connections} connections; {os.cpu_count()} CPUs\n")
-    print("| candidate | streams open | req/s | EPP CPU µs/req | vs fewest streams | generator CPU µs/req | errors |")
-    print("|---|---|---|---|---|---|---|")
+    print("| candidate | streams open | req/s | EPP CPU µs/req | vs fewest streams | EPP wake-ups/req "
+          "| generator CPU µs/req | errors |")
+    print("|---|---|---|---|---|---|---|---|")
     for label, _, _ in candidates:
         base = statistics.median(x["epp_cpu_us"] for x in rows[(label, counts[0])])
         for n in counts:
             rs = rows[(label, n)]
             cpu = statistics.median(x["epp_cpu_us"] for x in rs)
             print(f"| {label} | {n} | {statistics.median(x['rps'] for x in rs):.0f} | {cpu:.0f} | {cpu / base:.2f}x | "
+                  f"{statistics.median(x['wakeups'] for x in rs):.2f} | "
                   f"{statistics.median(x['gen_cpu_us'] for x in rs):.0f} | {sum(x['errors'] for x in rs):.0f} |")
     return 0
 
