@@ -7,15 +7,26 @@ CPU per request growing with the streams held; the target is per-request CPU wit
 
 The load is Envoy's lean sequence, from a raw HTTP/2 client in this process (cheap: it builds frames itself): each
 request opens a stream, sends the request headers and the whole body (two gRPC messages, FULL_DUPLEX_STREAMED)
-without ending the stream, holds it open for `streams / rate` seconds (the "response"), then half-closes it, and a
-new request takes its place. Header blocks are the same bytes on every stream, as Envoy's are. The EPP runs alone
-(endpoints never scraped), started afresh for every measurement; candidates and stream counts are interleaved
-over rounds and medians are printed.
+without ending the stream, holds it open for `streams / rate` seconds (the "response"), then half-closes it. New
+requests start at `rate` per second whatever ends (as independent clients would), so the streams held are
+rate x hold = `streams`, and the frames reach the EPP in the same pattern at every count: "EPP wake-ups/req" (its
+voluntary context switches per request) shows it, since every wake-up costs the EPP the same whatever it brings.
+Header blocks are the same bytes on every stream, as Envoy's are. The EPP runs alone (endpoints never scraped),
+started afresh for every measurement; candidates and stream counts are interleaved over rounds and medians are
+printed.
 
     .venv/bin/python bench/bench_streams.py --rounds 3 --rate 400 --streams 16,2000
     .venv/bin/python bench/bench_streams.py --candidate 'before::PYTHONPATH=/path/to/other/checkout'
     .venv/bin/python bench/bench_streams.py --candidate 'transport alone::toy'   # bench/toy_extproc.py --h2
     .venv/bin/python bench/bench_streams.py --transport-only --rounds 5          # the HTTP/2 layer, in process
+    .venv/bin/python bench/bench_streams.py --in-process --rounds 5 \
+        --candidate 'before::PYTHONPATH=/path/to/other/checkout' --candidate 'after::'   # the whole EPP, no sockets
+
+`--in-process` runs `epp serve`'s whole application (director, scheduler, passive health, metrics) in a child
+process per measurement, fed by its HTTP/2 connections directly (four of them, each with a transport that drops
+what it is given): what the EPP does per request with the streams held, without the sockets, the event loop's
+wake-ups and the machine's other load that dominate the end-to-end figure's noise. Its clock runs faster than
+the load's (the same request count goes through in a second or two), and GC runs as it would.
 """
 
 from __future__ import annotations
@@ -31,46 +42,27 @@ import tempfile
 import time
 from pathlib import Path
 
-import hpack
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
+# This checkout's modules, behind PYTHONPATH's: an --in-process child with a candidate's `PYTHONPATH=/other/checkout`
+# runs that checkout's EPP.
+_AFTER_PYTHONPATH = 1 + len([p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
+sys.path.insert(_AFTER_PYTHONPATH, str(ROOT))
+sys.path.insert(_AFTER_PYTHONPATH, str(ROOT / "bench"))
 
 from extproc_stack import Procs, bin_path, cpu_seconds  # noqa: E402
+from streams_frames import (  # noqa: E402
+    PREFACE,
+    SERVE_FLAGS,
+    frame,
+    header_block,
+    in_process,
+    request_messages,
+    transport_only,
+)
 
 from epp.stack.ports import free_port  # noqa: E402
-
-PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
-PATH = "/envoy.service.ext_proc.v3.ExternalProcessor/Process"
-
-
-def frame(ftype: int, flags: int, sid: int, payload: bytes) -> bytes:
-    return struct.pack(">HBBBI", len(payload) >> 8, len(payload) & 0xFF, ftype, flags, sid) + payload
-
-
-def request_messages() -> bytes:
-    """The request headers and body messages (gRPC-framed), as Envoy sends them in FULL_DUPLEX_STREAMED."""
-    import orjson
-
-    from epp.protocol import BodyMode
-    from tests.support.extproc import body_msg, headers_msg
-
-    body = orjson.dumps({"model": "meta-llama/Llama-3.1-8B", "messages": [
-        {"role": "user", "content": "What is the capital of France?"}]})
-    out = b""
-    for m in (headers_msg(mode=BodyMode.FULL_DUPLEX_STREAMED), body_msg(body, True)):
-        data = m.SerializeToString()
-        out += b"\x00" + struct.pack(">I", len(data)) + data
-    return out
-
-
-def header_block() -> bytes:
-    """Fields that need no HPACK table state (static entries, never-indexed literals): the same bytes each time."""
-    fields = [(":method", "POST", False), (":scheme", "http", False), (":path", PATH, True),
-              (":authority", "epp", True), ("content-type", "application/grpc", True), ("te", "trailers", True)]
-    return hpack.Encoder().encode(fields)
 
 
 class Client:
@@ -114,12 +106,15 @@ async def generate(port: int, streams: int, rate: float, connections: int, warmu
                        + frame(8, 0, 0, struct.pack(">I", 1 << 30)))
         clients.append(c)
     readers = [asyncio.ensure_future(c.read()) for c in clients]
-    per_conn = streams // connections
+    # Headroom over the streams held (rate x hold): a cap that binds would make each new request wait for a
+    # stream to end and go out with that stream's half-close, and with few streams the whole load would fall into
+    # lockstep (bursts that the EPP takes in one wake-up, which makes few streams look cheaper than they are).
+    per_conn = streams // connections + max(2, streams // connections // 10)
     loop = asyncio.get_running_loop()
     start = last = loop.time()
     tokens = 0.0  # new requests start at `rate` per second (a burst would end in a burst: no steady state)
     turn = 0
-    marks: dict[str, tuple[float, float, int, int, float]] = {}
+    marks: dict[str, tuple[float, float, int, int, float, int]] = {}
     try:
         while True:
             now = loop.time()
@@ -127,10 +122,10 @@ async def generate(port: int, streams: int, rate: float, connections: int, warmu
             last = now
             if "start" not in marks and now >= start + warmup:
                 marks["start"] = (now, cpu_seconds(epp_pid), sum(c.completed for c in clients),
-                                  sum(c.errors for c in clients), time.process_time())
+                                  sum(c.errors for c in clients), time.process_time(), wakeups(epp_pid))
             if now >= start + warmup + duration:
                 marks["end"] = (now, cpu_seconds(epp_pid), sum(c.completed for c in clients),
-                                sum(c.errors for c in clients), time.process_time())
+                                sum(c.errors for c in clients), time.process_time(), wakeups(epp_pid))
                 break
             outs: dict[Client, list[bytes]] = {c: [] for c in clients}
             for c in clients:
@@ -156,89 +151,22 @@ async def generate(port: int, streams: int, rate: float, connections: int, warmu
             c.writer.close()
         for r in readers:
             r.cancel()
-    (t0, cpu0, done0, err0, gen0), (t1, cpu1, done1, err1, gen1) = marks["start"], marks["end"]
+    (t0, cpu0, done0, err0, gen0, wake0), (t1, cpu1, done1, err1, gen1, wake1) = marks["start"], marks["end"]
     done = max(done1 - done0, 1)
     return {"rps": done / (t1 - t0), "epp_cpu_us": (cpu1 - cpu0) / done * 1e6, "gen_cpu_us": (gen1 - gen0) / done * 1e6,
-            "errors": err1 - err0, "open": streams}
+            "errors": err1 - err0, "open": streams, "wakeups": (wake1 - wake0) / done}
 
 
-class _NullTransport:
-    """Takes writes and drops them: `--transport-only` measures the HTTP/2 layer's own CPU, nothing else."""
-
-    def get_extra_info(self, key: str, default: object = None) -> object:
-        return ("127.0.0.1", 1) if key == "peername" else default
-
-    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
+def wakeups(pid: int) -> int:
+    """The process's voluntary context switches (its main thread's sleeps in epoll, mostly): how many wake-ups
+    the load cost it. Each costs the same whatever it brings, so a load that batches differently costs differently."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("voluntary_ctxt_switches:"):
+                return int(line.split()[1])
+    except OSError:
         pass
-
-    def writelines(self, data: object) -> None:
-        pass
-
-    def write(self, data: object) -> None:
-        pass
-
-    def pause_reading(self) -> None:
-        pass
-
-    def resume_reading(self) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-    def abort(self) -> None:
-        pass
-
-
-async def transport_only(streams: int, requests: int) -> float:
-    """CPU µs per request of epp.h2grpc's connection alone, in this process, with `streams` held open on one
-    connection: each request opens a stream (headers, two messages, one reply), and the oldest one half-closes
-    (the status goes out). The handler parses the message and answers (no routing)."""
-    import gc
-
-    from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
-
-    from epp.h2grpc import H2Server
-    from epp.h2grpc.connection import Connection
-    from epp.h2grpc.limits import ServerLimits
-
-    class Call:
-        def __init__(self, stream: object) -> None:
-            self.stream = stream
-
-        def on_message(self, data: bytes) -> None:
-            pb.ProcessingRequest.FromString(data)
-            self.stream.send(b"reply")  # type: ignore[attr-defined]
-
-        def on_end(self) -> None:
-            self.stream.finish()  # type: ignore[attr-defined]
-
-        def on_cancel(self) -> None:
-            pass
-
-    server = H2Server(limits=ServerLimits(max_concurrent_streams=max(streams + 1, 1024)))
-    server.add_native_method(PATH, Call)
-    conn = Connection(server)
-    conn.connection_made(_NullTransport())  # type: ignore[arg-type]
-    block, messages = header_block(), request_messages()
-    conn.data_received(PREFACE + frame(4, 0, 0, struct.pack(">HI", 4, (1 << 31) - 1))
-                       + frame(8, 0, 0, struct.pack(">I", (1 << 31) - 65536)))
-    sid, held = -1, collections.deque()
-    for _ in range(streams + requests):
-        sid += 2
-        held.append(sid)
-    held_ids = list(held)
-    for s in held_ids[:streams]:
-        conn.data_received(frame(1, 4, s, block) + frame(0, 0, s, messages))
-    gc.collect()
-    t0 = time.process_time()
-    for i in range(requests):
-        s = held_ids[streams + i]
-        conn.data_received(frame(1, 4, s, block) + frame(0, 0, s, messages))
-        conn.data_received(frame(0, 1, held_ids[i], b""))
-    spent = time.process_time() - t0
-    assert len(conn.streams) == streams, "every request was served"
-    return spent / requests * 1e6
+    return 0
 
 
 def parse_candidate(text: str) -> tuple[str, dict[str, str], list[str]]:
@@ -264,7 +192,17 @@ def main() -> int:
                     help="'LABEL::[ENV=value ...] [epp serve flags]' (repeatable; default: this checkout)")
     ap.add_argument("--transport-only", action="store_true",
                     help="measure this checkout's HTTP/2 connection alone, in process (no sockets, no routing)")
-    args = ap.parse_args()
+    ap.add_argument("--in-process", action="store_true",
+                    help="measure each candidate's whole EPP in a child process, fed without sockets (see above)")
+    ap.add_argument("--requests", type=int, default=20000, help="requests per --in-process measurement (20000)")
+    ap.add_argument("--in-process-child", nargs=2, metavar=("STREAMS", "ENDPOINTS_FILE"), help=argparse.SUPPRESS)
+    args, extra = ap.parse_known_args()
+    if args.in_process_child:  # one --in-process measurement: print µs/req
+        n, eps_file = int(args.in_process_child[0]), args.in_process_child[1]
+        print(asyncio.run(in_process(n, args.requests, eps_file, extra)))
+        return 0
+    if extra:
+        ap.error(f"unrecognized arguments: {' '.join(extra)}")
     counts = [int(x) for x in args.streams.split(",")]
     if args.transport_only:
         got: dict[int, list[float]] = collections.defaultdict(list)
@@ -282,6 +220,10 @@ def main() -> int:
     eps.write_text(yaml.safe_dump({"pools": [{"name": "p", "endpoints": [
         {"address": "127.0.0.1", "port": p} for p in (9, 19, 29, 39)]}]}))
     rows: dict[tuple[str, int], list[dict[str, float]]] = collections.defaultdict(list)
+    if args.in_process:
+        if any(flags[:1] == ["toy"] for _, _, flags in candidates):
+            ap.error("--in-process measures the EPP: no toy candidate")
+        return in_process_runs(args, counts, candidates, eps)
     try:
         for r in range(args.rounds):
             for n in counts if r % 2 == 0 else counts[::-1]:
@@ -291,10 +233,8 @@ def main() -> int:
                         cmd = [sys.executable, str(ROOT / "bench" / "toy_extproc.py"), "--h2", "--port", str(port),
                                "--backend", "127.0.0.1:9", *flags[1:]]
                     else:
-                        cmd = [bin_path("epp"), "serve", "--grpc-host", "127.0.0.1", "--grpc-port", str(port),
-                               "--grpc-health-port", "0", "--metrics-port", "0", "--endpoints-file", str(eps),
-                               "--refresh-metrics-interval", "1h", "--metrics-staleness-threshold", "2h", "-v", "0",
-                               *flags]
+                        cmd = [bin_path("epp"), "serve", *SERVE_FLAGS, "--grpc-port", str(port), "--endpoints-file",
+                               str(eps), *flags]
                     proc = procs.spawn(f"epp-{r}-{n}-{label}", cmd, port, env=env)
                     got = asyncio.run(generate(port, n, args.rate, args.connections, n / args.rate + 1.0,
                                                args.duration, proc.pid))
@@ -302,21 +242,49 @@ def main() -> int:
                     proc.wait(30)
                     rows[(label, n)].append(got)
                     print(f"round {r + 1}: {label}, {n} streams: {got['rps']:.0f} req/s, EPP {got['epp_cpu_us']:.0f} "
-                          f"µs/req, generator {got['gen_cpu_us']:.0f} µs/req, errors {got['errors']:.0f}",
+                          f"µs/req, {got['wakeups']:.2f} wake-ups/req, generator {got['gen_cpu_us']:.0f} µs/req, errors {got['errors']:.0f}",
                           file=sys.stderr, flush=True)
     finally:
         procs.stop()
     print(f"\n{args.rounds} interleaved rounds x {args.duration:g}s, medians; {args.rate:g} requests/s, each held open "
           f"for streams/rate seconds, over {args.connections} connections; {os.cpu_count()} CPUs\n")
-    print("| candidate | streams open | req/s | EPP CPU µs/req | vs fewest streams | generator CPU µs/req | errors |")
-    print("|---|---|---|---|---|---|---|")
+    print("| candidate | streams open | req/s | EPP CPU µs/req | vs fewest streams | EPP wake-ups/req "
+          "| generator CPU µs/req | errors |")
+    print("|---|---|---|---|---|---|---|---|")
     for label, _, _ in candidates:
         base = statistics.median(x["epp_cpu_us"] for x in rows[(label, counts[0])])
         for n in counts:
             rs = rows[(label, n)]
             cpu = statistics.median(x["epp_cpu_us"] for x in rs)
             print(f"| {label} | {n} | {statistics.median(x['rps'] for x in rs):.0f} | {cpu:.0f} | {cpu / base:.2f}x | "
+                  f"{statistics.median(x['wakeups'] for x in rs):.2f} | "
                   f"{statistics.median(x['gen_cpu_us'] for x in rs):.0f} | {sum(x['errors'] for x in rs):.0f} |")
+    return 0
+
+
+def in_process_runs(args: argparse.Namespace, counts: list[int], candidates: list[tuple[str, dict[str, str], list[str]]],
+                    eps: Path) -> int:
+    import subprocess
+
+    got: dict[tuple[str, int], list[float]] = collections.defaultdict(list)
+    for r in range(args.rounds):
+        for n in counts if r % 2 == 0 else counts[::-1]:
+            for label, env, flags in candidates:
+                out = subprocess.run([sys.executable, __file__, "--requests", str(args.requests), "--in-process-child",
+                                      str(n), str(eps), *flags], env={**os.environ, **env}, check=True,
+                                     capture_output=True, text=True)
+                got[(label, n)].append(float(out.stdout.split()[-1]))
+                print(f"round {r + 1}: {label}, {n} streams: {got[(label, n)][-1]:.0f} µs/req", file=sys.stderr,
+                      flush=True)
+    print(f"\n{args.rounds} interleaved rounds x {args.requests} requests, medians; the whole EPP in a child process, "
+          f"fed over {4} HTTP/2 connections without sockets; {os.cpu_count()} CPUs\n")
+    print("| candidate | streams open | EPP CPU µs/req (median) | vs fewest streams | min-max |\n|---|---|---|---|---|")
+    for label, _, _ in candidates:
+        base = statistics.median(got[(label, counts[0])])
+        for n in counts:
+            xs = got[(label, n)]
+            print(f"| {label} | {n} | {statistics.median(xs):.0f} | {statistics.median(xs) / base:.2f}x | "
+                  f"{min(xs):.0f}-{max(xs):.0f} |")
     return 0
 
 

@@ -7,6 +7,7 @@ write per read, see epp/h2grpc/connection.py).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
@@ -35,14 +36,22 @@ class ExtProcH2:
 
 
 class ExtProcCall:
-    """The h2 stream handler (epp.h2grpc.StreamHandler) around one session."""
+    """The h2 stream handler (epp.h2grpc.StreamHandler) around one session.
+
+    The session's callbacks hold the stream, never this call: a bound method of the call would close a reference
+    cycle (call -> session -> method -> call) that refcounting cannot free, so every finished stream's objects
+    (the session, the exchange, its request, its scheduling result: about 46 tracked objects) would wait for the
+    cyclic GC. With thousands of long-lived streams those objects reach the oldest generation first, and the full
+    collections that free them walk every live stream: CPU per request that grows with the streams held open
+    (docs/performance.md, "The front door"). The stream drops its handler when the call ends, so nothing cycles.
+    """
 
     __slots__ = ("stream", "session")
 
     def __init__(self, service: ExtProcH2, stream: ServerStream) -> None:
         self.stream = stream
-        self.session = StreamSession(service.director, service.config, service.metrics, self._send, self._finish,
-                                     stream.headers)
+        self.session = StreamSession(service.director, service.config, service.metrics, _sender(stream),
+                                     stream.finish, stream.headers)
 
     def on_message(self, data: bytes) -> None:
         try:
@@ -59,8 +68,12 @@ class ExtProcCall:
     def on_cancel(self) -> None:
         self.session.cancelled()
 
-    def _send(self, replies: Replies) -> None:
-        self.stream.send_many([r.SerializeToString() for r in replies])
 
-    def _finish(self) -> None:
-        self.stream.finish(status.OK)
+
+def _sender(stream: ServerStream) -> Callable[[Replies], None]:
+    send_many = stream.send_many
+
+    def send(replies: Replies) -> None:
+        send_many([r.SerializeToString() for r in replies])
+
+    return send

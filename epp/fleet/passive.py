@@ -40,6 +40,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
@@ -60,7 +61,7 @@ HEADERS_SEEN_WINDOW_S = 600.0  # response headers seen this recently: Envoy send
 class Watch:
     """One routed request, as passive health follows it."""
 
-    __slots__ = ("key", "streaming", "last", "status", "chunks", "complete", "failed", "probe")
+    __slots__ = ("key", "streaming", "last", "status", "chunks", "complete", "failed", "probe", "closed")
 
     def __init__(self, key: str, streaming: bool, now: float) -> None:
         self.key = key
@@ -71,6 +72,7 @@ class Watch:
         self.complete = False
         self.failed = False
         self.probe = False
+        self.closed = False  # the stream ended: no longer watched
 
 
 class Followed:
@@ -137,7 +139,12 @@ class PassiveHealth:
         self.metrics = metrics
         self.scraper: MetricsScraper | None = None  # for reporting its view next to this one
         self.states: dict[str, EndpointHealth] = {}
-        self.live: set[Watch] = set()
+        # The requests the silence rule may fail, oldest sign of life first (the clock is monotonic, and a watch
+        # moves to the end whenever it shows life), so a tick looks at the due ones only, never at every request
+        # in flight: `quiet` asked to stream and waits for its response headers (armed only while response
+        # headers are seen at all); `flowing` has a response body under way (always armed).
+        self._quiet: OrderedDict[Watch, None] = OrderedDict()
+        self._flowing: OrderedDict[Watch, None] = OrderedDict()
         self.awaiting_probe: set[str] = set()  # probing endpoints with no probe in flight
         self.headers_seen_at = -HEADERS_SEEN_WINDOW_S
         self._task: asyncio.Task[None] | None = None
@@ -168,7 +175,8 @@ class PassiveHealth:
     def routed(self, key: str, req: LLMRequest) -> Watch:
         body = req.body
         w = Watch(key, bool(body.get("stream")) if body else False, self.clock())
-        self.live.add(w)
+        if w.streaming:
+            self._quiet[w] = None
         st = self.states.get(key)
         if st is not None and st.state == PROBING and st.probe is None:
             st.probe = w
@@ -189,6 +197,7 @@ class PassiveHealth:
             self._fail(w, f"HTTP {w.status}", "http_5xx")
         elif w.probe:
             self._restore(w)  # it answers: back in rotation (the response's end still counts for the streak)
+        self._track(w)
 
     def progress(self, w: Watch, end: bool) -> None:
         w.last = self.clock()
@@ -197,15 +206,38 @@ class PassiveHealth:
             w.complete = True
             if 0 < w.status < 500:
                 self._succeed(w)
+        self._track(w)
 
     def closed(self, w: Watch) -> None:
-        self.live.discard(w)
+        w.closed = True
+        self._untrack(w)
         if 0 < w.status < 500 and not w.complete and not w.failed:
             if w.chunks:
                 self._fail(w, "the response was cut short (reset, or the client left)", "cut_short")
             else:
                 self._succeed(w)  # headers without body messages: Envoy sends response headers only
         self._release_probe(w)
+
+    def _track(self, w: Watch) -> None:
+        """Queue `w` where the silence rule looks for it now (at the end: it just showed life), or nowhere."""
+        if w.failed or w.complete or w.closed:
+            self._untrack(w)
+        elif w.chunks:
+            flowing = self._flowing
+            if w in flowing:
+                flowing.move_to_end(w)  # the per-chunk case
+            else:
+                self._quiet.pop(w, None)
+                flowing[w] = None
+        elif w.streaming and w.status == 0:
+            self._quiet[w] = None
+            self._quiet.move_to_end(w)
+        else:
+            self._quiet.pop(w, None)  # headers came, no body yet: never silent before the body begins
+
+    def _untrack(self, w: Watch) -> None:
+        self._quiet.pop(w, None)
+        self._flowing.pop(w, None)
 
     # ---- verdicts ------------------------------------------------------------------------------------------------
     def _state(self, key: str) -> EndpointHealth:
@@ -233,6 +265,7 @@ class PassiveHealth:
         if w.failed:
             return  # one failure per request
         w.failed = True
+        self._untrack(w)
         st = self._state(w.key)
         st.failures += 1
         st.consecutive += 1
@@ -281,14 +314,21 @@ class PassiveHealth:
                     self.awaiting_probe.add(key)
                     self.datastore.ejected.discard(key)
                 log.info("endpoint %s: cool-down over, the next request probes it", key)
-        headers_flow = now - self.headers_seen_at < HEADERS_SEEN_WINDOW_S
+        if now - self.headers_seen_at < HEADERS_SEEN_WINDOW_S:
+            self._silent(self._quiet, now)
+        self._silent(self._flowing, now)
+
+    def _silent(self, queue: OrderedDict[Watch, None], now: float) -> None:
+        """Fail the requests of `queue` silent for longer than `silence_timeout`: its head, up to the first that
+        is not (O(due requests), not O(requests in flight))."""
         limit = self.silence_timeout
-        for w in list(self.live):
-            if w.failed or w.complete:
-                continue
-            armed = w.chunks > 0 or (headers_flow and w.streaming and w.status == 0)
-            if armed and now - w.last > limit:
-                self._fail(w, f"no response for {now - w.last:.1f} s", "silent")
+        due: list[Watch] = []
+        for w in queue:
+            if not now - w.last > limit:
+                break
+            due.append(w)
+        for w in due:
+            self._fail(w, f"no response for {now - w.last:.1f} s", "silent")  # leaves the queue
 
     def start(self) -> None:
         if self._task is None or self._task.done():
@@ -308,11 +348,10 @@ class PassiveHealth:
 
     def forget(self, key: str) -> None:
         """The endpoint left (datastore lifecycle): a key that comes back starts healthy."""
-        self.states.pop(key, None)
+        st = self.states.pop(key, None)
         self.awaiting_probe.discard(key)
-        for w in self.live:
-            if w.key == key:
-                w.probe = False
+        if st is not None and st.probe is not None:
+            st.probe.probe = False  # the one request that may carry its probe flag (see routed, _release_probe)
 
     # ---- reporting ---------------------------------------------------------------------------------------------
     def view(self, key: str) -> tuple[str, str, EndpointHealth | None]:

@@ -230,3 +230,56 @@ def test_the_probe_goes_to_the_probing_endpoint_even_if_the_scheduler_never_pick
     respond(again, 200)
     assert passive.states[A].state == HEALTHY
     assert picked(send(d)) == B and passive.probe_for(d.datastore.routable("pool")) is None
+
+
+def test_silence_is_measured_from_each_requests_last_sign_of_life(rig):
+    """The tick fails the requests silent for longer than the timeout, each by its own last sign of life: one that
+    speaks again waits its full timeout anew, behind a younger one that went quiet (the tick looks at the due
+    requests only: bench/bench_streams.py holds thousands in flight)."""
+    d, passive, clock, _ = rig
+    respond(send(d), 200)  # response headers flow: the pre-headers rule is armed
+    t0 = clock.t
+    chatty, quiet = send(d, stream=True), send(d, stream=True)
+    chatty.response_headers({":status": "200"}, {})
+    chatty.response_body(b"data: a\n\n", False)  # body under way since t0
+    clock.t = t0 + 0.2
+    later = send(d, stream=True)
+    later.response_headers({":status": "200"}, {})
+    later.response_body(b"data: a\n\n", False)  # body under way since t0 + 0.2
+    waiting = send(d, stream=True)  # no headers yet since t0 + 0.2
+    clock.t = t0 + 1.0
+    chatty.response_body(b"data: b\n\n", False)  # speaks again
+    clock.t = t0 + 2.1
+    passive.tick()
+    st = passive.states[A]
+    assert st.failures == 1 and st.reason == "no response for 2.1 s"  # `quiet`, routed at t0 and never answered
+    clock.t = t0 + 2.3
+    passive.tick()
+    assert st.failures == 3  # `later` and `waiting`, silent since t0 + 0.2; not `chatty`
+    clock.t = t0 + 3.2
+    passive.tick()
+    assert st.failures == 4 and st.reason == "no response for 2.2 s"  # `chatty`, and nothing twice
+    for ex in (chatty, quiet, later, waiting):
+        ex.close()
+    assert st.failures == 4
+    clock.t += 10
+    passive.tick()
+    assert st.failures == 4  # closed requests are no longer watched
+
+
+def test_a_complete_response_or_one_with_headers_and_no_body_yet_is_never_silent(rig):
+    d, passive, clock, _ = rig
+    respond(send(d), 200)
+    done, headers_only = send(d, stream=True), send(d, stream=True)
+    done.response_headers({":status": "200"}, {})
+    done.response_body(b"data: a\n\n", True)  # complete; its stream is still open
+    headers_only.response_headers({":status": "200"}, {})  # the body has not begun
+    clock.t += 30
+    passive.tick()
+    assert passive.states[A].failures == 0
+    headers_only.response_body(b"data: a\n\n", False)  # begun now: armed from here on
+    clock.t += 2.5
+    passive.tick()
+    assert passive.states[A].failures == 1
+    done.close()
+    headers_only.close()
