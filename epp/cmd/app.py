@@ -9,6 +9,7 @@ service, the API service and the dashboard's explainer hold it.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import random
 import signal
@@ -147,6 +148,15 @@ class App:
         return self.precise.services() if self.precise is not None else {}
 
 
+def freeze_startup_objects() -> None:
+    """Move everything built at start (modules, protobuf descriptors, the SDKs, the config, the fleet) out of the
+    cyclic GC's reach: it lives as long as the process, yet every full collection would walk all of it again.
+    Objects made later are collected as usual, and refcounting still frees a frozen object that becomes garbage.
+    `bench/bench_extproc.py` measured 5 to 12% less processor CPU per request with it (docs/performance.md)."""
+    gc.collect()
+    gc.freeze()
+
+
 async def run(settings: ServeSettings) -> int:
     app = App(settings)
     try:
@@ -155,6 +165,7 @@ async def run(settings: ServeSettings) -> int:
         log.error("cannot start: %s", e)
         await app.stop(0)
         return 1
+    freeze_startup_objects()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -165,4 +176,4 @@ async def run(settings: ServeSettings) -> int:
     return 0
 
 
-__all__ = ["STEPS", "App", "build_scheduler", "load_scheduling", "run"]
+__all__ = ["STEPS", "App", "build_scheduler", "freeze_startup_objects", "load_scheduling", "run"]
