@@ -40,6 +40,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from extproc_stack import Procs, backend_config, bin_path, cpu_seconds  # noqa: E402
+from streams_frames import request_messages  # noqa: E402
 
 from epp.stack.ports import free_port, wait_port  # noqa: E402
 
@@ -97,24 +98,6 @@ def _generator(port: int, streams: int, connections: int, duration: float, warmu
         return done, errors, time.process_time() - cpu0
 
     out.put(asyncio.run(main()))
-
-
-def grpc_body() -> bytes:
-    """The two ext_proc messages of one request, length-prefixed as gRPC frames them."""
-    import struct
-
-    import orjson
-
-    from epp.protocol import BodyMode
-    from tests.support.extproc import body_msg, headers_msg
-
-    body = orjson.dumps({"model": "meta-llama/Llama-3.1-8B", "messages": [
-        {"role": "user", "content": "What is the capital of France?"}]})
-    out = b""
-    for m in (headers_msg(mode=BodyMode.FULL_DUPLEX_STREAMED), body_msg(body, True)):
-        data = m.SerializeToString()
-        out += b"\x00" + struct.pack(">I", len(data)) + data
-    return out
 
 
 def measure_h2load(port: int, epp_pid: int, connections: int, streams: int, duration: float,
@@ -178,7 +161,7 @@ def main() -> int:
         subprocess.run(["apt-get", "install", "-y", "-qq", "nghttp2-client"], check=False)
     procs = Procs()
     body = procs.dir / "grpc-body.bin"
-    body.write_bytes(grpc_body())
+    body.write_bytes(request_messages())
     try:
         backends = [free_port() for _ in range(4)]
         procs.envoy("backend", backend_config(backends, free_port()), backends[-1])
