@@ -108,21 +108,27 @@ def learn(s: EstimatedLatencyScorer, key: str, seconds: float, sample: float | N
     s.pool_scale = (1 - a) * s.pool_scale + a * sample
 
 
+def scored_as(state: State, key: str) -> tuple[Endpoint, int] | None:
+    """`key`'s endpoint and its n(e) as the scoring pass that left `state` saw them; None when it did not score it."""
+    pred: tuple[list[Endpoint], list[int]] | None = state.get(_PRED)
+    if pred is None:
+        return None
+    candidates, ns = pred
+    i = next((j for j, e in enumerate(candidates) if e.key == key), -1)
+    return None if i < 0 else (candidates[i], ns[i])
+
+
 def calibration_sample(s: EstimatedLatencyScorer, ctx: SchedulingContext, key: str, seconds: float,
                        state: State) -> float | None:
     """(observed − wait) / model for the request that ran on `key`, from what the decision saw: n(e) from the
     scoring pass, the modelled prefill and D(e) from pre_request."""
-    pred: tuple[list[Endpoint], list[int]] | None = state.get(_PRED)
     chosen: tuple[float, float, float, float | None] | None = state.get(_CHOSEN)
-    if pred is None or chosen is None:
-        return None
-    candidates, ns = pred
-    i = next((j for j, e in enumerate(candidates) if e.key == key), -1)
-    if i < 0:
+    scored = scored_as(state, key)
+    if chosen is None or scored is None:
         return None
     p = s.params
     s1 = p.maxNumSeqs - 1
-    n = ns[i]
+    n = scored[1]
     prefill, duration, inter_token, queued = chosen
     full_decode = inter_token * output_tokens(ctx.request.body, p.defaultOutputTokens)
     slow = s.slowdown(n)

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from scheduling.api import SchedulingContext
 from scheduling.framework.plugin import State
-from scheduling.plugins.scorers._calibration import _INPUTS, _PRED, output_tokens
+from scheduling.plugins.scorers._calibration import _INPUTS, output_tokens, scored_as
 from scheduling.plugins.scorers._trust import EndpointModel, TrustView
 from scheduling.prefix.precise import LIVE
 from scheduling.types import Endpoint
@@ -105,15 +105,11 @@ def predicted(s: EstimatedLatencyScorer, ctx: SchedulingContext, state: State, k
     `timings_of`), as modelled by the scoring pass that left `state`; None when that pass did not model `key`.
     For reports (the shell's shadow profiles): the pick uses `score`, and this recomputes one endpoint's model
     only when asked."""
-    pred: tuple[list[Endpoint], list[int]] | None = state.get(_PRED)
     inputs: tuple[float, dict[str, float], float] | None = state.get(_INPUTS)
-    if pred is None or inputs is None:
-        return None
-    candidates, ns = pred
-    i = next((j for j, e in enumerate(candidates) if e.key == key), -1)
-    if i < 0:
+    scored = scored_as(state, key)
+    if inputs is None or scored is None:
         return None
     tokens, cached, _ = inputs
-    ((ttft, tpot),) = predict(s, ctx, [candidates[i]], [ns[i]], tokens, cached)
+    ((ttft, tpot),) = predict(s, ctx, [scored[0]], [scored[1]], tokens, cached)
     return float(ttft + tpot * output_tokens(ctx.request.body, s.params.defaultOutputTokens))
 
