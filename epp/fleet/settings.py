@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 
 from epp.argtypes import parse_bool, parse_duration_arg
 
+BACKOFF_MAX_S = 1.0  # --scrape-backoff-max's default: the cap of an out endpoint's doubling scrape backoff
+
 
 def add_source_flags(g: argparse._ActionsContainer) -> None:
     """The "pool and endpoints" group."""
@@ -95,9 +97,6 @@ class SourceSettings:
         if s.kind in ("service", "pool"):
             pool_resource(s.pool_group)  # a clear error for an unknown group, before anything connects
         return s
-
-
-BACKOFF_MAX_S = 1.0  # --scrape-backoff-max's default
 
 
 def bounded_timeout(staleness: float, failure_threshold: int = 3, interval: float = 0.05) -> float:
