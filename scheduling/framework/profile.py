@@ -161,7 +161,9 @@ class Profile:
             if trace is not None:
                 trace.scored(scorer, weight, dur, cands, values)
             if type(values) is ZeroScores:
-                (zero if zero is not None else (zero := [])).append(i)
+                if zero is None:
+                    zero = []
+                zero.append(i)
                 continue
             all_values.append(values)
         if zero is None:
