@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 import grpc
 from google.protobuf import json_format
@@ -15,6 +16,15 @@ from proto import pointsman_pb2_grpc
 def _stub(addr: str) -> pointsman_pb2_grpc.PointsmanStub:
     channel = grpc.insecure_channel(addr, options=[("grpc.max_receive_message_length", 64 * 1024 * 1024)])
     return pointsman_pb2_grpc.PointsmanStub(channel)
+
+
+def _call(addr: str, rpc: str, request: Any) -> Any:
+    """One call of the Pointsman API at `addr`; on failure the error is printed and None returned."""
+    try:
+        return getattr(_stub(addr), rpc)(request, timeout=10)
+    except grpc.RpcError as err:
+        print(f"error: cannot reach Pointsman at {addr}: {err.code().name} {err.details()}", file=sys.stderr)
+        return None
 
 
 def _read_body(spec: str | None) -> bytes:
@@ -30,10 +40,8 @@ def receipt_command(s: ExplainSettings) -> int:
     """`epp explain --decision ID`: a past decision as it was made (epp/observe/receipts.py)."""
     from epp.api.receipts import format_receipt
 
-    try:
-        resp = _stub(s.addr).GetReceipt(api.ReceiptRequest(decision_id=s.decision), timeout=10)
-    except grpc.RpcError as err:
-        print(f"error: cannot reach Pointsman at {s.addr}: {err.code().name} {err.details()}", file=sys.stderr)
+    resp = _call(s.addr, "GetReceipt", api.ReceiptRequest(decision_id=s.decision))
+    if resp is None:
         return 1
     if s.json:
         print(json_format.MessageToJson(resp, preserving_proto_field_name=True))
@@ -46,10 +54,8 @@ def explain_command(s: ExplainSettings) -> int:
     if s.decision:
         return receipt_command(s)
     req = api.ExplainRequest(path=s.path, headers=s.headers, body=_read_body(s.body), pool=s.pool)
-    try:
-        resp = _stub(s.addr).Explain(req, timeout=10)
-    except grpc.RpcError as err:
-        print(f"error: cannot reach Pointsman at {s.addr}: {err.code().name} {err.details()}", file=sys.stderr)
+    resp = _call(s.addr, "Explain", req)
+    if resp is None:
         return 1
     if s.json:
         print(json_format.MessageToJson(resp, preserving_proto_field_name=True))
@@ -187,10 +193,8 @@ def format_route(r: api.RouteInfo) -> list[str]:
 
 
 def endpoints_command(s: EndpointsSettings) -> int:
-    try:
-        resp = _stub(s.addr).ListEndpoints(api.ListEndpointsRequest(pool=s.pool), timeout=10)
-    except grpc.RpcError as err:
-        print(f"error: cannot reach Pointsman at {s.addr}: {err.code().name} {err.details()}", file=sys.stderr)
+    resp = _call(s.addr, "ListEndpoints", api.ListEndpointsRequest(pool=s.pool))
+    if resp is None:
         return 1
     if s.json:
         print(json_format.MessageToJson(resp, preserving_proto_field_name=True))
