@@ -81,10 +81,12 @@ replaces the same key of the GIE layout. Every template reads this tree, never .
   {{- $node := $router -}}
   {{- $found := true -}}
   {{- range $k := $src -}}
-    {{- if and $found (kindIs "map" $node) (hasKey $node $k) -}}
-      {{- $node = index $node $k -}}
-    {{- else -}}
+    {{- if not (kindIs "map" $node) -}}
       {{- $found = false -}}
+    {{- else if not (hasKey $node $k) -}}
+      {{- $found = false -}}
+    {{- else if $found -}}
+      {{- $node = index $node $k -}}
     {{- end -}}
   {{- end -}}
   {{- if $found -}}
@@ -105,11 +107,14 @@ replaces the same key of the GIE layout. Every template reads this tree, never .
 
 {{/* A number as written (Helm reads YAML numbers as floats: 1000000 would print as 1e+06). */}}
 {{- define "pointsman.scalar" -}}
-{{- if and (kindIs "float64" .) (eq (float64 (int64 .)) .) -}}
-{{- int64 . -}}
-{{- else -}}
-{{- . -}}
+{{- /* Go templates before Go 1.18 evaluate every argument of `and`: the checks are nested, not joined. */ -}}
+{{- $out := toString . -}}
+{{- if kindIs "float64" . -}}
+{{- if eq (float64 (int64 .)) . -}}
+{{- $out = toString (int64 .) -}}
 {{- end -}}
+{{- end -}}
+{{- $out -}}
 {{- end -}}
 
 {{- define "pointsman.replicas" -}}
