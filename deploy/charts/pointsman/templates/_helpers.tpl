@@ -208,3 +208,22 @@ replaces the same key of the GIE layout. Every template reads this tree, never .
 {{- fail (printf "pointsman.transport must be h2 or grpcio, got %q" $transport) -}}
 {{- end -}}
 {{- end -}}
+
+{{/* The default configs' data layer: scrape the model servers (metrics-data-source) and read them as `.engine`. */}}
+{{- define "pointsman.dataLayer" -}}
+- type: metrics-data-source
+  parameters:
+    scheme: {{ .mds.scheme | default "http" | quote }}
+    path: {{ .mds.path | default "/metrics" | quote }}
+    insecureSkipVerify: {{ ne (toString .mds.insecureSkipVerify) "false" }}
+- type: core-metrics-extractor
+  parameters:
+    defaultEngine: {{ .engine | quote }}
+{{- end -}}
+{{- define "pointsman.dataLayerSection" -}}
+dataLayer:
+  sources:
+  - pluginRef: metrics-data-source
+    extractors:
+    - pluginRef: core-metrics-extractor
+{{- end -}}
