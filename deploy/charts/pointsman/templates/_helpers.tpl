@@ -72,6 +72,8 @@ replaces the same key of the GIE layout. Every template reads this tree, never .
 {{- end -}}
 
 {{- define "pointsman.values" -}}
+{{- /* Computed once per render and kept in .Values under a private key: every template and helper asks for it. */ -}}
+{{- if not (hasKey .Values "__pointsmanCanonical") -}}
 {{- $c := .Values | toYaml | fromYaml -}}
 {{- $router := $c.router | default dict -}}
 {{- $_ := unset $c "router" -}}
@@ -102,7 +104,9 @@ replaces the same key of the GIE layout. Every template reads this tree, never .
 {{- end -}}
 {{- $_ := set $c "routerProxy" (dig "proxy" "enabled" false $router) -}}
 {{- $_ := set $c "routerTokenizer" (dig "tokenizer" "enabled" false $router) -}}
-{{- toYaml $c -}}
+{{- $_ := set .Values "__pointsmanCanonical" (toYaml $c) -}}
+{{- end -}}
+{{- index .Values "__pointsmanCanonical" -}}
 {{- end -}}
 
 {{/* A number as written (Helm reads YAML numbers as floats: 1000000 would print as 1e+06). */}}
