@@ -11,12 +11,14 @@ import asyncio
 import copy
 import os
 import random
+import re
 import shutil
 import ssl
 import subprocess
 import sys
 from pathlib import Path
 
+import aiohttp
 import grpc
 import jsonschema
 import kubernetes_validate
@@ -35,10 +37,11 @@ from epp.fleet.k8s import (
     WATCH_VERBS,
 )
 from scheduling.config import load_scheduler
-from tests.fleet.k8s.fakeapi import FakeKubeAPI, pod
+from tests.fleet.k8s.fakeapi import FakeKubeAPI, endpoint_slice, pod
 from tests.support.backend import EchoFleet
 from tests.support.envoy import free_port
-from tests.support.extproc_client import one_request
+from tests.support.extproc_client import Result, one_request
+from tests.support.redis_server import RedisServer
 from tests.support.wait import until
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -487,18 +490,35 @@ def test_unsupported_values_fail_clearly(values, message):
 
 
 # ---- the rendered Deployment, run ----------------------------------------------------------------------------------
-def materialise(docs: list[dict], tmp: Path) -> tuple[list[str], dict[str, str]]:
-    """The epp container's command + args with the ConfigMap's files written under tmp (the /config mount mapped
-    to tmp/config), and its literal environment."""
+FIELDS = {"metadata.namespace": "default", "metadata.name": "rel-epp-5d8f7c9b4-x2x7q", "status.podIP": "127.0.0.1",
+          "spec.nodeName": "node-1"}
+
+
+def materialise(docs: list[dict], tmp: Path, secrets: dict[tuple[str, str], str]) -> tuple[list[str], dict[str, str]]:
+    """What the kubelet would run for the epp container: the ConfigMap's files written under tmp (the /config mount
+    mapped to tmp/config), the environment resolved (values, fieldRefs, secretKeyRefs from `secrets`), and `$(VAR)`
+    in the args expanded from it."""
     c = container(docs)
     cm = one(docs, "ConfigMap", "rel-epp")
     config = tmp / "config"
     config.mkdir()
     for name, text in cm["data"].items():
         (config / name).write_text(text)
+    env: dict[str, str] = {}
+    for e in c["env"]:
+        if "value" in e:
+            env[e["name"]] = re.sub(r"\$\((\w+)\)", lambda m: env.get(m[1], m[0]), e["value"])
+        elif "fieldRef" in e["valueFrom"]:
+            env[e["name"]] = FIELDS[e["valueFrom"]["fieldRef"]["fieldPath"]]
+        else:
+            ref = e["valueFrom"]["secretKeyRef"]
+            key = (ref["name"], ref["key"])
+            assert key in secrets or ref.get("optional"), f"the pod needs Secret {key}"
+            if key in secrets:
+                env[e["name"]] = secrets[key]
     mount = next(m["mountPath"] for m in c["volumeMounts"] if m["name"] == "plugins-config-volume")
-    args = [a.replace(f"={mount}/", f"={config}/") for a in c["args"]]
-    env = {e["name"]: e["value"] for e in c["env"] if "value" in e}
+    args = [re.sub(r"\$\((\w+)\)", lambda m: env.get(m[1], m[0]), a).replace(f"={mount}/", f"={config}/")
+            for a in c["args"]]
     return [*c["command"], *args], env
 
 
@@ -512,66 +532,100 @@ async def health(port: int, service: str) -> int | None:
         return None
 
 
-async def test_rendered_deployment_serves_the_rendered_pool(tmp_path):
-    grpc_port, health_port, metrics_port, model_port = free_port(), free_port(), free_port(), free_port()
-    docs = render(["-f", str(CHART / "examples" / "gie-minimal.yaml"),
-                   "--set", f"pointsman.grpcPort={grpc_port}",
-                   "--set", f"inferenceExtension.grpcHealthPort={health_port}",
-                   "--set", f"pointsman.metricsPort={metrics_port}",
-                   "--set", f"inferencePool.targetPorts[0].number={model_port}",
-                   "--set", "inferenceExtension.flags.refresh-metrics-interval=100ms"],
-                  release="rel", namespace="default")
-    argv, env = materialise(docs, tmp_path)
-    assert argv[:2] == ["epp", "serve"]
-    probe = container(docs)["readinessProbe"]["grpc"]
-    assert probe == {"port": health_port, "service": "inference-extension"}
-    pool = one(docs, "InferencePool", "rel")
-    labels = pool["spec"]["selector"]["matchLabels"]
-
-    kube = FakeKubeAPI().start()
-    fleet = EchoFleet([model_port])
-    await fleet.start()
-    kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(yaml.safe_dump({
+def kubeconfig_for(kube: FakeKubeAPI, path: Path) -> Path:
+    path.write_text(yaml.safe_dump({
         "apiVersion": "v1", "kind": "Config", "current-context": "fake",
         "clusters": [{"name": "fake", "cluster": {"server": kube.host}}],
         "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "u"}}],
         "users": [{"name": "u", "user": {"token": "t"}}],
     }))
+    return path
+
+
+async def tls_request(grpc_port: int) -> Result:
+    """One chat request over ext_proc with TLS (--secure-serving=true, the self-signed certificate), as a gateway."""
+    pem = await asyncio.to_thread(ssl.get_server_certificate, ("127.0.0.1", grpc_port))
+    creds = grpc.ssl_channel_credentials(root_certificates=pem.encode())
+    async with grpc.aio.secure_channel(f"127.0.0.1:{grpc_port}", creds,
+                                       options=[("grpc.ssl_target_name_override", "localhost")]) as ch:
+        return await one_request(pb_grpc.ExternalProcessorStub(ch),
+                                 {"model": "llama", "messages": [{"role": "user", "content": "hi"}]})
+
+
+SCENARIOS = {
+    # one replica, GIE's minimal values
+    "gie-minimal": ["-f", str(CHART / "examples" / "gie-minimal.yaml"),
+                    "--set", "inferenceExtension.flags.refresh-metrics-interval=100ms"],
+    # three replicas' values (this process is one of them): the bus, Redis from a Secret, KV events, dashboard token
+    "replicas": ["-f", str(CHART / "examples" / "replicas.yaml")],
+}
+
+
+@pytest.mark.parametrize("scenario", list(SCENARIOS))
+async def test_rendered_deployment_serves_the_rendered_pool(tmp_path, scenario):
+    grpc_port, health_port, metrics_port, model_port = free_port(), free_port(), free_port(), free_port()
+    bus_port, kv_port = free_port(), free_port()
+    docs = render([*SCENARIOS[scenario],
+                   "--set", f"pointsman.grpcPort={grpc_port}",
+                   "--set", f"inferenceExtension.grpcHealthPort={health_port}",
+                   "--set", f"pointsman.metricsPort={metrics_port}",
+                   "--set", f"pointsman.bus.port={bus_port}",
+                   "--set", f"pointsman.kvEvents.port={kv_port}",
+                   "--set", f"inferencePool.targetPorts[0].number={model_port}"],
+                  release="rel", namespace="default")
+    probe = container(docs)["readinessProbe"]["grpc"]
+    assert probe["port"] == health_port
+    pool = one(docs, "InferencePool", "rel")
+    flags = flag_values(container(docs)["args"])
+    redis = RedisServer().start() if "redis-url" in flags else None
+    secrets = {("pointsman-bus", "secret"): "0123456789abcdef" * 4, ("pointsman-dashboard", "token"): "dash-token"}
+    if redis:
+        secrets[("pointsman-redis", "url")] = redis.url
+    argv, env = materialise(docs, tmp_path, secrets)
+    assert argv[:2] == ["epp", "serve"] and not any("$(" in a for a in argv)
+
+    kube = FakeKubeAPI().start()
+    fleet = EchoFleet([model_port])
+    await fleet.start()
     epp = str(Path(sys.executable).with_name("epp"))
-    proc_env = {**os.environ, **env, "KUBECONFIG": str(kubeconfig), "NAMESPACE": "default",
-                "POD_NAME": "rel-epp-0-0", "POD_IP": "127.0.0.1"}
+    proc_env = {**os.environ, **env, "KUBECONFIG": str(kubeconfig_for(kube, tmp_path / "kubeconfig"))}
     log = tmp_path / "epp.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen([epp, *argv[1:]], env=proc_env, stdout=out, stderr=subprocess.STDOUT)
     try:
-        def alive_log() -> str:
+        def state() -> str:
             return f"(epp exit code {proc.poll()}) {log.read_text()[-3000:]}"
 
         # Up, and not ready: nothing is listed yet.
-        await until(lambda: proc.poll() is None and health(health_port, "inference-extension"), 30,
-                    lambda: f"the health port to answer {alive_log()}")
-        assert await health(health_port, "inference-extension") == health_pb2.HealthCheckResponse.NOT_SERVING
+        await until(lambda: proc.poll() is None and health(health_port, probe["service"]), 30,
+                    lambda: f"the health port to answer {state()}")
+        assert await health(health_port, probe["service"]) == health_pb2.HealthCheckResponse.NOT_SERVING
         kube.apply("inference.networking.k8s.io", "inferencepools", pool)
-        kube.apply("", "pods", pod("vllm-0", "127.0.0.1", labels))
+        kube.apply("", "pods", pod("vllm-0", "127.0.0.1", pool["spec"]["selector"]["matchLabels"]))
+        if "bus-service" in flags:
+            kube.apply("discovery.k8s.io", "endpointslices",
+                       endpoint_slice(f"{flags['bus-service']}-abcde", flags["bus-service"], ["127.0.0.1"],
+                                      port=int(flags["bus-port"])))
 
         async def serving() -> bool:
             return await health(health_port, probe["service"]) == health_pb2.HealthCheckResponse.SERVING
 
-        await until(serving, 30, lambda: f"the readiness probe's service to be SERVING {alive_log()}")
-        # ext_proc over TLS (--secure-serving=true, the self-signed certificate), as a gateway would.
-        pem = await asyncio.to_thread(ssl.get_server_certificate, ("127.0.0.1", grpc_port))
-        creds = grpc.ssl_channel_credentials(root_certificates=pem.encode())
-        async with grpc.aio.secure_channel(f"127.0.0.1:{grpc_port}", creds,
-                                           options=[("grpc.ssl_target_name_override", "localhost")]) as ch:
-            res = await one_request(pb_grpc.ExternalProcessorStub(ch),
-                                    {"model": "llama", "messages": [{"role": "user", "content": "hi"}]})
+        await until(serving, 30, lambda: f"the readiness probe's service to be SERVING {state()}")
+        res = await tls_request(grpc_port)
         assert res.status == 200, res.body
         assert res.headers is not None
         assert res.headers["x-gateway-destination-endpoint"] == f"127.0.0.1:{model_port}"
         # Everything Pointsman listed or watched is granted by the rendered RBAC.
         plurals = {p for verb, p, _ in kube.requests if verb in ("list", "watch")}
         assert plurals and plurals <= {r for _, r, _ in granted(docs)}, plurals
+        assert ("endpointslices" in plurals) == ("bus-service" in flags)
+        if "dashboard" in flags and any(e["name"] == "POINTSMAN_DASHBOARD_TOKEN" for e in container(docs)["env"]):
+            async with aiohttp.ClientSession() as http:
+                url = f"http://127.0.0.1:{metrics_port}/api/fleet"
+                async with http.get(url) as r:
+                    assert r.status == 401  # the token from the Secret guards the dashboard
+                async with http.get(url, headers={"Authorization": "Bearer dash-token"}) as r:
+                    assert r.status == 200
     finally:
         proc.terminate()
         try:
@@ -581,3 +635,5 @@ async def test_rendered_deployment_serves_the_rendered_pool(tmp_path):
             proc.wait()
         await fleet.stop()
         kube.stop()
+        if redis:
+            redis.kill()
