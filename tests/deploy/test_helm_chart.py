@@ -89,6 +89,7 @@ FOREIGN = {
     "HealthCheckPolicy": "networking.gke.io/v1",
     "GCPBackendPolicy": "networking.gke.io/v1",
     "PodMonitoring": "monitoring.googleapis.com/v1",
+    "HTTPRoute": "gateway.networking.k8s.io/v1",
 }
 
 # The InferencePool v1 CRD's OpenAPI schema (GIE api/v1: inferencepool_types.go), as the API server enforces it.
@@ -330,6 +331,32 @@ def test_flags_map_renders_one_pflag_style_argument_per_key_after_the_charts_own
     assert args.index("--tracing=false") < args.index("--enable-pprof=false")
 
 
+def test_gie_v1_0_list_of_flags_is_read_too():
+    out = helm("template", "rel", str(CHART), *MATCH, "--set", "inferenceExtension.flags[0].name=v",
+               "--set", "inferenceExtension.flags[0].value=3", "--set", "inferenceExtension.flags[1].name=seed",
+               "--set", "inferenceExtension.flags[1].value=7")
+    assert out.returncode == 0 and "warning" not in out.stderr, out.stderr
+    args = container([d for d in yaml.safe_load_all(out.stdout) if d])["args"]
+    assert args[-2:] == ["--v=3", "--seed=7"]
+
+
+def test_the_http_route_sends_the_gateways_traffic_to_the_pool(rendered):
+    route = one(rendered["example-gie-full"], "HTTPRoute", "rel")
+    assert route["spec"]["parentRefs"] == [{"group": "gateway.networking.k8s.io", "kind": "Gateway",
+                                            "name": "inference-gateway"}]
+    rule = route["spec"]["rules"][0]
+    assert rule["backendRefs"] == [{"group": "inference.networking.k8s.io", "kind": "InferencePool", "name": "rel"}]
+    assert rule["matches"] == [{"path": {"type": "PathPrefix", "value": "/"}}]
+    assert rule["timeouts"] == {"request": "600s"}
+    llmd = render([*MATCH, "--set", "router.httpRoute.create=true", "--set", "router.httpRoute.baseModel=llama",
+                   "--set", "router.httpRoute.inferenceGatewayNamespace=gw", "--set", "provider.name=gke"])
+    route = one(llmd, "HTTPRoute", "rel")
+    assert route["spec"]["parentRefs"][0]["namespace"] == "gw" and "timeouts" not in route["spec"]["rules"][0]
+    assert route["spec"]["rules"][0]["matches"][0]["headers"] == [
+        {"type": "Exact", "name": "X-Gateway-Base-Model-Name", "value": "llama"}]
+    assert not [d for d in rendered["defaults"] if d["kind"] == "HTTPRoute"]
+
+
 def test_a_flag_in_the_map_overrides_the_charts_own():
     args = container(render([*MATCH, "--set", "inferenceExtension.flags.secure-serving=false"]))["args"]
     ns = build_parser().parse_args(["serve", *args])
@@ -483,6 +510,11 @@ def test_llm_d_failclosed_spelling_is_read_as_failclose():
     (["--set", "inferencePool.modelServerType=tgi"], "inferencePool.modelServerType must be one of"),
     (["--set", "provider.name=aws"], "provider.name must be none, istio or gke"),
     (["--set", "pointsman.transport=quic"], "pointsman.transport must be h2 or grpcio"),
+    (["--set", "inferencePool.parser=vllmgrpc-parser"], "Pointsman parses requests as OpenAI's API"),
+    (["--set", "router.epp.parsers[0]=passthrough-parser"], 'parser "passthrough-parser"'),
+    (["--set", "inferencePool.apiVersion=inference.networking.x-k8s.io/v1alpha2"],
+     "renders the InferencePool inference.networking.k8s.io/v1 only"),
+    (["--set", "router.tokenizer.enabled=true"], "this chart renders no vllm-render sidecar"),
 ])
 def test_unsupported_values_fail_clearly(values, message):
     out = helm("template", "rel", str(CHART), *MATCH, *values)

@@ -69,6 +69,13 @@ replaces the same key of the GIE layout. Every template reads this tree, never .
 - [modelServers.targetPorts, inferencePool.targetPorts]
 - [modelServers.matchLabels, inferencePool.modelServers.matchLabels]
 - [inferenceObjectives, inferenceObjectives]
+- [epp.parsers, inferencePool.parsers]
+- [httpRoute.create, experimentalHttpRoute.enabled]
+- [httpRoute.inferenceGatewayName, experimentalHttpRoute.inferenceGatewayName]
+- [httpRoute.inferenceGatewayNamespace, experimentalHttpRoute.inferenceGatewayNamespace]
+- [httpRoute.requestTimeout, experimentalHttpRoute.requestTimeout]
+- [httpRoute.headerMatches, experimentalHttpRoute.headerMatches]
+- [httpRoute.baseModel, experimentalHttpRoute.baseModel]
 {{- end -}}
 
 {{- define "pointsman.values" -}}
@@ -206,6 +213,15 @@ replaces the same key of the GIE layout. Every template reads this tree, never .
 {{- end -}}
 {{- if and $v.inferenceObjectives (eq (toString $v.inferencePool.create) "false") -}}
 {{- fail "inferenceObjectives need an InferencePool (inferencePool.create: true)" -}}
+{{- end -}}
+{{- $api := $v.inferencePool.apiVersion | default "inference.networking.k8s.io/v1" | toString -}}
+{{- if ne $api "inference.networking.k8s.io/v1" -}}
+{{- fail (printf "inferencePool.apiVersion %q: this chart renders the InferencePool inference.networking.k8s.io/v1 only (as GIE v1.5's)" $api) -}}
+{{- end -}}
+{{- range $p := concat (list ($v.inferencePool.parser | default "")) ($v.inferencePool.parsers | default list) -}}
+{{- if not (has (toString $p) (list "" "openai-parser")) -}}
+{{- fail (printf "parser %q: Pointsman parses requests as OpenAI's API (openai-parser) only" (toString $p)) -}}
+{{- end -}}
 {{- end -}}
 {{- $transport := $v.pointsman.transport | default "" | toString -}}
 {{- if not (has $transport (list "" "h2" "grpcio")) -}}
