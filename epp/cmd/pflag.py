@@ -85,19 +85,20 @@ class Parsed:
         return (self.kinds or {}).get(name, VALUE)
 
     def argv(self) -> list[str]:
-        """The command line for argparse: `--name=value` per occurrence (a slice once, joined), in order."""
+        """The command line for argparse: `--name=value` per occurrence (a slice or a switch once, with its last
+        value), in order."""
         final = self.values()
         out: list[str] = ["--help"] if self.help else []
         emitted: set[str] = set()
         for o in self.occurrences:
             kind = self.kind(o.name)
-            if kind == SLICE:
+            if kind in (SLICE, SWITCH):  # once, with the value it ends with (a switch set false: not at all)
                 if o.name not in emitted:
                     emitted.add(o.name)
-                    out.append(f"--{o.name}={final[o.name]}")
-            elif kind == SWITCH:
-                if o.value == "true":
-                    out.append(f"--{o.name}")
+                    if kind == SLICE:
+                        out.append(f"--{o.name}={final[o.name]}")
+                    elif final[o.name] == "true":
+                        out.append(f"--{o.name}")
             else:
                 out.append(f"--{o.name}={o.value}")
         return out
