@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import hashlib
 import ipaddress
 import logging
 import os
@@ -165,15 +166,14 @@ class CertReloader:
         self._seen = self.fingerprint()
         self._task: asyncio.Task[None] | None = None
 
-    def fingerprint(self) -> tuple[tuple[int, int, int], ...]:
+    def fingerprint(self) -> tuple[bytes, ...]:
+        """The two files' contents, hashed (a rewrite within one mtime tick, same size and inode, still shows)."""
         out = []
         for name in (CERT_FILE, KEY_FILE):
             try:
-                st = (self.dir / name).stat()
+                out.append(hashlib.sha256((self.dir / name).read_bytes()).digest())
             except OSError:
-                out.append((0, 0, 0))
-                continue
-            out.append((st.st_mtime_ns, st.st_size, st.st_ino))
+                out.append(b"")
         return tuple(out)
 
     def poll(self) -> bool:
