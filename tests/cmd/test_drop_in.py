@@ -187,3 +187,60 @@ def test_help_anywhere_prints_the_help_as_pflag_does():
     run = epp("serve", "--pool-name", "p", "--zap-encoder", "json", "--help")
     assert run.returncode == 0, run.stderr
     assert "--model-server-metrics-port" in run.stdout and "--secure-serving" in run.stdout
+
+
+@pytest.mark.envoy
+async def test_gie_conformance_deployment_behind_real_envoy_over_tls(kube, tmp_path):
+    """GIE v1.5's conformance Deployment args start `epp serve` (a real process): health answers
+    inference-extension, the ext_proc port serves TLS with a self-signed certificate, real Envoy with an
+    UpstreamTlsContext (no verification, as GIE's gateways) routes requests through it, and the foreign flags'
+    notices are logged once."""
+    import aiohttp
+    import orjson
+
+    from epp.envoy_config import EnvoyConfigSpec, render_yaml
+    from tests.support.backend import EchoFleet
+    from tests.support.envoy import Envoy
+
+    backend = free_port()
+    fleet = EchoFleet([backend])
+    await fleet.start()
+    kube.apply("inference.networking.k8s.io", "inferencepools",
+               pool("primary-inference-pool", {"app": "m"}, [backend], namespace="inference-conformance-app-backend"))
+    kube.apply("", "pods", pod("m-0", "127.0.0.1", {"app": "m"}, namespace="inference-conformance-app-backend"))
+    grpc_port, health_port, lp, ap = free_port(), free_port(), free_port(), free_port()
+    args, probed = DEPLOYERS["gie-v1.5-conformance"]
+    log = tmp_path / "epp.log"
+    argv = [sys.executable, "-m", "epp.cmd.cli", *mounted(args, mounts(tmp_path)), "--enable-pprof", "false",
+            f"--grpc-port={grpc_port}", f"--grpc-health-port={health_port}", "--grpc-host=127.0.0.1",
+            "--metrics-port=0", f"--kubeconfig={kubeconfig(tmp_path / 'kc', kube.host)}"]
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
+    envoy = None
+    try:
+        async def serving() -> bool:
+            if proc.poll() is not None:
+                raise AssertionError(f"epp serve exited {proc.returncode}: {log.read_text()[-3000:]}")
+            try:
+                return await health(health_port, probed[0]) == SERVING
+            except grpc.aio.AioRpcError:
+                return False
+        await until(serving, 30, "inference-extension SERVING on the health port")
+        assert await health(grpc_port, EXT_PROC, secure=True) == SERVING
+        envoy = Envoy(render_yaml(EnvoyConfigSpec(listen_port=lp, admin_port=ap, epp_port=grpc_port, epp_tls=True)),
+                      lp, ap)
+        await asyncio.to_thread(envoy.start)
+        chat = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+        async with aiohttp.ClientSession() as c:
+            async with c.post(f"http://127.0.0.1:{lp}/v1/chat/completions", data=chat) as r:
+                assert r.status == 200, await r.text()
+                assert (await r.json())["served_by"] == backend
+    finally:
+        if envoy is not None:
+            envoy.stop()
+        proc.terminate()
+        proc.wait(timeout=30)
+        await fleet.stop()
+    text = log.read_text()
+    assert text.count("--enable-pprof=true: accepted") == 1, text[-3000:]
+    assert text.count("stray arguments ['false']") == 1
