@@ -100,11 +100,16 @@ async def start_health_server(
     credentials: grpc.ServerCredentials | None = None,
     watch_poll_s: float = 0.2,
     leader_election: bool = False,
+    servicer: EppHealthServicer | None = None,
 ) -> grpc.aio.Server:
     """Start a grpc.aio server with only the health service (`--grpc-health-port`, 9003). Plaintext unless
-    credentials are given (kubelet gRPC probes do not speak TLS). Stop it with `await server.stop(grace)`."""
+    credentials are given (kubelet gRPC probes do not speak TLS). `servicer`: answer with this one (the ext_proc
+    port's, so a graceful shutdown reaches both ports). Stop it with `await server.stop(grace)`."""
     server = grpc.aio.server()
-    add_health_servicer(server, datastore, watch_poll_s, leader_election)
+    if servicer is None:
+        add_health_servicer(server, datastore, watch_poll_s, leader_election)
+    else:
+        health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
     addr = f"{host}:{port}"
     bound = server.add_secure_port(addr, credentials) if credentials else server.add_insecure_port(addr)
     if not bound:

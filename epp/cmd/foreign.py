@@ -32,6 +32,7 @@ NATIVE, MAPPED, ACCEPTED = "native", "mapped", "accepted"
 GIE = "GIE v1.x"
 LWEPP = "GIE v1.6 lwepp"
 LLMD = "llm-d-router v0.9+"
+OTHER = "other controller-runtime EPP builds"
 Translate = Callable[[str], list[Occurrence]]
 
 
@@ -197,8 +198,8 @@ FOREIGN_FLAGS: tuple[Foreign, ...] = (
     _ignored("enable-grpc-stream-metrics", BOOL, "accepted: ext_proc stream metrics are always exported", (LLMD,)),
     # the process
     _ignored("enable-pprof", BOOL, "accepted: no Go pprof; profile with py-spy (docs/performance.md)"),
-    _ignored("kube-api-qps", VALUE, "accepted: watches, not polling; no client-side rate limit", (LLMD,)),
-    _ignored("kube-api-burst", VALUE, "accepted: watches, not polling; no client-side rate limit", (LLMD,)),
+    _ignored("kube-api-qps", VALUE, "accepted: watches, not polling; no client-side rate limit", (OTHER,)),
+    _ignored("kube-api-burst", VALUE, "accepted: watches, not polling; no client-side rate limit", (OTHER,)),
 )
 BY_NAME: dict[str, Foreign] = {f.name: f for f in FOREIGN_FLAGS}
 SILENT = ("zap-encoder", "zap-log-level", "grpc-max-recv-msg-size")  # mapped with the same meaning: no notice

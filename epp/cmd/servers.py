@@ -66,8 +66,7 @@ async def start_grpc(app: App) -> None:
         app.eds.start()
         app.runner.own("EDS", app.eds)
     if s.health_port:
-        health = await start_health_server(app.datastore, s.health_port, s.grpc_host,
-                                           leader_election=app.settings.compat.leader_election)
+        health = await start_health_server(app.datastore, s.health_port, s.grpc_host, servicer=app.health)
         app.runner.add("health port", lambda: health.stop(0))
 
 
