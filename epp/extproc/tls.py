@@ -228,3 +228,41 @@ def reloading_credentials(reloader: CertReloader) -> grpc.ServerCredentials:
     initial = grpc.ssl_server_certificate_configuration([reloader.pair])
     return grpc.dynamic_ssl_server_credentials(initial, fetch)
 
+
+
+def peer_certificate(host: str, port: int, timeout: float = 2.0) -> bytes | None:
+    """The PEM certificate a TLS server at host:port presents (not verified), or None when it does not speak TLS
+    (a plaintext HTTP/2 port answers the ClientHello with garbage or closes)."""
+    import socket
+
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    ctx.set_alpn_protocols(["h2"])
+    try:
+        with socket.create_connection((host, port), timeout=timeout) as raw, \
+                ctx.wrap_socket(raw, server_hostname=host) as tls:
+            der = tls.getpeercert(binary_form=True)
+    except (ssl.SSLError, OSError):
+        return None
+    return ssl.DER_cert_to_PEM_cert(der).encode() if der else None
+
+
+def certificate_name(cert_pem: bytes) -> str:
+    """A name the certificate is for (its first DNS SAN, else its CN; "localhost" when it names none): what a
+    client that trusts exactly this certificate tells gRPC to expect."""
+    try:
+        from cryptography import x509
+        from cryptography.x509.oid import NameOID
+    except ImportError:
+        return "localhost"
+    cert = x509.load_pem_x509_certificate(cert_pem)
+    try:
+        names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+        dns = names.get_values_for_type(x509.DNSName)
+        if dns:
+            return str(dns[0])
+    except x509.ExtensionNotFound:
+        pass
+    cn = cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
+    return str(cn[0].value) if cn else "localhost"
