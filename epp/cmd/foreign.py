@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
-from epp.cmd.pflag import BOOL, REPEAT, SLICE, SWITCH, VALUE, FlagError, Occurrence, Parsed, parse
+from epp.cmd.pflag import BOOL, OPTBOOL, REPEAT, SLICE, SWITCH, VALUE, FlagError, Occurrence, Parsed, parse
 
 if TYPE_CHECKING:
     from scheduling.api import Scrape
@@ -297,7 +297,8 @@ def kinds_of(parser: argparse.ArgumentParser, parse_bool: Callable[[str], bool])
 
 def adopt(argv: Iterable[str], kinds: Mapping[str, str], shorthands: Mapping[str, str]) -> Adopted:
     """`argv` (pflag syntax, foreign flags and all) as the command line argparse parses for `epp serve`."""
-    every = {**{f.name: f.kind for f in FOREIGN_FLAGS if f.how != NATIVE}, **kinds}
+    own = {n: OPTBOOL if k == BOOL and n not in BY_NAME else k for n, k in kinds.items()}  # Pointsman-only
+    every = {**{f.name: f.kind for f in FOREIGN_FLAGS if f.how != NATIVE}, **own}
     parsed = parse(argv, every, shorthands, ALIASES)
     out: list[Occurrence] = []
     noticed: dict[str, dict[str, str]] = {}  # what Pointsman does -> {flag: its last value}

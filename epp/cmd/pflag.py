@@ -7,7 +7,8 @@ turns such a command line into one argparse reads with the same meaning:
   (`--lora-info-metric ""`).
 - booleans: `--b` is true, `--b=false` / `--b=0` / `--b=F` set it (Go's strconv.ParseBool spellings);
   `--b false` sets it TRUE and leaves "false" as a stray positional argument, which the EPP ignores (GIE's v1.5
-  chart renders its `flags:` map that way: `--enable-pprof` `"false"` leaves pprof on).
+  chart renders its `flags:` map that way: `--enable-pprof` `"false"` leaves pprof on). Pointsman's own booleans
+  (OPTBOOL: no other EPP has them, so no chart renders them so) also take `--b false`, as they always did.
 - the one shorthand, `-v`: `-v 4`, `-v=4`, `-v4` (and `--v=4`).
 - a repeated flag: the last one wins; a slice flag (`--endpoint-target-ports`) takes comma lists and a repeat
   appends to it.
@@ -28,8 +29,9 @@ BOOL = "bool"  # --b, --b=v (v a Go bool); never takes the next argument
 VALUE = "value"  # --k v, --k=v
 SLICE = "slice"  # a VALUE whose repeats append (comma lists)
 SWITCH = "switch"  # an argparse store_true flag: emitted bare, and dropped when set false
+OPTBOOL = "optbool"  # a Pointsman-only boolean: like BOOL, but `--b false` also sets it (its older argparse form)
 REPEAT = "repeat"  # an argparse append flag: every occurrence is kept
-KINDS = (BOOL, VALUE, SLICE, SWITCH, REPEAT)
+KINDS = (BOOL, VALUE, SLICE, SWITCH, REPEAT, OPTBOOL)
 
 GO_TRUE = ("1", "t", "T", "TRUE", "true", "True")
 GO_FALSE = ("0", "f", "F", "FALSE", "false", "False")
@@ -47,6 +49,10 @@ def go_bool(flag: str, text: str) -> bool:
     if text in GO_FALSE or text.lower() in ("no", "off"):
         return False
     raise FlagError(f'invalid argument "{text}" for "--{flag}" flag: expected true or false')
+
+
+def _is_bool(text: str) -> bool:
+    return text in GO_TRUE or text in GO_FALSE or text.lower() in ("yes", "no", "on", "off")
 
 
 def unquote(value: str) -> str:
@@ -142,7 +148,9 @@ def parse(argv: Iterable[str], kinds: Mapping[str, str], shorthands: Mapping[str
         kind = kinds.get(name)
         if kind is None:
             raise FlagError(f"unknown flag: --{name}")
-        if kind in (BOOL, SWITCH):
+        if kind == OPTBOOL and not eq and i < len(args) and _is_bool(args[i]):
+            value, i = ("true" if go_bool(name, args[i]) else "false"), i + 1
+        elif kind in (BOOL, SWITCH, OPTBOOL):
             value = "true" if not eq else "true" if go_bool(name, unquote(inline)) else "false"
         elif eq:
             value = unquote(inline)
@@ -154,5 +162,5 @@ def parse(argv: Iterable[str], kinds: Mapping[str, str], shorthands: Mapping[str
     return Parsed(tuple(found), tuple(stray), want_help, dict(kinds))
 
 
-__all__ = ["BOOL", "GO_FALSE", "GO_TRUE", "KINDS", "REPEAT", "SLICE", "SWITCH", "VALUE", "FlagError", "Occurrence",
+__all__ = ["BOOL", "GO_FALSE", "GO_TRUE", "KINDS", "OPTBOOL", "REPEAT", "SLICE", "SWITCH", "VALUE", "FlagError", "Occurrence",
            "Parsed", "go_bool", "parse", "unquote"]

@@ -105,3 +105,12 @@ def test_double_dash_ends_the_flags_and_help_is_kept():
 def test_aliases_are_other_spellings_of_a_flag():
     parsed = parse(["--poolName", "p", "--pool-name=q"], {"pool-name": VALUE}, aliases={"poolName": "pool-name"})
     assert parsed.values() == {"pool-name": "q"}
+
+
+@given(bools)
+def test_pointsmans_own_booleans_also_take_a_separate_value(b):
+    from epp.cmd.pflag import OPTBOOL
+
+    parsed = parse(["--eds", b, "--name", "x"], {**KINDS, "eds": OPTBOOL})
+    assert parsed.values() == {"eds": "true" if b in GO_TRUE else "false", "name": "x"} and parsed.positionals == ()
+    assert parse(["--eds", "x"], {**KINDS, "eds": OPTBOOL}).positionals == ("x",)
