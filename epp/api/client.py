@@ -14,8 +14,18 @@ from proto import pointsman_pb2_grpc
 
 
 def _stub(addr: str) -> pointsman_pb2_grpc.PointsmanStub:
-    channel = grpc.insecure_channel(addr, options=[("grpc.max_receive_message_length", 64 * 1024 * 1024)])
-    return pointsman_pb2_grpc.PointsmanStub(channel)
+    """A stub for Pointsman at `addr`: over TLS when the port serves TLS (`epp serve`'s default), trusting the
+    certificate it presents as gateways do, else plaintext (`--secure-serving=false`)."""
+    from epp.extproc.tls import certificate_name, peer_certificate
+
+    options: list[tuple[str, Any]] = [("grpc.max_receive_message_length", 64 * 1024 * 1024)]
+    host, _, port = addr.rpartition(":")
+    cert = peer_certificate(host.strip("[]") or "127.0.0.1", int(port)) if port.isdigit() else None
+    if cert is None:
+        return pointsman_pb2_grpc.PointsmanStub(grpc.insecure_channel(addr, options=options))
+    options.append(("grpc.ssl_target_name_override", certificate_name(cert)))
+    creds = grpc.ssl_channel_credentials(root_certificates=cert)
+    return pointsman_pb2_grpc.PointsmanStub(grpc.secure_channel(addr, creds, options=options))
 
 
 def _call(addr: str, rpc: str, request: Any) -> Any:

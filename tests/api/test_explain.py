@@ -200,3 +200,28 @@ async def test_explain_and_endpoints_show_the_latency_model(app):
     text = format_explain(resp)
     assert "slo       ttft 2000 ms, tpot 8 ms: attainable" in text
     assert "engine " in text and "6.0ms/tok" in text and "s ago)" in text
+
+
+@pytest.mark.parametrize("transport", ["h2", "grpcio"])
+async def test_explain_and_endpoints_speak_tls_to_a_tls_port(tmp_path, transport):
+    """`epp serve` serves TLS by default: the clients see it and trust the certificate the port presents."""
+    from epp.cmd.app import App
+
+    eps = tmp_path / "eps.yaml"
+    eps.write_text("pools:\n- name: pool\n  endpoints:\n  - {address: 10.0.0.1, port: 8000, models: [llama]}\n")
+    a = App(serve_args("--secure-serving=true", "--grpc-transport", transport, "--grpc-port", str(free_port()),
+                       "--endpoints-file", str(eps)))
+    await a.start()
+    try:
+        def run(*argv: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run([sys.executable, "-m", "epp.cmd.cli", *argv], capture_output=True, text=True,
+                                  cwd=ROOT, timeout=60)
+
+        res = await asyncio.to_thread(run, "explain", "--addr", f"127.0.0.1:{a.port}", "--json", "--body",
+                                      BODY.decode())
+        assert res.returncode == 0, res.stderr
+        assert json.loads(res.stdout)["endpoint"] == "10.0.0.1:8000"
+        res = await asyncio.to_thread(run, "endpoints", "--addr", f"127.0.0.1:{a.port}")
+        assert res.returncode == 0 and "10.0.0.1:8000" in res.stdout, res.stderr
+    finally:
+        await a.stop(0)

@@ -12,6 +12,7 @@ import yaml
 
 from epp.api.health import LIVENESS_SERVICES, READINESS_SERVICES
 from epp.cmd.cli import build_parser
+from epp.cmd.foreign import FOREIGN_FLAGS, NATIVE
 from epp.fleet.k8s import GIE_FLAGS, WATCH_VERBS, WATCHED_RESOURCES
 from scheduling.config import load_scheduler
 
@@ -94,6 +95,9 @@ def test_every_gie_flag_is_accepted_by_the_cli():
     serve = sub.choices["serve"]
     missing = [f for f in GIE_FLAGS if f not in serve._option_string_actions]
     assert not missing, f"`epp serve` does not accept GIE flags: {missing}"
+    # ... and they are GIE's flags as the foreign-flag table says, with the same meaning.
+    native = {f"--{f.name}" for f in FOREIGN_FLAGS if f.how == NATIVE}
+    assert set(GIE_FLAGS) <= native, set(GIE_FLAGS) - native
 
 
 def test_probes_ports_and_service(docs):

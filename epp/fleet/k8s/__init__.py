@@ -63,7 +63,8 @@ def pool_resource(group: str) -> Resource:
                          f"{', '.join(POOL_RESOURCES)}")
     return res
 
-# GIE EPP flags used by deploy/ (and expected by operators); the CLI accepts all of them.
+# GIE EPP flags used by deploy/ (and expected by operators); the CLI accepts all of them. Every flag other EPPs
+# define, and what Pointsman does with it: epp/cmd/foreign.py FOREIGN_FLAGS (tests/deploy checks this is a subset).
 GIE_FLAGS: tuple[str, ...] = (
     "--pool-name",
     "--pool-namespace",
@@ -79,6 +80,7 @@ GIE_FLAGS: tuple[str, ...] = (
     "--endpoint-target-ports",
     "--secure-serving",
     "--cert-path",
+    "--metrics-endpoint-auth",
     "--v",
 )
 
