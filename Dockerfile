@@ -7,7 +7,6 @@ COPY pyproject.toml README.md ./
 COPY epp ./epp
 COPY scheduling ./scheduling
 COPY modelsim ./modelsim
-COPY proto ./proto
 RUN pip install --no-cache-dir ".[redis,precise,replicas]"
 USER 65532:65532
 EXPOSE 9002 9003 9090
