@@ -5,6 +5,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from epp.flowcontrol.controller import DEFAULT_FLOW, fairness_id
+from scheduling.types import ErrorCode
+
 if TYPE_CHECKING:
     from epp.api.metrics import EppMetrics
     from epp.request.exchange import RequestExchange
@@ -30,10 +33,12 @@ class RequestMetrics:
         m = self.m
         req = ex.request
         assert req is not None
-        m.request_started(req.model, req.target_model, req.priority)
+        m.request_started(req.model, req.target_model, req.priority, fairness_id(ex.headers) or DEFAULT_FLOW)
         result = ex.result
         if result is not None:
             m.scheduler_duration(ex.schedule_s)
+            picked = result.primary
+            m.scheduler_attempt(req.target_model, picked.name or picked.key, picked.namespace, str(picked.port))
             self._decisions += 1
             if self._decisions % PLUGIN_SAMPLE_EVERY == 0:
                 for pr in result.profile_results.values():
@@ -45,7 +50,13 @@ class RequestMetrics:
 
     def rejected(self, ex: RequestExchange, code: str) -> None:
         req = ex.request
-        self.m.request_error(req.model if req else "", req.target_model if req else "", code)
+        fairness = fairness_id(ex.headers) or DEFAULT_FLOW
+        if req is None:
+            self.m.request_error("", "", code, "", fairness)
+            return
+        self.m.request_error(req.model, req.target_model, code, req.priority, fairness)
+        if code == ErrorCode.SERVICE_UNAVAILABLE.value and ex.result is None:
+            self.m.scheduler_attempt(req.target_model)  # no endpoint could take it
 
     def response_headers(self, ex: RequestExchange, status: int, served: str | None) -> None:
         pass
@@ -57,4 +68,5 @@ class RequestMetrics:
         req = ex.request
         assert req is not None
         self.m.request_finished(req.model, req.target_model, ex.d.clock() - ex.started,
-                                usage.prompt_tokens if usage else 0, usage.completion_tokens if usage else 0)
+                                usage.prompt_tokens if usage else 0, usage.completion_tokens if usage else 0,
+                                req.priority, fairness_id(ex.headers) or DEFAULT_FLOW, ex.size)
