@@ -130,6 +130,16 @@ async def served_by(url: str, header: str, n: int = 30) -> Counter[str]:
         return Counter(await asyncio.gather(*(one(s) for _ in range(n))))
 
 
+# ---- the suite's Deployment: TLS and probes ---------------------------------------------------------------
+@pytest.mark.parametrize("lwepp", [False, True], ids=["v1.5-args", "lwepp-args"])
+async def test_ext_proc_port_serves_tls_with_the_suites_args(deploy, lwepp):
+    """The suite passes no --secure-serving: GIE's picker then serves TLS (self-signed, ALPN h2) on the ext_proc
+    port, and gateways dial it with TLS without verification. The gateway in front (start() routed every endpoint
+    through it) spoke TLS to it."""
+    d = await deploy(lwepp=lwepp)
+    assert d.picker.speaks_tls(), "the ext_proc port does not serve TLS by default"
+
+
 # ---- GatewayFollowingEPPRouting ------------------------------------------------------------------------------
 @pytest.mark.parametrize("lwepp", [False, True], ids=["v1.5-args", "lwepp-args"])
 async def test_gateway_following_epp_routing(deploy, lwepp):
