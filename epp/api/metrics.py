@@ -66,6 +66,7 @@ from epp.api.metric_twins import (
     LLMD_INPUT_TOKEN_BUCKETS,
     LLMD_OUTPUT_TOKEN_BUCKETS,
     LLMD_REQUEST_SIZE_BUCKETS,
+    LLMD_RESPONSE_SIZE_BUCKETS,
     LLMD_SCHEDULER_BUCKETS,
     TwinFamily,
     observe_many,
@@ -91,6 +92,7 @@ TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384,
                  524288, 1048576)
 OUTPUT_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 SIZE_BUCKETS = tuple(float(2 ** i) for i in range(6, 31))  # request bytes: 64 B .. 1 GiB
+RESPONSE_SIZE_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32778, 65536)
 LLMD_REQ_LABELS = ("model_name", "target_model_name", "fairness_id", "priority")
 SCHEDULER_BUCKETS = (0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1)
 FAIRNESS_LABELS = 1000  # distinct fairness ids with their own flow-control series; the rest share "other"
@@ -134,6 +136,9 @@ class EppMetrics:
         self.request_sizes = twin_histogram(r, "inference_objective_request_sizes", "llm_d_epp_request_size_bytes",
                                             "Request body size in bytes.", REQ_LABELS, LLMD_REQ_LABELS,
                                             SIZE_BUCKETS, LLMD_REQUEST_SIZE_BUCKETS)
+        self.response_sizes = twin_histogram(r, "inference_objective_response_sizes", "llm_d_epp_response_size_bytes",
+                                             "Response body size in bytes (response phases).", REQ_LABELS,
+                                             LLMD_REQ_LABELS, RESPONSE_SIZE_BUCKETS, LLMD_RESPONSE_SIZE_BUCKETS)
         self.input_tokens = twin_histogram(r, "inference_objective_input_tokens", "llm_d_epp_request_input_tokens",
                                            "Prompt tokens per request.", REQ_LABELS, LLMD_REQ_LABELS,
                                            TOKEN_BUCKETS, LLMD_INPUT_TOKEN_BUCKETS)
@@ -274,6 +279,7 @@ class EppMetrics:
         priority: int | str = "",
         fairness: str = DEFAULT_FLOW,
         request_bytes: int | None = None,
+        response_bytes: int | None = None,
     ) -> None:
         labels = (model, target, self._fairness_label(fairness), str(priority))
         self._inc(self._child(self.running, *labels), -1.0)
@@ -281,6 +287,8 @@ class EppMetrics:
             self._observe(self._child(self.duration, *labels), duration_s)
         if request_bytes:
             self._observe(self._child(self.request_sizes, *labels), request_bytes)
+        if response_bytes:
+            self._observe(self._child(self.response_sizes, *labels), response_bytes)
         if input_tokens:
             self._observe(self._child(self.input_tokens, *labels), input_tokens)
         if output_tokens:

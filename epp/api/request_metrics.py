@@ -29,7 +29,7 @@ class RequestMetrics:
         self.m = metrics
         self._decisions = 0
 
-    def decided(self, ex: RequestExchange) -> RequestMetrics:
+    def decided(self, ex: RequestExchange) -> _Response:
         m = self.m
         req = ex.request
         assert req is not None
@@ -46,7 +46,7 @@ class RequestMetrics:
                         m.plugin_duration(det.kind, det.type, det.name, det.duration_s)
             if result.decision:
                 m.disagg_decision(req.target_model, result.decision)
-        return self
+        return _Response(self)
 
     def rejected(self, ex: RequestExchange, code: str) -> None:
         req = ex.request
@@ -58,15 +58,28 @@ class RequestMetrics:
         if code == ErrorCode.SERVICE_UNAVAILABLE.value and ex.result is None:
             self.m.scheduler_attempt(req.target_model)  # no endpoint could take it
 
-    def response_headers(self, ex: RequestExchange, status: int, served: str | None) -> None:
-        pass
-
-    def response_chunk(self, ex: RequestExchange, size: int, end_of_stream: bool) -> None:
-        pass
-
-    def closed(self, ex: RequestExchange, usage: Usage | None) -> None:
+    def closed(self, ex: RequestExchange, usage: Usage | None, response_bytes: int = 0) -> None:
         req = ex.request
         assert req is not None
         self.m.request_finished(req.model, req.target_model, ex.d.clock() - ex.started,
                                 usage.prompt_tokens if usage else 0, usage.completion_tokens if usage else 0,
-                                req.priority, fairness_id(ex.headers) or DEFAULT_FLOW, ex.size)
+                                req.priority, fairness_id(ex.headers) or DEFAULT_FLOW, ex.size, response_bytes)
+
+
+class _Response:
+    """One routed request's response: its body bytes (as they pass through Pointsman), reported when it closes."""
+
+    __slots__ = ("metrics", "size")
+
+    def __init__(self, metrics: RequestMetrics) -> None:
+        self.metrics = metrics
+        self.size = 0
+
+    def response_headers(self, ex: RequestExchange, status: int, served: str | None) -> None:
+        pass
+
+    def response_chunk(self, ex: RequestExchange, size: int, end_of_stream: bool) -> None:
+        self.size += size
+
+    def closed(self, ex: RequestExchange, usage: Usage | None) -> None:
+        self.metrics.closed(ex, usage, self.size)

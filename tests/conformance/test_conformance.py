@@ -453,7 +453,8 @@ async def test_metrics_gie_names_and_llm_d_twins(deploy):
     for gie, twin in (("inference_objective_request_duration_seconds", "llm_d_epp_request_duration_seconds"),
                       ("inference_objective_input_tokens", "llm_d_epp_request_input_tokens"),
                       ("inference_objective_output_tokens", "llm_d_epp_request_output_tokens"),
-                      ("inference_objective_request_sizes", "llm_d_epp_request_size_bytes")):
+                      ("inference_objective_request_sizes", "llm_d_epp_request_size_bytes"),
+                      ("inference_objective_response_sizes", "llm_d_epp_response_size_bytes")):
         assert grew(gie, "_count") == grew(twin, "_count") == n, (gie, twin)
         assert grew(gie, "_sum") == pytest.approx(grew(twin, "_sum")), (gie, twin)
     inf = float("inf")
