@@ -241,8 +241,8 @@ async def test_subset_hint_restricts_the_candidates(deploy):
         assert status == 503, "an endpoint outside the subset is never picked"
 
 
-async def test_subset_hint_without_pool_endpoints_is_503(deploy, tmp_path):
-    """A subset that names no endpoint of the pool: 503, and the model servers see nothing."""
+async def test_subset_hint_without_pool_endpoints_is_503(deploy):
+    """A subset hint that names no endpoint of the pool: 503 (GIE: the subset is empty, nothing to pick)."""
     d = await deploy(subset=[])
     async with aiohttp.ClientSession() as s:
         for _ in range(3):
