@@ -50,7 +50,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
@@ -387,15 +387,17 @@ async def start_metrics_server(
     port: int = 9090,
     host: str = "0.0.0.0",
     setup: Callable[[web.Application], None] | None = None,
+    middlewares: Sequence[Any] = (),
 ) -> web.AppRunner:
     """Serve GET /metrics on the running loop (`--metrics-port`). Stop with `await runner.cleanup()`.
 
-    `setup` adds more routes to the same server (the dashboard, epp.api.dashboard)."""
+    `setup` adds more routes to the same server (the dashboard, epp.api.dashboard); `middlewares` guard them
+    (`--metrics-endpoint-auth`: epp/api/metrics_auth.py)."""
 
     async def handle(_: web.Request) -> web.Response:
         return web.Response(body=metrics.exposition(), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
-    app = web.Application()
+    app = web.Application(middlewares=list(middlewares))
     app.router.add_get("/metrics", handle)
     if setup is not None:
         setup(app)

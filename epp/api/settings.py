@@ -1,5 +1,5 @@
-"""The API's flags, parsed once: `epp serve`'s dashboard (docs/dashboard.md), and the clients `epp explain` and
-`epp endpoints`."""
+"""The API's flags, parsed once: `epp serve`'s dashboard (docs/dashboard.md), who may read /metrics
+(`--metrics-endpoint-auth`), and the clients `epp explain` and `epp endpoints`."""
 
 from __future__ import annotations
 
@@ -35,6 +35,27 @@ class DashboardSettings:
                    decisions=ns.dashboard_decisions)
 
 
+
+
+def add_metrics_auth_flags(g: argparse._ActionsContainer) -> None:
+    g.add_argument("--metrics-endpoint-auth", type=parse_bool, default=None,
+                   help="GET /metrics needs a bearer token that Kubernetes authenticates (TokenReview) and allows to "
+                        "get the non-resource URL /metrics (SubjectAccessReview), as GIE's EPP. Default: true when "
+                        "Pointsman reads Kubernetes (an InferencePool, a selector, route documents), false otherwise")
+
+
+@dataclass(frozen=True)
+class MetricsAuthSettings:
+    """`--metrics-endpoint-auth` resolved: GIE's default (on) where there is a Kubernetes API to ask, off standalone
+    (an endpoints file: nothing could check a token)."""
+
+    enabled: bool = False
+    explicit: bool = False  # the flag was given (not the default)
+
+    @classmethod
+    def from_args(cls, ns: argparse.Namespace, kubernetes: bool) -> MetricsAuthSettings:
+        given = ns.metrics_endpoint_auth
+        return cls(enabled=kubernetes if given is None else bool(given), explicit=given is not None)
 
 
 def add_explain_flags(p: argparse._ActionsContainer) -> None:
@@ -91,5 +112,5 @@ class EndpointsSettings:
         return cls(addr=ns.addr, pool=ns.pool, json=ns.json)
 
 
-__all__ = ["DashboardSettings", "EndpointsSettings", "ExplainSettings", "add_dashboard_flags", "add_endpoints_flags",
-           "add_explain_flags"]
+__all__ = ["DashboardSettings", "EndpointsSettings", "ExplainSettings", "MetricsAuthSettings", "add_dashboard_flags",
+           "add_endpoints_flags", "add_explain_flags", "add_metrics_auth_flags"]

@@ -1,8 +1,10 @@
 """The `epp` command: serve, envoy-config, explain, stack, endpoints.
 
-Flags follow GIE's EPP where they overlap, so existing charts (and AI Runway) can start it unchanged. Each command's
-flags are parsed once into its typed settings (`epp serve`: epp/cmd/settings.py); a bad value, a bad combination
-or a missing extra is an error here (exit 2), before anything starts.
+Flags follow GIE's EPP where they overlap, so existing charts (and AI Runway) can start it unchanged: `epp serve`
+reads its command line with Go pflag's rules and accepts every flag GIE's, llm-d's and KServe's deployments pass
+(epp/cmd/pflag.py, epp/cmd/foreign.py). Each command's flags are parsed once into its typed settings (`epp serve`:
+epp/cmd/settings.py); an unknown flag, a bad value, a bad combination or a missing extra is an error here (exit 2),
+before anything starts.
 """
 
 from __future__ import annotations
@@ -37,14 +39,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def serve(settings: ServeSettings) -> int:
+    from epp.observe.logs import configure
+
+    configure(settings.observe.logs)  # text or --log-format json, at -v's level
+    for notice in settings.compat.notices:  # other EPPs' flags that mean nothing here: once, at start
+        log.warning("%s", notice)
     if settings.replicas.supervises:  # HOOK (replicas): `epp serve --workers N` runs N workers (epp/workers)
         from epp.workers import supervise
 
         return supervise(settings)
     from epp.cmd.app import run
-    from epp.observe.logs import configure
 
-    configure(settings.observe.logs)  # text or --log-format json, at -v's level
     try:
         if settings.runtime.event_loop == "uvloop":
             try:
@@ -91,6 +96,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0].startswith("-") and argv[0] not in ("-h", "--help"):
         argv = ["serve", *argv]  # `epp --pool-name x` works like GIE's binary
+    if argv[0] == "serve":  # pflag syntax and other EPPs' flags (epp/cmd/foreign.py)
+        try:
+            settings = ServeSettings.from_argv(argv[1:])
+        except (ValueError, MissingExtra) as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        return serve(settings)
     parser = build_parser()
     ns = parser.parse_args(argv)
     if ns.command not in COMMANDS:

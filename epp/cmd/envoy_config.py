@@ -11,7 +11,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
-from epp.argtypes import parse_duration_arg
+from epp.argtypes import parse_bool, parse_duration_arg
 from epp.extras import check
 
 Address = tuple[str, int]
@@ -46,7 +46,9 @@ def add_flags(ec: argparse.ArgumentParser) -> None:
                     help="full: every response phase; headers: response headers, no body (status for passive "
                          "health, no usage); lean: request phases only (half the messages; no usage, no "
                          "served-endpoint reading, passive health blind)")
-    ec.add_argument("--epp-tls", action="store_true", help="talk TLS to Pointsman")
+    ec.add_argument("--epp-tls", type=parse_bool, nargs="?", const=True, default=True,
+                    help="talk TLS to Pointsman, without verifying its certificate (default true, as `epp serve` "
+                         "serves TLS by default); --epp-tls=false for a Pointsman run with --secure-serving=false")
     ec.add_argument("--routes-file", action="append", default=[],
                     help="route documents: a cluster and route per ExternalModelProvider, retries for ModelServers, "
                          "and (override-host) the ModelServers' static endpoints (repeatable)")

@@ -145,8 +145,8 @@ def apply_scheduler(app: App, scheduler: ModelScheduler) -> None:
     flow = app.flow_switch.apply(shell.flow_control, detector)
     admitters = (SheddableAdmitter(detector.admit), *app.admitters)
     app.publish(app.current().replace(scheduler=scheduler, admitters=admitters, flow=flow))
-    if app.scraper is not None:
-        app.scraper.configure(shell.scrape)
+    if app.scraper is not None:  # the config's scraping, with what the command line sets on top
+        app.scraper.configure(app.settings.compat.scrape(shell.scrape))
     if app.precise is not None:
         app.precise.apply_config(scheduler)  # an llm-d kvEventsConfig may name the engines' event port
     if app.bus is not None:  # the new scheduler's plugins replicate instead of the old one's

@@ -57,8 +57,8 @@ async def start_grpc(app: App) -> None:
                                            transport=s.transport, reuse_port=app.settings.worker, api=api,
                                            limits=s.limits)
     app.holders += [app.extproc, api]
-    app.health = add_health_servicer(app.server, app.datastore)
-    app.port = _bind(app.server, s)
+    app.health = add_health_servicer(app.server, app.datastore, leader_election=app.settings.compat.leader_election)
+    app.port = _bind(app, s)
     await app.server.start()
     log.info("Pointsman serving ext_proc%s on %s:%d%s (%s transport)", " and EDS" if app.eds else "",
              s.grpc_host, app.port, " (TLS)" if s.secure else "", s.transport)
@@ -66,12 +66,28 @@ async def start_grpc(app: App) -> None:
         app.eds.start()
         app.runner.own("EDS", app.eds)
     if s.health_port:
-        health = await start_health_server(app.datastore, s.health_port, s.grpc_host)
+        health = await start_health_server(app.datastore, s.health_port, s.grpc_host,
+                                           leader_election=app.settings.compat.leader_election)
         app.runner.add("health port", lambda: health.stop(0))
 
 
-def _bind(server: Any, s: ServerSettings) -> int:
-    if s.secure:
+def _bind(app: App, s: ServerSettings) -> int:
+    server = app.server
+    if s.secure and s.cert_reload and s.cert_path:  # --enable-cert-reload: new handshakes get a rotated pair
+        from epp.extproc import tls
+
+        reloader = tls.CertReloader(s.cert_path, lambda key, crt: None)
+        if s.transport == "h2":
+            from epp.h2grpc import server_ssl_context as h2_context
+
+            ctx = h2_context(*reloader.pair)
+            reloader.apply = lambda key, crt: tls.load_pem_pair(ctx, key, crt)
+            port = server.add_secure_port(s.address, ctx)
+        else:
+            port = server.add_secure_port(s.address, tls.reloading_credentials(reloader))
+        reloader.start()
+        app.runner.own("certificate reload", reloader)
+    elif s.secure:
         from epp.extproc.tls import server_credentials, server_ssl_context
 
         creds = server_ssl_context(s.cert_path) if s.transport == "h2" else server_credentials(s.cert_path)
@@ -99,7 +115,14 @@ async def start_metrics(app: App) -> None:
         return
     assert app.metrics is not None
     dash = app.dashboard
-    runner = await start_metrics_server(app.metrics, port, setup=dash.install if dash is not None else None)
+    guards = []
+    if app.settings.metrics_auth.enabled:  # --metrics-endpoint-auth: Kubernetes says who may read /metrics
+        from epp.api.metrics_auth import KubeReviews, MetricsAuth
+
+        guards.append(MetricsAuth(KubeReviews(app.kube.api())).middleware())
+        log.info("/metrics needs a bearer token allowed to get /metrics (TokenReview + SubjectAccessReview)")
+    runner = await start_metrics_server(app.metrics, port, setup=dash.install if dash is not None else None,
+                                        middlewares=guards)
     app.runner.add("metrics port", runner.cleanup)
     if dash is not None:
         await dash.start()

@@ -15,10 +15,12 @@ it. `ServeSettings` composes them; bad values and bad combinations fail here, wi
       ratelimit   RateLimitSettings   epp/ratelimit/settings.py token rate limits, Redis
       request     RequestSettings     epp/request/settings.py   routing outputs, fallbacks, decision log
       dashboard   DashboardSettings   epp/api/settings.py       the live page
+      metrics_auth MetricsAuthSettings epp/api/settings.py      who may read /metrics
       kvevents    KVEventsSettings    epp/fleet/kvevents/settings.py
       tokenize    TokenizeSettings    epp/tokenize/settings.py
       replicas    ReplicaSettings     epp/bus/settings.py       workers, the replica bus
       runtime     RuntimeSettings     here                      log verbosity, event loop
+      compat      CompatSettings      epp/cmd/foreign.py        what other EPPs' flags set; notices to log
       argv        the `epp` command line (`serve` and its flags: the workers supervisor re-launches it)
 """
 
@@ -33,6 +35,7 @@ from pathlib import Path
 from epp.api import settings as api_settings
 from epp.argtypes import parse_bool, parse_duration_arg
 from epp.bus import settings as bus_settings
+from epp.cmd import foreign
 from epp.extproc import settings as server_settings
 from epp.fleet import settings as fleet_settings
 from epp.fleet.kvevents import settings as kvevents_settings
@@ -115,6 +118,7 @@ def add_serve_flags(p: argparse.ArgumentParser) -> None:
     add_observe_flags(p, parse_bool, parse_duration_arg)  # tracing, receipts, shadow profiles, log format
     g = p.add_argument_group("dashboard (a live page on the metrics port; see docs/dashboard.md)")
     api_settings.add_dashboard_flags(g)
+    api_settings.add_metrics_auth_flags(g)
     RuntimeSettings.add_verbosity_flag(g)
     # Precise prefix routing (docs/kv-events.md): the engines' KV events and request tokenization.
     kvevents_settings.add_flags(p.add_argument_group("KV events (precise prefix routing)"))
@@ -122,6 +126,15 @@ def add_serve_flags(p: argparse.ArgumentParser) -> None:
         "tokenization (for configs that read token ids, e.g. precise-prefix-cache-scorer)"))
     bus_settings.add_flags(p.add_argument_group(
         "replicas and workers (a replica bus shares load and routing state; docs/replicas.md)"))
+    foreign.add_flags(p.add_argument_group(
+        "compatibility (what other EPPs' flags map onto; docs/deploy.md \"Foreign flags\")"), parse_bool)
+
+
+def adopt_serve_argv(p: argparse.ArgumentParser, argv: Sequence[str]) -> foreign.Adopted:
+    """`epp serve ARGV` read with Go pflag's rules and other EPPs' flags (epp/cmd/foreign.py): the command line
+    argparse parses, and the notices to log at start. FlagError (a ValueError) names a flag nobody defines."""
+    kinds, short = foreign.kinds_of(p, parse_bool)
+    return foreign.adopt(argv, kinds, short)
 
 
 @dataclass(frozen=True)
@@ -137,11 +150,13 @@ class ServeSettings:
     ratelimit: ratelimit_settings.RateLimitSettings = field(default_factory=ratelimit_settings.RateLimitSettings)
     request: request_settings.RequestSettings = field(default_factory=request_settings.RequestSettings)
     dashboard: api_settings.DashboardSettings = field(default_factory=api_settings.DashboardSettings)
+    metrics_auth: api_settings.MetricsAuthSettings = field(default_factory=api_settings.MetricsAuthSettings)
     kvevents: kvevents_settings.KVEventsSettings = field(default_factory=kvevents_settings.KVEventsSettings)
     tokenize: tokenize_settings.TokenizeSettings = field(default_factory=tokenize_settings.TokenizeSettings)
     replicas: bus_settings.ReplicaSettings = field(default_factory=bus_settings.ReplicaSettings)
     runtime: RuntimeSettings = field(default_factory=RuntimeSettings)
     observe: ObserveSettings = field(default_factory=ObserveSettings)  # traces, receipts, shadow, log format
+    compat: foreign.CompatSettings = field(default_factory=foreign.CompatSettings)  # other EPPs' flags
     argv: tuple[str, ...] = ()  # the `epp` command line, `serve` first (the workers supervisor re-launches it)
 
     @property
@@ -150,24 +165,31 @@ class ServeSettings:
         return self.replicas.worker_index is not None
 
     @classmethod
-    def from_args(cls, ns: argparse.Namespace, argv: Sequence[str] = ()) -> ServeSettings:
+    def from_args(cls, ns: argparse.Namespace, argv: Sequence[str] = (),
+                  notices: Sequence[str] = ()) -> ServeSettings:
         """The settings of a parsed `epp serve` command line; ValueError (naming the flag) for a bad value or
-        combination, epp.extras.MissingExtra (a ValueError too) for a flag whose extra is not installed."""
+        combination, epp.extras.MissingExtra (a ValueError too) for a flag whose extra is not installed.
+        `notices`: what the foreign flags of the command line do here (logged once at start)."""
+        sources = fleet_settings.SourceSettings.from_args(ns)
+        routes = route_settings.RouteSettings.from_args(ns)
+        kubernetes = sources.kind in ("pool", "service", "selector") or routes.watch
         s = cls(
             server=server_settings.ServerSettings.from_args(ns),
-            sources=fleet_settings.SourceSettings.from_args(ns),
-            routes=route_settings.RouteSettings.from_args(ns),
+            sources=sources,
+            routes=routes,
             scheduling=SchedulingSettings.from_args(ns),
             scrape=fleet_settings.ScrapeSettings.from_args(ns),
             passive=fleet_settings.PassiveSettings.from_args(ns),
             ratelimit=ratelimit_settings.RateLimitSettings.from_args(ns),
             request=request_settings.RequestSettings.from_args(ns),
             dashboard=api_settings.DashboardSettings.from_args(ns),
+            metrics_auth=api_settings.MetricsAuthSettings.from_args(ns, kubernetes),
             kvevents=kvevents_settings.KVEventsSettings.from_args(ns),
             tokenize=tokenize_settings.TokenizeSettings.from_args(ns),
             replicas=bus_settings.ReplicaSettings.from_args(ns),
             runtime=RuntimeSettings.from_args(ns),
             observe=ObserveSettings.from_args(ns),
+            compat=foreign.CompatSettings.from_args(ns, notices),
             argv=tuple(argv),
         )
         if s.sources.kind is None and not s.routes.enabled:
@@ -176,10 +198,12 @@ class ServeSettings:
 
     @classmethod
     def from_argv(cls, argv: Sequence[str]) -> ServeSettings:
-        """The settings of `epp serve ARGV` (argparse exits 2 on an unknown flag, as the CLI does)."""
+        """The settings of `epp serve ARGV`, read as the CLI reads it (pflag syntax, other EPPs' flags); an unknown
+        flag is a ValueError naming it."""
         p = argparse.ArgumentParser(prog="epp serve")
         add_serve_flags(p)
-        return cls.from_args(p.parse_args(list(argv)), ["serve", *argv])
+        adopted = adopt_serve_argv(p, argv)
+        return cls.from_args(p.parse_args(adopted.argv), ["serve", *adopted.argv], adopted.notices)
 
 
-__all__ = ["RuntimeSettings", "SchedulingSettings", "ServeSettings", "add_serve_flags"]
+__all__ = ["RuntimeSettings", "SchedulingSettings", "ServeSettings", "add_serve_flags", "adopt_serve_argv"]

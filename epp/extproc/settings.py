@@ -24,8 +24,11 @@ def add_flags(g: argparse._ActionsContainer) -> None:
     g.add_argument("--grpc-port", type=int, default=9002, help="ext_proc + Pointsman API gRPC port (9002)")
     g.add_argument("--grpc-health-port", type=int, default=9003, help="grpc.health.v1 port (9003); 0 disables")
     g.add_argument("--metrics-port", type=int, default=9090, help="Prometheus port (9090); 0 disables")
-    g.add_argument("--secure-serving", type=parse_bool, default=False, help="serve TLS on the gRPC port")
+    g.add_argument("--secure-serving", type=parse_bool, default=True,
+                   help="serve TLS on the gRPC port (default true, as GIE's EPP; gateways connect without verifying)")
     g.add_argument("--cert-path", default=None, help="directory with tls.crt/tls.key (self-signed when absent)")
+    g.add_argument("--enable-cert-reload", type=parse_bool, default=False,
+                   help="reload tls.crt/tls.key from --cert-path when they change (a rotated Secret)")
     g.add_argument("--grpc-transport", choices=TRANSPORTS, default="h2",
                    help="gRPC server for the --grpc-port: h2 (HTTP/2 on asyncio, the default: about a third of "
                         "grpc.aio's CPU per ext_proc request) or grpcio (grpc.aio); see docs/performance.md")
@@ -60,8 +63,9 @@ class ServerSettings:
     grpc_port: int = 9002
     health_port: int = 9003  # 0: no separate grpc.health.v1 port
     metrics_port: int = 9090  # 0: no Prometheus port (nor dashboard, outside a worker)
-    secure: bool = False
+    secure: bool = True  # TLS on the gRPC port (--secure-serving, GIE's default)
     cert_path: str | None = None  # with `secure`: tls.crt/tls.key; None: self-signed
+    cert_reload: bool = False  # --enable-cert-reload: watch cert_path
     transport: str = "h2"
     eds: bool = True
     stream: StreamConfig = field(default_factory=StreamConfig)
@@ -73,8 +77,12 @@ class ServerSettings:
 
     @classmethod
     def from_args(cls, ns: argparse.Namespace) -> ServerSettings:
+        if ns.enable_cert_reload and not (ns.secure_serving and ns.cert_path):
+            raise ValueError("--enable-cert-reload reloads the pair in --cert-path: it needs --cert-path and "
+                             "--secure-serving")
         return cls(grpc_host=ns.grpc_host, grpc_port=ns.grpc_port, health_port=ns.grpc_health_port,
                    metrics_port=ns.metrics_port, secure=ns.secure_serving, cert_path=ns.cert_path,
+                   cert_reload=ns.enable_cert_reload,
                    transport=ns.grpc_transport, eds=ns.eds,
                    stream=StreamConfig(ns.request_body_mode, ns.response_body_mode, ns.max_body_bytes),
                    limits=_limits_from_args(ns))

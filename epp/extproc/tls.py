@@ -1,14 +1,17 @@
-"""TLS for the ext_proc server (`--secure-serving`, `--cert-path`).
+"""TLS for the ext_proc server (`--secure-serving`, on by default as in GIE; `--cert-path`; `--enable-cert-reload`).
 
 Gateways (Envoy Gateway, agentgateway, Istio) talk TLS to the EPP without verifying it, so when no certificate is
 mounted the EPP serves a freshly generated self-signed one. With a cert path, `tls.crt` and `tls.key` are loaded
-from that directory (the layout of a Kubernetes TLS Secret).
+from that directory (the layout of a Kubernetes TLS Secret). With `--enable-cert-reload` a CertReloader watches the
+two files and new connections get the new pair once both are in place and match (a rotated Secret); a pair that
+does not load (half written, key and certificate not matching) is logged and the old one kept.
 
 The certificate is generated with the `cryptography` package when it is importable, otherwise with the openssl CLI.
 """
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import ipaddress
 import logging
@@ -17,7 +20,7 @@ import shutil
 import ssl
 import subprocess
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import grpc
@@ -131,3 +134,97 @@ def server_ssl_context(cert_path: str | None, hosts: Sequence[str] = DEFAULT_HOS
     from epp.h2grpc import server_ssl_context as context
 
     return context(*serving_cert(cert_path, hosts))
+
+
+def load_pem_pair(ctx: ssl.SSLContext, key_pem: bytes, cert_pem: bytes) -> None:
+    """Load a (key, cert) PEM pair into `ctx` (new handshakes use it); ssl.SSLError when they do not match."""
+    with tempfile.TemporaryDirectory() as tmp:  # load_cert_chain reads files only
+        cert, key = os.path.join(tmp, CERT_FILE), os.path.join(tmp, KEY_FILE)
+        Path(cert).write_bytes(cert_pem)
+        fd = os.open(key, os.O_WRONLY | os.O_CREAT, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(key_pem)
+        ctx.load_cert_chain(cert, key)
+
+
+def check_pair(key_pem: bytes, cert_pem: bytes) -> None:
+    """ssl.SSLError unless the key and the certificate load and match."""
+    load_pem_pair(ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER), key_pem, cert_pem)
+
+
+class CertReloader:
+    """Watches `<cert_path>/tls.crt` and `tls.key` (following the symlinks a mounted Secret uses) and hands a new,
+    matching pair to `apply`. `version` counts the pairs applied after the first."""
+
+    def __init__(self, cert_path: str, apply: Callable[[bytes, bytes], None], interval: float = 1.0) -> None:
+        self.dir = Path(cert_path)
+        self.apply = apply
+        self.interval = interval
+        self.version = 0
+        self.pair = load_cert_dir(cert_path)
+        self._seen = self.fingerprint()
+        self._task: asyncio.Task[None] | None = None
+
+    def fingerprint(self) -> tuple[tuple[int, int, int], ...]:
+        out = []
+        for name in (CERT_FILE, KEY_FILE):
+            try:
+                st = (self.dir / name).stat()
+            except OSError:
+                out.append((0, 0, 0))
+                continue
+            out.append((st.st_mtime_ns, st.st_size, st.st_ino))
+        return tuple(out)
+
+    def poll(self) -> bool:
+        """Reload if the files changed since the last look; True when a new pair was applied."""
+        seen = self.fingerprint()
+        if seen == self._seen:
+            return False
+        self._seen = seen
+        try:
+            key, crt = load_cert_dir(self.dir)
+            check_pair(key, crt)
+        except (OSError, ssl.SSLError) as e:
+            log.warning("TLS: %s changed but does not load (%s); still serving the previous certificate",
+                        self.dir, e)
+            return False
+        if (key, crt) == self.pair:
+            return False
+        self.pair = (key, crt)
+        self.apply(key, crt)
+        self.version += 1
+        log.info("TLS: reloaded the certificate from %s", self.dir)
+        return True
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="cert-reload")
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval)
+            self.poll()
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+            self._task = None
+
+
+def reloading_credentials(reloader: CertReloader) -> grpc.ServerCredentials:
+    """grpc.aio server credentials that pick up the reloader's newest pair at the next handshake."""
+    applied = [reloader.version]
+
+    def fetch() -> grpc.ServerCertificateConfiguration | None:
+        if reloader.version == applied[0]:
+            return None
+        applied[0] = reloader.version
+        return grpc.ssl_server_certificate_configuration([reloader.pair])
+
+    initial = grpc.ssl_server_certificate_configuration([reloader.pair])
+    return grpc.dynamic_ssl_server_credentials(initial, fetch)
+

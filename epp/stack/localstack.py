@@ -114,7 +114,8 @@ class LocalStack:
         self.step(f"Pointsman{workers}: ext_proc on :{a.grpc_port}, metrics on :{a.metrics_port}")
         cmd = [_bin("epp"), "serve", "--grpc-host", "127.0.0.1", "--grpc-port", str(a.grpc_port),
                "--grpc-health-port", str(a.grpc_health_port), "--metrics-port", str(a.metrics_port),
-               *source, "--log-decisions"]
+               *source, "--log-decisions",
+               "--secure-serving=false"]  # loopback only: Envoy, `epp explain` and the fleet view talk plaintext
         config = a.config_file or (str(PRECISE_PROFILE) if a.kv_events else None)
         if config:
             cmd += ["--config-file", config]

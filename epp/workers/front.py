@@ -143,7 +143,14 @@ def _app(sup: Supervisor) -> web.Application:
         except (aiohttp.ClientError, OSError) as e:
             return web.json_response({"error": f"worker {live[0].index}: {type(e).__name__}"}, status=502)
 
-    app = web.Application()
+    guards = []
+    if sup.settings.metrics_auth.enabled:  # --metrics-endpoint-auth (epp/api/metrics_auth.py)
+        from epp.api.metrics_auth import KubeReviews, MetricsAuth
+        from epp.fleet.k8s.discovery import make_api_client
+
+        api = make_api_client(kubeconfig=sup.settings.sources.kubeconfig)
+        guards.append(MetricsAuth(KubeReviews(api)).middleware(("/metrics", "/-/workers")))
+    app = web.Application(middlewares=guards)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/-/workers", workers)
     app.router.add_route("*", "/{tail:.*}", proxy)
@@ -152,7 +159,7 @@ def _app(sup: Supervisor) -> web.Application:
 
 async def start_front(sup: Supervisor) -> Front:
     s = sup.settings.server
-    health = EppHealthServicer(sup.ready)
+    health = EppHealthServicer(sup.ready, leader_election=sup.settings.compat.leader_election)
     health_server = None
     if s.health_port:
         from grpc_health.v1 import health_pb2_grpc

@@ -189,7 +189,7 @@ def test_a_token_protected_page_signs_in_in_the_browser(browser, tmp_path):
     eps.write_text("pools:\n- name: pool\n  endpoints:\n  - {address: 10.0.0.1, port: 8000, models: [llama]}\n")
     metrics, grpc_port = free_port(), free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "epp.cmd.cli", "serve", "--grpc-host", "127.0.0.1", "--grpc-port", str(grpc_port),
+        [sys.executable, "-m", "epp.cmd.cli", "serve", "--secure-serving=false", "--grpc-host", "127.0.0.1", "--grpc-port", str(grpc_port),
          "--grpc-health-port", "0", "--metrics-port", str(metrics), "--endpoints-file", str(eps), "-v", "3"],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         env={**os.environ, "POINTSMAN_DASHBOARD_TOKEN": token},

@@ -182,7 +182,7 @@ class ReplicaProcess:
         self.grpc, self.metrics = free_port(), free_port()
         self.log = tmp / f"replica-{bus_port}.log"
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "epp.cmd.cli", "serve", "--grpc-host", "127.0.0.1", "--grpc-port", str(self.grpc),
+            [sys.executable, "-m", "epp.cmd.cli", "serve", "--secure-serving=false", "--grpc-host", "127.0.0.1", "--grpc-port", str(self.grpc),
              "--grpc-health-port", "0", "--metrics-port", str(self.metrics), "--dashboard", "false",
              "--endpoints-file", str(eps), "--bus-port", str(bus_port), "--bus-peers", peers, *extra],
             cwd=ROOT, stdout=open(self.log, "wb"), stderr=subprocess.STDOUT)  # noqa: SIM115
@@ -299,7 +299,7 @@ async def test_every_worker_gets_a_share_of_envoys_streams(tmp_path):
     eps = endpoints_file(tmp_path, ports)
     grpc_port, metrics = free_port(), free_port()
     group = subprocess.Popen(
-        [sys.executable, "-m", "epp.cmd.cli", "serve", "--workers", "2", "--grpc-host", "127.0.0.1", "--grpc-port",
+        [sys.executable, "-m", "epp.cmd.cli", "serve", "--secure-serving=false", "--workers", "2", "--grpc-host", "127.0.0.1", "--grpc-port",
          str(grpc_port), "--grpc-health-port", "0", "--metrics-port", str(metrics), "--endpoints-file", str(eps),
          "-v", "0"], cwd=ROOT)
     envoys: list[Envoy] = []

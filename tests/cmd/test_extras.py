@@ -79,7 +79,8 @@ from epp.cmd.app import App
 from epp.cmd.settings import ServeSettings
 
 async def main():
-    app = App(ServeSettings.from_argv(["--grpc-host", "127.0.0.1", "--grpc-port", "0", "--grpc-health-port", "0",
+    app = App(ServeSettings.from_argv(["--secure-serving=false", "--grpc-host", "127.0.0.1", "--grpc-port", "0",
+                                       "--grpc-health-port", "0",
                                        "--endpoints-file", sys.argv[1], "--metrics-port", sys.argv[3]]))
     await app.start()
     await asyncio.sleep(0)

@@ -37,10 +37,10 @@ def test_generated_configs_validate(tmp_path, variant, phases):
     assert res.returncode == 0, res.stdout + res.stderr
 
 
-@pytest.mark.parametrize("extra", [[], ["--epp-tls"], ["--response-phases", "lean"], ["--variant", "override-host"],
-                                   ["--epp", "[::1]:9002", "--pool-name", "llama"],
+@pytest.mark.parametrize("extra", [[], ["--epp-tls=false"], ["--epp-tls"], ["--response-phases", "lean"],
+                                   ["--variant", "override-host"], ["--epp", "[::1]:9002", "--pool-name", "llama"],
                                    ["--epp", "pointsman-epp.default.svc:9002"]],
-                         ids=["plain", "tls", "lean", "explicit-variant", "ipv6-epp", "dns-epp"])
+                         ids=["default", "plain", "tls", "lean", "explicit-variant", "ipv6-epp", "dns-epp"])
 def test_eds_configs_validate(tmp_path, extra):
     out = tmp_path / "envoy.yaml"
     assert epp_main(["envoy-config", "--eds", *extra, "-o", str(out)]) == 0
@@ -61,6 +61,10 @@ def test_eds_configs_validate(tmp_path, extra):
     assert doc["node"]["id"], "xDS needs a node id"
     epp = doc["static_resources"]["clusters"][0]
     assert epp["type"] == ("STRICT_DNS" if "pointsman-epp.default.svc:9002" in extra else "STATIC")
+    # TLS to Pointsman unless told it serves plaintext (`epp serve` serves TLS by default), never verifying it.
+    tls = epp.get("transport_socket", {}).get("typed_config", {})
+    assert bool(tls) == ("--epp-tls=false" not in extra)
+    assert "validation_context" not in tls.get("common_tls_context", {})
 
 
 def test_eds_pool_name_comes_from_the_endpoints_file(tmp_path):

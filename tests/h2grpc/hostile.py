@@ -115,7 +115,7 @@ class Target:
         if self.baseline:
             env["PYTHONPATH"] = self.baseline
             flags = _without_limit_flags(flags)
-        cmd = [sys.executable, "-m", "epp.cmd.cli", "serve", "--grpc-host", "127.0.0.1", "--grpc-port", str(self.port),
+        cmd = [sys.executable, "-m", "epp.cmd.cli", "serve", "--secure-serving=false", "--grpc-host", "127.0.0.1", "--grpc-port", str(self.port),
                "--grpc-health-port", "0", "--metrics-port", "0", "--endpoints-file", str(eps),
                "--refresh-metrics-interval", "1h", "--metrics-staleness-threshold", "2h", "-v", "0",
                "--grpc-transport", self.transport, *flags]

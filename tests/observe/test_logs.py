@@ -21,7 +21,7 @@ async def test_json_lines_with_decision_and_trace_ids(tmp_path):
     port = free_port()
     log = tmp_path / "epp.log"
     with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "epp.cmd.cli", "serve", "--grpc-host", "127.0.0.1",
+        proc = subprocess.Popen([sys.executable, "-m", "epp.cmd.cli", "serve", "--secure-serving=false", "--grpc-host", "127.0.0.1",
                                  "--grpc-port", str(port), "--grpc-health-port", "0", "--metrics-port", "0",
                                  "--endpoints-file", str(endpoints(tmp_path)), "--log-decisions",
                                  "--log-format", "json"], cwd=ROOT, stderr=out, stdout=out,

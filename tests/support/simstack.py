@@ -64,7 +64,7 @@ class SimStack:
 
     def start_epp(self) -> None:
         """Start `epp serve` (a real process) and wait until its gRPC port listens."""
-        argv = [sys.executable, "-m", "epp.cmd.cli", "serve", "--grpc-host", "127.0.0.1",
+        argv = [sys.executable, "-m", "epp.cmd.cli", "serve", "--secure-serving=false", "--grpc-host", "127.0.0.1",
                 "--grpc-port", str(self.epp_port), "--grpc-health-port", "0",
                 "--metrics-port", str(self.metrics_port), "--endpoints-file", str(self.endpoints_file()),
                 "--enable-conformance-header", "--seed", "7", *self.epp_flags]

@@ -15,9 +15,10 @@ from tests.support.envoy import Envoy, free_port
 
 
 def serve_args(*extra: str) -> ServeSettings:
-    """`epp serve`'s settings for a test: loopback, no health or metrics port, seeded; `extra` flags on top."""
-    return ServeSettings.from_argv(["--grpc-host", "127.0.0.1", "--grpc-health-port", "0", "--metrics-port", "0",
-                                    "--seed", "7", *extra])
+    """`epp serve`'s settings for a test: loopback, plaintext gRPC (`--secure-serving=true` in `extra` for TLS), no
+    health or metrics port, seeded; `extra` flags on top."""
+    return ServeSettings.from_argv(["--grpc-host", "127.0.0.1", "--secure-serving=false", "--grpc-health-port", "0",
+                                    "--metrics-port", "0", "--seed", "7", *extra])
 
 
 class Stack:

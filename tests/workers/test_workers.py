@@ -61,7 +61,7 @@ class Group:
         self.config.write_text(config)
         self.log = tmp / "group.log"
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "epp.cmd.cli", "serve", "--workers", "2", "--grpc-host", "127.0.0.1",
+            [sys.executable, "-m", "epp.cmd.cli", "serve", "--secure-serving=false", "--workers", "2", "--grpc-host", "127.0.0.1",
              "--grpc-port", str(self.grpc), "--grpc-health-port", str(self.health), "--metrics-port",
              str(self.metrics), "--endpoints-file", str(eps), "--config-file", str(self.config), *extra],
             cwd=ROOT, stdout=open(self.log, "wb"), stderr=subprocess.STDOUT)  # noqa: SIM115
@@ -234,6 +234,6 @@ async def test_a_group_that_cannot_start_fails_loudly(tmp_path, fleet):
 
 
 async def test_workers_need_a_positive_count(tmp_path):
-    run = subprocess.run([sys.executable, "-m", "epp.cmd.cli", "serve", "--workers", "0", "--endpoints-file", "x"],
+    run = subprocess.run([sys.executable, "-m", "epp.cmd.cli", "serve", "--secure-serving=false", "--workers", "0", "--endpoints-file", "x"],
                          cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert run.returncode == 2 and "--workers must be at least 1" in run.stderr

@@ -95,6 +95,7 @@ class MetricsScraper:
         self.insecure_skip_verify = insecure_skip_verify
         self.engine_label_key = engine_label_key
         self.default_engine = default_engine
+        self.port = 0  # --model-server-metrics-port: scrape this port of every endpoint (0: its serving port)
         self.clock = clock
         datastore.on_endpoint_removed(self.forget)
         self._sem = asyncio.Semaphore(concurrency)
@@ -235,7 +236,8 @@ class MetricsScraper:
                 log.warning("endpoint %s: unknown engine %r, reading it as vllm", ep.key, engine)
             parse = parser_for("vllm")
         async with self._sem:
-            url = f"{self.scheme}://{ep.key}{self.path}"
+            host = ep.key if not self.port else ep.key.rsplit(":", 1)[0] + f":{self.port}"
+            url = f"{self.scheme}://{host}{self.path}"
             ssl = False if self.scheme == "https" and self.insecure_skip_verify else None
             async with session.get(url, ssl=ssl) as resp:
                 if resp.status != 200:

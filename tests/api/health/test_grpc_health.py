@@ -45,11 +45,34 @@ async def test_not_ready_until_synced_then_serving(health):
     assert await check(stub, "readiness") == NS
 
 
-async def test_unknown_service_is_not_found(health):
-    _, stub = health
-    with pytest.raises(grpc.aio.AioRpcError) as e:
-        await check(stub, "no.such.Service")
-    assert e.value.code() == grpc.StatusCode.NOT_FOUND
+async def test_any_other_name_answers_as_readiness_without_leader_election(health):
+    """GIE's EPP without leader election answers every service name with the pool's sync state."""
+    ds, stub = health
+    assert await check(stub, "no.such.Service") == NS
+    ds.synced = True
+    assert await check(stub, "no.such.Service") == S
+
+
+async def test_leader_election_answers_as_gies_leader():
+    """With --ha-enable-leader-election GIE's EPP answers liveness always, readiness/""/ext_proc when synced and
+    leading (Pointsman: every replica leads), and SERVICE_UNKNOWN for any other name, inference-extension too."""
+    ds = Datastore()
+    port = free_port()
+    server = await start_health_server(ds, port=port, host="127.0.0.1", leader_election=True)
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
+            stub = health_pb2_grpc.HealthStub(ch)
+            unknown = health_pb2.HealthCheckResponse.SERVICE_UNKNOWN
+            assert await check(stub, "liveness") == S
+            for svc in ("", "readiness", EXT_PROC_SERVICE):
+                assert await check(stub, svc) == NS, svc
+            ds.synced = True
+            for svc in ("", "readiness", EXT_PROC_SERVICE, "liveness"):
+                assert await check(stub, svc) == S, svc
+            for svc in ("inference-extension", "no.such.Service"):
+                assert await check(stub, svc) == unknown, svc
+    finally:
+        await server.stop(None)
 
 
 async def test_watch_streams_the_transition(health):

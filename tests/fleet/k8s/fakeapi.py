@@ -15,6 +15,9 @@ externalmodelproviders:
   (gone_mode="event") or an HTTP 410 Status (gone_mode="http"). `expire_watches()` sends the 410 ERROR event to every
   open watch.
 - `cut_watches()` drops every open watch connection mid-stream (half an event written, no final chunk).
+- CREATE POST /apis/authentication.k8s.io/v1/tokenreviews: `tokens` (token -> user info) says who a token is;
+  POST /apis/authorization.k8s.io/v1/subjectaccessreviews: allowed iff (user, verb, path) of the review's
+  nonResourceAttributes is in `grants`. `reviews` records (kind, what was asked) in order.
 """
 
 from __future__ import annotations
@@ -82,6 +85,9 @@ class FakeKubeAPI:
         self._expire_gen = 0
         self.open_watches = 0
         self.fail_next = 0  # answer this many upcoming requests with HTTP 500
+        self.tokens: dict[str, dict[str, Any]] = {}  # TokenReview: token -> {"username", "uid", "groups"}
+        self.grants: set[tuple[str, str, str]] = set()  # SubjectAccessReview: (user, verb, nonResourceURL)
+        self.reviews: list[tuple[str, dict[str, Any]]] = []  # ("TokenReview"|"SubjectAccessReview", spec)
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler_class())
         self.server.daemon_threads = True
         self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
@@ -177,6 +183,29 @@ class FakeKubeAPI:
             def _status(self, code: int, reason: str, message: str) -> dict[str, Any]:
                 return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
                         "message": message, "reason": reason, "code": code}
+
+            def do_POST(self) -> None:  # noqa: N802
+                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
+                spec = body.get("spec") or {}
+                path = urlparse(self.path).path
+                with api.cond:
+                    failing = api.fail_next > 0
+                    api.fail_next -= 1 if failing else 0
+                if failing:
+                    return self._json(500, self._status(500, "InternalError", "injected failure"))
+                if path == "/apis/authentication.k8s.io/v1/tokenreviews":
+                    api.reviews.append(("TokenReview", {"token": "<redacted>"}))
+                    user = api.tokens.get(spec.get("token", ""))
+                    status = {"authenticated": True, "user": user} if user else {"authenticated": False,
+                                                                                "error": "invalid token"}
+                    return self._json(201, {**body, "status": status})
+                if path == "/apis/authorization.k8s.io/v1/subjectaccessreviews":
+                    api.reviews.append(("SubjectAccessReview", spec))
+                    attrs = spec.get("nonResourceAttributes") or {}
+                    allowed = (spec.get("user"), attrs.get("verb"), attrs.get("path")) in api.grants
+                    return self._json(201, {**body, "status": {"allowed": allowed,
+                                                               "reason": "" if allowed else "no grant"}})
+                return self._json(404, self._status(404, "NotFound", path))
 
             def do_GET(self) -> None:  # noqa: N802
                 url = urlparse(self.path)

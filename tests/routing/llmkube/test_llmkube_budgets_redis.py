@@ -39,7 +39,7 @@ class EppProcess:
         self.grpc_port, self.metrics_port = free_port(), free_port()
         self.log = open(tmp / f"{name}.log", "wb")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
-            [EPP, "serve", "--grpc-host", "127.0.0.1", "--grpc-port", str(self.grpc_port), "--grpc-health-port", "0",
+            [EPP, "serve", "--secure-serving=false", "--grpc-host", "127.0.0.1", "--grpc-port", str(self.grpc_port), "--grpc-health-port", "0",
              "--metrics-port", str(self.metrics_port), "--refresh-metrics-interval", "60s",
              # a loaded test machine can take more than the default 30 ms to answer; 2 replicas share the limits
              "--ratelimit-redis-timeout", "2s", "--ratelimit-replicas", "2", *flags],
