@@ -9,6 +9,8 @@ weighted pools across gateways) ask nothing of the picker and have no counterpar
 from __future__ import annotations
 
 import asyncio
+import urllib.error
+import urllib.request
 from collections import Counter
 from pathlib import Path
 
@@ -403,10 +405,12 @@ async def test_istio_ext_proc_authority_is_served(deploy):
 
 
 # ---- metrics: GIE's names and llm-d's twins ------------------------------------------------------------------
-def scrape(port: int) -> dict[str, list]:
-    import urllib.request
+SCRAPER_TOKEN = "prometheus-token"  # a ServiceAccount token of the scraper (TokenReview + SubjectAccessReview)
 
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+
+def scrape(port: int, token: str = SCRAPER_TOKEN) -> dict[str, list]:
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/metrics", headers={"authorization": f"Bearer {token}"})
+    text = urllib.request.urlopen(req, timeout=5).read().decode()
     return {f.name: f.samples for f in text_string_to_metric_families(text)}
 
 
@@ -424,7 +428,15 @@ async def test_metrics_gie_names_and_llm_d_twins(deploy):
     """After real requests through the gateway, /metrics has GIE's families and llm-d-router's llm_d_epp_* twins,
     with their own labels and buckets, and the same counts."""
     d = await deploy()
+    # The suite's args leave --metrics-endpoint-auth at GIE's default (on): a scraper needs a token the API server
+    # knows and a grant for GET /metrics.
+    user = "system:serviceaccount:monitoring:prometheus"
+    d.cluster.kube.tokens[SCRAPER_TOKEN] = {"username": user, "uid": "1", "groups": []}
+    d.cluster.kube.grants.add((user, "get", "/metrics"))
     port = d.picker.metrics_port
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        scrape(port, token="not-a-token")
+    assert refused.value.code in (401, 403)
     before = scrape(port)
     n_default, n_tenant = 7, 5
     async with aiohttp.ClientSession() as s:
