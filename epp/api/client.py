@@ -8,9 +8,9 @@ from typing import Any
 import grpc
 from google.protobuf import json_format
 
+from epp.api.pb import pointsman_pb2 as api
+from epp.api.pb import pointsman_pb2_grpc
 from epp.api.settings import EndpointsSettings, ExplainSettings
-from proto import pointsman_pb2 as api
-from proto import pointsman_pb2_grpc
 
 
 def _stub(addr: str) -> pointsman_pb2_grpc.PointsmanStub:

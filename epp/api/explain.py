@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 
+from epp.api.pb import pointsman_pb2 as api
+from epp.api.pb import pointsman_pb2_grpc
 from epp.fleet.datastore import Datastore
 from epp.fleet.passive import PassiveHealth
 from epp.protocol import Outcome
@@ -19,8 +21,6 @@ from epp.request.commit import mutations, mutations_for_provider, schedule
 from epp.request.director import Director, ShellContext, error_outcome
 from epp.request.resolve import resolve
 from epp.routing.providers import CREDENTIAL_HEADERS
-from proto import pointsman_pb2 as api
-from proto import pointsman_pb2_grpc
 from scheduling.api import SchedulingResult
 from scheduling.plugins.scorers.agent_session import decision as session_decision
 from scheduling.plugins.scorers.agent_session import session_view

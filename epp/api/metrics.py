@@ -50,21 +50,35 @@ from __future__ import annotations
 
 import logging
 import os
-from bisect import bisect_left
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.registry import Collector
 
+from epp.api.metric_twins import (
+    LLMD_DURATION_BUCKETS,
+    LLMD_FLOW_BUCKETS,
+    LLMD_INPUT_TOKEN_BUCKETS,
+    LLMD_OUTPUT_TOKEN_BUCKETS,
+    LLMD_REQUEST_SIZE_BUCKETS,
+    LLMD_RESPONSE_SIZE_BUCKETS,
+    LLMD_SCHEDULER_BUCKETS,
+    TwinFamily,
+    observe_many,
+    twin_counter,
+    twin_gauge,
+    twin_histogram,
+)
 from epp.api.metrics_gauges import HealthCollector, PoolCollector
 from epp.api.request_metrics import PLUGIN_SAMPLE_EVERY as PLUGIN_SAMPLE_EVERY  # re-exported
 from epp.api.request_metrics import RequestMetrics as RequestMetrics  # re-exported
 from epp.fleet.datastore import Datastore
+from epp.flowcontrol.controller import DEFAULT_FLOW
 
 if TYPE_CHECKING:
     from epp.fleet.passive import PassiveHealth
@@ -76,6 +90,10 @@ DURATION_BUCKETS = (0.005, 0.025, 0.05, 0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 1.25, 1.5,
                     45, 60, 120, 180, 240, 300, 360, 480, 600, 900, 1200, 1800, 2700, 3600)
 TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32778, 65536, 131072, 262144,
                  524288, 1048576)
+OUTPUT_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
+SIZE_BUCKETS = tuple(float(2 ** i) for i in range(6, 31))  # request bytes: 64 B .. 1 GiB
+RESPONSE_SIZE_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32778, 65536)
+LLMD_REQ_LABELS = ("model_name", "target_model_name", "fairness_id", "priority")
 SCHEDULER_BUCKETS = (0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1)
 FAIRNESS_LABELS = 1000  # distinct fairness ids with their own flow-control series; the rest share "other"
 FLOW_BUCKETS = (0.0001, 0.0005, 0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -93,25 +111,6 @@ class _Fold(Collector):
         return iter(())
 
 
-def _observe_many(child: Any, values: list[float]) -> None:
-    """`child.observe(v)` for every value, one increment per bucket (the bucket observe() would choose: the
-    first upper bound >= v). Falls back to observe() if prometheus_client's internals ever change."""
-    bounds = getattr(child, "_upper_bounds", None)
-    buckets = getattr(child, "_buckets", None)
-    total = getattr(child, "_sum", None)
-    if bounds is None or buckets is None or total is None or len(bounds) != len(buckets):
-        for v in values:
-            child.observe(v)
-        return
-    counts = [0] * len(bounds)
-    for v in values:
-        counts[bisect_left(bounds, v)] += 1
-    for i, n in enumerate(counts):
-        if n:
-            buckets[i].inc(n)
-    total.inc(sum(values))
-
-
 class EppMetrics:
     def __init__(self, datastore: Datastore | None = None) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
@@ -123,23 +122,47 @@ class EppMetrics:
         # collection here would fold them: update prometheus at once.
         self._batch = not os.environ.get("PROMETHEUS_MULTIPROC_DIR")
         r.register(_Fold(self))  # first: collections fold the pending updates before reading anything
-        self.requests = Counter("inference_objective_request_total", "Requests per model and objective priority.",
-                                [*REQ_LABELS, "priority"], registry=r)
-        self.errors = Counter("inference_objective_request_error_total", "Failed requests by error code.",
-                              [*REQ_LABELS, "error_code"], registry=r)
-        self.duration = Histogram("inference_objective_request_duration_seconds", "End-to-end request latency.",
-                                  REQ_LABELS, buckets=DURATION_BUCKETS, registry=r)
-        self.input_tokens = Histogram("inference_objective_input_tokens", "Prompt tokens per request.",
-                                      REQ_LABELS, buckets=TOKEN_BUCKETS, registry=r)
-        self.output_tokens = Histogram("inference_objective_output_tokens", "Output tokens per request.",
-                                       REQ_LABELS, buckets=TOKEN_BUCKETS, registry=r)
+        # GIE's request series and llm-d-router's llm_d_epp_* twins (epp/api/metric_twins.py): label values are
+        # given in the twin's order (model, target, fairness id, priority[, ...]); GIE's take the ones they have.
+        self.requests = twin_counter(r, "inference_objective_request_total", "llm_d_epp_request_total",
+                                     "Requests per model, fairness id and objective priority.",
+                                     [*REQ_LABELS, "priority"], LLMD_REQ_LABELS)
+        self.errors = twin_counter(r, "inference_objective_request_error_total", "llm_d_epp_request_error_total",
+                                   "Failed requests by error code.", [*REQ_LABELS, "error_code"],
+                                   [*LLMD_REQ_LABELS, "error_code"])
+        self.duration = twin_histogram(r, "inference_objective_request_duration_seconds",
+                                       "llm_d_epp_request_duration_seconds", "End-to-end request latency.",
+                                       REQ_LABELS, LLMD_REQ_LABELS, DURATION_BUCKETS, LLMD_DURATION_BUCKETS)
+        self.request_sizes = twin_histogram(r, "inference_objective_request_sizes", "llm_d_epp_request_size_bytes",
+                                            "Request body size in bytes.", REQ_LABELS, LLMD_REQ_LABELS,
+                                            SIZE_BUCKETS, LLMD_REQUEST_SIZE_BUCKETS)
+        self.response_sizes = twin_histogram(r, "inference_objective_response_sizes", "llm_d_epp_response_size_bytes",
+                                             "Response body size in bytes (response phases).", REQ_LABELS,
+                                             LLMD_REQ_LABELS, RESPONSE_SIZE_BUCKETS, LLMD_RESPONSE_SIZE_BUCKETS)
+        self.input_tokens = twin_histogram(r, "inference_objective_input_tokens", "llm_d_epp_request_input_tokens",
+                                           "Prompt tokens per request.", REQ_LABELS, LLMD_REQ_LABELS,
+                                           TOKEN_BUCKETS, LLMD_INPUT_TOKEN_BUCKETS)
+        self.output_tokens = twin_histogram(r, "inference_objective_output_tokens",
+                                            "llm_d_epp_request_output_tokens", "Output tokens per request.",
+                                            REQ_LABELS, LLMD_REQ_LABELS, OUTPUT_TOKEN_BUCKETS,
+                                            LLMD_OUTPUT_TOKEN_BUCKETS)
         # livesum: with `epp serve --workers N` (prometheus-client multiprocess mode) the live workers' sum.
-        self.running = Gauge("inference_objective_running_requests", "Requests in flight per model.",
-                             ["model_name"], registry=r, multiprocess_mode="livesum")
-        self.scheduler = Histogram("inference_extension_scheduler_e2e_duration_seconds",
-                                   "Scheduling latency per request.", buckets=SCHEDULER_BUCKETS, registry=r)
-        self.plugin = Histogram("inference_extension_plugin_duration_seconds", "Latency of one plugin call.",
-                                ["extension_point", "plugin_type", "plugin_name"], buckets=PLUGIN_BUCKETS, registry=r)
+        self.running = twin_gauge(r, "inference_objective_running_requests", "llm_d_epp_request_running",
+                                  "Requests in flight.", ["model_name"], LLMD_REQ_LABELS, multiprocess_mode="livesum")
+        self.scheduler = twin_histogram(r, "inference_extension_scheduler_e2e_duration_seconds",
+                                        "llm_d_epp_scheduler_e2e_duration_seconds", "Scheduling latency per request.",
+                                        [], [], SCHEDULER_BUCKETS, LLMD_SCHEDULER_BUCKETS)
+        self.attempts = twin_counter(r, "inference_extension_scheduler_attempts_total",
+                                     "llm_d_epp_scheduler_attempts_total",
+                                     "Scheduling attempts: success (with the picked endpoint) or failure.",
+                                     ["status", "target_model_name", "pod_name", "namespace", "port"],
+                                     ["status", "target_model_name", "endpoint_name", "namespace", "port"],
+                                     rename={"endpoint_name": "pod_name"})
+        self.plugin = twin_histogram(r, "inference_extension_plugin_duration_seconds",
+                                     "llm_d_epp_plugin_duration_seconds", "Latency of one plugin call.",
+                                     ["extension_point", "plugin_type", "plugin_name"],
+                                     ["extension_point", "plugin_type", "plugin_name"], PLUGIN_BUCKETS,
+                                     LLMD_SCHEDULER_BUCKETS)
         self.disagg = Counter("disagg_decision_total", "P/D decisions: decode-only or prefill-decode.",
                               ["model_name", "decision_type"], registry=r)
         self.violations = Counter("pointsman_protocol_violations_total",
@@ -155,33 +178,41 @@ class EppMetrics:
         self._flow_queued: dict[tuple[str, ...], int] = {}
         self._fairness_ids: set[str] = set()
         self._pool_collector: PoolCollector | None = None
-        self._children: dict[tuple[int, tuple[str, ...]], MetricWrapperBase] = {}
+        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
         if datastore is not None:
             self.bind_datastore(datastore)
 
     def _add_flow_metrics(self, r: CollectorRegistry) -> None:
         """Flow control's series (GIE's names)."""
         flow_labels = ["fairness_id", "priority", "inference_pool", *REQ_LABELS]
-        self.flow_duration = Histogram(
-            "inference_extension_flow_control_request_queue_duration_seconds",
-            "Time requests spend in flow control, from enqueue to their outcome.",
-            ["fairness_id", "priority", "outcome", "inference_pool", *REQ_LABELS], buckets=FLOW_BUCKETS, registry=r)
-        self.flow_enqueue_duration = Histogram(
-            "inference_extension_flow_control_request_enqueue_duration_seconds",
-            "Time taken to enqueue requests into flow control.", ["fairness_id", "priority", "outcome"],
-            buckets=SCHEDULER_BUCKETS, registry=r)
-        self.flow_cycle_duration = Histogram(
-            "inference_extension_flow_control_dispatch_cycle_duration_seconds",
-            "Time taken by one flow-control dispatch cycle.", buckets=SCHEDULER_BUCKETS, registry=r)
-        self.flow_size = Gauge("inference_extension_flow_control_queue_size",
-                               "Requests held in the flow-control queue.", flow_labels, registry=r)
-        self.flow_bytes = Gauge("inference_extension_flow_control_queue_bytes",
-                                "Bytes of the requests held in the flow-control queue.", flow_labels, registry=r)
-        self.flow_saturation_gauge = Gauge("inference_extension_flow_control_pool_saturation",
-                                           "Saturation of the inference pool as flow control sees it (1 = full).",
-                                           ["inference_pool"], registry=r)
+        outcome_labels = ["fairness_id", "priority", "outcome", "inference_pool", *REQ_LABELS]
+        enqueue_labels = ["fairness_id", "priority", "outcome"]
+        self.flow_duration = twin_histogram(
+            r, "inference_extension_flow_control_request_queue_duration_seconds",
+            "llm_d_epp_flow_control_request_queue_duration_seconds",
+            "Time requests spend in flow control, from enqueue to their outcome.", outcome_labels, outcome_labels,
+            FLOW_BUCKETS, LLMD_FLOW_BUCKETS)
+        self.flow_enqueue_duration = twin_histogram(
+            r, "inference_extension_flow_control_request_enqueue_duration_seconds",
+            "llm_d_epp_flow_control_request_enqueue_duration_seconds",
+            "Time taken to enqueue requests into flow control.", enqueue_labels, enqueue_labels, SCHEDULER_BUCKETS,
+            LLMD_SCHEDULER_BUCKETS)
+        self.flow_cycle_duration = twin_histogram(
+            r, "inference_extension_flow_control_dispatch_cycle_duration_seconds",
+            "llm_d_epp_flow_control_dispatch_cycle_duration_seconds", "Time taken by one flow-control dispatch cycle.",
+            [], [], SCHEDULER_BUCKETS, LLMD_SCHEDULER_BUCKETS)
+        self.flow_size = twin_gauge(r, "inference_extension_flow_control_queue_size",
+                                    "llm_d_epp_flow_control_queue_size", "Requests held in the flow-control queue.",
+                                    flow_labels, flow_labels)
+        self.flow_bytes = twin_gauge(r, "inference_extension_flow_control_queue_bytes",
+                                     "llm_d_epp_flow_control_queue_bytes",
+                                     "Bytes of the requests held in the flow-control queue.", flow_labels, flow_labels)
+        self.flow_saturation_gauge = twin_gauge(r, "inference_extension_flow_control_pool_saturation",
+                                                "llm_d_epp_flow_control_pool_saturation",
+                                                "Saturation of the inference pool as flow control sees it (1 = full).",
+                                                ["inference_pool"], ["inference_pool"])
 
-    def _child(self, metric: MetricWrapperBase, *labels: str) -> Any:
+    def _child(self, metric: MetricWrapperBase | TwinFamily, *labels: str) -> Any:
         """`metric.labels(*labels)`, cached: prometheus_client validates and locks on every labels() call,
         which is a measurable share of the per-request cost on the hot path."""
         key = (id(metric), labels)
@@ -218,21 +249,25 @@ class EppMetrics:
         observations, self._pending_obs = self._pending_obs, {}
         self._n_obs = 0
         for child, values in observations.items():
-            _observe_many(child, values)
+            observe_many(child, values)
 
     def requests_total(self) -> float:
         """Requests decided so far, over every label (pending updates folded first)."""
         self.fold()
-        return sum(s.value for family in self.requests.collect() for s in family.samples
-                   if s.name.endswith("_total"))
+        return float(sum(s.value for family in self.requests.gie.collect() for s in family.samples
+                         if s.name.endswith("_total")))
 
     # ---- the director's calls ----------------------------------------------------------------------------
-    def request_started(self, model: str, target: str, priority: int | str) -> None:
-        self._inc(self._child(self.requests, model, target, str(priority)))
-        self._inc(self._child(self.running, model))
+    # `fairness` is the request's fairness id (llm-d's `fairness_id` label; only the twins carry it), capped
+    # like flow control's: the first FAIRNESS_LABELS distinct ids, then "other".
+    def request_started(self, model: str, target: str, priority: int | str, fairness: str = DEFAULT_FLOW) -> None:
+        labels = (model, target, self._fairness_label(fairness), str(priority))
+        self._inc(self._child(self.requests, *labels))
+        self._inc(self._child(self.running, *labels))
 
-    def request_error(self, model: str, target: str, code: str) -> None:
-        self._inc(self._child(self.errors, model, target, str(code)))
+    def request_error(self, model: str, target: str, code: str, priority: int | str = "",
+                      fairness: str = DEFAULT_FLOW) -> None:
+        self._inc(self._child(self.errors, model, target, self._fairness_label(fairness), str(priority), str(code)))
 
     def request_finished(
         self,
@@ -241,17 +276,31 @@ class EppMetrics:
         duration_s: float | None,
         input_tokens: int | None = None,
         output_tokens: int | None = None,
+        priority: int | str = "",
+        fairness: str = DEFAULT_FLOW,
+        request_bytes: int | None = None,
+        response_bytes: int | None = None,
     ) -> None:
-        self._inc(self._child(self.running, model), -1.0)
+        labels = (model, target, self._fairness_label(fairness), str(priority))
+        self._inc(self._child(self.running, *labels), -1.0)
         if duration_s is not None:
-            self._observe(self._child(self.duration, model, target), duration_s)
+            self._observe(self._child(self.duration, *labels), duration_s)
+        if request_bytes:
+            self._observe(self._child(self.request_sizes, *labels), request_bytes)
+        if response_bytes:
+            self._observe(self._child(self.response_sizes, *labels), response_bytes)
         if input_tokens:
-            self._observe(self._child(self.input_tokens, model, target), input_tokens)
+            self._observe(self._child(self.input_tokens, *labels), input_tokens)
         if output_tokens:
-            self._observe(self._child(self.output_tokens, model, target), output_tokens)
+            self._observe(self._child(self.output_tokens, *labels), output_tokens)
 
     def scheduler_duration(self, seconds: float) -> None:
-        self._observe(self.scheduler, seconds)
+        self._observe(self._child(self.scheduler), seconds)
+
+    def scheduler_attempt(self, target: str, endpoint: str = "", namespace: str = "", port: str = "") -> None:
+        """A scheduling attempt: success with the picked endpoint (pod name, namespace, port), failure without."""
+        status = "success" if endpoint else "failure"
+        self._inc(self._child(self.attempts, status, target, endpoint, namespace, port))
 
     def plugin_duration(self, ext_point: str, plugin_type: str, plugin_name: str, seconds: float) -> None:
         self._observe(self._child(self.plugin, ext_point, plugin_type, plugin_name), seconds)
@@ -305,7 +354,7 @@ class EppMetrics:
         self._child(self.flow_saturation_gauge, pool).set(saturation)
 
     def flow_cycle(self, seconds: float) -> None:
-        self.flow_cycle_duration.observe(seconds)
+        self._child(self.flow_cycle_duration).observe(seconds)
 
     # ---- endpoint health -------------------------------------------------------------------------------
     def endpoint_failure(self, key: str, kind: str) -> None:

@@ -26,25 +26,44 @@ class PoolCollector(Collector):
         self.datastore = datastore
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        kv = GaugeMetricFamily("inference_pool_average_kv_cache_utilization",
-                               "The average KV cache utilization of the pool's model servers (0-1).", labels=["name"])
-        queue = GaugeMetricFamily("inference_pool_average_queue_size",
-                                  "The average number of waiting requests per model server.", labels=["name"])
-        ready = GaugeMetricFamily("inference_pool_ready_pods", "The number of ready pods in the pool.", labels=["name"])
-        per_pod = GaugeMetricFamily("inference_pool_per_pod_queue_size", "Waiting requests per model server.",
-                                    labels=["name", "model_server_pod"])
+        # GIE's pool gauges and llm-d-router's llm_d_epp_* twins, from the same computation (epp/api/metric_twins.py)
+        kv = _TwinGauge("inference_pool_average_kv_cache_utilization", "llm_d_epp_average_kv_cache_utilization",
+                        "The average KV cache utilization of the pool's model servers (0-1).", ["name"])
+        queue = _TwinGauge("inference_pool_average_queue_size", "llm_d_epp_average_queue_size",
+                           "The average number of waiting requests per model server.", ["name"])
+        running = _TwinGauge("inference_pool_average_running_requests", "llm_d_epp_average_running_requests",
+                             "The average number of running requests per model server.", ["name"])
+        ready = _TwinGauge("inference_pool_ready_pods", "llm_d_epp_ready_endpoints",
+                           "The number of ready model servers in the pool.", ["name"])
+        per_pod = _TwinGauge("inference_pool_per_pod_queue_size", "llm_d_epp_per_endpoint_queue_size",
+                             "Waiting requests per model server.", ["name", "model_server_pod"],
+                             ["name", "model_server_endpoint"])
         for name in self.datastore.pool_names():
             snap = self.datastore.snapshot(name)
             if snap is None:
                 continue
             scraped = [e for e in snap.endpoints if e.metrics.updated_at is not None]
             n = len(scraped)
-            kv.add_metric([name], sum(e.metrics.kv_usage for e in scraped) / n if n else 0.0)
-            queue.add_metric([name], sum(e.metrics.waiting for e in scraped) / n if n else 0.0)
-            ready.add_metric([name], float(len({e.name or e.address for e in snap.endpoints})))
+            kv.add([name], sum(e.metrics.kv_usage for e in scraped) / n if n else 0.0)
+            queue.add([name], sum(e.metrics.waiting for e in scraped) / n if n else 0.0)
+            running.add([name], sum(e.metrics.running for e in scraped) / n if n else 0.0)
+            ready.add([name], float(len({e.name or e.address for e in snap.endpoints})))
             for e in scraped:
-                per_pod.add_metric([name, e.name or e.key], float(e.metrics.waiting))
-        yield from (kv, queue, ready, per_pod)
+                per_pod.add([name, e.name or e.key], float(e.metrics.waiting))
+        for twin in (kv, queue, running, ready, per_pod):
+            yield from twin.families
+
+
+class _TwinGauge:
+    """A GIE gauge family and its llm-d twin, given the same values."""
+
+    def __init__(self, gie: str, llmd: str, doc: str, labels: list[str], llmd_labels: list[str] | None = None):
+        self.families = (GaugeMetricFamily(gie, doc, labels=labels),
+                         GaugeMetricFamily(llmd, doc, labels=llmd_labels or labels))
+
+    def add(self, labels: list[str], value: float) -> None:
+        for family in self.families:
+            family.add_metric(labels, value)
 
 
 class HealthCollector(Collector):

@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from proto import pointsman_pb2 as api
+from epp.api.pb import pointsman_pb2 as api
 
 if TYPE_CHECKING:
     from epp.api.dashboard.recorder import DecisionRecord, DecisionRecorder

@@ -3,21 +3,36 @@ what the earlier steps started and then made current with the initial scheduler.
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING
 
 from epp.api.metrics import RequestMetrics
 from epp.fleet.rewrites import choose_rewrite
 from epp.request.director import Director, DirectorConfig
+from scheduling.plugins.filters.conformance import CONFORMANCE_TYPES
 
 if TYPE_CHECKING:
     from epp.cmd.app import App
     from epp.request.observe import RequestObserver
 
+log = logging.getLogger(__name__)
+
 
 def director_config(app: App) -> DirectorConfig:
     r = app.settings.request
-    return DirectorConfig(**r.outputs.fields(), fallbacks=r.fallbacks, conformance=r.conformance,
+    conformance = r.conformance or conformance_config(app)
+    if conformance:
+        log.warning("conformance mode: clients choose their endpoint with test-epp-endpoint-selection and responses "
+                    "carry x-conformance-test-served-endpoint; for the conformance suite only")
+    return DirectorConfig(**r.outputs.fields(), fallbacks=r.fallbacks, conformance=conformance,
                           default_pool=app.settings.sources.pool_name, log_decisions=r.log_decisions)
+
+
+def conformance_config(app: App) -> bool:
+    """The initial scheduling config declares the conformance suite's plugins (its conformance-plugins.yaml)."""
+    if app.scheduler is None:
+        return False
+    return any(getattr(p, "type_name", "") in CONFORMANCE_TYPES for p in app.scheduler.plugins())
 
 
 def dashboard_on(app: App) -> bool:

@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING, Any
 import grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
+from epp.api.pb import pointsman_pb2_grpc
 from epp.extproc.session import ProtocolMetrics, StreamConfig
 from epp.h2grpc.limits import ServerLimits, grpcio_options
-from proto import pointsman_pb2_grpc
 
 if TYPE_CHECKING:
     from epp.request.director import Director

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from dataclasses import dataclass, field
 
 from epp.request.early import EarlySettings
@@ -12,12 +13,18 @@ from epp.request.outputs import add_flags as add_output_flags
 from epp.request.sessions import SessionSettings
 from epp.request.sessions import add_flags as add_session_flags
 
+# The conformance image (Dockerfile, target `conformance`) sets it: GIE's lwepp, which the suite runs with no config
+# file, filters on test-epp-endpoint-selection and echoes the served endpoint natively (docs/deploy.md).
+CONFORMANCE_ENV = "POINTSMAN_CONFORMANCE"
+
 
 def add_flags(g: argparse._ActionsContainer) -> None:
     """The director's flags in the "protocol" group (the outputs have a group of their own: add_output_flags)."""
     g.add_argument("--fallbacks", type=int, default=0, help="extra endpoints in envoy.lb metadata (override_host)")
     g.add_argument("--enable-conformance-header", action="store_true",
-                   help="honour test-epp-endpoint-selection (conformance tests only)")
+                   default=os.environ.get(CONFORMANCE_ENV, "").lower() in ("1", "true", "yes"),
+                   help="honour test-epp-endpoint-selection and echo x-conformance-test-served-endpoint "
+                        f"(conformance tests only; also ${CONFORMANCE_ENV}=true, as the conformance image sets)")
     g.add_argument("--log-decisions", action="store_true", help="log one line per routing decision")
 
 

@@ -24,14 +24,14 @@ from typing import Any
 import grpc
 import yaml
 
+from epp.api.pb import pointsman_pb2 as api
+from epp.api.pb import pointsman_pb2_grpc
 from epp.routing.dialect import StackExample
 from epp.routing.dialects import BY_NAME
 from epp.stack.children import Children
 from epp.stack.keys import Keys
 from epp.stack.ports import free_port, wait_port
 from epp.stack.settings import StackSettings
-from proto import pointsman_pb2 as api
-from proto import pointsman_pb2_grpc
 
 MODEL = "meta-llama/Llama-3.1-8B"
 ADAPTER = "sql-lora"

@@ -15,8 +15,8 @@ import pytest
 
 from epp.api.dashboard.web import CSP, _load_static
 from epp.api.explain import PointsmanService
+from epp.api.pb import pointsman_pb2 as api
 from epp.cmd.app import App
-from proto import pointsman_pb2 as api
 from tests.support.envoy import free_port
 from tests.support.stack import Stack, serve_args
 

@@ -12,8 +12,8 @@ import grpc
 import orjson
 import pytest
 
-from proto import pointsman_pb2 as api
-from proto import pointsman_pb2_grpc
+from epp.api.pb import pointsman_pb2 as api
+from epp.api.pb import pointsman_pb2_grpc
 from tests.support.envoy import free_port
 from tests.support.stack import serve_args
 
@@ -99,11 +99,13 @@ async def test_explain_shows_the_session_its_turn_and_why(app):
 def test_generated_proto_code_matches_the_proto(tmp_path):
     from grpc_tools import protoc
 
-    assert protoc.main(["protoc", f"-I{ROOT}", f"--python_out={tmp_path}", f"--grpc_python_out={tmp_path}",
+    assert protoc.main(["protoc", f"-Iepp/api/pb={ROOT / 'proto'}", f"--python_out={tmp_path}",
+                        f"--pyi_out={tmp_path}", f"--grpc_python_out={tmp_path}",
                         str(ROOT / "proto" / "pointsman.proto")]) == 0
-    for name in ("pointsman_pb2.py", "pointsman_pb2_grpc.py"):
-        assert (tmp_path / "proto" / name).read_text() == (ROOT / "proto" / name).read_text(), (
-            f"proto/{name} is stale: regenerate with grpc_tools.protoc (see proto/README.md)")
+    for name in ("pointsman_pb2.py", "pointsman_pb2_grpc.py", "pointsman_pb2.pyi"):
+        generated = tmp_path / "epp" / "api" / "pb" / name
+        assert generated.read_text() == (ROOT / "epp" / "api" / "pb" / name).read_text(), (
+            f"epp/api/pb/{name} is stale: regenerate with grpc_tools.protoc (see proto/README.md)")
 
 
 async def test_explain_is_a_true_dry_run(tmp_path):

@@ -133,20 +133,23 @@ def test_batched_updates_equal_plain_prometheus_updates():
     bounds = [0.005, 0.025, 1.0, 3600, 0.0001, 1, 8, 16]
     for i in range(3000):
         model = f"m{i % 3}"
+        prio = str(i % 2)
+        twin = (model, model, "default-flow", prio)  # the llm-d twin's labels; GIE's series take their share
         m.request_started(model, model, i % 2)
-        ref.requests.labels(model, model, str(i % 2)).inc()
-        ref.running.labels(model).inc()
+        ref.requests.labels(*twin).inc()
+        ref.running.labels(*twin).inc()
         d = rng.choice(bounds) if i % 5 == 0 else rng.expovariate(2.0) * (10 if i % 7 == 0 else 1)
         toks = rng.choice([0, 1, 8, 9, 16, 5000, 10**7])
-        m.request_finished(model, model, d, toks, toks // 2)
-        ref.running.labels(model).dec()
-        ref.duration.labels(model, model).observe(d)
+        m.request_finished(model, model, d, toks, toks // 2, priority=i % 2, request_bytes=toks * 4)
+        ref.running.labels(*twin).inc(-1)
+        ref.duration.labels(*twin).observe(d)
         if toks:
-            ref.input_tokens.labels(model, model).observe(toks)
+            ref.input_tokens.labels(*twin).observe(toks)
+            ref.request_sizes.labels(*twin).observe(toks * 4)
         if toks // 2:
-            ref.output_tokens.labels(model, model).observe(toks // 2)
+            ref.output_tokens.labels(*twin).observe(toks // 2)
         m.scheduler_duration(d / 1000)
-        ref.scheduler.observe(d / 1000)
+        ref.scheduler.labels().observe(d / 1000)
         if i == 1500:
             assert m._n_obs < 1024, "pending observations are folded, never unbounded"
 

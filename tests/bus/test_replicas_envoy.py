@@ -21,11 +21,11 @@ import orjson
 import pytest
 import yaml
 
+from epp.api.pb import pointsman_pb2 as api
+from epp.api.pb import pointsman_pb2_grpc
 from epp.cmd.app import App
 from epp.envoy_config import EnvoyConfigSpec, render_yaml
 from epp.stack.ports import free_port, wait_port
-from proto import pointsman_pb2 as api
-from proto import pointsman_pb2_grpc
 from tests.support.envoy import Envoy
 from tests.support.extproc_requests import chat, open_request, stub_for
 from tests.support.holding import HoldingFleet

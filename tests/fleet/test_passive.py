@@ -7,11 +7,11 @@ import pytest
 
 from epp.api.explain import PointsmanService
 from epp.api.metrics import EppMetrics, RequestMetrics
+from epp.api.pb import pointsman_pb2 as api
 from epp.fleet.datastore import Datastore, PoolSpec
 from epp.fleet.passive import EJECTED, HEALTHY, PROBING, PassiveHealth
 from epp.fleet.scrape.scraper import bounded_timeout
 from epp.request.director import Director
-from proto import pointsman_pb2 as api
 from scheduling.types import Endpoint, endpoint_key
 
 A, B = endpoint_key("10.0.0.1", 8000), endpoint_key("10.0.0.2", 8000)

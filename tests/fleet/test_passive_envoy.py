@@ -17,8 +17,8 @@ import aiohttp
 import grpc
 import pytest
 
-from proto import pointsman_pb2 as api
-from proto import pointsman_pb2_grpc
+from epp.api.pb import pointsman_pb2 as api
+from epp.api.pb import pointsman_pb2_grpc
 from tests.support.simstack import MODEL, SimStack
 
 pytestmark = pytest.mark.envoy

@@ -13,9 +13,9 @@ import pytest
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
 from epp.api.dashboard.recorder import DecisionRecorder
+from epp.api.pb import pointsman_pb2 as api
+from epp.api.pb import pointsman_pb2_grpc
 from epp.request.director import DecisionIds
-from proto import pointsman_pb2 as api
-from proto import pointsman_pb2_grpc
 from scheduling.api import SchedulingResult
 from scheduling.types import Endpoint, LLMRequest
 from tests.observe.test_tracing_otlp import FD, request, start

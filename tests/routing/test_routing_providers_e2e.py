@@ -15,11 +15,11 @@ import grpc
 import orjson
 import pytest
 
+from epp.api.pb import pointsman_pb2 as api
+from epp.api.pb import pointsman_pb2_grpc
 from epp.cmd.app import App
 from epp.envoy_config import EnvoyConfigSpec, render_yaml
 from epp.envoy_config.providers import fragments_from_files
-from proto import pointsman_pb2 as api
-from proto import pointsman_pb2_grpc
 from tests.support.backend import EchoFleet
 from tests.support.envoy import Envoy, free_port, validate
 from tests.support.stack import serve_args

@@ -18,9 +18,9 @@ import pytest
 import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from epp.api.pb import pointsman_pb2 as api
+from epp.api.pb import pointsman_pb2_grpc
 from epp.stack.ports import free_port
-from proto import pointsman_pb2 as api
-from proto import pointsman_pb2_grpc
 from tests.support.backend import EchoFleet
 from tests.support.extproc_requests import chat, open_request, route, stub_for
 

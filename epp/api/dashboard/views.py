@@ -16,7 +16,7 @@ from google.protobuf import json_format
 from epp.api.client import format_explain
 from epp.api.dashboard.recorder import DecisionRecord
 from epp.api.explain import PointsmanService
-from proto import pointsman_pb2 as api
+from epp.api.pb import pointsman_pb2 as api
 from scheduling.api import ProfileResult
 
 

@@ -39,7 +39,7 @@ from epp.api.dashboard.auth import CSP, TokenAuth
 from epp.api.dashboard.recorder import DecisionRecorder
 from epp.api.dashboard.series import Sampler
 from epp.api.explain import PointsmanService, fill_model, latency_model
-from proto import pointsman_pb2 as api
+from epp.api.pb import pointsman_pb2 as api
 
 log = logging.getLogger(__name__)
 

@@ -12,12 +12,12 @@ from pathlib import Path
 import orjson
 
 from epp.api.explain import PointsmanService
+from epp.api.pb import pointsman_pb2 as api
 from epp.fleet.datastore import Datastore, PoolSpec
 from epp.protocol import Outcome
 from epp.request.director import Director
 from epp.tokenize import EngineTokenizer, RequestTokenizer, TokenizerRegistry
 from epp.tokenize.shell import RequestTokens
-from proto import pointsman_pb2 as api
 from scheduling.config import load_scheduler
 from scheduling.types import Endpoint, endpoint_key
 from tests.support.envoy import free_port

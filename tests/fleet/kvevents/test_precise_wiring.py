@@ -17,10 +17,10 @@ import yaml
 from kvhelpers import wait_for
 
 from epp.api.explain import PointsmanService
+from epp.api.pb import pointsman_pb2 as api
 from epp.cmd.app import App
 from epp.fleet.datastore import Datastore, PoolSpec
 from epp.fleet.kvevents.service import PreciseService
-from proto import pointsman_pb2 as api
 from scheduling.config import load_scheduler
 from scheduling.prefix.precise import LIVE, PENDING
 from scheduling.types import Endpoint

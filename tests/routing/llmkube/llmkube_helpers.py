@@ -89,7 +89,7 @@ class Rig:
 
     def explain(self, model: str = "m", headers: dict | None = None, body: dict | None = None):
         from epp.api.explain import PointsmanService
-        from proto import pointsman_pb2 as api
+        from epp.api.pb import pointsman_pb2 as api
 
         payload = body if body is not None else {"model": model, "messages": [{"role": "user", "content": "hi"}]}
         return PointsmanService(self.director).explain(api.ExplainRequest(

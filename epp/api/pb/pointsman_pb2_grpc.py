@@ -3,9 +3,9 @@
 import grpc
 import warnings
 
-from proto import pointsman_pb2 as proto_dot_pointsman__pb2
+from epp.api.pb import pointsman_pb2 as epp_dot_api_dot_pb_dot_pointsman__pb2
 
-GRPC_GENERATED_VERSION = '1.85.1'
+GRPC_GENERATED_VERSION = '1.85.4'
 GRPC_VERSION = grpc.__version__
 _version_not_supported = False
 
@@ -18,7 +18,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in proto/pointsman_pb2_grpc.py depends on'
+        + ' but the generated code in epp/api/pb/pointsman_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -36,18 +36,18 @@ class PointsmanStub:
         """
         self.Explain = channel.unary_unary(
                 '/pointsman.v1.Pointsman/Explain',
-                request_serializer=proto_dot_pointsman__pb2.ExplainRequest.SerializeToString,
-                response_deserializer=proto_dot_pointsman__pb2.ExplainResponse.FromString,
+                request_serializer=epp_dot_api_dot_pb_dot_pointsman__pb2.ExplainRequest.SerializeToString,
+                response_deserializer=epp_dot_api_dot_pb_dot_pointsman__pb2.ExplainResponse.FromString,
                 _registered_method=True)
         self.ListEndpoints = channel.unary_unary(
                 '/pointsman.v1.Pointsman/ListEndpoints',
-                request_serializer=proto_dot_pointsman__pb2.ListEndpointsRequest.SerializeToString,
-                response_deserializer=proto_dot_pointsman__pb2.ListEndpointsResponse.FromString,
+                request_serializer=epp_dot_api_dot_pb_dot_pointsman__pb2.ListEndpointsRequest.SerializeToString,
+                response_deserializer=epp_dot_api_dot_pb_dot_pointsman__pb2.ListEndpointsResponse.FromString,
                 _registered_method=True)
         self.GetReceipt = channel.unary_unary(
                 '/pointsman.v1.Pointsman/GetReceipt',
-                request_serializer=proto_dot_pointsman__pb2.ReceiptRequest.SerializeToString,
-                response_deserializer=proto_dot_pointsman__pb2.Receipt.FromString,
+                request_serializer=epp_dot_api_dot_pb_dot_pointsman__pb2.ReceiptRequest.SerializeToString,
+                response_deserializer=epp_dot_api_dot_pb_dot_pointsman__pb2.Receipt.FromString,
                 _registered_method=True)
 
 
@@ -82,18 +82,18 @@ def add_PointsmanServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Explain': grpc.unary_unary_rpc_method_handler(
                     servicer.Explain,
-                    request_deserializer=proto_dot_pointsman__pb2.ExplainRequest.FromString,
-                    response_serializer=proto_dot_pointsman__pb2.ExplainResponse.SerializeToString,
+                    request_deserializer=epp_dot_api_dot_pb_dot_pointsman__pb2.ExplainRequest.FromString,
+                    response_serializer=epp_dot_api_dot_pb_dot_pointsman__pb2.ExplainResponse.SerializeToString,
             ),
             'ListEndpoints': grpc.unary_unary_rpc_method_handler(
                     servicer.ListEndpoints,
-                    request_deserializer=proto_dot_pointsman__pb2.ListEndpointsRequest.FromString,
-                    response_serializer=proto_dot_pointsman__pb2.ListEndpointsResponse.SerializeToString,
+                    request_deserializer=epp_dot_api_dot_pb_dot_pointsman__pb2.ListEndpointsRequest.FromString,
+                    response_serializer=epp_dot_api_dot_pb_dot_pointsman__pb2.ListEndpointsResponse.SerializeToString,
             ),
             'GetReceipt': grpc.unary_unary_rpc_method_handler(
                     servicer.GetReceipt,
-                    request_deserializer=proto_dot_pointsman__pb2.ReceiptRequest.FromString,
-                    response_serializer=proto_dot_pointsman__pb2.Receipt.SerializeToString,
+                    request_deserializer=epp_dot_api_dot_pb_dot_pointsman__pb2.ReceiptRequest.FromString,
+                    response_serializer=epp_dot_api_dot_pb_dot_pointsman__pb2.Receipt.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -121,8 +121,8 @@ class Pointsman:
             request,
             target,
             '/pointsman.v1.Pointsman/Explain',
-            proto_dot_pointsman__pb2.ExplainRequest.SerializeToString,
-            proto_dot_pointsman__pb2.ExplainResponse.FromString,
+            epp_dot_api_dot_pb_dot_pointsman__pb2.ExplainRequest.SerializeToString,
+            epp_dot_api_dot_pb_dot_pointsman__pb2.ExplainResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -148,8 +148,8 @@ class Pointsman:
             request,
             target,
             '/pointsman.v1.Pointsman/ListEndpoints',
-            proto_dot_pointsman__pb2.ListEndpointsRequest.SerializeToString,
-            proto_dot_pointsman__pb2.ListEndpointsResponse.FromString,
+            epp_dot_api_dot_pb_dot_pointsman__pb2.ListEndpointsRequest.SerializeToString,
+            epp_dot_api_dot_pb_dot_pointsman__pb2.ListEndpointsResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -175,8 +175,8 @@ class Pointsman:
             request,
             target,
             '/pointsman.v1.Pointsman/GetReceipt',
-            proto_dot_pointsman__pb2.ReceiptRequest.SerializeToString,
-            proto_dot_pointsman__pb2.Receipt.FromString,
+            epp_dot_api_dot_pb_dot_pointsman__pb2.ReceiptRequest.SerializeToString,
+            epp_dot_api_dot_pb_dot_pointsman__pb2.Receipt.FromString,
             options,
             channel_credentials,
             insecure,
