@@ -146,7 +146,7 @@ def test_docker_files_are_consistent():
     assert {e["address"] for e in eps} == {sim_ip}
     # The commands in the Dockerfile and compose parse with the real CLIs.
     dockerfile = (ROOT / "Dockerfile").read_text()
-    for needed in ("COPY epp", "COPY scheduling", "COPY proto", "COPY modelsim", 'ENTRYPOINT ["epp"]'):
+    for needed in ("COPY epp", "COPY scheduling", "COPY modelsim", 'ENTRYPOINT ["epp"]'):
         assert needed in dockerfile
     epp_cmd = services["epp"]["command"]
     run = subprocess.run([sys.executable, "-c", "import sys; from epp.cmd.cli import build_parser; "
