@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING
 from epp.api.metrics import RequestMetrics
 from epp.fleet.rewrites import choose_rewrite
 from epp.request.director import Director, DirectorConfig
-from scheduling.plugins.filters.conformance import CONFORMANCE_TYPES
+from scheduling.plugins.filters.header_based_testing import FILTER_TYPE
+from scheduling.plugins.system.destination_endpoint_served_verifier import VERIFIER_TYPE
 
 if TYPE_CHECKING:
     from epp.cmd.app import App
@@ -32,7 +33,7 @@ def conformance_config(app: App) -> bool:
     """The initial scheduling config declares the conformance suite's plugins (its conformance-plugins.yaml)."""
     if app.scheduler is None:
         return False
-    return any(getattr(p, "type_name", "") in CONFORMANCE_TYPES for p in app.scheduler.plugins())
+    return any(getattr(p, "type_name", "") in (FILTER_TYPE, VERIFIER_TYPE) for p in app.scheduler.plugins())
 
 
 def dashboard_on(app: App) -> bool:

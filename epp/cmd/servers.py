@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from epp.api.explain import PointsmanService
 from epp.api.health import add_health_servicer, start_health_server
 from epp.api.metrics import start_metrics_server
+from epp.api.pb import pointsman_pb2_grpc
 from epp.extproc.server import build_server
 from epp.extproc.settings import ServerSettings
 
@@ -53,8 +54,9 @@ async def start_grpc(app: App) -> None:
         extra.append(lambda server: add_eds_service(server, eds))
     api = PointsmanService(app.current(), app.passive)
     api.recorder = app.recorder  # receipts: the GetReceipt RPC (epp/observe/receipts.py)
+    extra.append(lambda server: pointsman_pb2_grpc.add_PointsmanServicer_to_server(api, server))
     app.server, app.extproc = build_server(app.current(), s.stream, extra_servicers=extra, metrics=app.metrics,
-                                           transport=s.transport, reuse_port=app.settings.worker, api=api,
+                                           transport=s.transport, reuse_port=app.settings.worker,
                                            limits=s.limits)
     app.holders += [app.extproc, api]
     app.health = add_health_servicer(app.server, app.datastore, leader_election=app.settings.compat.leader_election)
@@ -73,7 +75,7 @@ async def start_grpc(app: App) -> None:
 def _bind(app: App, s: ServerSettings) -> int:
     server = app.server
     if s.secure and s.cert_reload and s.cert_path:  # --enable-cert-reload: new handshakes get a rotated pair
-        from epp.extproc import tls
+        from epp.h2grpc import tls
 
         reloader = tls.CertReloader(s.cert_path, lambda key, crt: None)
         if s.transport == "h2":
@@ -87,7 +89,7 @@ def _bind(app: App, s: ServerSettings) -> int:
         reloader.start()
         app.runner.own("certificate reload", reloader)
     elif s.secure:
-        from epp.extproc.tls import server_credentials, server_ssl_context
+        from epp.h2grpc.tls import server_credentials, server_ssl_context
 
         creds = server_ssl_context(s.cert_path) if s.transport == "h2" else server_credentials(s.cert_path)
         port = server.add_secure_port(s.address, creds)

@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Any
 import grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
-from epp.api.pb import pointsman_pb2_grpc
 from epp.extproc.session import ProtocolMetrics, StreamConfig
 from epp.h2grpc.limits import ServerLimits, grpcio_options
 
@@ -39,11 +38,10 @@ def build_server(
     extra_servicers: list[Callable[[Any], object]] | None = None,
     transport: str = DEFAULT_TRANSPORT,
     reuse_port: bool = False,
-    api: Any = None,
     limits: ServerLimits | None = None,
 ) -> tuple[Any, Any]:
-    """The gRPC server carrying ExternalProcessor and, when given, Pointsman's own API servicer (`api`: the
-    epp/api/explain.py service); ports are added by the caller. Returns (server, ext_proc service). The services hold
+    """The gRPC server carrying ExternalProcessor and the `extra_servicers` (each adds itself to the server:
+    Pointsman's own API, EDS); ports are added by the caller. Returns (server, ext_proc service). The services hold
     the director, which the app swaps on reload.
 
     `transport`: "h2" (epp.h2grpc: HTTP/2 on asyncio, the ext_proc calls callback-driven) or "grpcio" (grpc.aio).
@@ -65,8 +63,6 @@ def build_server(
         pb_grpc.add_ExternalProcessorServicer_to_server(svc, server)
     else:
         raise ValueError(f"unknown gRPC transport {transport!r}; expected one of {TRANSPORTS}")
-    if api is not None:
-        pointsman_pb2_grpc.add_PointsmanServicer_to_server(api, server)
     for add in extra_servicers or []:
         add(server)
     return server, svc

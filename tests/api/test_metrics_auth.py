@@ -5,11 +5,9 @@ where Pointsman reads Kubernetes and off standalone. Tokens never reach the log.
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 
 import aiohttp
 import pytest
-import yaml
 
 from epp.cmd.app import App
 from tests.fleet.k8s.fakeapi import FakeKubeAPI, pod, pool
@@ -22,15 +20,6 @@ PROM = {"username": "system:serviceaccount:monitoring:prometheus", "uid": "u-1",
 SECRET_TOKEN = "prometheus-token-0123456789"
 OTHER_TOKEN = "someone-else-token-abcdef"
 
-
-def kubeconfig(path: Path, host: str) -> Path:
-    path.write_text(yaml.safe_dump({
-        "apiVersion": "v1", "kind": "Config", "current-context": "fake",
-        "clusters": [{"name": "fake", "cluster": {"server": host}}],
-        "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "u"}}],
-        "users": [{"name": "u", "user": {"token": "pointsman-sa-token"}}],
-    }))
-    return path
 
 
 async def get(url: str, token: str | None = None) -> tuple[int, str]:
@@ -51,7 +40,7 @@ def kube():
 async def test_metrics_need_a_token_kubernetes_allows(kube, tmp_path, caplog):
     caplog.set_level(logging.DEBUG)
     port = free_port()
-    settings = serve_args("--pool-name", "llama", "--kubeconfig", str(kubeconfig(tmp_path / "kc", kube.host)),
+    settings = serve_args("--pool-name", "llama", "--kubeconfig", str(kube.kubeconfig(tmp_path / "kc", "pointsman-sa-token")),
                           "--grpc-port", str(free_port()), "--metrics-port", str(port), "--dashboard=false")
     assert settings.metrics_auth.enabled and not settings.metrics_auth.explicit  # GIE's default, in Kubernetes
     app = App(settings)
@@ -81,7 +70,7 @@ async def test_metrics_need_a_token_kubernetes_allows(kube, tmp_path, caplog):
 
 async def test_an_allowed_token_reads_metrics_and_answers_are_cached(kube, tmp_path):
     port = free_port()
-    app = App(serve_args("--pool-name", "llama", "--kubeconfig", str(kubeconfig(tmp_path / "kc", kube.host)),
+    app = App(serve_args("--pool-name", "llama", "--kubeconfig", str(kube.kubeconfig(tmp_path / "kc", "pointsman-sa-token")),
                          "--grpc-port", str(free_port()), "--metrics-port", str(port), "--dashboard=false"))
     kube.tokens[SECRET_TOKEN] = PROM
     kube.grants.add((PROM["username"], "get", "/metrics"))
@@ -106,7 +95,7 @@ async def test_explicitly_off_and_off_by_default_standalone(kube, tmp_path):
     assert not serve_args("--endpoints-file", str(eps)).metrics_auth.enabled  # nothing could check a token
     assert serve_args("--endpoints-file", str(eps), "--metrics-endpoint-auth").metrics_auth.enabled
     port = free_port()
-    app = App(serve_args("--pool-name", "llama", "--kubeconfig", str(kubeconfig(tmp_path / "kc", kube.host)),
+    app = App(serve_args("--pool-name", "llama", "--kubeconfig", str(kube.kubeconfig(tmp_path / "kc", "pointsman-sa-token")),
                          "--grpc-port", str(free_port()), "--metrics-port", str(port), "--dashboard=false",
                          "--metrics-endpoint-auth=false"))  # GIE's chart with monitoring auth off
     await app.start()

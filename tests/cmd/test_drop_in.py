@@ -13,12 +13,11 @@ from pathlib import Path
 
 import grpc
 import pytest
-import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from epp.cmd.app import App
 from epp.cmd.settings import ServeSettings
-from epp.extproc.tls import CERT_FILE, KEY_FILE, self_signed_cert
+from epp.h2grpc.tls import CERT_FILE, KEY_FILE, self_signed_cert
 from tests.cmd.deployer_argv import CERT_DIRS, CONFIG_PATHS, DEPLOYERS, mounted
 from tests.fleet.k8s.fakeapi import FakeKubeAPI, pod, pool
 from tests.support.envoy import free_port
@@ -29,15 +28,6 @@ EXT_PROC = "envoy.service.ext_proc.v3.ExternalProcessor"
 CONFIG = ("apiVersion: inference.networking.x-k8s.io/v1alpha1\nkind: EndpointPickerConfig\n"
           "plugins:\n- type: queue-scorer\n")
 
-
-def kubeconfig(path: Path, host: str) -> Path:
-    path.write_text(yaml.safe_dump({
-        "apiVersion": "v1", "kind": "Config", "current-context": "fake",
-        "clusters": [{"name": "fake", "cluster": {"server": host}}],
-        "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "u"}}],
-        "users": [{"name": "u", "user": {"token": "pointsman-sa-token"}}],
-    }))
-    return path
 
 
 def mounts(tmp: Path) -> dict[str, str]:
@@ -102,7 +92,7 @@ async def test_the_deployers_args_start_pointsman_and_it_serves(kube, tmp_path, 
     # and the fake API server's kubeconfig (in a pod: the in-cluster config).
     argv = [*mounted(args, mounts(tmp_path)), f"--grpc-port={grpc_port}", f"--grpc-health-port={health_port}",
             "--grpc-host=127.0.0.1", "--metrics-port=0",
-            f"--kubeconfig={kubeconfig(tmp_path / 'kubeconfig', kube.host)}"]
+            f"--kubeconfig={kube.kubeconfig(tmp_path / 'kubeconfig', 'pointsman-sa-token')}"]
     settings = ServeSettings.from_argv(argv)
     fill(kube, settings)
     app = App(settings)
@@ -213,7 +203,7 @@ async def test_gie_conformance_deployment_behind_real_envoy_over_tls(kube, tmp_p
     log = tmp_path / "epp.log"
     argv = [sys.executable, "-m", "epp.cmd.cli", *mounted(args, mounts(tmp_path)), "--enable-pprof", "false",
             f"--grpc-port={grpc_port}", f"--grpc-health-port={health_port}", "--grpc-host=127.0.0.1",
-            "--metrics-port=0", f"--kubeconfig={kubeconfig(tmp_path / 'kc', kube.host)}"]
+            "--metrics-port=0", f"--kubeconfig={kube.kubeconfig(tmp_path / 'kc', 'pointsman-sa-token')}"]
     with open(log, "wb") as out:
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
     envoy = None

@@ -6,7 +6,7 @@ from __future__ import annotations
 import random
 
 from scheduling.framework import BuildContext
-from scheduling.plugins.filters.conformance import HeaderBasedTestingFilter, named_endpoints
+from scheduling.plugins.filters.header_based_testing import HeaderBasedTestingFilter, named_endpoints
 from scheduling.types import Endpoint, LLMRequest, endpoint_key
 from tests.conformance.suite import CONFORMANCE_PLUGINS
 

@@ -564,15 +564,6 @@ async def health(port: int, service: str) -> int | None:
         return None
 
 
-def kubeconfig_for(kube: FakeKubeAPI, path: Path) -> Path:
-    path.write_text(yaml.safe_dump({
-        "apiVersion": "v1", "kind": "Config", "current-context": "fake",
-        "clusters": [{"name": "fake", "cluster": {"server": kube.host}}],
-        "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "u"}}],
-        "users": [{"name": "u", "user": {"token": "t"}}],
-    }))
-    return path
-
 
 async def tls_request(grpc_port: int) -> Result:
     """One chat request over ext_proc with TLS (--secure-serving=true, the self-signed certificate), as a gateway."""
@@ -620,7 +611,7 @@ async def test_rendered_deployment_serves_the_rendered_pool(tmp_path, scenario):
     fleet = EchoFleet([model_port])
     await fleet.start()
     epp = str(Path(sys.executable).with_name("epp"))
-    proc_env = {**os.environ, **env, "KUBECONFIG": str(kubeconfig_for(kube, tmp_path / "kubeconfig"))}
+    proc_env = {**os.environ, **env, "KUBECONFIG": str(kube.kubeconfig(tmp_path / "kubeconfig"))}
     log = tmp_path / "epp.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen([epp, *argv[1:]], env=proc_env, stdout=out, stderr=subprocess.STDOUT)

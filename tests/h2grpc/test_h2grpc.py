@@ -20,8 +20,8 @@ from hyperframe.frame import GoAwayFrame
 
 from epp.api.health import EppHealthServicer
 from epp.extproc.server import build_server
-from epp.extproc.tls import self_signed_cert
 from epp.h2grpc import H2Server, server_ssl_context
+from epp.h2grpc.tls import self_signed_cert
 from tests.extproc.test_protocol_server import FD, read_all, slow_director, until
 from tests.support.extproc import CHAT, body_msg, headers_msg, inflight, kinds, real_director
 from tests.support.h2client import RawH2, grpc_frame
@@ -144,14 +144,14 @@ async def test_unknown_method_is_unimplemented(h2):
 async def test_health_check_and_watch(h2):
     server = H2Server()
     ready = [False]
-    servicer = EppHealthServicer(lambda: ready[0], watch_poll_s=0.02)
+    servicer = EppHealthServicer(lambda: ready[0], watch_poll_s=0.02, leader_election=True)
     health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
     _, channel, _ = await h2(server)
     stub = health_pb2_grpc.HealthStub(channel)
     assert (await stub.Check(health_pb2.HealthCheckRequest(service="liveness"))).status == servicer.status_for("liveness")
-    with pytest.raises(grpc.aio.AioRpcError) as err:
-        await stub.Check(health_pb2.HealthCheckRequest(service="nope"))
-    assert err.value.code() == grpc.StatusCode.NOT_FOUND
+    # GIE's elected EPP answers an unknown name SERVICE_UNKNOWN (a status, not an error)
+    unknown = await stub.Check(health_pb2.HealthCheckRequest(service="nope"))
+    assert unknown.status == health_pb2.HealthCheckResponse.SERVICE_UNKNOWN
     watch = stub.Watch(health_pb2.HealthCheckRequest(service="readiness"))
     assert (await watch.read()).status == health_pb2.HealthCheckResponse.NOT_SERVING
     ready[0] = True

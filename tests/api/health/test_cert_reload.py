@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from epp.cmd.app import App
-from epp.extproc.tls import CERT_FILE, KEY_FILE, CertReloader, self_signed_cert
+from epp.h2grpc.tls import CERT_FILE, KEY_FILE, CertReloader, self_signed_cert
 from tests.support.envoy import free_port
 from tests.support.stack import serve_args
 from tests.support.wait import until

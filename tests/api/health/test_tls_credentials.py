@@ -5,8 +5,8 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from epp.api.health import add_health_servicer
-from epp.extproc import tls
 from epp.fleet.datastore import Datastore
+from epp.h2grpc import tls
 
 
 async def _serve_tls(creds):

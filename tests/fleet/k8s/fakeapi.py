@@ -28,8 +28,11 @@ import socket
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlparse
+
+import yaml
 
 KINDS = {
     ("", "pods"): "Pod",
@@ -96,6 +99,16 @@ class FakeKubeAPI:
     @property
     def host(self) -> str:
         return f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def kubeconfig(self, path: Path, token: str = "t") -> Path:
+        """A kubeconfig at `path` that reaches this server, presenting `token` (what Pointsman's client sends)."""
+        path.write_text(yaml.safe_dump({
+            "apiVersion": "v1", "kind": "Config", "current-context": "fake",
+            "clusters": [{"name": "fake", "cluster": {"server": self.host}}],
+            "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "u"}}],
+            "users": [{"name": "u", "user": {"token": token}}],
+        }))
+        return path
 
     def start(self) -> FakeKubeAPI:
         self.thread.start()

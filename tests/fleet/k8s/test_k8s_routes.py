@@ -8,7 +8,6 @@ import logging
 
 import orjson
 import pytest
-import yaml
 from fakeapi import FakeKubeAPI, pod, pool, secret
 
 from epp.cmd.app import App
@@ -18,16 +17,6 @@ from tests.support.stack import serve_args
 K, CORE = "networking.serving.volcano.sh", ""
 HDRS = {":path": "/v1/chat/completions", ":method": "POST"}
 
-
-def kubeconfig(tmp_path, kube) -> str:
-    path = tmp_path / "kubeconfig"
-    path.write_text(yaml.safe_dump({
-        "apiVersion": "v1", "kind": "Config", "current-context": "fake",
-        "clusters": [{"name": "fake", "cluster": {"server": kube.host}}],
-        "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "u"}}],
-        "users": [{"name": "u", "user": {"token": "t"}}],
-    }))
-    return str(path)
 
 
 async def eventually(pred, timeout: float = 10.0, what: str = "") -> None:
@@ -81,7 +70,7 @@ async def test_watched_routes_servers_providers_and_secrets(kube, tmp_path, capl
         "baseURL": "https://api.example.com", "auth": {"secretRef": {"name": "openai-key", "key": "token"}}}})
     kube.apply(CORE, "secrets", secret("openai-key", {"token": "sk-first"}))
     kube.apply(CORE, "secrets", secret("unrelated", {"token": "never-read"}))
-    app = App(serve_args("--watch-routes", "--pool-namespace", "default", "--kubeconfig", kubeconfig(tmp_path, kube),
+    app = App(serve_args("--watch-routes", "--pool-namespace", "default", "--kubeconfig", str(kube.kubeconfig(tmp_path / "kubeconfig")),
                          "--grpc-port", str(free_port())))
     await app.start()
     try:
@@ -142,7 +131,7 @@ async def test_many_inference_pools_in_one_epp(kube, tmp_path, group):
     kube.apply(CORE, "pods", pod("q0", "10.2.0.1", {"app": "qwen"}, annotations={"llm-d.ai/models": "qwen,shared"}))
     kube.apply(CORE, "pods", pod("t0", "10.3.0.1", {"app": "theirs", "llm-d.ai/model": "llama"}))
     app = App(serve_args("--epp-service-name", "pointsman-epp", "--pool-group", group, "--pool-namespace", "default",
-                         "--kubeconfig", kubeconfig(tmp_path, kube), "--grpc-port", str(free_port())))
+                         "--kubeconfig", str(kube.kubeconfig(tmp_path / "kubeconfig")), "--grpc-port", str(free_port())))
     await app.start()
     try:
         await eventually(lambda: app.datastore.synced, what="synced")

@@ -1,27 +1,23 @@
-"""The Gateway API Inference Extension conformance suite's two picker plugins (its `conformance-plugins.yaml`):
+"""header-based-testing-filter (the GIE conformance suite's `conformance-plugins.yaml`):
 
-- header-based-testing-filter: keep the candidates the request's `test-epp-endpoint-selection` header names, a
-  comma list of IPs (every port of that address) or IP:port pairs ([v6]:port for IPv6). Without the header every
-  candidate stays; a header that names none of them leaves none (the request gets a 503).
-- destination-endpoint-served-verifier: declares that responses carry `x-conformance-test-served-endpoint`, the
-  endpoint the gateway reports it served (its `x-gateway-destination-endpoint-served` response metadata). The
-  request path does the echo (epp/request/respond.py); this plugin only turns it on.
+    kept = {e in candidates : e.address in named IPs  or  (e.address, e.port) in named IP:port pairs}
+    named = the request's `test-epp-endpoint-selection` header, a comma list of IPs (every port of that address)
+            or IP:port pairs ([v6]:port for IPv6); without the header kept = candidates
 
-Both exist for the conformance suite only: a config that declares either one lets a client choose its own endpoint,
-so Pointsman logs a warning when it loads one (docs/deploy.md, "Conformance").
+A header that names none of the candidates leaves none (the request gets a 503). It exists for the conformance
+suite only: a config that declares it lets a client choose its own endpoint, so Pointsman logs a warning when it
+loads one (docs/deploy.md, "Conformance").
 """
 
 from __future__ import annotations
 
 from scheduling.api import SchedulingContext
-from scheduling.framework import Filter, System, register
+from scheduling.framework import Filter, register
 from scheduling.framework.plugin import State
 from scheduling.types import Endpoint
 
 SELECTION_HEADER = "test-epp-endpoint-selection"
 FILTER_TYPE = "header-based-testing-filter"
-VERIFIER_TYPE = "destination-endpoint-served-verifier"
-CONFORMANCE_TYPES = frozenset({FILTER_TYPE, VERIFIER_TYPE})
 
 
 def named_endpoints(value: str) -> tuple[frozenset[str], frozenset[tuple[str, int]]]:
@@ -54,8 +50,3 @@ class HeaderBasedTestingFilter(Filter[None]):
             return candidates
         ips, pairs = named_endpoints(value)
         return [e for e in candidates if e.address in ips or (e.address, e.port) in pairs]
-
-
-@register(VERIFIER_TYPE)
-class DestinationEndpointServedVerifier(System[None]):
-    Params = None
