@@ -39,11 +39,13 @@ async def _sub(endpoint: str) -> zmq.asyncio.Socket:
     return sub
 
 
-async def _drain(sub: zmq.asyncio.Socket, quiet: float = 0.5) -> list[list[bytes]]:
+async def _drain(sub: zmq.asyncio.Socket, quiet: float = 0.5, first: float = 10.0) -> list[list[bytes]]:
+    """Every frame until the publisher has been quiet for `quiet` seconds. The first frame may take longer on a
+    loaded machine (the engine publishes after its step), so it gets `first` seconds; none at all is an empty list."""
     frames = []
     try:
         while True:
-            frames.append(await asyncio.wait_for(sub.recv_multipart(), quiet))
+            frames.append(await asyncio.wait_for(sub.recv_multipart(), quiet if frames else first))
     except asyncio.TimeoutError:
         pass
     return frames
