@@ -27,7 +27,7 @@ import yaml
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from epp.cmd.cli import build_parser
+from epp.cmd.settings import ServeSettings
 from epp.fleet.k8s import (
     ENDPOINT_SLICE,
     INFERENCE_MODEL_REWRITE,
@@ -238,10 +238,11 @@ def test_epp_serve_accepts_the_rendered_args(rendered, case):
     assert c["command"] == ["epp", "serve"]
     args = [a.replace("$(POINTSMAN_REDIS_URL)", "redis://r:6379") for a in c["args"]]
     assert all(a.startswith("--") and "=" in a for a in args), "one --key=value argument each"
-    ns = build_parser().parse_args([*c["command"][1:], *args])  # SystemExit: `epp serve` rejects a rendered flag
+    settings = ServeSettings.from_argv(args)  # ValueError: `epp serve` rejects a rendered flag (exit 2)
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
-    assert (ns.grpc_port, ns.grpc_health_port, ns.metrics_port) == (ports["grpc"], ports["grpc-health"],
-                                                                    ports["metrics"])
+    server = settings.server
+    assert (server.grpc_port, server.health_port, server.metrics_port) == (ports["grpc"], ports["grpc-health"],
+                                                                          ports["metrics"])
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -359,8 +360,7 @@ def test_the_http_route_sends_the_gateways_traffic_to_the_pool(rendered):
 
 def test_a_flag_in_the_map_overrides_the_charts_own():
     args = container(render([*MATCH, "--set", "inferenceExtension.flags.secure-serving=false"]))["args"]
-    ns = build_parser().parse_args(["serve", *args])
-    assert ns.secure_serving is False
+    assert ServeSettings.from_argv(args).server.secure is False
 
 
 # The llm-d example, written in GIE's layout: both must render the same objects.
@@ -477,12 +477,16 @@ def test_tracing_sets_the_flag_and_the_otel_environment(rendered):
     assert env["OTEL_TRACES_SAMPLER_ARG"] == "0.05" and env["EPP_VERBOSITY"] == "2"
 
 
-def test_upstream_flags_are_off_by_default_and_rendered_when_asked(rendered):
-    assert not any(a.startswith(("--zap-encoder", "--metrics-endpoint-auth", "--ha-enable-leader-election"))
-                   for case in rendered.values() for a in container(case)["args"])
-    args = container(render([*MATCH, "--set", "pointsman.upstreamFlags=true",
-                             "--set", "inferenceExtension.monitoring.prometheus.auth.enabled=false"]))["args"]
-    assert "--zap-encoder=json" in args and "--metrics-endpoint-auth=false" in args
+def test_gies_always_rendered_flags_and_metrics_auth_as_its_chart_renders_them(rendered):
+    """GIE's chart always passes --zap-encoder json, and --metrics-endpoint-auth=false only when auth is off."""
+    for case in rendered.values():
+        args = container(case)["args"]
+        assert "--zap-encoder=json" in args
+        assert not any(a.startswith("--ha-enable-leader-election") for a in args)  # active-active
+    default = container(render([*MATCH]))["args"]
+    assert not any(a.startswith("--metrics-endpoint-auth") for a in default)  # on: epp serve's default, as GIE's
+    args = container(render([*MATCH, "--set", "inferenceExtension.monitoring.prometheus.auth.enabled=false"]))["args"]
+    assert "--metrics-endpoint-auth=false" in args
 
 
 # ---- values that stop the install ----------------------------------------------------------------------------------
