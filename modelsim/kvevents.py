@@ -166,6 +166,10 @@ class KVEventPublisher:
     Binds `endpoint` (and `replay_endpoint`) as given; for data-parallel rank r pass the rank-0 endpoints and
     `dp_rank=r` (ports are offset by r, as vLLM does). Must be created inside a running asyncio loop when replay
     is on.
+
+    The socket is an XPUB: to a SUB it is vLLM's PUB (same messages, same drops), and it lets a caller see that a
+    subscription has arrived (`subscriptions()`), which a PUB hides: what is published before then is lost to that
+    subscriber (ZMQ's slow joiner).
     """
 
     def __init__(self, endpoint: str, topic: str, block_size: int, replay_endpoint: str | None = None,
@@ -178,8 +182,10 @@ class KVEventPublisher:
         self.endpoint = offset_endpoint_port(endpoint, dp_rank) or endpoint
         self.replay_endpoint = offset_endpoint_port(replay_endpoint, dp_rank)
         self.dp_rank = dp_rank
-        self._sock = zmq.Context.instance().socket(zmq.PUB)
+        self._sock = zmq.Context.instance().socket(zmq.XPUB)
         self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.setsockopt(zmq.XPUB_VERBOSE, 1)  # every subscription is passed up, duplicates included
+        self._subscriptions = 0
         self._sock.setsockopt(zmq.SNDHWM, 100_000)
         self._sock.bind(self.endpoint)
         self.topic = topic.encode()
@@ -194,6 +200,18 @@ class KVEventPublisher:
             self._replay.setsockopt(zmq.LINGER, 0)
             self._replay.bind(self.replay_endpoint)
             self._task = asyncio.get_running_loop().create_task(self._serve_replay())
+
+    def subscriptions(self) -> int:
+        """How many subscribe messages have reached this socket so far (each SUB sends one per topic prefix)."""
+        import zmq
+
+        while True:
+            try:
+                msg = self._sock.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return self._subscriptions
+            if msg[:1] == b"\x01":
+                self._subscriptions += 1
 
     def publish(self, raw: Sequence[tuple]) -> None:
         """Encode KVCache events as one batch and send it (nothing is sent for no events)."""

@@ -9,33 +9,26 @@ import msgpack
 import pytest
 import zmq
 import zmq.asyncio
-from zmq.utils.monitor import parse_monitor_message
 
 from epp.stack.ports import free_port_block
 from modelsim import tokenizer as tk
 from modelsim.config import EngineConfig
-from modelsim.kvevents import hash_bytes
+from modelsim.kvevents import KVEventPublisher, hash_bytes
+from tests.support.wait import until
 
 MODEL = "meta-llama/Llama-3.1-8B"
 STORED_ARRAY_LEN = 12  # tag + 11 fields, trailing nils included (msgspec array_like writes every field)
 
 
-async def _sub(endpoint: str) -> zmq.asyncio.Socket:
+async def _sub(publisher: KVEventPublisher) -> zmq.asyncio.Socket:
     """A subscriber to everything the publisher sends from now on. ZMQ's slow joiner: what is published before the
-    subscription reaches the publisher is lost. The subscription is the first thing the SUB socket sends on a new
-    connection, right behind the handshake, so once the handshake has succeeded it is there (it crosses loopback
-    long before the test has a request answered and its events published)."""
+    subscription reaches the publisher is lost, so this returns once the publisher has counted it."""
+    before = publisher.subscriptions()
     sub = zmq.asyncio.Context.instance().socket(zmq.SUB)
     sub.setsockopt(zmq.LINGER, 0)
     sub.setsockopt(zmq.SUBSCRIBE, b"")
-    monitor = sub.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED)
-    try:
-        sub.connect(endpoint)
-        event = parse_monitor_message(await asyncio.wait_for(monitor.recv_multipart(), 10))
-        assert event["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED, event
-    finally:
-        sub.disable_monitor()
-        monitor.close(0)
+    sub.connect(publisher.endpoint)
+    await until(lambda: publisher.subscriptions() > before, 10, "the subscription to reach the publisher")
     return sub
 
 
@@ -69,7 +62,7 @@ def _events(frames: list[list[bytes]]) -> list:
 async def test_array_encoding_matches_vllm(make_fleet) -> None:
     fleet = await make_fleet(1, kv_events=True, time_scale=0.05, engine=EngineConfig(kv_cache_size=24))
     srv = fleet.servers[0]
-    sub = await _sub(srv.publisher.endpoint)
+    sub = await _sub(srv.publisher)
     prompt_a = "a" * 640 + "!"  # 10 full blocks + a partial one
     for p in (prompt_a, "b" * 640 + "!", "c" * 640 + "!"):  # 3 × 11 blocks > 24: evictions
         await _complete(fleet.urls[0], p)
@@ -102,7 +95,7 @@ async def test_array_encoding_matches_vllm(make_fleet) -> None:
 async def test_map_encoding_and_bytes_hashes(make_fleet) -> None:
     fleet = await make_fleet(1, kv_events=True, time_scale=0.05, engine=EngineConfig(kv_cache_size=24),
                              kv_events_encoding="map", kv_events_hash_format="bytes")
-    sub = await _sub(fleet.servers[0].publisher.endpoint)
+    sub = await _sub(fleet.servers[0].publisher)
     for p in ("a" * 640 + "!", "b" * 640 + "!", "c" * 640 + "!"):
         await _complete(fleet.urls[0], p)
     events = _events(await _drain(sub))
@@ -124,7 +117,7 @@ async def test_map_encoding_and_bytes_hashes(make_fleet) -> None:
 
 async def test_lora_requests_carry_lora_id_and_name(make_fleet) -> None:
     fleet = await make_fleet(1, kv_events=True, time_scale=0.05, loras=("sql-lora", "chat-lora"))
-    sub = await _sub(fleet.servers[0].publisher.endpoint)
+    sub = await _sub(fleet.servers[0].publisher)
     await _complete(fleet.urls[0], "x" * 200, model="chat-lora")
     events = _events(await _drain(sub))
     sub.close(0)
@@ -134,7 +127,7 @@ async def test_lora_requests_carry_lora_id_and_name(make_fleet) -> None:
 
 async def test_sglang_style_one_event_per_block(make_fleet) -> None:
     fleet = await make_fleet(1, kv_events=True, time_scale=0.05, kv_events_style="sglang")
-    sub = await _sub(fleet.servers[0].publisher.endpoint)
+    sub = await _sub(fleet.servers[0].publisher)
     prompt = "s" * 200  # 3 full blocks
     await _complete(fleet.urls[0], prompt)
     events = _events(await _drain(sub))
@@ -186,7 +179,7 @@ async def test_replay_router_protocol(make_fleet, encoding: str) -> None:
 
 async def test_reset_prefix_cache_publishes_all_blocks_cleared(make_fleet) -> None:
     fleet = await make_fleet(1, kv_events=True, time_scale=0.05)
-    sub = await _sub(fleet.servers[0].publisher.endpoint)
+    sub = await _sub(fleet.servers[0].publisher)
     await _complete(fleet.urls[0], "q" * 200)
     async with aiohttp.ClientSession() as s:
         async with s.post(f"{fleet.urls[0]}/reset_prefix_cache") as r:
@@ -199,7 +192,7 @@ async def test_reset_prefix_cache_publishes_all_blocks_cleared(make_fleet) -> No
 
 async def test_reset_refused_while_running_unless_forced(make_fleet) -> None:
     fleet = await make_fleet(1, kv_events=True, time_scale=1.0)
-    sub = await _sub(fleet.servers[0].publisher.endpoint)
+    sub = await _sub(fleet.servers[0].publisher)
     url = fleet.urls[0]
     async with aiohttp.ClientSession() as s:
         body = {"model": MODEL, "prompt": "w" * 200, "max_tokens": 100, "ignore_eos": True}  # ~1.2 s running
@@ -227,7 +220,7 @@ async def test_reset_refused_while_running_unless_forced(make_fleet) -> None:
 
 async def test_tokenize_matches_block_stored_tokens(make_fleet) -> None:
     fleet = await make_fleet(1, kv_events=True, time_scale=0.05)
-    sub = await _sub(fleet.servers[0].publisher.endpoint)
+    sub = await _sub(fleet.servers[0].publisher)
     url = fleet.urls[0]
     messages = [{"role": "system", "content": "You are terse. " * 8}, {"role": "user", "content": "hi " * 30}]
     async with aiohttp.ClientSession() as s:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import orjson
 import pytest
 from fakeapi import FakeKubeAPI, pod, secret
-from test_k8s_routes import decide, dest, eventually, kubeconfig
+from test_k8s_routes import decide, dest, eventually
 
 from epp.cmd.app import App
 from tests.support.envoy import free_port
@@ -44,7 +44,7 @@ async def test_a_watched_model_router_routes_by_its_inference_services_pods(kube
     kube.apply(CORE, "pods", pod("other", "10.0.9.9", {"app": "other"}))
     kube.apply(L, "modelrouters", model_router())
     kube.apply(CORE, "secrets", secret("openai-key", {"OPENAI_API_KEY": "sk-abc"}))
-    app = App(serve_args("--watch-routes", "--pool-namespace", "default", "--kubeconfig", kubeconfig(tmp_path, kube),
+    app = App(serve_args("--watch-routes", "--pool-namespace", "default", "--kubeconfig", str(kube.kubeconfig(tmp_path / "kubeconfig")),
                          "--grpc-port", str(free_port())))
     await app.start()
     try:
@@ -85,7 +85,7 @@ async def test_without_the_model_router_crd_kthena_routes_still_sync(tmp_path):
     api = FakeKubeAPI(missing=frozenset({"modelrouters"})).start()
     try:
         app = App(serve_args("--watch-routes", "--pool-namespace", "default", "--kubeconfig",
-                             kubeconfig(tmp_path, api), "--grpc-port", str(free_port())))
+                             str(api.kubeconfig(tmp_path / "kubeconfig")), "--grpc-port", str(free_port())))
         await app.start()
         try:
             await eventually(lambda: app.datastore.synced, what="synced")
