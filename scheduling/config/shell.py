@@ -10,7 +10,9 @@
 - `dataLayer` / `data`: `{sources: [{pluginRef, extractors: [{pluginRef}]}], injectDefaults}`. A source must be a
   declared `metrics-data-source` (scheme, path, TLS verification of the scrape) with `core-metrics-extractor`
   extractors (engine label and default engine). `discovery` is refused: Pointsman discovers endpoints itself.
-- `parser`: `{pluginRef}` naming a declared `openai-parser`.
+- `parser`: `{pluginRef}` naming a declared `openai-parser`; llm-d-router's `requestHandler: {parsers:
+  [{pluginRef}, ...]}` likewise, each naming a declared `openai-parser` (the only parser Pointsman has: it reads the
+  OpenAI and Anthropic APIs; another parser type is an unknown plugin type when declared).
 - `flowControl`: needs the `flowControl` feature gate (as in GIE, where the section is otherwise ignored; here it
   is refused so nobody believes it is on). The gate alone turns flow control on with GIE's defaults; the section
   is read by `scheduling.config.flowcontrol` and applied by `epp/flowcontrol`.
@@ -36,7 +38,7 @@ from scheduling.plugins.system.utilization_detector import Params as DetectorPar
 from scheduling.plugins.system.utilization_detector import UtilizationDetector
 
 FEATURE_GATES = ("flowControl", "dataLayer", "enableLegacyMetrics", "prepareDataPlugins")
-SECTIONS = ("featureGates", "saturationDetector", "flowControl", "dataLayer", "data", "parser")
+SECTIONS = ("featureGates", "saturationDetector", "flowControl", "dataLayer", "data", "parser", "requestHandler")
 
 
 def _ref(
@@ -137,4 +139,12 @@ def build_shell_config(d: Mapping[str, Any], plugins: Mapping[str, Plugin[Any]],
         sec = expect_mapping(d["parser"], src, "parser", "a mapping {pluginRef}")
         check_keys(sec, ("pluginRef",), src, "parser")
         _ref(sec, plugins, OpenAIParser, src, "parser")
+    if d.get("requestHandler") is not None:
+        sec = expect_mapping(d["requestHandler"], src, "requestHandler", "a mapping {parsers: [{pluginRef}]}")
+        check_keys(sec, ("parsers",), src, "requestHandler")
+        for i, ref in enumerate(expect_list(sec.get("parsers") or [], src, "requestHandler.parsers")):
+            path = join_path("requestHandler.parsers", i)
+            entry = expect_mapping(ref, src, path, "a mapping {pluginRef}")
+            check_keys(entry, ("pluginRef",), src, path)
+            _ref(entry, plugins, OpenAIParser, src, path)
     return cfg

@@ -188,6 +188,19 @@ def test_parser_section():
         load(plugins=[{"type": "queue-scorer"}, {"type": "vllmgrpc-parser"}])
 
 
+def test_llm_d_request_handler_section():
+    """llm-d-router's ConfigMap names its parsers under requestHandler (its chart's `router.epp.parsers`)."""
+    parser = [{"type": "queue-scorer"}, {"type": "openai-parser"}]
+    profiles = [{"name": "default", "plugins": [{"pluginRef": "queue-scorer"}]}]
+    load(plugins=parser, schedulingProfiles=profiles, requestHandler={"parsers": [{"pluginRef": "openai-parser"}]})
+    with pytest.raises(ConfigError, match=r"requestHandler.parsers\[0\].pluginRef: no plugin named 'x-parser'"):
+        load(plugins=parser, schedulingProfiles=profiles, requestHandler={"parsers": [{"pluginRef": "x-parser"}]})
+    with pytest.raises(ConfigError, match=r"requestHandler.parsers\[0\].pluginRef: plugin .* expected a openai-parser"):
+        load(plugins=parser, schedulingProfiles=profiles, requestHandler={"parsers": [{"pluginRef": "queue-scorer"}]})
+    with pytest.raises(ConfigError, match=r"requestHandler.payloadProcessors: unknown field; expected one of parsers"):
+        load(plugins=parser, schedulingProfiles=profiles, requestHandler={"payloadProcessors": []})
+
+
 def test_system_plugins_cannot_join_a_profile():
     with pytest.raises(ConfigError, match="of kind 'system' cannot be used in a profile"):
         load(plugins=[{"type": "queue-scorer"}, {"type": "metrics-data-source"}],
