@@ -21,6 +21,10 @@ Theory of operation
   never create state here for an endpoint that is not in this process's pools (counted in `ignored`).
 - Every received message is validated (epp/bus/codec.py); malformed ones, ones from a sender that is not a current
   peer, ones failing the shared-secret HMAC and stale ones are dropped and counted in `dropped[reason]`.
+
+The bus publishes and runs the lifecycle; its collaborators: the peer table (epp/bus/peer_table.py: peers, their
+connections, incarnations and liveness), the channels (epp/bus/channels.py: record channels and plugin states with
+their sources and sinks) and the receiver (epp/bus/receive.py: drain, validate, apply).
 """
 
 from __future__ import annotations
@@ -32,35 +36,24 @@ import random
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
 from typing import Any, cast
 
 import zmq
 
 from epp.aio import wait_set
-from epp.bus import receive
+from epp.bus.channels import Channels, RecordSink, RecordSnapshot, RecordSource, StateSink, StateSource
 from epp.bus.codec import BusMessage, encode
+from epp.bus.peer_table import PeerTable, zmq_url
+from epp.bus.receive import Receiver
 from epp.fleet.datastore import InflightTracker
 from scheduling.api import InflightLoad
 
 log = logging.getLogger(__name__)
 
-RecordSource = Callable[[], list[Any]]  # records produced since the last call
-RecordSink = Callable[[str, list[Any]], None]  # (peer, records)
-RecordSnapshot = Callable[[], list[Any]]  # recent records, for a peer that joined
-StateSource = Callable[[], dict[str, float]]  # absolute per-endpoint values of this process
-StateSink = Callable[[str, "dict[str, float] | None"], None]  # (peer, values, or None when the peer expired)
-
+__all__ = ["MAX_RECORDS_PER_MESSAGE", "RecordSink", "RecordSnapshot", "RecordSource", "ReplicaBus", "StateSink",
+           "StateSource"]
 
 MAX_RECORDS_PER_MESSAGE = 512  # records are sent in chunks of this many (a message stays far below the size cap)
-
-
-@dataclass(slots=True)
-class _Peer:
-    incarnation: int = -1
-    seq: int = -1
-    expires: float = 0.0
-    connected: bool = False
 
 
 class ReplicaBus:
@@ -83,7 +76,7 @@ class ReplicaBus:
         if not 0 < heartbeat < ttl:
             raise ValueError("the bus needs 0 < heartbeat < ttl")
         self.address = address
-        self.bind = bind or _zmq_url(address, bind_all=True)
+        self.bind = bind or zmq_url(address, bind_all=True)
         self.inflight = inflight
         self.secret = secret
         self.ttl, self.heartbeat, self.min_gap = ttl, heartbeat, min_gap
@@ -91,15 +84,12 @@ class ReplicaBus:
         self.known = known  # endpoint keys this process may hold state for (None: any)
         self.incarnation = random.SystemRandom().getrandbits(63)
         self._seq = 0
-        self._peers: dict[str, _Peer] = {}
-        self._wanted: set[str] = {p for p in peers if p != address}
-        self._channels: dict[str, tuple[RecordSource, RecordSink]] = {}
-        self._snapshots: dict[str, RecordSnapshot] = {}
-        self._states: dict[str, tuple[StateSource, StateSink]] = {}
-        self._replay_at = 0.0  # when to replay recent records to peers that joined (0: nothing due)
-        self.received: Counter[str] = Counter()
         self.dropped: Counter[str] = Counter()
-        self.ignored = 0  # received entries for endpoints this process does not know
+        self._channels = Channels()
+        self.peer_table = PeerTable(address, peers, clock, self._expire)
+        self.receiver = Receiver(self.peer_table, self._channels, inflight, secret=secret, known=known, clock=clock,
+                                 on_join=self._joined, dropped=self.dropped)
+        self._replay_at = 0.0  # when to replay recent records to peers that joined (0: nothing due)
         self.replays = 0
         self.published = 0
         # Plain (non-asyncio) ZMQ sockets: the PUB never blocks (NOBLOCK; a full queue drops and counts) and the
@@ -117,25 +107,22 @@ class ReplicaBus:
     # ---- wiring ------------------------------------------------------------------------------------------
     def add_channel(self, name: str, source: RecordSource, sink: RecordSink,
                     snapshot: RecordSnapshot | None = None) -> None:
-        self._channels[name] = (source, sink)
-        if snapshot is not None:
-            self._snapshots[name] = snapshot
+        self._channels.add_channel(name, source, sink, snapshot)
 
     def add_state(self, name: str, source: StateSource, sink: StateSink) -> None:
-        self._states[name] = (source, sink)
+        self._channels.add_state(name, source, sink)
 
     def remove_channel(self, name: str) -> None:
-        self._channels.pop(name, None)
-        self._snapshots.pop(name, None)
+        self._channels.remove_channel(name)
 
     def remove_state(self, name: str) -> None:
-        self._states.pop(name, None)
+        self._channels.remove_state(name)
 
     def channels(self) -> list[str]:
-        return sorted(self._channels)
+        return self._channels.channels()
 
     def states(self) -> list[str]:
-        return sorted(self._states)
+        return self._channels.states()
 
     def notify(self) -> None:
         """Something local changed (a pick, a release, a record): publish soon."""
@@ -143,11 +130,27 @@ class ReplicaBus:
 
     @property
     def peers(self) -> list[str]:
-        return sorted(self._wanted)
+        return sorted(self.peer_table.wanted)
 
     def live_peers(self) -> list[str]:
-        now = self.clock()
-        return sorted(p for p, st in self._peers.items() if st.expires > now)
+        return self.peer_table.live()
+
+    def set_peers(self, peers: Iterable[str]) -> None:
+        """Follow the current peer set: connect to new peers, disconnect (and forget) departed ones."""
+        self.peer_table.set(peers)
+
+    # ---- what the receiver counts ------------------------------------------------------------------------
+    @property
+    def received(self) -> Counter[str]:
+        return self.receiver.received
+
+    @property
+    def ignored(self) -> int:
+        return self.receiver.ignored
+
+    def accept(self, frames: list[bytes]) -> BusMessage:
+        """Validate one received message and apply it (public for tests of hostile input)."""
+        return self.receiver.accept(frames)
 
     # ---- lifecycle ---------------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -160,12 +163,13 @@ class ReplicaBus:
         self._sub.setsockopt(zmq.LINGER, 0)
         self._sub.setsockopt(zmq.RCVHWM, 10000)
         self._sub.setsockopt(zmq.SUBSCRIBE, b"")
-        self.set_peers(self._wanted)
+        self.peer_table.connect(self._sub)
         self.inflight.on_local_change = self.notify
         self._loop = loop = asyncio.get_running_loop()
+        self.receiver.attach(self._sub, loop)
         self._fd = cast(int, self._sub.getsockopt(zmq.FD))
-        loop.add_reader(self._fd, self._drain)
-        loop.call_soon(self._drain)
+        loop.add_reader(self._fd, self.receiver.drain)
+        loop.call_soon(self.receiver.drain)
         self._tasks = [loop.create_task(self._publish_loop(), name="bus-publish")]
         log.info("replica bus %s bound %s; peers %s", self.address, self.bind, ", ".join(self.peers) or "(none)")
 
@@ -182,8 +186,8 @@ class ReplicaBus:
             self._fd = None
         if self.inflight.on_local_change == self.notify:
             self.inflight.on_local_change = None
-        for peer in list(self._peers):
-            self._forget_peer(peer)
+        self.peer_table.disconnect()
+        self.receiver.attach(None, None)
         for sock in (pub, self._sub):
             if sock is not None:
                 sock.close(0)
@@ -192,31 +196,15 @@ class ReplicaBus:
         self._pub = self._sub = None
         self._ctx = None
 
-    def set_peers(self, peers: Iterable[str]) -> None:
-        """Follow the current peer set: connect to new peers, disconnect (and forget) departed ones."""
-        wanted = {p for p in peers if p != self.address}
-        for gone in self._wanted - wanted:
-            self._forget_peer(gone)
-        self._wanted = wanted
-        if self._sub is None:
-            return
-        for peer in wanted:
-            st = self._peers.setdefault(peer, _Peer())
-            if not st.connected:
-                self._sub.connect(_zmq_url(peer))
-                st.connected = True
-
-    def _forget_peer(self, peer: str) -> None:
-        st = self._peers.pop(peer, None)
-        if st is not None and st.connected and self._sub is not None:
-            with contextlib.suppress(zmq.ZMQError):
-                self._sub.disconnect(_zmq_url(peer))
-        self._expire(peer)
-
     def _expire(self, peer: str) -> None:
+        """Drop what `peer` shared (it left, restarted or fell silent)."""
         self.inflight.drop_remote(peer)
-        for _, sink in self._states.values():
-            sink(peer, None)
+        self._channels.expire(peer)
+
+    def _joined(self) -> None:
+        """A peer joined or restarted: replay recent records once it listens."""
+        if self._channels.has_snapshots and not self._replay_at:
+            self._replay_at = self.clock() + self.heartbeat
 
     # ---- publishing --------------------------------------------------------------------------------------
     def _next(self, kind: str, body: Mapping[str, Any]) -> list[bytes]:
@@ -225,8 +213,7 @@ class ReplicaBus:
 
     def load_message(self) -> list[bytes]:
         inflight = {k: [v.requests, v.tokens] for k, v in self.inflight.local_view().items()}
-        state = {name: source() for name, (source, _) in self._states.items()}
-        return self._next("load", {"ttl": self.ttl, "inflight": inflight, "state": state})
+        return self._next("load", {"ttl": self.ttl, "inflight": inflight, "state": self._channels.state_values()})
 
     async def _publish_loop(self) -> None:
         last = 0.0
@@ -234,9 +221,10 @@ class ReplicaBus:
             await wait_set(self._wake, self.heartbeat)
             self._wake.clear()
             try:
-                self._drain()  # a safety net: the descriptor signals edges, never miss queued messages
-                self._sweep()
-                self._publish_records()
+                self.receiver.drain()  # a safety net: the descriptor signals edges, never miss queued messages
+                self.peer_table.sweep()
+                for name, items in self._channels.new_records():
+                    self._send_records(name, items)
                 if self._replay_at and self.clock() >= self._replay_at:
                     self._replay_at = 0.0
                     self._replay()
@@ -250,10 +238,6 @@ class ReplicaBus:
                 log.exception("replica bus publish failed")
             await asyncio.sleep(self.min_gap)
 
-    def _publish_records(self) -> None:
-        for name, (source, _) in list(self._channels.items()):
-            self._send_records(name, source())
-
     def _send_records(self, name: str, items: list[Any]) -> None:
         for i in range(0, len(items), MAX_RECORDS_PER_MESSAGE):
             self._send(self._next("records", {"name": name, "items": items[i:i + MAX_RECORDS_PER_MESSAGE]}))
@@ -261,8 +245,8 @@ class ReplicaBus:
     def _replay(self) -> None:
         """Peers joined: send every channel's snapshot of recent records (idempotent for the others)."""
         self.replays += 1
-        for name, snapshot in list(self._snapshots.items()):
-            self._send_records(name, snapshot())
+        for name, items in self._channels.snapshot_records():
+            self._send_records(name, items)
 
     def _send(self, frames: list[bytes]) -> None:
         pub = self._pub
@@ -273,27 +257,3 @@ class ReplicaBus:
             self.published += 1
         except zmq.Again:
             self.dropped["send-queue-full"] += 1
-
-    def _sweep(self) -> None:
-        now = self.clock()
-        for peer, st in self._peers.items():
-            if st.expires and st.expires <= now:
-                st.expires = 0.0
-                self._expire(peer)
-
-    # ---- receiving (epp/bus/receive.py: plain functions bound as methods) --------------------------------
-    _drain = receive.drain
-    _receive = receive.receive
-    accept = receive.accept
-    _apply_load = receive.apply_load
-    _known = receive.known_entries
-
-
-def _zmq_url(address: str, *, bind_all: bool = False) -> str:
-    """"host:port" -> tcp://host:port (tcp://*:port to bind on every interface); ipc:// and tcp:// pass through."""
-    if "://" in address:
-        return address
-    host, _, port = address.rpartition(":")
-    if bind_all:
-        return f"tcp://*:{port}"
-    return f"tcp://{host}:{port}"

@@ -214,7 +214,8 @@ def test_churn_keeps_the_order_queue_bounded() -> None:
     for i in range(5000):
         idx.store("a", 0, [i + 1], None, [i, i, i, i], 4)
         idx.remove("a", 0, [i + 1])
-    slot = idx._by[("a", 0)]
+    slot = idx.holders.find("a", 0)
+    assert slot is not None
     assert len(slot.orders[GPU]) < 200 and idx.size("a") == 0 and len(idx) == 0
 
 

@@ -67,7 +67,7 @@ def make_api_client(host: str | None = None, kubeconfig: str | None = None) -> k
     return k8s.ApiClient()
 
 
-def _list_call(api: k8s.ApiClient, res: Resource, namespace: str, **selectors: Any) -> Any:
+def list_call(api: k8s.ApiClient, res: Resource, namespace: str, **selectors: Any) -> Any:
     if res not in WATCHED_RESOURCES and res not in ROUTE_RESOURCES:  # the RBAC in deploy/ grants exactly these
         raise ValueError(f"{res.plural} is not in epp.fleet.k8s.WATCHED_RESOURCES or ROUTE_RESOURCES; add it there (and "
                          "to the RBAC)")
@@ -105,7 +105,7 @@ class _Base:
         sel = selector_string(selector)
         self.pod_reflector = Reflector(
             f"pods[{self.namespace}/{sel}]",
-            _list_call(self.api, POD, self.namespace, label_selector=sel),
+            list_call(self.api, POD, self.namespace, label_selector=sel),
             self._pods_listed,
             self._pod_event,
             **self.opts,
@@ -177,7 +177,7 @@ class PoolDiscovery(_Base):
         self._needed = {"pool", "pods", "objectives", "rewrites"}
         self.objectives: dict[str, dict[str, Any]] = {}
         self.rewrites: dict[str, dict[str, Any]] = {}
-        mk = functools.partial(_list_call, api)
+        mk = functools.partial(list_call, api)
         self.pool_reflector = Reflector(
             f"inferencepool[{namespace}/{pool_name}]",
             mk(pool_res, namespace, field_selector=f"metadata.name={pool_name}"),

@@ -26,7 +26,7 @@ from epp.fleet.k8s.convert import (
     refers_to_pool,
     rewrite_rules,
 )
-from epp.fleet.k8s.discovery import _list_call
+from epp.fleet.k8s.discovery import list_call
 from epp.fleet.k8s.pods import PodPools
 from epp.fleet.k8s.reflector import Reflector
 
@@ -60,7 +60,7 @@ class MultiPoolDiscovery:
         self.rewrites: dict[str, dict[str, Any]] = {}
         self._parts: set[str] = set()
         self._synced = asyncio.Event()
-        mk = functools.partial(_list_call, api)
+        mk = functools.partial(list_call, api)
         self.reflectors = [
             Reflector(f"inferencepools[{namespace}]", mk(pool_resource(pool_group), namespace),
                       functools.partial(self._listed, self.objects, "pools"),

@@ -27,9 +27,9 @@ async def test_local_tokenizer_keys_match_event_keys(make_fleet, tmp_path: Path)
     url = fleet.urls[0]
     cfg = fleet.config
     index = PreciseIndex(block_size=16)
-    sub = KVEventSubscriber(index, catch_up_after=0.2)
     seen: list[BlockStored] = []
-    sub._on_batch = lambda k, r, b: seen.extend(e for e in b.events if isinstance(e, BlockStored))
+    sub = KVEventSubscriber(index, catch_up_after=0.2,
+                            on_batch=lambda k, r, b: seen.extend(e for e in b.events if isinstance(e, BlockStored)))
     sub.add_endpoint("sim-0", KVEventsSource(f"tcp://127.0.0.1:{cfg.kv_events_port}",
                                              f"tcp://127.0.0.1:{cfg.kv_events_replay_port}"))
     eng = EngineTokenizer()

@@ -70,9 +70,8 @@ async def subscriber():
 async def test_modelsim_events_are_applied(make_fleet, subscriber, encoding: str, style: str, hashes: str) -> None:
     fleet = await make_fleet(1, kv_events_encoding=encoding, kv_events_style=style, kv_events_hash_format=hashes)
     url = fleet.urls[0]
-    sub = subscriber()
     seen: list[BlockStored] = []
-    sub._on_batch = lambda k, r, b: seen.extend(e for e in b.events if isinstance(e, BlockStored))
+    sub = subscriber(on_batch=lambda k, r, b: seen.extend(e for e in b.events if isinstance(e, BlockStored)))
     sub.add_endpoint("sim-0", _source(fleet))
     assert sub.index.state("sim-0") == PENDING
     prompt = "The system prompt of a long conversation. " * 10  # 430 chars -> 108 tokens -> 6 full blocks
