@@ -127,13 +127,10 @@ def _error(message: str) -> int:
 
 def _file_pools(s: EnvoyConfigSettings) -> tuple[str | None, list[Address]]:
     """The pool named (or the first) in the endpoints file, and its endpoints; ValueError for a missing pool."""
-    import yaml
-
-    from epp.fleet.static_source import parse_static_config
+    from epp.fleet.static_source import read_static_file
 
     assert s.endpoints_file is not None
-    with open(s.endpoints_file) as f:
-        pools, _ = parse_static_config(yaml.safe_load(f), s.endpoints_file)
+    pools = read_static_file(s.endpoints_file).pools
     chosen = [p for p in pools if s.pool_name in (None, p[0].name)]
     if not chosen:
         raise ValueError(f"no pool {s.pool_name!r} in {s.endpoints_file}")

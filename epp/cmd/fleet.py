@@ -13,10 +13,10 @@ from typing import TYPE_CHECKING, Any
 
 from epp.fleet.datastore import Datastore
 from epp.fleet.passive import PassiveHealth
-from epp.fleet.reload import FileWatcher, yaml_parser
+from epp.fleet.reload import FileWatcher
 from epp.fleet.scrape.scraper import start_scraper
 from epp.fleet.settings import SourceSettings
-from epp.fleet.static_source import apply_static, parse_static_file
+from epp.fleet.static_source import apply_static, parse_static_text
 
 if TYPE_CHECKING:
     import kubernetes.client as k8s
@@ -61,7 +61,7 @@ async def start_sources(app: App) -> None:
         assert s.endpoints_file is not None
         path = Path(s.endpoints_file)
         # Polled every 0.5 s: an edit reaches Envoy (EDS) within a second.
-        watcher = FileWatcher(path, parse=yaml_parser(parse_static_file, str(path)),
+        watcher = FileWatcher(path, parse=lambda text: parse_static_text(text, str(path)),
                               apply=lambda parsed: apply_static(ds, *parsed), interval=0.5)
         await watcher.load_initial()
         watcher.start()

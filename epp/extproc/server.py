@@ -15,19 +15,17 @@ import grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
 from epp.extproc.session import ProtocolMetrics, StreamConfig
+from epp.extproc.settings import DEFAULT_TRANSPORT, TRANSPORTS
 from epp.h2grpc.limits import ServerLimits, grpcio_options
 
 if TYPE_CHECKING:
     from epp.request.director import Director
 
+
 def grpc_options(reuse_port: bool = False, limits: ServerLimits | None = None) -> list[tuple[str, int]]:
     """`reuse_port`: the workers of `epp serve --workers N` share one port (SO_REUSEPORT); otherwise a port in use
     is an error, never silently shared. `limits`: the h2 transport's, as far as grpc has options for them."""
     return [("grpc.so_reuseport", 1 if reuse_port else 0), *grpcio_options(limits or ServerLimits())]
-
-
-TRANSPORTS = ("h2", "grpcio")
-DEFAULT_TRANSPORT = "h2"
 
 
 def build_server(

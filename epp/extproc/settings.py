@@ -15,7 +15,8 @@ from epp.h2grpc.limits import add_flags as _add_limit_flags
 from epp.h2grpc.limits import from_args as _limits_from_args
 from epp.protocol import BodyMode
 
-TRANSPORTS = ("h2", "grpcio")
+TRANSPORTS = ("h2", "grpcio")  # the gRPC servers the ext_proc port can run on
+DEFAULT_TRANSPORT = "h2"
 
 
 def add_flags(g: argparse._ActionsContainer) -> None:
@@ -29,7 +30,7 @@ def add_flags(g: argparse._ActionsContainer) -> None:
     g.add_argument("--cert-path", default=None, help="directory with tls.crt/tls.key (self-signed when absent)")
     g.add_argument("--enable-cert-reload", type=parse_bool, default=False,
                    help="reload tls.crt/tls.key from --cert-path when they change (a rotated Secret)")
-    g.add_argument("--grpc-transport", choices=TRANSPORTS, default="h2",
+    g.add_argument("--grpc-transport", choices=TRANSPORTS, default=DEFAULT_TRANSPORT,
                    help="gRPC server for the --grpc-port: h2 (HTTP/2 on asyncio, the default: about a third of "
                         "grpc.aio's CPU per ext_proc request) or grpcio (grpc.aio); see docs/performance.md")
     g.add_argument("--eds", type=parse_bool, default=True,

@@ -6,8 +6,7 @@ detected by (mtime_ns, size, inode) first, then confirmed by a content hash, so 
 only a successful parse reaches `apply`. A parse (or apply) failure is logged with the reason and the previous
 configuration keeps serving; the same broken content is reported once, not every poll.
 
-`parse` receives the file text. For YAML documents checked by an existing validator, wrap it with
-`yaml_parser(fn)`, e.g. `yaml_parser(parse_static_config)`, which calls `fn(doc, src)`.
+`parse` receives the file text (the endpoints file's: `static_source.parse_static_text`).
 """
 
 from __future__ import annotations
@@ -22,23 +21,11 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
-import yaml
-
 from epp.aio import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-
-
-def yaml_parser(fn: Callable[[Any, str], T], src: str | None = None) -> Callable[[str], T]:
-    """Adapt a `fn(doc, src)` validator (like `parse_static_config`) into a text parser."""
-
-    def parse(text: str) -> T:
-        doc = yaml.safe_load(text)
-        return fn(doc, src or "<config>")
-
-    return parse
 
 
 class FileWatcher(Generic[T]):

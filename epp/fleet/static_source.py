@@ -144,15 +144,22 @@ def parse_static_file(doc: Any, src: str = "<config>") -> StaticConfig:
                         _objectives(src, doc.get("objectives") or {}))
 
 
-def load_static_file(path: str | Path, datastore: Datastore) -> None:
-    """Parse the file fully first; only a valid file touches the datastore."""
-    path = Path(path)
+def parse_static_text(text: str, src: str = "<config>") -> StaticConfig:
+    """An endpoints file's text, parsed and checked (StaticConfigError names what is wrong)."""
     try:
-        doc = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as e:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise StaticConfigError(f"{src}: not YAML: {e}") from e
+    return parse_static_file(doc, src)
+
+
+def read_static_file(path: str | Path) -> StaticConfig:
+    """The one reading of an endpoints file (`epp serve` polls it through `parse_static_text`)."""
+    try:
+        text = Path(path).read_text()
+    except OSError as e:
         raise StaticConfigError(f"{path}: cannot read: {e}") from e
-    pools, adapters = parse_static_config(doc, str(path))
-    apply_static(datastore, pools, adapters)
+    return parse_static_text(text, str(path))
 
 
 def apply_static(

@@ -10,7 +10,6 @@ child that way now and then).
 
 from __future__ import annotations
 
-import ctypes
 import os
 import signal
 import subprocess
@@ -19,17 +18,7 @@ import threading
 from pathlib import Path
 from typing import IO
 
-_PR_SET_PDEATHSIG = 1
-
-
-def die_with_parent() -> None:
-    """Ask the kernel for SIGTERM when this process's parent dies (Linux; elsewhere a no-op)."""
-    if not sys.platform.startswith("linux"):
-        return
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-
-
+# Runs in the child before it execs the command: PR_SET_PDEATHSIG (1) asks for SIGTERM when the parent dies.
 _SHIM = ("import ctypes, os, signal, sys\n"
          "ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)\n"
          "if os.getppid() != int(sys.argv[1]):\n"  # the parent died before prctl: go too

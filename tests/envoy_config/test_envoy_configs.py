@@ -82,6 +82,15 @@ def test_eds_pool_name_comes_from_the_endpoints_file(tmp_path):
         "service_name"] == "second"
 
 
+def test_an_unreadable_endpoints_file_is_named_not_a_traceback(tmp_path, capsys):
+    # envoy-config reads the file as `epp serve` does (epp.fleet.static_source.read_static_file)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("pools: [\n")
+    for path, says in ((tmp_path / "missing.yaml", "cannot read"), (bad, "not YAML")):
+        assert epp_main(["envoy-config", "--variant", "override-host", "--endpoints-file", str(path)]) == 2
+        assert f"{path}: {says}" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("argv,message", [
     (["--eds", "--variant", "original-dst"], "original-dst variant has no endpoint list"),
     (["--eds", "--endpoint", "10.0.0.1:8000"], "do not also list them"),

@@ -5,8 +5,8 @@ import os
 import pytest
 
 from epp.fleet.datastore import Datastore
-from epp.fleet.reload import FileWatcher, yaml_parser
-from epp.fleet.static_source import StaticConfigError, apply_static, parse_static_config
+from epp.fleet.reload import FileWatcher
+from epp.fleet.static_source import StaticConfigError, apply_static, parse_static_text
 from tests.support.wait import until
 
 GOOD_A = """
@@ -51,10 +51,9 @@ def setup(tmp_path):
 
     def apply(parsed):
         applied.append(parsed)
-        pools, adapters = parsed
-        apply_static(ds, pools, adapters)
+        apply_static(ds, *parsed)
 
-    w = FileWatcher(path, parse=yaml_parser(parse_static_config, str(path)), apply=apply, interval=0.02)
+    w = FileWatcher(path, parse=lambda text: parse_static_text(text, str(path)), apply=apply, interval=0.02)
     return path, ds, applied, w
 
 
@@ -102,7 +101,7 @@ async def test_touch_without_content_change_does_not_reapply(setup):
 async def test_invalid_initial_config_raises(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text(BAD_PORT)
-    w = FileWatcher(path, parse=yaml_parser(parse_static_config), apply=lambda p: None)
+    w = FileWatcher(path, parse=parse_static_text, apply=lambda p: None)
     with pytest.raises(StaticConfigError, match="port"):
         await w.load_initial()
 
@@ -125,7 +124,7 @@ async def test_background_loop_picks_up_changes_and_async_apply(tmp_path):
         await asyncio.sleep(0)
         seen.append(len(parsed[0][0][1]))
 
-    w = FileWatcher(path, parse=yaml_parser(parse_static_config), apply=apply, interval=0.02)
+    w = FileWatcher(path, parse=parse_static_text, apply=apply, interval=0.02)
     await w.load_initial()
     w.start()
     try:
