@@ -37,8 +37,7 @@ if TYPE_CHECKING:
     from epp.fleet.scrape.scraper import MetricsScraper
     from epp.flowcontrol import FlowController, PoolPressure
     from epp.observe import Observability
-    from epp.ratelimit.gate import RateLimitGate
-    from epp.request.admit import Admitter
+    from epp.ratelimit.wiring import RateLimits
     from epp.request.sessions import SessionIdentity
     from epp.routing.service import RoutingService
     from epp.tokenize.shell import RequestTokens
@@ -81,14 +80,13 @@ class App:
         self.started_at = time.time()
         self.watchers: dict[str, FileWatcher[Any]] = {}  # hot-reloaded files by what they hold (the dashboard)
         self.holders: list[Any] = []  # what serves with the current director (swapped whole on reload)
-        self.admitters: list[Admitter] = []  # after the sheddable check: rate limits, budgets
         # What the steps make, in their order.
         self.metrics: EppMetrics | None = None
         self.precise: PreciseService | None = None  # the precise prefix index and its KV-event subscriptions
         self.tokens: RequestTokens | None = None  # tokenizes requests for configs that read token ids
         self.routing: RoutingService | None = None  # with --routes-file / --watch-routes
         self.scheduler: ModelScheduler | None = None  # the initial one (the director holds the current one)
-        self.ratelimit: RateLimitGate | None = None  # token rate limits of the routes (epp/ratelimit)
+        self.rate_limits: RateLimits | None = None  # the routes' token rate limits and budgets (epp/ratelimit)
         self.flow_switch: scheduler.FlowSwitch | None = None
         self.scraper: MetricsScraper | None = None
         self.bus: BusRuntime | None = None  # with --bus-peers / --bus-service / --workers

@@ -51,9 +51,8 @@ async def start_rate_limits(app: App) -> None:
     from epp.ratelimit.wiring import start_rate_limits as start
 
     assert app.metrics is not None
-    limits = app.runner.own("rate limits", await start(app.settings.ratelimit, app.metrics.registry, app.routing))
-    app.ratelimit = limits.gate
-    app.admitters += [limits.gate, limits.budgets]
+    app.rate_limits = app.runner.own("rate limits", await start(app.settings.ratelimit, app.metrics.registry,
+                                                                 app.routing))
 
 
 __all__ = ["start_rate_limits", "start_routing"]

@@ -143,7 +143,8 @@ def apply_scheduler(app: App, scheduler: ModelScheduler) -> None:
     shell = scheduler.shell
     detector = detector_for(shell.saturation, app.datastore.inflight)
     flow = app.flow_switch.apply(shell.flow_control, detector)
-    admitters = (SheddableAdmitter(detector.admit), *app.admitters)
+    limits = app.rate_limits  # the one list of admitters, in the exchange's order (epp/request/admit.py)
+    admitters = (SheddableAdmitter(detector.admit), *((limits.gate, limits.budgets) if limits else ()))
     app.publish(app.current().replace(scheduler=scheduler, admitters=admitters, flow=flow))
     if app.scraper is not None:  # the config's scraping, with what the command line sets on top
         app.scraper.configure(app.settings.compat.scrape(shell.scrape))
