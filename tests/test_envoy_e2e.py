@@ -12,6 +12,7 @@ import pytest
 from tests.support.backend import EchoFleet
 from tests.support.envoy import free_port
 from tests.support.stack import Stack
+from tests.support.wait import until
 
 pytestmark = pytest.mark.envoy
 
@@ -144,15 +145,11 @@ async def test_epp_down_fails_closed_then_recovers(stack):
         assert status >= 500, "with the EPP down the request must fail, not reach a backend unrouted"
         assert not isinstance(info, dict) or "served_by" not in info
         await stack.start_epp()
-        ok = False
-        for _ in range(50):
-            status, info = await post(s, stack.url + "/v1/chat/completions", chat())
-            if status == 200:
-                ok = True
-                break
+        async def served() -> dict | None:
+            status, got = await post(s, stack.url + "/v1/chat/completions", chat())
+            return got if status == 200 else None
 
-            await asyncio.sleep(0.1)
-        assert ok, "Envoy must reach the restarted EPP"
+        info = await until(served, 5, "Envoy to reach the restarted EPP", 0.1)
         assert info["served_by"] in stack.ports
 
 

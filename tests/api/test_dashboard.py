@@ -19,6 +19,7 @@ from epp.api.pb import pointsman_pb2 as api
 from epp.cmd.app import App
 from tests.support.envoy import free_port
 from tests.support.stack import Stack, serve_args
+from tests.support.wait import until
 
 CHAT = {"model": "llama", "messages": [{"role": "user", "content": "Tell me about the sea. " * 8}]}
 TOKEN = "s3cret-dashboard-token-0123456789"
@@ -106,12 +107,12 @@ async def test_a_request_through_envoy_streams_to_the_page_with_scores_and_outco
         async with s.get(base + "/api/decisions?since=0") as r:
             listed = await r.json()
         assert [d["id"] for d in listed["decisions"]] == ["dash-req-1"] and listed["capacity"] == 500
-        for _ in range(30):  # the sampler ticks once a second
+        async def sampled() -> dict:  # the sampler ticks once a second
             async with s.get(base + "/api/series") as r:
-                series = await r.json()
-            if any(v > 0 for v in series["rate"]) and series["ttft"]:
-                break
-            await asyncio.sleep(0.25)
+                got = await r.json()
+            return got if any(v > 0 for v in got["rate"]) and got["ttft"] else {}
+
+        series = await until(sampled, 7.5, "a sample of the rate and TTFT", 0.25)
         assert any(v > 0 for v in series["rate"]) and list(series["ttft"]) == [served]
 
 

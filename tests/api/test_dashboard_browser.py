@@ -18,6 +18,7 @@ import pytest
 from epp.stack.ports import free_port, wait_port
 from tests.support.browser import SKIP_REASON, chromium_paths, console_errors, start_chromium, stop_chromium
 from tests.support.localstack import MODEL, LocalStack
+from tests.support.wait import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.envoy, pytest.mark.slow]
@@ -43,11 +44,10 @@ def browser():
 
 
 def wait_for(drv, css: str, timeout: float = 10.0, count: int = 1):
+    """The elements matching css, once there are `count` of them."""
     from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.ui import WebDriverWait
 
-    WebDriverWait(drv, timeout, poll_frequency=0.05).until(
-        lambda d: len(d.find_elements(By.CSS_SELECTOR, css)) >= count)
+    wait_until(lambda: len(drv.find_elements(By.CSS_SELECTOR, css)) >= count, timeout, f"{count} x {css}", 0.05)
     return drv.find_elements(By.CSS_SELECTOR, css)
 
 
@@ -69,10 +69,7 @@ def ticks(drv) -> int:
 
 
 def wait_ticks(drv, n: int, timeout: float = 10.0, extra=lambda d: True) -> None:
-    from selenium.webdriver.support.ui import WebDriverWait
-
-    WebDriverWait(drv, timeout, poll_frequency=0.05).until(lambda d: ticks(d) >= n and extra(d),
-                                                           f"{n} live ticks within {timeout} s")
+    wait_until(lambda: ticks(drv) >= n and extra(drv), timeout, f"{n} live ticks", 0.05)
 
 
 def click(drv, css: str) -> None:
@@ -197,12 +194,10 @@ def test_a_token_protected_page_signs_in_in_the_browser(browser, tmp_path):
     try:
         wait_port(metrics, proc=proc, what="Pointsman")
         browser.get(f"http://127.0.0.1:{metrics}/")
-        from selenium.webdriver.support.ui import WebDriverWait
-
         wait_for(browser, "#token")[0].send_keys("not-the-token")
         click(browser, "#signin")
         # The sign-in form is drawn again with the answer: read it in one step, never through a stale element.
-        WebDriverWait(browser, 10, poll_frequency=0.05).until(lambda d: "not right" in text_of(d, "p"))
+        wait_until(lambda: "not right" in text_of(browser, "p"), 10, "the sign-in's answer", 0.05)
         wait_for(browser, "#token")[0].send_keys(token)
         click(browser, "#signin")
         wait_for(browser, "#fleet-table tbody tr")

@@ -13,16 +13,9 @@ from epp.bus import BusMessage, ReplicaBus, encode
 from epp.bus.codec import MAGIC, BusMessageError, decode
 from epp.fleet.datastore import InflightTracker
 from epp.stack.ports import free_port
+from tests.support.wait import until
 
 KEY = "10.0.0.1:8000"
-
-
-async def eventually(pred, timeout=3.0, what=""):
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not pred():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.01)
 
 
 def addr() -> str:
@@ -47,23 +40,23 @@ async def test_loads_are_shared_as_absolute_snapshots(pair):
     t2 = a.inflight.add(KEY, 50)
     b.inflight.add(KEY, 7)
     a.notify()
-    await eventually(lambda: b.inflight.get(KEY).requests == 3, what="b sees a's two requests plus its own")
+    await until(lambda: b.inflight.get(KEY).requests == 3, 3.0, "b sees a's two requests plus its own")
     assert b.inflight.get(KEY).tokens == 157
     assert b.inflight.local_view()[KEY].requests == 1  # what b publishes is only its own
     a.inflight.remove(t1)
     a.inflight.remove(t2)
     a.notify()
-    await eventually(lambda: b.inflight.get(KEY).requests == 1, what="a's releases reach b")
-    await eventually(lambda: a.inflight.get(KEY).requests == 1, what="b's request reaches a")
+    await until(lambda: b.inflight.get(KEY).requests == 1, 3.0, "a's releases reach b")
+    await until(lambda: a.inflight.get(KEY).requests == 1, 3.0, "b's request reaches a")
 
 
 async def test_a_vanished_peer_leaves_no_phantom_load(pair):
     a, b = pair
     a.inflight.add(KEY)
     a.notify()
-    await eventually(lambda: b.inflight.get(KEY).requests == 1, what="load shared")
+    await until(lambda: b.inflight.get(KEY).requests == 1, 3.0, "load shared")
     await a.stop()  # a dies with a request in flight
-    await eventually(lambda: b.inflight.get(KEY).requests == 0, timeout=2.0, what="expiry after ttl")
+    await until(lambda: b.inflight.get(KEY).requests == 0, 2.0, "expiry after ttl")
     assert b.inflight.view() == {} and b.inflight.remote_peers() == []
 
 
@@ -76,12 +69,12 @@ async def test_records_channel_and_state(pair):
     backlog: dict = {}
     a.add_state("backlog", lambda: {KEY: 1234.0}, lambda p, v: None)
     b.add_state("backlog", lambda: {}, lambda peer, values: backlog.__setitem__(peer, values))
-    await eventually(lambda: a.live_peers() == [b.address], what="connected")  # records sent before are lost
+    await until(lambda: a.live_peers() == [b.address], 3.0, "connected")  # records sent before are lost
     outbox.append([KEY, [1, 2, 3]])
     a.notify()
-    await eventually(lambda: got, what="records delivered")
+    await until(lambda: got, 3.0, "records delivered")
     assert got[0] == (a.address, [[KEY, [1, 2, 3]]])
-    await eventually(lambda: backlog.get(a.address) == {KEY: 1234.0}, what="absolute state delivered")
+    await until(lambda: backlog.get(a.address) == {KEY: 1234.0}, 3.0, "absolute state delivered")
 
 
 async def test_restart_resets_what_the_old_incarnation_shared():
@@ -93,12 +86,12 @@ async def test_restart_resets_what_the_old_incarnation_shared():
     try:
         a.inflight.add(KEY)
         a.notify()
-        await eventually(lambda: b.inflight.get(KEY).requests == 1, what="first life")
+        await until(lambda: b.inflight.get(KEY).requests == 1, 3.0, "first life")
         await a.stop()
         a = ReplicaBus(a_addr, InflightTracker(), peers=[b_addr], ttl=5.0, heartbeat=0.05)  # restarted, idle
         await a.start()
         # ttl is 5 s: only the new incarnation (not expiry) can clear the old load this fast
-        await eventually(lambda: b.inflight.get(KEY).requests == 0, timeout=2.0, what="new incarnation")
+        await until(lambda: b.inflight.get(KEY).requests == 0, 2.0, "new incarnation")
     finally:
         await a.stop()
         await b.stop()
@@ -156,6 +149,6 @@ async def test_peer_set_changes_follow_discovery(pair):
     a, b = pair
     a.inflight.add(KEY)
     a.notify()
-    await eventually(lambda: b.inflight.get(KEY).requests == 1, what="shared")
+    await until(lambda: b.inflight.get(KEY).requests == 1, 3.0, "shared")
     b.set_peers([])  # a left the peer set (e.g. the headless Service dropped it)
     assert b.inflight.get(KEY).requests == 0 and b.peers == []

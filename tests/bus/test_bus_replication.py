@@ -24,6 +24,7 @@ from epp.stack.ports import free_port
 from tests.support.backend import EchoFleet
 from tests.support.extproc_requests import chat, open_request, route, stub_for
 from tests.support.stack import serve_args
+from tests.support.wait import until
 
 SESSION_CONFIG = """
 apiVersion: inference.networking.x-k8s.io/v1alpha1
@@ -52,16 +53,6 @@ schedulingProfiles:
   - pluginRef: prefix-cache-scorer
   - pluginRef: max-score-picker
 """
-
-
-async def eventually(pred, timeout: float = 3.0, what: str = "") -> float:
-    loop = asyncio.get_running_loop()
-    start = loop.time()
-    while not pred():
-        if loop.time() - start > timeout:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        await asyncio.sleep(0.01)
-    return loop.time() - start
 
 
 def endpoints_file(path: Path, ports: list[int]) -> Path:
@@ -130,7 +121,7 @@ async def pair(tmp_path, fleet):
     peers = [f"127.0.0.1:{pa}", f"127.0.0.1:{pb}"]
     a = await Replica(tmp_path, "a", fleet, pa, peers).start()
     b = await Replica(tmp_path, "b", fleet, pb, peers).start()
-    await eventually(lambda: a.bus.live_peers() and b.bus.live_peers(), what="the replicas hear each other")
+    await until(lambda: a.bus.live_peers() and b.bus.live_peers(), 3.0, "the replicas hear each other")
     yield a, b
     await a.stop()
     await b.stop()
@@ -144,15 +135,15 @@ async def test_in_flight_load_and_backlog_are_shared(pair):
     a, b = pair
     held = [await open_request(a.stub, chat("x" * 2000 + str(i))) for i in range(3)]
     keys = {r.endpoint for r in held}
-    await eventually(lambda: all(requests_on(b, k) == requests_on(a, k) for k in keys), 1.0, "b sees a's load")
+    await until(lambda: all(requests_on(b, k) == requests_on(a, k) for k in keys), 1.0, "b sees a's load")
     assert sum(requests_on(b, k) for k in keys) == 3
     assert b.inflight.local_view() == {}  # b publishes only its own
     # a's share of the prefill backlog is part of b's queue model
     scorer_b = b.plugin("estimated-latency-scorer")
-    await eventually(lambda: scorer_b._backlog.peers() == [a.address], 1.0, "a's backlog share at b")
+    await until(lambda: scorer_b._backlog.peers() == [a.address], 1.0, "a's backlog share at b")
     for r in held:
         await r.finish()
-    await eventually(lambda: all(requests_on(b, k) == 0 for k in keys), 1.0, "a's releases reach b")
+    await until(lambda: all(requests_on(b, k) == 0 for k in keys), 1.0, "a's releases reach b")
     assert b.inflight.view() == {}
 
 
@@ -170,12 +161,11 @@ async def test_prefix_picks_on_one_replica_guide_the_other(tmp_path, fleet):
 
 
 async def _follow(a: Replica, b: Replica) -> None:
-    await eventually(lambda: a.bus.live_peers() and b.bus.live_peers(), what="connected")
+    await until(lambda: a.bus.live_peers() and b.bus.live_peers(), 3.0, "connected")
     prompts = [f"system prompt {i} " * 200 for i in range(6)]
     picked = [await route(a.stub, chat(p)) for p in prompts]
     # b has routed nothing: only a's replicated records can make it follow a's picks for the same prefixes
-    await eventually(lambda: b.app.bus.replication.applied and sum(b.app.bus.replication.applied.values()) >= 6,
-                     1.0, "a's records applied at b")
+    await until(lambda: b.app.bus.replication.applied and sum(b.app.bus.replication.applied.values()) >= 6, 1.0, "a's records applied at b")
     again = [await route(b.stub, chat(p + " and a follow-up question")) for p in prompts]
     assert again == picked
     assert len(set(picked)) > 1  # the picks were spread: following them is not a coincidence
@@ -189,7 +179,7 @@ async def test_session_bindings_follow_the_session_across_replicas(tmp_path, fle
     a = await Replica(tmp_path, "a", fleet, pa, peers, "--config-file", str(cfg)).start()
     b = await Replica(tmp_path, "b", fleet, pb, peers, "--config-file", str(cfg)).start()
     try:
-        await eventually(lambda: a.bus.live_peers() and b.bus.live_peers(), what="connected")
+        await until(lambda: a.bus.live_peers() and b.bus.live_peers(), 3.0, "connected")
         sessions = [f"user-{i}" for i in range(6)]
         held = {s: await open_request(a.stub, chat("hi"), **{"x-session-id": s}) for s in sessions}  # spread by load
         first = {s: r.endpoint for s, r in held.items()}
@@ -197,16 +187,16 @@ async def test_session_bindings_follow_the_session_across_replicas(tmp_path, fle
             await r.finish()
         assert len(set(first.values())) == 3
         aff_b = b.plugin("session-affinity-scorer")
-        await eventually(lambda: len(aff_b.sessions) == 6, 1.0, "bindings at b")
+        await until(lambda: len(aff_b.sessions) == 6, 1.0, "bindings at b")
         for s in sessions:
             assert await route(b.stub, chat("more"), **{"x-session-id": s}) == first[s]
         # hot reload on b: the new scheduler's plugins replicate, a's new bindings reach them
         old = aff_b
         cfg.write_text(SESSION_CONFIG + "\n# reloaded\n")
-        await eventually(lambda: b.plugin("session-affinity-scorer") is not old, 5.0, "b reloaded")
+        await until(lambda: b.plugin("session-affinity-scorer") is not old, 5.0, "b reloaded")
         assert any(name.endswith(":session-affinity") for name in b.bus.channels())
         late = await route(a.stub, chat("hi"), **{"x-session-id": "late-user"})
-        await eventually(lambda: len(b.plugin("session-affinity-scorer").sessions) >= 1, 1.0, "new binding at b")
+        await until(lambda: len(b.plugin("session-affinity-scorer").sessions) >= 1, 1.0, "new binding at b")
         assert await route(b.stub, chat("again"), **{"x-session-id": "late-user"}) == late
     finally:
         await a.stop()
@@ -224,7 +214,7 @@ async def test_agent_sessions_follow_across_replicas_with_the_default_profile(pa
         await r.finish()
     assert len(set(first.values())) == 3
     agent_b = b.plugin("agent-session-scorer")
-    await eventually(lambda: len(agent_b.table) == 6 and len(agent_b.board) == 6, 1.0, "bindings and warm at b")
+    await until(lambda: len(agent_b.table) == 6 and len(agent_b.board) == 6, 1.0, "bindings and warm at b")
     assert any(name.endswith(":agent-session") for name in b.bus.channels())
     for s in sessions:
         assert await route(b.stub, chat("tool result"), **{"x-session-id": s}) == first[s]
@@ -244,12 +234,10 @@ async def test_a_replica_that_joins_converges_within_one_second(tmp_path, fleet)
         # convergence is measured from the moment b is up: its view of a's load, and a's recent prefix picks
         loop = asyncio.get_running_loop()
         up = loop.time()
-        await eventually(lambda: {k: v.requests for k, v in b.inflight.view().items()} == load, 1.0,
-                         "b sees a's in-flight load")
+        await until(lambda: {k: v.requests for k, v in b.inflight.view().items()} == load, 1.0, "b sees a's in-flight load")
         prefix_b = b.plugin("approx-prefix-cache-producer")
         prefix_a = a.plugin("approx-prefix-cache-producer")
-        await eventually(lambda: all(prefix_b.index.size(k) == prefix_a.index.size(k) for k in set(picked)),
-                         1.0, "a's replay at b")
+        await until(lambda: all(prefix_b.index.size(k) == prefix_a.index.size(k) for k in set(picked)), 1.0, "a's replay at b")
         assert loop.time() - up < 1.0
         assert [await route(b.stub, chat(p + " follow-up")) for p in prompts] == picked
         for r in held:
@@ -263,11 +251,11 @@ async def test_a_partitioned_replica_routes_on_its_own_view(pair):
     a, b = pair
     held = [await open_request(b.stub, chat(f"b's request {i}")) for i in range(2)]
     keys = {r.endpoint for r in held}
-    await eventually(lambda: sum(requests_on(a, k) for k in keys) == 2, 1.0, "a sees b's load")
+    await until(lambda: sum(requests_on(a, k) for k in keys) == 2, 1.0, "a sees b's load")
     await b.app.bus.stop()  # b loses the bus (its process keeps serving)
     b.app.bus = None
     # a's view drops b's load once b's last snapshot expires (ttl 1 s): no phantom load, ever
-    await eventually(lambda: a.inflight.view() == {}, 2.5, "b's load expires at a")
+    await until(lambda: a.inflight.view() == {}, 2.5, "b's load expires at a")
     assert a.bus.live_peers() == []
     # b keeps routing on its own view: its own in-flight requests
     assert sum(requests_on(b, k) for k in keys) == 2
@@ -285,13 +273,13 @@ async def test_endpoints_unknown_here_never_get_state(tmp_path, fleet):
     a = await Replica(tmp_path, "a", [*fleet, extra], pa, peers, "--enable-conformance-header").start()
     b = await Replica(tmp_path, "b", fleet, pb, peers).start()
     try:
-        await eventually(lambda: a.bus.live_peers() and b.bus.live_peers(), what="connected")
+        await until(lambda: a.bus.live_peers() and b.bus.live_peers(), 3.0, "connected")
         key = f"127.0.0.1:{extra}"
         held = await open_request(a.stub, chat("p" * 3000), **{"test-epp-endpoint-selection": key})
         assert held.endpoint == key
         repl = b.app.bus.replication
-        await eventually(lambda: repl.dropped["unknown-endpoint"] >= 1, 1.0, "a's record for it dropped at b")
-        await eventually(lambda: b.bus.ignored >= 1, 1.0, "a's load on it ignored at b")
+        await until(lambda: repl.dropped["unknown-endpoint"] >= 1, 1.0, "a's record for it dropped at b")
+        await until(lambda: b.bus.ignored >= 1, 1.0, "a's load on it ignored at b")
         assert key not in b.inflight.view()
         assert key not in b.app.director.scheduler.tracked_endpoints()
         text = await b.metrics()
@@ -354,7 +342,7 @@ async def test_hostile_messages_to_a_running_replica_are_dropped_and_counted(tmp
         assert await route(b.stub, chat("after the storm"))
         # a signed, well-formed load from the rogue (a configured peer) does count: the checks are not blanket
         await pub.send_multipart(signed("load", good_load))
-        await eventually(lambda: b.inflight.get(key).requests == 5, 1.0, "a valid signed load")
+        await until(lambda: b.inflight.get(key).requests == 5, 1.0, "a valid signed load")
     finally:
         pub.close(0)
         ctx.term()

@@ -85,15 +85,6 @@ async def test_health_on_both_ports_after_sync(tmp_path):
         await app.stop(0)
 
 
-async def _wait_for(cond, timeout: float = 8.0) -> bool:
-    end = asyncio.get_running_loop().time() + timeout
-    while asyncio.get_running_loop().time() < end:
-        if cond():
-            return True
-        await asyncio.sleep(0.1)
-    return False
-
-
 def replace_file(path: Path, text: str) -> None:
     """Write in one step (a new file renamed over the old): the watcher never reads a half-written version, so the
     version it rejects is this one."""
@@ -123,7 +114,7 @@ async def test_scheduling_config_hot_reload_good_and_bad(tmp_path):
         assert app.director.scheduler is old, "an invalid config must not replace the serving one"
         cfg.write_text("apiVersion: inference.networking.x-k8s.io/v1alpha1\nkind: EndpointPickerConfig\n"
                        "metadata: {name: second}\nplugins:\n- type: kv-cache-utilization-scorer\n")
-        assert await _wait_for(lambda: app.director.scheduler is not old)  # a new bundle, swapped whole
+        assert await until(lambda: app.director.scheduler is not old, 8.0)  # a new bundle, swapped whole
         ex2 = app.director.exchange()
         ex2.decide({":path": "/v1/chat/completions"}, CHAT, {})
         assert ex2.result.profile == "second"
@@ -142,7 +133,7 @@ async def test_endpoints_file_hot_reload(tmp_path):
     await app.start()
     try:
         eps.write_text("pools:\n- name: p\n  endpoints: [{address: 127.0.0.1, port: 1}, {address: 127.0.0.9, port: 2}]\n")
-        assert await _wait_for(lambda: len(app.datastore.snapshot().endpoints) == 2)
+        assert await until(lambda: len(app.datastore.snapshot().endpoints) == 2, 8.0)
         watcher = app.watchers["endpoints"]
         rejected = watcher.failures
         replace_file(eps, "pools: [{name: p, endpoints: [{address: 127.0.0.1, port: 99999}]}]\n")  # bad port
@@ -222,11 +213,7 @@ dataLayer:
         ex.close()
         assert out.reject_status == 429  # waiting 3 / threshold 2 >= 1: saturated, sheddable refused
         write_cfg(10, "/metrics", 1)  # a reload: threshold 10 admits; the scrape path moves
-        for _ in range(200):
-            if app.scraper.path == "/metrics":
-                break
-            await asyncio.sleep(0.02)
-        assert app.scraper.path == "/metrics"
+        await until(lambda: app.scraper.path == "/metrics", 4, "the reloaded scrape path")
         ex = app.director.exchange()
         out = ex.decide(hdrs, CHAT, {})
         ex.close()

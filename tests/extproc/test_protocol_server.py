@@ -4,7 +4,6 @@ decisions, cancellation, exact in-flight."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import aiohttp
@@ -32,6 +31,7 @@ from tests.support.extproc import (
     trailers_msg,
 )
 from tests.support.stack import serve_args
+from tests.support.wait import until
 
 FD = BodyMode.FULL_DUPLEX_STREAMED
 
@@ -108,14 +108,6 @@ async def serve(request):
         await server.stop(0)
 
 
-async def until(cond: Callable[[], bool], timeout: float = 5.0) -> None:
-    loop = asyncio.get_running_loop()
-    end = loop.time() + timeout
-    while not cond():
-        assert loop.time() < end, "condition not reached"
-        await asyncio.sleep(0.005)
-
-
 async def read_all(call) -> list[pb.ProcessingResponse]:
     out = []
     while (msg := await call.read()) is not grpc.aio.EOF:
@@ -142,7 +134,7 @@ async def test_duplicated_end_of_stream_headers_leave_no_phantom_inflight(serve)
 
     results = await asyncio.gather(*(hostile() for _ in range(20)))
     assert all(r == ["request_headers", "immediate_response"] for r in results), results
-    await until(lambda: inflight(director) == 0)
+    await until(lambda: inflight(director) == 0, 5.0)
     assert director.datastore.inflight.view() == {}
     assert violations(metrics, "request_headers_repeated") == 20
     # The endpoints carry no phantom load: a later well-formed request is still routed.
@@ -153,7 +145,7 @@ async def test_duplicated_end_of_stream_headers_leave_no_phantom_inflight(serve)
     assert inflight(director) == 1
     await call.done_writing()
     assert await read_all(call) == []
-    await until(lambda: inflight(director) == 0)
+    await until(lambda: inflight(director) == 0, 5.0)
 
 
 async def test_violation_reply_on_the_wire(serve):
@@ -178,7 +170,7 @@ async def test_an_awaitable_decision_that_completes_later(serve):
     call = stub.Process()
     await call.write(headers_msg(mode=FD))
     await call.write(body_msg(CHAT, True))
-    await until(lambda: gate.started == 1)
+    await until(lambda: gate.started == 1, 5.0)
     await asyncio.sleep(0.05)
     assert inflight(director) == 0, "nothing is committed before the decision completes"
     gate.event.set()
@@ -191,7 +183,7 @@ async def test_an_awaitable_decision_that_completes_later(serve):
     assert kinds([await call.read(), await call.read()]) == ["response_headers", "response_body"]
     await call.done_writing()
     assert await read_all(call) == []
-    await until(lambda: gate.closes == 1 and inflight(director) == 0)
+    await until(lambda: gate.closes == 1 and inflight(director) == 0, 5.0)
     assert gate.cancelled == 0
 
 
@@ -202,7 +194,7 @@ async def test_messages_that_arrive_while_the_decision_is_pending_keep_their_ord
     call = stub.Process()
     await call.write(headers_msg(mode=FD))
     await call.write(body_msg(CHAT, True))
-    await until(lambda: gate.started == 1)
+    await until(lambda: gate.started == 1, 5.0)
     await call.write(trailers_msg())  # read by the server while the decision is pending, answered after it
     await asyncio.sleep(0.05)
     gate.event.set()
@@ -210,7 +202,7 @@ async def test_messages_that_arrive_while_the_decision_is_pending_keep_their_ord
     assert kinds(replies) == ["request_headers", "request_body", "request_trailers"]
     await call.done_writing()
     assert await read_all(call) == []
-    await until(lambda: gate.closes == 1 and inflight(director) == 0)
+    await until(lambda: gate.closes == 1 and inflight(director) == 0, 5.0)
 
 
 async def test_a_stream_cancelled_while_the_decision_is_pending(serve):
@@ -220,9 +212,9 @@ async def test_a_stream_cancelled_while_the_decision_is_pending(serve):
     call = stub.Process()
     await call.write(headers_msg(mode=FD))
     await call.write(body_msg(CHAT, True))
-    await until(lambda: gate.started == 1)
+    await until(lambda: gate.started == 1, 5.0)
     call.cancel()
-    await until(lambda: gate.cancelled == 1 and gate.closes == 1)
+    await until(lambda: gate.cancelled == 1 and gate.closes == 1, 5.0)
     gate.event.set()  # too late: the decision is gone
     await asyncio.sleep(0.05)
     assert gate.closes == 1 and inflight(director) == 0
@@ -238,7 +230,7 @@ async def test_a_client_that_half_closes_while_the_decision_is_pending_still_get
     call = stub.Process()
     await call.write(headers_msg(mode=FD))
     await call.write(body_msg(CHAT, True))
-    await until(lambda: gate.started == 1)
+    await until(lambda: gate.started == 1, 5.0)
     await call.done_writing()
     await asyncio.sleep(0.05)
     assert gate.cancelled == 0 and gate.closes == 0, "the half-close does not drop the pending decision"
@@ -247,7 +239,7 @@ async def test_a_client_that_half_closes_while_the_decision_is_pending_still_get
     assert kinds(replies) == ["request_headers", "request_body"]
     assert replies[1].request_body.response.body_mutation.streamed_response.body == CHAT
     assert await call.code() == grpc.StatusCode.OK
-    await until(lambda: gate.closes == 1 and inflight(director) == 0)
+    await until(lambda: gate.closes == 1 and inflight(director) == 0, 5.0)
     assert gate.cancelled == 0 and director.datastore.inflight.view() == {}
 
 
@@ -258,11 +250,11 @@ async def test_a_violation_while_the_decision_is_pending_cancels_it(serve):
     call = stub.Process()
     await call.write(headers_msg(mode=FD))
     await call.write(body_msg(CHAT, True))
-    await until(lambda: gate.started == 1)
+    await until(lambda: gate.started == 1, 5.0)
     await call.write(headers_msg())
     replies = await read_all(call)
     assert kinds(replies) == ["immediate_response"] and replies[0].immediate_response.status.code == 400
-    await until(lambda: gate.cancelled == 1 and gate.closes == 1)
+    await until(lambda: gate.cancelled == 1 and gate.closes == 1, 5.0)
     assert inflight(director) == 0 and violations(metrics, "request_headers_repeated") == 1
 
 
@@ -274,15 +266,15 @@ async def test_a_local_reply_while_the_decision_is_pending_abandons_it(serve):
     await call.write(headers_msg(mode=FD))
     await call.write(body_msg(CHAT[:10], False))
     await call.write(body_msg(CHAT[10:], True))
-    await until(lambda: gate.started == 1)
+    await until(lambda: gate.started == 1, 5.0)
     await call.write(response_headers_msg())
     assert kinds([await call.read()]) == ["response_headers"]
-    await until(lambda: gate.cancelled == 1)
+    await until(lambda: gate.cancelled == 1, 5.0)
     await call.write(response_body_msg(b"local reply", True))
     assert kinds([await call.read()]) == ["response_body"]
     await call.done_writing()
     assert await read_all(call) == []
-    await until(lambda: gate.closes == 1)
+    await until(lambda: gate.closes == 1, 5.0)
     assert inflight(director) == 0 and metrics.registry.get_sample_value(
         "pointsman_protocol_violations_total", {"kind": "request_after_response"}) is None
 
@@ -295,13 +287,13 @@ async def test_a_failing_awaitable_decision_is_a_500_and_closes_once(serve):
     call = stub.Process()
     await call.write(headers_msg(mode=FD))
     await call.write(body_msg(CHAT, True))
-    await until(lambda: gate.started == 1)
+    await until(lambda: gate.started == 1, 5.0)
     gate.event.set()
     replies = await read_all(call)
     assert kinds(replies) == ["immediate_response"]
     assert replies[0].immediate_response.status.code == 500
     assert b"the rate limiter is down" in replies[0].immediate_response.body
-    await until(lambda: gate.closes == 1)
+    await until(lambda: gate.closes == 1, 5.0)
     assert inflight(director) == 0
 
 

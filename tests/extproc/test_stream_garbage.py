@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import gc
-from collections.abc import Callable
 
 import grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
@@ -28,6 +27,7 @@ from tests.support.extproc import (
     response_headers_msg,
 )
 from tests.support.stack import serve_args
+from tests.support.wait import until
 
 FD = BodyMode.FULL_DUPLEX_STREAMED
 PER_STREAM = (ExtProcCall, StreamSession, RequestExchange)
@@ -39,14 +39,6 @@ def alive() -> dict[str, int]:
         if isinstance(o, PER_STREAM):
             counts[type(o).__name__] += 1
     return counts
-
-
-async def until(cond: Callable[[], bool], what: str, timeout: float = 5.0) -> None:
-    loop = asyncio.get_running_loop()
-    end = loop.time() + timeout
-    while not cond():
-        assert loop.time() < end, what
-        await asyncio.sleep(0.01)
 
 
 async def test_finished_and_cancelled_streams_are_freed_without_the_cyclic_gc(tmp_path):
@@ -77,14 +69,14 @@ async def test_finished_and_cancelled_streams_are_freed_without_the_cyclic_gc(tm
 
     try:
         await routed("half-close")  # warm up: whatever is created once per process is created now
-        await until(lambda: inflight(director) == 0, "the warm-up stream ended")
+        await until(lambda: inflight(director) == 0, 5.0, "the warm-up stream ended")
         gc.collect()
         gc.disable()
         try:
             await asyncio.gather(*(routed(("cancel", "response", "half-close")[i % 3]) for i in range(21)))
-            await until(lambda: inflight(director) == 0, "every stream ended")
+            await until(lambda: inflight(director) == 0, 5.0, "every stream ended")
             # Envoy-like streams, all over: nothing of theirs may be left waiting for a collection.
-            await until(lambda: not any(alive().values()), f"streams' objects left for the cyclic GC: {alive()}")
+            await until(lambda: not any(alive().values()), 5.0, f"streams' objects left for the cyclic GC: {alive()}")
         finally:
             gc.enable()
     finally:

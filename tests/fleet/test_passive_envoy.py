@@ -20,6 +20,7 @@ import pytest
 from epp.api.pb import pointsman_pb2 as api
 from epp.api.pb import pointsman_pb2_grpc
 from tests.support.simstack import MODEL, SimStack
+from tests.support.wait import seconds_until
 
 pytestmark = pytest.mark.envoy
 
@@ -46,15 +47,16 @@ async def endpoints(s: SimStack) -> dict[str, dict]:
 
 async def until_state(s: SimStack, i: int, states: tuple[str, ...], timeout: float = 10.0) -> float:
     """Seconds until server i is in one of `states` (polled over Pointsman's API every 20 ms)."""
-    t0 = time.monotonic()
+    seen: list[str] = []
     async with grpc.aio.insecure_channel(f"127.0.0.1:{s.epp_port}") as ch:
         stub = pointsman_pb2_grpc.PointsmanStub(ch)
-        while time.monotonic() - t0 < timeout:
+
+        async def in_state() -> bool:
             resp = await stub.ListEndpoints(api.ListEndpointsRequest())
-            if next(e.state for e in resp.endpoints if e.key == s.key(i)) in states:
-                return time.monotonic() - t0
-            await asyncio.sleep(0.02)
-    raise AssertionError(f"server {i} never became {states}: {(await endpoints(s))[s.key(i)]}")
+            seen.append(next(e.state for e in resp.endpoints if e.key == s.key(i)))
+            return seen[-1] in states
+
+        return await seconds_until(in_state, timeout, lambda: f"server {i} to become {states} (it is {seen[-1:]})")
 
 
 async def admin(c: aiohttp.ClientSession, s: SimStack, i: int, what: str) -> None:

@@ -131,10 +131,7 @@ async def test_background_loop_picks_up_changes_and_async_apply(tmp_path):
         _write(path, BAD_PORT, 1)
         await until(lambda: w.failures >= 1, 5, "the watcher to reject the bad version")
         _write(path, GOOD_B, 2)
-        for _ in range(100):
-            if seen[-1] == 2:
-                break
-            await asyncio.sleep(0.02)
+        await until(lambda: seen[-1] == 2, 2, "the good version applied")
     finally:
         await w.stop()
     assert seen == [1, 2]

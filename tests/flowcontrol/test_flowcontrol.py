@@ -20,6 +20,7 @@ from scheduling.api import GLOBAL_STRICT, FlowControl, PriorityBand
 from scheduling.types import Endpoint, Metrics, endpoint_key
 from tests.request.test_director import LeastLoaded
 from tests.support.extproc import body_msg, headers_msg, kinds
+from tests.support.wait import until
 
 POOL = "pool"
 
@@ -290,25 +291,15 @@ async def test_a_client_that_goes_away_while_queued_is_removed_at_once():
         waiting = stub.Process()
         await waiting.write(headers_msg(mode=fd))
         await waiting.write(body_msg(chat(7), True))
-        for _ in range(200):
-            if rig.flow.queued() == 1:
-                break
-            await asyncio.sleep(0.005)
-        assert rig.flow.queued() == 1
+        await until(lambda: rig.flow.queued() == 1, 1, "the request queued", 0.005)
         waiting.cancel()  # the client goes away
-        for _ in range(200):
-            if rig.flow.queued() == 0:
-                break
-            await asyncio.sleep(0.005)
+        await until(lambda: rig.flow.queued() == 0, 1, "the queue left", 0.005)
         assert rig.flow.queued() == 0 and rig.flow.outcomes["EvictedContextCancelled"] == 1
         # A second client waits, and is routed over the stream when a slot frees.
         call = stub.Process()
         await call.write(headers_msg(mode=fd))
         await call.write(body_msg(chat(8), True))
-        for _ in range(200):
-            if rig.flow.queued() == 1:
-                break
-            await asyncio.sleep(0.005)
+        await until(lambda: rig.flow.queued() == 1, 1, "the second request queued", 0.005)
         running.pop().close()
         replies = [await asyncio.wait_for(call.read(), 2) for _ in range(2)]
         assert kinds(replies) == ["request_headers", "request_body"]
@@ -316,11 +307,7 @@ async def test_a_client_that_goes_away_while_queued_is_removed_at_once():
         await call.done_writing()
         while await call.read() is not grpc.aio.EOF:
             pass
-        for _ in range(200):
-            if rig.inflight() == 1:
-                break
-            await asyncio.sleep(0.005)
-        assert rig.inflight() == 1
+        await until(lambda: rig.inflight() == 1, 1, "the routed request's end counted", 0.005)
         running.pop().close()
         assert rig.ds.inflight.view() == {}
     finally:

@@ -17,6 +17,7 @@ from epp.extproc.server import grpc_options
 from epp.h2grpc import H2Server, ServerStream
 from epp.h2grpc.limits import MiB, ServerLimits, from_args, grpcio_options
 from tests.h2grpc.attacker import GRPC_HEADERS, PREFACE, frame, grpc_message
+from tests.support.wait import until
 
 GOAWAY, RST_STREAM, PING, SETTINGS, HEADERS, DATA, WINDOW_UPDATE = 7, 3, 6, 4, 1, 0, 8
 PATH = "/test.Limits/Call"
@@ -119,13 +120,6 @@ async def serve():
         await server.stop(0)
 
 
-async def until(cond: Callable[[], bool], timeout: float = 3.0) -> None:
-    end = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < end, "condition not reached"
-        await asyncio.sleep(0.005)
-
-
 # ---- half-closed (remote) streams ------------------------------------------------------------------------------------
 async def test_a_reply_reaches_a_client_that_half_closed_while_it_was_pending(serve):
     """The client half-closes right after its message; the answer comes later, from a timer, and still arrives."""
@@ -166,7 +160,7 @@ async def test_streams_over_the_cap_are_refused_and_the_cap_is_advertised(serve)
     assert len(Held.calls) == 2
     Held.calls[0].stream.finish()  # one closes: a new stream fits again
     conn.request(7)
-    await until(lambda: len(Held.calls) == 3)
+    await until(lambda: len(Held.calls) == 3, 3.0)
     conn.close()
 
 
@@ -230,11 +224,11 @@ async def test_a_peer_that_does_not_read_is_not_read(serve):
     conn.request(1)
     for _ in range(16):
         conn.send(frame(DATA, 0, 1, grpc_message(b"q")))
-    await until(lambda: bool(server.connections) and next(iter(server.connections))._write_paused)
+    await until(lambda: bool(server.connections) and next(iter(server.connections))._write_paused, 3.0)
     (c,) = server.connections
     assert c.transport is not None and not c.transport.is_reading()
     await conn.until(lambda seen: sum(len(p) for t, _, _, p in seen if t == DATA) >= 16 * 512 * 1024, timeout=10)
-    await until(lambda: not c._write_paused and c.transport is not None and c.transport.is_reading())
+    await until(lambda: not c._write_paused and c.transport is not None and c.transport.is_reading(), 3.0)
     conn.close()
 
 
@@ -246,7 +240,7 @@ async def test_a_message_in_pieces_arrives_whole_and_in_order(serve):
         conn = await Frames.open(port)
         conn.request(1)
         conn.send(b"".join(frame(DATA, 0, 1, body[i: i + size]) for i in range(0, len(body), size)))
-        await until(lambda n=n: len(Held.calls) > n and len(Held.calls[n].messages) == len(messages))
+        await until(lambda n=n: len(Held.calls) > n and len(Held.calls[n].messages) == len(messages), 3.0)
         assert Held.calls[n].messages == messages
         conn.close()
 
@@ -299,7 +293,7 @@ async def test_an_idle_connection_gets_goaway_and_is_closed(serve):
     _, port = await serve(ServerLimits(idle_timeout=0.3))
     conn = await Frames.open(port)
     conn.request(1)
-    await until(lambda: len(Held.calls) == 1)
+    await until(lambda: len(Held.calls) == 1, 3.0)
     t0 = time.monotonic()
     Held.calls[0].stream.finish()  # idle from now on
     await conn.until(lambda seen: any(f[0] == GOAWAY for f in seen))
@@ -315,14 +309,14 @@ async def test_max_connection_age_drains_gracefully(serve):
     conn = await Frames.open(port)
     conn.request(1)
     conn.request(3)
-    await until(lambda: len(Held.calls) == 2)
+    await until(lambda: len(Held.calls) == 2, 3.0)
     await conn.until(lambda seen: any(f[0] == PING for f in seen))
     assert goaways(conn) == [((1 << 31) - 1, 0)]
     conn.request(5)  # in flight before the client saw the GOAWAY: still served
     conn.send(frame(PING, 1, 0, conn.of(PING)[0][3]))
     await conn.until(lambda seen: len(goaways(conn)) == 2)
     assert goaways(conn)[1] == (5, 0)
-    await until(lambda: len(Held.calls) == 3)
+    await until(lambda: len(Held.calls) == 3, 3.0)
     Held.calls[0].stream.finish()
     await conn.until(lambda seen: bool(conn.of(HEADERS, 1)))
     await conn.until(lambda seen: len(conn.of(RST_STREAM)) >= 2, timeout=2)  # the grace is over: 3 and 5 cancelled
@@ -336,13 +330,13 @@ async def test_at_the_connection_cap_the_longest_idle_connection_makes_room(serv
     first = await Frames.open(port)
     second = await Frames.open(port)
     second.request(1)  # busy
-    await until(lambda: len(server.connections) == 2 and len(Held.calls) == 1)
+    await until(lambda: len(server.connections) == 2 and len(Held.calls) == 1, 3.0)
     third = await Frames.open(port)
     await first.until(lambda seen: any(f[0] == GOAWAY for f in seen))  # the idle one went
     await first.closed()
-    await until(lambda: len(server.connections) == 2)
+    await until(lambda: len(server.connections) == 2, 3.0)
     third.request(1)  # both open now are busy: a fourth is refused
-    await until(lambda: len(Held.calls) == 2)
+    await until(lambda: len(Held.calls) == 2, 3.0)
     fourth = await Frames.open(port)
     await fourth.closed()
     assert len(server.connections) == 2

@@ -16,7 +16,6 @@ import logging
 import socket
 import struct
 import threading
-import time
 
 import hpack
 import pytest
@@ -28,6 +27,7 @@ from epp.h2grpc.limits import ServerLimits
 from tests.h2grpc.attacker import GRPC_HEADERS, PREFACE, frame, request_bytes
 from tests.h2grpc.hostile import route_once
 from tests.support.extproc import real_director
+from tests.support.wait import wait_until
 
 LIMITS = ServerLimits(max_concurrent_streams=8, max_message_bytes=64 * 1024, max_connection_buffer_bytes=256 * 1024,
                       max_server_buffer_bytes=1 << 20, initial_stream_window=65535,
@@ -143,10 +143,8 @@ def _exchange(port: int, data: bytes) -> None:
 @given(data=_sequences)
 def test_random_and_mutated_frames(served, data):
     _exchange(served.port, data)
-    end = time.monotonic() + 3
-    while served.state() != (0, 0):
-        assert time.monotonic() < end, f"the server still holds {served.state()} (connections, buffered bytes)"
-        time.sleep(0.01)
+    wait_until(lambda: served.state() == (0, 0), 3,
+               lambda: f"the server to let go; it holds {served.state()} (connections, buffered bytes)", 0.01)
     assert not served.errors, served.errors
     assert not served.log.records, [r.getMessage() for r in served.log.records]
     assert route_once(served.port) is not None

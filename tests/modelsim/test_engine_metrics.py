@@ -4,7 +4,6 @@ values observed when the simulated events happen, wall-clock histograms, and het
 from __future__ import annotations
 
 import asyncio
-import time
 from typing import Any
 
 import aiohttp
@@ -21,6 +20,7 @@ from modelsim.metrics import (
     VLLM_REQUEST_BUCKETS,
     VLLM_TTFT_BUCKETS,
 )
+from tests.support.wait import until
 
 MODEL = "meta-llama/Llama-3.1-8B"
 
@@ -82,13 +82,6 @@ def check_against(fam: Any, values: list[float], bounds: tuple[float, ...], labe
         assert n == sum(1 for v in values if v <= le), (fam.name, le)
 
 
-async def wait_for(cond: Any, timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not await cond():
-        assert time.monotonic() < deadline, "condition not met before the deadline"
-        await asyncio.sleep(0.01)
-
-
 async def test_vllm_histograms_and_counters_match_the_simulated_timings(make_fleet) -> None:
     fleet = await make_fleet(1, time_scale=0.02, engine=EngineConfig(max_num_seqs=2))
     url = fleet.urls[0]
@@ -135,7 +128,7 @@ async def test_ttft_is_observed_at_the_first_token_not_at_the_end(make_fleet) ->
             await r.content.readany()  # the first token is out; 2000 tokens take ~1.2 s of wall time
             fams = await scrape(s, url)
         # leaving the block closed the connection: the request is aborted, and recorded as such
-        await wait_for(lambda: _has_records(s, url, 1))
+        await until(lambda: _has_records(s, url, 1), 5.0)
         recs = await records(s, url)
     assert histogram(fams["vllm:time_to_first_token_seconds"])[2] == 1
     assert histogram(fams["vllm:e2e_request_latency_seconds"])[2] == 0
@@ -197,7 +190,7 @@ async def test_sglang_flavour_names_values_and_flush_cache(make_fleet) -> None:
             await r.content.readany()
             async with s.post(f"{url}/flush_cache") as f:
                 assert f.status == 400
-        await wait_for(lambda: _idle(s, url))
+        await until(lambda: _idle(s, url), 5.0)
         fams = await scrape(s, url)
         assert counter(fams, "sglang:num_aborted_requests") == 1
         async with s.post(f"{url}/flush_cache") as f:

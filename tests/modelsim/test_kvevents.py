@@ -197,10 +197,7 @@ async def test_reset_refused_while_running_unless_forced(make_fleet) -> None:
     async with aiohttp.ClientSession() as s:
         body = {"model": MODEL, "prompt": "w" * 200, "max_tokens": 100, "ignore_eos": True}  # ~1.2 s running
         gen = asyncio.ensure_future(s.post(f"{url}/v1/completions", json=body))
-        for _ in range(100):
-            if fleet.servers[0].engine.running:
-                break
-            await asyncio.sleep(0.01)
+        await until(lambda: fleet.servers[0].engine.running, 1, "the request running", 0.01)
         async with s.post(f"{url}/reset_prefix_cache") as r:
             assert r.status == 409
         async with s.post(f"{url}/reset_prefix_cache?reset_running_requests=true") as r:

@@ -5,13 +5,13 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import orjson
 
 from tests.observe.test_tracing_otlp import endpoints, request
 from tests.support.envoy import free_port, wait_port
+from tests.support.wait import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -29,10 +29,7 @@ async def test_json_lines_with_decision_and_trace_ids(tmp_path):
     try:
         wait_port(port)
         await request(port, traceparent=f"00-{TRACE}-00f067aa0ba902b7-01", **{"x-request-id": "req-7"})
-        deadline = time.monotonic() + 10
-        while b"req-7" not in log.read_bytes():
-            assert time.monotonic() < deadline, log.read_text()
-            time.sleep(0.05)
+        wait_until(lambda: b"req-7" in log.read_bytes(), 10, lambda: f"req-7 in the log: {log.read_text()}", 0.05)
     finally:
         proc.terminate()
         proc.wait(10)

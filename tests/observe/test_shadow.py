@@ -5,7 +5,6 @@ hot reload; the budget."""
 from __future__ import annotations
 
 import asyncio
-import time
 
 import aiohttp
 import pytest
@@ -14,6 +13,7 @@ from epp.observe.shadow import Budget
 from tests.observe.test_tracing_otlp import request
 from tests.support.envoy import free_port
 from tests.support.stack import serve_args
+from tests.support.wait import until
 
 EPS = ("pools:\n- name: pool\n  endpoints:\n"
        "  - {address: 10.0.0.1, port: 8000, models: [llama], labels: {tier: a}}\n"
@@ -40,13 +40,6 @@ schedulingProfiles:
 """
 
 
-async def until(predicate, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not met in time"
-        await asyncio.sleep(0.02)
-
-
 @pytest.fixture
 async def shadowed(tmp_path):
     from epp.cmd.app import App
@@ -70,7 +63,7 @@ async def test_the_shadow_decides_without_acting_and_reports(shadowed):
     shadow = app.observe.shadow
     for _ in range(6):
         assert await request(app.port) == "10.0.0.1:8000"  # the live config alone routes
-    await until(lambda: shadow.report.timed == 6)
+    await until(lambda: shadow.report.timed == 6, 10.0)
     r = shadow.report
     assert (r.agree, r.disagree) == (0, 6)
     assert {k: (c.live, c.shadow) for k, c in r.endpoints.items() if c.live or c.shadow}.keys() <= {
@@ -96,10 +89,10 @@ async def test_the_shadow_decides_without_acting_and_reports(shadowed):
     assert {m["from"] for m in view["moves"]} == {"10.0.0.1:8000"}
     # A new shadow config is picked up (hot reload) with a fresh report.
     (tmp / "shadow.yaml").write_text(tier("a") + "\n# now the same tier\n")
-    await until(lambda: shadow.report is not r, timeout=15)
+    await until(lambda: shadow.report is not r, 15)
     for _ in range(3):
         await request(app.port)
-    await until(lambda: shadow.report.shadowed == 3)
+    await until(lambda: shadow.report.shadowed == 3, 10.0)
     assert (shadow.report.agree, shadow.report.disagree) == (3, 0)
 
 
@@ -109,10 +102,10 @@ async def test_a_bad_shadow_config_keeps_the_old_one(shadowed):
     before = shadow.scheduler
     (tmp / "shadow.yaml").write_text("kind: EndpointPickerConfig\nplugins: [{type: no-such-plugin}]\n")
     watcher = app.observe.watcher
-    await until(lambda: watcher.failures == 1, timeout=15)
+    await until(lambda: watcher.failures == 1, 15)
     assert shadow.scheduler is before
     await request(app.port)
-    await until(lambda: shadow.report.shadowed == 1)
+    await until(lambda: shadow.report.shadowed == 1, 10.0)
 
 
 def test_the_budget_samples_under_load():
@@ -136,7 +129,7 @@ async def test_under_a_tight_rate_the_shadow_samples_and_counts_the_rest(tmp_pat
     try:
         await asyncio.gather(*(request(app.port) for _ in range(8)))
         report = app.observe.shadow.report
-        await until(lambda: report.shadowed + report.skipped.get("rate", 0) == 8)
+        await until(lambda: report.shadowed + report.skipped.get("rate", 0) == 8, 10.0)
         assert report.skipped["rate"] >= 5 and 1 <= report.shadowed <= 3
     finally:
         await app.stop(0)

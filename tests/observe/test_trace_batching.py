@@ -23,6 +23,7 @@ from epp.observe.wire import Encoder, Records
 from epp.request.tracecontext import TraceParent
 from tests.observe.test_tracing_otlp import by_name, request, start
 from tests.support.otlp import GrpcReceiver
+from tests.support.wait import wait_until
 
 
 class Gated(InMemorySpanExporter):
@@ -41,13 +42,6 @@ class Gated(InMemorySpanExporter):
         assert self.gate.wait(20), "the test never opened the gate"
         self.batches.append(list(spans))
         return super().export(spans)
-
-
-def until(predicate, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "the condition did not hold in time"
-        time.sleep(0.005)
 
 
 def spans(record) -> int:
@@ -93,7 +87,7 @@ def test_the_timer_flushes_a_partial_batch():
     b = Batcher(ex, BatchSettings(max_queue_size=100, max_export_batch_size=50, schedule_delay=0.05), count=spans)
     try:
         b.emit(("one", 1))
-        until(lambda: len(ex.get_finished_spans()) == 1)
+        wait_until(lambda: len(ex.get_finished_spans()) == 1, 10.0)
     finally:
         b.shutdown()
 

@@ -15,6 +15,7 @@ from epp.request.director import Director
 from epp.request.exchange import RequestExchange
 from tests.support.envoy import Envoy
 from tests.support.stack import Stack
+from tests.support.wait import until
 
 pytestmark = pytest.mark.envoy
 
@@ -54,11 +55,8 @@ async def post(c: aiohttp.ClientSession, url: str, data, headers=None) -> tuple[
 
 async def until_idle(s: Stack, timeout: float = 10.0) -> None:
     """Envoy closes each ext_proc stream a moment after the response: wait until every count is released."""
-    loop = asyncio.get_running_loop()
-    end = loop.time() + timeout
-    while s.app.datastore.inflight.view():
-        assert loop.time() < end, s.app.datastore.inflight.view()
-        await asyncio.sleep(0.01)
+    view = s.app.datastore.inflight.view
+    await until(lambda: not view(), timeout, lambda: f"every in-flight count released: {view()}", interval=0.01)
 
 
 def chunked(body: bytes, size: int = 16):

@@ -17,6 +17,7 @@ import yaml
 
 from epp.stack.ports import free_port
 from tests.support.envoy import cluster_hosts
+from tests.support.wait import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.envoy
@@ -153,14 +154,6 @@ class LiveStack:
             return -9
 
 
-def wait_for(cond, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
-
-
 def test_stack_adds_and_removes_servers_live():
     stack = LiveStack(servers=2)
     try:
@@ -168,18 +161,18 @@ def test_stack_adds_and_removes_servers_live():
         first = sim_ports(stack.lines)
         assert len(first) == 2
         assert "+ adds a simulated server" in "".join(stack.lines)
-        wait_for(lambda: stack.pool_ports() == set(first), 10, "Envoy's pool from EDS")
+        wait_until(lambda: stack.pool_ports() == set(first), 10, "Envoy's pool from EDS")
 
         stack.command("+")
         added = int(stack.wait_line("fleet  added").split(" on :", 1)[1].split()[0])
         assert added not in first
-        wait_for(lambda: stack.pool_ports() == {*first, added}, 5, "the added server in Envoy's pool")
+        wait_until(lambda: stack.pool_ports() == {*first, added}, 5, "the added server in Envoy's pool")
         served = {stack.request(i) for i in range(30)}
         assert added in served, f"the new server never got a request: {served}"
 
         stack.command("-")
         assert f":{added}" in stack.wait_line("fleet  removed")
-        wait_for(lambda: stack.pool_ports() == set(first), 5, "the removed server gone from Envoy's pool")
+        wait_until(lambda: stack.pool_ports() == set(first), 5, "the removed server gone from Envoy's pool")
         served = {stack.request(100 + i) for i in range(20)}
         assert served <= set(first), served
         eps = yaml.safe_load((Path(stack.wait_line("Pointsman metrics:").split("Files:")[1].strip())

@@ -3,8 +3,6 @@ loopback in the test's event loop, keeping every span they are sent (decoded fro
 
 from __future__ import annotations
 
-import asyncio
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,6 +12,7 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as ts
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc as ts_grpc
 
 from tests.support.envoy import free_port
+from tests.support.wait import until
 
 
 @dataclass
@@ -59,13 +58,9 @@ class _Receivers:
 
     async def wait_for(self, predicate: Any, timeout: float = 20.0) -> list[Received]:
         """Wait until `predicate(spans)` is true; returns the spans (fails with what arrived)."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if predicate(self.spans):
-                return self.spans
-            await asyncio.sleep(0.05)
-        names = [(r.service, r.name) for r in self.spans]
-        raise AssertionError(f"the spans did not arrive in {timeout}s; received: {names}")
+        await until(lambda: predicate(self.spans), timeout,
+                    lambda: f"the spans; received: {[(r.service, r.name) for r in self.spans]}", interval=0.05)
+        return self.spans
 
 
 class GrpcReceiver(ts_grpc.TraceServiceServicer, _Receivers):

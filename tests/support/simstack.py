@@ -19,6 +19,7 @@ from epp.stack.ports import wait_port
 from modelsim.config import EngineConfig, FleetConfig
 from modelsim.fleet import Fleet
 from tests.support.envoy import Envoy, cluster_hosts, free_port
+from tests.support.wait import until
 
 MODEL = "meta-llama/Llama-3.1-8B"
 
@@ -105,13 +106,14 @@ class SimStack:
     async def wait_for_pool(self, timeout: float = 15.0) -> None:
         """Until Envoy has every server in its pool cluster (EDS delivered) and Pointsman has scraped them all."""
         want = set(self.ports)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            hosts = await asyncio.to_thread(cluster_hosts, self.admin_port)
-            if set(hosts) == want and all(v in ("HEALTHY", "") for v in hosts.values()):
-                return
-            await asyncio.sleep(0.1)
-        raise RuntimeError(f"Envoy's pool never got {sorted(want)}: {hosts}")
+        hosts: dict[int, str] = {}
+
+        def complete() -> bool:
+            hosts.clear()
+            hosts.update(cluster_hosts(self.admin_port))
+            return set(hosts) == want and all(v in ("HEALTHY", "") for v in hosts.values())
+
+        await until(complete, timeout, lambda: f"Envoy's pool to hold {sorted(want)}: {hosts}", 0.1, blocking=True)
 
     async def wait_routed(self, timeout: float = 15.0) -> None:
         """Until requests are routed by Pointsman (Envoy's health check of it passed, its scrapes are in): five in a

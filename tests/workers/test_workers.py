@@ -9,7 +9,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import aiohttp
@@ -23,6 +22,7 @@ from epp.api.pb import pointsman_pb2_grpc
 from epp.stack.ports import free_port
 from tests.support.backend import EchoFleet
 from tests.support.extproc_requests import chat, open_request, route, stub_for
+from tests.support.wait import until
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = """
@@ -39,16 +39,6 @@ schedulingProfiles:
   - {pluginRef: queue-scorer, weight: 1}
   - pluginRef: max-score-picker
 """
-
-
-async def eventually(pred, timeout: float = 20.0, what: str = ""):
-    end = time.monotonic() + timeout
-    while True:
-        got = await pred()
-        if got:
-            return got
-        assert time.monotonic() < end, f"timed out waiting for {what}"
-        await asyncio.sleep(0.1)
 
 
 class Group:
@@ -117,13 +107,13 @@ async def test_two_workers_share_the_port_the_load_and_one_metrics_endpoint(tmp_
     g = Group(tmp_path, fleet, "--bus-secret", SECRET)
     channels = []
     try:
-        await eventually(g.ready, what="both workers ready")
+        await until(g.ready, 20.0, "both workers ready")
         assert await g.readiness() == health_pb2.HealthCheckResponse.SERVING
         procs = (await g.workers())["processes"]
         pids = [p["pid"] for p in procs]
         assert len(set(pids)) == 2 and g.proc.pid not in pids
         # The workers talk over signed bus messages; the secret reached them through the environment only.
-        await eventually(lambda: _bus_up(g), 5, "the workers hear each other")
+        await until(lambda: _bus_up(g), 5, "the workers hear each other")
         for pid in pids:
             assert SECRET.encode() not in Path(f"/proc/{pid}/cmdline").read_bytes()
 
@@ -135,7 +125,7 @@ async def test_two_workers_share_the_port_the_load_and_one_metrics_endpoint(tmp_
                 await route(stub, chat(f"request {n} " * 20))
                 n += 1
         procs = (await g.workers())["processes"]
-        await eventually(lambda: _served(g, n), 5, "every request counted")
+        await until(lambda: _served(g, n), 5, "every request counted")
         procs = (await g.workers())["processes"]
         assert all(p["status"]["requests"] > 0 for p in procs), procs  # both workers took a share
         text = await g.metrics_text()
@@ -152,7 +142,7 @@ async def test_two_workers_share_the_port_the_load_and_one_metrics_endpoint(tmp_
                 resp = await stub.ListEndpoints(api.ListEndpointsRequest(), timeout=5)
                 return sum(e.inflight for e in resp.endpoints) == 6
 
-            await eventually(seen, 2, "every worker sees all 6 in-flight requests")
+            await until(seen, 2, "every worker sees all 6 in-flight requests")
         assert total(await g.metrics_text(), "inference_objective_running_requests{") == 6
         for r in held:
             await r.finish()
@@ -166,7 +156,7 @@ async def test_two_workers_share_the_port_the_load_and_one_metrics_endpoint(tmp_
             ps = (await g.workers())["processes"]
             return all(p["status"]["reloads"]["scheduling config"] > before[p["index"]] for p in ps)
 
-        await eventually(reloaded, 10, "both workers reloaded")
+        await until(reloaded, 10, "both workers reloaded")
 
         # The dashboard is proxied from one worker and says so.
         async with aiohttp.ClientSession() as s:
@@ -185,14 +175,14 @@ async def test_two_workers_share_the_port_the_load_and_one_metrics_endpoint(tmp_
             p = ws["processes"][1]
             return ws["ready"] and p["restarts"] == 1 and p["pid"] != victim
 
-        await eventually(restarted, 20, "worker 1 restarted and ready")
+        await until(restarted, 20, "worker 1 restarted and ready")
         text = await g.metrics_text()
         assert total(text, "inference_objective_request_total{") == n  # the dead worker's counts are kept
         assert total(text, "inference_objective_running_requests{") == 0
         assert "pointsman_worker_restarts_total 1.0" in text
         for _, stub in channels:
             await route(stub, chat("after the restart"))
-        await eventually(lambda: _total_is(g, n + len(channels)), 5, "counted after the restart")
+        await until(lambda: _total_is(g, n + len(channels)), 5, "counted after the restart")
         assert "worker 1 (pid" in g.log.read_text() and "restarting it" in g.log.read_text()
     finally:
         for ch, _ in channels:

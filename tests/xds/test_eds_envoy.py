@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
 
 import aiohttp
 import orjson
@@ -16,21 +15,11 @@ import yaml
 from epp.xds import ResourceTable, version_of
 from tests.support.envoy import cluster_hosts, stats
 from tests.support.stack import Stack
+from tests.support.wait import seconds_until
 
 pytestmark = pytest.mark.envoy
 
 CHAT = orjson.dumps({"model": "llama", "messages": [{"role": "user", "content": "hello"}]})
-
-
-async def wait_until(cond: Callable[[], bool], timeout: float, what: str) -> float:
-    """Poll `cond` (run in a thread: it may call Envoy's admin API) until true; returns the seconds it took."""
-    started = time.monotonic()
-    while True:
-        if await asyncio.to_thread(cond):
-            return time.monotonic() - started
-        if time.monotonic() - started > timeout:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        await asyncio.sleep(0.05)
 
 
 async def served_by(stack: Stack, force: int | None = None) -> int:
@@ -64,7 +53,7 @@ async def stack(tmp_path):
     s.active = s.ports[:2]
     await s.start()
     try:
-        await wait_until(lambda: set(hosts(s)) == set(s.ports[:2]), 10, "Envoy's first EDS update")
+        await seconds_until(lambda: set(hosts(s)) == set(s.ports[:2]), 10, "Envoy's first EDS update", blocking=True)
         yield s
     finally:
         await s.stop()
@@ -74,7 +63,7 @@ async def test_endpoints_file_edits_reach_envoy_without_a_restart(stack):
     a, b, c = stack.ports
     pid = stack.envoy.proc.pid
     stack.endpoints_file([a, b, c])
-    added = await wait_until(lambda: c in hosts(stack), 3, "the added endpoint in Envoy's /clusters")
+    added = await seconds_until(lambda: c in hosts(stack), 3, "the added endpoint in Envoy's /clusters", blocking=True)
     # override_host finds the pick only among the cluster's hosts (otherwise it falls back to round robin over a
     # and b): a request pinned to c and served by c proves Envoy's own cluster has it.
     for _ in range(3):
@@ -82,7 +71,7 @@ async def test_endpoints_file_edits_reach_envoy_without_a_restart(stack):
     assert {await served_by(stack) for _ in range(12)} <= {a, b, c}
 
     stack.endpoints_file([b, c])
-    removed = await wait_until(lambda: a not in hosts(stack), 3, "the removed endpoint gone from /clusters")
+    removed = await seconds_until(lambda: a not in hosts(stack), 3, "the removed endpoint gone from /clusters", blocking=True)
     assert set(hosts(stack)) == {b, c}
     assert a not in {await served_by(stack) for _ in range(20)}
 
@@ -97,7 +86,7 @@ async def test_a_dead_endpoint_stays_listed_as_unhealthy(stack):
     a, b, _ = stack.ports
     runner = stack.fleet.runners[0]
     await runner.cleanup()  # backend a dies: three failed scrapes take it out of rotation
-    await wait_until(lambda: hosts(stack).get(a) == "UNHEALTHY", 5, "a marked UNHEALTHY")
+    await seconds_until(lambda: hosts(stack).get(a) == "UNHEALTHY", 5, "a marked UNHEALTHY", blocking=True)
     assert hosts(stack).get(b) in ("HEALTHY", "UNKNOWN"), "the live endpoint keeps its status"
     assert {await served_by(stack) for _ in range(10)} == {b}
 
@@ -106,13 +95,13 @@ async def test_envoy_keeps_its_endpoints_while_pointsman_restarts_and_then_recon
     a, b, c = stack.ports
     failed_dials = connect_failures(stack)
     await stack.stop_epp()
-    await wait_until(lambda: connected(stack) == 0, 5, "Envoy to notice the EDS stream is gone")
-    await wait_until(lambda: connect_failures(stack) > failed_dials, 5, "Envoy to try Pointsman again and fail")
+    await seconds_until(lambda: connected(stack) == 0, 5, "Envoy to notice the EDS stream is gone", blocking=True)
+    await seconds_until(lambda: connect_failures(stack) > failed_dials, 5, "Envoy to try Pointsman again and fail", blocking=True)
     assert set(hosts(stack)) == {a, b}, "Envoy must keep its last endpoints while Pointsman is away"
 
     stack.active = [a, b, c]  # the pool changed while Pointsman was down
     await stack.start_epp()
-    took = await wait_until(lambda: set(hosts(stack)) == {a, b, c}, 10, "Envoy to reconnect and take the update")
+    took = await seconds_until(lambda: set(hosts(stack)) == {a, b, c}, 10, "Envoy to reconnect and take the update", blocking=True)
     assert connected(stack) == 1
     assert await served_by(stack, force=c) == c
     assert {await served_by(stack) for _ in range(6)} <= {a, b, c}
@@ -131,11 +120,11 @@ async def test_a_rejected_update_is_logged_not_looped_and_the_fix_goes_through(s
     def rejected() -> int:
         return stats(stack.admin_port, "cluster.pool.").get("cluster.pool.update_rejected", 0)
 
-    await wait_until(lambda: rejected() >= 1, 5, "Envoy to reject the bad address")
+    await seconds_until(lambda: rejected() >= 1, 5, "Envoy to reject the bad address", blocking=True)
     # The bad endpoint's health changes once (never scraped -> three failed scrapes -> UNHEALTHY), which is one
     # more version, rejected too. Wait for that, and for Envoy to have answered every push; then nothing more
     # may be sent.
-    await wait_until(lambda: "not-an-ip:8000" in stack.app.datastore.unhealthy, 15, "the bad endpoint to fail")
+    await seconds_until(lambda: "not-an-ip:8000" in stack.app.datastore.unhealthy, 15, "the bad endpoint to fail", blocking=True)
     stream = next(iter(stack.app.eds.streams))
 
     def current_version() -> str:  # what the datastore holds now, computed apart from the server's own table
@@ -159,7 +148,7 @@ async def test_a_rejected_update_is_logged_not_looped_and_the_fix_goes_through(s
     assert nacks and "not-an-ip" in nacks[0], nacks
 
     stack.endpoints_file([a, b, c])
-    await wait_until(lambda: set(hosts(stack)) == {a, b, c}, 3, "the fixed file to reach Envoy")
+    await seconds_until(lambda: set(hosts(stack)) == {a, b, c}, 3, "the fixed file to reach Envoy", blocking=True)
     assert rejected() == settled
     assert await served_by(stack, force=c) == c
 
@@ -170,7 +159,7 @@ async def test_eds_rides_the_tls_ext_proc_port(tmp_path):
               envoy_overrides={"epp_tls": True})
     await s.start()
     try:
-        await wait_until(lambda: set(hosts(s)) == set(s.ports), 10, "endpoints over TLS EDS")
+        await seconds_until(lambda: set(hosts(s)) == set(s.ports), 10, "endpoints over TLS EDS", blocking=True)
         assert await served_by(s) in s.ports
     finally:
         await s.stop()

@@ -4,8 +4,6 @@ Service lists them, share load, and forget a replica the Service drops."""
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 import yaml
 
@@ -17,16 +15,9 @@ from tests.fleet.k8s.fakeapi import FakeKubeAPI, endpoint_slice
 from tests.support.backend import EchoFleet
 from tests.support.extproc_requests import chat, open_request, stub_for
 from tests.support.stack import serve_args
+from tests.support.wait import until
 
 SLICES = "discovery.k8s.io"
-
-
-async def eventually(pred, timeout: float = 5.0, what: str = "") -> None:
-    loop = asyncio.get_running_loop()
-    end = loop.time() + timeout
-    while not pred():
-        assert loop.time() < end, f"timed out waiting for {what}"
-        await asyncio.sleep(0.02)
 
 
 def test_addresses_and_expansion():
@@ -51,12 +42,12 @@ async def test_service_peers_follow_the_endpointslices_of_one_service():
         kube.apply(SLICES, "endpointslices", endpoint_slice("pointsman-bus-a", "pointsman-bus", ["10.0.0.1"]))
         kube.apply(SLICES, "endpointslices", endpoint_slice("other-x", "other", ["10.9.9.9"]))
         peers.start()
-        await eventually(lambda: seen and seen[-1] == ["10.0.0.1:9004", "10.0.0.1:9005"], what="listed")
+        await until(lambda: seen and seen[-1] == ["10.0.0.1:9004", "10.0.0.1:9005"], 5.0, "listed")
         kube.apply(SLICES, "endpointslices", endpoint_slice("pointsman-bus-b", "pointsman-bus", ["10.0.0.2"],
                                                             ready=False))  # not ready yet: still a peer
-        await eventually(lambda: len(seen[-1]) == 4, what="a second replica")
+        await until(lambda: len(seen[-1]) == 4, 5.0, "a second replica")
         kube.delete(SLICES, "endpointslices", "pointsman-bus-a")
-        await eventually(lambda: seen[-1] == ["10.0.0.2:9004", "10.0.0.2:9005"], what="the first one gone")
+        await until(lambda: seen[-1] == ["10.0.0.2:9004", "10.0.0.2:9005"], 5.0, "the first one gone")
         assert all("10.9.9.9" not in p for ps in seen for p in ps)
         assert ("list", "endpointslices") in {(v, p) for v, p, _ in kube.requests}
         params = next(q for v, p, q in kube.requests if p == "endpointslices")
@@ -95,18 +86,18 @@ async def test_replicas_found_through_a_headless_service_share_load(tmp_path):
         await a.start()
         await b.start()
         assert a.bus.bus.address == f"127.0.0.2:{bus_port}"
-        await eventually(lambda: b.bus.bus.peers == [f"127.0.0.2:{bus_port}"], what="b finds a")
+        await until(lambda: b.bus.bus.peers == [f"127.0.0.2:{bus_port}"], 5.0, "b finds a")
         assert a.bus.bus.peers == []  # the Service does not list b yet: a does not listen to it
         kube.apply(SLICES, "endpointslices", endpoint_slice("pointsman-bus-1", "pointsman-bus",
                                                             ["127.0.0.2", "127.0.0.3"], port=bus_port))
-        await eventually(lambda: a.bus.bus.live_peers() == [f"127.0.0.3:{bus_port}"], what="a hears b")
+        await until(lambda: a.bus.bus.live_peers() == [f"127.0.0.3:{bus_port}"], 5.0, "a hears b")
         channel, stub = stub_for(b.port)
         held = await open_request(stub, chat("hello"))
-        await eventually(lambda: a.datastore.inflight.get(held.endpoint).requests == 1, 1.0, "b's load at a")
+        await until(lambda: a.datastore.inflight.get(held.endpoint).requests == 1, 1.0, "b's load at a")
         # the Service drops b: a forgets it at once, its load included (no waiting for the ttl)
         kube.apply(SLICES, "endpointslices", endpoint_slice("pointsman-bus-1", "pointsman-bus", ["127.0.0.2"],
                                                             port=bus_port))
-        await eventually(lambda: a.bus.bus.peers == [], what="a forgets b")
+        await until(lambda: a.bus.bus.peers == [], 5.0, "a forgets b")
         assert a.datastore.inflight.view() == {}
         await held.finish()
     finally:

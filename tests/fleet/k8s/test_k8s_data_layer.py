@@ -1,7 +1,6 @@
 """The data layer end to end: the fake API server announces pods, discovery fills the datastore, the scraper reads
 each pod's real /metrics server, health turns ready, and a pod that stops answering leaves rotation."""
 
-import asyncio
 import socket
 
 import grpc
@@ -13,6 +12,7 @@ from epp.api.health import start_health_server
 from epp.fleet.datastore import Datastore
 from epp.fleet.k8s.discovery import make_api_client, start_pool_discovery
 from epp.fleet.scrape.scraper import MetricsScraper
+from tests.support.wait import until
 
 OPTS = {"watch_timeout_s": 5, "backoff_initial_s": 0.05, "backoff_max_s": 0.2}
 
@@ -43,14 +43,6 @@ async def serve(ip: str, port: int, state: dict) -> web.AppRunner:
     return runner
 
 
-async def eventually(pred, timeout=5.0):
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not pred():
-        assert loop.time() < deadline, "timed out"
-        await asyncio.sleep(0.02)
-
-
 async def test_discovery_scrape_and_health_together():
     with socket.socket() as s:  # one port number free on both loopback addresses we use
         s.bind(("127.0.0.2", 0))
@@ -79,17 +71,17 @@ async def test_discovery_scrape_and_health_together():
         assert await disc.wait_synced(5)
         assert await ready() == health_pb2.HealthCheckResponse.SERVING
         key_a, key_b = f"127.0.0.2:{port}", f"127.0.0.3:{port}"
-        await eventually(lambda: ds.snapshot().by_key[key_a].metrics.waiting == 3)
+        await until(lambda: ds.snapshot().by_key[key_a].metrics.waiting == 3, 5.0)
         kube.apply("", "pods", pod("b", "127.0.0.3", {"app": "vllm"}))
-        await eventually(lambda: key_b in ds.snapshot().by_key and ds.snapshot().by_key[key_b].metrics.updated_at)
+        await until(lambda: key_b in ds.snapshot().by_key and ds.snapshot().by_key[key_b].metrics.updated_at, 5.0)
         assert ds.snapshot().by_key[key_b].metrics.kv_usage == 0.1
         states["127.0.0.2"]["waiting"] = 7
-        await eventually(lambda: ds.snapshot().by_key[key_a].metrics.waiting == 7)
+        await until(lambda: ds.snapshot().by_key[key_a].metrics.waiting == 7, 5.0)
         states["127.0.0.3"]["down"] = True
-        await eventually(lambda: not ds.is_routable(key_b))
+        await until(lambda: not ds.is_routable(key_b), 5.0)
         assert ds.is_routable(key_a)
         kube.delete("", "pods", "b")
-        await eventually(lambda: key_b not in ds.snapshot().by_key and ds.is_routable(key_b))
+        await until(lambda: key_b not in ds.snapshot().by_key and ds.is_routable(key_b), 5.0)
     finally:
         await channel.close()
         await scraper.stop()

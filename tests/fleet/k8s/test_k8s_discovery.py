@@ -1,6 +1,5 @@
 """Discovery against a wire-level fake API server, through the real kubernetes client."""
 
-import asyncio
 import logging
 
 import pytest
@@ -8,18 +7,11 @@ from fakeapi import FakeKubeAPI, objective, pod, pool, rewrite
 
 from epp.fleet.datastore import Datastore
 from epp.fleet.k8s.discovery import make_api_client, start_pool_discovery, start_selector_discovery
+from tests.support.wait import until
 
 CORE, POOLS, X = "", "inference.networking.k8s.io", "inference.networking.x-k8s.io"
 OPTS = {"watch_timeout_s": 2, "backoff_initial_s": 0.05, "backoff_max_s": 0.2, "request_timeout_s": 5}
 VLLM = {"app": "vllm"}
-
-
-async def eventually(pred, timeout=10.0, what=""):
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not pred():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"timed out waiting for {what or pred}")
-        await asyncio.sleep(0.02)
 
 
 def keys(ds, name="llama"):
@@ -91,9 +83,8 @@ async def test_not_synced_until_the_pool_exists(kube, discover):
     ds, disc = await discover()
     # Every reflector lists, hands the list over, then watches: once all three watch, discovery has seen everything
     # there is (no pool) and will do nothing more until an event arrives.
-    await eventually(lambda: all(kube.count("watch", plural) >= 1 for plural in
-                                 ("inferencepools", "inferenceobjectives", "inferencemodelrewrites")),
-                     what="the pool, objective and rewrite watches")
+    await until(lambda: all(kube.count("watch", plural) >= 1 for plural in
+                            ("inferencepools", "inferenceobjectives", "inferencemodelrewrites")), 10.0, "the pool, objective and rewrite watches")
     assert kube.count("list", "pods") == 0  # no pool, no selector: pods are not even listed
     assert not ds.synced and ds.snapshot("llama") is None
     kube.apply(POOLS, "inferencepools", pool("llama", VLLM, [8000]))
@@ -106,22 +97,22 @@ async def test_pod_lifecycle(kube, discover):
     ds, disc = await discover()
     assert await disc.wait_synced(5)
     kube.apply(CORE, "pods", pod("p7", "10.0.0.7", VLLM))
-    await eventually(lambda: "10.0.0.7:8000" in keys(ds), what="p7 added")
+    await until(lambda: "10.0.0.7:8000" in keys(ds), 10.0, "p7 added")
     kube.apply(CORE, "pods", pod("p7", "10.0.0.7", VLLM, ready=False))
-    await eventually(lambda: "10.0.0.7:8000" not in keys(ds), what="p7 not ready")
+    await until(lambda: "10.0.0.7:8000" not in keys(ds), 10.0, "p7 not ready")
     kube.apply(CORE, "pods", pod("p2", "10.0.0.2", VLLM))  # becomes ready
-    await eventually(lambda: "10.0.0.2:8001" in keys(ds), what="p2 ready")
+    await until(lambda: "10.0.0.2:8001" in keys(ds), 10.0, "p2 ready")
     kube.apply(CORE, "pods", pod("p1", "10.0.0.1", VLLM, annotations={"inference.networking.k8s.io/active-ports": "8000"}))
-    await eventually(lambda: "10.0.0.1:8001" not in keys(ds), what="p1 narrowed to 8000")
+    await until(lambda: "10.0.0.1:8001" not in keys(ds), 10.0, "p1 narrowed to 8000")
     assert "10.0.0.1:8000" in keys(ds)
     kube.apply(CORE, "pods", pod("p5", "10.0.0.5", VLLM, terminating=True))
-    await eventually(lambda: "10.0.0.5:8001" not in keys(ds), what="p5 terminating")
+    await until(lambda: "10.0.0.5:8001" not in keys(ds), 10.0, "p5 terminating")
     kube.apply(CORE, "pods", pod("p3", "10.0.0.3", VLLM))  # relabelled into the pool
-    await eventually(lambda: "10.0.0.3:8000" in keys(ds), what="p3 joins")
+    await until(lambda: "10.0.0.3:8000" in keys(ds), 10.0, "p3 joins")
     kube.apply(CORE, "pods", pod("p3", "10.0.0.3", {"app": "other"}))  # and out again
-    await eventually(lambda: "10.0.0.3:8000" not in keys(ds), what="p3 leaves")
+    await until(lambda: "10.0.0.3:8000" not in keys(ds), 10.0, "p3 leaves")
     kube.delete(CORE, "pods", "p2")
-    await eventually(lambda: keys(ds) == ["10.0.0.1:8000"], what="p2 deleted")
+    await until(lambda: keys(ds) == ["10.0.0.1:8000"], 10.0, "p2 deleted")
 
 
 async def test_pool_changes_selector_and_ports(kube, discover):
@@ -131,19 +122,19 @@ async def test_pool_changes_selector_and_ports(kube, discover):
     assert await disc.wait_synced(5)
     lists_before = kube.count("list", "pods")
     kube.apply(POOLS, "inferencepools", pool("llama", {"app": "vllm-v2"}, [9000]))
-    await eventually(lambda: keys(ds) == ["10.0.1.1:9000"], what="new selector's pods")
+    await until(lambda: keys(ds) == ["10.0.1.1:9000"], 10.0, "new selector's pods")
     assert kube.count("list", "pods") == lists_before + 1
     assert ds.snapshot("llama").spec.target_ports == (9000,)
     kube.apply(CORE, "pods", pod("v2-b", "10.0.1.2", {"app": "vllm-v2"}))  # the new watch is live
-    await eventually(lambda: "10.0.1.2:9000" in keys(ds), what="pod under the new selector")
+    await until(lambda: "10.0.1.2:9000" in keys(ds), 10.0, "pod under the new selector")
     kube.apply(CORE, "pods", pod("old", "10.0.0.9", VLLM))  # the old selector is no longer watched
     # A marker under the new selector, applied after it: once discovery has it, an old-selector watch would have
     # been sent the older event too.
     kube.apply(CORE, "pods", pod("v2-c", "10.0.1.3", {"app": "vllm-v2"}))
-    await eventually(lambda: "10.0.1.3:9000" in keys(ds), what="the marker pod under the new selector")
+    await until(lambda: "10.0.1.3:9000" in keys(ds), 10.0, "the marker pod under the new selector")
     assert "10.0.0.9:9000" not in keys(ds)
     kube.apply(POOLS, "inferencepools", pool("llama", {"app": "vllm-v2"}, [9000, 9001]))
-    await eventually(lambda: len(keys(ds)) == 6, what="second port")  # three pods, two ports each
+    await until(lambda: len(keys(ds)) == 6, 10.0, "second port")  # three pods, two ports each
 
 
 @pytest.mark.parametrize("kube", ["event", "http"], indirect=True)
@@ -164,7 +155,7 @@ async def test_410_gone_relists(kube, discover):
         kube.apply(CORE, "pods", pod("p8", "10.0.0.8", VLLM))
         kube.delete(CORE, "pods", "p1")
         kube.compact()  # ... which is gone by then: HTTP 410
-    await eventually(lambda: keys(ds) == ["10.0.0.5:8001", "10.0.0.8:8000", "10.0.0.8:8001"], what="relist")
+    await until(lambda: keys(ds) == ["10.0.0.5:8001", "10.0.0.8:8000", "10.0.0.8:8001"], 10.0, "relist")
     assert kube.count("list", "pods") >= 2
     assert ds.synced
 
@@ -178,8 +169,8 @@ async def test_watch_cut_mid_stream_resumes_without_relist(kube, discover):
     kube.cut_watches()
     kube.apply(CORE, "pods", pod("p9", "10.0.0.9", VLLM))
     # The cut may land after the event went out on the old stream: either way the client must watch again.
-    await eventually(lambda: kube.count("watch", "pods") > watches, what="a new watch after the cut")
-    await eventually(lambda: "10.0.0.9:8000" in keys(ds), what="event after reconnect")
+    await until(lambda: kube.count("watch", "pods") > watches, 10.0, "a new watch after the cut")
+    await until(lambda: "10.0.0.9:8000" in keys(ds), 10.0, "event after reconnect")
     assert kube.count("list", "pods") == lists  # history still there: resumed from resourceVersion
     assert not any(e.name.startswith("half") for e in ds.snapshot("llama").endpoints)
 
@@ -189,11 +180,11 @@ async def test_watch_timeout_rewatches_from_last_version(kube, discover):
     ds, disc = await discover(watch_timeout_s=1)
     assert await disc.wait_synced(5)
     watches = kube.count("watch", "pods")
-    await eventually(lambda: kube.count("watch", "pods") > watches, timeout=3, what="re-watch after timeout")
+    await until(lambda: kube.count("watch", "pods") > watches, 3, "re-watch after timeout")
     rvs = [int(p["resourceVersion"]) for v, pl, p in kube.requests if v == "watch" and pl == "pods"]
     assert rvs == sorted(rvs) and rvs[0] > 0
     kube.apply(CORE, "pods", pod("p10", "10.0.0.10", VLLM))
-    await eventually(lambda: "10.0.0.10:8000" in keys(ds))
+    await until(lambda: "10.0.0.10:8000" in keys(ds), 10.0)
     assert kube.count("list", "pods") == 1
 
 
@@ -202,20 +193,20 @@ async def test_objectives_and_rewrites_follow_changes(kube, discover, caplog):
     ds, disc = await discover()
     assert await disc.wait_synced(5)
     kube.apply(X, "inferenceobjectives", objective("chat", "llama", 5))
-    await eventually(lambda: ds.objectives.get("chat") == 5)
+    await until(lambda: ds.objectives.get("chat") == 5, 10.0)
     kube.delete(X, "inferenceobjectives", "batch")
-    await eventually(lambda: "batch" not in ds.objectives)
+    await until(lambda: "batch" not in ds.objectives, 10.0)
     with caplog.at_level(logging.ERROR):
         kube.apply(X, "inferencemodelrewrites", rewrite("broken", "llama", [
             {"matches": [{"model": {"type": "RegularExpression", "value": ".*"}}], "targets": [{"modelRewrite": "x"}]}]))
         kube.apply(X, "inferencemodelrewrites", rewrite("older", "llama", [
             {"matches": [{"model": {"value": "food-review"}}], "targets": [{"modelRewrite": "legacy"}]}],
             created="2025-06-01T00:00:00Z"))
-        await eventually(lambda: len(ds.rewrites) == 3)
+        await until(lambda: len(ds.rewrites) == 3, 10.0)
     assert "not supported" in caplog.text
     assert [r.targets[0].model for r in ds.rewrites][0] == "legacy"  # oldest first
     kube.delete(X, "inferencemodelrewrites", "canary")
-    await eventually(lambda: [r.name for r in ds.rewrites] == ["default/older"])
+    await until(lambda: [r.name for r in ds.rewrites] == ["default/older"], 10.0)
 
 
 async def test_pool_deleted_and_recreated(kube, discover):
@@ -223,10 +214,10 @@ async def test_pool_deleted_and_recreated(kube, discover):
     ds, disc = await discover()
     assert await disc.wait_synced(5)
     kube.delete(POOLS, "inferencepools", "llama")
-    await eventually(lambda: not ds.synced and ds.snapshot("llama") is None, what="pool removed")
+    await until(lambda: not ds.synced and ds.snapshot("llama") is None, 10.0, "pool removed")
     kube.apply(POOLS, "inferencepools", pool("llama", VLLM, [8000]))
     assert await disc.wait_synced(5)
-    await eventually(lambda: keys(ds) == ["10.0.0.1:8000", "10.0.0.5:8000"] or keys(ds) == ["10.0.0.1:8000"])
+    await until(lambda: keys(ds) == ["10.0.0.1:8000", "10.0.0.5:8000"] or keys(ds) == ["10.0.0.1:8000"], 10.0)
     # p5's active-ports annotation says 8001 only; with the pool on 8000 it has no endpoint
     assert keys(ds) == ["10.0.0.1:8000"]
 
@@ -249,9 +240,9 @@ async def test_selector_mode(kube):
         assert await disc.wait_synced(5)
         assert keys(ds, "standalone") == ["10.0.2.1:8000", "10.0.2.1:8001"]
         kube.apply(CORE, "pods", pod("s3", "10.0.2.3", {"app": "sim", "tier": "a"}))
-        await eventually(lambda: len(keys(ds, "standalone")) == 4)
+        await until(lambda: len(keys(ds, "standalone")) == 4, 10.0)
         kube.delete(CORE, "pods", "s1")
-        await eventually(lambda: keys(ds, "standalone") == ["10.0.2.3:8000", "10.0.2.3:8001"])
+        await until(lambda: keys(ds, "standalone") == ["10.0.2.3:8000", "10.0.2.3:8001"], 10.0)
         assert kube.count("list", "inferencepools") == 0
     finally:
         await disc.stop()
@@ -280,7 +271,7 @@ async def test_pool_group_v1alpha2_inferencepool(kube, discover):
     assert ds.objectives == {"batch": -1}
     assert any(r[1] == "inferencepools" and r[0] == "list" for r in kube.requests)
     kube.apply(X, "inferencepools", pool_v1alpha2("llama", VLLM, 8001))  # the port moves
-    await eventually(lambda: keys(ds) == ["10.0.0.1:8001"], what="v1alpha2 port change")
+    await until(lambda: keys(ds) == ["10.0.0.1:8001"], 10.0, "v1alpha2 port change")
 
 
 async def test_unknown_pool_group_is_refused(kube):

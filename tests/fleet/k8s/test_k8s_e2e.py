@@ -18,6 +18,7 @@ from epp.envoy_config import EnvoyConfigSpec, render_yaml
 from tests.support.backend import EchoFleet
 from tests.support.envoy import Envoy, free_port
 from tests.support.stack import serve_args
+from tests.support.wait import until
 
 POOLS, CORE, X = "inference.networking.k8s.io", "", "inference.networking.x-k8s.io"
 CHAT = orjson.dumps({"model": "llama", "messages": [{"role": "user", "content": "hi"}]})
@@ -27,13 +28,6 @@ async def readiness(port: int) -> int:
     async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
         stub = health_pb2_grpc.HealthStub(ch)
         return (await stub.Check(health_pb2.HealthCheckRequest(service="readiness"), timeout=5)).status
-
-
-async def eventually(pred, timeout: float = 8.0) -> None:
-    end = asyncio.get_running_loop().time() + timeout
-    while not pred():
-        assert asyncio.get_running_loop().time() < end, "timed out"
-        await asyncio.sleep(0.05)
 
 
 @pytest.mark.envoy
@@ -60,9 +54,9 @@ async def test_inference_pool_epp_end_to_end(tmp_path):
         kube.apply(CORE, "pods", pod("vllm-0", "127.0.0.1", {"app": "vllm"}))
         kube.apply(X, "inferenceobjectives", objective("batch", "llama", -1))
         # Each kind arrives on its own watch, in no fixed order.
-        await eventually(lambda: app.datastore.synced and app.datastore.snapshot("llama") is not None
-                         and len(app.datastore.snapshot("llama").endpoints) == 2
-                         and app.datastore.objectives == {"batch": -1})
+        await until(lambda: app.datastore.synced and app.datastore.snapshot("llama") is not None
+                    and len(app.datastore.snapshot("llama").endpoints) == 2
+                    and app.datastore.objectives == {"batch": -1}, 8.0)
         assert await readiness(app.port) == health_pb2.HealthCheckResponse.SERVING
         lp, ap = free_port(), free_port()
         envoy = Envoy(render_yaml(EnvoyConfigSpec(listen_port=lp, admin_port=ap, epp_port=app.port)), lp, ap)
@@ -77,7 +71,7 @@ async def test_inference_pool_epp_end_to_end(tmp_path):
             assert served <= set(ports)
             # The pod goes away: the pool has no endpoints and requests get a clear 503.
             kube.delete(CORE, "pods", "vllm-0")
-            await eventually(lambda: len(app.datastore.snapshot("llama").endpoints) == 0)
+            await until(lambda: len(app.datastore.snapshot("llama").endpoints) == 0, 8.0)
             async with c.post(f"http://127.0.0.1:{lp}/v1/chat/completions", data=CHAT) as r:
                 assert r.status == 503
                 assert (await r.text()).startswith("inference error: ServiceUnavailable")

@@ -4,7 +4,6 @@ cluster within about a second, through the real kubernetes client against the wi
 from __future__ import annotations
 
 import asyncio
-import time
 
 import aiohttp
 import orjson
@@ -17,17 +16,10 @@ from epp.envoy_config import EnvoyConfigSpec, render_yaml
 from tests.support.backend import EchoFleet
 from tests.support.envoy import Envoy, cluster_addresses, free_port
 from tests.support.stack import serve_args
+from tests.support.wait import seconds_until
 
 POOLS, CORE = "inference.networking.k8s.io", ""
 CHAT = orjson.dumps({"model": "llama", "messages": [{"role": "user", "content": "hi"}]})
-
-
-async def until(cond, timeout: float, what: str) -> float:
-    started = time.monotonic()
-    while not await asyncio.to_thread(cond):
-        assert time.monotonic() - started < timeout, f"timed out waiting for {what}"
-        await asyncio.sleep(0.05)
-    return time.monotonic() - started
 
 
 @pytest.mark.envoy
@@ -55,16 +47,16 @@ async def test_pods_joining_and_leaving_reach_envoy_by_eds(tmp_path):
         envoy = Envoy(render_yaml(spec), lp, ap)
         await asyncio.to_thread(envoy.start)
         first = f"127.0.0.1:{port}"
-        await until(lambda: set(cluster_addresses(ap)) == {first}, 10, "the first pod in Envoy")
+        await seconds_until(lambda: set(cluster_addresses(ap)) == {first}, 10, "the first pod in Envoy", blocking=True)
         async with aiohttp.ClientSession() as c, c.post(f"http://127.0.0.1:{lp}/v1/chat/completions",
                                                         data=CHAT) as r:
             assert r.status == 200 and (await r.json())["served_by"] == port
 
         second = f"127.0.0.2:{port}"  # another loopback address: a second pod
         kube.apply(CORE, "pods", pod("vllm-1", "127.0.0.2", {"app": "vllm"}))
-        joined = await until(lambda: second in cluster_addresses(ap), 5, "the new pod in Envoy")
+        joined = await seconds_until(lambda: second in cluster_addresses(ap), 5, "the new pod in Envoy", blocking=True)
         kube.delete(CORE, "pods", "vllm-1")
-        left = await until(lambda: set(cluster_addresses(ap)) == {first}, 5, "the deleted pod gone from Envoy")
+        left = await seconds_until(lambda: set(cluster_addresses(ap)) == {first}, 5, "the deleted pod gone from Envoy", blocking=True)
         # Watch event -> datastore -> EDS push -> Envoy, with admin polling on top; loose for a busy machine.
         assert joined < 1.5 and left < 1.5, (joined, left)
         assert envoy.proc is not None and envoy.proc.poll() is None

@@ -4,8 +4,6 @@ API server, real modelsim publisher, real ZMQ); the pod going away takes the sub
 
 from __future__ import annotations
 
-import asyncio
-
 import yaml
 from fakeapi import FakeKubeAPI, pod, pool
 
@@ -16,15 +14,9 @@ from modelsim.fleet import Fleet
 from scheduling.prefix.precise import LIVE
 from tests.support.envoy import free_port
 from tests.support.stack import serve_args
+from tests.support.wait import until
 
 POOLS, CORE = "inference.networking.k8s.io", ""
-
-
-async def eventually(pred, timeout: float = 8.0) -> None:
-    end = asyncio.get_running_loop().time() + timeout
-    while not pred():
-        assert asyncio.get_running_loop().time() < end, "timed out"
-        await asyncio.sleep(0.05)
 
 
 async def test_pod_annotations_subscribe_and_a_departed_pod_is_forgotten(tmp_path):
@@ -54,12 +46,12 @@ async def test_pod_annotations_subscribe_and_a_departed_pod_is_forgotten(tmp_pat
         kube.apply(CORE, "pods", pod("vllm-0", "127.0.0.1", {"app": "vllm"}, annotations={
             "pointsman.ai/kv-events-endpoint": str(cfg.kv_events_port),
             "pointsman.ai/kv-events-replay-endpoint": str(cfg.kv_events_replay_port)}))
-        await eventually(lambda: app.precise is not None and app.precise.index.state(key) == LIVE)
+        await until(lambda: app.precise is not None and app.precise.index.state(key) == LIVE, 8.0)
         src = app.precise.subscriber.sources()[key]
         assert (src.endpoint, src.replay) == (f"tcp://127.0.0.1:{cfg.kv_events_port}",
                                               f"tcp://127.0.0.1:{cfg.kv_events_replay_port}")
         kube.delete(CORE, "pods", "vllm-0")
-        await eventually(lambda: key not in app.precise.subscriber.sources())
+        await until(lambda: key not in app.precise.subscriber.sources(), 8.0)
         assert app.precise.index.state(key) is None and key not in app.precise.index.endpoints()
     finally:
         await app.stop(0)

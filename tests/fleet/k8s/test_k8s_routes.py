@@ -3,7 +3,6 @@ many InferencePools in one Pointsman (`--epp-service-name`), against the wire-le
 
 from __future__ import annotations
 
-import asyncio
 import logging
 
 import orjson
@@ -13,17 +12,11 @@ from fakeapi import FakeKubeAPI, pod, pool, secret
 from epp.cmd.app import App
 from tests.support.envoy import free_port
 from tests.support.stack import serve_args
+from tests.support.wait import until
 
 K, CORE = "networking.serving.volcano.sh", ""
 HDRS = {":path": "/v1/chat/completions", ":method": "POST"}
 
-
-
-async def eventually(pred, timeout: float = 10.0, what: str = "") -> None:
-    end = asyncio.get_running_loop().time() + timeout
-    while not pred():
-        assert asyncio.get_running_loop().time() < end, f"timed out: {what}"
-        await asyncio.sleep(0.05)
 
 
 def decide(app, model, headers=None, metadata=None):
@@ -74,40 +67,40 @@ async def test_watched_routes_servers_providers_and_secrets(kube, tmp_path, capl
                          "--grpc-port", str(free_port())))
     await app.start()
     try:
-        await eventually(lambda: app.datastore.synced, what="synced")
-        await eventually(lambda: dest(decide(app, "deepseek")) is not None, what="routed")
+        await until(lambda: app.datastore.synced, 10.0, "synced")
+        await until(lambda: dest(decide(app, "deepseek")) is not None, 10.0, "routed")
         assert dest(decide(app, "deepseek")) in ("10.0.0.1:8000", "10.0.0.2:8000")
         out = decide(app, "deepseek")
         assert orjson.loads(out.body)["model"] == "deepseek-ai/real"
-        await eventually(lambda: dict(decide(app, "deepseek", {"x-cloud": "1"}).set_headers).get("authorization")
-                         == "Bearer sk-first", what="secret")
+        await until(lambda: dict(decide(app, "deepseek", {"x-cloud": "1"}).set_headers).get("authorization")
+                    == "Bearer sk-first", 10.0, "secret")
         # only the Secret a provider names is read, by name
         secret_reads = [p for v, pl, p in kube.requests if pl == "secrets"]
         assert secret_reads and all(p.get("fieldSelector") == "metadata.name=openai-key" for p in secret_reads)
         # pods come and go
         kube.delete(CORE, "pods", "ds-0")
-        await eventually(lambda: {e.key for e in app.datastore.snapshot("modelserver:default/ds").endpoints}
-                         == {"10.0.0.2:8000"}, what="pod gone")
+        await until(lambda: {e.key for e in app.datastore.snapshot("modelserver:default/ds").endpoints}
+                    == {"10.0.0.2:8000"}, 10.0, "pod gone")
         # a Secret rotation reaches the next request
         kube.apply(CORE, "secrets", secret("openai-key", {"token": "sk-second"}))
-        await eventually(lambda: dict(decide(app, "deepseek", {"x-cloud": "1"}).set_headers).get("authorization")
-                         == "Bearer sk-second", what="rotated")
+        await until(lambda: dict(decide(app, "deepseek", {"x-cloud": "1"}).set_headers).get("authorization")
+                    == "Bearer sk-second", 10.0, "rotated")
         # a bad update keeps the last good version; the error is logged and counted
         kube.apply(K, "modelservers", model_server("ds", {"app": "ds"}, engine="TGI"))
-        await eventually(lambda: b'pointsman_route_document_errors_total{kind="ModelServer"} 1.0'
-                         in app.metrics.exposition(), what="error counted")
+        await until(lambda: b'pointsman_route_document_errors_total{kind="ModelServer"} 1.0'
+                    in app.metrics.exposition(), 10.0, "error counted")
         assert dest(decide(app, "deepseek")) == "10.0.0.2:8000"
         assert orjson.loads(decide(app, "deepseek").body)["model"] == "deepseek-ai/real"
         # a good update applies
         kube.apply(K, "modelservers", model_server("ds", {"app": "other"}, port=9000, engine="SGLang"))
-        await eventually(lambda: dest(decide(app, "deepseek")) == "10.0.0.9:9000", what="updated")
+        await until(lambda: dest(decide(app, "deepseek")) == "10.0.0.9:9000", 10.0, "updated")
         # the Secret deleted: the provider is not ready (503), and says so without any value
         kube.delete(CORE, "secrets", "openai-key")
-        await eventually(lambda: decide(app, "deepseek", {"x-cloud": "1"}).reject_status == 503, what="no secret")
+        await until(lambda: decide(app, "deepseek", {"x-cloud": "1"}).reject_status == 503, 10.0, "no secret")
         assert "sk-" not in decide(app, "deepseek", {"x-cloud": "1"}).reject_body
         # the route deleted: 404
         kube.delete(K, "modelroutes", "r")
-        await eventually(lambda: decide(app, "deepseek").reject_status == 404, what="route gone")
+        await until(lambda: decide(app, "deepseek").reject_status == 404, 10.0, "route gone")
         text = caplog.text + app.metrics.exposition().decode()
         assert "ModelServer default/ds" in text  # the logs were captured
         for value in ("sk-first", "sk-second", "never-read"):
@@ -134,9 +127,9 @@ async def test_many_inference_pools_in_one_epp(kube, tmp_path, group):
                          "--kubeconfig", str(kube.kubeconfig(tmp_path / "kubeconfig")), "--grpc-port", str(free_port())))
     await app.start()
     try:
-        await eventually(lambda: app.datastore.synced, what="synced")
-        await eventually(lambda: app.datastore.pool_names() == ["llama", "qwen"], what="pools")
-        await eventually(lambda: all(app.datastore.snapshot(p).endpoints for p in ("llama", "qwen")), what="pods")
+        await until(lambda: app.datastore.synced, 10.0, "synced")
+        await until(lambda: app.datastore.pool_names() == ["llama", "qwen"], 10.0, "pools")
+        await until(lambda: all(app.datastore.snapshot(p).endpoints for p in ("llama", "qwen")), 10.0, "pods")
         # each request is scheduled in its own pool: by the model the pool serves ...
         assert dest(decide(app, "llama")) == "10.1.0.1:8000"
         assert dest(decide(app, "qwen")) == "10.2.0.1:8001"
@@ -149,7 +142,7 @@ async def test_many_inference_pools_in_one_epp(kube, tmp_path, group):
         assert out.reject_status == 503 and "llama, qwen" in out.reject_body
         # a pool that stops naming this Service is no longer served
         kube.apply(group, "inferencepools", ip("qwen", {"app": "qwen"}, 8001, "another-epp"))
-        await eventually(lambda: app.datastore.pool_names() == ["llama"], what="qwen gone")
+        await until(lambda: app.datastore.pool_names() == ["llama"], 10.0, "qwen gone")
         assert dest(decide(app, "shared")) == "10.1.0.1:8000"  # one pool left: no ambiguity
     finally:
         await app.stop(0)

@@ -12,7 +12,6 @@ from typing import Any
 import aiohttp
 import orjson
 import pytest
-from kvhelpers import wait_for
 from test_precise_wiring import PRECISE, chat, explain, post, prefix, write_endpoints
 
 from epp.cmd.app import App
@@ -20,6 +19,7 @@ from epp.envoy_config import EnvoyConfigSpec, render_yaml
 from scheduling.prefix.precise import LIVE
 from tests.support.envoy import Envoy, free_port
 from tests.support.stack import serve_args
+from tests.support.wait import until
 
 pytestmark = pytest.mark.envoy
 
@@ -49,11 +49,11 @@ async def test_repeated_prefix_follows_the_engine_cache_and_a_reset_within_100ms
     try:
         assert app.precise is not None
         index = app.precise.index
-        await wait_for(lambda: all(index.state(k) == LIVE for k in keys), timeout=5)
+        await until(lambda: all(index.state(k) == LIVE for k in keys), 5)
         # Servers 1 and 2 learn the long prefix from traffic that bypasses Pointsman.
         await post(fleet.urls[1], chat("first visit"))
         await post(fleet.urls[2], chat("first visit"))
-        await wait_for(lambda: index.size(keys[1]) >= 10 and index.size(keys[2]) >= 10)
+        await until(lambda: index.size(keys[1]) >= 10 and index.size(keys[2]) >= 10, 3.0)
         picks = [await through_envoy(url, chat(f"question {i}")) for i in range(6)]
         assert set(picks) <= {ports[1], ports[2]}, picks
         assert app.metrics is not None  # each routed request was tokenized by an engine's /tokenize, and counted

@@ -14,7 +14,6 @@ import aiohttp
 import orjson
 import pytest
 import yaml
-from kvhelpers import wait_for
 
 from epp.api.explain import PointsmanService
 from epp.api.pb import pointsman_pb2 as api
@@ -90,10 +89,10 @@ async def test_subscriptions_follow_the_pools_and_the_index_survives_reloads(mak
         precise = app.precise
         assert precise is not None
         index = precise.index
-        await wait_for(lambda: all(index.state(k) == LIVE for k in keys), timeout=5)  # idle engines: caught up
+        await until(lambda: all(index.state(k) == LIVE for k in keys), 5)  # idle engines: caught up
         await post(fleet.urls[1], chat("warm-up"))  # outside traffic: straight to server 1
         resp = await explain(app, chat("a question that nobody asked before"))
-        await wait_for(lambda: index.size(keys[1]) > 0)
+        await until(lambda: index.size(keys[1]) > 0, 3.0)
         resp = await explain(app, chat("a question that nobody asked before"))
         assert resp.endpoint == keys[1] and resp.token_source == "engine"
         got = prefix(resp)
@@ -102,17 +101,17 @@ async def test_subscriptions_follow_the_pools_and_the_index_survives_reloads(mak
         # a reload builds a new scheduler on the same index: what the engines published is still known
         old = app.director.scheduler if app.director else None
         cfg.write_text(PRECISE % "3s")
-        await wait_for(lambda: app.director is not None and app.director.scheduler is not old, timeout=10)
+        await until(lambda: app.director is not None and app.director.scheduler is not old, 10)
         assert app.precise is precise and precise.index is index
         again = prefix(await explain(app, chat("a question that nobody asked before")))
         assert again[keys[1]].gpu_blocks == got[keys[1]].gpu_blocks
         # server 1 leaves the pool: its subscription and its index entries go
         write_endpoints(eps, fleet, [0])
-        await wait_for(lambda: keys[1] not in precise.subscriber.sources(), timeout=5)
+        await until(lambda: keys[1] not in precise.subscriber.sources(), 5)
         assert index.state(keys[1]) is None and index.size(keys[1]) == 0 and keys[1] not in index.endpoints()
         # and it comes back: subscribed again, its retained history replayed
         write_endpoints(eps, fleet, [0, 1])
-        await wait_for(lambda: index.state(keys[1]) == LIVE and index.size(keys[1]) > 0, timeout=5)
+        await until(lambda: index.state(keys[1]) == LIVE and index.size(keys[1]) > 0, 5)
     finally:
         await app.stop(0)
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import aiohttp
-from kvhelpers import wait_for
 
 from epp.fleet.kvevents.decode import BlockStored
 from epp.fleet.kvevents.sources import KVEventsSource
@@ -17,6 +16,7 @@ from scheduling.prefix.precise import LIVE, PreciseIndex
 from scheduling.prefix.token_keys import chain_keys
 from scheduling.types import ApiKind
 from tests.support.tiny_tokenizer import build_tokenizer
+from tests.support.wait import until
 
 MODEL = "acme/tiny-chat"
 
@@ -34,7 +34,7 @@ async def test_local_tokenizer_keys_match_event_keys(make_fleet, tmp_path: Path)
                                              f"tcp://127.0.0.1:{cfg.kv_events_replay_port}"))
     eng = EngineTokenizer()
     try:
-        await wait_for(lambda: index.state("sim-0") == LIVE)
+        await until(lambda: index.state("sim-0") == LIVE, 3.0)
         body = {"model": MODEL, "max_tokens": 1, "messages": [
             {"role": "system", "content": "You are a helpful assistant. " * 12},
             {"role": "user", "content": "What is the capital of France? Write a haiku about routers and caches."}]}
@@ -52,8 +52,8 @@ async def test_local_tokenizer_keys_match_event_keys(make_fleet, tmp_path: Path)
         assert local.tokens == LocalTokenizer.from_dir(tokdir).encode_chat(req.messages)
         keys = index.keys_for(local.tokens)
         cached = (len(local.tokens) - 1) // 16
-        await wait_for(lambda: index.match(keys).get("sim-0") is not None
-                       and index.match(keys)["sim-0"].blocks == cached)
+        await until(lambda: index.match(keys).get("sim-0") is not None
+                    and index.match(keys)["sim-0"].blocks == cached, 3.0)
         assert chain_keys([t for e in seen for t in e.token_ids], 16) == keys[:cached]
         # a completions prompt gets the tokenizer's special tokens (BOS), as vLLM adds them
         async with aiohttp.ClientSession() as s:

@@ -13,7 +13,6 @@ import zmq
 import zmq.asyncio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from kvhelpers import wait_for
 
 from epp.fleet.kvevents.decode import BlockStored, DecodeError, decode_message
 from epp.fleet.kvevents.metrics import KVEventMetrics
@@ -23,6 +22,7 @@ from epp.stack.ports import free_port, free_port_block
 from modelsim.kvevents import KVEventPublisher
 from scheduling.prefix.precise import LIVE, PENDING, UNKNOWN, PreciseIndex
 from scheduling.prefix.token_keys import chain_keys
+from tests.support.wait import until
 
 MODEL = "meta-llama/Llama-3.1-8B"
 
@@ -79,8 +79,8 @@ async def test_modelsim_events_are_applied(make_fleet, subscriber, encoding: str
     tokens = await _tokens(url, prompt)
     keys = sub.index.keys_for(tokens)
     cached = (len(tokens) - 1) // 16  # the engine never caches the block holding the last prompt token
-    await wait_for(lambda: sub.index.match(keys).get("sim-0") is not None
-                   and sub.index.match(keys)["sim-0"].blocks == cached)
+    await until(lambda: sub.index.match(keys).get("sim-0") is not None
+                and sub.index.match(keys)["sim-0"].blocks == cached, 3.0)
     m = sub.index.match(keys)["sim-0"]
     assert m.gpu == cached and m.speculative == 0 and m.state == LIVE
     # Pointsman's keys from /tokenize ids equal the keys from the BlockStored token ids
@@ -107,8 +107,8 @@ async def test_a_gap_is_filled_by_replay(make_fleet, subscriber) -> None:
     for p in prompts:
         toks = await _tokens(url, p)
         keys = sub.index.keys_for(toks)
-        await wait_for(lambda k=keys, t=toks: sub.index.match(k).get("sim-0") is not None
-                       and sub.index.match(k)["sim-0"].blocks == (len(t) - 1) // 16)
+        await until(lambda k=keys, t=toks: sub.index.match(k).get("sim-0") is not None
+                    and sub.index.match(k)["sim-0"].blocks == (len(t) - 1) // 16, 3.0)
     assert sub.index.state("sim-0") == LIVE
     m = sub.metrics
     assert _value(m, "pointsman_kv_events_gaps_total") == 1
@@ -131,14 +131,14 @@ async def test_a_failed_replay_marks_the_endpoint_unknown(make_fleet, subscriber
     await asyncio.sleep(0.3)
     late = "late prompt " * 20
     await _complete(url, late)
-    await wait_for(lambda: sub.index.state("sim-0") == UNKNOWN)
+    await until(lambda: sub.index.state("sim-0") == UNKNOWN, 3.0)
     outcome = "incomplete" if replay else "unavailable"
     assert _value(sub.metrics, "pointsman_kv_events_replays_total", outcome=outcome) == 1
     assert _value(sub.metrics, "pointsman_kv_events_unknown_total") == 1
     assert sub.index.disrupted["sim-0"][1:] == ("batches lost", False)
     # what arrives after the gap is still applied (true, if incomplete), and reported as unknown
     keys = sub.index.keys_for(await _tokens(url, late))
-    await wait_for(lambda: "sim-0" in sub.index.match(keys))
+    await until(lambda: "sim-0" in sub.index.match(keys), 3.0)
     assert sub.index.match(keys)["sim-0"].state == UNKNOWN
     early = sub.index.keys_for(await _tokens(url, "early 0 " * 20))
     assert "sim-0" not in sub.index.match(early)  # lost with the gap
@@ -146,7 +146,7 @@ async def test_a_failed_replay_marks_the_endpoint_unknown(make_fleet, subscriber
     async with aiohttp.ClientSession() as s:
         async with s.post(f"{url}/reset_prefix_cache") as r:
             assert r.status == 200
-    await wait_for(lambda: sub.index.state("sim-0") == LIVE)
+    await until(lambda: sub.index.state("sim-0") == LIVE, 3.0)
     assert sub.index.match(keys) == {}
 
 
@@ -159,12 +159,12 @@ async def test_a_cache_reset_takes_effect_within_100ms(make_fleet, subscriber) -
     prompt = "a shared system prompt " * 20
     await _complete(url, prompt)
     keys = sub.index.keys_for(await _tokens(url, prompt))
-    await wait_for(lambda: "sim-0" in sub.index.match(keys))
+    await until(lambda: "sim-0" in sub.index.match(keys), 3.0)
     async with aiohttp.ClientSession() as s:
         t0 = time.monotonic()
         async with s.post(f"{url}/reset_prefix_cache") as r:
             assert r.status == 200
-        await wait_for(lambda: sub.index.match(keys) == {}, timeout=1.0, interval=0.001)
+        await until(lambda: sub.index.match(keys) == {}, 1.0, interval=0.001)
         took = time.monotonic() - t0
     assert took < 0.1, f"the reset reached the index after {took * 1000:.0f} ms"
     assert sub.index.state("sim-0") == LIVE
@@ -192,7 +192,7 @@ async def test_an_unreachable_publisher_blocks_nothing(make_fleet, subscriber) -
     prompt = "still routed " * 20
     await _complete(url, prompt)
     keys = sub.index.keys_for(await _tokens(url, prompt))
-    await wait_for(lambda: "sim-0" in sub.index.match(keys))
+    await until(lambda: "sim-0" in sub.index.match(keys), 3.0)
     assert sub.index.state("dead") == PENDING and sub.index.state("gone") == PENDING
     t0 = time.monotonic()
     sub.remove_endpoint("gone")
@@ -215,9 +215,9 @@ async def test_a_replay_socket_that_never_answers_stalls_only_its_endpoint(make_
     t0 = time.monotonic()
     await _complete(b, prompt)
     keys = sub.index.keys_for(await _tokens(b, prompt))
-    await wait_for(lambda: "sim-1" in sub.index.match(keys))
+    await until(lambda: "sim-1" in sub.index.match(keys), 3.0)
     assert time.monotonic() - t0 < 0.9  # applied while sim-0 still waits
-    await wait_for(lambda: sub.index.state("sim-0") == UNKNOWN, timeout=3.0)
+    await until(lambda: sub.index.state("sim-0") == UNKNOWN, 3.0)
     assert _value(sub.metrics, "pointsman_kv_events_replays_total", outcome="timeout") == 1
 
 
@@ -230,7 +230,7 @@ async def test_remove_endpoint_takes_subscription_and_index_entries(make_fleet, 
     prompt = "to be forgotten " * 20
     await _complete(url, prompt)
     keys = sub.index.keys_for(await _tokens(url, prompt))
-    await wait_for(lambda: "sim-0" in sub.index.match(keys))
+    await until(lambda: "sim-0" in sub.index.match(keys), 3.0)
     sub.sync({})
     assert sub.sources() == {} and "sim-0" not in sub.index.endpoints() and len(sub.index) == 0
     await _complete(url, "more traffic " * 20)
@@ -265,13 +265,13 @@ async def test_data_parallel_ranks_are_kept_apart(subscriber) -> None:
         p0.publish_events([_stored([1, 2, 3], None, toks)])
         p1.publish_events([_stored([1], None, toks[:4])])  # same engine hash 1 on the other rank: no clash
         keys = sub.index.keys_for(toks)
-        await wait_for(lambda: sub.index.slot_states("dp") == {0: LIVE, 1: LIVE}
-                       and sub.index.match(keys).get("dp") is not None
-                       and sub.index.match(keys)["dp"].blocks == 3)
+        await until(lambda: sub.index.slot_states("dp") == {0: LIVE, 1: LIVE}
+                    and sub.index.match(keys).get("dp") is not None
+                    and sub.index.match(keys)["dp"].blocks == 3, 3.0)
         assert sub.index.match(keys)["dp"].rank == 0
         p0.publish_events([["AllBlocksCleared"]])
-        await wait_for(lambda: sub.index.match(keys).get("dp") is not None
-                       and sub.index.match(keys)["dp"].rank == 1)
+        await until(lambda: sub.index.match(keys).get("dp") is not None
+                    and sub.index.match(keys)["dp"].rank == 1, 3.0)
         assert sub.index.match(keys)["dp"].blocks == 1
         assert [s.address for s in sub.status()["dp"]] == [f"tcp://127.0.0.1:{base}", f"tcp://127.0.0.1:{base + 1}"]
     finally:
@@ -289,13 +289,13 @@ async def test_a_restarted_publisher_starts_the_endpoint_afresh(subscriber) -> N
     for _ in range(3):
         pub.publish_events([])  # seq 0..2
     pub.publish_events([_stored([1, 2], None, old)])  # seq 3
-    await wait_for(lambda: "r" in sub.index.match(sub.index.keys_for(old)))
+    await until(lambda: "r" in sub.index.match(sub.index.keys_for(old)), 3.0)
     pub.close()
     pub = await _publisher(port)  # the engine restarted: seq from 0 again, its cache empty
     try:
         await asyncio.sleep(0.5)  # the SUB socket reconnects by itself
         pub.publish_events([_stored([9], None, new[:4])])
-        await wait_for(lambda: "r" in sub.index.match(sub.index.keys_for(new)))
+        await until(lambda: "r" in sub.index.match(sub.index.keys_for(new)), 3.0)
         assert "r" not in sub.index.match(sub.index.keys_for(old))
         assert sub.index.state("r") == LIVE
         assert _value(sub.metrics, "pointsman_kv_events_restarts_total") == 1
@@ -313,7 +313,7 @@ async def test_topic_filter(subscriber) -> None:
         sub.add_endpoint("mine", KVEventsSource(f"tcp://127.0.0.1:{port}", topic="kv@te"))
         await asyncio.sleep(0.3)
         pub.publish_events([_stored([1], None, [1, 2, 3, 4])])
-        await wait_for(lambda: "mine" in sub.index.match(sub.index.keys_for([1, 2, 3, 4])))
+        await until(lambda: "mine" in sub.index.match(sub.index.keys_for([1, 2, 3, 4])), 3.0)
         await asyncio.sleep(0.1)
         assert sub.index.state("other") == PENDING and sub.status()["other"][0].batches == 0
     finally:
@@ -329,7 +329,7 @@ async def test_unknown_event_types_and_other_tiers_are_ignored_not_fatal(subscri
         await asyncio.sleep(0.3)
         pub.publish_events([["BlockPinned", [1]], ["BlockStored", [5], None, [1, 2, 3, 4], 4, None, "DISK"],
                             _stored([1], None, [1, 2, 3, 4])])
-        await wait_for(lambda: "x" in sub.index.match(sub.index.keys_for([1, 2, 3, 4])))
+        await until(lambda: "x" in sub.index.match(sub.index.keys_for([1, 2, 3, 4])), 3.0)
         assert _value(sub.metrics, "pointsman_kv_events_events_total", type="ignored") == 2
         assert _value(sub.metrics, "pointsman_kv_events_events_total", type="BlockStored") == 1
         assert sub.index.state("x") == LIVE
@@ -359,14 +359,14 @@ async def test_history_is_caught_up_without_new_traffic(make_fleet, subscriber) 
         await _complete(url, p)
     sub = subscriber(catch_up_after=0.3)
     sub.add_endpoint("sim-0", _source(fleet))
-    await wait_for(lambda: sub.index.state("sim-0") == LIVE)
+    await until(lambda: sub.index.state("sim-0") == LIVE, 3.0)
     for p in prompts:
         keys = sub.index.keys_for(await _tokens(url, p))
         assert "sim-0" in sub.index.match(keys)
     assert _value(sub.metrics, "pointsman_kv_events_batches_total", source="replay") == 3
     await _complete(url, "after the catch-up " * 20)  # the next live batch follows on
     keys = sub.index.keys_for(await _tokens(url, "after the catch-up " * 20))
-    await wait_for(lambda: "sim-0" in sub.index.match(keys))
+    await until(lambda: "sim-0" in sub.index.match(keys), 3.0)
     assert _value(sub.metrics, "pointsman_kv_events_gaps_total") == 0
 
 
@@ -376,7 +376,7 @@ async def test_an_idle_fresh_engine_becomes_live(make_fleet, subscriber) -> None
     sub.add_endpoint("fresh", _source(fleet, 0))
     no_replay = _source(fleet, 1)
     sub.add_endpoint("no-replay", KVEventsSource(no_replay.endpoint))
-    await wait_for(lambda: sub.index.state("fresh") == LIVE)
+    await until(lambda: sub.index.state("fresh") == LIVE, 3.0)
     assert sub.index.state("no-replay") == PENDING  # nothing can tell whether it is fresh
 
 
@@ -425,7 +425,7 @@ async def _fuzz(messages: list) -> None:
         # then a valid reset and a store at the next seq: the subscriber is alive and exact again
         sock.send_multipart([b"kv@test", seq.to_bytes(8, "big"),
                              msgpack.packb([1.0, [["AllBlocksCleared"], _stored([1], None, [1, 2, 3, 4])], 0])])
-        await wait_for(lambda: "f" in sub.index.match(sub.index.keys_for([1, 2, 3, 4])))
+        await until(lambda: "f" in sub.index.match(sub.index.keys_for([1, 2, 3, 4])), 3.0)
         assert sub.index.state("f") == LIVE
         malformed = sum(_value(sub.metrics, "pointsman_kv_events_malformed_total", reason=r)
                         for r in ("frames", "seq", "payload"))

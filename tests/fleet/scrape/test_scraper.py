@@ -8,6 +8,7 @@ from expositions import sglang_exposition, vllm_exposition
 from epp.fleet.datastore import Datastore, PoolSpec
 from epp.fleet.scrape.scraper import MetricsScraper
 from scheduling.types import Endpoint, endpoint_key
+from tests.support.wait import until
 
 
 class FakeModelServer:
@@ -197,10 +198,7 @@ async def test_an_endpoint_that_is_out_is_scraped_with_a_capped_backoff(servers)
     assert [scraper.backoff(n) for n in (1, 2, 3, 4, 5, 6, 9)] == [0.0, 0.0, 0.1, 0.2, 0.4, 0.4, 0.4]
     scraper.start()
     try:
-        deadline = time.monotonic() + 5.0
-        while ds.is_routable(key) and time.monotonic() < deadline:
-            await asyncio.sleep(0.01)
-        assert not ds.is_routable(key)
+        await until(lambda: not ds.is_routable(key), 5.0, "the failing endpoint out of rotation", 0.01)
         out_at, hits_at_out = time.monotonic(), bad.hits
         await asyncio.sleep(2.0)
         during = bad.hits - hits_at_out
@@ -208,9 +206,7 @@ async def test_an_endpoint_that_is_out_is_scraped_with_a_capped_backoff(servers)
         assert 3 <= during <= 10, during
         bad.status = 200
         recovered = time.monotonic()
-        while not ds.is_routable(key) and time.monotonic() < recovered + 5.0:
-            await asyncio.sleep(0.01)
-        assert ds.is_routable(key)
+        await until(lambda: ds.is_routable(key), 5.0, "the endpoint back in rotation", 0.01)
         assert time.monotonic() - recovered < 0.4 + 0.3, "back within the cap plus a round"
         assert out_at < recovered
     finally:

@@ -204,10 +204,8 @@ async def test_shadow_copies_go_to_the_backends_after_the_one_that_served(tmp_pa
             for i in range(3):
                 status, port = await rig.ask(content=f"q{i}")
                 assert (status, port) == (200, ports[0])
-            for _ in range(50):  # copies are fire-and-forget
-                if len(seen.get(ports[1], [])) == 3 and len(seen.get(ports[2], [])) == 3:
-                    break
-                await asyncio.sleep(0.05)
+            await until(lambda: len(seen.get(ports[1], [])) == 3 and len(seen.get(ports[2], [])) == 3, 2.5,
+                        "the mirrored copies (fire-and-forget)", 0.05)
             assert len(seen[ports[0]]) == 3
             for p in ports[1:]:
                 assert len(seen[p]) == 3
