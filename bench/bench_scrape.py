@@ -22,21 +22,20 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests" / "scrape"))
+sys.path.insert(0, str(ROOT))  # the fixtures are the tests' (tests/fleet/scrape/expositions.py)
 
 import asyncio  # noqa: E402
 import multiprocessing as mp  # noqa: E402
 
-from expositions import (  # noqa: E402
+from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
+
+from epp.fleet.scrape.parser import parse_metrics  # noqa: E402
+from tests.fleet.scrape.expositions import (  # noqa: E402
     sglang_exposition,
     triton_exposition,
     trtllm_exposition,
     vllm_exposition,
 )
-from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
-
-from epp.fleet.scrape.parser import parse_metrics  # noqa: E402
 
 ENDPOINTS, INTERVAL = 512, 0.05
 WANTED = {
