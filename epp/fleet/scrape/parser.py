@@ -10,7 +10,7 @@ lengths are summed and KV usage is averaged. For `vllm:lora_requests_info` the s
 unix timestamp) is the current one. An exposition with none of the engine's load series is an error: the endpoint
 is probably not the engine its label claims.
 
-Engines (label `llm-d.ai/engine-type`): vllm (default), sglang, trtllm-serve, triton. See model-servers.md.
+Engines (label `llm-d.ai/engine-type`): vllm (default), sglang, trtllm-serve, triton. See docs/model-servers.md.
 """
 
 from __future__ import annotations
