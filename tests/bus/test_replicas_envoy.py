@@ -318,16 +318,15 @@ async def test_every_worker_gets_a_share_of_envoys_streams(tmp_path):
             await asyncio.gather(*(one(k) for k in range(16)))
 
     try:
-        deadline = time.monotonic() + 30
-        while True:
+        async def started() -> bool:
+            assert group.poll() is None, "the worker group exited"
             try:
                 async with aiohttp.ClientSession() as s, s.get(f"http://127.0.0.1:{metrics}/-/workers") as r:
-                    if (await r.json())["ready"]:
-                        break
+                    return bool((await r.json())["ready"])
             except (aiohttp.ClientError, OSError):
-                pass
-            assert time.monotonic() < deadline and group.poll() is None, "the worker group did not start"
-            await asyncio.sleep(0.2)
+                return False
+
+        await until(started, 30, "the worker group to start", 0.2)
         plain_listen, spread_listen = free_port(), free_port()
         envoys = [envoy_for([grpc_port], plain_listen, free_port()),
                   envoy_for([grpc_port], spread_listen, free_port(), epp_workers=2,

@@ -22,9 +22,10 @@ from epp.api.health import EppHealthServicer
 from epp.extproc.server import build_server
 from epp.h2grpc import H2Server, server_ssl_context
 from epp.h2grpc.tls import self_signed_cert
-from tests.extproc.test_protocol_server import FD, read_all, slow_director, until
+from tests.extproc.test_protocol_server import FD, read_all, slow_director
 from tests.support.extproc import CHAT, body_msg, headers_msg, inflight, kinds, real_director
 from tests.support.h2client import RawH2, grpc_frame
+from tests.support.wait import until
 
 Msg = health_pb2.HealthCheckRequest  # a message with one string field, used by the echo service
 
@@ -215,7 +216,7 @@ async def test_big_bodies_flow_both_ways_past_the_windows(early):
             assert kinds(replies) == ["request_headers"] and echoed == body
             await call.done_writing()
             assert await read_all(call) == []
-        await until(lambda: inflight(director) == 0)
+        await until(lambda: inflight(director) == 0, 5.0)
     finally:
         await server.stop(0)
 
@@ -232,7 +233,7 @@ async def test_a_deadline_cancels_a_pending_decision():
             await call.write(headers_msg(mode=FD))
             await call.write(body_msg(CHAT, True))
             assert await call.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-        await until(lambda: gate.cancelled == 1 and gate.closes == 1)
+        await until(lambda: gate.cancelled == 1 and gate.closes == 1, 5.0)
         assert inflight(director) == 0
     finally:
         await server.stop(0)
@@ -249,7 +250,7 @@ async def test_stop_with_grace_lets_an_open_call_finish_and_refuses_new_ones():
         call = stub.Process()
         await call.write(headers_msg(mode=FD))
         await call.write(body_msg(CHAT, True))
-        await until(lambda: gate.started == 1)
+        await until(lambda: gate.started == 1, 5.0)
         stopping = asyncio.ensure_future(server.stop(5))
         await asyncio.sleep(0.1)
         gate.event.set()

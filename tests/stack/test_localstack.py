@@ -216,7 +216,5 @@ def test_a_killed_stack_takes_its_processes_with_it():
             return s.connect_ex(("127.0.0.1", port)) == 0
 
     ports = [listen, grpc_port, admin, *sims]
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and any(listening(p) for p in ports):
-        time.sleep(0.2)
-    assert not [p for p in ports if listening(p)], "processes of the killed stack still listen"
+    wait_until(lambda: not any(listening(p) for p in ports), 30,
+               lambda: f"the killed stack's processes to stop listening: {[p for p in ports if listening(p)]}", 0.2)

@@ -7,11 +7,12 @@ from __future__ import annotations
 import orjson
 import pytest
 from fakeapi import FakeKubeAPI, pod, secret
-from test_k8s_routes import decide, dest, eventually
+from test_k8s_routes import decide, dest
 
 from epp.cmd.app import App
 from tests.support.envoy import free_port
 from tests.support.stack import serve_args
+from tests.support.wait import until
 
 L, K, CORE = "inference.llmkube.dev", "networking.serving.volcano.sh", ""
 
@@ -49,34 +50,33 @@ async def test_a_watched_model_router_routes_by_its_inference_services_pods(kube
     await app.start()
     try:
         # Kthena's CRDs are not installed here: the routes still sync
-        await eventually(lambda: app.datastore.synced, what="synced")
-        await eventually(lambda: dest(decide(app, "anything")) == "10.0.1.1:8000", what="routed to qwen's pod")
-        await eventually(lambda: dict(decide(app, "m", {"x-llmkube-task-complexity": "complex"}).set_headers)
-                         .get("authorization") == "Bearer sk-abc", what="the secret")
+        await until(lambda: app.datastore.synced, 10.0, "synced")
+        await until(lambda: dest(decide(app, "anything")) == "10.0.1.1:8000", 10.0, "routed to qwen's pod")
+        await until(lambda: dict(decide(app, "m", {"x-llmkube-task-complexity": "complex"}).set_headers)
+                    .get("authorization") == "Bearer sk-abc", 10.0, "the secret")
         out = decide(app, "m", {"x-llmkube-task-complexity": "complex"})
         assert orjson.loads(out.body)["model"] == "gpt-5"
         secret_reads = [p for v, pl, p in kube.requests if pl == "secrets"]
         assert secret_reads and all(p.get("fieldSelector") == "metadata.name=openai-key" for p in secret_reads)
         # the Secret goes: the external backend is skipped, primary-fallback serves from llama
         kube.delete(CORE, "secrets", "openai-key")
-        await eventually(lambda: dest(decide(app, "m", {"x-llmkube-task-complexity": "complex"})) == "10.0.2.1:8080",
-                         what="fallback to llama")
+        await until(lambda: dest(decide(app, "m", {"x-llmkube-task-complexity": "complex"})) == "10.0.2.1:8080", 10.0, "fallback to llama")
         # a live update
         kube.apply(L, "modelrouters", model_router(default="llama"))
-        await eventually(lambda: dest(decide(app, "anything")) == "10.0.2.1:8080", what="new default")
+        await until(lambda: dest(decide(app, "anything")) == "10.0.2.1:8080", 10.0, "new default")
         # a bad update keeps the last good version
         kube.apply(L, "modelrouters", model_router(default="nope"))
-        await eventually(lambda: b'pointsman_route_document_errors_total{kind="ModelRouter"} 1.0'
-                         in app.metrics.exposition(), what="error counted")
+        await until(lambda: b'pointsman_route_document_errors_total{kind="ModelRouter"} 1.0'
+                    in app.metrics.exposition(), 10.0, "error counted")
         assert dest(decide(app, "anything")) == "10.0.2.1:8080"
         # pods come and go
         kube.apply(CORE, "pods", pod("llama-1", "10.0.2.2", {svc: "llama"}))
         kube.delete(CORE, "pods", "llama-0")
-        await eventually(lambda: dest(decide(app, "anything")) == "10.0.2.2:8080", what="pod churn")
+        await until(lambda: dest(decide(app, "anything")) == "10.0.2.2:8080", 10.0, "pod churn")
         # pii never leaves: the fail-closed rule to qwen
         assert dest(decide(app, "gpt", {"x-llmkube-classification": "PII"})) == "10.0.1.1:8000"
         kube.delete(L, "modelrouters", "coding")
-        await eventually(lambda: decide(app, "anything").reject_status == 404, what="router gone")
+        await until(lambda: decide(app, "anything").reject_status == 404, 10.0, "router gone")
     finally:
         await app.stop(0)
 
@@ -88,14 +88,13 @@ async def test_without_the_model_router_crd_kthena_routes_still_sync(tmp_path):
                              str(api.kubeconfig(tmp_path / "kubeconfig")), "--grpc-port", str(free_port())))
         await app.start()
         try:
-            await eventually(lambda: app.datastore.synced, what="synced")
+            await until(lambda: app.datastore.synced, 10.0, "synced")
             assert decide(app, "anything").reject_status == 404  # nothing routes yet
             api.apply(CORE, "pods", pod("qwen-0", "10.0.1.1", {"inference.llmkube.dev/service": "qwen3-coder"}))
             api.missing.clear()  # the CRD is installed later: its watch picks it up after a retry
             api.apply(L, "modelrouters", {**model_router(), "spec": {
                 "backends": [{"name": "qwen", "inferenceServiceRef": {"name": "qwen3-coder"}}], "defaultRoute": "qwen"}})
-            await eventually(lambda: dest(decide(app, "anything")) == "10.0.1.1:8000", timeout=20,
-                             what="the ModelRouter created after the CRD was installed")
+            await until(lambda: dest(decide(app, "anything")) == "10.0.1.1:8000", 20, "the ModelRouter created after the CRD was installed")
         finally:
             await app.stop(0)
     finally:
