@@ -4,8 +4,9 @@ Every import counts, at module level or lazily inside a function; one under `if 
 does not. An import through a package's face (`from epp.fleet import Datastore`, re-exported by its `__init__`)
 counts as an import of the file that defines the name, so a face is no way around a circle, and a package's
 `__init__` importing its own files to re-export them is no circle. `from x import _y`, with `x` another file of
-ours, is a private import, typing-only or not (a private submodule taken by a file of its own package is not). docs/architecture.md
-("Imports between files") says the same; what still breaks a rule today is listed below with the reason.
+ours, is a private import, typing-only or not (a private submodule taken by a file of its own package is not).
+docs/architecture.md ("Imports between files") says the same; what still breaks a rule today is listed below with
+the reason.
 """
 
 from __future__ import annotations
