@@ -27,9 +27,6 @@ ALLOWED_CIRCLES: dict[frozenset[str], str] = {
                "epp.request.resolve", "epp.request.respond", "epp.request.waiting"}): WHY,
 }
 ALLOWED_PRIVATE: dict[str, str] = {  # "importer -> module._name"
-    "epp.bus.receive -> epp.bus.bus._Peer": WHY,
-    "epp.fleet.kvevents.replay -> epp.fleet.kvevents.subscriber._Rank": WHY,
-    "epp.fleet.kvevents.settings -> epp.fleet.kvevents.sources._dp_size": WHY,
     "scheduling.plugins.scorers._learning -> scheduling.plugins.scorers._calibration._INPUTS": WHY,
     "scheduling.plugins.scorers.estimated_latency -> scheduling.plugins.scorers._calibration._INPUTS": WHY,
     "scheduling.plugins.scorers.estimated_latency -> scheduling.plugins.scorers._calibration._PRED": WHY,
