@@ -211,11 +211,13 @@ class Limiter:
         """Replace the admission's estimates with what the response's usage reported, exactly once (None keeps an
         estimate; `price` re-prices USD limits). Shared limits are updated in the background (`flush`), so this
         never waits."""
-        self.settler.settle(ticket, input_tokens=input_tokens, output_tokens=output_tokens, price=price)
+        if ticket is not None:  # None: nothing was charged (no limit applied)
+            self.settler.settle(ticket, input_tokens=input_tokens, output_tokens=output_tokens, price=price)
 
     def refund(self, ticket: Ticket | None) -> None:
         """Undo an admission whose request never reached an engine (exactly once; settle after it does nothing)."""
-        self.settler.refund(ticket)
+        if ticket is not None:
+            self.settler.refund(ticket)
 
     async def flush(self) -> None:
         """Send pending settle/refund charges to Redis now (tests, shutdown)."""
