@@ -47,3 +47,17 @@ def test_the_http_hook_encodes_records_and_leaves_other_spans_to_the_sdk():
     assert isinstance(got, Encoded) and got.SerializeToString() == Encoder().encode(recs)
     assert encode(sdk) == encode_spans(sdk)
     assert ExportTraceServiceRequest.FromString(got.SerializeToString()) == encode_spans(sdk)
+
+
+def test_the_grpc_hook_sends_records_as_bytes_and_other_spans_through_the_sdk():
+    from epp.observe.otlp import exporter
+
+    recs, sdk = one_span(Resource.create(ODD), InstrumentationScope("pointsman", "1.0"))
+    made = exporter("grpc", "http://127.0.0.1:9")
+    try:
+        ours, theirs = made._translate_data(recs), made._translate_data(sdk)
+        as_message = (lambda x: ExportTraceServiceRequest.FromString(x)) if isinstance(ours, bytes) else (lambda x: x)
+        assert as_message(ours) == as_message(theirs) == encode_spans(sdk)
+        assert made._count_data(recs) == made._count_data(sdk) == 1
+    finally:
+        made.shutdown()
