@@ -22,12 +22,11 @@ from epp.request.director import Director, ShellContext, error_outcome
 from epp.request.resolve import resolve
 from epp.routing.providers import CREDENTIAL_HEADERS
 from scheduling.api import SchedulingResult
+from scheduling.latency import decision_slo, predictions
 from scheduling.plugins.scorers.agent_session import decision as session_decision
 from scheduling.plugins.scorers.agent_session import session_view
-from scheduling.plugins.scorers.estimated_latency import predictions
 from scheduling.prefix.cycle import decision_matches
 from scheduling.prefix.precise_data import APPROXIMATE, decision_prefix_hits
-from scheduling.slo import decision_slo
 from scheduling.types import Endpoint, SchedulingError
 
 if TYPE_CHECKING:
@@ -131,7 +130,7 @@ def latency_model(director: Director) -> Any:
 
 
 def fill_model(out: api.EndpointModel, key: str, m: Any) -> None:
-    """An EndpointModel message from the scorer's view (scheduling/plugins/scorers/_trust.py: EndpointModel)."""
+    """An EndpointModel message from the scorer's view (scheduling.latency's EndpointModel)."""
     t = m.trust
 
     def opt(v: float | None) -> float:

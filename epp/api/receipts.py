@@ -15,6 +15,7 @@ from epp.api.pb import pointsman_pb2 as api
 if TYPE_CHECKING:
     from epp.api.dashboard.recorder import DecisionRecord, DecisionRecorder
     from epp.request.director import DecisionIds
+    from scheduling.api import ProfileResult
 
 
 def lookup(recorder: DecisionRecorder | None, ids: DecisionIds, decision_id: str, now: float
@@ -36,10 +37,34 @@ def lookup(recorder: DecisionRecorder | None, ids: DecisionIds, decision_id: str
     return rec, ""
 
 
+def primary_run(rec: DecisionRecord) -> tuple[str, ProfileResult] | None:
+    """The profile run that picked the request's endpoint (the decode run under P/D)."""
+    chosen = rec.endpoint
+    last = None
+    for name, run in rec.runs.items():
+        last = (name, run)
+        if run.targets and run.targets[0].key == chosen:
+            return last
+    return last
+
+
+def runner_up(run: ProfileResult, chosen: str) -> tuple[float | None, str, float | None]:
+    """(chosen total, runner-up key, runner-up total); the runner-up is the best-scored endpoint other than the
+    chosen one ("" and None when the chosen endpoint was the only candidate, or the run kept no totals)."""
+    scored, totals = run.scored, run.score_totals
+    if not scored or totals is None:
+        return None, "", None
+    best_key, best, mine = "", None, None
+    for ep, t in zip(scored, totals, strict=False):
+        if ep.key == chosen:
+            mine = t
+        elif best is None or t > best:
+            best_key, best = ep.key, t
+    return mine, best_key, best
+
+
 def receipt(rec: DecisionRecord, decision_id: str, now: float, to_wall: Callable[[float], float]) -> api.Receipt:
     """The Receipt message of a record."""
-    from epp.api.dashboard.views import primary_run, runner_up
-
     out = api.Receipt(found=True, decision_id=decision_id, request_id=rec.request_id, trace_id=rec.trace_id,
                       decided_at=to_wall(rec.decided), age_seconds=max(0.0, now - rec.decided), model=rec.model,
                       target_model=rec.target, pool=rec.pool, config=rec.profile, decision=rec.decision,

@@ -1,7 +1,7 @@
 """SLO attainment, predicted and actual, for requests that state objectives (x-llm-d-slo-ttft-ms / -tpot-ms).
 
 A request observer (epp/request/observe.py); it acts only on requests whose decision recorded an SLO verdict
-(scheduling/slo.py), so the others cost one dictionary lookup.
+(scheduling/latency/slo.py), so the others cost one dictionary lookup.
 
 - pointsman_slo_requests_total{slo, predicted}      the pick was predicted to meet the objective (`met`) or not
                                                     (`missed`: no endpoint could; a critical request went where
@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from scheduling.slo import SloVerdict, decision_slo
+from scheduling.latency import SloVerdict, decision_slo
 
 if TYPE_CHECKING:
     from epp.request.exchange import RequestExchange

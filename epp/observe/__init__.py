@@ -3,8 +3,8 @@
     tracing.py       `--tracing`: a span per request with child spans per stage (TracedExchange, TracingObserver)
     attributes.py    the request span's attributes
     batching.py      the bounded queue and thread between finished traces and the exporter (OTEL_BSP_*)
-    wire.py          a batch of traces straight to OTLP protobuf bytes
-    otlp.py          the SDK's OTLP exporters (gRPC, HTTP) with our encoders in their translation hooks
+    wire.py          the OTLP encoder: a batch of traces straight to protobuf bytes
+    otlp.py          the SDK's OTLP exporters (gRPC, HTTP) with wire.py's encoder in their translation hooks
     receipts.py      decision ids in replies and the access log; `epp explain --decision ID`; the gRPC GetReceipt
     shadow.py        `--shadow-config`: another scheduling config decides in shadow; agreement, latency, moves
     logs.py          `--log-format json` with the decision and trace ids

@@ -1,20 +1,18 @@
-"""OTLP export through the OpenTelemetry SDK's exporters, with a faster span encoder (imported with tracing only).
+"""OTLP export through the OpenTelemetry SDK's exporters, with Pointsman's encoder (imported with tracing only).
 
 The SDK's OTLP exporters (`opentelemetry-exporter-otlp-proto-grpc` and `-http`, the `[otel]` extra) send the
 spans: their endpoints, headers, TLS, compression, timeouts and retries follow the standard `OTEL_EXPORTER_OTLP_*`
-environment variables. What they do slowly is turn spans into protobuf: the stock encoder builds every nested
-message through keyword constructors, which upb copies, about 35 µs per span of Pointsman's shape, spent in the
-batch thread while it holds the GIL, so on the event loop's time.
+environment variables. What they do slowly is turn spans into protobuf (the stock encoder builds every nested
+message through keyword constructors, which upb copies), in the batch thread while it holds the GIL, so on the
+event loop's time.
 
-Pointsman's own trace records (epp/observe/tracing.py `record`, one per sampled request, in a wire.py `Records`) take the short way:
-epp/observe/wire.py writes them to the request's bytes directly, and the gRPC exporter's stub sends those bytes as
-they are (a stub without a request serializer, in the exporter's `_stub` / `_client`; an SDK that keeps them
-elsewhere gets the bytes parsed back into the request message). The SDK's own spans, should anything hand them
-over, still go through `encode_message`, which fills the `ExportTraceServiceRequest` in place, about four times
-faster than the stock encoder (bench/bench_tracing_encode.py compares them; tests/observe/test_otlp_encode.py
-checks both give the same message); spans it does not expect (events, links, several resources or scopes) go to
-the stock encoder. The exporters take both through their own hooks: the gRPC exporter's `_translate_data`, the
-HTTP exporter's module-level `encode_spans` (`encode`).
+Pointsman's trace records (epp/observe/tracing.py `record`, one per sampled request, in a wire.py `Records`) do not
+go that way: epp/observe/wire.py, the one OTLP encoder, writes them to the request's bytes directly, and the gRPC
+exporter's stub sends those bytes as they are (a stub without a request serializer, in the exporter's `_stub` /
+`_client`; an SDK that keeps them elsewhere gets the bytes parsed back into the request message). The exporters
+take them through their own hooks: the gRPC exporter's `_translate_data`, the HTTP exporter's module-level
+`encode_spans` (`encode`). Anything else handed to them (the SDK's own spans; Pointsman makes none) goes to the
+SDK's stock encoder.
 
 `xds-protos` (a Pointsman dependency) ships an old copy of the `opentelemetry.proto` modules that overwrites
 `opentelemetry-proto`'s when it is installed second; the exporters then fail to import. `check_proto()` names the
@@ -24,8 +22,10 @@ fix (scripts/bootstrap.sh applies it).
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
+
+from epp.observe.wire import Encoder, Records, span_count
 
 log = logging.getLogger("epp.tracing")
 
@@ -48,45 +48,6 @@ def check_proto() -> None:
             f"opentelemetry-proto's); repair them with: {REPAIR}")
 
 
-def _set_value(value: Any, v: object) -> None:
-    """One attribute value into an AnyValue, in place."""
-    t = type(v)
-    if t is str:
-        value.string_value = v
-    elif t is bool:
-        value.bool_value = v
-    elif t is int:
-        value.int_value = v
-    elif t is float:
-        value.double_value = v
-    elif isinstance(v, (list, tuple)):
-        add = value.array_value.values.add
-        for item in v:
-            _set_value(add(), item)
-    elif isinstance(v, bytes):
-        value.bytes_value = v
-    else:
-        value.string_value = str(v)
-
-
-def fill_attributes(target: Any, attributes: Mapping[str, object] | None) -> None:
-    if not attributes:
-        return
-    add = target.add
-    for k, v in attributes.items():
-        kv = add()
-        kv.key = k
-        t = type(v)  # the common scalar types inline; the rest through _set_value
-        if t is str:
-            kv.value.string_value = v
-        elif t is float:
-            kv.value.double_value = v
-        elif t is int:
-            kv.value.int_value = v
-        else:
-            _set_value(kv.value, v)
-
-
 class Encoded:
     """Trace records already encoded (epp/observe/wire.py), in the shape the HTTP exporter serializes."""
 
@@ -101,77 +62,20 @@ class Encoded:
     SerializeToString = SerializePartialToString
 
 
-_ENCODER: Any = None
-
-
-def _records(spans: Sequence[Any]) -> bool:
-    return getattr(spans, "otlp_records", False)
+_ENCODER: Encoder | None = None
 
 
 def encode(spans: Sequence[Any]) -> Any:
-    """The ExportTraceServiceRequest for `spans` (ReadableSpans), built in place; for a batch of Pointsman's
-    trace records (epp/observe/wire.py `Records`), their bytes as an `Encoded`."""
+    """The HTTP exporter's encoding hook: a batch of Pointsman's trace records (epp/observe/wire.py `Records`) as
+    their bytes (an `Encoded`); anything else through the SDK's stock encoder."""
     global _ENCODER
-    if _records(spans):
+    if isinstance(spans, Records):
         if _ENCODER is None:
-            from epp.observe.wire import Encoder
-
             _ENCODER = Encoder()
         return Encoded(_ENCODER.encode(spans))
-    return encode_message(spans)
-
-
-def encode_message(spans: Sequence[Any]) -> Any:
-    """The ExportTraceServiceRequest for `spans` (ReadableSpans), built in place."""
     from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
-    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-    if not spans:
-        return ExportTraceServiceRequest()
-    first = spans[0]
-    resource, scope = first.resource, first.instrumentation_scope
-    if any(s.resource is not resource or s.instrumentation_scope is not scope or s.events or s.links
-           for s in spans):
-        return encode_spans(spans)
-    req = ExportTraceServiceRequest()
-    rs = req.resource_spans.add()
-    fill_attributes(rs.resource.attributes, resource.attributes)
-    if resource.schema_url:
-        rs.schema_url = resource.schema_url
-    ss = rs.scope_spans.add()
-    if scope is not None:
-        ss.scope.name = scope.name
-        if scope.version:
-            ss.scope.version = scope.version
-        if scope.schema_url:
-            ss.schema_url = scope.schema_url
-    add = ss.spans.add
-    for s in spans:
-        p = add()
-        c = s.context
-        p.trace_id = c.trace_id.to_bytes(16, "big")
-        p.span_id = c.span_id.to_bytes(8, "big")
-        if c.trace_state:
-            p.trace_state = c.trace_state.to_header()
-        parent = s.parent
-        flags = 0x100  # SPAN_FLAGS_CONTEXT_HAS_IS_REMOTE_MASK
-        if parent is not None:
-            p.parent_span_id = parent.span_id.to_bytes(8, "big")
-            if parent.is_remote:
-                flags |= 0x200  # SPAN_FLAGS_CONTEXT_IS_REMOTE_MASK
-        p.flags = flags
-        p.name = s.name
-        p.kind = s.kind.value + 1  # SDK INTERNAL=0 .. CONSUMER=4; OTLP 0 is UNSPECIFIED
-        p.start_time_unix_nano = s.start_time
-        p.end_time_unix_nano = s.end_time
-        fill_attributes(p.attributes, s.attributes)
-        status = s.status
-        p.status.SetInParent()  # present even when unset, as the stock encoder sends it
-        if status.status_code.value:
-            p.status.code = status.status_code.value
-            if status.description:
-                p.status.message = status.description
-    return req
+    return encode_spans(spans)
 
 
 def exporter(protocol: str, endpoint: str | None) -> Any:
@@ -214,8 +118,6 @@ def _grpc_exporter(base: type, endpoint: str | None) -> Any:
     into the request message the stock stub serializes."""
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-    from epp.observe.wire import Encoder, span_count
-
     class FastGrpc(base):  # type: ignore[misc]
         def __init__(self, **kwargs: Any) -> None:
             super().__init__(**kwargs)
@@ -226,13 +128,13 @@ def _grpc_exporter(base: type, endpoint: str | None) -> Any:
                 self._client = _RawStub(self._channel)
 
         def _translate_data(self, data: Sequence[Any]) -> Any:
-            if _records(data):
-                raw = self._encoder.encode(data)  # type: ignore[arg-type]
+            if isinstance(data, Records):
+                raw = self._encoder.encode(data)
                 return raw if self._raw else ExportTraceServiceRequest.FromString(raw)
-            message = encode_message(data)
+            message = super()._translate_data(data)  # the SDK's stock encoder
             return message.SerializeToString() if self._raw else message
 
         def _count_data(self, data: Sequence[Any]) -> int:
-            return span_count(data) if _records(data) else len(data)
+            return span_count(data) if isinstance(data, Records) else len(data)
 
     return FastGrpc(endpoint=endpoint)

@@ -1,10 +1,9 @@
-"""Pointsman's trace records straight to OTLP protobuf bytes (imported with tracing only).
+"""Pointsman's OTLP encoder: its trace records straight to OTLP protobuf bytes (imported with tracing only).
 
 A sampled request's trace leaves the event loop as one record (epp/observe/tracing.py `record`, a plain tuple):
 its ids, times, status, the request span's attributes and the stage spans. A batch of them (`Records`) carries
-what they share. `encode_traces` writes a batch of them as the bytes of an
-`ExportTraceServiceRequest` (opentelemetry/proto/collector/trace/v1/trace_service.proto), without building the
-SDK's span objects or a protobuf message per field: the resource and the instrumentation scope are serialized once
+what they share. `Encoder.encode` writes a batch of them as the bytes of an `ExportTraceServiceRequest`
+ (opentelemetry/proto/collector/trace/v1/trace_service.proto), without building the SDK's span objects or a protobuf message per field: the resource and the instrumentation scope are serialized once
 per `Origin`, the fields every span shares (names, kinds, flags, an empty status) are constants, and an attribute
 whose string value repeats (the pool, the model, the pick...) is encoded once and then looked up. What it writes is
 what the SDK's encoder writes for the same spans (tests/observe/test_trace_batching.py parses both and compares).
@@ -76,21 +75,14 @@ class Origin:
     __slots__ = ("prefix_resource", "prefix_scope", "suffix_resource", "suffix_scope")
 
     def __init__(self, resource: Any, scope: Any) -> None:
-        from opentelemetry.proto.common.v1.common_pb2 import InstrumentationScope
-        from opentelemetry.proto.resource.v1.resource_pb2 import Resource
-
-        from epp.observe.otlp import fill_attributes
-
-        r = Resource()
-        fill_attributes(r.attributes, resource.attributes)
-        s = InstrumentationScope()
-        if scope is not None:
-            s.name = scope.name
-            if scope.version:
-                s.version = scope.version
-        self.prefix_resource = field(1, r.SerializeToString())  # ResourceSpans.resource
+        # Resource { attributes (1): KeyValue { key (1), value (2) } }; InstrumentationScope { name (1), version (2) }
+        attrs = b"".join(field(1, field(1, k.encode()) + field(2, _any_value(v)))
+                         for k, v in (resource.attributes or {}).items())
+        name = field(1, scope.name.encode()) if scope is not None and scope.name else b""
+        version = field(2, scope.version.encode()) if scope is not None and scope.version else b""
+        self.prefix_resource = field(1, attrs)  # ResourceSpans.resource
         self.suffix_resource = field(3, resource.schema_url.encode()) if resource.schema_url else b""
-        self.prefix_scope = field(1, s.SerializeToString())  # ScopeSpans.scope
+        self.prefix_scope = field(1, name + version)  # ScopeSpans.scope
         self.suffix_scope = field(3, scope.schema_url.encode()) if scope is not None and scope.schema_url else b""
 
     def request(self, spans: Iterable[bytes]) -> bytes:
@@ -218,7 +210,6 @@ class Records(list):  # type: ignore[type-arg]
     generator (the stage spans' ids are drawn when they are encoded) and the request span's name."""
 
     __slots__ = ("origin", "new_span_id", "root_name")
-    otlp_records = True  # epp/observe/otlp.py: encode with `Encoder`
 
     def __init__(self, records: Iterable[tuple[Any, ...]], origin: Origin, new_span_id: Callable[[], int],
                  root_name: str) -> None:

@@ -82,7 +82,7 @@ from epp.ratelimit.admission import (
     Ticket,
 )
 from epp.ratelimit.headers import LimitStatus
-from epp.ratelimit.limiter import Applied, Limiter
+from epp.ratelimit.limiter import Limiter
 from epp.ratelimit.limits import (
     MAX_TOKENS,
     Algorithm,
@@ -97,6 +97,7 @@ from epp.ratelimit.limits import (
     tokens,
 )
 from epp.ratelimit.metrics import RateLimitMetrics
+from epp.ratelimit.planning import Applied
 from epp.ratelimit.state import StoreUnavailable
 
 if TYPE_CHECKING:

@@ -30,8 +30,8 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from epp.ratelimit.gate import RateLimitGate
-from epp.ratelimit.limiter import Applied
 from epp.ratelimit.limits import Kind, Limit, Metric
+from epp.ratelimit.planning import Applied
 
 log = logging.getLogger(__name__)
 

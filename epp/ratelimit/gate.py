@@ -21,8 +21,9 @@ from typing import Any
 
 from epp.protocol import Outcome
 from epp.ratelimit.admission import ADMITTED, Admission, Ticket
-from epp.ratelimit.limiter import Applied, Limiter
+from epp.ratelimit.limiter import Limiter
 from epp.ratelimit.limits import Limit, Metric, Price, declared_output
+from epp.ratelimit.planning import Applied
 
 
 class _RateHold:

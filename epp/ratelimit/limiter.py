@@ -1,6 +1,9 @@
 """The Limiter: admits one request against the limits that apply to it, then settles or refunds its charges.
 
-See the package docstring (`epp.ratelimit`) for the theory of operation.
+See the package docstring (`epp.ratelimit`) for the theory of operation. Its collaborators: the `Planner`
+(planning.py: the charges of a request, the limits in force), the `Settler` (settling.py: settle and refund), the
+`Report` (report.py: state rows and budgets), the stores (state.py) and the link to Redis (link.py); the Limiter
+itself runs an admission through them.
 """
 
 from __future__ import annotations
@@ -9,43 +12,25 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
-from epp.ratelimit import report, settling
 from epp.ratelimit.admission import (
     ADMITTED,
     Admission,
+    BudgetState,
     Charged,
+    LimitState,
     RedisDownPolicy,
     Ticket,
 )
 from epp.ratelimit.headers import LimitStatus
-from epp.ratelimit.limits import Limit, Price, scope_key, scope_label, tokens
+from epp.ratelimit.limits import Limit, Price
 from epp.ratelimit.link import MetricsSink, NullRateLimitMetrics, RedisLink
+from epp.ratelimit.planning import Applied, Plan, Planner
+from epp.ratelimit.report import Report
+from epp.ratelimit.settling import Settler
 from epp.ratelimit.state import LocalStore, Mode, Op, OpResult, StoreFull, StoreUnavailable
 
 if TYPE_CHECKING:  # redis is imported only when a Redis is configured
     from epp.ratelimit.redis_store import RedisStore
-
-Applied = tuple[Limit, str]  # a limit and the scope value it applies to ('' when unscoped)
-
-
-def _need(limit: Limit, known: float) -> float:
-    """What must remain for a request: its input part and, for limits that count output, room for one more unit
-    (not when the input alone fills the whole amount: then an empty limit admits it)."""
-    if limit.metric.counts_output and known <= limit.amount:
-        return min(known + limit.metric.epsilon, limit.amount)
-    return known
-
-
-class _Plan:
-    __slots__ = ("local", "shared", "input_tokens", "output_estimate", "price")
-
-    def __init__(self, input_tokens: int, output_estimate: int, price: Price | None) -> None:
-        self.local: list[Op] = []
-        self.shared: list[Op] = []
-        self.input_tokens = input_tokens
-        self.output_estimate = output_estimate
-        self.price = price
-
 
 class Limiter:
     """Admission against token rate limits and budgets; one per process.
@@ -81,54 +66,31 @@ class Limiter:
         self.link = None if redis is None else RedisLink(
             redis, policy=self.policy.value, retry_interval_s=retry_interval_s, clock=clock, metrics=self.metrics,
             max_keys=max_keys, max_pending=max_pending, on_recover=self.fallback.clear)
-        self._scaled: dict[tuple[str, float, float], Limit] = {}
-        self._registered: dict[str, Limit] = {}
-        self._scopes: dict[str, tuple[str, str]] = {}  # scope value -> (key, label), a small cache
+        self.planner = Planner(redis is not None, replicas)
+        self.settler = Settler(self.local, self.fallback, self.link, clock, self.metrics)
+        self.report = Report(self.local, self.fallback, self.link, clock, lambda: self.planner.registered)
 
     # ---- configuration --------------------------------------------------------------------------------------
     def configure(self, limits: Iterable[Limit]) -> None:
         """Name the limits in force (for snapshots and gauges; admission takes its limits per request)."""
-        self._registered = {lim.id: lim for lim in limits}
+        self.planner.configure(limits)
 
     @property
     def limits(self) -> list[Limit]:
-        return list(self._registered.values())
+        return list(self.planner.registered.values())
 
     @property
     def needs_response_usage(self) -> bool:
         """True when a configured limit counts output tokens or cost (read from response usage)."""
-        return any(lim.metric.counts_output for lim in self._registered.values())
+        return any(lim.metric.counts_output for lim in self.planner.registered.values())
 
     # ---- admission ------------------------------------------------------------------------------------------
-    def _plan(self, applied: Sequence[Applied], input_tokens: object, output_estimate: object,
-              price: Price | None) -> _Plan:
-        plan = _Plan(tokens(input_tokens), tokens(output_estimate), price)
-        seen: set[str] = set()
-        scopes = self._scopes
-        for limit, scope in applied:
-            scope = scope if isinstance(scope, str) else ""
-            hashed = scopes.get(scope)
-            if hashed is None:
-                if len(scopes) >= 4096:
-                    scopes.clear()
-                hashed = scopes[scope] = (scope_key(scope), scope_label(scope))
-            key = f"{limit.id}|{hashed[0]}"
-            if key in seen:
-                continue
-            seen.add(key)
-            if limit.id not in self._registered:
-                self._registered[limit.id] = limit
-            known, later = limit.metric.parts(plan.input_tokens, plan.output_estimate, price)
-            op = Op(key, limit, _need(limit, known), known + later, -1, hashed[1], known)
-            (plan.shared if limit.shared and self.redis is not None else plan.local).append(op)
-        return plan
-
     def admit_nowait(self, applied: Sequence[Applied], input_tokens: object = 0, output_estimate: object = 0,
                      price: Price | None = None, *, dry_run: bool = False) -> Admission | None:
         """`admit` without awaiting, when no Redis call is needed; None when the caller must `await admit(...)`."""
         if not applied:
             return ADMITTED
-        plan = self._plan(applied, input_tokens, output_estimate, price)
+        plan = self.planner.plan(applied, input_tokens, output_estimate, price)
         if plan.shared and self.link is not None and self.link.usable():
             return None
         return self._admit_local(plan, dry_run)
@@ -143,7 +105,7 @@ class Limiter:
         """
         if not applied:
             return ADMITTED
-        plan = self._plan(applied, input_tokens, output_estimate, price)
+        plan = self.planner.plan(applied, input_tokens, output_estimate, price)
         link = self.link
         if not plan.shared or link is None or not link.claim():
             return self._admit_local(plan, dry_run)
@@ -171,7 +133,7 @@ class Limiter:
             return self._refused(statuses, dry_run)
         return self._admitted(plan, statuses, results, gres, "redis", dry_run)
 
-    def _admit_local(self, plan: _Plan, dry_run: bool) -> Admission:
+    def _admit_local(self, plan: Plan, dry_run: bool) -> Admission:
         mode = Mode.PEEK if dry_run else Mode.ADMIT
         now = self.clock()
         try:
@@ -187,14 +149,14 @@ class Limiter:
             return self._after_redis_failure(plan, results, statuses, dry_run)
         return self._admitted(plan, statuses, results, [], "none", dry_run)
 
-    def _after_redis_failure(self, plan: _Plan, results: list[OpResult], statuses: list[LimitStatus],
+    def _after_redis_failure(self, plan: Plan, results: list[OpResult], statuses: list[LimitStatus],
                              dry_run: bool) -> Admission:
         """The shared limits of an admission whose local limits are already charged, Redis being down."""
         if self.policy is RedisDownPolicy.FAIL_OPEN:
             gres = [OpResult(op.limit.amount, 0.0, 0.0) for op in plan.shared]
             statuses += [self._status(op, res, "fail-open") for op, res in zip(plan.shared, gres, strict=True)]
             return self._admitted(plan, statuses, results, gres, "none", dry_run)
-        fops = [self._fallback_op(op) for op in plan.shared]
+        fops = [self.planner.fallback_op(op) for op in plan.shared]
         try:
             gok, gres = self.fallback.run(fops, Mode.PEEK if dry_run else Mode.ADMIT, self.clock())
         except StoreFull:
@@ -209,7 +171,7 @@ class Limiter:
         plan.shared = fops
         return self._admitted(plan, statuses, results, gres, "fallback", dry_run)
 
-    def _admitted(self, plan: _Plan, statuses: list[LimitStatus], lres: list[OpResult],
+    def _admitted(self, plan: Plan, statuses: list[LimitStatus], lres: list[OpResult],
                   gres: list[OpResult], gstore: str, dry_run: bool) -> Admission:
         if dry_run:
             return Admission(True, statuses)
@@ -243,19 +205,19 @@ class Limiter:
         if back:
             store.run(back, Mode.CHARGE, self.clock())
 
-    def _fallback_op(self, op: Op) -> Op:
-        k = (op.limit.id, op.limit.amount, op.limit.period_s)
-        lim = self._scaled.get(k)
-        if lim is None:
-            if len(self._scaled) > 4 * len(self._registered) + 64:
-                self._scaled.clear()  # limits were reconfigured many times: forget the old ones
-            lim = self._scaled[k] = op.limit.scaled(1.0 / self.replicas)
-        return Op(op.key, lim, _need(lim, op.known), op.charge, op.slot, op.label, op.known)
-
     # ---- settling -------------------------------------------------------------------------------------------
-    # (epp/ratelimit/settling.py: plain functions bound as methods)
-    settle = settling.settle
-    refund = settling.refund
+    def settle(self, ticket: Ticket | None, *, input_tokens: object = None, output_tokens: object = None,
+               price: Price | None = None) -> None:
+        """Replace the admission's estimates with what the response's usage reported, exactly once (None keeps an
+        estimate; `price` re-prices USD limits). Shared limits are updated in the background (`flush`), so this
+        never waits."""
+        if ticket is not None:  # None: nothing was charged (no limit applied)
+            self.settler.settle(ticket, input_tokens=input_tokens, output_tokens=output_tokens, price=price)
+
+    def refund(self, ticket: Ticket | None) -> None:
+        """Undo an admission whose request never reached an engine (exactly once; settle after it does nothing)."""
+        if ticket is not None:
+            self.settler.refund(ticket)
 
     async def flush(self) -> None:
         """Send pending settle/refund charges to Redis now (tests, shutdown)."""
@@ -282,9 +244,13 @@ class Limiter:
         if self.link is not None:
             await self.link.refresh()
 
-    # (epp/ratelimit/report.py: plain functions bound as methods)
-    snapshot = report.snapshot
-    budgets = report.budgets
+    def snapshot(self) -> list[LimitState]:
+        """Every stored state, and a zero row for each configured limit without any (report.py)."""
+        return self.report.snapshot()
+
+    def budgets(self) -> list[BudgetState]:
+        """Budget usage per (budget, scope), as LLMKube's `status.budgetUtilization` reports it."""
+        return self.report.budgets()
 
     async def close(self) -> None:
         """Flush what is pending (bounded by the Redis timeout) and close the Redis connections."""

@@ -17,7 +17,7 @@ from epp.protocol import Outcome
 from epp.request.director import DESTINATION, LB_NS, PREFILLER, SERVED, SUBSET, Director, ShellContext
 from epp.request.parsing import set_model
 from scheduling.api import Scheduler, SchedulingContext, SchedulingResult
-from scheduling.slo import decision_slo
+from scheduling.latency import decision_slo
 from scheduling.types import ErrorCode, LLMRequest, SchedulingError
 
 

@@ -140,7 +140,7 @@ async def test_in_flight_load_and_backlog_are_shared(pair):
     assert b.inflight.local_view() == {}  # b publishes only its own
     # a's share of the prefill backlog is part of b's queue model
     scorer_b = b.plugin("estimated-latency-scorer")
-    await until(lambda: scorer_b._backlog.peers() == [a.address], 1.0, "a's backlog share at b")
+    await until(lambda: scorer_b.model.backlog.peers() == [a.address], 1.0, "a's backlog share at b")
     for r in held:
         await r.finish()
     await until(lambda: all(requests_on(b, k) == 0 for k in keys), 1.0, "a's releases reach b")

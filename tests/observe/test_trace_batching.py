@@ -230,8 +230,8 @@ async def test_stopping_flushes_the_queued_spans_to_the_receiver(tmp_path, monke
 
 
 @pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
-def test_the_exporters_take_records_and_sdk_spans(protocol):
-    """Both hooks: our records become bytes; the SDK's own spans still get the in-place message."""
+def test_the_exporters_take_records(protocol):
+    """Both hooks: our records become bytes, with the spans counted."""
     from epp.observe.otlp import encode, exporter
 
     made = exporter(protocol, "http://127.0.0.1:9")

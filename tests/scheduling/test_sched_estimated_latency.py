@@ -135,9 +135,9 @@ def test_calibration_learns_how_much_faster_the_engines_are():
         c.now = now + 0.5 * model  # it finished in half the reference time
         s.response_complete(c, res, st)
         now += 10.0  # far apart: the prefill backlog has drained before the next request
-    assert s.scale(a.key) == pytest.approx(0.5, rel=0.05)
-    assert s.pool_scale == pytest.approx(0.5, rel=0.05)
-    assert s.scale(b.key) == s.pool_scale  # no samples of its own: the pool's factor
+    assert s.model.learner.scale(a.key) == pytest.approx(0.5, rel=0.05)
+    assert s.model.learner.pool_scale == pytest.approx(0.5, rel=0.05)
+    assert s.model.learner.scale(b.key) == s.model.learner.pool_scale  # no samples of its own: the pool's factor
     s.endpoint_removed(a.key)
     assert a.key not in s.tracked_endpoints()
 
@@ -152,7 +152,7 @@ def test_calibration_off_keeps_the_reference_timings():
     s.pre_request(c, res, st)
     c.now = 0.001
     s.response_complete(c, res, st)
-    assert s.scale(a.key) == 1.0 and s.pool_scale == 1.0
+    assert s.model.learner.scale(a.key) == 1.0 and s.model.learner.pool_scale == 1.0
 
 
 def test_calibration_sample_is_taken_against_what_the_decision_saw():
@@ -162,8 +162,8 @@ def test_calibration_sample_is_taken_against_what_the_decision_saw():
     a = ep(1, waiting=10, running=10)  # n = 20 > maxNumSeqs - 1: a wait for a slot, with D(e) = 2 s learnt below
     warm = SchedulingResult(targets=[a])
     s.response_complete(ctx(req("w"), [a], now=2.0), warm, {"estimated-latency.start": 0.0})
-    s._scale.clear()  # the warm-up taught D(e) only
-    s.pool_scale = 1.0
+    s.model.learner.scales.clear()  # the warm-up taught D(e) only
+    s.model.learner.pool_scale = 1.0
     prompt = "c" * 64 * 20  # 320 tokens, nothing cached
     c = ctx(req(prompt), [a], now=100.0, inflight={a.key: InflightLoad(3, 0)})
     st = state()
@@ -176,7 +176,7 @@ def test_calibration_sample_is_taken_against_what_the_decision_saw():
     wait = (20 - 15) * 2.0 / 16
     c.now = 100.0 + wait + 0.25 * model
     s.response_complete(c, res, st)
-    assert s.scale(a.key) == pytest.approx(0.25)
+    assert s.model.learner.scale(a.key) == pytest.approx(0.25)
 
 
 def test_the_engine_load_is_derived_once_per_metrics_snapshot():

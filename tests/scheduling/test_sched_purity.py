@@ -5,8 +5,8 @@ SchedulingContext.now, randomness from the injected random.Random), and nothing 
 the loader's one I/O, at load time.
 
 Layered, each layer importing only the ones before it:
-    types -> api -> framework -> prefix -> plugins -> config
-so the framework imports no plugin and the value types import nothing of the scheduler.
+    types -> api -> framework -> prefix -> latency -> plugins -> config
+so the framework imports no plugin, the latency model no plugin and the value types import nothing of the scheduler.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ FORBIDDEN = {
 }
 FILE_ACCESS = {"os", "pathlib", "io", "shutil", "tempfile"}
 FILE_READERS = {"scheduling/config/loader.py"}  # reads the config documents it is given a path to
-LAYERS = ["types", "api", "framework", "prefix", "plugins", "config"]
+LAYERS = ["types", "api", "framework", "prefix", "latency", "plugins", "config"]
 GLOBAL_RANDOM = {"random", "choice", "choices", "shuffle", "randrange", "randint", "uniform", "sample", "seed",
                  "getrandbits", "gauss", "expovariate", "paretovariate"}
 

@@ -13,7 +13,7 @@ from sched_helpers import ctx, ep, plugin, req, scores, state
 from scheduling.api import SchedulingResult
 from scheduling.config import load_scheduler
 from scheduling.framework.replication import ReplicatedRecords, ReplicatedState, replicated
-from scheduling.plugins.scorers._backlog import SharedBacklog
+from scheduling.latency import SharedBacklog
 from scheduling.prefix import block_hashes
 
 PER_TOKEN = 250e-6
@@ -230,14 +230,14 @@ def test_finished_requests_teach_every_replica_as_one_scorer_learns():
         for src, dst in ((a, b), (b, a)):
             assert dst.apply_records("peer", wire(src.export_records(10.0 * i)), 10.0 * i) == 0
     for p in (a, b):
-        assert p.scale(e1.key) == pytest.approx(one.scale(e1.key), rel=1e-2)
-        assert p.pool_scale == pytest.approx(one.pool_scale, rel=1e-2)
-        assert p._duration[e2.key] == pytest.approx(one._duration[e2.key], rel=1e-2)
-    assert one.scale(e1.key) < 0.9  # it did learn something
+        assert p.model.learner.scale(e1.key) == pytest.approx(one.model.learner.scale(e1.key), rel=1e-2)
+        assert p.model.learner.pool_scale == pytest.approx(one.model.learner.pool_scale, rel=1e-2)
+        assert p.model.learner.durations[e2.key] == pytest.approx(one.model.learner.durations[e2.key], rel=1e-2)
+    assert one.model.learner.scale(e1.key) < 0.9  # it did learn something
     # a replica that joins takes what the others learnt, without a request of its own
     late = plugin("estimated-latency-scorer")
     assert late.apply_records("a", wire(a.snapshot_records(0.0)), 0.0) == 0
-    assert late.scale(e1.key) == pytest.approx(a.scale(e1.key))
+    assert late.model.learner.scale(e1.key) == pytest.approx(a.model.learner.scale(e1.key))
     assert late.apply_records("a", [[e1.key, float("nan"), 1.0], [e1.key, 1.0, 99.0], [e1.key, 1.0]], 0.0) == 3
 
 

@@ -1,4 +1,4 @@
-"""SLO-aware picks (estimated-latency-scorer with x-llm-d-slo-ttft-ms / -tpot-ms, scheduling/slo.py): the headers,
+"""SLO-aware picks (estimated-latency-scorer with x-llm-d-slo-ttft-ms / -tpot-ms, scheduling/latency/slo.py): the headers,
 the tiers (meets with headroom, meets, misses), the verdict the shell reads, and what it does without headers."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 from sched_helpers import ctx, ep, plugin, req, state
 
 from scheduling.api import InflightLoad
+from scheduling.latency import MAX_SLO_MS, Slo, decision_slo, slo_from_headers
 from scheduling.prefix import block_hashes
-from scheduling.slo import MAX_SLO_MS, Slo, decision_slo, slo_from_headers
 
 PROMPT = "s" * 64 * 125  # 125 blocks = 2000 tokens: an uncached prefill of 0.53 s with the reference timings
 

@@ -1,4 +1,4 @@
-"""Prefix trust per endpoint (estimated-latency-scorer, scheduling/plugins/scorers/_trust.py): exact / degraded /
+"""Prefix trust per endpoint (estimated-latency-scorer, scheduling/latency/trust.py): exact / degraded /
 approximate from the KV-event stream's state and disruptions and from the engine's reported hits against the hits
 Pointsman predicted; how much a predicted hit is believed when scoring; recovery."""
 
@@ -9,7 +9,7 @@ from sched_helpers import ctx, ep
 from test_sched_precise import TOKENS, config, load, store, tokreq
 
 from scheduling.api import SchedulingResult
-from scheduling.plugins.scorers._trust import APPROXIMATE, DEGRADED, EXACT
+from scheduling.latency import APPROXIMATE, DEGRADED, EXACT
 from scheduling.plugins.scorers.estimated_latency import EstimatedLatencyScorer
 from scheduling.prefix.precise import LIVE, PreciseIndex
 from scheduling.types import Endpoint, EngineTotals, Metrics
@@ -44,7 +44,7 @@ def test_a_disruption_degrades_the_endpoint_and_its_belief_recovers_over_the_win
     assert (v.state, v.belief) == (DEGRADED, 0.5) and "publisher restarted" in v.reason
     assert s.trust_view(a.key, 115.0).belief == 0.75
     assert s.trust_view(a.key, 131.0, refresh=True).state == EXACT
-    assert a.key not in s.trust.belief
+    assert a.key not in s.model.trust.belief
     index.note_disruption(a.key, 200.0, "gap of 2 batches replayed", True)  # a filled gap: a fifth of the window
     assert s.trust_view(a.key, 203.0).state == DEGRADED
     assert s.trust_view(a.key, 207.0).state == EXACT
@@ -88,7 +88,7 @@ def test_disagreement_with_traffic_bypassing_pointsman_lowers_the_belief_and_rec
     v = s.trust_view(a.key, now + 1)
     assert v.state == DEGRADED and v.outside_share == pytest.approx(0.5, abs=0.02)
     assert 0.2 <= v.belief <= 0.3 and "bypass" in v.reason
-    assert s.trust.belief[a.key] == v.belief
+    assert s.model.trust.belief[a.key] == v.belief
     # later the engine delivers what is predicted: the old shortfall decays away
     t = now + 1
     total_prompt, total_hit = 2 * sent, 0.25 * sent
@@ -99,7 +99,7 @@ def test_disagreement_with_traffic_bypassing_pointsman_lowers_the_belief_and_rec
         total_hit += sent
         s.engine_metrics([scrape(a, total_prompt, total_hit, t + 1)], t + 1)
     v = s.trust_view(a.key, t + 1, refresh=True)
-    assert v.state == EXACT and v.belief == 1.0 and a.key not in s.trust.belief
+    assert v.state == EXACT and v.belief == 1.0 and a.key not in s.model.trust.belief
 
 
 def test_without_bypassing_traffic_a_shortfall_is_reported_but_not_discounted():

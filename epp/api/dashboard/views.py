@@ -17,37 +17,11 @@ from epp.api.client import format_explain
 from epp.api.dashboard.recorder import DecisionRecord
 from epp.api.explain import PointsmanService
 from epp.api.pb import pointsman_pb2 as api
-from scheduling.api import ProfileResult
+from epp.api.receipts import primary_run, runner_up
 
 
 def _ms(seconds: float | None) -> float | None:
     return None if seconds is None else round(seconds * 1e3, 3)
-
-
-def primary_run(rec: DecisionRecord) -> tuple[str, ProfileResult] | None:
-    """The profile run that picked the request's endpoint (the decode run under P/D)."""
-    chosen = rec.endpoint
-    last = None
-    for name, run in rec.runs.items():
-        last = (name, run)
-        if run.targets and run.targets[0].key == chosen:
-            return last
-    return last
-
-
-def runner_up(run: ProfileResult, chosen: str) -> tuple[float | None, str, float | None]:
-    """(chosen total, runner-up key, runner-up total); the runner-up is the best-scored endpoint other than the
-    chosen one ("" and None when the chosen endpoint was the only candidate, or the run kept no totals)."""
-    scored, totals = run.scored, run.score_totals
-    if not scored or totals is None:
-        return None, "", None
-    best_key, best, mine = "", None, None
-    for ep, t in zip(scored, totals, strict=False):
-        if ep.key == chosen:
-            mine = t
-        elif best is None or t > best:
-            best_key, best = ep.key, t
-    return mine, best_key, best
 
 
 def summary(rec: DecisionRecord, to_wall: Callable[[float], float], ids: Any = None) -> dict[str, Any]:

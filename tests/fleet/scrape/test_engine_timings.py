@@ -69,7 +69,7 @@ async def _fit(engine_type: str, engine: EngineConfig | None = None, phases: tup
                 turn += 1
                 await asyncio.gather(*(_client(session, f"http://127.0.0.1:{p}", random.Random(turn * 100 + i * 10 + j),
                                                stop, sizes) for i, p in enumerate(ports) for j in range(5)))
-                fits = [scorer.timings.fits.get(k) for k in keys]
+                fits = [scorer.model.timings.fits.get(k) for k in keys]
                 if turn >= 2 * len(phases) and all(f is not None and f.W >= points and f.has_decode for f in fits):
                     break
     finally:
@@ -86,7 +86,7 @@ async def test_fitted_timings_converge_to_the_configured_speed(engine_type):
     scorer, keys = await _fit(engine_type, points=10.0)
     ref = EngineConfig()
     for key, factor in zip(keys, FACTORS, strict=True):
-        fit = scorer.timings.fits[key]
+        fit = scorer.model.timings.fits[key]
         assert fit.W >= 6 and fit.has_decode, f"{key}: too little was fitted ({fit.W} points)"
         t = fit.timings
         assert t is not None
@@ -97,8 +97,8 @@ async def test_fitted_timings_converge_to_the_configured_speed(engine_type):
         assert t.prefill_per_token == pytest.approx(ref.prefill_per_token * truth, rel=0.2), (key, t)
         assert t.inter_token == pytest.approx(ref.itl * truth, rel=0.1), (key, t)
         # the scoring pass reads them (with the backlog weight finished requests teach; none here)
-        assert scorer.timings.eff[key][:3] == pytest.approx((t.overhead, t.prefill_per_token, t.inter_token))
-    slow, fast = (scorer.timings.fits[k].timings for k in reversed(keys))
+        assert scorer.model.timings.eff[key][:3] == pytest.approx((t.overhead, t.prefill_per_token, t.inter_token))
+    slow, fast = (scorer.model.timings.fits[k].timings for k in reversed(keys))
     assert slow is not None and fast is not None
     assert slow.prefill_per_token / fast.prefill_per_token == pytest.approx(2.0, rel=0.2)
 
@@ -109,7 +109,7 @@ async def test_a_differently_shaped_engine_is_fitted_when_the_mix_varies():
     engine = EngineConfig(prefill_overhead=0.1, prefill_per_token=100e-6)
     scorer, keys = await _fit("vllm", engine, PHASED, points=10.0)
     for key, factor in zip(keys, FACTORS, strict=True):
-        t = scorer.timings.fits[key].timings
+        t = scorer.model.timings.fits[key].timings
         assert t is not None
         truth = SCALE * factor
         assert t.overhead == pytest.approx(0.1 * truth, rel=0.35), (key, t)

@@ -1,19 +1,19 @@
-"""The estimated-latency scorer's table of fitted engine timings: one `EndpointFit` (scheduling/plugins/scorers/
-_timings.py) per endpoint that exports latency histograms, the backlog weight its finished requests teach, and the
-fitted endpoints' mean as the prior of the others."""
+"""The latency model's table of fitted engine timings: one `EndpointFit` (fit.py) per endpoint that exports latency
+histograms, the backlog weight its finished requests teach, and the fitted endpoints' mean as the prior of the
+others."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from scheduling.plugins.scorers._timings import EndpointFit, Timings
+from scheduling.latency.fit import EndpointFit, Timings
 from scheduling.types import EngineTotals
 
 BACKLOG_WEIGHT_RANGE = (0.0, 1.5)  # what finished requests may make of the queued prefill's weight
 
 
 class EngineTimingTable:
-    """The estimated-latency scorer's fitted timings: one `EndpointFit` per endpoint that exports latency
+    """The latency model's fitted timings: one `EndpointFit` per endpoint that exports latency
     histograms, and, per fitted endpoint, the weight β(e) of the prefill backlog in its predicted time to first
     token, learnt from its finished requests (the second source).
 
@@ -49,10 +49,11 @@ class EngineTimingTable:
             fit = self.fits[key] = EndpointFit(self.ref, self.slowdown)
         if not fit.observe(totals, running, now, waiting):
             return False
-        self._set(key)
+        self.refresh(key)
         return True
 
-    def _set(self, key: str) -> None:
+    def refresh(self, key: str) -> None:
+        """Bring `eff[key]` up to date with the endpoint's fit and β(e)."""
         fit = self.fits.get(key)
         t = fit.timings if fit is not None else None
         if t is None:
@@ -80,7 +81,7 @@ class EngineTimingTable:
         a = self.alpha
         self.weight[key] = (1 - a) * self.weight.get(key, self.pool_weight) + a * sample
         self.pool_weight = (1 - a) * self.pool_weight + a * sample
-        self._set(key)
+        self.refresh(key)
 
     def forget(self, key: str) -> None:
         self.fits.pop(key, None)

@@ -49,8 +49,8 @@ whatever the traffic. Decaying: every weight halves each `half_life` seconds, an
 engine that changes speed is relearnt within about a half-life.
 
 Pure and deterministic: time comes from the metrics' own timestamps. Here: the pooling of windows and their points;
-the differences between two scrapes and the ring of past scrapes' counters are in _timing_scrapes.py; the decode mean,
-the prefill points' regression sums and their solution (and `CLIP`, `HUBER`, `PRIOR_*` ...) in _timing_estimates.py.
+the differences between two scrapes and the ring of past scrapes' counters are in scrapes.py; the decode mean,
+the prefill points' regression sums and their solution (and `CLIP`, `HUBER`, `PRIOR_*` ...) in estimates.py.
 """
 
 from __future__ import annotations
@@ -59,8 +59,8 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from scheduling.plugins.scorers._timing_estimates import DecodeEstimate, PrefillEstimate, Timings
-from scheduling.plugins.scorers._timing_scrapes import CounterRing, delta, quantile, went_back
+from scheduling.latency.estimates import DecodeEstimate, PrefillEstimate, Timings
+from scheduling.latency.scrapes import CounterRing, delta, quantile, went_back
 from scheduling.types import EngineTotals
 
 __all__ = ["EndpointFit", "FitView", "Timings", "quantile"]

@@ -6,9 +6,9 @@ accepted): `x-llm-d-slo-ttft-ms` / `x-slo-ttft-ms` (time to first token) and `x-
 objective; a value above `MAX_SLO_MS` (one hour) is taken as one hour, so a huge value can neither overflow a
 deadline nor mean anything but "loose".
 
-A scorer that predicts latency (estimated-latency-scorer) records its verdict in the decision's state under
-`SLO_STATE`: the objective, the predicted TTFT and TPOT of every candidate, and whether any candidate is predicted
-to meet it. The shell reads it (`decision_slo`) to shed a sheddable request no endpoint can serve in time and to
+A scorer that predicts latency (estimated-latency-scorer, through tiers.py) records its verdict in the decision's
+state under `SLO_STATE`: the objective, the predicted TTFT and TPOT of every candidate, and whether any candidate is
+predicted to meet it. The shell reads it (`decision_slo`) to shed a sheddable request no endpoint can serve in time and to
 count predicted and actual attainment. Pure: no I/O.
 """
 

@@ -1,12 +1,12 @@
-"""SLO tiers for the estimated-latency scorer: a request that states objectives (scheduling/slo.py) ranks the
-candidates by whether their predicted TTFT and TPOT meet them, and leaves its verdict for the shell."""
+"""SLO tiers: a request that states objectives (slo.py) ranks the candidates by whether their predicted TTFT and
+TPOT meet them, and leaves its verdict for the shell; and the plain ranking by cost without objectives."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
 from scheduling.framework.plugin import State
-from scheduling.slo import SLO_STATE, Slo, SloVerdict
+from scheduling.latency.slo import SLO_STATE, Slo, SloVerdict
 from scheduling.types import Endpoint
 
 PREDICTED = "estimated-latency.predicted"  # endpoint -> (TTFT, TPOT): SLO requests and explain
@@ -43,3 +43,11 @@ def slo_scores(slo: Slo, candidates: list[Endpoint], costs: list[float], predict
         frozenset(e.key for e, t in zip(candidates, tiers, strict=True) if t < 2),
         frozenset(e.key for e, t in zip(candidates, tiers, strict=True) if t == 0))
     return out
+
+
+def relative(costs: list[float]) -> list[float]:
+    """score(e) = min over candidates of cost / cost(e): the best endpoint scores 1."""
+    best = min(costs)
+    if best <= 0.0:
+        return [1.0 if c <= 0.0 else 0.0 for c in costs]
+    return [best / c for c in costs]

@@ -1,4 +1,4 @@
-"""The engine-timing fit's estimators (scheduling/plugins/scorers/_timings.py has the model): the decaying weighted
+"""The engine-timing fit's estimators (scheduling/latency/fit.py has the model): the decaying weighted
 mean of the inter-token time, and the decaying regression sums over the prefill points, whose solution gives the
 overhead and the per-token time (the level from every point, the slope from the slope points, both leaning on the
 reference's shape).
@@ -127,7 +127,7 @@ class PrefillEstimate:
         """(overhead, per token) from the prefill points: their weighted mean, with the reference scaled by
         `decode_scale` (the fitted inter-token time over the reference's; None before it is known) as
         `PRIOR_LEVEL` more points at the same size, fixes the level; the slope moves from the reference's slope at
-        that level towards the slope points' own as far as their spread allows (see _timings.py's docstring)."""
+        that level towards the slope points' own as far as their spread allows (see fit.py's docstring)."""
         W = self.W
         if W <= 0:
             if decode_scale is None:

@@ -1,4 +1,4 @@
-"""The engine-timing fit's inputs (scheduling/plugins/scorers/_timings.py): what two scrapes' cumulative histograms
+"""The engine-timing fit's inputs (scheduling/latency/fit.py): what two scrapes' cumulative histograms
 and counters say about the interval between them, and a short ring of past scrapes' counters, read at another moment
 than a scrape's (a request's counters tick at another moment of its life than its first token).
 

@@ -65,7 +65,7 @@ class EndpointTrust:
         self.at: float | None = None
         self.prev: tuple[float, float] | None = None  # the engine's cumulative (prompt, cached) tokens
 
-    def _age(self, now: float, half_life: float) -> None:
+    def age(self, now: float, half_life: float) -> None:
         if self.at is not None and now > self.at and half_life > 0:
             f = 0.5 ** ((now - self.at) / half_life)
             self.sent, self.predicted, self.queries, self.hits = (
@@ -94,7 +94,7 @@ class TrustTable:
         self.entries: dict[str, EndpointTrust] = {}
         self.belief: dict[str, float] = {}
 
-    def _entry(self, key: str) -> EndpointTrust:
+    def entry(self, key: str) -> EndpointTrust:
         e = self.entries.get(key)
         if e is None:
             e = self.entries[key] = EndpointTrust()
@@ -102,8 +102,8 @@ class TrustTable:
 
     def sent(self, key: str, tokens: float, predicted: float, now: float) -> None:
         """Pointsman sent a request of `tokens` prompt tokens to `key`, predicting `predicted` of them cached."""
-        e = self._entry(key)
-        e._age(now, self.half_life)
+        e = self.entry(key)
+        e.age(now, self.half_life)
         e.sent += tokens
         e.predicted += predicted
 
@@ -112,11 +112,11 @@ class TrustTable:
         if totals.prompt_tokens is None:
             return
         cur = (totals.prompt_tokens, totals.cached_tokens or 0.0)
-        e = self._entry(key)
+        e = self.entry(key)
         prev, e.prev = e.prev, cur
         if prev is None or cur[0] < prev[0] or cur[1] < prev[1]:
             return  # the first reading, or the engine restarted: differences start over
-        e._age(now, self.half_life)
+        e.age(now, self.half_life)
         e.queries += cur[0] - prev[0]
         e.hits += cur[1] - prev[1]
 
@@ -169,21 +169,3 @@ class TrustTable:
     def forget(self, key: str) -> None:
         self.entries.pop(key, None)
         self.belief.pop(key, None)
-
-
-@dataclass(frozen=True, slots=True)
-class EndpointModel:
-    """What the estimated-latency scorer believes about one endpoint (explain, `epp endpoints`, the dashboard)."""
-
-    timings: str  # "engine" (fitted from its own metrics), "pool" (the fitted endpoints' mean), "reference"
-    overhead_s: float  # as the scoring pass uses them
-    prefill_per_token_s: float
-    inter_token_s: float
-    backlog_weight: float  # how much queued prefill delays a request (1: the reference model's serial queue)
-    calibration: float  # reference timings: k(e) from finished requests; 1 on engine timings
-    fitted_age_s: float | None  # since the engine's metrics last brought a measurement; None: never
-    prefill_points: float
-    decode_tokens: float
-    engine_ttft_mean_s: float | None  # the engine's own TTFT over its last interval with first tokens
-    engine_ttft_p90_s: float | None
-    trust: TrustView

@@ -14,7 +14,7 @@ every endpoint's total in one pass takes `queues()` (endpoint -> Queue, read-onl
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, KeysView, Mapping
 
 LOCAL = ""
 MAX_TOKENS = 1e12  # anything larger from a peer is nonsense, not a backlog
@@ -123,7 +123,7 @@ class SharedBacklog:
                 if not keys:
                     del self._by_peer[peer]
 
-    def endpoints(self) -> Collection[str]:
+    def endpoints(self) -> KeysView[str]:
         return self._queues.keys()
 
     def peers(self) -> list[str]:
