@@ -21,15 +21,10 @@ PACKAGES = ("epp", "scheduling")
 # What breaks a rule today; empty these as the work of issue 29 lands (an entry that no longer holds fails).
 WHY = "being removed (issue 29)"
 ALLOWED_CIRCLES: dict[frozenset[str], str] = {
-    frozenset({"epp.api.client", "epp.api.dashboard.views", "epp.api.explain", "epp.api.receipts"}): WHY,
-    frozenset({"epp.observe.otlp", "epp.observe.wire"}): WHY,
     frozenset({"epp.request.commit", "epp.request.director", "epp.request.early", "epp.request.exchange",
                "epp.request.resolve", "epp.request.respond", "epp.request.waiting"}): WHY,
 }
 ALLOWED_PRIVATE: dict[str, str] = {  # "importer -> module._name"
-    "scheduling.plugins.scorers._learning -> scheduling.plugins.scorers._calibration._INPUTS": WHY,
-    "scheduling.plugins.scorers.estimated_latency -> scheduling.plugins.scorers._calibration._INPUTS": WHY,
-    "scheduling.plugins.scorers.estimated_latency -> scheduling.plugins.scorers._calibration._PRED": WHY,
 }
 
 
