@@ -73,43 +73,41 @@ utilization), `RateLimitMetrics` (counters plus gauges computed at scrape time, 
 
 from typing import TYPE_CHECKING, Any
 
-from epp.ratelimit.admission import (
-    ADMITTED,
-    Admission,
-    BudgetState,
-    LimitState,
-    RedisDownPolicy,
-    Ticket,
-)
-from epp.ratelimit.headers import LimitStatus
-from epp.ratelimit.limiter import Applied, Limiter
-from epp.ratelimit.limits import (
-    MAX_TOKENS,
-    Algorithm,
-    Kind,
-    Limit,
-    Metric,
-    Price,
-    Unit,
-    declared_output,
-    scope_key,
-    scope_label,
-    tokens,
-)
-from epp.ratelimit.metrics import RateLimitMetrics
-from epp.ratelimit.state import StoreUnavailable
-
 if TYPE_CHECKING:
+    from epp.ratelimit.admission import ADMITTED, Admission, BudgetState, LimitState, RedisDownPolicy, Ticket
+    from epp.ratelimit.headers import LimitStatus
+    from epp.ratelimit.limiter import Applied, Limiter
+    from epp.ratelimit.limits import (
+        MAX_TOKENS,
+        Algorithm,
+        Kind,
+        Limit,
+        Metric,
+        Price,
+        Unit,
+        declared_output,
+        scope_key,
+        scope_label,
+        tokens,
+    )
+    from epp.ratelimit.metrics import RateLimitMetrics
     from epp.ratelimit.redis_store import RedisStore, redact
+    from epp.ratelimit.state import StoreUnavailable
 
+# Each name and the module that defines it ("module:name" when renamed), imported on first use (PEP 562).
+_LAZY = {
+    "ADMITTED": "admission", "Admission": "admission", "BudgetState": "admission", "LimitState": "admission",
+    "RedisDownPolicy": "admission", "Ticket": "admission",
+    "LimitStatus": "headers",
+    "Applied": "limiter", "Limiter": "limiter",
+    "Algorithm": "limits", "Kind": "limits", "Limit": "limits", "MAX_TOKENS": "limits", "Metric": "limits",
+    "Price": "limits", "Unit": "limits", "declared_output": "limits", "scope_key": "limits", "scope_label": "limits",
+    "tokens": "limits",
+    "RateLimitMetrics": "metrics",
+    "StoreUnavailable": "state",
+    "RedisStore": "redis_store", "redact": "redis_store",  # the redis package: local-only limits never import it
+}
 
-def __getattr__(name: str) -> Any:
-    """`RedisStore` and `redact` load the redis package on first use: local-only limits never import it."""
-    if name in ("RedisStore", "redact"):
-        from epp.ratelimit import redis_store
-
-        return getattr(redis_store, name)
-    raise AttributeError(f"module 'epp.ratelimit' has no attribute {name!r}")
 
 __all__ = [
     "ADMITTED",
@@ -137,3 +135,14 @@ __all__ = [
     "scope_label",
     "tokens",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from importlib import import_module
+
+    module, _, attr = _LAZY[name].partition(":")
+    value = getattr(import_module(f"{__name__}.{module}"), attr or name)
+    globals()[name] = value
+    return value

@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any
 from epp.fleet.datastore import Datastore
 from epp.protocol import Outcome
 from epp.request.admit import Admitter
-from epp.request.early import EarlySettings
 from epp.request.observe import RequestObserver
+from epp.request.settings import EarlySettings
 from scheduling.api import Scheduler, SchedulingContext
 from scheduling.types import Endpoint, SchedulingError
 

@@ -11,10 +11,34 @@ Dialects (dialect.py says what one declares; dialects/__init__.py registers them
 ModelRoute, ModelServer, ExternalModelProvider) and dialects/llmkube (LLMKube's ModelRouter, with its runtime).
 """
 
-from epp.routing.decision import RouteDecision
-from epp.routing.dialect import Dialect
-from epp.routing.dialects import DIALECTS
-from epp.routing.router import Router
-from epp.routing.service import RoutingService
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from epp.routing.decision import RouteDecision
+    from epp.routing.dialect import Dialect
+    from epp.routing.dialects import DIALECTS
+    from epp.routing.router import Router
+    from epp.routing.service import RoutingService
+
+# Each name and the module that defines it ("module:name" when renamed), imported on first use (PEP 562).
+_LAZY = {
+    "RouteDecision": "decision",
+    "Dialect": "dialect",
+    "DIALECTS": "dialects",
+    "Router": "router",
+    "RoutingService": "service",
+}
+
 
 __all__ = ["DIALECTS", "Dialect", "RouteDecision", "Router", "RoutingService"]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from importlib import import_module
+
+    module, _, attr = _LAZY[name].partition(":")
+    value = getattr(import_module(f"{__name__}.{module}"), attr or name)
+    globals()[name] = value
+    return value
