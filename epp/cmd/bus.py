@@ -8,10 +8,10 @@ from typing import TYPE_CHECKING
 from epp.extras import require
 
 if TYPE_CHECKING:
-    from epp.cmd.app import App
+    from epp.cmd.components import Components
 
 
-async def start_replica_bus(app: App) -> None:
+async def start_replica_bus(app: Components) -> None:
     settings = app.settings.replicas.bus
     if settings is None:
         return

@@ -7,19 +7,20 @@ import logging
 from typing import TYPE_CHECKING
 
 from epp.api.metrics import RequestMetrics
+from epp.cmd.scheduler import apply_scheduler
 from epp.fleet.rewrites import choose_rewrite
 from epp.request.director import Director, DirectorConfig
 from scheduling.plugins.filters.header_based_testing import FILTER_TYPE
 from scheduling.plugins.system.destination_endpoint_served_verifier import VERIFIER_TYPE
 
 if TYPE_CHECKING:
-    from epp.cmd.app import App
+    from epp.cmd.components import Components
     from epp.request.observe import RequestObserver
 
 log = logging.getLogger(__name__)
 
 
-def director_config(app: App) -> DirectorConfig:
+def director_config(app: Components) -> DirectorConfig:
     r = app.settings.request
     conformance = r.conformance or conformance_config(app)
     if conformance:
@@ -29,19 +30,19 @@ def director_config(app: App) -> DirectorConfig:
                           default_pool=app.settings.sources.pool_name, log_decisions=r.log_decisions)
 
 
-def conformance_config(app: App) -> bool:
+def conformance_config(app: Components) -> bool:
     """The initial scheduling config declares the conformance suite's plugins (its conformance-plugins.yaml)."""
     if app.scheduler is None:
         return False
     return any(getattr(p, "type_name", "") in (FILTER_TYPE, VERIFIER_TYPE) for p in app.scheduler.plugins())
 
 
-def dashboard_on(app: App) -> bool:
+def dashboard_on(app: Components) -> bool:
     """The dashboard has a page to show: a metrics port, or a worker's control socket."""
     return app.settings.dashboard.enabled and bool(app.settings.server.metrics_port or app.settings.worker)
 
 
-def observers(app: App) -> list[RequestObserver]:
+def observers(app: Components) -> list[RequestObserver]:
     """Who observes each request, in order: metrics (and SLO attainment), the routing dialects' runtimes (e.g. LLMKube's quarantine and
     first-byte latency), passive health, the decision recorder (the dashboard's page and the decision receipts
     share it), then tracing and the shadow profile (epp/observe)."""
@@ -72,7 +73,7 @@ def observers(app: App) -> list[RequestObserver]:
     return out
 
 
-async def build_director(app: App) -> None:
+async def build_director(app: Components) -> None:
     assert app.scheduler is not None, "the scheduling step runs first"
     from epp.request.sessions import SessionIdentity
 
@@ -89,7 +90,7 @@ async def build_director(app: App) -> None:
         probe=app.passive.probe_for if app.passive is not None else None,  # a probe goes out whatever the scores
         **(app.observe.director_fields() if app.observe is not None else {}),  # decision ids, tracing
     )
-    app.apply_scheduler(app.scheduler)
+    apply_scheduler(app, app.scheduler)
     from epp.api.model_metrics import (
         ModelCollector,  # the latency model: timings and prefix trust per endpoint
     )

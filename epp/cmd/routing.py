@@ -10,10 +10,10 @@ from typing import TYPE_CHECKING
 from epp.aio import cancel_and_wait
 
 if TYPE_CHECKING:
-    from epp.cmd.app import App
+    from epp.cmd.components import Components
 
 
-async def start_routing(app: App) -> None:
+async def start_routing(app: Components) -> None:
     """The routing service (docs/coming-from-kthena.md), when route documents are given."""
     s = app.settings.routes
     if not s.enabled:
@@ -43,7 +43,7 @@ async def start_routing(app: App) -> None:
         app.datastore.synced = True
 
 
-async def start_rate_limits(app: App) -> None:
+async def start_rate_limits(app: Components) -> None:
     """Routes may carry token rate limits (Kthena's ModelRoute.rateLimit) and LLMKube budgets: admitters, after
     the sheddable check (epp/ratelimit)."""
     if app.routing is None:

@@ -19,12 +19,12 @@ from epp.extproc.server import build_server
 from epp.extproc.settings import ServerSettings
 
 if TYPE_CHECKING:
-    from epp.cmd.app import App
+    from epp.cmd.components import Components
 
 log = logging.getLogger("epp")
 
 
-async def make_dashboard(app: App) -> None:
+async def make_dashboard(app: Components) -> None:
     """The live page on the metrics port, reading the decision recorder that observes the request path."""
     from epp.cmd.request import dashboard_on
 
@@ -42,7 +42,7 @@ async def make_dashboard(app: App) -> None:
     app.dashboard.rows = d.decisions
 
 
-async def start_grpc(app: App) -> None:
+async def start_grpc(app: Components) -> None:
     """The gRPC port: ext_proc and the Pointsman API over the current director, EDS (with --eds) and health; and
     the separate health port (kubelet probes)."""
     s = app.settings.server
@@ -72,7 +72,7 @@ async def start_grpc(app: App) -> None:
         app.runner.add("health port", lambda: health.stop(0))
 
 
-def _bind(app: App, s: ServerSettings) -> int:
+def _bind(app: Components, s: ServerSettings) -> int:
     server = app.server
     if s.secure and s.cert_reload and s.cert_path:  # --enable-cert-reload: new handshakes get a rotated pair
         from epp.h2grpc import tls
@@ -100,7 +100,7 @@ def _bind(app: App, s: ServerSettings) -> int:
     return int(port)
 
 
-async def start_worker_control(app: App) -> None:
+async def start_worker_control(app: Components) -> None:
     """A worker of `epp serve --workers N` (epp/workers): its control socket, which the supervisor talks to."""
     if not app.settings.worker:
         return
@@ -109,7 +109,7 @@ async def start_worker_control(app: App) -> None:
     app.runner.add("worker control", await start(app))
 
 
-async def start_metrics(app: App) -> None:
+async def start_metrics(app: Components) -> None:
     """The metrics port: /metrics, and the dashboard when there is one."""
     port = app.settings.server.metrics_port
     if not port:
