@@ -16,7 +16,7 @@ from epp.api.settings import EndpointsSettings, ExplainSettings
 def _stub(addr: str) -> pointsman_pb2_grpc.PointsmanStub:
     """A stub for Pointsman at `addr`: over TLS when the port serves TLS (`epp serve`'s default), trusting the
     certificate it presents as gateways do, else plaintext (`--secure-serving=false`)."""
-    from epp.h2grpc.tls import certificate_name, peer_certificate
+    from epp.h2grpc import certificate_name, peer_certificate
 
     options: list[tuple[str, Any]] = [("grpc.max_receive_message_length", 64 * 1024 * 1024)]
     host, _, port = addr.rpartition(":")

@@ -40,7 +40,7 @@ import zmq
 from epp.aio import wait_set
 from epp.bus import receive
 from epp.bus.codec import BusMessage, encode
-from epp.fleet.datastore import InflightTracker
+from epp.fleet import InflightTracker
 from scheduling.api import InflightLoad
 
 log = logging.getLogger(__name__)

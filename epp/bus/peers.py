@@ -89,15 +89,13 @@ class ServicePeers:
 
     def __init__(self, api: Any, namespace: str, service: str, port: int, workers: int,
                  on_change: Callable[[list[str]], None], **reflector_opts: Any) -> None:
-        from epp.fleet.k8s import ENDPOINT_SLICE
-        from epp.fleet.k8s.discovery import _list_call
-        from epp.fleet.k8s.reflector import Reflector
+        from epp.fleet.k8s import ENDPOINT_SLICE, Reflector, list_call
 
         self.service, self.port, self.workers = service, port, workers
         self.on_change = on_change
         self.slices: dict[str, dict[str, Any]] = {}
         self.peers: list[str] = []
-        call = _list_call(api, ENDPOINT_SLICE, namespace, label_selector=f"{SERVICE_NAME_LABEL}={service}")
+        call = list_call(api, ENDPOINT_SLICE, namespace, label_selector=f"{SERVICE_NAME_LABEL}={service}")
         self.reflector = Reflector(f"endpointslices[{namespace}/{service}]", call, self._listed, self._event,
                                    **reflector_opts)
 

@@ -15,7 +15,7 @@ import signal
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
-from epp.api.metrics import EppMetrics
+from epp.api import EppMetrics
 from epp.cmd import bus, fleet, precise, request, routing, scheduler, servers
 from epp.cmd import observe as observe_step
 from epp.cmd.components import Components

@@ -106,7 +106,7 @@ def _explain_settings(ns: argparse.Namespace, argv: list[str]) -> Any:
 
 
 def _explain(s: Any) -> int:
-    from epp.api.client import explain_command
+    from epp.api import explain_command
 
     return explain_command(s)
 
@@ -124,7 +124,7 @@ def _stack_settings(ns: argparse.Namespace, argv: list[str]) -> Any:
 
 
 def _stack(s: Any) -> int:
-    from epp.stack.localstack import stack_command
+    from epp.stack import stack_command
 
     return stack_command(s)
 
@@ -142,7 +142,7 @@ def _endpoints_settings(ns: argparse.Namespace, argv: list[str]) -> Any:
 
 
 def _endpoints(s: Any) -> int:
-    from epp.api.client import endpoints_command
+    from epp.api import endpoints_command
 
     return endpoints_command(s)
 

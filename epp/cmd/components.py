@@ -14,26 +14,22 @@ from typing import TYPE_CHECKING, Any
 from epp.cmd.kube import Kube
 from epp.cmd.runner import Runner
 from epp.cmd.settings import ServeSettings
-from epp.fleet.datastore import Datastore
+from epp.fleet import Datastore
 
 if TYPE_CHECKING:
+    from epp.api import EppHealthServicer, EppMetrics
     from epp.api.dashboard import Dashboard, DecisionRecorder
-    from epp.api.health import EppHealthServicer
-    from epp.api.metrics import EppMetrics
-    from epp.bus.shell import BusRuntime
+    from epp.bus import BusRuntime
     from epp.cmd.flowswitch import FlowSwitch
-    from epp.fleet.kvevents.service import PreciseService
-    from epp.fleet.passive import PassiveHealth
-    from epp.fleet.reload import FileWatcher
-    from epp.fleet.scrape.scraper import MetricsScraper
+    from epp.fleet import FileWatcher, PassiveHealth
+    from epp.fleet.kvevents import PreciseService
+    from epp.fleet.scrape import MetricsScraper
     from epp.flowcontrol import FlowController, PoolPressure
     from epp.observe import Observability
-    from epp.ratelimit.gate import RateLimitGate
-    from epp.request.admit import Admitter
-    from epp.request.director import Director
-    from epp.request.sessions import SessionIdentity
+    from epp.ratelimit import RateLimitGate
+    from epp.request import Admitter, Director, SessionIdentity
     from epp.routing import RoutingService
-    from epp.tokenize.shell import RequestTokens
+    from epp.tokenize import RequestTokens
     from epp.xds import EdsService
     from scheduling.framework.model_scheduler import ModelScheduler
 

@@ -64,7 +64,7 @@ def add_flags(ec: argparse.ArgumentParser) -> None:
                     help="ext_proc message timeout (300s closed, 30s open; Envoy does not apply it in "
                          "FULL_DUPLEX_STREAMED): keep it above the flow-control request TTL")
     ec.add_argument("-o", "--output", default="-")
-    from epp.envoy_config.spec import add_observe_flags
+    from epp.envoy_config import add_observe_flags
 
     add_observe_flags(ec)  # --tracing-collector, --access-log (docs/observability.md)
 
@@ -113,7 +113,7 @@ class EnvoyConfigSettings:
 
 def _observe_fields(ns: argparse.Namespace) -> dict[str, Any]:
     """Envoy's own tracing to an OpenTelemetry collector, and an access log with the decision id."""
-    from epp.envoy_config.spec import parse_collector
+    from epp.envoy_config import parse_collector
 
     return {"tracing_collector": parse_collector(ns.tracing_collector) if ns.tracing_collector else None,
             "tracing_service_name": ns.tracing_service_name, "tracing_sampling": ns.tracing_sampling,
@@ -129,7 +129,7 @@ def _file_pools(s: EnvoyConfigSettings) -> tuple[str | None, list[Address]]:
     """The pool named (or the first) in the endpoints file, and its endpoints; ValueError for a missing pool."""
     import yaml
 
-    from epp.fleet.static_source import parse_static_config
+    from epp.fleet import parse_static_config
 
     assert s.endpoints_file is not None
     with open(s.endpoints_file) as f:
@@ -157,7 +157,7 @@ def envoy_config_command(s: EnvoyConfigSettings) -> int:
             endpoints += listed
     fragments = None
     if s.routes_files:  # HOOK (routing layer): epp/envoy_config/providers.py
-        from epp.envoy_config.providers import fragments_from_files
+        from epp.envoy_config import fragments_from_files
 
         fragments, route_eps, errors = fragments_from_files(list(s.routes_files), header=s.provider_header,
                                                             ca_file=s.provider_ca_file)

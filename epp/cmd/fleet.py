@@ -11,11 +11,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from epp.fleet.passive import PassiveHealth
-from epp.fleet.reload import FileWatcher, yaml_parser
-from epp.fleet.scrape.scraper import start_scraper
+from epp.fleet import FileWatcher, PassiveHealth, apply_static, parse_static_file, yaml_parser
+from epp.fleet.scrape import start_scraper
 from epp.fleet.settings import SourceSettings
-from epp.fleet.static_source import apply_static, parse_static_file
 
 if TYPE_CHECKING:
     import kubernetes.client as k8s
@@ -41,11 +39,11 @@ async def start_sources(app: Components) -> None:
 
 
 async def _start_discovery(app: Components, s: SourceSettings) -> Any:
-    from epp.fleet.k8s.discovery import start_pool_discovery, start_selector_discovery
+    from epp.fleet.k8s import start_pool_discovery, start_selector_discovery
 
     ds = app.datastore
     if s.kind == "service":
-        from epp.fleet.k8s.multipool import MultiPoolDiscovery
+        from epp.fleet.k8s import MultiPoolDiscovery
 
         multi = MultiPoolDiscovery(ds, s.pool_namespace, app.kube.api(), s.epp_service_name or "",
                                    pool_name=s.pool_name, pool_group=s.pool_group, pods=app.kube.pod_pools())
@@ -60,7 +58,7 @@ async def _start_discovery(app: Components, s: SourceSettings) -> Any:
 
 def _own_client(s: SourceSettings) -> k8s.ApiClient:
     """The one-pool watchers have a client of their own (as they always had)."""
-    from epp.fleet.k8s.discovery import make_api_client
+    from epp.fleet.k8s import make_api_client
 
     return make_api_client(kubeconfig=s.kubeconfig)
 

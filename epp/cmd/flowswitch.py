@@ -6,12 +6,11 @@ import asyncio
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from epp.fleet.datastore import Datastore
-from epp.fleet.saturation import Detector, SaturationDetector
+from epp.fleet import Datastore, Detector, SaturationDetector
 from epp.flowcontrol import FlowController, PoolPressure
 
 if TYPE_CHECKING:
-    from epp.api.metrics import EppMetrics
+    from epp.api import EppMetrics
     from scheduling.api import FlowControl
 
 

@@ -6,13 +6,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from epp.cmd.runner import Runner
-from epp.fleet.datastore import Datastore
+from epp.fleet import Datastore
 from epp.fleet.settings import SourceSettings
 
 if TYPE_CHECKING:
     import kubernetes.client as k8s
 
-    from epp.fleet.k8s.pods import PodPools
+    from epp.fleet.k8s import PodPools
 
 
 class Kube:
@@ -28,14 +28,14 @@ class Kube:
 
     def api(self) -> k8s.ApiClient:
         if self._api is None:
-            from epp.fleet.k8s.discovery import make_api_client
+            from epp.fleet.k8s import make_api_client
 
             self._api = make_api_client(kubeconfig=self.settings.kubeconfig)
         return self._api
 
     def pod_pools(self) -> PodPools:
         if self.pods is None:
-            from epp.fleet.k8s.pods import PodPools
+            from epp.fleet.k8s import PodPools
 
             self.pods = PodPools(self.datastore, self.api(), self.settings.pool_namespace)
             self.pods.start()

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from epp.fleet.kvevents.service import PreciseService
-from epp.tokenize.shell import tokens_from_settings
+from epp.fleet.kvevents import PreciseService
+from epp.tokenize import tokens_from_settings
 
 if TYPE_CHECKING:
     from epp.cmd.components import Components

@@ -6,16 +6,16 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from epp.api.metrics import RequestMetrics
+from epp.api import RequestMetrics
 from epp.cmd.scheduler import apply_scheduler
-from epp.fleet.rewrites import choose_rewrite
-from epp.request.director import Director, DirectorConfig
+from epp.fleet import choose_rewrite
+from epp.request import Director, DirectorConfig
 from scheduling.plugins.filters.header_based_testing import FILTER_TYPE
 from scheduling.plugins.system.destination_endpoint_served_verifier import VERIFIER_TYPE
 
 if TYPE_CHECKING:
     from epp.cmd.components import Components
-    from epp.request.observe import RequestObserver
+    from epp.request import RequestObserver
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +47,7 @@ def observers(app: Components) -> list[RequestObserver]:
     first-byte latency), passive health, the decision recorder (the dashboard's page and the decision receipts
     share it), then tracing and the shadow profile (epp/observe)."""
     assert app.metrics is not None
-    from epp.api.slo_metrics import SloMetrics  # predicted and measured SLO attainment (x-llm-d-slo-*)
+    from epp.api import SloMetrics  # predicted and measured SLO attainment (x-llm-d-slo-*)
 
     out: list[RequestObserver] = [RequestMetrics(app.metrics), SloMetrics(app.metrics.registry)]
     if app.routing is not None:
@@ -61,7 +61,7 @@ def observers(app: Components) -> list[RequestObserver]:
     dashboard = dashboard_on(app)
     count = (d.decisions if dashboard else 0) if receipts is None or receipts.count is None else receipts.count
     if dashboard or count:  # the dashboard's record of decisions is also the receipts'
-        from epp.api.dashboard.recorder import DecisionRecorder, RecorderObserver
+        from epp.api.dashboard import DecisionRecorder, RecorderObserver
 
         app.recorder = DecisionRecorder(max(count, d.decisions if dashboard else 1),
                                         receipts.max_age if receipts is not None and count else 0.0)
@@ -75,7 +75,7 @@ def observers(app: Components) -> list[RequestObserver]:
 
 async def build_director(app: Components) -> None:
     assert app.scheduler is not None, "the scheduling step runs first"
-    from epp.request.sessions import SessionIdentity
+    from epp.request import SessionIdentity
 
     app.sessions = SessionIdentity(app.settings.request.sessions)  # agent session identity (epp/request/sessions.py)
     ds, rng = app.datastore, app.rng
@@ -91,7 +91,7 @@ async def build_director(app: Components) -> None:
         **(app.observe.director_fields() if app.observe is not None else {}),  # decision ids, tracing
     )
     apply_scheduler(app, app.scheduler)
-    from epp.api.model_metrics import (
+    from epp.api import (
         ModelCollector,  # the latency model: timings and prefix trust per endpoint
     )
 

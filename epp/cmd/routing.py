@@ -18,7 +18,7 @@ async def start_routing(app: Components) -> None:
     s = app.settings.routes
     if not s.enabled:
         return
-    from epp.routing.service import RoutingService
+    from epp.routing import RoutingService
 
     outputs = app.settings.request.outputs
     svc = RoutingService(app.datastore, app.rng, secrets_dir=s.provider_secrets_dir,
@@ -48,7 +48,7 @@ async def start_rate_limits(app: Components) -> None:
     the sheddable check (epp/ratelimit)."""
     if app.routing is None:
         return
-    from epp.ratelimit.wiring import start_rate_limits as start
+    from epp.ratelimit import start_rate_limits as start
 
     assert app.metrics is not None
     limits = app.runner.own("rate limits", await start(app.settings.ratelimit, app.metrics.registry, app.routing))

@@ -12,9 +12,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from epp.cmd.flowswitch import FlowSwitch
-from epp.fleet.reload import FileWatcher
-from epp.fleet.saturation import detector_for
-from epp.request.admit import SheddableAdmitter
+from epp.fleet import FileWatcher, detector_for
+from epp.request import SheddableAdmitter
 from scheduling.config import load_scheduler, parse_yaml
 from scheduling.framework.model_scheduler import ModelScheduler
 

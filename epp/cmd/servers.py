@@ -11,11 +11,9 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from epp.api.explain import PointsmanService
-from epp.api.health import add_health_servicer, start_health_server
-from epp.api.metrics import start_metrics_server
+from epp.api import PointsmanService, add_health_servicer, start_health_server, start_metrics_server
 from epp.api.pb import pointsman_pb2_grpc
-from epp.extproc.server import build_server
+from epp.extproc import build_server
 from epp.extproc.settings import ServerSettings
 
 if TYPE_CHECKING:
@@ -89,9 +87,9 @@ def _bind(app: Components, s: ServerSettings) -> int:
         reloader.start()
         app.runner.own("certificate reload", reloader)
     elif s.secure:
-        from epp.h2grpc.tls import server_credentials, server_ssl_context
+        from epp.h2grpc import tls
 
-        creds = server_ssl_context(s.cert_path) if s.transport == "h2" else server_credentials(s.cert_path)
+        creds = tls.server_ssl_context(s.cert_path) if s.transport == "h2" else tls.server_credentials(s.cert_path)
         port = server.add_secure_port(s.address, creds)
     else:
         port = server.add_insecure_port(s.address)
@@ -104,7 +102,7 @@ async def start_worker_control(app: Components) -> None:
     """A worker of `epp serve --workers N` (epp/workers): its control socket, which the supervisor talks to."""
     if not app.settings.worker:
         return
-    from epp.workers.control import start_worker_control as start
+    from epp.workers import start_worker_control as start
 
     app.runner.add("worker control", await start(app))
 
@@ -118,7 +116,7 @@ async def start_metrics(app: Components) -> None:
     dash = app.dashboard
     guards = []
     if app.settings.metrics_auth.enabled:  # --metrics-endpoint-auth: Kubernetes says who may read /metrics
-        from epp.api.metrics_auth import KubeReviews, MetricsAuth
+        from epp.api import KubeReviews, MetricsAuth
 
         guards.append(MetricsAuth(KubeReviews(app.kube.api())).middleware())
         log.info("/metrics needs a bearer token allowed to get /metrics (TokenReview + SubjectAccessReview)")

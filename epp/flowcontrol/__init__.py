@@ -9,6 +9,8 @@ The director's exchange calls `FlowController.admit` after the admission gates a
 callback that re-resolves the candidates and schedules and commits the request when its turn comes.
 """
 
+from __future__ import annotations
+
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -28,7 +30,6 @@ _LAZY = {
     "FAIRNESS_HEADERS": "controller", "FlowController": "controller", "fairness_id": "controller",
     "PoolPressure": "pressure",
 }
-
 
 __all__ = ["DEFAULT_FLOW", "DROPPED_REASON", "FAIRNESS_HEADER", "FAIRNESS_HEADERS", "FlowController", "PoolPressure",
            "fairness_id"]

@@ -36,21 +36,26 @@ if TYPE_CHECKING:
     from epp.observe.shadow import Shadow
     from epp.observe.tracing import Tracing, TracingObserver
 
-# name -> the module that defines it; loaded on first use (PEP 562), so the CLI reads the settings without tracing,
-# the shadow scheduler or the request path.
+# Each name and the module that defines it ("module:name" when renamed), imported on first use (PEP 562).
 _LAZY = {
+    "configure": "logs",
+    "Observability": "observability",
     "LogSettings": "settings", "ObserveSettings": "settings", "ReceiptSettings": "settings",
     "ShadowSettings": "settings", "TracingSettings": "settings", "add_flags": "settings",
-    "Observability": "observability", "Shadow": "shadow", "Tracing": "tracing", "TracingObserver": "tracing",
-    "configure": "logs",
+    "Shadow": "shadow",
+    "Tracing": "tracing", "TracingObserver": "tracing",
 }
-__all__ = ["LogSettings", "Observability", "ObserveSettings", "ReceiptSettings", "Shadow", "ShadowSettings", "Tracing",
-           "TracingObserver", "TracingSettings", "add_flags", "configure"]
+
+__all__ = ["LogSettings", "Observability", "ObserveSettings", "ReceiptSettings", "Shadow", "ShadowSettings",
+           "Tracing", "TracingObserver", "TracingSettings", "add_flags", "configure"]
 
 
 def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        from importlib import import_module
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from importlib import import_module
 
-        return getattr(import_module(f"epp.observe.{_LAZY[name]}"), name)
-    raise AttributeError(f"module 'epp.observe' has no attribute {name!r}")
+    module, _, attr = _LAZY[name].partition(":")
+    value = getattr(import_module(f"{__name__}.{module}"), attr or name)
+    globals()[name] = value
+    return value

@@ -12,13 +12,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from epp.observe.settings import ObserveSettings
-from epp.request.director import DecisionIds
+from epp.request import DecisionIds
 
 if TYPE_CHECKING:
-    from epp.fleet.reload import FileWatcher
+    from epp.fleet import FileWatcher
     from epp.observe.shadow import Shadow
     from epp.observe.tracing import Tracing
-    from epp.request.observe import RequestObserver
+    from epp.request import RequestObserver
 
 log = logging.getLogger("epp.observe")
 
@@ -52,7 +52,7 @@ class Observability:
             await self._start_shadow(Path(sh.config_file), registry, seed)
 
     async def _start_shadow(self, path: Path, registry: Any, seed: int | None) -> None:
-        from epp.fleet.reload import FileWatcher
+        from epp.fleet import FileWatcher
         from epp.observe.shadow import Shadow
         from epp.observe.shadow_report import shadow_collector
         from scheduling.config import load_scheduler, parse_yaml

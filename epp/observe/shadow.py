@@ -42,9 +42,8 @@ from scheduling.api import InflightLoad, SchedulingContext, SchedulingResult
 from scheduling.types import SchedulingError
 
 if TYPE_CHECKING:
-    from epp.api.dashboard.recorder import DecisionRecorder
-    from epp.request.exchange import RequestExchange
-    from epp.request.usage import Usage
+    from epp.api.dashboard import DecisionRecorder
+    from epp.request import RequestExchange, Usage
     from scheduling.api import Scheduler
 
 log = logging.getLogger("epp.shadow")

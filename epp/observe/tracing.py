@@ -45,12 +45,10 @@ from typing import TYPE_CHECKING, Any
 from epp.observe.attributes import marks_start, request_attributes
 from epp.observe.settings import DEFAULT_RATIO, TracingSettings
 from epp.protocol import Outcome
-from epp.request.exchange import STAGES, RequestExchange
-from epp.request.tracecontext import TraceParent, from_headers, from_metadata
+from epp.request import STAGES, RequestExchange, TraceParent, from_headers, from_metadata
 
 if TYPE_CHECKING:
-    from epp.request.director import Director
-    from epp.request.usage import Usage
+    from epp.request import Director, Usage
 
 log = logging.getLogger("epp.tracing")
 

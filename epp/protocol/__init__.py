@@ -1,5 +1,7 @@
 """The sans-IO ext_proc protocol machine (see `epp.protocol.machine` for the theory of operation)."""
 
+from __future__ import annotations
+
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -26,12 +28,9 @@ _LAZY = {
     "RESPONSE_TABLE": "response", "ResponsePhase": "response",
 }
 
-
-__all__ = [
-    "CHUNK_LIMIT", "KINDS", "RESPONSE_TABLE", "RULES", "TABLE", "BodyMode", "Decision", "Exchange", "Outcome",
-    "Phase", "RequestMachine", "ResponsePhase", "Rule", "header_mutation", "immediate", "read_headers",
-    "read_metadata", "streamed_chunks", "struct_to_dict",
-]
+__all__ = ["BodyMode", "CHUNK_LIMIT", "Decision", "Exchange", "KINDS", "Outcome", "Phase", "RESPONSE_TABLE", "RULES",
+           "RequestMachine", "ResponsePhase", "Rule", "TABLE", "header_mutation", "immediate", "read_headers",
+           "read_metadata", "streamed_chunks", "struct_to_dict"]
 
 
 def __getattr__(name: str) -> Any:

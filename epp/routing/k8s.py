@@ -21,11 +21,7 @@ from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
-from epp.fleet.k8s import SECRET, Resource
-from epp.fleet.k8s.convert import obj_name
-from epp.fleet.k8s.discovery import _list_call
-from epp.fleet.k8s.pods import PodPools
-from epp.fleet.k8s.reflector import Reflector
+from epp.fleet.k8s import SECRET, PodPools, Reflector, Resource, list_call, obj_name
 from epp.routing.dialects import DIALECTS
 from epp.routing.documents import RawDocument
 
@@ -82,7 +78,7 @@ class RouteWatch:
         self.own_pods = pods is None
         self.pods = pods or PodPools(service.datastore, api, namespace, **reflector_opts)
         self.reflectors = [
-            Reflector(f"{res.plural}[{namespace}]", _tolerant(res, _list_call(api, res, namespace), self._missing),
+            Reflector(f"{res.plural}[{namespace}]", _tolerant(res, list_call(api, res, namespace), self._missing),
                       functools.partial(self._listed, res), functools.partial(self._event, res), **reflector_opts)
             for res in KINDS
         ]
@@ -147,7 +143,7 @@ class RouteWatch:
             self.service.credentials.remove_secret(self.namespace, name)
         for name in sorted(wanted - set(self.secrets)):
             r = Reflector(f"secret[{self.namespace}/{name}]",
-                          _list_call(self.api, SECRET, self.namespace, field_selector=f"metadata.name={name}"),
+                          list_call(self.api, SECRET, self.namespace, field_selector=f"metadata.name={name}"),
                           functools.partial(self._secret_listed, name), functools.partial(self._secret_event, name),
                           **self.opts)
             self.secrets[name] = r

@@ -28,19 +28,23 @@ if TYPE_CHECKING:
     from epp.tokenize.engine import EngineTokenizer
     from epp.tokenize.local import LocalTokenizer, TokenizerLoadError, TokenizerRegistry
     from epp.tokenize.request import TokenizeInput, tokenize_input
+    from epp.tokenize.shell import RequestTokens, tokens_from_settings
     from epp.tokenize.tokenizer import SOURCES, RequestTokenizer, TokenizeResult, approx_tokens
 
-# Each name and the module that defines it, imported on first use (PEP 562): the engine client loads aiohttp, and
-# the CLI reads epp.tokenize.settings without it.
+# Each name and the module that defines it ("module:name" when renamed), imported on first use (PEP 562): the engine
+# client loads aiohttp, and the CLI reads epp.tokenize.settings without it.
 _LAZY = {
     "EngineTokenizer": "engine",
     "LocalTokenizer": "local", "TokenizerLoadError": "local", "TokenizerRegistry": "local",
     "TokenizeInput": "request", "tokenize_input": "request",
-    "SOURCES": "tokenizer", "RequestTokenizer": "tokenizer", "TokenizeResult": "tokenizer", "approx_tokens": "tokenizer",
+    "RequestTokens": "shell", "tokens_from_settings": "shell",
+    "RequestTokenizer": "tokenizer", "SOURCES": "tokenizer", "TokenizeResult": "tokenizer",
+    "approx_tokens": "tokenizer",
 }
 
-__all__ = ["SOURCES", "EngineTokenizer", "LocalTokenizer", "RequestTokenizer", "TokenizeInput", "TokenizeResult",
-           "TokenizerLoadError", "TokenizerRegistry", "approx_tokens", "tokenize_input"]
+__all__ = ["EngineTokenizer", "LocalTokenizer", "RequestTokenizer", "RequestTokens", "SOURCES", "TokenizeInput",
+           "TokenizeResult", "TokenizerLoadError", "TokenizerRegistry", "approx_tokens", "tokenize_input",
+           "tokens_from_settings"]
 
 
 def __getattr__(name: str) -> Any:
@@ -48,6 +52,7 @@ def __getattr__(name: str) -> Any:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     from importlib import import_module
 
-    value = getattr(import_module(f"{__name__}.{_LAZY[name]}"), name)
+    module, _, attr = _LAZY[name].partition(":")
+    value = getattr(import_module(f"{__name__}.{module}"), attr or name)
     globals()[name] = value
     return value

@@ -25,7 +25,7 @@ import orjson
 from aiohttp import web
 
 if TYPE_CHECKING:
-    from epp.cmd.components import Components
+    from epp.cmd import Components
 
 log = logging.getLogger(__name__)
 

@@ -4,6 +4,8 @@ Built on xds-protos (upb) messages and their grpcio stubs, like the ext_proc ser
 server and port; envoy-data-plane (typed config for `epp envoy-config`) is never imported here.
 """
 
+from __future__ import annotations
+
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -19,17 +21,8 @@ _LAZY = {
     "EdsStream": "stream",
 }
 
-
-__all__ = [
-    "EDS_TYPE_URL",
-    "EdsService",
-    "EdsStream",
-    "ResourceTable",
-    "add_eds_service",
-    "build_assignment",
-    "health_of",
-    "version_of",
-]
+__all__ = ["EDS_TYPE_URL", "EdsService", "EdsStream", "ResourceTable", "add_eds_service", "build_assignment",
+           "health_of", "version_of"]
 
 
 def __getattr__(name: str) -> Any:

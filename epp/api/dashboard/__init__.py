@@ -1,20 +1,23 @@
 """The live routing dashboard: a page on the metrics port showing the fleet, the decisions, explain, charts and
 the effective config (docs/dashboard.md). `Dashboard` wires it; its `DecisionRecorder` observes the request path (RecorderObserver)."""
 
+from __future__ import annotations
+
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from epp.api.dashboard.recorder import DecisionRecorder
+    from epp.api.dashboard.recorder import DecisionRecord, DecisionRecorder, RecorderObserver
+    from epp.api.dashboard.views import primary_run, runner_up
     from epp.api.dashboard.web import Dashboard
 
 # Each name and the module that defines it ("module:name" when renamed), imported on first use (PEP 562).
 _LAZY = {
-    "DecisionRecorder": "recorder",
+    "DecisionRecord": "recorder", "DecisionRecorder": "recorder", "RecorderObserver": "recorder",
+    "primary_run": "views", "runner_up": "views",
     "Dashboard": "web",
 }
 
-
-__all__ = ["Dashboard", "DecisionRecorder"]
+__all__ = ["Dashboard", "DecisionRecord", "DecisionRecorder", "RecorderObserver", "primary_run", "runner_up"]
 
 
 def __getattr__(name: str) -> Any:

@@ -23,18 +23,6 @@ from kubernetes import config as k8s_config
 
 from epp.aio import wait_set
 from epp.fleet.datastore import Datastore, PoolSpec
-from epp.fleet.k8s import (
-    ENDPOINT_SLICE,
-    INFERENCE_MODEL_REWRITE,
-    INFERENCE_OBJECTIVE,
-    INFERENCE_POOL,
-    POD,
-    ROUTE_RESOURCES,
-    SECRET,
-    WATCHED_RESOURCES,
-    Resource,
-    pool_resource,
-)
 from epp.fleet.k8s.convert import (
     InvalidObject,
     matches,
@@ -47,6 +35,18 @@ from epp.fleet.k8s.convert import (
     selector_string,
 )
 from epp.fleet.k8s.reflector import Reflector
+from epp.fleet.k8s.resources import (
+    ENDPOINT_SLICE,
+    INFERENCE_MODEL_REWRITE,
+    INFERENCE_OBJECTIVE,
+    INFERENCE_POOL,
+    POD,
+    ROUTE_RESOURCES,
+    SECRET,
+    WATCHED_RESOURCES,
+    Resource,
+    pool_resource,
+)
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +67,7 @@ def make_api_client(host: str | None = None, kubeconfig: str | None = None) -> k
     return k8s.ApiClient()
 
 
-def _list_call(api: k8s.ApiClient, res: Resource, namespace: str, **selectors: Any) -> Any:
+def list_call(api: k8s.ApiClient, res: Resource, namespace: str, **selectors: Any) -> Any:
     if res not in WATCHED_RESOURCES and res not in ROUTE_RESOURCES:  # the RBAC in deploy/ grants exactly these
         raise ValueError(f"{res.plural} is not in epp.fleet.k8s.WATCHED_RESOURCES or ROUTE_RESOURCES; add it there (and "
                          "to the RBAC)")
@@ -105,7 +105,7 @@ class _Base:
         sel = selector_string(selector)
         self.pod_reflector = Reflector(
             f"pods[{self.namespace}/{sel}]",
-            _list_call(self.api, POD, self.namespace, label_selector=sel),
+            list_call(self.api, POD, self.namespace, label_selector=sel),
             self._pods_listed,
             self._pod_event,
             **self.opts,
@@ -177,7 +177,7 @@ class PoolDiscovery(_Base):
         self._needed = {"pool", "pods", "objectives", "rewrites"}
         self.objectives: dict[str, dict[str, Any]] = {}
         self.rewrites: dict[str, dict[str, Any]] = {}
-        mk = functools.partial(_list_call, api)
+        mk = functools.partial(list_call, api)
         self.pool_reflector = Reflector(
             f"inferencepool[{namespace}/{pool_name}]",
             mk(pool_res, namespace, field_selector=f"metadata.name={pool_name}"),

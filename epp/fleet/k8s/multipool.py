@@ -17,7 +17,6 @@ from typing import Any
 
 from epp.aio import wait_set
 from epp.fleet.datastore import Datastore, PoolSpec
-from epp.fleet.k8s import INFERENCE_MODEL_REWRITE, INFERENCE_OBJECTIVE, pool_resource
 from epp.fleet.k8s.convert import (
     InvalidObject,
     obj_name,
@@ -26,9 +25,10 @@ from epp.fleet.k8s.convert import (
     refers_to_pool,
     rewrite_rules,
 )
-from epp.fleet.k8s.discovery import _list_call
+from epp.fleet.k8s.discovery import list_call
 from epp.fleet.k8s.pods import PodPools
 from epp.fleet.k8s.reflector import Reflector
+from epp.fleet.k8s.resources import INFERENCE_MODEL_REWRITE, INFERENCE_OBJECTIVE, pool_resource
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +60,7 @@ class MultiPoolDiscovery:
         self.rewrites: dict[str, dict[str, Any]] = {}
         self._parts: set[str] = set()
         self._synced = asyncio.Event()
-        mk = functools.partial(_list_call, api)
+        mk = functools.partial(list_call, api)
         self.reflectors = [
             Reflector(f"inferencepools[{namespace}]", mk(pool_resource(pool_group), namespace),
                       functools.partial(self._listed, self.objects, "pools"),

@@ -29,8 +29,8 @@ Decorate = Callable[[Endpoint], "Endpoint | None"]
 
 class PodPools:
     def __init__(self, datastore: Datastore, api: Any, namespace: str, **reflector_opts: Any) -> None:
-        from epp.fleet.k8s import POD
-        from epp.fleet.k8s.discovery import _list_call
+        from epp.fleet.k8s.discovery import list_call
+        from epp.fleet.k8s.resources import POD
 
         self.datastore = datastore
         self.namespace = namespace
@@ -39,7 +39,7 @@ class PodPools:
         self.synced = asyncio.Event()
         self._dirty: set[str] = set()
         self._flush_scheduled = False
-        self.reflector = Reflector(f"pods[{namespace}]", _list_call(api, POD, namespace), self._listed, self._event,
+        self.reflector = Reflector(f"pods[{namespace}]", list_call(api, POD, namespace), self._listed, self._event,
                                    **reflector_opts)
 
     def start(self) -> None:

@@ -10,7 +10,7 @@ from epp.fleet.k8s.convert import (
     pool_spec,
     rewrite_rules,
 )
-from epp.fleet.k8s.discovery import _list_call, make_api_client
+from epp.fleet.k8s.discovery import list_call, make_api_client
 
 
 def test_selector_and_ports_flags():
@@ -57,9 +57,9 @@ def test_rewrite_rules_validation():
 def test_watchers_only_for_declared_resources():
     api = make_api_client(host="http://127.0.0.1:1")
     for res in (*WATCHED_RESOURCES, *ROUTE_RESOURCES):
-        assert callable(_list_call(api, res, "default"))
+        assert callable(list_call(api, res, "default"))
     with pytest.raises(ValueError, match="WATCHED_RESOURCES"):
-        _list_call(api, Resource("", "v1", "configmaps", "ConfigMap"), "default")
+        list_call(api, Resource("", "v1", "configmaps", "ConfigMap"), "default")
 
 
 def test_v1alpha2_pool_spec():
