@@ -7,7 +7,7 @@ untimed round that warms the .pyc files. Each case's modules are counted once (`
 Medians are printed as a markdown table.
 
     .venv/bin/python bench/bench_cli.py --rounds 11
-    .venv/bin/python bench/bench_cli.py --root /tmp/older-checkout   # another tree, with this interpreter
+    .venv/bin/python bench/bench_cli.py --compare /tmp/older-checkout   # and another tree, in the same rounds
 
 Issue 29's target: `epp endpoints` answers in 0.3 s or less on the project's machine.
 """
@@ -72,6 +72,7 @@ def modules(case: list[str] | None, addr: str, root: Path) -> int:
 
 
 def start_server(root: Path, workdir: Path) -> tuple[subprocess.Popen[bytes], str]:
+    workdir.mkdir(parents=True, exist_ok=True)
     eps = workdir / "endpoints.yaml"
     eps.write_text(ENDPOINTS)
     port = free_port()
@@ -96,29 +97,37 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=11)
     ap.add_argument("--root", type=Path, default=ROOT, help="the checkout to measure (its epp/ is imported)")
+    ap.add_argument("--compare", type=Path, default=None,
+                    help="another checkout (e.g. an older commit's `git archive`), measured in the same rounds with "
+                         "this interpreter")
     args = ap.parse_args()
-    root = args.root.resolve()
+    roots = [args.root.resolve(), *([args.compare.resolve()] if args.compare else [])]
     with tempfile.TemporaryDirectory() as tmp:
-        server, addr = start_server(root, Path(tmp))
+        servers = [start_server(root, Path(tmp) / str(i)) for i, root in enumerate(roots)]
         try:
-            for case in CASES.values():  # warm the .pyc files; not timed
+            cases = [(root, addr, name, case) for root, (_, addr) in zip(roots, servers, strict=True)
+                     for name, case in CASES.items()]
+            for root, addr, _, case in cases:  # warm the .pyc files; not timed
                 run(argv(case, addr), root)
-            times: dict[str, list[float]] = {name: [] for name in CASES}
+            times: dict[tuple[Path, str], list[float]] = {(root, name): [] for root, _, name, _ in cases}
             for _ in range(args.rounds):
-                for name, case in CASES.items():
-                    times[name].append(run(argv(case, addr), root))
-            counts = {name: modules(case, addr, root) for name, case in CASES.items()}
+                for root, addr, name, case in cases:
+                    times[root, name].append(run(argv(case, addr), root))
+            counts = {(root, name): modules(case, addr, root) for root, addr, name, case in cases}
         finally:
-            server.terminate()
-            server.wait(timeout=30)
-    base = statistics.median(times["python -c pass"])
-    print(f"{root}: median of {args.rounds} interleaved rounds, a fresh interpreter each "
-          f"(python {sys.version.split()[0]})\n")
-    print("| command | median s | ratio to `python -c pass` | modules loaded |")
-    print("|---|---:|---:|---:|")
-    for name in CASES:
-        med = statistics.median(times[name])
-        print(f"| `{name}` | {med:.3f} | {med / base:.1f}x | {counts[name]} |")
+            for server, _ in servers:
+                server.terminate()
+                server.wait(timeout=30)
+    print(f"median of {args.rounds} interleaved rounds, a fresh interpreter each (python {sys.version.split()[0]})\n")
+    for root in roots:
+        base = statistics.median(times[root, "python -c pass"])
+        print(f"{root}\n")
+        print("| command | median s | ratio to `python -c pass` | modules loaded |")
+        print("|---|---:|---:|---:|")
+        for name in CASES:
+            med = statistics.median(times[root, name])
+            print(f"| `{name}` | {med:.3f} | {med / base:.1f}x | {counts[root, name]} |")
+        print()
 
 
 if __name__ == "__main__":
