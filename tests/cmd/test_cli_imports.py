@@ -84,6 +84,10 @@ from epp.cmd.cli import main
 sys.exit(main(sys.argv[1:]))
 """
 
+# What the API's clients (`epp endpoints`, `epp explain`) do not need at all: they speak gRPC to a running Pointsman.
+NOT_FOR_CLIENTS = ("epp.fleet", "epp.routing", "epp.h2grpc.server", "epp.h2grpc.connection", "epp.envoy_config",
+                   "scheduling", "yaml")
+
 ENDPOINTS = "pools:\n- name: p\n  endpoints:\n  - {address: 127.0.0.1, port: 1}\n  - {address: 127.0.0.1, port: 2}\n"
 
 
@@ -126,6 +130,7 @@ def test_epp_endpoints_answers_without_the_server_machinery(server: str, tmp_pat
     assert done.returncode == 0, done.stderr
     assert "127.0.0.1:1" in done.stdout and "127.0.0.1:2" in done.stdout
     assert heavy_in(modules) == []
+    assert [m for m in modules if m.startswith(NOT_FOR_CLIENTS)] == []
     assert "epp.api.client" in modules  # what it uses
 
 
@@ -134,6 +139,7 @@ def test_epp_explain_answers_without_the_server_machinery(server: str, tmp_path:
     done, modules = run(tmp_path, "explain", "--addr", server, "--json", "--body", body)
     assert json.loads(done.stdout)["status"] in (200, 503), done.stderr  # answered (no endpoint is up)
     assert heavy_in(modules) == []
+    assert [m for m in modules if m.startswith(NOT_FOR_CLIENTS)] == []
 
 
 @pytest.mark.parametrize("argv", [("explain", "--help"), ("endpoints", "--help"), ("--help",)])
