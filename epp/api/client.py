@@ -6,7 +6,6 @@ import sys
 from typing import Any
 
 import grpc
-from google.protobuf import json_format
 
 from epp.api.pb import pointsman_pb2 as api
 from epp.api.pb import pointsman_pb2_grpc
@@ -16,7 +15,7 @@ from epp.api.settings import EndpointsSettings, ExplainSettings
 def _stub(addr: str) -> pointsman_pb2_grpc.PointsmanStub:
     """A stub for Pointsman at `addr`: over TLS when the port serves TLS (`epp serve`'s default), trusting the
     certificate it presents as gateways do, else plaintext (`--secure-serving=false`)."""
-    from epp.h2grpc.tls import certificate_name, peer_certificate
+    from epp.h2grpc import certificate_name, peer_certificate
 
     options: list[tuple[str, Any]] = [("grpc.max_receive_message_length", 64 * 1024 * 1024)]
     host, _, port = addr.rpartition(":")
@@ -54,6 +53,7 @@ def receipt_command(s: ExplainSettings) -> int:
     if resp is None:
         return 1
     if s.json:
+        from google.protobuf import json_format  # only for --json
         print(json_format.MessageToJson(resp, preserving_proto_field_name=True))
     else:
         print(format_receipt(resp))
@@ -68,6 +68,7 @@ def explain_command(s: ExplainSettings) -> int:
     if resp is None:
         return 1
     if s.json:
+        from google.protobuf import json_format  # only for --json
         print(json_format.MessageToJson(resp, preserving_proto_field_name=True))
         return 0 if resp.status == 200 else 1
     print(format_explain(resp))
@@ -207,6 +208,7 @@ def endpoints_command(s: EndpointsSettings) -> int:
     if resp is None:
         return 1
     if s.json:
+        from google.protobuf import json_format  # only for --json
         print(json_format.MessageToJson(resp, preserving_proto_field_name=True))
         return 0
     print(f"{'pool':<12} {'endpoint':<22} {'role':<8} {'wait':>4} {'run':>4} {'kv':>5} {'infl':>4} "

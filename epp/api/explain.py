@@ -14,13 +14,18 @@ import grpc
 
 from epp.api.pb import pointsman_pb2 as api
 from epp.api.pb import pointsman_pb2_grpc
-from epp.fleet.datastore import Datastore
-from epp.fleet.passive import PassiveHealth
+from epp.fleet import Datastore, PassiveHealth
 from epp.protocol import Outcome
-from epp.request.commit import mutations, mutations_for_provider, schedule
-from epp.request.director import Director, ShellContext, error_outcome
-from epp.request.resolve import resolve
-from epp.routing.providers import CREDENTIAL_HEADERS
+from epp.request import (
+    Director,
+    ShellContext,
+    error_outcome,
+    mutations,
+    mutations_for_provider,
+    resolve,
+    schedule,
+)
+from epp.routing import CREDENTIAL_HEADERS
 from scheduling.api import SchedulingResult
 from scheduling.latency import decision_slo, predictions
 from scheduling.plugins.scorers.agent_session import decision as session_decision
@@ -30,7 +35,7 @@ from scheduling.prefix.precise_data import APPROXIMATE, decision_prefix_hits
 from scheduling.types import Endpoint, SchedulingError
 
 if TYPE_CHECKING:
-    from epp.api.dashboard.recorder import DecisionRecorder
+    from epp.api.dashboard import DecisionRecorder
 
 REDACTED = "<redacted>"
 

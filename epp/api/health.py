@@ -26,7 +26,7 @@ from collections.abc import AsyncIterator, Callable
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from epp.fleet.datastore import Datastore
+from epp.fleet import Datastore
 
 log = logging.getLogger(__name__)
 

@@ -77,11 +77,11 @@ from epp.api.metric_twins import (
 from epp.api.metrics_gauges import HealthCollector, PoolCollector
 from epp.api.request_metrics import PLUGIN_SAMPLE_EVERY as PLUGIN_SAMPLE_EVERY  # re-exported
 from epp.api.request_metrics import RequestMetrics as RequestMetrics  # re-exported
-from epp.fleet.datastore import Datastore
-from epp.flowcontrol.controller import DEFAULT_FLOW
+from epp.fleet import Datastore
+from epp.flowcontrol import DEFAULT_FLOW
 
 if TYPE_CHECKING:
-    from epp.fleet.passive import PassiveHealth
+    from epp.fleet import PassiveHealth
 
 log = logging.getLogger(__name__)
 

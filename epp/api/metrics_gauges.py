@@ -17,8 +17,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
-    from epp.fleet.datastore import Datastore
-    from epp.fleet.passive import PassiveHealth
+    from epp.fleet import Datastore, PassiveHealth
 
 
 class PoolCollector(Collector):

@@ -20,7 +20,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from epp.api.explain import latency_model
-from epp.fleet.datastore import Datastore
+from epp.fleet import Datastore
 
 
 class ModelCollector(Collector):

@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any
 from epp.api.pb import pointsman_pb2 as api
 
 if TYPE_CHECKING:
-    from epp.api.dashboard.recorder import DecisionRecord, DecisionRecorder
-    from epp.request.director import DecisionIds
+    from epp.api.dashboard import DecisionRecord, DecisionRecorder
+    from epp.request import DecisionIds
     from scheduling.api import ProfileResult
 
 

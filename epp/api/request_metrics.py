@@ -5,13 +5,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from epp.flowcontrol.controller import DEFAULT_FLOW, fairness_id
+from epp.flowcontrol import DEFAULT_FLOW, fairness_id
 from scheduling.types import ErrorCode
 
 if TYPE_CHECKING:
     from epp.api.metrics import EppMetrics
-    from epp.request.exchange import RequestExchange
-    from epp.request.usage import Usage
+    from epp.request import RequestExchange, Usage
 
 PLUGIN_SAMPLE_EVERY = 8  # report per-plugin durations for one request in this many
 

@@ -28,8 +28,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from scheduling.latency import SloVerdict, decision_slo
 
 if TYPE_CHECKING:
-    from epp.request.exchange import RequestExchange
-    from epp.request.usage import Usage
+    from epp.request import RequestExchange, Usage
 
 REQ_LABELS = ("model_name", "target_model_name")
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 20.0, 60.0)

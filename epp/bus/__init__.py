@@ -5,18 +5,33 @@ Imports are lazy, so the CLI can read epp.bus.settings without loading ZMQ (the 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["BusMessage", "BusMessageError", "ReplicaBus", "decode", "encode"]
+if TYPE_CHECKING:
+    from epp.bus.bus import ReplicaBus
+    from epp.bus.codec import BusMessage, BusMessageError, decode, encode
+    from epp.bus.metrics import register_bus_metrics
+    from epp.bus.shell import BusRuntime, start_bus
+
+# Each name and the module that defines it ("module:name" when renamed), imported on first use (PEP 562): the CLI
+# reads epp.bus.settings without loading ZMQ (the 'replicas' extra).
+_LAZY = {
+    "ReplicaBus": "bus",
+    "BusMessage": "codec", "BusMessageError": "codec", "decode": "codec", "encode": "codec",
+    "register_bus_metrics": "metrics",
+    "BusRuntime": "shell", "start_bus": "shell",
+}
+
+__all__ = ["BusMessage", "BusMessageError", "BusRuntime", "ReplicaBus", "decode", "encode", "register_bus_metrics",
+           "start_bus"]
 
 
 def __getattr__(name: str) -> Any:
-    if name == "ReplicaBus":
-        from epp.bus.bus import ReplicaBus
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from importlib import import_module
 
-        return ReplicaBus
-    if name in ("BusMessage", "BusMessageError", "decode", "encode"):
-        from epp.bus import codec
-
-        return getattr(codec, name)
-    raise AttributeError(name)
+    module, _, attr = _LAZY[name].partition(":")
+    value = getattr(import_module(f"{__name__}.{module}"), attr or name)
+    globals()[name] = value
+    return value

@@ -45,7 +45,7 @@ from epp.bus.channels import Channels, RecordSink, RecordSnapshot, RecordSource,
 from epp.bus.codec import BusMessage, encode
 from epp.bus.peer_table import PeerTable, zmq_url
 from epp.bus.receive import Receiver
-from epp.fleet.datastore import InflightTracker
+from epp.fleet import InflightTracker
 from scheduling.api import InflightLoad
 
 log = logging.getLogger(__name__)

@@ -89,9 +89,7 @@ class ServicePeers:
 
     def __init__(self, api: Any, namespace: str, service: str, port: int, workers: int,
                  on_change: Callable[[list[str]], None], **reflector_opts: Any) -> None:
-        from epp.fleet.k8s import ENDPOINT_SLICE
-        from epp.fleet.k8s.discovery import list_call
-        from epp.fleet.k8s.reflector import Reflector
+        from epp.fleet.k8s import ENDPOINT_SLICE, Reflector, list_call
 
         self.service, self.port, self.workers = service, port, workers
         self.on_change = on_change

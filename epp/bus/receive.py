@@ -18,7 +18,7 @@ import zmq
 from epp.bus.channels import Channels
 from epp.bus.codec import BusMessage, BusMessageError, decode
 from epp.bus.peer_table import PeerState, PeerTable
-from epp.fleet.datastore import InflightTracker
+from epp.fleet import InflightTracker
 from scheduling.api import InflightLoad
 
 log = logging.getLogger("epp.bus.bus")

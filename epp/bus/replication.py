@@ -21,7 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from epp.bus.bus import ReplicaBus
-from epp.fleet.datastore import Datastore
+from epp.fleet import Datastore
 from scheduling.framework.model_scheduler import ModelScheduler
 from scheduling.framework.replication import ReplicatedRecords, ReplicatedState, replicated
 

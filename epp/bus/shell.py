@@ -11,7 +11,7 @@ from epp.bus.bus import ReplicaBus
 from epp.bus.peers import ServicePeers
 from epp.bus.replication import Replication
 from epp.bus.settings import BusSettings
-from epp.fleet.datastore import Datastore
+from epp.fleet import Datastore
 
 log = logging.getLogger(__name__)
 

@@ -1,1 +1,34 @@
-"""epp/cmd."""
+"""The `epp` command (cli.py) and `epp serve`'s wiring: its settings (settings.py), its components
+(components.py) and the order they start in (app.py)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from epp.cmd.app import App
+    from epp.cmd.cli import main
+    from epp.cmd.components import Components
+    from epp.cmd.settings import ServeSettings
+
+# Each name and the module that defines it ("module:name" when renamed), imported on first use (PEP 562): `epp
+# endpoints` loads neither `epp serve`'s flags nor its components.
+_LAZY = {
+    "App": "app",
+    "main": "cli",
+    "Components": "components",
+    "ServeSettings": "settings",
+}
+
+__all__ = ["App", "Components", "ServeSettings", "main"]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from importlib import import_module
+
+    module, _, attr = _LAZY[name].partition(":")
+    value = getattr(import_module(f"{__name__}.{module}"), attr or name)
+    globals()[name] = value
+    return value

@@ -8,17 +8,16 @@ from typing import TYPE_CHECKING
 from epp.extras import require
 
 if TYPE_CHECKING:
-    from epp.cmd.app import App
+    from epp.cmd.components import Components
 
 
-async def start_replica_bus(app: App) -> None:
+async def start_replica_bus(app: Components) -> None:
     settings = app.settings.replicas.bus
     if settings is None:
         return
     for module in ("zmq", "msgpack"):
         require("replicas", module, "the replica bus")
-    from epp.bus.metrics import register_bus_metrics
-    from epp.bus.shell import start_bus
+    from epp.bus import register_bus_metrics, start_bus
 
     api = app.kube.api() if settings.service else None
     app.bus = app.runner.own("replica bus", await start_bus(settings, app.datastore, api,

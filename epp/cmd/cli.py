@@ -10,36 +10,47 @@ before anything starts.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
-from epp.api import settings as api_settings
-from epp.cmd import envoy_config
-from epp.cmd.settings import ServeSettings, add_serve_flags
 from epp.extras import MissingExtra
-from epp.stack import settings as stack_settings
+
+if TYPE_CHECKING:
+    from epp.cmd.settings import ServeSettings
 
 log = logging.getLogger("epp")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="epp", description="Pointsman: an Envoy ext_proc endpoint picker for LLMs")
-    sub = p.add_subparsers(dest="command")
-    add_serve_flags(sub.add_parser("serve", help="run the endpoint picker (default)"))
-    envoy_config.add_flags(sub.add_parser("envoy-config", help="render an Envoy bootstrap that uses Pointsman"))
-    api_settings.add_explain_flags(
-        sub.add_parser("explain", help="ask a running Pointsman which endpoint a request would get, and why"))
-    stack_settings.add_flags(
-        sub.add_parser("stack", help="run the local stack: modelsim fleet + Pointsman + Envoy, no Docker"))
-    api_settings.add_endpoints_flags(sub.add_parser("endpoints", help="list the endpoints a running Pointsman knows"))
-    return p
+@dataclass(frozen=True)
+class Command:
+    """One `epp` command. Its flags, settings and code are imported only when it runs (or when its flags are built),
+    so a client command loads what it uses and no more (`epp endpoints` does not import the server)."""
+
+    help: str
+    add_flags: Callable[[argparse.ArgumentParser], None]
+    settings: Callable[[argparse.Namespace, list[str]], Any]  # its settings from the parsed flags
+    run: Callable[[Any], int]
+
+
+def _serve_flags(p: argparse.ArgumentParser) -> None:
+    from epp.cmd.settings import add_serve_flags
+
+    add_serve_flags(p)
+
+
+def _serve_settings(ns: argparse.Namespace, argv: list[str]) -> ServeSettings:
+    from epp.cmd.settings import ServeSettings
+
+    return ServeSettings.from_args(ns)
 
 
 def serve(settings: ServeSettings) -> int:
-    from epp.observe.logs import configure
+    import asyncio
+
+    from epp.observe import configure
 
     configure(settings.observe.logs)  # text or --log-format json, at -v's level
     for notice in settings.compat.notices:  # other EPPs' flags that mean nothing here: once, at start
@@ -64,32 +75,101 @@ def serve(settings: ServeSettings) -> int:
         return 0
 
 
-def _explain(s: api_settings.ExplainSettings) -> int:
-    from epp.api.client import explain_command
+def _envoy_config_flags(p: argparse.ArgumentParser) -> None:
+    from epp.cmd.envoy_config import add_flags
+
+    add_flags(p)
+
+
+def _envoy_config_settings(ns: argparse.Namespace, argv: list[str]) -> Any:
+    from epp.cmd.envoy_config import EnvoyConfigSettings
+
+    return EnvoyConfigSettings.from_args(ns)
+
+
+def _envoy_config(s: Any) -> int:
+    from epp.cmd.envoy_config import envoy_config_command
+
+    return envoy_config_command(s)
+
+
+def _explain_flags(p: argparse.ArgumentParser) -> None:
+    from epp.api.settings import add_explain_flags
+
+    add_explain_flags(p)
+
+
+def _explain_settings(ns: argparse.Namespace, argv: list[str]) -> Any:
+    from epp.api.settings import ExplainSettings
+
+    return ExplainSettings.from_args(ns)
+
+
+def _explain(s: Any) -> int:
+    from epp.api import explain_command
 
     return explain_command(s)
 
 
-def _endpoints(s: api_settings.EndpointsSettings) -> int:
-    from epp.api.client import endpoints_command
+def _stack_flags(p: argparse.ArgumentParser) -> None:
+    from epp.stack.settings import add_flags
 
-    return endpoints_command(s)
+    add_flags(p)
 
 
-def _stack(s: stack_settings.StackSettings) -> int:
-    from epp.stack.localstack import stack_command
+def _stack_settings(ns: argparse.Namespace, argv: list[str]) -> Any:
+    from epp.stack.settings import StackSettings
+
+    return StackSettings.from_args(ns)
+
+
+def _stack(s: Any) -> int:
+    from epp.stack import stack_command
 
     return stack_command(s)
 
 
-# command -> (its settings from the parsed flags, what runs it)
-COMMANDS: dict[str, tuple[Callable[[argparse.Namespace, list[str]], Any], Callable[[Any], int]]] = {
-    "serve": (ServeSettings.from_args, serve),
-    "envoy-config": (lambda ns, _: envoy_config.EnvoyConfigSettings.from_args(ns), envoy_config.envoy_config_command),
-    "explain": (lambda ns, _: api_settings.ExplainSettings.from_args(ns), _explain),
-    "stack": (lambda ns, _: stack_settings.StackSettings.from_args(ns), _stack),
-    "endpoints": (lambda ns, _: api_settings.EndpointsSettings.from_args(ns), _endpoints),
+def _endpoints_flags(p: argparse.ArgumentParser) -> None:
+    from epp.api.settings import add_endpoints_flags
+
+    add_endpoints_flags(p)
+
+
+def _endpoints_settings(ns: argparse.Namespace, argv: list[str]) -> Any:
+    from epp.api.settings import EndpointsSettings
+
+    return EndpointsSettings.from_args(ns)
+
+
+def _endpoints(s: Any) -> int:
+    from epp.api import endpoints_command
+
+    return endpoints_command(s)
+
+
+COMMANDS: dict[str, Command] = {
+    "serve": Command("run the endpoint picker (default)", _serve_flags, _serve_settings, serve),
+    "envoy-config": Command("render an Envoy bootstrap that uses Pointsman", _envoy_config_flags,
+                            _envoy_config_settings, _envoy_config),
+    "explain": Command("ask a running Pointsman which endpoint a request would get, and why", _explain_flags,
+                       _explain_settings, _explain),
+    "stack": Command("run the local stack: modelsim fleet + Pointsman + Envoy, no Docker", _stack_flags,
+                     _stack_settings, _stack),
+    "endpoints": Command("list the endpoints a running Pointsman knows", _endpoints_flags, _endpoints_settings,
+                         _endpoints),
 }
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The `epp` parser with every command; with `only`, the flags of that command alone are built (the others
+    keep their name and help, so `epp --help` reads the same)."""
+    p = argparse.ArgumentParser(prog="epp", description="Pointsman: an Envoy ext_proc endpoint picker for LLMs")
+    sub = p.add_subparsers(dest="command")
+    for name, command in COMMANDS.items():
+        parser = sub.add_parser(name, help=command.help)
+        if only is None or name == only:
+            command.add_flags(parser)
+    return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -97,24 +177,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not argv or argv[0].startswith("-") and argv[0] not in ("-h", "--help"):
         argv = ["serve", *argv]  # `epp --pool-name x` works like GIE's binary
     if argv[0] == "serve":  # pflag syntax and other EPPs' flags (epp/cmd/foreign.py)
+        from epp.cmd.settings import ServeSettings
+
         try:
             settings = ServeSettings.from_argv(argv[1:])
         except (ValueError, MissingExtra) as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
         return serve(settings)
-    parser = build_parser()
+    parser = build_parser(only=argv[0] if argv[0] in COMMANDS else "")
     ns = parser.parse_args(argv)
     if ns.command not in COMMANDS:
         parser.print_help()
         return 2
-    parse, run = COMMANDS[ns.command]
+    command = COMMANDS[ns.command]
     try:
-        settings = parse(ns, argv)
+        settings = command.settings(ns, argv)
     except (ValueError, MissingExtra) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    return run(settings)
+    return command.run(settings)
 
 
 if __name__ == "__main__":

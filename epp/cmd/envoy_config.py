@@ -64,7 +64,7 @@ def add_flags(ec: argparse.ArgumentParser) -> None:
                     help="ext_proc message timeout (300s closed, 30s open; Envoy does not apply it in "
                          "FULL_DUPLEX_STREAMED): keep it above the flow-control request TTL")
     ec.add_argument("-o", "--output", default="-")
-    from epp.envoy_config.spec import add_observe_flags
+    from epp.envoy_config import add_observe_flags
 
     add_observe_flags(ec)  # --tracing-collector, --access-log (docs/observability.md)
 
@@ -113,7 +113,7 @@ class EnvoyConfigSettings:
 
 def _observe_fields(ns: argparse.Namespace) -> dict[str, Any]:
     """Envoy's own tracing to an OpenTelemetry collector, and an access log with the decision id."""
-    from epp.envoy_config.spec import parse_collector
+    from epp.envoy_config import parse_collector
 
     return {"tracing_collector": parse_collector(ns.tracing_collector) if ns.tracing_collector else None,
             "tracing_service_name": ns.tracing_service_name, "tracing_sampling": ns.tracing_sampling,
@@ -127,7 +127,7 @@ def _error(message: str) -> int:
 
 def _file_pools(s: EnvoyConfigSettings) -> tuple[str | None, list[Address]]:
     """The pool named (or the first) in the endpoints file, and its endpoints; ValueError for a missing pool."""
-    from epp.fleet.static_source import read_static_file
+    from epp.fleet import read_static_file
 
     assert s.endpoints_file is not None
     pools = read_static_file(s.endpoints_file).pools
@@ -154,7 +154,7 @@ def envoy_config_command(s: EnvoyConfigSettings) -> int:
             endpoints += listed
     fragments = None
     if s.routes_files:  # HOOK (routing layer): epp/envoy_config/providers.py
-        from epp.envoy_config.providers import fragments_from_files
+        from epp.envoy_config import fragments_from_files
 
         fragments, route_eps, errors = fragments_from_files(list(s.routes_files), header=s.provider_header,
                                                             ca_file=s.provider_ca_file)

@@ -3,7 +3,7 @@
 Sources, in order of precedence (epp.fleet.settings.SourceSettings.kind): the endpoints file (hot-reloaded), every
 InferencePool naming this EPP's Service, pods by label (no InferencePool), the one InferencePool; or none, when
 route documents name every pool. The Kubernetes client and the namespace-wide pod watch are made on first use
-and shared (`Kube`).
+and shared (`Kube`, epp/cmd/kube.py).
 """
 
 from __future__ import annotations
@@ -11,50 +11,17 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from epp.fleet.datastore import Datastore
-from epp.fleet.passive import PassiveHealth
-from epp.fleet.reload import FileWatcher
-from epp.fleet.scrape.scraper import start_scraper
+from epp.fleet import FileWatcher, PassiveHealth, apply_static, parse_static_text
+from epp.fleet.scrape import start_scraper
 from epp.fleet.settings import SourceSettings
-from epp.fleet.static_source import apply_static, parse_static_text
 
 if TYPE_CHECKING:
     import kubernetes.client as k8s
 
-    from epp.cmd.app import App
-    from epp.cmd.runner import Runner
-    from epp.fleet.k8s.pods import PodPools
+    from epp.cmd.components import Components
 
 
-class Kube:
-    """One Kubernetes API client for every watcher, and the namespace-wide pod watch shared by the watchers of
-    several pools; both made on first use (the pod watch is then a component of the runner)."""
-
-    def __init__(self, datastore: Datastore, settings: SourceSettings, runner: Runner) -> None:
-        self.datastore = datastore
-        self.settings = settings
-        self.runner = runner
-        self._api: k8s.ApiClient | None = None
-        self.pods: PodPools | None = None
-
-    def api(self) -> k8s.ApiClient:
-        if self._api is None:
-            from epp.fleet.k8s.discovery import make_api_client
-
-            self._api = make_api_client(kubeconfig=self.settings.kubeconfig)
-        return self._api
-
-    def pod_pools(self) -> PodPools:
-        if self.pods is None:
-            from epp.fleet.k8s.pods import PodPools
-
-            self.pods = PodPools(self.datastore, self.api(), self.settings.pool_namespace)
-            self.pods.start()
-            self.runner.own("pod watch", self.pods)
-        return self.pods
-
-
-async def start_sources(app: App) -> None:
+async def start_sources(app: Components) -> None:
     """Fill the datastore from the configured source (see the module docstring)."""
     s, ds = app.settings.sources, app.datastore
     if s.kind == "file":
@@ -71,12 +38,12 @@ async def start_sources(app: App) -> None:
         app.runner.own(f"{s.kind} discovery", await _start_discovery(app, s))
 
 
-async def _start_discovery(app: App, s: SourceSettings) -> Any:
-    from epp.fleet.k8s.discovery import start_pool_discovery, start_selector_discovery
+async def _start_discovery(app: Components, s: SourceSettings) -> Any:
+    from epp.fleet.k8s import start_pool_discovery, start_selector_discovery
 
     ds = app.datastore
     if s.kind == "service":
-        from epp.fleet.k8s.multipool import MultiPoolDiscovery
+        from epp.fleet.k8s import MultiPoolDiscovery
 
         multi = MultiPoolDiscovery(ds, s.pool_namespace, app.kube.api(), s.epp_service_name or "",
                                    pool_name=s.pool_name, pool_group=s.pool_group, pods=app.kube.pod_pools())
@@ -91,18 +58,18 @@ async def _start_discovery(app: App, s: SourceSettings) -> Any:
 
 def _own_client(s: SourceSettings) -> k8s.ApiClient:
     """The one-pool watchers have a client of their own (as they always had)."""
-    from epp.fleet.k8s.discovery import make_api_client
+    from epp.fleet.k8s import make_api_client
 
     return make_api_client(kubeconfig=s.kubeconfig)
 
 
-async def start_scraping(app: App) -> None:
+async def start_scraping(app: Components) -> None:
     """The metrics scraper (its per-endpoint path and parser follow the scheduling config: apply_scheduler)."""
     app.scraper = app.runner.own("scraper", await start_scraper(app.datastore, app.settings.scrape))
     app.scraper.port = app.settings.compat.scrape_port  # --model-server-metrics-port
 
 
-async def start_passive_health(app: App) -> None:
+async def start_passive_health(app: Components) -> None:
     """Response-path failures take endpoints out of rotation (epp/fleet/passive.py); off with --passive-health=false."""
     s = app.settings.passive
     if not s.enabled:
@@ -117,4 +84,4 @@ async def start_passive_health(app: App) -> None:
     app.runner.own("passive health", passive)
 
 
-__all__ = ["Kube", "start_passive_health", "start_scraping", "start_sources"]
+__all__ = ["start_passive_health", "start_scraping", "start_sources"]

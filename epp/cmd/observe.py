@@ -11,10 +11,10 @@ from typing import TYPE_CHECKING
 from epp.observe import Observability
 
 if TYPE_CHECKING:
-    from epp.cmd.app import App
+    from epp.cmd.components import Components
 
 
-async def start_observability(app: App) -> None:
+async def start_observability(app: Components) -> None:
     assert app.metrics is not None
     app.observe = obs = Observability(app.settings.observe)
     app.runner.add("observability", obs.close)

@@ -6,14 +6,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from epp.fleet.kvevents.service import PreciseService
-from epp.tokenize.shell import tokens_from_settings
+from epp.fleet.kvevents import PreciseService
+from epp.tokenize import tokens_from_settings
 
 if TYPE_CHECKING:
-    from epp.cmd.app import App
+    from epp.cmd.components import Components
 
 
-async def start_precise(app: App) -> None:
+async def start_precise(app: Components) -> None:
     registry = app.metrics.registry if app.metrics is not None else None
     precise = PreciseService.from_settings(app.settings.kvevents, app.datastore, registry)
     precise.attach()

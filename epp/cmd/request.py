@@ -6,20 +6,21 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from epp.api.metrics import RequestMetrics
-from epp.fleet.rewrites import choose_rewrite
-from epp.request.director import Director, DirectorConfig
+from epp.api import RequestMetrics
+from epp.cmd.scheduler import apply_scheduler
+from epp.fleet import choose_rewrite
+from epp.request import Director, DirectorConfig
 from scheduling.plugins.filters.header_based_testing import FILTER_TYPE
 from scheduling.plugins.system.destination_endpoint_served_verifier import VERIFIER_TYPE
 
 if TYPE_CHECKING:
-    from epp.cmd.app import App
-    from epp.request.observe import RequestObserver
+    from epp.cmd.components import Components
+    from epp.request import RequestObserver
 
 log = logging.getLogger(__name__)
 
 
-def director_config(app: App) -> DirectorConfig:
+def director_config(app: Components) -> DirectorConfig:
     r = app.settings.request
     conformance = r.conformance or conformance_config(app)
     if conformance:
@@ -29,24 +30,24 @@ def director_config(app: App) -> DirectorConfig:
                           default_pool=app.settings.sources.pool_name, log_decisions=r.log_decisions)
 
 
-def conformance_config(app: App) -> bool:
+def conformance_config(app: Components) -> bool:
     """The initial scheduling config declares the conformance suite's plugins (its conformance-plugins.yaml)."""
     if app.scheduler is None:
         return False
     return any(getattr(p, "type_name", "") in (FILTER_TYPE, VERIFIER_TYPE) for p in app.scheduler.plugins())
 
 
-def dashboard_on(app: App) -> bool:
+def dashboard_on(app: Components) -> bool:
     """The dashboard has a page to show: a metrics port, or a worker's control socket."""
     return app.settings.dashboard.enabled and bool(app.settings.server.metrics_port or app.settings.worker)
 
 
-def observers(app: App) -> list[RequestObserver]:
+def observers(app: Components) -> list[RequestObserver]:
     """Who observes each request, in order: metrics (and SLO attainment), the routing dialects' runtimes (e.g. LLMKube's quarantine and
     first-byte latency), passive health, the decision recorder (the dashboard's page and the decision receipts
     share it), then tracing and the shadow profile (epp/observe)."""
     assert app.metrics is not None
-    from epp.api.slo_metrics import SloMetrics  # predicted and measured SLO attainment (x-llm-d-slo-*)
+    from epp.api import SloMetrics  # predicted and measured SLO attainment (x-llm-d-slo-*)
 
     out: list[RequestObserver] = [RequestMetrics(app.metrics), SloMetrics(app.metrics.registry)]
     if app.routing is not None:
@@ -60,7 +61,7 @@ def observers(app: App) -> list[RequestObserver]:
     dashboard = dashboard_on(app)
     count = (d.decisions if dashboard else 0) if receipts is None or receipts.count is None else receipts.count
     if dashboard or count:  # the dashboard's record of decisions is also the receipts'
-        from epp.api.dashboard.recorder import DecisionRecorder, RecorderObserver
+        from epp.api.dashboard import DecisionRecorder, RecorderObserver
 
         app.recorder = DecisionRecorder(max(count, d.decisions if dashboard else 1),
                                         receipts.max_age if receipts is not None and count else 0.0)
@@ -72,9 +73,9 @@ def observers(app: App) -> list[RequestObserver]:
     return out
 
 
-async def build_director(app: App) -> None:
+async def build_director(app: Components) -> None:
     assert app.scheduler is not None, "the scheduling step runs first"
-    from epp.request.sessions import SessionIdentity
+    from epp.request import SessionIdentity
 
     app.sessions = SessionIdentity(app.settings.request.sessions)  # agent session identity (epp/request/sessions.py)
     ds, rng = app.datastore, app.rng
@@ -89,8 +90,8 @@ async def build_director(app: App) -> None:
         probe=app.passive.probe_for if app.passive is not None else None,  # a probe goes out whatever the scores
         **(app.observe.director_fields() if app.observe is not None else {}),  # decision ids, tracing
     )
-    app.apply_scheduler(app.scheduler)
-    from epp.api.model_metrics import (
+    apply_scheduler(app, app.scheduler)
+    from epp.api import (
         ModelCollector,  # the latency model: timings and prefix trust per endpoint
     )
 

@@ -10,15 +10,15 @@ from typing import TYPE_CHECKING
 from epp.aio import cancel_and_wait
 
 if TYPE_CHECKING:
-    from epp.cmd.app import App
+    from epp.cmd.components import Components
 
 
-async def start_routing(app: App) -> None:
+async def start_routing(app: Components) -> None:
     """The routing service (docs/coming-from-kthena.md), when route documents are given."""
     s = app.settings.routes
     if not s.enabled:
         return
-    from epp.routing.service import RoutingService
+    from epp.routing import RoutingService
 
     outputs = app.settings.request.outputs
     svc = RoutingService(app.datastore, app.rng, secrets_dir=s.provider_secrets_dir,
@@ -43,12 +43,12 @@ async def start_routing(app: App) -> None:
         app.datastore.synced = True
 
 
-async def start_rate_limits(app: App) -> None:
+async def start_rate_limits(app: Components) -> None:
     """Routes may carry token rate limits (Kthena's ModelRoute.rateLimit) and LLMKube budgets: admitters, after
     the sheddable check (epp/ratelimit)."""
     if app.routing is None:
         return
-    from epp.ratelimit.wiring import start_rate_limits as start
+    from epp.ratelimit import start_rate_limits as start
 
     assert app.metrics is not None
     app.rate_limits = app.runner.own("rate limits", await start(app.settings.ratelimit, app.metrics.registry,

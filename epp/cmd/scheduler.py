@@ -4,7 +4,6 @@ thresholds, flow control, scraping): `apply_scheduler` makes a scheduler current
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import random
 import time
@@ -12,19 +11,15 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from epp.fleet.datastore import Datastore
-from epp.fleet.reload import FileWatcher
-from epp.fleet.saturation import Detector, SaturationDetector, detector_for
-from epp.flowcontrol import FlowController, PoolPressure
-from epp.request.admit import SheddableAdmitter
+from epp.cmd.flowswitch import FlowSwitch
+from epp.fleet import FileWatcher, detector_for
+from epp.request import SheddableAdmitter
 from scheduling.config import load_scheduler, parse_yaml
 from scheduling.framework.model_scheduler import ModelScheduler
 
 if TYPE_CHECKING:
-    from epp.api.metrics import EppMetrics
-    from epp.cmd.app import App
+    from epp.cmd.components import Components
     from epp.cmd.settings import SchedulingSettings
-    from scheduling.api import FlowControl
     from scheduling.config.loader import Source
 
 log = logging.getLogger("epp")
@@ -46,7 +41,7 @@ def load_scheduling(settings: SchedulingSettings, rng: random.Random,
     return build_scheduler(None, rng, services=services)
 
 
-async def start_scheduling(app: App) -> None:
+async def start_scheduling(app: Components) -> None:
     """The initial scheduler; with --config-file, a watcher that applies each good new version."""
     path = app.settings.scheduling.config_file
     if path is None:
@@ -59,7 +54,7 @@ async def start_scheduling(app: App) -> None:
     def apply(scheduler: ModelScheduler) -> None:
         # New requests use the new scheduler; in-flight ones finish on the one that picked for them.
         if app.director is not None:
-            app.apply_scheduler(scheduler)
+            apply_scheduler(app, scheduler)
             log.info("scheduling config %s reloaded", path)
 
     watcher = FileWatcher(Path(path), parse=parse, apply=apply)
@@ -69,46 +64,7 @@ async def start_scheduling(app: App) -> None:
     app.watchers["scheduling config"] = watcher
 
 
-class FlowSwitch:
-    """Flow control as the current scheduling config has it: on, reconfigured in place, or off (its queued
-    requests are then dispatched); and the pool saturation it reads, kept current with the datastore."""
-
-    def __init__(self, datastore: Datastore, metrics: EppMetrics | None) -> None:
-        self.metrics = metrics
-        self.pressure = PoolPressure(datastore, datastore.routable, SaturationDetector())
-        self.flow: FlowController | None = None
-        self._background: set[asyncio.Task[Any]] = set()
-        datastore.on_endpoint_removed(self.pressure.forget)
-        datastore.on_metrics_updated(self.metrics_arrived)
-
-    def apply(self, config: FlowControl | None, detector: Detector) -> FlowController | None:
-        self.pressure.detector = detector
-        if config is None:
-            old, self.flow = self.flow, None
-            if old is not None:
-                task = asyncio.get_running_loop().create_task(old.close(release=True))
-                self._background.add(task)
-                task.add_done_callback(self._background.discard)
-            return None
-        if self.flow is None:
-            self.flow = FlowController(config, self.pressure, metrics=self.metrics)
-        else:
-            self.flow.configure(config)
-        return self.flow
-
-    def metrics_arrived(self, keys: Iterable[str]) -> None:
-        self.pressure.metrics_updated(keys)
-        if self.flow is not None:
-            self.flow.kick()
-
-    async def close(self) -> None:
-        """Queued requests are answered 503 (before the server drains)."""
-        flow, self.flow = self.flow, None
-        if flow is not None:
-            await flow.close()
-
-
-async def start_flow_control(app: App) -> None:
+async def start_flow_control(app: Components) -> None:
     """Endpoint lifecycle and flow control: whatever scheduler is current forgets a departed endpoint (in-flight
     counts and the unhealthy mark are the datastore's own; the scraper subscribes itself)."""
     ds = app.datastore
@@ -124,7 +80,7 @@ async def start_flow_control(app: App) -> None:
     app.runner.add("flow control", close)
 
 
-def engines_scraped(app: App, keys: Iterable[str]) -> None:
+def engines_scraped(app: Components, keys: Iterable[str]) -> None:
     """After each scrape batch the current scheduler's plugins learn the engines' timings from their histograms
     (the `engine_metrics` hook: the estimated-latency scorer's fitted timings and prefix trust)."""
     director = app.director
@@ -136,7 +92,7 @@ def engines_scraped(app: App, keys: Iterable[str]) -> None:
         learn([e for e in app.datastore.all_endpoints() if e.key in wanted], director.clock())
 
 
-def apply_scheduler(app: App, scheduler: ModelScheduler) -> None:
+def apply_scheduler(app: Components, scheduler: ModelScheduler) -> None:
     """Make `scheduler` current, with what its config's shell sections say (admission thresholds, flow control,
     scraping): a new director bundle for new streams."""
     assert app.flow_switch is not None, "flow control is set up before any scheduler is applied"
@@ -154,5 +110,5 @@ def apply_scheduler(app: App, scheduler: ModelScheduler) -> None:
         app.bus.replication.attach(scheduler)
 
 
-__all__ = ["FlowSwitch", "apply_scheduler", "build_scheduler", "load_scheduling", "start_flow_control",
+__all__ = ["apply_scheduler", "build_scheduler", "load_scheduling", "start_flow_control",
            "start_scheduling"]

@@ -11,20 +11,18 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from epp.api.explain import PointsmanService
-from epp.api.health import add_health_servicer, start_health_server
-from epp.api.metrics import start_metrics_server
+from epp.api import PointsmanService, add_health_servicer, start_health_server, start_metrics_server
 from epp.api.pb import pointsman_pb2_grpc
-from epp.extproc.server import build_server
+from epp.extproc import build_server
 from epp.extproc.settings import ServerSettings
 
 if TYPE_CHECKING:
-    from epp.cmd.app import App
+    from epp.cmd.components import Components
 
 log = logging.getLogger("epp")
 
 
-async def make_dashboard(app: App) -> None:
+async def make_dashboard(app: Components) -> None:
     """The live page on the metrics port, reading the decision recorder that observes the request path."""
     from epp.cmd.request import dashboard_on
 
@@ -42,7 +40,7 @@ async def make_dashboard(app: App) -> None:
     app.dashboard.rows = d.decisions
 
 
-async def start_grpc(app: App) -> None:
+async def start_grpc(app: Components) -> None:
     """The gRPC port: ext_proc and the Pointsman API over the current director, EDS (with --eds) and health; and
     the separate health port (kubelet probes)."""
     s = app.settings.server
@@ -72,7 +70,7 @@ async def start_grpc(app: App) -> None:
         app.runner.add("health port", lambda: health.stop(0))
 
 
-def _bind(app: App, s: ServerSettings) -> int:
+def _bind(app: Components, s: ServerSettings) -> int:
     server = app.server
     if s.secure and s.cert_reload and s.cert_path:  # --enable-cert-reload: new handshakes get a rotated pair
         from epp.h2grpc import tls
@@ -89,9 +87,9 @@ def _bind(app: App, s: ServerSettings) -> int:
         reloader.start()
         app.runner.own("certificate reload", reloader)
     elif s.secure:
-        from epp.h2grpc.tls import server_credentials, server_ssl_context
+        from epp.h2grpc import tls
 
-        creds = server_ssl_context(s.cert_path) if s.transport == "h2" else server_credentials(s.cert_path)
+        creds = tls.server_ssl_context(s.cert_path) if s.transport == "h2" else tls.server_credentials(s.cert_path)
         port = server.add_secure_port(s.address, creds)
     else:
         port = server.add_insecure_port(s.address)
@@ -100,16 +98,16 @@ def _bind(app: App, s: ServerSettings) -> int:
     return int(port)
 
 
-async def start_worker_control(app: App) -> None:
+async def start_worker_control(app: Components) -> None:
     """A worker of `epp serve --workers N` (epp/workers): its control socket, which the supervisor talks to."""
     if not app.settings.worker:
         return
-    from epp.workers.control import start_worker_control as start
+    from epp.workers import start_worker_control as start
 
     app.runner.add("worker control", await start(app))
 
 
-async def start_metrics(app: App) -> None:
+async def start_metrics(app: Components) -> None:
     """The metrics port: /metrics, and the dashboard when there is one."""
     port = app.settings.server.metrics_port
     if not port:
@@ -118,7 +116,7 @@ async def start_metrics(app: App) -> None:
     dash = app.dashboard
     guards = []
     if app.settings.metrics_auth.enabled:  # --metrics-endpoint-auth: Kubernetes says who may read /metrics
-        from epp.api.metrics_auth import KubeReviews, MetricsAuth
+        from epp.api import KubeReviews, MetricsAuth
 
         guards.append(MetricsAuth(KubeReviews(app.kube.api())).middleware())
         log.info("/metrics needs a bearer token allowed to get /metrics (TokenReview + SubjectAccessReview)")

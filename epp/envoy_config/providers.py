@@ -24,9 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from epp.routing.dialect import EnvoyFragments
-from epp.routing.model import PoolBackend, ProviderBackend, RoutingTable
-from epp.routing.providers import PROVIDER_HEADER
+from epp.routing import PROVIDER_HEADER, EnvoyFragments, PoolBackend, ProviderBackend, RoutingTable
 
 SYSTEM_CA = "/etc/ssl/certs/ca-certificates.crt"
 _T = "@type"
@@ -200,8 +198,7 @@ def fragments_from_files(paths: Sequence[str | Path], *, header: str = PROVIDER_
                          ) -> tuple[RouteFragments, list[tuple[str, int]], list[str]]:
     """Read route documents: (fragments, the static endpoints of every ModelServer, errors). Errors name the
     document, the field and what was expected; the caller decides whether they are fatal."""
-    from epp.routing.documents import DocumentSet, read_yaml
-    from epp.routing.model import RouteConfigError
+    from epp.routing import DocumentSet, RouteConfigError, read_yaml
 
     docs = DocumentSet()
     errors: list[str] = []

@@ -19,7 +19,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from epp.extproc.session import ProtocolMetrics, Replies, StreamConfig, StreamSession
 
 if TYPE_CHECKING:
-    from epp.request.director import Director
+    from epp.request import Director
 
 log = logging.getLogger("epp.extproc")
 _EOF = grpc.aio.EOF

@@ -17,7 +17,7 @@ from epp.extproc.session import ProtocolMetrics, Replies, StreamConfig, StreamSe
 from epp.h2grpc import ServerStream, status
 
 if TYPE_CHECKING:
-    from epp.request.director import Director
+    from epp.request import Director
 
 PROCESS_PATH = "/envoy.service.ext_proc.v3.ExternalProcessor/Process"
 _parse = pb.ProcessingRequest.FromString

@@ -16,10 +16,10 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
 from epp.extproc.session import ProtocolMetrics, StreamConfig
 from epp.extproc.settings import DEFAULT_TRANSPORT, TRANSPORTS
-from epp.h2grpc.limits import ServerLimits, grpcio_options
+from epp.h2grpc import ServerLimits, grpcio_options
 
 if TYPE_CHECKING:
-    from epp.request.director import Director
+    from epp.request import Director
 
 
 def grpc_options(reuse_port: bool = False, limits: ServerLimits | None = None) -> list[tuple[str, int]]:

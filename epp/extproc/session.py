@@ -37,7 +37,7 @@ from epp.extproc.settings import StreamConfig as StreamConfig  # defined with th
 from epp.protocol import Exchange, Outcome, RequestMachine, immediate
 
 if TYPE_CHECKING:
-    from epp.request.director import Director
+    from epp.request import Director
 
 log = logging.getLogger("epp.extproc")
 

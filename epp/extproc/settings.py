@@ -10,9 +10,9 @@ import argparse
 from dataclasses import dataclass, field
 
 from epp.argtypes import parse_bool, parse_duration_arg
-from epp.h2grpc.limits import ServerLimits
-from epp.h2grpc.limits import add_flags as _add_limit_flags
-from epp.h2grpc.limits import from_args as _limits_from_args
+from epp.h2grpc import ServerLimits
+from epp.h2grpc import add_limit_flags as _add_limit_flags
+from epp.h2grpc import limits_from_args as _limits_from_args
 from epp.protocol import BodyMode
 
 TRANSPORTS = ("h2", "grpcio")  # the gRPC servers the ext_proc port can run on

@@ -50,7 +50,7 @@ from epp.fleet.datastore import Datastore
 from scheduling.types import Endpoint, LLMRequest
 
 if TYPE_CHECKING:
-    from epp.fleet.scrape.scraper import MetricsScraper
+    from epp.fleet.scrape import MetricsScraper
 
 log = logging.getLogger(__name__)
 

@@ -81,8 +81,7 @@ class SourceSettings:
 
     @classmethod
     def from_args(cls, ns: argparse.Namespace) -> SourceSettings:
-        from epp.fleet.k8s import pool_resource
-        from epp.fleet.k8s.convert import parse_ports, parse_selector
+        from epp.fleet.k8s import parse_ports, parse_selector, pool_resource
 
         selector: dict[str, str] = {}
         ports: tuple[int, ...] = ()

@@ -32,7 +32,7 @@ from typing import Any, NamedTuple
 import yaml
 
 from epp.fleet.datastore import Datastore, PoolSpec
-from epp.fleet.kvevents.sources import KVEventsConfigError, parse_kv_events_field
+from epp.fleet.kvevents import KVEventsConfigError, parse_kv_events_field
 from scheduling.types import Endpoint, endpoint_key
 
 

@@ -9,15 +9,38 @@ The director's exchange calls `FlowController.admit` after the admission gates a
 callback that re-resolves the candidates and schedules and commits the request when its turn comes.
 """
 
-from epp.flowcontrol.controller import (
-    DEFAULT_FLOW,
-    DROPPED_REASON,
-    FAIRNESS_HEADER,
-    FAIRNESS_HEADERS,
-    FlowController,
-    fairness_id,
-)
-from epp.flowcontrol.pressure import PoolPressure
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from epp.flowcontrol.controller import (
+        DEFAULT_FLOW,
+        DROPPED_REASON,
+        FAIRNESS_HEADER,
+        FAIRNESS_HEADERS,
+        FlowController,
+        fairness_id,
+    )
+    from epp.flowcontrol.pressure import PoolPressure
+
+# Each name and the module that defines it ("module:name" when renamed), imported on first use (PEP 562).
+_LAZY = {
+    "DEFAULT_FLOW": "controller", "DROPPED_REASON": "controller", "FAIRNESS_HEADER": "controller",
+    "FAIRNESS_HEADERS": "controller", "FlowController": "controller", "fairness_id": "controller",
+    "PoolPressure": "pressure",
+}
 
 __all__ = ["DEFAULT_FLOW", "DROPPED_REASON", "FAIRNESS_HEADER", "FAIRNESS_HEADERS", "FlowController", "PoolPressure",
            "fairness_id"]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from importlib import import_module
+
+    module, _, attr = _LAZY[name].partition(":")
+    value = getattr(import_module(f"{__name__}.{module}"), attr or name)
+    globals()[name] = value
+    return value

@@ -11,8 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable, Sequence
 
-from epp.fleet.datastore import Datastore
-from epp.fleet.saturation import Detector, SaturationDetector
+from epp.fleet import Datastore, Detector, SaturationDetector
 from scheduling.types import Endpoint
 
 

@@ -25,19 +25,35 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from epp.h2grpc.limits import ServerLimits, grpcio_options
+    from epp.h2grpc.limits import add_flags as add_limit_flags
+    from epp.h2grpc.limits import from_args as limits_from_args
     from epp.h2grpc.server import H2Server, server_ssl_context, split_address
     from epp.h2grpc.stream import ServerStream, StreamHandler
+    from epp.h2grpc.tls import CERT_FILE, KEY_FILE, certificate_name, peer_certificate, self_signed_cert
 
-__all__ = ["H2Server", "ServerStream", "StreamHandler", "server_ssl_context", "split_address"]
+# Each name and the module that defines it ("module:name" when renamed), imported on first use (PEP 562):
+# epp.h2grpc.limits (the CLI's flags) does not load grpc.
+_LAZY = {
+    "ServerLimits": "limits", "add_limit_flags": "limits:add_flags", "grpcio_options": "limits",
+    "limits_from_args": "limits:from_args",
+    "H2Server": "server", "server_ssl_context": "server", "split_address": "server",
+    "ServerStream": "stream", "StreamHandler": "stream",
+    "CERT_FILE": "tls", "KEY_FILE": "tls", "certificate_name": "tls", "peer_certificate": "tls",
+    "self_signed_cert": "tls",
+}
+
+__all__ = ["CERT_FILE", "H2Server", "KEY_FILE", "ServerLimits", "ServerStream", "StreamHandler", "add_limit_flags",
+           "certificate_name", "grpcio_options", "limits_from_args", "peer_certificate", "self_signed_cert",
+           "server_ssl_context", "split_address", "status", "tls"]
 
 
 def __getattr__(name: str) -> Any:
-    if name in ("H2Server", "server_ssl_context", "split_address"):
-        from epp.h2grpc import server
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from importlib import import_module
 
-        return getattr(server, name)
-    if name in ("ServerStream", "StreamHandler"):
-        from epp.h2grpc import stream
-
-        return getattr(stream, name)
-    raise AttributeError(name)
+    module, _, attr = _LAZY[name].partition(":")
+    value = getattr(import_module(f"{__name__}.{module}"), attr or name)
+    globals()[name] = value
+    return value

@@ -132,7 +132,7 @@ def server_credentials(cert_path: str | None, hosts: Sequence[str] = DEFAULT_HOS
 
 def server_ssl_context(cert_path: str | None, hosts: Sequence[str] = DEFAULT_HOSTS) -> ssl.SSLContext:
     """An SSLContext (ALPN h2) for the h2 transport's `add_secure_port` (see `serving_cert`)."""
-    from epp.h2grpc import server_ssl_context as context
+    from epp.h2grpc.server import server_ssl_context as context
 
     return context(*serving_cert(cert_path, hosts))
 

@@ -9,8 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from epp.observe.tracing import Trace
-    from epp.request.exchange import RequestExchange
-    from epp.request.usage import Usage
+    from epp.request import RequestExchange, Usage
 
 MAX_SCORERS = 12  # scorers whose scores become attributes
 MAX_NAME = 48  # characters of a plugin name in an attribute key

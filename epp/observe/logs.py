@@ -11,37 +11,15 @@ brackets when a line's message does not already name them.
 
 from __future__ import annotations
 
-import argparse
 import logging
 import time
-from dataclasses import dataclass
 
 import orjson
 
+from epp.observe.settings import LogSettings
+
 FIELDS = ("decision_id", "trace_id", "request_id")
-FORMATS = ("text", "json")
 TEXT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
-
-
-@dataclass(frozen=True)
-class LogSettings:
-    format: str = "text"
-    level: int = logging.INFO
-
-    @classmethod
-    def from_args(cls, ns: argparse.Namespace) -> LogSettings:
-        v = getattr(ns, "v", 1)
-        level = logging.DEBUG if v >= 3 else logging.INFO if v >= 1 else logging.WARNING
-        fmt = getattr(ns, "log_format", "text") or "text"
-        if fmt not in FORMATS:
-            raise ValueError(f"--log-format must be one of {FORMATS}, got {fmt!r}")
-        return cls(format=fmt, level=level)
-
-
-def add_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--log-format", choices=FORMATS, default="text",
-                   help="text (default) or json: one object per line, with decision_id and trace_id on every "
-                        "line about a request")
 
 
 class JsonFormatter(logging.Formatter):

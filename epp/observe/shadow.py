@@ -30,59 +30,25 @@ config's where it estimated that endpoint, else the live config's.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import logging
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from epp.observe.settings import ShadowSettings
 from epp.observe.shadow_report import ShadowReport
 from scheduling.api import InflightLoad, SchedulingContext, SchedulingResult
 from scheduling.types import SchedulingError
 
 if TYPE_CHECKING:
-    from epp.api.dashboard.recorder import DecisionRecorder
-    from epp.request.exchange import RequestExchange
-    from epp.request.usage import Usage
+    from epp.api.dashboard import DecisionRecorder
+    from epp.request import RequestExchange, Usage
     from scheduling.api import Scheduler
 
 log = logging.getLogger("epp.shadow")
 
 MAX_PENDING = 256  # shadow runs waiting for the loop
-DEFAULT_RATE = 200.0
-DEFAULT_MAX_CPU = 0.05
-
-
-@dataclass(frozen=True)
-class ShadowSettings:
-    config_file: str | None = None
-    rate: float = DEFAULT_RATE  # shadow decisions per second at most
-    max_cpu: float = DEFAULT_MAX_CPU  # fraction of each second of loop time at most
-    learn: bool = True
-
-    @classmethod
-    def from_args(cls, ns: argparse.Namespace) -> ShadowSettings:
-        rate = getattr(ns, "shadow_rate", DEFAULT_RATE)
-        cpu = getattr(ns, "shadow_max_cpu", DEFAULT_MAX_CPU)
-        if rate <= 0 or not 0 < cpu <= 1:
-            raise ValueError("--shadow-rate must be above 0 and --shadow-max-cpu in (0, 1]")
-        return cls(config_file=getattr(ns, "shadow_config", None) or None, rate=rate, max_cpu=cpu,
-                   learn=bool(getattr(ns, "shadow_learn", True)))
-
-
-def add_flags(p: argparse.ArgumentParser, parse_bool: Callable[[str], bool]) -> None:
-    g = p.add_argument_group("shadow profile (docs/observability.md)")
-    g.add_argument("--shadow-config", default=None,
-                   help="a scheduling config that decides the same requests in shadow, off the reply path, without "
-                        "acting (hot-reloaded); its agreement and predicted latency go to /metrics and the dashboard")
-    g.add_argument("--shadow-rate", type=float, default=DEFAULT_RATE,
-                   help=f"shadow decisions per second at most ({DEFAULT_RATE:g}); past it requests are sampled")
-    g.add_argument("--shadow-max-cpu", type=float, default=DEFAULT_MAX_CPU,
-                   help=f"fraction of loop time the shadow may use at most ({DEFAULT_MAX_CPU:g})")
-    g.add_argument("--shadow-learn", type=parse_bool, default=True,
-                   help="the shadow's scorers learn from what really happened (the live pick): true (default)")
 
 
 class Budget:

@@ -34,77 +34,30 @@ measurements.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import logging
 import os
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Awaitable, Mapping, Sequence
 from random import getrandbits
 from typing import TYPE_CHECKING, Any
 
 from epp.observe.attributes import marks_start, request_attributes
+from epp.observe.settings import DEFAULT_RATIO, TracingSettings
 from epp.protocol import Outcome
-from epp.request.exchange import STAGES, RequestExchange
-from epp.request.tracecontext import TraceParent, from_headers, from_metadata
+from epp.request import STAGES, RequestExchange, TraceParent, from_headers, from_metadata
 
 if TYPE_CHECKING:
-    from epp.request.director import Director
-    from epp.request.usage import Usage
+    from epp.request import Director, Usage
 
 log = logging.getLogger("epp.tracing")
 
-DEFAULT_RATIO = 0.1
 ROOT = "pointsman.request"
 RESOLVE, ADMIT, PREPARE, QUEUE, SCHEDULE, COMMIT = range(6)
 DONE = len(STAGES)  # the mark of the decision's end
 CHILDREN = ((ADMIT, "pointsman.admit"), (PREPARE, "pointsman.tokenize"), (QUEUE, "pointsman.queue"),
             (SCHEDULE, "pointsman.schedule"))
 assert len(STAGES) == 6, "the stage marks follow epp/request/exchange.py STAGES"
-
-
-@dataclass(frozen=True)
-class TracingSettings:
-    enabled: bool = False
-    protocol: str = "grpc"  # grpc | http/protobuf
-    endpoint: str | None = None  # None: OTEL_EXPORTER_OTLP_TRACES_ENDPOINT / OTEL_EXPORTER_OTLP_ENDPOINT
-    sample_ratio: float | None = None  # None: OTEL_TRACES_SAMPLER, else DEFAULT_RATIO
-    service_name: str = "pointsman"
-
-    @classmethod
-    def from_args(cls, ns: argparse.Namespace) -> TracingSettings:
-        ratio = getattr(ns, "tracing_sample_ratio", None)
-        if ratio is not None and not 0.0 <= ratio <= 1.0:
-            raise ValueError(f"--tracing-sample-ratio must be between 0 and 1, got {ratio}")
-        return cls(enabled=bool(getattr(ns, "tracing", False)),
-                   protocol=getattr(ns, "tracing_protocol", None) or default_protocol(),
-                   endpoint=getattr(ns, "tracing_endpoint", None) or None, sample_ratio=ratio,
-                   service_name=getattr(ns, "tracing_service_name", None) or os.environ.get("OTEL_SERVICE_NAME")
-                   or "pointsman")
-
-
-def default_protocol() -> str:
-    return (os.environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") or os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL")
-            or "grpc").strip()
-
-
-def add_flags(p: argparse.ArgumentParser, parse_bool: Callable[[str], bool]) -> None:
-    g = p.add_argument_group("tracing (OpenTelemetry; pip install 'pointsman[otel]'; docs/observability.md)")
-    g.add_argument("--tracing", type=parse_bool, nargs="?", const=True, default=False,
-                   help="export a span per routed request over OTLP (default false); the standard OTEL_* "
-                        "environment variables configure the exporter")
-    g.add_argument("--tracing-protocol", choices=("grpc", "http/protobuf"), default=None,
-                   help="OTLP over gRPC (default) or HTTP (default: $OTEL_EXPORTER_OTLP_TRACES_PROTOCOL, "
-                        "$OTEL_EXPORTER_OTLP_PROTOCOL)")
-    g.add_argument("--tracing-endpoint", default=None,
-                   help="the collector, e.g. http://127.0.0.1:4317 (default: $OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, "
-                        "$OTEL_EXPORTER_OTLP_ENDPOINT, then the exporter's localhost default)")
-    g.add_argument("--tracing-sample-ratio", type=float, default=None,
-                   help="sample this fraction of new traces; a sampled parent is always followed (default: "
-                        f"$OTEL_TRACES_SAMPLER, else {DEFAULT_RATIO})")
-    g.add_argument("--tracing-service-name", default=None,
-                   help="service.name of the spans (default: $OTEL_SERVICE_NAME, else pointsman)")
 
 
 class Trace:

@@ -71,70 +71,64 @@ utilization), `RateLimitMetrics` (counters plus gauges computed at scrape time, 
 `pointsman_budget_utilization{budget}`), `refresh()` to re-read shared states from Redis for the metrics page.
 """
 
+from __future__ import annotations
+
 from typing import TYPE_CHECKING, Any
 
-from epp.ratelimit.admission import (
-    ADMITTED,
-    Admission,
-    BudgetState,
-    LimitState,
-    RedisDownPolicy,
-    Ticket,
-)
-from epp.ratelimit.headers import LimitStatus
-from epp.ratelimit.limiter import Limiter
-from epp.ratelimit.limits import (
-    MAX_TOKENS,
-    Algorithm,
-    Kind,
-    Limit,
-    Metric,
-    Price,
-    Unit,
-    declared_output,
-    scope_key,
-    scope_label,
-    tokens,
-)
-from epp.ratelimit.metrics import RateLimitMetrics
-from epp.ratelimit.planning import Applied
-from epp.ratelimit.state import StoreUnavailable
-
 if TYPE_CHECKING:
+    from epp.ratelimit.admission import ADMITTED, Admission, BudgetState, LimitState, RedisDownPolicy, Ticket
+    from epp.ratelimit.gate import RateLimitGate
+    from epp.ratelimit.headers import LimitStatus
+    from epp.ratelimit.limiter import Limiter
+    from epp.ratelimit.limits import (
+        MAX_TOKENS,
+        Algorithm,
+        Kind,
+        Limit,
+        Metric,
+        Price,
+        Unit,
+        declared_output,
+        parse_usd,
+        scope_key,
+        scope_label,
+        tokens,
+    )
+    from epp.ratelimit.metrics import RateLimitMetrics
+    from epp.ratelimit.planning import Applied
     from epp.ratelimit.redis_store import RedisStore, redact
+    from epp.ratelimit.state import StoreUnavailable
+    from epp.ratelimit.wiring import RateLimits, start_rate_limits
+
+# Each name and the module that defines it ("module:name" when renamed), imported on first use (PEP 562): RedisStore
+# and redact load the redis package: local-only limits never import it.
+_LAZY = {
+    "ADMITTED": "admission", "Admission": "admission", "BudgetState": "admission", "LimitState": "admission",
+    "RedisDownPolicy": "admission", "Ticket": "admission",
+    "RateLimitGate": "gate",
+    "LimitStatus": "headers",
+    "Applied": "planning", "Limiter": "limiter",
+    "Algorithm": "limits", "Kind": "limits", "Limit": "limits", "MAX_TOKENS": "limits", "Metric": "limits",
+    "Price": "limits", "Unit": "limits", "declared_output": "limits", "parse_usd": "limits", "scope_key": "limits",
+    "scope_label": "limits", "tokens": "limits",
+    "RateLimitMetrics": "metrics",
+    "RedisStore": "redis_store", "redact": "redis_store",
+    "StoreUnavailable": "state",
+    "RateLimits": "wiring", "start_rate_limits": "wiring",
+}
+
+__all__ = ["ADMITTED", "Admission", "Algorithm", "Applied", "BudgetState", "Kind", "Limit", "LimitState",
+           "LimitStatus", "Limiter", "MAX_TOKENS", "Metric", "Price", "RateLimitGate", "RateLimitMetrics", "RateLimits",
+           "RedisDownPolicy", "RedisStore", "StoreUnavailable", "Ticket", "Unit", "declared_output", "parse_usd",
+           "redact", "scope_key", "scope_label", "start_rate_limits", "tokens"]
 
 
 def __getattr__(name: str) -> Any:
-    """`RedisStore` and `redact` load the redis package on first use: local-only limits never import it."""
-    if name in ("RedisStore", "redact"):
-        from epp.ratelimit import redis_store
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from importlib import import_module
 
-        return getattr(redis_store, name)
-    raise AttributeError(f"module 'epp.ratelimit' has no attribute {name!r}")
-
-__all__ = [
-    "ADMITTED",
-    "Admission",
-    "Algorithm",
-    "Applied",
-    "BudgetState",
-    "Kind",
-    "Limit",
-    "LimitState",
-    "LimitStatus",
-    "Limiter",
-    "MAX_TOKENS",
-    "Metric",
-    "Price",
-    "RateLimitMetrics",
-    "RedisDownPolicy",
-    "RedisStore",
-    "StoreUnavailable",
-    "Ticket",
-    "Unit",
-    "declared_output",
-    "redact",
-    "scope_key",
-    "scope_label",
-    "tokens",
-]
+    module, _, attr = _LAZY[name].partition(":")
+    value = getattr(import_module(f"{__name__}.{module}"), attr or name)
+    globals()[name] = value
+    return value

@@ -1,1 +1,47 @@
-"""epp/request."""
+"""The request: one request's lifecycle (the director, the exchange and its stages, admitters, observers, parsing,
+the mutations); docs/architecture.md walks one request through it. Its flags and settings are settings.py's."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from epp.request.admit import Admitter, SheddableAdmitter
+    from epp.request.commit import mutations, mutations_for_provider, schedule
+    from epp.request.director import DecisionIds, Director, DirectorConfig, ShellContext, error_outcome
+    from epp.request.exchange import STAGES, RequestExchange
+    from epp.request.observe import RequestObserver
+    from epp.request.resolve import resolve
+    from epp.request.sessions import SessionIdentity
+    from epp.request.tracecontext import TraceParent, from_headers, from_metadata
+    from epp.request.usage import Usage
+
+# Each name and the module that defines it ("module:name" when renamed), imported on first use (PEP 562): the CLI
+# reads epp.request.settings without loading the request path.
+_LAZY = {
+    "Admitter": "admit", "SheddableAdmitter": "admit",
+    "mutations": "commit", "mutations_for_provider": "commit", "schedule": "commit",
+    "DecisionIds": "director", "Director": "director", "DirectorConfig": "director", "ShellContext": "director",
+    "error_outcome": "director",
+    "RequestExchange": "exchange", "STAGES": "exchange",
+    "RequestObserver": "observe",
+    "resolve": "resolve",
+    "SessionIdentity": "sessions",
+    "TraceParent": "tracecontext", "from_headers": "tracecontext", "from_metadata": "tracecontext",
+    "Usage": "usage",
+}
+
+__all__ = ["Admitter", "DecisionIds", "Director", "DirectorConfig", "RequestExchange", "RequestObserver", "STAGES",
+           "SessionIdentity", "SheddableAdmitter", "ShellContext", "TraceParent", "Usage", "error_outcome",
+           "from_headers", "from_metadata", "mutations", "mutations_for_provider", "resolve", "schedule"]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from importlib import import_module
+
+    module, _, attr = _LAZY[name].partition(":")
+    value = getattr(import_module(f"{__name__}.{module}"), attr or name)
+    globals()[name] = value
+    return value

@@ -15,21 +15,21 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from epp.fleet.datastore import Datastore
+from epp.fleet import Datastore
 from epp.protocol import Outcome
 from epp.request.admit import Admitter
-from epp.request.early import EarlySettings
 from epp.request.observe import RequestObserver
+from epp.request.settings import EarlySettings
 from scheduling.api import Scheduler, SchedulingContext
 from scheduling.types import Endpoint, SchedulingError
 
 if TYPE_CHECKING:
-    from epp.flowcontrol.controller import FlowController
-    from epp.observe.tracing import Tracing
+    from epp.flowcontrol import FlowController
+    from epp.observe import Tracing
     from epp.request.exchange import RequestExchange
     from epp.request.sessions import SessionIdentity
-    from epp.routing.router import RouteDecision, Router
-    from epp.tokenize.shell import RequestTokens
+    from epp.routing import RouteDecision, Router
+    from epp.tokenize import RequestTokens
 
 DESTINATION = "x-gateway-destination-endpoint"
 SERVED = "x-gateway-destination-endpoint-served"

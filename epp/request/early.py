@@ -1,4 +1,5 @@
-"""Reading the body as it streams in, and deciding before it ends: the settings and the rule.
+"""Reading the body as it streams in, and deciding before it ends: the rule (its flags and settings, `EarlySettings`,
+are epp/request/settings.py's).
 
 In FULL_DUPLEX_STREAMED (and STREAMED with `send_body_without_waiting_for_header_response`) the exchange reads each
 request chunk as it arrives (epp/request/streaming.py), so the prompt is parsed by the time the last chunk comes.
@@ -25,40 +26,14 @@ only with a trusted model header or a one-model pool.
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from epp.request.streaming import HEAD, StreamingBody
 from scheduling.types import CHARS_PER_TOKEN
 
 if TYPE_CHECKING:
     from epp.request.director import Director
-
-
-@dataclass(frozen=True, slots=True)
-class EarlySettings:
-    """`--early-decisions` and `--trusted-model-header` (see the module docstring)."""
-
-    decisions: bool = True
-    model_headers: tuple[str, ...] = ()
-
-    @classmethod
-    def from_args(cls, ns: argparse.Namespace) -> EarlySettings:
-        return cls(decisions=getattr(ns, "early_decisions", True),
-                   model_headers=tuple(h.lower() for h in getattr(ns, "trusted_model_header", None) or ()))
-
-
-def add_flags(p: argparse.ArgumentParser, parse_bool: Any) -> None:
-    g = p.add_argument_group("early decisions (docs/protocol.md)")
-    g.add_argument("--early-decisions", type=parse_bool, default=True,
-                   help="in FULL_DUPLEX_STREAMED, decide before the body ends once the model and the hashed "
-                        "prompt head have arrived (true)")
-    g.add_argument("--trusted-model-header", action="append", default=[],
-                   help="a request header that names the model, set by a filter before Pointsman (e.g. "
-                        "X-Gateway-Model-Name from a body-based router); repeatable; none by default, since a "
-                        "client can send any header")
 
 
 _NEEDS: dict[int, int] = {}  # id(scheduler) -> prompt characters its prefix producers hash

@@ -39,7 +39,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from epp.fleet.datastore import InflightTicket
+from epp.fleet import InflightTicket
 from epp.protocol import Outcome
 from epp.request import respond, waiting
 from epp.request.admit import Hold

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Collection
 
-from epp.fleet.datastore import Datastore
+from epp.fleet import Datastore
 
 
 def _ip(entry: str) -> str:

@@ -30,7 +30,7 @@ from epp.request.streaming import StreamingBody
 from scheduling.types import ApiKind, Endpoint, ErrorCode, LLMRequest, SchedulingError
 
 if TYPE_CHECKING:
-    from epp.routing.router import RouteDecision
+    from epp.routing import RouteDecision
 
 Metadata = Mapping[str, Mapping[str, object]]
 

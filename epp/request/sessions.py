@@ -14,14 +14,13 @@ Bad session values never fail a request: they are skipped and counted (`skipped`
 
 from __future__ import annotations
 
-import argparse
 import logging
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from scheduling.sessions.identity import BODY_FIELDS, IdentitySources, ResponseChains, identify
+from epp.request.settings import SessionSettings
+from scheduling.sessions.identity import ResponseChains, identify
 from scheduling.types import ApiKind, LLMRequest
 
 if TYPE_CHECKING:
@@ -30,76 +29,6 @@ if TYPE_CHECKING:
     from epp.request.usage import Usage
 
 log = logging.getLogger(__name__)
-
-FAIRNESS_KEYS = ("tenant", "session", "program")
-
-
-def _names(text: str) -> tuple[str, ...]:
-    return tuple(n.strip() for n in text.split(",") if n.strip())
-
-
-@dataclass(frozen=True)
-class SessionSettings:
-    enabled: bool = True
-    headers: tuple[str, ...] = ("x-session-id",)
-    body_fields: tuple[str, ...] = BODY_FIELDS
-    previous_response_id: bool = True
-    program_header: str = ""
-    max_bytes: int = 256
-    fairness: str = "tenant"  # what flow control's fairness is keyed by: tenant | session | program
-
-    def __post_init__(self) -> None:
-        if self.fairness not in FAIRNESS_KEYS:
-            raise ValueError(f"--flow-fairness-key must be one of {', '.join(FAIRNESS_KEYS)}, got {self.fairness!r}")
-        bad = [f for f in self.body_fields if f not in BODY_FIELDS]
-        if bad:
-            raise ValueError(f"--session-body-fields: unknown field(s) {', '.join(bad)}; choose from "
-                             f"{', '.join(BODY_FIELDS)}")
-        if not 1 <= self.max_bytes <= 4096:
-            raise ValueError(f"--session-max-bytes must be in [1, 4096], got {self.max_bytes}")
-
-    @classmethod
-    def from_args(cls, ns: argparse.Namespace) -> SessionSettings:
-        d = cls()
-        return cls(
-            enabled=getattr(ns, "sessions", d.enabled),
-            headers=tuple(h.lower() for h in _names(getattr(ns, "session_headers", None) or ",".join(d.headers))),
-            body_fields=_names(ns.session_body_fields) if getattr(ns, "session_body_fields", None) is not None
-            else d.body_fields,
-            previous_response_id=getattr(ns, "session_previous_response_id", d.previous_response_id),
-            program_header=(getattr(ns, "program_header", None) or "").lower(),
-            max_bytes=getattr(ns, "session_max_bytes", d.max_bytes),
-            fairness=getattr(ns, "flow_fairness_key", d.fairness),
-        )
-
-    def sources(self) -> IdentitySources:
-        return IdentitySources(headers=self.headers, body=self.body_fields,
-                               previous_response_id=self.previous_response_id,
-                               responses_chain=self.previous_response_id, program_header=self.program_header,
-                               max_bytes=self.max_bytes)
-
-
-def add_flags(p: argparse.ArgumentParser, parse_bool: Any) -> None:
-    g = p.add_argument_group("agent sessions (docs/sessions.md)")
-    g.add_argument("--sessions", type=parse_bool, default=True,
-                   help="identify agent sessions and keep their turns where their context is (true); false: every "
-                        "request is placed on its own")
-    g.add_argument("--session-headers", default=None,
-                   help="request headers naming the session, in order (comma list; default x-session-id)")
-    g.add_argument("--session-body-fields", default=None,
-                   help=f"body fields naming the session, in order (comma list; default {','.join(BODY_FIELDS)}; "
-                        "'' for none)")
-    g.add_argument("--session-previous-response-id", type=parse_bool, default=True,
-                   help="Responses API: a request continuing a response joins its session (true)")
-    g.add_argument("--program-header", default=None,
-                   help="request header naming the program a session runs (default: the prompt's first 2,048 "
-                        "characters and the model)")
-    g.add_argument("--session-max-bytes", type=int, default=256,
-                   help="longer session values are ignored (256)")
-    g.add_argument("--flow-fairness-key", choices=FAIRNESS_KEYS, default="tenant",
-                   help="flow control's fairness: per tenant (x-gateway-inference-fairness-id, the default), per "
-                        "session or per program (within the tenant)")
-
 
 def _route_sources(route: Any) -> Sequence[tuple[str, str]]:
     """The session settings of the route that decided: Kthena's sessionSticky sources, LLMKube's headers."""

@@ -19,7 +19,7 @@ import inspect
 from collections.abc import Awaitable
 from typing import TYPE_CHECKING
 
-from epp.flowcontrol.controller import DROPPED_REASON, fairness_id
+from epp.flowcontrol import DROPPED_REASON, fairness_id
 from epp.protocol import Outcome
 from epp.request.director import ShellContext
 from epp.request.resolve import find_candidates

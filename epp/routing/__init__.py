@@ -11,10 +11,44 @@ Dialects (dialect.py says what one declares; dialects/__init__.py registers them
 ModelRoute, ModelServer, ExternalModelProvider) and dialects/llmkube (LLMKube's ModelRouter, with its runtime).
 """
 
-from epp.routing.decision import RouteDecision
-from epp.routing.dialect import Dialect
-from epp.routing.dialects import DIALECTS
-from epp.routing.router import Router
-from epp.routing.service import RoutingService
+from __future__ import annotations
 
-__all__ = ["DIALECTS", "Dialect", "RouteDecision", "Router", "RoutingService"]
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from epp.routing.decision import RouteDecision
+    from epp.routing.dialect import Dialect, EnvoyFragments, StackExample
+    from epp.routing.dialects import DIALECTS
+    from epp.routing.documents import DocumentSet, read_yaml
+    from epp.routing.model import PoolBackend, ProviderBackend, RouteConfigError, RoutingTable
+    from epp.routing.providers import CREDENTIAL_HEADERS, PROVIDER_HEADER
+    from epp.routing.router import Router
+    from epp.routing.service import RoutingService
+
+# Each name and the module that defines it ("module:name" when renamed), imported on first use (PEP 562): the CLI
+# reads epp.routing.settings without loading the routing service.
+_LAZY = {
+    "RouteDecision": "decision",
+    "Dialect": "dialect", "EnvoyFragments": "dialect", "StackExample": "dialect",
+    "DIALECTS": "dialects",
+    "DocumentSet": "documents", "read_yaml": "documents",
+    "PoolBackend": "model", "ProviderBackend": "model", "RouteConfigError": "model", "RoutingTable": "model",
+    "CREDENTIAL_HEADERS": "providers", "PROVIDER_HEADER": "providers",
+    "Router": "router",
+    "RoutingService": "service",
+}
+
+__all__ = ["CREDENTIAL_HEADERS", "DIALECTS", "Dialect", "DocumentSet", "EnvoyFragments", "PROVIDER_HEADER",
+           "PoolBackend", "ProviderBackend", "RouteConfigError", "RouteDecision", "Router", "RoutingService",
+           "RoutingTable", "StackExample", "read_yaml"]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from importlib import import_module
+
+    module, _, attr = _LAZY[name].partition(":")
+    value = getattr(import_module(f"{__name__}.{module}"), attr or name)
+    globals()[name] = value
+    return value

@@ -21,11 +21,7 @@ from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
-from epp.fleet.k8s import SECRET, Resource
-from epp.fleet.k8s.convert import obj_name
-from epp.fleet.k8s.discovery import list_call
-from epp.fleet.k8s.pods import PodPools
-from epp.fleet.k8s.reflector import Reflector
+from epp.fleet.k8s import SECRET, PodPools, Reflector, Resource, list_call, obj_name
 from epp.routing.dialects import DIALECTS
 from epp.routing.documents import RawDocument
 
@@ -39,7 +35,7 @@ def _tolerant(res: Resource, call: Any, on_missing: Any) -> Any:
     keeps retrying the list with back-off, so a CRD installed later is picked up."""
     warned = False
 
-    def tolerant_call(*args: Any, **kwargs: Any) -> Any:
+    def list_call(*args: Any, **kwargs: Any) -> Any:
         nonlocal warned
         try:
             return call(*args, **kwargs)
@@ -52,7 +48,7 @@ def _tolerant(res: Resource, call: Any, on_missing: Any) -> Any:
                 on_missing(res)
             raise
 
-    return tolerant_call
+    return list_call
 
 
 def _doc(res: Resource, obj: Mapping[str, Any]) -> RawDocument:

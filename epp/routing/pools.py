@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
-from epp.fleet.datastore import Datastore, PoolSpec
+from epp.fleet import Datastore, PoolSpec
 from epp.routing.model import PoolBackend
 from scheduling.types import Endpoint, endpoint_key
 

@@ -20,7 +20,7 @@ import random
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from epp.fleet.datastore import Datastore
+from epp.fleet import Datastore
 from epp.routing.decision import MAX_RETRIES_HEADER, RouteDecision
 from epp.routing.dialect import DialectRuntime, make_runtimes
 from epp.routing.dialects import DIALECTS

@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from epp.fleet.datastore import Datastore
+from epp.fleet import Datastore
 from epp.routing.documents import DocumentSet, RawDocument, read_yaml
 from epp.routing.model import RouteConfigError
 from epp.routing.pools import PodSource
@@ -77,7 +77,7 @@ class RoutingService:
         log.info("routes from %s: %s", source, ", ".join(f"{n} {k}" for k, n in sorted(counts.items())) or "none")
 
     async def add_file(self, path: Path, interval: float = 1.0) -> None:
-        from epp.fleet.reload import FileWatcher
+        from epp.fleet import FileWatcher
 
         label = str(path)
         watcher: FileWatcher[list[RawDocument]] = FileWatcher(

@@ -26,7 +26,7 @@ import yaml
 
 from epp.api.pb import pointsman_pb2 as api
 from epp.api.pb import pointsman_pb2_grpc
-from epp.routing.dialect import StackExample
+from epp.routing import StackExample
 from epp.routing.dialects import BY_NAME
 from epp.stack.children import Children
 from epp.stack.keys import Keys
@@ -97,7 +97,7 @@ class LocalStack:
         fragments = None
         example = self.example
         if example is not None:  # a routing dialect's example: route documents over the servers
-            from epp.envoy_config.providers import fragments_from_files
+            from epp.envoy_config import fragments_from_files
 
             routes = self.dir / "routes.yaml"
             routes.write_text(example.routes(ports, MODEL))

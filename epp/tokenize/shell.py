@@ -20,9 +20,11 @@ import itertools
 from collections.abc import Awaitable, Sequence
 from typing import Any
 
-from epp.tokenize import EngineTokenizer, RequestTokenizer, TokenizeInput, TokenizeResult, TokenizerRegistry
-from epp.tokenize.request import tokenize_input
+from epp.tokenize.engine import EngineTokenizer
+from epp.tokenize.local import TokenizerRegistry
+from epp.tokenize.request import TokenizeInput, tokenize_input
 from epp.tokenize.settings import TokenizeSettings
+from epp.tokenize.tokenizer import RequestTokenizer, TokenizeResult
 from scheduling.api import SchedulingContext
 from scheduling.prefix.precise_data import TOKEN_IDS
 from scheduling.types import Endpoint, LLMRequest

@@ -14,10 +14,11 @@ The process started as `epp serve --workers N` is a supervisor (epp/workers/supe
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from epp.cmd.settings import ServeSettings
+    from epp.workers.control import start_worker_control
 
 
 def supervise(settings: ServeSettings) -> int:
@@ -27,4 +28,13 @@ def supervise(settings: ServeSettings) -> int:
     return run_supervisor(settings)
 
 
-__all__ = ["supervise"]
+__all__ = ["start_worker_control", "supervise"]
+
+
+def __getattr__(name: str) -> Any:
+    """`start_worker_control` (a worker's control socket, aiohttp) is imported on first use (PEP 562)."""
+    if name == "start_worker_control":
+        from epp.workers.control import start_worker_control
+
+        return start_worker_control
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -25,7 +25,7 @@ import orjson
 from aiohttp import web
 
 if TYPE_CHECKING:
-    from epp.cmd.app import App
+    from epp.cmd import Components
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +42,7 @@ def die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
-def status(app: App) -> dict[str, Any]:
+def status(app: Components) -> dict[str, Any]:
     requests = app.metrics.requests_total() if app.metrics is not None else 0.0
     bus = app.bus
     return {
@@ -60,7 +60,7 @@ def status(app: App) -> dict[str, Any]:
     }
 
 
-async def start_worker_control(app: App) -> Callable[[], Awaitable[None]]:
+async def start_worker_control(app: Components) -> Callable[[], Awaitable[None]]:
     """Serve the control socket (and the dashboard) of this worker; returns the cleanup."""
     from prometheus_client import generate_latest
     from prometheus_client.exposition import CONTENT_TYPE_LATEST

@@ -43,7 +43,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
-from epp.api.health import EppHealthServicer
+from epp.api import EppHealthServicer
 
 if TYPE_CHECKING:
     from epp.workers.supervisor import Supervisor, Worker
@@ -145,8 +145,8 @@ def _app(sup: Supervisor) -> web.Application:
 
     guards = []
     if sup.settings.metrics_auth.enabled:  # --metrics-endpoint-auth (epp/api/metrics_auth.py)
-        from epp.api.metrics_auth import KubeReviews, MetricsAuth
-        from epp.fleet.k8s.discovery import make_api_client
+        from epp.api import KubeReviews, MetricsAuth
+        from epp.fleet.k8s import make_api_client
 
         api = make_api_client(kubeconfig=sup.settings.sources.kubeconfig)
         guards.append(MetricsAuth(KubeReviews(api)).middleware(("/metrics", "/-/workers")))

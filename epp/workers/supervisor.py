@@ -103,7 +103,7 @@ class Supervisor:
         """With --secure-serving and no --cert-path, one self-signed certificate for every worker."""
         if not self.settings.server.secure or self.settings.server.cert_path:
             return []
-        from epp.h2grpc.tls import CERT_FILE, KEY_FILE, self_signed_cert
+        from epp.h2grpc import CERT_FILE, KEY_FILE, self_signed_cert
 
         key, crt = self_signed_cert()
         tls = self.dir / "tls"

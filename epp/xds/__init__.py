@@ -4,17 +4,33 @@ Built on xds-protos (upb) messages and their grpcio stubs, like the ext_proc ser
 server and port; envoy-data-plane (typed config for `epp envoy-config`) is never imported here.
 """
 
-from epp.xds.resources import EDS_TYPE_URL, ResourceTable, build_assignment, health_of, version_of
-from epp.xds.server import EdsService, add_eds_service
-from epp.xds.stream import EdsStream
+from __future__ import annotations
 
-__all__ = [
-    "EDS_TYPE_URL",
-    "EdsService",
-    "EdsStream",
-    "ResourceTable",
-    "add_eds_service",
-    "build_assignment",
-    "health_of",
-    "version_of",
-]
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from epp.xds.resources import EDS_TYPE_URL, ResourceTable, build_assignment, health_of, version_of
+    from epp.xds.server import EdsService, add_eds_service
+    from epp.xds.stream import EdsStream
+
+# Each name and the module that defines it ("module:name" when renamed), imported on first use (PEP 562).
+_LAZY = {
+    "EDS_TYPE_URL": "resources", "ResourceTable": "resources", "build_assignment": "resources",
+    "health_of": "resources", "version_of": "resources",
+    "EdsService": "server", "add_eds_service": "server",
+    "EdsStream": "stream",
+}
+
+__all__ = ["EDS_TYPE_URL", "EdsService", "EdsStream", "ResourceTable", "add_eds_service", "build_assignment",
+           "health_of", "version_of"]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from importlib import import_module
+
+    module, _, attr = _LAZY[name].partition(":")
+    value = getattr(import_module(f"{__name__}.{module}"), attr or name)
+    globals()[name] = value
+    return value

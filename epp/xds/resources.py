@@ -22,7 +22,7 @@ from envoy.config.core.v3 import address_pb2, health_check_pb2
 from envoy.config.endpoint.v3 import endpoint_pb2
 from google.protobuf import any_pb2
 
-from epp.fleet.datastore import Datastore, PoolSnapshot
+from epp.fleet import Datastore, PoolSnapshot
 from scheduling.types import Endpoint
 
 EDS_TYPE_URL = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment"

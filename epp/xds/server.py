@@ -22,7 +22,7 @@ from envoy.service.discovery.v3 import discovery_pb2
 from envoy.service.endpoint.v3 import eds_pb2_grpc
 
 from epp.aio import cancel_and_wait, wait_set
-from epp.fleet.datastore import Datastore
+from epp.fleet import Datastore
 from epp.xds.resources import EDS_TYPE_URL, ResourceTable, version_of
 from epp.xds.stream import EdsStream
 

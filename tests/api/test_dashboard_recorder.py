@@ -197,7 +197,8 @@ def test_a_director_without_recorder_records_nothing(director):
 
 
 def test_the_decision_stream_shows_the_session_its_turn_and_why():
-    from epp.request.sessions import SessionIdentity, SessionSettings
+    from epp.request.sessions import SessionIdentity
+    from epp.request.settings import SessionSettings
 
     ds = Datastore(default_pool="pool")
     ds.set_pool(PoolSpec("pool"), [ep("10.0.0.1"), ep("10.0.0.2")])

@@ -182,7 +182,7 @@ async def test_big_bodies_flow_both_ways_past_the_windows(early):
     message (the client may write it all before it reads); decided early, each chunk is echoed as it arrives and
     the transport's flow control holds the client back while it does not read, so it reads as it writes (as Envoy
     does)."""
-    from epp.request.early import EarlySettings
+    from epp.request.settings import EarlySettings
 
     director = real_director().replace(early=EarlySettings(decisions=early))
     server, _ = build_server(director)

@@ -17,8 +17,9 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanContext, SpanKind, TraceFlags
 from opentelemetry.trace.status import Status, StatusCode
 
+from epp.observe import TracingSettings
 from epp.observe.batching import Batcher, BatchSettings
-from epp.observe.tracing import Trace, Tracing, TracingSettings, record
+from epp.observe.tracing import Trace, Tracing, record
 from epp.observe.wire import Encoder, Records
 from epp.request.tracecontext import TraceParent
 from tests.observe.test_tracing_otlp import by_name, request, start

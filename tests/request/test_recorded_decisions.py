@@ -75,7 +75,8 @@ def plain_rig(config: Path | None) -> Rig:
 
 def session_rig() -> Rig:
     """The default profile with agent sessions identified (as `epp serve` runs it): the session case."""
-    from epp.request.sessions import SessionIdentity, SessionSettings
+    from epp.request.sessions import SessionIdentity
+    from epp.request.settings import SessionSettings
 
     clock, ds = Clock(), Datastore(default_pool="pool")
     ds.set_pool(PoolSpec("pool"), [_ep(i) for i in range(8)])

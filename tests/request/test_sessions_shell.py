@@ -17,7 +17,8 @@ from epp.fleet.saturation import ConcurrencyDetector
 from epp.flowcontrol import FlowController, PoolPressure
 from epp.protocol import Outcome
 from epp.request.director import Director, DirectorConfig
-from epp.request.sessions import SessionIdentity, SessionSettings
+from epp.request.sessions import SessionIdentity
+from epp.request.settings import SessionSettings
 from scheduling.api import FlowControl
 from scheduling.config import load_scheduler
 from scheduling.types import Endpoint, Metrics, endpoint_key

@@ -23,8 +23,7 @@ from scheduling.prefix import decision_matches
 from scheduling.types import Endpoint, LLMRequest
 
 if TYPE_CHECKING:
-    from epp.request.exchange import RequestExchange
-    from epp.request.usage import Usage
+    from epp.request import RequestExchange, Usage
 
 TTFT_SAMPLES_PER_TICK = 256  # per endpoint, between two sampler ticks
 

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from typing import Any
 
 from epp.api.dashboard.recorder import DecisionRecorder
-from epp.fleet.datastore import Datastore
+from epp.fleet import Datastore
 
 WINDOW_SECONDS = 900
 SPARK_POINTS = 60

@@ -3,103 +3,78 @@ peers (the EndpointSlices of a headless Service, epp/bus/peers.py).
 
 Everything the watchers read is listed in WATCHED_RESOURCES; a reflector can only be built for a resource listed
 there, and tests/deploy checks that the RBAC in deploy/ grants exactly these. GIE_FLAGS lists the command-line
-flags the Deployment in deploy/ passes (GIE EPP names); the CLI must accept all of them.
+flags the Deployment in deploy/ passes (GIE EPP names); the CLI must accept all of them. Both are in resources.py
+(no kubernetes import); the watchers and the client load on first use.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from epp.fleet.k8s.convert import obj_name, parse_ports, parse_selector
+    from epp.fleet.k8s.discovery import (
+        list_call,
+        make_api_client,
+        start_pool_discovery,
+        start_selector_discovery,
+    )
+    from epp.fleet.k8s.multipool import MultiPoolDiscovery
+    from epp.fleet.k8s.pods import PodPools
+    from epp.fleet.k8s.reflector import Reflector
+    from epp.fleet.k8s.resources import (
+        ENDPOINT_SLICE,
+        EXTERNAL_MODEL_PROVIDER,
+        GIE_FLAGS,
+        INFERENCE_MODEL_REWRITE,
+        INFERENCE_OBJECTIVE,
+        INFERENCE_POOL,
+        INFERENCE_POOL_V1ALPHA2,
+        KTHENA_GROUP,
+        MODEL_ROUTE,
+        MODEL_ROUTER,
+        MODEL_SERVER,
+        POD,
+        POOL_RESOURCES,
+        ROUTE_RESOURCES,
+        SECRET,
+        WATCH_VERBS,
+        WATCHED_RESOURCES,
+        Resource,
+        pool_resource,
+    )
+
+# Each name and the module that defines it ("module:name" when renamed), imported on first use (PEP 562): the
+# resource table loads without the kubernetes package.
+_LAZY = {
+    "obj_name": "convert", "parse_ports": "convert", "parse_selector": "convert",
+    "list_call": "discovery", "make_api_client": "discovery", "start_pool_discovery": "discovery",
+    "start_selector_discovery": "discovery",
+    "MultiPoolDiscovery": "multipool",
+    "PodPools": "pods",
+    "Reflector": "reflector",
+    "ENDPOINT_SLICE": "resources", "EXTERNAL_MODEL_PROVIDER": "resources", "GIE_FLAGS": "resources",
+    "INFERENCE_MODEL_REWRITE": "resources", "INFERENCE_OBJECTIVE": "resources", "INFERENCE_POOL": "resources",
+    "INFERENCE_POOL_V1ALPHA2": "resources", "KTHENA_GROUP": "resources", "MODEL_ROUTE": "resources",
+    "MODEL_ROUTER": "resources", "MODEL_SERVER": "resources", "POD": "resources", "POOL_RESOURCES": "resources",
+    "ROUTE_RESOURCES": "resources", "Resource": "resources", "SECRET": "resources", "WATCHED_RESOURCES": "resources",
+    "WATCH_VERBS": "resources", "pool_resource": "resources",
+}
+
+__all__ = ["ENDPOINT_SLICE", "EXTERNAL_MODEL_PROVIDER", "GIE_FLAGS", "INFERENCE_MODEL_REWRITE",
+           "INFERENCE_OBJECTIVE", "INFERENCE_POOL", "INFERENCE_POOL_V1ALPHA2", "KTHENA_GROUP", "MODEL_ROUTE",
+           "MODEL_ROUTER", "MODEL_SERVER", "MultiPoolDiscovery", "POD", "POOL_RESOURCES", "PodPools",
+           "ROUTE_RESOURCES", "Reflector", "Resource", "SECRET", "WATCHED_RESOURCES", "WATCH_VERBS", "list_call",
+           "make_api_client", "obj_name", "parse_ports", "parse_selector", "pool_resource", "start_pool_discovery",
+           "start_selector_discovery"]
 
 
-@dataclass(frozen=True, slots=True)
-class Resource:
-    group: str  # "" for the core API group
-    version: str
-    plural: str
-    kind: str
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from importlib import import_module
 
-    @property
-    def api_version(self) -> str:
-        return f"{self.group}/{self.version}" if self.group else self.version
-
-
-POD = Resource("", "v1", "pods", "Pod")
-INFERENCE_POOL = Resource("inference.networking.k8s.io", "v1", "inferencepools", "InferencePool")
-# The older InferencePool (GIE up to v0.5), which many installations still run: `--pool-group
-# inference.networking.x-k8s.io`.
-INFERENCE_POOL_V1ALPHA2 = Resource("inference.networking.x-k8s.io", "v1alpha2", "inferencepools", "InferencePool")
-POOL_RESOURCES: dict[str, Resource] = {r.group: r for r in (INFERENCE_POOL, INFERENCE_POOL_V1ALPHA2)}
-INFERENCE_OBJECTIVE = Resource("inference.networking.x-k8s.io", "v1alpha2", "inferenceobjectives", "InferenceObjective")
-INFERENCE_MODEL_REWRITE = Resource(
-    "inference.networking.x-k8s.io", "v1alpha2", "inferencemodelrewrites", "InferenceModelRewrite"
-)
-
-# Kthena's routing documents (`--watch-routes`) and the Secrets their ExternalModelProviders name.
-KTHENA_GROUP = "networking.serving.volcano.sh"
-MODEL_ROUTE = Resource(KTHENA_GROUP, "v1alpha1", "modelroutes", "ModelRoute")
-MODEL_SERVER = Resource(KTHENA_GROUP, "v1alpha1", "modelservers", "ModelServer")
-EXTERNAL_MODEL_PROVIDER = Resource(KTHENA_GROUP, "v1alpha1", "externalmodelproviders", "ExternalModelProvider")
-SECRET = Resource("", "v1", "secrets", "Secret")
-# LLMKube's ModelRouter (`--watch-routes` too; docs/coming-from-llmkube.md).
-MODEL_ROUTER = Resource("inference.llmkube.dev", "v1alpha1", "modelrouters", "ModelRouter")
-# The replica bus finds its peers in the EndpointSlices of a headless Service (`--bus-service`).
-ENDPOINT_SLICE = Resource("discovery.k8s.io", "v1", "endpointslices", "EndpointSlice")
-
-# Every resource a watcher reads, and the verbs it needs (RBAC must grant these, and nothing more is needed).
-WATCH_VERBS: tuple[str, ...] = ("get", "list", "watch")
-WATCHED_RESOURCES: tuple[Resource, ...] = (
-    POD, INFERENCE_POOL, INFERENCE_POOL_V1ALPHA2, INFERENCE_OBJECTIVE, INFERENCE_MODEL_REWRITE, ENDPOINT_SLICE
-)
-# What `--watch-routes` reads on top (deploy/kthena grants it; Secrets only by name, one watch per Secret named by
-# an ExternalModelProvider or a ModelRouter's external backend).
-ROUTE_RESOURCES: tuple[Resource, ...] = (MODEL_ROUTE, MODEL_SERVER, EXTERNAL_MODEL_PROVIDER, MODEL_ROUTER, SECRET)
-
-
-def pool_resource(group: str) -> Resource:
-    """The InferencePool resource of `--pool-group`; ValueError naming the supported groups otherwise."""
-    res = POOL_RESOURCES.get(group)
-    if res is None:
-        raise ValueError(f"--pool-group {group!r} is not an InferencePool API group; expected one of "
-                         f"{', '.join(POOL_RESOURCES)}")
-    return res
-
-# GIE EPP flags used by deploy/ (and expected by operators); the CLI accepts all of them. Every flag other EPPs
-# define, and what Pointsman does with it: epp/cmd/foreign.py FOREIGN_FLAGS (tests/deploy checks this is a subset).
-GIE_FLAGS: tuple[str, ...] = (
-    "--pool-name",
-    "--pool-namespace",
-    "--pool-group",
-    "--config-file",
-    "--config-text",
-    "--grpc-port",
-    "--grpc-health-port",
-    "--metrics-port",
-    "--refresh-metrics-interval",
-    "--metrics-staleness-threshold",
-    "--endpoint-selector",
-    "--endpoint-target-ports",
-    "--secure-serving",
-    "--cert-path",
-    "--metrics-endpoint-auth",
-    "--v",
-)
-
-__all__ = [
-    "ENDPOINT_SLICE",
-    "GIE_FLAGS",
-    "INFERENCE_MODEL_REWRITE",
-    "INFERENCE_OBJECTIVE",
-    "INFERENCE_POOL",
-    "INFERENCE_POOL_V1ALPHA2",
-    "EXTERNAL_MODEL_PROVIDER",
-    "MODEL_ROUTE",
-    "MODEL_SERVER",
-    "POOL_RESOURCES",
-    "POD",
-    "ROUTE_RESOURCES",
-    "SECRET",
-    "WATCHED_RESOURCES",
-    "WATCH_VERBS",
-    "Resource",
-    "pool_resource",
-]
+    module, _, attr = _LAZY[name].partition(":")
+    value = getattr(import_module(f"{__name__}.{module}"), attr or name)
+    globals()[name] = value
+    return value

@@ -23,18 +23,6 @@ from kubernetes import config as k8s_config
 
 from epp.aio import wait_set
 from epp.fleet.datastore import Datastore, PoolSpec
-from epp.fleet.k8s import (
-    ENDPOINT_SLICE,
-    INFERENCE_MODEL_REWRITE,
-    INFERENCE_OBJECTIVE,
-    INFERENCE_POOL,
-    POD,
-    ROUTE_RESOURCES,
-    SECRET,
-    WATCHED_RESOURCES,
-    Resource,
-    pool_resource,
-)
 from epp.fleet.k8s.convert import (
     InvalidObject,
     matches,
@@ -47,6 +35,18 @@ from epp.fleet.k8s.convert import (
     selector_string,
 )
 from epp.fleet.k8s.reflector import Reflector
+from epp.fleet.k8s.resources import (
+    ENDPOINT_SLICE,
+    INFERENCE_MODEL_REWRITE,
+    INFERENCE_OBJECTIVE,
+    INFERENCE_POOL,
+    POD,
+    ROUTE_RESOURCES,
+    SECRET,
+    WATCHED_RESOURCES,
+    Resource,
+    pool_resource,
+)
 
 log = logging.getLogger(__name__)
 

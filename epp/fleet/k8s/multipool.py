@@ -17,7 +17,6 @@ from typing import Any
 
 from epp.aio import wait_set
 from epp.fleet.datastore import Datastore, PoolSpec
-from epp.fleet.k8s import INFERENCE_MODEL_REWRITE, INFERENCE_OBJECTIVE, pool_resource
 from epp.fleet.k8s.convert import (
     InvalidObject,
     obj_name,
@@ -29,6 +28,7 @@ from epp.fleet.k8s.convert import (
 from epp.fleet.k8s.discovery import list_call
 from epp.fleet.k8s.pods import PodPools
 from epp.fleet.k8s.reflector import Reflector
+from epp.fleet.k8s.resources import INFERENCE_MODEL_REWRITE, INFERENCE_OBJECTIVE, pool_resource
 
 log = logging.getLogger(__name__)
 

@@ -29,8 +29,8 @@ Decorate = Callable[[Endpoint], "Endpoint | None"]
 
 class PodPools:
     def __init__(self, datastore: Datastore, api: Any, namespace: str, **reflector_opts: Any) -> None:
-        from epp.fleet.k8s import POD
         from epp.fleet.k8s.discovery import list_call
+        from epp.fleet.k8s.resources import POD
 
         self.datastore = datastore
         self.namespace = namespace

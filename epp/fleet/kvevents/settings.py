@@ -7,7 +7,7 @@ import argparse
 from dataclasses import dataclass
 
 from epp.extras import check
-from epp.fleet.kvevents.sources import KVEventsConfigError, KVEventsTemplate, dp_size
+from epp.fleet.kvevents.sources import KVEventsConfigError, KVEventsTemplate, parse_dp_size
 
 
 def add_flags(g: argparse._ActionsContainer) -> None:
@@ -44,7 +44,7 @@ class KVEventsSettings:
                 raise KVEventsConfigError(f"{flag}: expected a port 1-65535, got {value}")
         check("precise", "--kv-events-port", ("zmq", "msgpack"))
         template = KVEventsTemplate(port, ns.kv_events_replay_port, ns.kv_events_topic or "",
-                                    dp_size(ns.kv_events_dp_size, "--kv-events-dp-size"))
+                                    parse_dp_size(ns.kv_events_dp_size, "--kv-events-dp-size"))
         return cls(template, block)
 
 

@@ -106,7 +106,7 @@ def _address(value: str, endpoint: Endpoint, what: str) -> str:
     return out
 
 
-def dp_size(value: Any, what: str) -> int:
+def parse_dp_size(value: Any, what: str) -> int:
     """A data-parallel size (1..MAX_DP_SIZE) from `value`; KVEventsConfigError naming `what` otherwise."""
     try:
         n = int(str(value).strip())
@@ -128,7 +128,7 @@ def source_from_annotations(endpoint: Endpoint, annotations: Mapping[str, str]) 
         endpoint=_address(ep, endpoint, f"{where}: {ANNOTATION_ENDPOINT}"),
         replay=_address(replay, endpoint, f"{where}: {ANNOTATION_REPLAY}") if replay else None,
         topic=_expand(annotations.get(ANNOTATION_TOPIC, ""), endpoint, f"{where}: {ANNOTATION_TOPIC}"),
-        data_parallel_size=dp_size(annotations.get(ANNOTATION_DP_SIZE, 1), f"{where}: {ANNOTATION_DP_SIZE}"),
+        data_parallel_size=parse_dp_size(annotations.get(ANNOTATION_DP_SIZE, 1), f"{where}: {ANNOTATION_DP_SIZE}"),
     )
 
 
@@ -176,7 +176,7 @@ def parse_kv_events_field(raw: Any, path: str) -> dict[str, str]:
     if ANNOTATION_ENDPOINT not in out:
         raise KVEventsConfigError(f"{path}.endpoint: required (tcp://host:port or a port number)")
     if "dataParallelSize" in raw:
-        out[ANNOTATION_DP_SIZE] = str(dp_size(raw["dataParallelSize"], f"{path}.dataParallelSize"))
+        out[ANNOTATION_DP_SIZE] = str(parse_dp_size(raw["dataParallelSize"], f"{path}.dataParallelSize"))
     probe = Endpoint(key="0.0.0.0:1", address="0.0.0.0", port=1)  # syntax check; placeholders stay valid
     _address(out[ANNOTATION_ENDPOINT], probe, f"{path}.endpoint")
     if ANNOTATION_REPLAY in out:

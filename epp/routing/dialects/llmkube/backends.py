@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
-from epp.ratelimit.limits import Price, parse_usd
+from epp.ratelimit import Price, parse_usd
 from epp.routing.dialects.llmkube.model import (
     DEFAULT_SERVICE_PORT,
     SERVICE_LABEL,

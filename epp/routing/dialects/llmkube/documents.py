@@ -191,7 +191,7 @@ def _budgets(doc: Doc, raw: Any, rule_names: set[str]) -> tuple[Budget, ...]:
 
 
 def _usd(doc: Doc, value: Any, path: str) -> float | None:
-    from epp.ratelimit.limits import parse_usd
+    from epp.ratelimit import parse_usd
 
     try:
         usd = parse_usd(value if isinstance(value, str) else str(value), "maxUSD")

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
-from epp.ratelimit.limits import Price
+from epp.ratelimit import Price
 from epp.routing.model import Route, Target
 
 GROUP = "inference.llmkube.dev"
