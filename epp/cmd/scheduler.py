@@ -143,7 +143,8 @@ def apply_scheduler(app: App, scheduler: ModelScheduler) -> None:
     shell = scheduler.shell
     detector = detector_for(shell.saturation, app.datastore.inflight)
     flow = app.flow_switch.apply(shell.flow_control, detector)
-    admitters = (SheddableAdmitter(detector.admit), *app.admitters)
+    # GIE v1.5: with flow control saturation holds a request in its band; only without it is a sheddable one shed
+    admitters = (*(() if flow is not None else (SheddableAdmitter(detector.admit),)), *app.admitters)
     app.publish(app.current().replace(scheduler=scheduler, admitters=admitters, flow=flow))
     if app.scraper is not None:  # the config's scraping, with what the command line sets on top
         app.scraper.configure(app.settings.compat.scrape(shell.scrape))
