@@ -35,7 +35,6 @@ measurements.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import os
 import time
@@ -46,7 +45,7 @@ from typing import TYPE_CHECKING, Any
 
 from epp.observe.attributes import marks_start, request_attributes
 from epp.protocol import Outcome
-from epp.request.exchange import STAGES, RequestExchange
+from epp.request.exchange import STAGE_NAMES, RequestExchange
 from epp.request.tracecontext import TraceParent, from_headers, from_metadata
 
 if TYPE_CHECKING:
@@ -57,11 +56,10 @@ log = logging.getLogger("epp.tracing")
 
 DEFAULT_RATIO = 0.1
 ROOT = "pointsman.request"
-RESOLVE, ADMIT, PREPARE, QUEUE, SCHEDULE, COMMIT = range(6)
-DONE = len(STAGES)  # the mark of the decision's end
+ADMIT, PREPARE, QUEUE, SCHEDULE = (STAGE_NAMES.index(n) for n in ("admit", "prepare", "queue", "schedule"))
+DONE = len(STAGE_NAMES)  # the mark of the decision's end
 CHILDREN = ((ADMIT, "pointsman.admit"), (PREPARE, "pointsman.tokenize"), (QUEUE, "pointsman.queue"),
             (SCHEDULE, "pointsman.schedule"))
-assert len(STAGES) == 6, "the stage marks follow epp/request/exchange.py STAGES"
 
 
 @dataclass(frozen=True)
@@ -165,27 +163,12 @@ class TracedExchange(RequestExchange):
     def decide(self, headers: Mapping[str, str], body: bytes | None, metadata: Any) -> Outcome | Awaitable[Outcome]:
         md, self._stream_md = self._stream_md, None
         try:
-            self.trace = self._tracing.begin(md, headers)
+            self.trace = trace = self._tracing.begin(md, headers)
+            if trace is not None:
+                self.marks = trace.marks  # the exchange's one stage loop stamps when each stage begins
         except Exception:  # tracing never fails a request
             log.exception("starting a trace failed")
         return super().decide(headers, body, metadata)
-
-    def _run(self, i: int) -> Outcome | Awaitable[Outcome]:
-        trace = self.trace
-        if trace is None:
-            return RequestExchange._run(self, i)
-        marks, stages, clock = trace.marks, STAGES, time.perf_counter_ns
-        while True:
-            marks[i] = clock()
-            step = stages[i](self)
-            i += 1
-            if step is None:
-                continue
-            if isinstance(step, Outcome):
-                return step
-            if isinstance(step, asyncio.Future):  # flow control's queue: it resolves to the reply itself
-                return step
-            return self._resume(step, i)
 
     def close(self) -> None:
         super().close()
