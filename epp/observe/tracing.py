@@ -22,7 +22,9 @@ event stream) and the usage the response reported (`gen_ai.usage.*`). A rejected
 
 Cost. Off (the default) nothing here is imported and a request pays one attribute check (`Director.tracing`). On,
 `TracedExchange` decides sampling once per request (the configured ratio sampler in place: a random 64-bit draw
-against the SDK's bound); only a sampled request stamps when each stage begins. When its stream ends the request's
+against the SDK's bound); only a sampled request stamps when each stage begins: its trace's marks are handed to
+the exchange's one stage loop (`RequestExchange.marks`), which stamps them, so the stage order is stated only there
+(`STAGE_NAMES`). When its stream ends the request's
 attributes and stage spans are gathered into one record, a plain tuple (`record`), that joins the export queue
 (epp/observe/batching.py: a lock and an append). No SDK span object is made: the SDK's live `Span` (a lock, bounded
 attributes, the sampler again for every child) costs about 20 µs each; its `ReadableSpan`s and BatchSpanProcessor,
