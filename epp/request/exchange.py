@@ -6,7 +6,7 @@ rejection, or the routing mutations) or an awaitable of either (the stages after
 a request that never waits is decided synchronously:
 
     resolve   parse the body, route, choose the pool and its candidates          (epp/request/resolve.py)
-    admit     the admitters in order: sheddable saturation, rate limits, budgets (epp/request/ledger.py)
+    admit     the admitters in order: sheddable saturation, rate limits, budgets (epp/request/admit.py)
     prepare   tokenize, for scheduling configs that read token ids               (epp/tokenize)
     queue     flow control: go now, refused, or held until capacity frees        (epp/flowcontrol)
     schedule  the scheduler picks (commit.py); a sheddable request no endpoint can serve within its SLO is shed; an
@@ -39,10 +39,10 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from epp.protocol import Outcome
+from epp.request.admit import Ledger
 from epp.request.commit import commit, log_decision, mutations, mutations_for_provider, pick, release
 from epp.request.context import error_outcome
 from epp.request.early import Intake, content_length
-from epp.request.ledger import Ledger
 from epp.request.queueing import QueueTurn
 from epp.request.resolve import Metadata, refresh, resolve
 from epp.request.respond import ResponsePath, rejected
