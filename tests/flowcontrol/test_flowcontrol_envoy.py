@@ -6,6 +6,7 @@ dispatched as capacity frees; a client that leaves while queued leaves the queue
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 
 import aiohttp
@@ -34,6 +35,16 @@ CONFIG = {
 
 def chat(n: int) -> bytes:
     return orjson.dumps({"model": "llama", "messages": [{"role": "user", "content": f"request {n}"}]})
+
+
+def outcome_count(exposition: str, outcome: str) -> float:
+    """Requests that left flow control's queue with `outcome`, summed over the queue-duration histogram's series."""
+    total = 0.0
+    for line in exposition.splitlines():
+        if (line.startswith("inference_extension_flow_control_request_queue_duration_seconds_count{")
+                and f'outcome="{outcome}"' in line):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
 
 
 async def post(s: aiohttp.ClientSession, url: str, n: int, objective: str = "") -> int:
@@ -76,16 +87,21 @@ async def test_saturation_queues_sheddable_requests_and_a_leaving_client_leaves_
             assert flow.queued() == 5 and not any(t.done() for t in shed)
             assert sum(fleet.inflight.values()) == 8
 
+            t0 = time.monotonic()
             leaving.cancel()  # the client goes away: Envoy resets the ext_proc stream
             await until(lambda: flow.queued() == 4, 10, lambda: f"queued {flow.queued()}, {dict(flow.outcomes)}")
+            assert time.monotonic() - t0 < 2.0, "it leaves the queue at once, not at its TTL (60 s) or a dispatch"
             assert flow.outcomes["EvictedContextCancelled"] == 1
             assert flow.outcomes["RejectedCapacity"] == 0
+            assert app.metrics is not None  # GIE's queue-duration histogram counts it under GIE's outcome name
+            assert outcome_count(app.metrics.exposition().decode(), "EvictedContextCancelled") == 1
 
             fleet.release()  # capacity frees: the queued requests are dispatched and served
             assert await asyncio.gather(*running) == [200] * 8
             assert await asyncio.wait_for(asyncio.gather(*shed), 20) == [200] * 4
             assert flow.queued() == 0 and sum(fleet.served.values()) == 12
             assert flow.outcomes["EvictedContextCancelled"] == 1
+            assert outcome_count(app.metrics.exposition().decode(), "Dispatched") == 12
     finally:
         envoy.stop()
         await app.stop(0)
