@@ -100,7 +100,7 @@ Refusal = Outcome | None
 class Ledger:
     __slots__ = ("holds", "dry_run", "wait")
 
-    def __init__(self, *, dry_run: bool = False, wait: bool = True) -> None:
+    def __init__(self, dry_run: bool = False, wait: bool = True) -> None:
         self.holds: list[Hold] = []
         self.dry_run = dry_run
         self.wait = wait

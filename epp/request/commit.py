@@ -77,12 +77,12 @@ def pick(d: Director, ctx: ShellContext, *, dry_run: bool = False
     return result, shed
 
 
-def commit(d: Director, ctx: ShellContext, result: SchedulingResult, fields: Callable[[], dict[str, str]]
-           ) -> InflightTicket:
+def commit(d: Director, ctx: ShellContext, result: SchedulingResult, scheduler: Scheduler,
+           fields: Callable[[], dict[str, str]]) -> InflightTicket:
     """Count the request in flight on its endpoint, run the plugins' pre_request, bind the route's session."""
     ticket = d.datastore.inflight.add(result.primary.key, ctx.request.estimated_tokens)
     try:
-        d.scheduler_for(ctx).pre_request(ctx, result)
+        scheduler.pre_request(ctx, result)
     except Exception:
         log.exception("pre_request hook failed", extra=fields())
     if ctx.route is not None:

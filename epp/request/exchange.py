@@ -90,7 +90,7 @@ class RequestExchange:
         self.dry_run = dry_run
         self.marks: list[int] | None = None  # when set, each stage's start is stamped in it (tracing)
         self.intake: Intake | None = None  # the body as it streams in (full duplex)
-        self.ledger = Ledger(dry_run=dry_run, wait=wait)  # what the admitters hold until the stream ends
+        self.ledger = Ledger(dry_run, wait)  # what the admitters hold until the stream ends
         self.queue: QueueTurn | None = None  # its turn in flow control's queue, while flow control is on
         self.reply = ResponsePath()  # who follows the response, and the response as it streams back
         self._body: bytes | StreamingBody | None = None  # until the resolve stage has read it
@@ -247,8 +247,8 @@ class RequestExchange:
         if result is not None:
             if self.early is not None:
                 parsed = None  # only part of the body: a rewrite changes the model value in the chunks received
-            self.scheduler = d.scheduler_for(ctx)
-            self._ticket = commit(d, ctx, result, self.log_fields)
+            self.scheduler = scheduler = d.scheduler_for(ctx)
+            self._ticket = commit(d, ctx, result, scheduler, self.log_fields)
         self.reply.decided(self, self.ledger.handed())
         log_decision(self)
         if result is None:  # an external provider: no endpoint, counted like any other request
