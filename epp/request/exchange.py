@@ -17,15 +17,17 @@ A queued request's turn (`turn`) comes inside flow control's dispatch cycle: it 
 pool as it is then and runs `schedule` and `commit` synchronously there, so it is counted in flight before the
 next saturation check.
 
-Its collaborators hold their own state: the `Ledger` what the admitters charged (given back if the request never
-reaches an engine), the `ResponsePath` who follows the response and the response itself (epp/request/respond.py).
+Its collaborators hold their own state: the `Intake` the body as it streams in (epp/request/early.py), the
+`Ledger` what the admitters charged, given back if the request never reaches an engine (epp/request/admit.py), the
+`QueueTurn` its place in flow control's queue (epp/request/queueing.py), the `ResponsePath` who follows the
+response and the response itself (epp/request/respond.py).
 Every decision and rejection gets a decision id (the director's `DecisionIds`), which the reply can carry.
 `marks`, when set (tracing: epp/observe/tracing.py), is stamped with when each stage begins (perf_counter ns).
 
 **Dry run** (`dry_run=True`, explain: epp/api/explain.py): the same stages with their effects switched off.
 Admitters charge nothing, tokenization counts nothing, flow control is asked what it would do (`preview`), the
 scheduler's random source is copied rather than advanced, and nothing is counted in flight, committed, reported
-to observers or given a decision id; `queued` says why a real request would wait. Without `wait`, nothing that
+to observers or given a decision id; `queue.why` says why a real request would wait. Without `wait`, nothing that
 would make the decision wait is asked (the synchronous explain). `close()` releases everything exactly once.
 """
 
