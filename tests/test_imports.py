@@ -20,12 +20,8 @@ PACKAGES = ("epp", "scheduling")
 
 # What breaks a rule today; empty these as the work of issue 29 lands (an entry that no longer holds fails).
 WHY = "being removed (issue 29)"
-ALLOWED_CIRCLES: dict[frozenset[str], str] = {
-    frozenset({"epp.request.commit", "epp.request.director", "epp.request.early", "epp.request.exchange",
-               "epp.request.resolve", "epp.request.respond", "epp.request.waiting"}): WHY,
-}
-ALLOWED_PRIVATE: dict[str, str] = {  # "importer -> module._name"
-}
+ALLOWED_CIRCLES: dict[frozenset[str], str] = {}  # a circle that cannot be broken yet -> why
+ALLOWED_PRIVATE: dict[str, str] = {}  # "importer -> module._name" -> why
 
 
 @dataclass(frozen=True)

@@ -77,7 +77,8 @@ def explain_command(s: ExplainSettings) -> int:
 
 def format_explain(resp: api.ExplainResponse) -> str:
     if resp.status != 200:
-        return f"status {resp.status}: {resp.error}"
+        queued = f"queued: it would wait in flow control's queue ({resp.queue}); if it went now, " if resp.queued else ""
+        return f"{queued}status {resp.status}: {resp.error}"
     lines = [f"model {resp.model!r} -> target {resp.target_model!r}"]
     if resp.HasField("route"):
         lines.extend(format_route(resp.route))
@@ -88,6 +89,8 @@ def format_explain(resp: api.ExplainResponse) -> str:
                      (f"   (fallbacks: {', '.join(resp.fallbacks)})" if resp.fallbacks else ""))
     if resp.prefill:
         lines.append(f"prefill   {resp.prefill}   ({resp.decision})")
+    if resp.queued:
+        lines.append(f"queued    it would wait in flow control's queue ({resp.queue}); below, the pick if it went now")
     if resp.route.kind != "provider":
         lines.append(f"profile   {resp.profile}   candidates: {len(resp.candidates)}")
     if resp.token_source:

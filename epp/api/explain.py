@@ -1,13 +1,15 @@
 """Pointsman's own gRPC API: Explain (a dry-run decision with per-plugin detail) and ListEndpoints.
 
-Explain is a true dry run: it parses and schedules like a real request, with the scheduler's random source copied
-rather than advanced, and it records nothing (no in-flight count, no metrics, no decision counters, no plugin
-state), so it shows what the next real request would get without changing it."""
+Explain is a mode of the request's own exchange (epp/request/exchange.py, `dry_run=True`): the same stage table
+as a real request (resolve, admit, prepare, queue, schedule, commit), so it answers what the next real request
+would get, rate limits, budgets, flow control, SLO shedding and passive-health probes included, with every effect
+switched off: nothing is charged, queued, counted in flight, reported to metrics or observers, bound to a session
+or taken as a probe, and the scheduler's random source is copied rather than advanced."""
 
 from __future__ import annotations
 
 import inspect
-from collections.abc import Collection, Sequence
+from collections.abc import Awaitable, Collection, Sequence
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -16,15 +18,7 @@ from epp.api.pb import pointsman_pb2 as api
 from epp.api.pb import pointsman_pb2_grpc
 from epp.fleet import Datastore, PassiveHealth
 from epp.protocol import Outcome
-from epp.request import (
-    Director,
-    ShellContext,
-    error_outcome,
-    mutations,
-    mutations_for_provider,
-    resolve,
-    schedule,
-)
+from epp.request import Director, RequestExchange, ShellContext
 from epp.routing import CREDENTIAL_HEADERS
 from scheduling.api import SchedulingResult
 from scheduling.latency import decision_slo, predictions
@@ -32,7 +26,7 @@ from scheduling.plugins.scorers.agent_session import decision as session_decisio
 from scheduling.plugins.scorers.agent_session import session_view
 from scheduling.prefix.cycle import decision_matches
 from scheduling.prefix.precise_data import APPROXIMATE, decision_prefix_hits
-from scheduling.types import Endpoint, SchedulingError
+from scheduling.types import Endpoint
 
 if TYPE_CHECKING:
     from epp.api.dashboard import DecisionRecorder
@@ -174,6 +168,32 @@ def describe_models(director: Director, state: dict[Any, Any], candidates: Seque
         out.slo, out.slo_attainable = verdict.slo.describe(), verdict.attainable
 
 
+def describe_result(d: Director, ctx: ShellContext, result: SchedulingResult, out: api.ExplainResponse) -> None:
+    """The pick and how it was made: the profiles' plugins and scores, prefixes, the session, the latency model."""
+    out.endpoint = result.primary.key
+    out.fallbacks.extend(e.key for e in result.targets[1:])
+    if result.prefill is not None:
+        out.prefill = result.prefill.key
+    out.profile, out.decision = result.profile, result.decision
+    for name, pr in result.profile_results.items():
+        run = out.profiles.add(profile=name, targets=[e.key for e in pr.targets])
+        run.totals.update(pr.totals)
+        for det in pr.details:
+            pl = run.plugins.add(name=det.name, type=det.type, kind=det.kind, duration_seconds=det.duration_s)
+            if det.weight is not None:
+                pl.weight = det.weight
+            if det.kept is not None:
+                pl.kept.extend(det.kept)
+            if det.scores is not None:
+                pl.scores.update(det.scores)
+    describe_prefix(result.state, ctx.candidates, out)
+    describe_session(result, ctx.now, out)
+    describe_models(d, result.state, ctx.candidates, ctx.now, out)
+    if ctx.route is not None and ctx.route.sticky is not None:
+        out.route.session = f"pinned {ctx.route.pinned}" if ctx.route.pinned else (
+            "new" if ctx.route.session is not None else "")
+
+
 class PointsmanService(pointsman_pb2_grpc.PointsmanServicer):
     """`director` is the current bundle (the app swaps it on reload); `passive` reports endpoint health."""
 
@@ -183,134 +203,51 @@ class PointsmanService(pointsman_pb2_grpc.PointsmanServicer):
         self.recorder: DecisionRecorder | None = None  # the receipts (epp/observe/receipts.py), when kept
 
     def explain(self, request: api.ExplainRequest) -> api.ExplainResponse:
-        """The dry run, synchronously: a request is tokenized only from what needs no waiting (the engine's
-        /tokenize is not called; see `explain_async`, which the gRPC API uses)."""
-        out, built = self._begin(request)
-        if built is None:
-            return out
-        refused = self._admit(built[0], built[1], wait=False)
-        if isinstance(refused, Outcome):
-            out.status, out.error = refused.reject_status, refused.reject_body
-            return out
-        tokens = self.director.tokens
-        if tokens is not None:
-            tokens.prepare(built[0], self.director.scheduler_for(built[0]), dry_run=True, wait=False)
-        return self._decide(out, *built)
+        """The dry run, synchronously: nothing that would make the decision wait is asked (a shared rate limit's
+        Redis, the engine's /tokenize; see `explain_async`, which the gRPC API uses)."""
+        ex, outcome = self._dry_run(request, wait=False)
+        assert isinstance(outcome, Outcome), "a dry run that may not wait decides synchronously"
+        return self._describe(ex, outcome)
 
     async def explain_async(self, request: api.ExplainRequest) -> api.ExplainResponse:
-        """The dry run exactly as a request would be decided, tokenization included."""
-        out, built = self._begin(request)
-        if built is None:
-            return out
-        refused = self._admit(built[0], built[1], wait=True)
-        if inspect.isawaitable(refused):
-            refused = await refused
-        if isinstance(refused, Outcome):
-            out.status, out.error = refused.reject_status, refused.reject_body
-            return out
-        tokens = self.director.tokens
-        if tokens is not None:
-            pending = tokens.prepare(built[0], self.director.scheduler_for(built[0]), dry_run=True)
-            if pending is not None:
-                await pending
-        return self._decide(out, *built)
+        """The dry run exactly as a request would be decided, tokenization and shared limits included."""
+        ex, outcome = self._dry_run(request, wait=True)
+        if inspect.isawaitable(outcome):
+            outcome = await outcome
+        return self._describe(ex, outcome)
 
-    def _admit(self, ctx: ShellContext, parsed: dict[str, Any] | None, *, wait: bool) -> Any:
-        """The admitters in dry-run mode (they charge nothing): the first refusal, else None. With `wait` an
-        admitter that must ask elsewhere (Redis) makes this awaitable; without, that admitter is passed over."""
-        admitters = list(self.director.admitters)
-        for i, admitter in enumerate(admitters):
-            verdict = admitter.admit(ctx, parsed, dry_run=True)
-            if inspect.isawaitable(verdict):
-                if not wait:
-                    getattr(verdict, "close", lambda: None)()
-                    continue
-                return self._admit_later(verdict, ctx, parsed, admitters[i + 1:])
-            if isinstance(verdict, Outcome):
-                return verdict
-        return None
-
-    async def _admit_later(self, pending: Any, ctx: ShellContext, parsed: dict[str, Any] | None,
-                           rest: list[Any]) -> Outcome | None:
-        verdict = await pending
-        if isinstance(verdict, Outcome):
-            return verdict
-        for admitter in rest:
-            verdict = admitter.admit(ctx, parsed, dry_run=True)
-            if inspect.isawaitable(verdict):
-                verdict = await verdict
-            if isinstance(verdict, Outcome):
-                return verdict
-        return None
-
-    def _begin(
-        self, request: api.ExplainRequest
-    ) -> tuple[api.ExplainResponse, tuple[ShellContext, dict[str, Any] | None] | None]:
-        """Parse and resolve; (the response so far, None) when it is already complete."""
-        d = self.director
+    def _dry_run(self, request: api.ExplainRequest, *, wait: bool
+                 ) -> tuple[RequestExchange, Outcome | Awaitable[Outcome]]:
+        """The request's exchange in dry-run mode: the real request's stages with their effects switched off."""
         headers = {k.lower(): v for k, v in request.headers.items()}
         headers.setdefault(":path", request.path or "/v1/chat/completions")
         headers.setdefault(":method", "POST")
         metadata = {"pointsman": {"pool": request.pool}} if request.pool else {}
-        out = api.ExplainResponse()
-        try:
-            ctx, parsed = resolve(d, headers, request.body, metadata, dry_run=True)
-        except SchedulingError as err:
-            rej = error_outcome(err)
-            out.status, out.error = rej.reject_status, rej.reject_body
-            return out, None
-        out.model, out.target_model = ctx.request.model, ctx.request.target_model
-        out.candidates.extend(e.key for e in ctx.candidates)
-        if ctx.route is not None:
-            describe_route(ctx.route, out.route)
-            describe_budgets(d.admitters, ctx, out.route)
-        if ctx.route is not None and ctx.route.provider is not None:  # no endpoint scheduling
-            out.status = 200
-            outcome = mutations_for_provider(d, ctx, parsed)
-            out.headers.update(redacted(outcome.set_headers, ctx.route.sensitive))
-            return out, None
-        return out, (ctx, parsed)
+        ex = RequestExchange(self.director, dry_run=True, wait=wait)
+        return ex, ex.decide(headers, request.body, metadata)
 
-    def _decide(self, out: api.ExplainResponse, ctx: ShellContext, parsed: dict[str, Any] | None
-                ) -> api.ExplainResponse:
-        d = self.director
-        req = ctx.request
-        out.token_source = req.token_source
-        out.prompt_tokens = req.estimated_tokens
-        try:
-            ctx.explain = True
-            result = schedule(d.scheduler_for(ctx), ctx, dry_run=True)
-        except SchedulingError as err:
-            rej = error_outcome(err)
-            out.status, out.error = rej.reject_status, rej.reject_body
+    def _describe(self, ex: RequestExchange, outcome: Outcome) -> api.ExplainResponse:
+        """The response: what the dry run decided (`outcome`) and what it saw on the way (the exchange)."""
+        d, ctx, out = self.director, ex.pending, api.ExplainResponse()
+        if ctx is not None:
+            req = ctx.request
+            out.model, out.target_model = req.model, req.target_model
+            out.candidates.extend(e.key for e in ctx.candidates)
+            if ctx.route is not None:
+                describe_route(ctx.route, out.route)
+                describe_budgets(d.admitters, ctx, out.route)
+            if ctx.route is None or ctx.route.provider is None:
+                out.token_source, out.prompt_tokens = req.token_source, req.estimated_tokens
+        if ex.queue is not None and ex.queue.why:  # it would wait; the rest shows what it would get if it went now
+            out.queued, out.queue = True, ex.queue.why
+        if outcome.reject_status or ctx is None:
+            out.status, out.error = outcome.reject_status, outcome.reject_body
             return out
         out.status = 200
-        out.endpoint = result.primary.key
-        out.fallbacks.extend(e.key for e in result.targets[1:])
-        if result.prefill is not None:
-            out.prefill = result.prefill.key
-        out.profile, out.decision = result.profile, result.decision
-        for name, pr in result.profile_results.items():
-            run = out.profiles.add(profile=name, targets=[e.key for e in pr.targets])
-            run.totals.update(pr.totals)
-            for det in pr.details:
-                pl = run.plugins.add(
-                    name=det.name, type=det.type, kind=det.kind, duration_seconds=det.duration_s
-                )
-                if det.weight is not None:
-                    pl.weight = det.weight
-                if det.kept is not None:
-                    pl.kept.extend(det.kept)
-                if det.scores is not None:
-                    pl.scores.update(det.scores)
-        describe_prefix(result.state, ctx.candidates, out)
-        describe_session(result, ctx.now, out)
-        describe_models(d, result.state, ctx.candidates, ctx.now, out)
-        if ctx.route is not None and ctx.route.sticky is not None:
-            out.route.session = f"pinned {ctx.route.pinned}" if ctx.route.pinned else (
-                "new" if ctx.route.session is not None else "")
-        outcome = mutations(d, ctx, result, parsed)
         out.headers.update(redacted(outcome.set_headers, ctx.route.sensitive if ctx.route is not None else ()))
+        result = ex.result
+        if result is not None:  # (None: an external provider, no endpoint scheduling)
+            describe_result(d, ctx, result, out)
         return out
 
     async def Explain(  # noqa: N802

@@ -99,8 +99,10 @@ def apply_scheduler(app: Components, scheduler: ModelScheduler) -> None:
     shell = scheduler.shell
     detector = detector_for(shell.saturation, app.datastore.inflight)
     flow = app.flow_switch.apply(shell.flow_control, detector)
-    limits = app.rate_limits  # the one list of admitters, in the exchange's order (epp/request/admit.py)
-    admitters = (SheddableAdmitter(detector.admit), *((limits.gate, limits.budgets) if limits else ()))
+    # GIE v1.5: with flow control saturation holds a request in its band; only without it is a sheddable one shed
+    limits = app.rate_limits  # then the routes' rate limits and budgets, in the exchange's order (epp/request/admit.py)
+    admitters = (*(() if flow is not None else (SheddableAdmitter(detector.admit),)),
+                 *((limits.gate, limits.budgets) if limits else ()))
     app.publish(app.current().replace(scheduler=scheduler, admitters=admitters, flow=flow))
     if app.scraper is not None:  # the config's scraping, with what the command line sets on top
         app.scraper.configure(app.settings.compat.scrape(shell.scrape))

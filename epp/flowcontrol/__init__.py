@@ -6,7 +6,9 @@
   the scrapes have not seen yet).
 
 The director's exchange calls `FlowController.admit` after the admission gates and tokenization, with a dispatch
-callback that re-resolves the candidates and schedules and commits the request when its turn comes.
+callback that re-resolves the candidates and schedules and commits the request when its turn comes (its turn:
+epp/request/queueing.py). Explain's dry run asks `FlowController.preview`, which answers what `admit` would and
+changes nothing.
 """
 
 from __future__ import annotations

@@ -98,6 +98,11 @@ def rejection(code: ErrorCode, message: str, reason: str) -> Outcome:
                    reject_headers=[(DROPPED_REASON, reason)])
 
 
+def _capacity(why: str) -> Outcome:
+    return rejection(ErrorCode.RESOURCE_EXHAUSTED, f"request rejected pre-queue: queue at capacity ({why})",
+                     "rejected-saturated")
+
+
 class FlowController:
     def __init__(
         self,
@@ -128,37 +133,30 @@ class FlowController:
         """None: route now. An Outcome: refused now (429). A future: queued; it resolves to the dispatched
         request's outcome (or a 503 when its TTL runs out). Cancelling the future takes the request out."""
         t0 = time.perf_counter()
-        cfg = self.config
         fid, prio = fairness_id or DEFAULT_FLOW, req.priority
-        pq = self._pools.get(pool)
-        # Nothing queued at this priority or above: the request would be next in line, so it may go now.
-        if (pq is None or not pq.order or prio > pq.order[0]) and not self._closed:
-            sat = self.saturation(pool)
-            if sat < cfg.limit(prio):
-                self.outcomes[DISPATCHED] += 1
-                self.metrics.flow_outcome(fid, prio, DISPATCHED, pool, req.model, req.target_model, 0.0)
-                return None
-        if self._closed:
+        judged = self._judge(pool, prio, size)
+        if judged is None:
+            self.outcomes[DISPATCHED] += 1
+            self.metrics.flow_outcome(fid, prio, DISPATCHED, pool, req.model, req.target_model, 0.0)
             return None
-        band = cfg.band(prio)
-        if pq is None:
-            pq = self._pools[pool] = PoolQueues(pool)
-        why = pq.rejection(cfg, band, size)
-        if why is not None:
+        full, why = judged
+        if full:
             self.outcomes[REJECTED_CAPACITY] += 1
             self.metrics.flow_outcome(fid, prio, REJECTED_CAPACITY, pool, req.model, req.target_model, 0.0)
             self.metrics.flow_enqueue(fid, prio, REJECTED_CAPACITY, time.perf_counter() - t0)
-            return rejection(ErrorCode.RESOURCE_EXHAUSTED,
-                             f"request rejected pre-queue: queue at capacity ({why})", "rejected-saturated")
+            return _capacity(why)
+        pq = self._pools.get(pool)
+        if pq is None:
+            pq = self._pools[pool] = PoolQueues(pool)
         now = self.clock()
-        ttl = cfg.default_ttl_s
+        ttl = self.config.default_ttl_s
         self._seq += 1
         item = Item(self._seq, pool, fid, prio, size, now, now + ttl if ttl > 0 else math.inf,
                     req.model, req.target_model, dispatch)
         waiter: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
         item.waiter = waiter
         waiter.add_done_callback(lambda fut: self._settled(item, fut))
-        pq.add(item, band)
+        pq.add(item, self.config.band(prio))
         if ttl > 0:
             heapq.heappush(self._deadlines, (item.deadline, item.seq, item))
         self.metrics.flow_queue(fid, prio, pool, item.model, item.target, 1, size)
@@ -166,6 +164,32 @@ class FlowController:
         self._ensure_running()
         self.kick()
         return waiter
+
+    def preview(self, pool: str, req: LLMRequest, size: int) -> Outcome | str | None:
+        """What `admit` would answer now, changing nothing (explain's dry run): None (route now), the refusal
+        (the queue is at capacity), or why the request would wait in the queue."""
+        why = self._judge(pool, req.priority, size)
+        if why is None:
+            return None
+        return _capacity(why[1]) if why[0] else why[1]
+
+    def _judge(self, pool: str, prio: int, size: int) -> tuple[bool, str] | None:
+        """None: a request of this priority and size may go now; else (the queue is at capacity, why not)."""
+        if self._closed:
+            return None
+        cfg = self.config
+        pq = self._pools.get(pool)
+        # Nothing queued at this priority or above: the request would be next in line, so it may go now.
+        if pq is None or not pq.order or prio > pq.order[0]:
+            sat = self.saturation(pool)
+            limit = cfg.limit(prio)
+            if sat < limit:
+                return None
+            wait = f"pool {pool} is saturated ({sat:.2f}, the limit at priority {prio} is {limit:g})"
+        else:
+            wait = f"requests are queued at priority {pq.order[0]} in pool {pool}"
+        full = (pq or PoolQueues(pool)).rejection(cfg, cfg.band(prio), size)
+        return (True, full) if full is not None else (False, wait)
 
     def kick(self) -> None:
         """Capacity may have freed (a request ended, metrics arrived): run a dispatch cycle soon."""

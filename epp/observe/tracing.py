@@ -22,7 +22,9 @@ event stream) and the usage the response reported (`gen_ai.usage.*`). A rejected
 
 Cost. Off (the default) nothing here is imported and a request pays one attribute check (`Director.tracing`). On,
 `TracedExchange` decides sampling once per request (the configured ratio sampler in place: a random 64-bit draw
-against the SDK's bound); only a sampled request stamps when each stage begins. When its stream ends the request's
+against the SDK's bound); only a sampled request stamps when each stage begins: its trace's marks are handed to
+the exchange's one stage loop (`RequestExchange.marks`), which stamps them, so the stage order is stated only there
+(`STAGE_NAMES`). When its stream ends the request's
 attributes and stage spans are gathered into one record, a plain tuple (`record`), that joins the export queue
 (epp/observe/batching.py: a lock and an append). No SDK span object is made: the SDK's live `Span` (a lock, bounded
 attributes, the sampler again for every child) costs about 20 µs each; its `ReadableSpan`s and BatchSpanProcessor,
@@ -34,7 +36,6 @@ measurements.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import time
@@ -45,7 +46,7 @@ from typing import TYPE_CHECKING, Any
 from epp.observe.attributes import marks_start, request_attributes
 from epp.observe.settings import DEFAULT_RATIO, TracingSettings
 from epp.protocol import Outcome
-from epp.request import STAGES, RequestExchange, TraceParent, from_headers, from_metadata
+from epp.request import STAGE_NAMES, RequestExchange, TraceParent, from_headers, from_metadata
 
 if TYPE_CHECKING:
     from epp.request import Director, Usage
@@ -53,11 +54,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("epp.tracing")
 
 ROOT = "pointsman.request"
-RESOLVE, ADMIT, PREPARE, QUEUE, SCHEDULE, COMMIT = range(6)
-DONE = len(STAGES)  # the mark of the decision's end
+ADMIT, PREPARE, QUEUE, SCHEDULE = (STAGE_NAMES.index(n) for n in ("admit", "prepare", "queue", "schedule"))
+DONE = len(STAGE_NAMES)  # the mark of the decision's end
 CHILDREN = ((ADMIT, "pointsman.admit"), (PREPARE, "pointsman.tokenize"), (QUEUE, "pointsman.queue"),
             (SCHEDULE, "pointsman.schedule"))
-assert len(STAGES) == 6, "the stage marks follow epp/request/exchange.py STAGES"
 
 
 class Trace:
@@ -118,27 +118,12 @@ class TracedExchange(RequestExchange):
     def decide(self, headers: Mapping[str, str], body: bytes | None, metadata: Any) -> Outcome | Awaitable[Outcome]:
         md, self._stream_md = self._stream_md, None
         try:
-            self.trace = self._tracing.begin(md, headers)
+            self.trace = trace = self._tracing.begin(md, headers)
+            if trace is not None:
+                self.marks = trace.marks  # the exchange's one stage loop stamps when each stage begins
         except Exception:  # tracing never fails a request
             log.exception("starting a trace failed")
         return super().decide(headers, body, metadata)
-
-    def _run(self, i: int) -> Outcome | Awaitable[Outcome]:
-        trace = self.trace
-        if trace is None:
-            return RequestExchange._run(self, i)
-        marks, stages, clock = trace.marks, STAGES, time.perf_counter_ns
-        while True:
-            marks[i] = clock()
-            step = stages[i](self)
-            i += 1
-            if step is None:
-                continue
-            if isinstance(step, Outcome):
-                return step
-            if isinstance(step, asyncio.Future):  # flow control's queue: it resolves to the reply itself
-                return step
-            return self._resume(step, i)
 
     def close(self) -> None:
         super().close()

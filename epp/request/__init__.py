@@ -9,7 +9,7 @@ if TYPE_CHECKING:
     from epp.request.admit import Admitter, SheddableAdmitter
     from epp.request.commit import mutations, mutations_for_provider, schedule
     from epp.request.director import DecisionIds, Director, DirectorConfig, ShellContext, error_outcome
-    from epp.request.exchange import STAGES, RequestExchange
+    from epp.request.exchange import STAGE_NAMES, STAGES, RequestExchange
     from epp.request.observe import RequestObserver
     from epp.request.resolve import resolve
     from epp.request.sessions import SessionIdentity
@@ -23,7 +23,7 @@ _LAZY = {
     "mutations": "commit", "mutations_for_provider": "commit", "schedule": "commit",
     "DecisionIds": "director", "Director": "director", "DirectorConfig": "director", "ShellContext": "director",
     "error_outcome": "director",
-    "RequestExchange": "exchange", "STAGES": "exchange",
+    "RequestExchange": "exchange", "STAGE_NAMES": "exchange", "STAGES": "exchange",
     "RequestObserver": "observe",
     "resolve": "resolve",
     "SessionIdentity": "sessions",
@@ -31,7 +31,7 @@ _LAZY = {
     "Usage": "usage",
 }
 
-__all__ = ["Admitter", "DecisionIds", "Director", "DirectorConfig", "RequestExchange", "RequestObserver", "STAGES",
+__all__ = ["Admitter", "DecisionIds", "Director", "DirectorConfig", "RequestExchange", "RequestObserver", "STAGE_NAMES", "STAGES",
            "SessionIdentity", "SheddableAdmitter", "ShellContext", "TraceParent", "Usage", "error_outcome",
            "from_headers", "from_metadata", "mutations", "mutations_for_provider", "resolve", "schedule"]
 

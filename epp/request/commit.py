@@ -10,15 +10,25 @@ provider (no endpoint). A client never picks its own upstream: the reserved head
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+import dataclasses
+import logging
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from epp.protocol import Outcome
-from epp.request.director import DESTINATION, LB_NS, PREFILLER, SERVED, SUBSET, Director, ShellContext
+from epp.request.context import DESTINATION, LB_NS, PREFILLER, SERVED, SUBSET, ShellContext
 from epp.request.parsing import set_model
 from scheduling.api import Scheduler, SchedulingContext, SchedulingResult
 from scheduling.latency import decision_slo
+from scheduling.plugins.scorers.agent_session import session_note
 from scheduling.types import ErrorCode, LLMRequest, SchedulingError
+
+if TYPE_CHECKING:
+    from epp.fleet import InflightTicket
+    from epp.request.director import Director
+    from epp.request.exchange import RequestExchange
+
+log = logging.getLogger("epp.director")
 
 
 def schedule(scheduler: Scheduler, ctx: SchedulingContext, *, dry_run: bool = False) -> SchedulingResult:
@@ -48,6 +58,52 @@ def slo_refusal(req: LLMRequest, result: SchedulingResult) -> SchedulingError | 
     return SchedulingError(ErrorCode.RESOURCE_EXHAUSTED,
                            f"no endpoint is predicted to meet the request's objectives ({verdict.slo.describe()}) "
                            "and it is sheddable (priority < 0)")
+
+
+def pick(d: Director, ctx: ShellContext, *, dry_run: bool = False
+         ) -> tuple[SchedulingResult, SchedulingError | None]:
+    """The schedule stage: the scheduler's pick, and why the request is shed (`slo_refusal`) or None. An endpoint
+    waiting for its passive-health probe gets the request, whatever the scores said (`d.probe` only reads: the
+    probe is taken when the request is decided). SchedulingError when no endpoint is picked."""
+    if dry_run:
+        ctx.explain = True  # per-plugin detail
+    result = schedule(d.scheduler_for(ctx), ctx, dry_run=dry_run)
+    shed = slo_refusal(ctx.request, result)
+    probe = d.probe
+    if shed is None and probe is not None and result.prefill is None:
+        target = probe(ctx.candidates)
+        if target is not None and target.key != result.primary.key:
+            result = dataclasses.replace(result, targets=[target, *(e for e in result.targets if e.key != target.key)])
+    return result, shed
+
+
+def commit(d: Director, ctx: ShellContext, result: SchedulingResult, scheduler: Scheduler,
+           fields: Callable[[], dict[str, str]]) -> InflightTicket:
+    """Count the request in flight on its endpoint, run the plugins' pre_request, bind the route's session."""
+    ticket = d.datastore.inflight.add(result.primary.key, ctx.request.estimated_tokens)
+    try:
+        scheduler.pre_request(ctx, result)
+    except Exception:
+        log.exception("pre_request hook failed", extra=fields())
+    if ctx.route is not None:
+        ctx.route.commit(result, ctx.now)  # e.g. bind the sticky session
+    return ticket
+
+
+def release(d: Director, ctx: ShellContext, ticket: InflightTicket | None, scheduler: Scheduler | None,
+            result: SchedulingResult | None, fields: Callable[[], dict[str, str]]) -> None:
+    """The stream ended: no longer in flight (queued requests may go), and the plugins hear how it ended."""
+    live = ticket is not None and d.datastore.inflight.remove(ticket)
+    if d.flow is not None:
+        d.flow.kick()  # capacity freed: queued requests may go
+    ctx.now = d.clock()  # plugins see the time the request ended
+    try:
+        # An endpoint that left while the request ran was already forgotten by every plugin: telling them how the
+        # request ended would only bring its state back.
+        if live and scheduler is not None and result is not None:
+            scheduler.response_complete(ctx, result)
+    except Exception:
+        log.exception("response_complete hook failed", extra=fields())
 
 
 def merge_headers(sets: list[tuple[str, str]], extra: Sequence[tuple[str, str]]) -> None:
@@ -131,3 +187,24 @@ def mutations_for_provider(d: Director, ctx: ShellContext, parsed: dict[str, Any
     remove = [*route.remove_headers, DESTINATION, SERVED, SUBSET, PREFILLER]
     new_body = set_model(parsed, req.target_model) if parsed is not None and req.target_model != req.model else None
     return Outcome(set_headers=sets, remove_headers=remove, body=new_body)
+
+
+def log_decision(ex: RequestExchange) -> None:
+    """The decision's log line, with `--log-decisions` (epp/observe/logs.py prints its fields)."""
+    d, ctx, req, result = ex.d, ex.ctx, ex.request, ex.result
+    if not d.config.log_decisions or ctx is None or req is None:
+        return
+    tid = ex.trace_id()
+    ids = f" decision={ex.decision_id}" + (f" trace={tid}" if tid else "")
+    rd = ctx.route
+    if result is None:
+        if rd is not None:
+            log.info("decision %s model=%s -> provider %s route=%s/%s%s", req.request_id[:8],
+                     req.target_model or "-", rd.backend_name, rd.route.key, rd.rule.name, ids, extra=ex.log_fields())
+        return
+    route = f" route={rd.route.key}/{rd.rule.name}->{rd.backend_name}" if rd is not None else ""
+    note = session_note(result.state) if req.session is not None else None
+    session = f" session={note.session} turn={note.turn}: {note.why}" if note is not None else ""
+    log.info("decision %s model=%s -> %s%s (profile %s)%s%s%s%s", req.request_id[:8], req.target_model or "-",
+             result.primary.key, f" prefill={result.prefill.key}" if result.prefill else "", result.profile, route,
+             " (early)" if ex.early is not None else "", session, ids, extra=ex.log_fields())

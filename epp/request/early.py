@@ -26,14 +26,19 @@ only with a trusted model header or a one-model pool.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
+from epp.request.context import MODEL_REWRITE
+from epp.request.parsing import api_kind
 from epp.request.streaming import HEAD, StreamingBody
 from scheduling.types import CHARS_PER_TOKEN
 
 if TYPE_CHECKING:
     from epp.request.director import Director
+
+log = logging.getLogger("epp.director")
 
 
 _NEEDS: dict[int, int] = {}  # id(scheduler) -> prompt characters its prefix producers hash
@@ -90,11 +95,54 @@ def ready(d: Director, headers: Mapping[str, str], body: StreamingBody) -> str |
     """The model to decide with now, before the body ends; None while the decision must wait."""
     if not d.early.decisions or body.kind not in HEAD or d.router is not None or d.tokens is not None:
         return None
-    from epp.request.director import MODEL_REWRITE
-
     if MODEL_REWRITE in headers:
         return None
     body.start()
     if body.head_chars < prompt_chars_needed(d.scheduler):
         return None
     return early_model(d, headers, body)
+
+
+class Intake:
+    """The request body as the exchange reads it while it streams in (full duplex), and whether the decision can be
+    made before it ends: `early` is then the model to decide with (see the module docstring)."""
+
+    __slots__ = ("reader", "early", "ended")
+
+    def __init__(self) -> None:
+        self.reader: StreamingBody | None = None
+        self.early: str | None = None
+        self.ended = False  # the reader has the whole body
+
+    def chunk(self, d: Director, headers: Mapping[str, str], data: bytes, end_of_stream: bool) -> bool:
+        """Read one chunk; True when the decision can be made now, before the body ends."""
+        reader = self.reader
+        if reader is None:
+            reader = self.reader = StreamingBody(api_kind(headers))
+        reader.feed(data)
+        if end_of_stream:
+            self.ended = True
+            return False
+        try:
+            self.early = ready(d, headers, reader)
+        except Exception:  # never crash a stream: decide at the end instead
+            log.exception("early decision check failed")
+            self.early = None
+        return self.early is not None
+
+    def body(self, headers: Mapping[str, str], body: bytes | None) -> tuple[bytes | StreamingBody | None, int]:
+        """What the decision reads (the body read as it streamed in, or the one Envoy sent whole) and its size."""
+        reader = self.reader
+        if body is None and reader is not None:
+            if not self.ended and self.early is None:
+                self.ended = True  # (a reader that was never told the end: the machine decides at the end)
+            return reader, reader.size if self.early is None else max(content_length(headers), reader.size)
+        self.reader = self.early = None
+        return body, len(body) if body else content_length(headers)
+
+
+def content_length(headers: Mapping[str, str]) -> int:
+    try:
+        return max(0, int(headers.get("content-length", "0")))
+    except ValueError:
+        return 0

@@ -14,13 +14,12 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from epp.request.director import (
+from epp.request.context import (
     CONFORMANCE_REQ,
     MODEL_REWRITE_HEADERS,
     OBJECTIVE_HEADERS,
     SUBSET,
     SUBSET_NS,
-    Director,
     ShellContext,
     first_header,
 )
@@ -30,6 +29,7 @@ from epp.request.streaming import StreamingBody
 from scheduling.types import ApiKind, Endpoint, ErrorCode, LLMRequest, SchedulingError
 
 if TYPE_CHECKING:
+    from epp.request.director import Director
     from epp.routing import RouteDecision
 
 Metadata = Mapping[str, Mapping[str, object]]
@@ -105,7 +105,7 @@ def resolve(d: Director, headers: Mapping[str, str], body: bytes | StreamingBody
         expected_prompt_chars=expected_chars if early is not None else 0,
     )
     if d.sessions is not None:  # agent sessions: known before any hashing (epp/request/sessions.py)
-        d.sessions.identify(req, route)
+        d.sessions.identify(req, route, count=not dry_run)
     pool = ""
     if route is not None and route.provider is not None:
         candidates: list[Endpoint] = []  # an external provider: no endpoint to schedule
@@ -114,6 +114,13 @@ def resolve(d: Director, headers: Mapping[str, str], body: bytes | StreamingBody
         candidates = find_candidates(d, headers, metadata, route=route, pool=pool)
     ctx = ShellContext(req, candidates, ds.inflight.view(), d.clock(), route=route, pool=pool)
     return ctx, parsed_body
+
+
+def refresh(d: Director, ctx: ShellContext, headers: Mapping[str, str], metadata: Metadata) -> ShellContext:
+    """A queued request's context when its turn comes: its candidates on the pool as it is now, the in-flight view
+    and the clock taken afresh; SchedulingError when no candidate is left."""
+    cands = find_candidates(d, headers, metadata, route=ctx.route, pool=ctx.pool)
+    return ShellContext(ctx.request, cands, d.datastore.inflight.view(), d.clock(), route=ctx.route, pool=ctx.pool)
 
 
 def resolve_pool(d: Director, metadata: Metadata, *, route: RouteDecision | None = None,

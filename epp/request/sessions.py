@@ -54,8 +54,9 @@ class SessionIdentity:
         self.identified: Counter[str] = Counter()  # source -> requests (exact)
         self.skipped: Counter[str] = Counter()  # source -> unusable values seen (huge, empty, not a string)
 
-    def identify(self, req: LLMRequest, route: Any = None) -> None:
-        """Set `req.session` (None when the request names none). Never raises on client input."""
+    def identify(self, req: LLMRequest, route: Any = None, *, count: bool = True) -> None:
+        """Set `req.session` (None when the request names none). Never raises on client input. A dry run
+        (explain) passes `count=False`: the identity counters do not move."""
         if not self.settings.enabled:
             return
         try:
@@ -63,11 +64,13 @@ class SessionIdentity:
         except Exception:  # a routing hint must never fail a request
             log.exception("session identity failed")
             return
-        for s in skipped:
-            self.skipped[s] += 1
+        if count:
+            for s in skipped:
+                self.skipped[s] += 1
         if ref is not None:
             req.session = ref
-            self.identified[ref.source] += 1
+            if count:
+                self.identified[ref.source] += 1
 
     def fairness_id(self, req: LLMRequest | None, tenant: str) -> str:
         """Flow control's fairness id: the tenant's, or within it the session's or the program's."""

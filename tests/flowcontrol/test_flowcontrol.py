@@ -17,7 +17,7 @@ from epp.flowcontrol.queues import Item, PoolQueues
 from epp.protocol import BodyMode, Outcome
 from epp.request.director import Director
 from scheduling.api import GLOBAL_STRICT, FlowControl, PriorityBand
-from scheduling.types import Endpoint, Metrics, endpoint_key
+from scheduling.types import ApiKind, Endpoint, LLMRequest, Metrics, endpoint_key
 from tests.request.test_director import LeastLoaded
 from tests.support.extproc import body_msg, headers_msg, kinds
 from tests.support.wait import until
@@ -197,6 +197,30 @@ async def test_ttl_expiry_is_a_503_and_capacity_a_429():
                                                         "error_code": c}) for c in ("ResourceExhausted",
                                                                                     "ServiceUnavailable")}
     assert errors == {"ResourceExhausted": 1.0, "ServiceUnavailable": 1.0}
+    for ex in running:
+        ex.close()
+    await rig.flow.close()
+
+
+async def test_preview_answers_what_admit_would_and_changes_nothing():
+    cfg = FlowControl(bands=(PriorityBand(0, max_requests=1),))
+    rig = Rig(cfg)
+    req = LLMRequest(request_id="r", model="llama", target_model="llama", kind=ApiKind.CHAT, headers={}, prompt="")
+    assert rig.flow.preview(POOL, req, 10) is None  # below the limit: it would go now
+    running = [rig.send(i)[0] for i in range(2)]
+    before = (rig.flow.queued(), dict(rig.flow.outcomes))
+    why = rig.flow.preview(POOL, req, 10)
+    assert isinstance(why, str) and "saturated" in why  # it would wait
+    assert (rig.flow.queued(), dict(rig.flow.outcomes)) == before  # nothing queued or counted
+    _, queued = rig.send(3)
+    assert isinstance(queued, asyncio.Future)
+    full = rig.flow.preview(POOL, req, 10)  # the band holds one: refused, exactly as admit refuses
+    _, refused = rig.send(4)
+    assert isinstance(full, Outcome) and isinstance(refused, Outcome)
+    assert (full.reject_status, full.reject_body, full.reject_headers) == (
+        refused.reject_status, refused.reject_body, refused.reject_headers)
+    assert rig.flow.queued() == 1
+    queued.cancel()
     for ex in running:
         ex.close()
     await rig.flow.close()

@@ -97,14 +97,23 @@ def test_over_the_limit_is_a_429_with_rate_limit_headers():
 
 
 def test_a_request_refused_after_admission_gets_its_charge_back():
-    d, limiter, _ = director()
+    d, limiter, metrics = director()
+    d.datastore.objectives = {"batch": -1}
     before = remaining(limiter)
-    d.router.materializer.apply({})  # the route's pool disappears: scheduling fails after admission
+    # Admitted (the rate limit charges its prompt's tokens), then shed when scheduled: a sheddable request whose 1 ms
+    # TTFT objective no endpoint is predicted to meet (epp/request/commit.py slo_refusal).
+    shed = {**HDRS, "x-llm-d-inference-objective": "batch", "x-llm-d-slo-ttft-ms": "1"}
     ex = d.exchange()
-    out = ex.decide(HDRS, body(4 * 50), {})
-    assert isinstance(out, Outcome) and out.reject_status in (404, 503)
+    out = ex.decide(shed, body(4 * 50), {})
+    assert isinstance(out, Outcome) and out.reject_status == 429 and "objectives" in out.reject_body
     ex.close()
-    assert remaining(limiter) == pytest.approx(before, abs=0.5)
+    assert metrics.errors == ["ResourceExhausted"]
+    assert remaining(limiter) == pytest.approx(before, abs=0.5)  # the charge came back
+    ex = d.exchange()  # the same request within reach of its objective is routed and keeps its charge
+    out = ex.decide({**shed, "x-llm-d-slo-ttft-ms": "60000"}, body(4 * 50), {})
+    assert isinstance(out, Outcome) and not out.reject_status
+    assert before - remaining(limiter) >= 50  # its prompt's estimate: what the refused one was charged too
+    ex.close()
 
 
 def test_the_stream_end_settles_the_charge_once():

@@ -171,7 +171,7 @@ def test_served_endpoint_read_from_metadata(ds):
     d = Director(ds, LeastLoaded(), DirectorConfig(conformance=True))
     ex, _ = decide(d)
     sets = ex.response_headers({}, {"envoy.lb": {"x-gateway-destination-endpoint-served": "10.0.0.2:8000"}})
-    assert ex.served == "10.0.0.2:8000"
+    assert ex.reply.served == "10.0.0.2:8000"
     assert sets == [("x-conformance-test-served-endpoint", "10.0.0.2:8000")]
 
 
