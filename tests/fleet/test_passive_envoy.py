@@ -22,7 +22,7 @@ from epp.api.pb import pointsman_pb2_grpc
 from tests.support.simstack import MODEL, SimStack
 from tests.support.wait import seconds_until
 
-pytestmark = pytest.mark.envoy
+pytestmark = [pytest.mark.realtime, pytest.mark.envoy]
 
 
 RANDOM = """apiVersion: llm-d.ai/v1alpha1

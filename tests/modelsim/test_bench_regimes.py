@@ -23,6 +23,8 @@ from bench.routing.workload import SloMix, Workload, WorkloadSpec
 from modelsim import tokenizer as tk
 from modelsim.config import EngineConfig
 
+pytestmark = pytest.mark.realtime  # wall-clock bounds: run alone on a quiet machine (scripts/test.sh)
+
 MODEL = "meta-llama/Llama-3.1-8B"
 
 

@@ -24,6 +24,8 @@ from epp.ratelimit.state import LocalStore, Mode, Op
 from tests.support.redis_server import RedisServer
 from tests.support.wait import until
 
+pytestmark = pytest.mark.realtime  # wall-clock bounds: run alone on a quiet machine (scripts/test.sh)
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

@@ -21,6 +21,8 @@ from scheduling.plugins.scorers.estimated_latency import EstimatedLatencyScorer
 from scheduling.types import Endpoint
 from tests.support.envoy import free_port
 
+pytestmark = pytest.mark.realtime  # wall-clock bounds: run alone on a quiet machine (scripts/test.sh)
+
 MODEL = "meta-llama/Llama-3.1-8B"
 SCALE = 0.25
 FACTORS = (1.0, 2.0)

@@ -23,7 +23,7 @@ from tests.support.extproc_client import one_request
 from tests.support.redis_server import RedisServer
 from tests.support.wait import until
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.realtime, pytest.mark.slow]
 EPP = str(Path(sys.executable).parent / "epp")
 
 
