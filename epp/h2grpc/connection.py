@@ -93,11 +93,6 @@ class Connection(asyncio.Protocol):
         return self.out.transport
 
     @property
-    def going_away(self) -> bool:
-        """The final GOAWAY is sent, or the client sent one: no new streams."""
-        return self.table.going_away
-
-    @property
     def out_pending(self) -> int:
         """Bytes of replies queued on the streams, waiting for a window or the socket."""
         return self.out.out_pending
