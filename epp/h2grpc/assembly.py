@@ -3,12 +3,14 @@
 A message arriving whole in a DATA frame is a slice of it; one spread over frames grows in one bytearray (its size
 reserved against the connection's buffer budget first), handed on as it is. A compressed message is inflated off
 the event loop (inflate.py); messages behind it wait, in order, and count as held against the stream's window.
-Each `ServerStream` (stream.py) owns one `MessageAssembly`; it hands on complete messages to the stream's handler
-and reports what goes wrong through the stream (`fail`, `hold`/`release`, `handler_failed`).
+Each `ServerStream` (stream.py) owns one `MessageAssembly` and passes itself in: complete messages go to its handler,
+and what goes wrong is reported through it (`fail`, `hold`/`release`, `handler_failed`). The assembly keeps no
+reference to its stream, so a finished stream is freed at once rather than left to the cycle collector.
 """
 
 from __future__ import annotations
 
+from functools import partial
 from typing import TYPE_CHECKING
 
 from epp.h2grpc import inflate, status
@@ -18,10 +20,9 @@ if TYPE_CHECKING:
 
 
 class MessageAssembly:
-    __slots__ = ("stream", "limit", "partial", "_need", "_flag", "inflating", "_backlog", "_end_pending")
+    __slots__ = ("limit", "partial", "_need", "_flag", "inflating", "_backlog", "_end_pending")
 
-    def __init__(self, stream: ServerStream, limit: int) -> None:
-        self.stream = stream
+    def __init__(self, limit: int) -> None:
         self.limit = limit  # the largest message, in bytes (inflated)
         self.partial: bytearray | None = None  # the message being assembled (its 5-byte prefix while incomplete)
         self._need = -1  # bytes still missing from it; -1 while its prefix is incomplete
@@ -30,19 +31,18 @@ class MessageAssembly:
         self._backlog: list[bytes] = []  # request bytes that arrived meanwhile (held: they count against the window)
         self._end_pending = False  # the client half-closed meanwhile
 
-    def feed(self, data: bytes) -> None:
-        """Bytes of the request body: split into messages for the handler."""
-        stream = self.stream
+    def feed(self, stream: ServerStream, data: bytes) -> None:
+        """Bytes of the request body: split into messages for the stream's handler."""
         if self.inflating is not None:  # later messages wait for the compressed one before them
             self._backlog.append(data)
             stream.hold(len(data))
             return
         if self.partial is not None:
-            rest = self._continue(data)
+            rest = self._continue(stream, data)
             if rest is None:
                 return
             if self.inflating is not None:
-                self.feed(rest)
+                self.feed(stream, rest)
                 return
             data = rest
         limit = self.limit
@@ -54,11 +54,11 @@ class MessageAssembly:
                 return
             size = int.from_bytes(data[pos + 1: pos + 5], "big")
             if size > limit:
-                self._too_large(size)
+                self._too_large(stream, size)
                 return
             stop = pos + 5 + size
             if stop > end:
-                if self._reserve(size):
+                if self._reserve(stream, size):
                     self._flag = data[pos]
                     self.partial = bytearray(memoryview(data)[pos + 5:])
                     self._need = stop - end
@@ -67,17 +67,17 @@ class MessageAssembly:
             message = data[pos + 5: stop]
             pos = stop
             if flag:
-                self._inflate(message)
+                self._inflate(stream, message)
                 if self.inflating is not None:
                     if pos < end:
-                        self.feed(data[pos:])
+                        self.feed(stream, data[pos:])
                     return
                 continue
             handler = stream.handler
             if handler is not None:
                 handler.on_message(message)
 
-    def _continue(self, data: bytes) -> bytes | None:
+    def _continue(self, stream: ServerStream, data: bytes) -> bytes | None:
         """Grow the message being assembled; deliver it when whole. The rest of `data`, or None (used up)."""
         buf = self.partial
         assert buf is not None
@@ -90,9 +90,9 @@ class MessageAssembly:
             size = int.from_bytes(buf[1:5], "big")
             self.partial = None
             if size > self.limit:
-                self._too_large(size)
+                self._too_large(stream, size)
                 return None
-            if not self._reserve(size):
+            if not self._reserve(stream, size):
                 return None
             self._flag = buf[0]
             self.partial = buf = bytearray()
@@ -106,51 +106,47 @@ class MessageAssembly:
             return None
         self.partial = None
         self._need = -1
-        stream = self.stream
         stream.conn.windows.unreserve(stream)
         if stream.handler is not None:
-            self._deliver(self._flag, buf)  # type: ignore[arg-type]  # a bytearray: handlers read it as bytes
+            self._deliver(stream, self._flag, buf)  # type: ignore[arg-type]  # a bytearray: handlers read it as bytes
         return data[pos:] if pos < len(data) else None
 
-    def _reserve(self, size: int) -> bool:
-        stream = self.stream
+    def _reserve(self, stream: ServerStream, size: int) -> bool:
         if stream.conn.windows.reserve(stream, size):
             return True
         stream.fail(status.RESOURCE_EXHAUSTED, "the connection's buffer budget is exhausted")
         return False
 
-    def _too_large(self, size: int) -> None:
-        self.stream.fail(status.RESOURCE_EXHAUSTED, f"Received message larger than max ({size} vs. {self.limit})")
+    def _too_large(self, stream: ServerStream, size: int) -> None:
+        stream.fail(status.RESOURCE_EXHAUSTED, f"Received message larger than max ({size} vs. {self.limit})")
 
-    def drop_partial(self) -> None:
+    def drop_partial(self, stream: ServerStream) -> None:
         """The call ended: the message being assembled is dropped, its reservation given back."""
         self.partial = None
         self._need = -1
-        stream = self.stream
         if stream.reserved:
             stream.conn.windows.unreserve(stream)
 
-    def end(self) -> bool:
+    def end(self, stream: ServerStream) -> bool:
         """The client half-closed: True when the handler may be told now (every message handed on)."""
         if self.inflating is not None:
             self._end_pending = True
             return False
-        if self.partial is not None and self.stream.handler is not None:
-            self.stream.fail(status.INTERNAL, "the request ended inside a message")
+        if self.partial is not None and stream.handler is not None:
+            stream.fail(status.INTERNAL, "the request ended inside a message")
             return False
         return True
 
-    def _deliver(self, flag: int, message: bytes) -> None:
+    def _deliver(self, stream: ServerStream, flag: int, message: bytes) -> None:
         if flag:
-            self._inflate(message)
+            self._inflate(stream, message)
             return
-        handler = self.stream.handler
+        handler = stream.handler
         if handler is not None:
             handler.on_message(message)
 
-    def _inflate(self, message: bytes) -> None:
+    def _inflate(self, stream: ServerStream, message: bytes) -> None:
         """Queue a compressed message for inflating; what follows on this stream waits for it (`_inflated`)."""
-        stream = self.stream
         encoding = next((v for k, v in stream.headers if k == b"grpc-encoding"), b"identity")
         wbits = inflate.WBITS.get(encoding)
         if wbits is None:  # the client's value is not repeated in the reply
@@ -159,12 +155,11 @@ class MessageAssembly:
             return
         self.inflating = len(message)
         stream.hold(len(message))
-        stream.conn.inflations.add(self._inflated, message, wbits)
+        stream.conn.inflations.add(partial(self._inflated, stream), message, wbits)
 
-    def _inflated(self, result: bytes | Exception) -> None:
+    def _inflated(self, stream: ServerStream, result: bytes | Exception) -> None:
         held, self.inflating = self.inflating, None
         backlog, self._backlog = self._backlog, []
-        stream = self.stream
         if stream.handler is None or stream.closed:
             return  # the call ended meanwhile (its held bytes left with it)
         assert held is not None
@@ -180,7 +175,7 @@ class MessageAssembly:
             stream.handler.on_message(result)
             for i, data in enumerate(backlog):
                 stream.release(len(data))
-                self.feed(data)
+                self.feed(stream, data)
                 if self.inflating is not None:  # another compressed message: the rest waits again
                     self._backlog += backlog[i + 1:]
                     return

@@ -65,7 +65,7 @@ class ServerStream:
         self.send_delta = 0  # our send window minus the peer's SETTINGS_INITIAL_WINDOW_SIZE
         self.held = 0  # request bytes the handler keeps unread (hold/release)
         self.reserved = 0  # bytes of the connection's buffer budget held for the message being assembled
-        self.messages = MessageAssembly(self, conn.max_message_bytes)  # the request body, cut into messages
+        self.messages = MessageAssembly(conn.max_message_bytes)  # the request body, cut into messages
 
     # ---- what handlers use ---------------------------------------------------------------------------------
     @property
@@ -105,7 +105,7 @@ class ServerStream:
             self.timer.cancel()
             self.timer = None
         if self.messages.partial is not None or self.reserved:
-            self.messages.drop_partial()
+            self.messages.drop_partial(self)
         self.out.send_trailers(self, code, message[:MAX_STATUS_MESSAGE], metadata)
 
     def hold(self, nbytes: int) -> None:
@@ -129,11 +129,11 @@ class ServerStream:
     # ---- what the connection calls ------------------------------------------------------------------------------
     def feed(self, data: bytes) -> None:
         """Bytes of the request body (assembly.py cuts them into messages)."""
-        self.messages.feed(data)
+        self.messages.feed(self, data)
 
     def end(self) -> None:
         self.remote_ended = True
-        if self.messages.end():
+        if self.messages.end(self):
             handler = self.handler
             if handler is not None:
                 handler.on_end()
