@@ -33,7 +33,7 @@ Compiled = Any
 
 @dataclass(frozen=True, slots=True)
 class RawDocument:
-    obj: Any
+    obj: object
     where: str  # e.g. "routes.yaml, document 3"
     position: float = 0.0
 
@@ -59,7 +59,7 @@ def read_yaml(text: str, label: str) -> list[RawDocument]:
     return out
 
 
-def _group(obj: Any) -> str:
+def _group(obj: object) -> str:
     api = obj.get("apiVersion") if isinstance(obj, Mapping) else None
     return str(api).split("/", 1)[0] if isinstance(api, str) and "/" in api else ""
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import Any
 from urllib.parse import urlsplit
 
 from epp.routing.model import PDPairing, PoolBackend, ProviderAuth, ProviderBackend, StaticEndpoint, Sticky
@@ -34,13 +33,13 @@ CLUSTER_ANNOTATION = "pointsman.io/envoy-cluster"
 _DURATION = re.compile(r"^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$")
 
 
-def _duration(doc: Doc, value: Any, path: str) -> None:
+def _duration(doc: Doc, value: object, path: str) -> None:
     if value is not None and (not isinstance(value, str) or not _DURATION.match(value)):
         raise doc.fail(path, f"a duration like 100ms or 10s, got {value!r}")
 
 
 # ---- ModelServer ---------------------------------------------------------------------------------------------
-def parse_model_server(doc: Doc, raw: Any, key: str, namespace: str) -> PoolBackend:
+def parse_model_server(doc: Doc, raw: object, key: str, namespace: str) -> PoolBackend:
     spec = doc.mapping(raw, "spec", ("model", "inferenceEngine", "workloadSelector", "endpoints", "workloadPort",
                                      "trafficPolicy", "kvConnector"), required=True)
     model = doc.string(spec.get("model"), "spec.model", max_len=256)
@@ -77,7 +76,7 @@ def parse_model_server(doc: Doc, raw: Any, key: str, namespace: str) -> PoolBack
     )
 
 
-def _pd_group(doc: Doc, raw: Any) -> PDPairing:
+def _pd_group(doc: Doc, raw: object) -> PDPairing:
     path = "spec.workloadSelector.pdGroup"
     g = doc.mapping(raw, path, ("groupKey", "prefillLabels", "decodeLabels"))
     group_key = doc.string(g.get("groupKey"), join(path, "groupKey"), required=True, what="a label key")
@@ -87,7 +86,7 @@ def _pd_group(doc: Doc, raw: Any) -> PDPairing:
     return PDPairing(group_key, prefill, decode)
 
 
-def _endpoints(doc: Doc, raw: Any) -> tuple[StaticEndpoint, ...]:
+def _endpoints(doc: Doc, raw: object) -> tuple[StaticEndpoint, ...]:
     out: list[StaticEndpoint] = []
     seen: set[str] = set()
     for i, e in enumerate(doc.list(raw, "spec.endpoints", max_items=1024)):
@@ -108,7 +107,7 @@ def _endpoints(doc: Doc, raw: Any) -> tuple[StaticEndpoint, ...]:
     return tuple(out)
 
 
-def _traffic_policy(doc: Doc, raw: Any) -> tuple[Sticky | None, int]:
+def _traffic_policy(doc: Doc, raw: object) -> tuple[Sticky | None, int]:
     path = "spec.trafficPolicy"
     tp = doc.mapping(raw, path, ("retry", "connectionPool", "sessionSticky", "timeout"))
     _duration(doc, tp.get("timeout"), join(path, "timeout"))
@@ -141,8 +140,8 @@ def _traffic_policy(doc: Doc, raw: Any) -> tuple[Sticky | None, int]:
 
 
 # ---- ExternalModelProvider -----------------------------------------------------------------------------------
-def parse_provider(doc: Doc, raw: Any, key: str, namespace: str, name: str,
-                   annotations: Mapping[str, Any]) -> ProviderBackend:
+def parse_provider(doc: Doc, raw: object, key: str, namespace: str, name: str,
+                   annotations: Mapping[str, object]) -> ProviderBackend:
     spec = doc.mapping(raw, "spec", ("providerType", "model", "baseURL", "insecureSkipVerify", "auth", "headers"),
                        required=True)
     ptype = doc.enum(spec.get("providerType"), "spec.providerType", ("OpenAI", "Anthropic"), default="OpenAI")
@@ -183,7 +182,7 @@ def parse_provider(doc: Doc, raw: Any, key: str, namespace: str, name: str,
     )
 
 
-def _auth(doc: Doc, raw: Any, ptype: str) -> ProviderAuth:
+def _auth(doc: Doc, raw: object, ptype: str) -> ProviderAuth:
     a = doc.mapping(raw, "spec.auth", ("scheme", "secretRef"))
     default = "Bearer" if ptype == "OpenAI" else "APIKey"
     scheme = doc.enum(a.get("scheme"), "spec.auth.scheme", ("Bearer", "APIKey"), default=default) or default

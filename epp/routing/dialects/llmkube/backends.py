@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import Any
 from urllib.parse import urlsplit
 
 from epp.ratelimit import Price, parse_usd
@@ -50,7 +49,7 @@ BACKEND_FIELDS = ("name", "tier", "inferenceServiceRef", "external", "capabiliti
                   "resolution")
 
 
-def duration(doc: Doc, value: Any, path: str, *, lo: float | None = None, hi: float | None = None,
+def duration(doc: Doc, value: object, path: str, *, lo: float | None = None, hi: float | None = None,
              zero: bool = False) -> float | None:
     """A Go duration ("15s", "1m30s", "500ms") in seconds, within [lo, hi] (a zero duration passes when `zero`)."""
     if value is None or value == "":
@@ -84,7 +83,7 @@ def _show_s(x: float | None) -> str:
     return f"{x * 1000:g}ms" if x < 1 else f"{x:g}s"
 
 
-def service_ports(doc: Doc, annotations: Mapping[str, Any]) -> dict[str, int]:
+def service_ports(doc: Doc, annotations: Mapping[str, object]) -> dict[str, int]:
     raw = annotations.get(PORTS_ANNOTATION)
     if raw is None:
         return {}
@@ -98,7 +97,7 @@ def service_ports(doc: Doc, annotations: Mapping[str, Any]) -> dict[str, int]:
     return out
 
 
-def parse_backend(doc: Doc, raw: Any, i: int, namespace: str, router: str, ports: Mapping[str, int],
+def parse_backend(doc: Doc, raw: object, i: int, namespace: str, router: str, ports: Mapping[str, int],
                   warnings: list[str]) -> tuple[RouterBackend, PoolBackend | ProviderBackend]:
     path = f"spec.backends[{i}]"
     b = doc.mapping(raw, path, BACKEND_FIELDS, required=True)
@@ -145,7 +144,7 @@ def parse_backend(doc: Doc, raw: Any, i: int, namespace: str, router: str, ports
     return backend, compiled
 
 
-def _price(doc: Doc, raw: Any, path: str) -> Price | None:
+def _price(doc: Doc, raw: object, path: str) -> Price | None:
     if raw is None:
         return None
     c = doc.mapping(raw, path, ("promptUSD", "completionUSD"))
@@ -162,7 +161,7 @@ def _price(doc: Doc, raw: Any, path: str) -> Price | None:
     return Price(values[0], values[1])
 
 
-def _accepted(doc: Doc, b: Mapping[str, Any], path: str) -> None:
+def _accepted(doc: Doc, b: Mapping[str, object], path: str) -> None:
     """Fields Pointsman accepts and does not use: their shape is still checked, so a typo shows."""
     ep = doc.mapping(b.get("endpointPicker"), join(path, "endpointPicker"), ("service",))
     if ep.get("service") is not None:
@@ -180,7 +179,7 @@ def _accepted(doc: Doc, b: Mapping[str, Any], path: str) -> None:
     doc.list(mi.get("outputModalities"), join(path, "modelInfo.outputModalities"), max_items=5)
 
 
-def _external(doc: Doc, raw: Any, path: str, namespace: str, router: str, name: str) -> ProviderBackend:
+def _external(doc: Doc, raw: object, path: str, namespace: str, router: str, name: str) -> ProviderBackend:
     e = doc.mapping(raw, path, ("provider", "model", "url", "credentialsSecretRef"), required=True)
     provider = doc.enum(e.get("provider"), join(path, "provider"), PROVIDERS)
     if provider is None:
@@ -215,7 +214,7 @@ def _external(doc: Doc, raw: Any, path: str, namespace: str, router: str, name: 
     )
 
 
-def _balancing(doc: Doc, raw: Any, path: str, local: bool, resolution: str | None, backend: str,
+def _balancing(doc: Doc, raw: object, path: str, local: bool, resolution: str | None, backend: str,
                warnings: list[str]) -> Balancing:
     if raw is None:
         return Balancing()

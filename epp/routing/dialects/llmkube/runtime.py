@@ -43,6 +43,7 @@ from scheduling.plugins.scorers.least_work import work
 from scheduling.types import Endpoint, ErrorCode, SchedulingError
 
 if TYPE_CHECKING:
+    from epp.routing.dialect import RoutedRequest
     from epp.routing.router import Router
 
 log = logging.getLogger(__name__)
@@ -294,14 +295,14 @@ class LLMKubeRouting:
         d.remove_headers.extend(h for h in RESERVED_HEADERS if h not in owned)  # a client never sets them
 
     # ---- the response path (a request observer, epp/request/observe.py) ---------------------------------------
-    def decided(self, ex: Any) -> _Followed | None:
+    def decided(self, ex: RoutedRequest) -> _Followed | None:
         w = self.watch(ex.ctx, ex.result)
         return None if w is None else _Followed(w)
 
-    def rejected(self, ex: Any, code: str) -> None:
+    def rejected(self, ex: object, code: str) -> None:
         pass
 
-    def watch(self, ctx: Any, result: SchedulingResult | None) -> StreamWatch | None:
+    def watch(self, ctx: object, result: SchedulingResult | None) -> StreamWatch | None:
         d = getattr(ctx, "route", None)
         if not isinstance(d, ModelRouterDecision) or d.runtime is None:
             return None
@@ -325,11 +326,11 @@ class _Followed:
     def __init__(self, w: StreamWatch) -> None:
         self.w = w
 
-    def response_headers(self, ex: Any, status: int, served: str | None) -> None:
+    def response_headers(self, ex: object, status: int, served: str | None) -> None:
         self.w.response_headers(status, served)
 
-    def response_chunk(self, ex: Any, size: int, end_of_stream: bool) -> None:
+    def response_chunk(self, ex: object, size: int, end_of_stream: bool) -> None:
         self.w.response_chunk(end_of_stream)
 
-    def closed(self, ex: Any, usage: Any) -> None:
+    def closed(self, ex: object, usage: object) -> None:
         self.w.closed()
