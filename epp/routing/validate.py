@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
+from typing import TypeVar, overload
 
 from epp.routing.model import RouteConfigError
 
 DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 HEADER_NAME = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")  # an RFC 9110 token
+Choice = TypeVar("Choice", bound=str)  # an enum field's values (a Literal type when the model declares one)
 
 
 def _join(path: str, key: str | int) -> str:
@@ -117,13 +119,21 @@ class Doc:
             raise self.fail(path, f"true or false, got {_show(value)}")
         return value
 
-    def enum(self, value: object, path: str, choices: Iterable[str], default: str | None = None) -> str | None:
+    @overload
+    def enum(self, value: object, path: str, choices: Iterable[Choice], default: Choice) -> Choice: ...
+    @overload
+    def enum(self, value: object, path: str, choices: Iterable[Choice], default: None = None) -> Choice | None: ...
+
+    def enum(self, value: object, path: str, choices: Iterable[Choice], default: Choice | None = None
+             ) -> Choice | None:
+        """One of `choices` (the choice itself, so a Literal type stays one); absent or empty reads as `default`."""
         options = list(choices)
         if value is None or value == "":
             return default
-        if value not in options:
-            raise self.fail(path, f"one of {', '.join(options)}, got {_show(value)}")
-        return str(value)
+        for option in options:
+            if value == option:
+                return option
+        raise self.fail(path, f"one of {', '.join(options)}, got {_show(value)}")
 
     def labels(self, value: object, path: str, *, non_empty: bool = False) -> dict[str, str]:
         m = self.mapping(value, path)

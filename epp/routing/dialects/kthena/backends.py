@@ -18,7 +18,17 @@ import re
 from collections.abc import Mapping
 from urllib.parse import urlsplit
 
-from epp.routing.model import PDPairing, PoolBackend, ProviderAuth, ProviderBackend, StaticEndpoint, Sticky
+from epp.routing.model import (
+    AUTH_SCHEMES,
+    PROVIDER_TYPES,
+    AuthScheme,
+    PDPairing,
+    PoolBackend,
+    ProviderAuth,
+    ProviderBackend,
+    StaticEndpoint,
+    Sticky,
+)
 from epp.routing.validate import DNS_SUBDOMAIN, HEADER_NAME, Doc, join
 
 ENGINES = {"vLLM": "vllm", "SGLang": "sglang"}
@@ -144,7 +154,7 @@ def parse_provider(doc: Doc, raw: object, key: str, namespace: str, name: str,
                    annotations: Mapping[str, object]) -> ProviderBackend:
     spec = doc.mapping(raw, "spec", ("providerType", "model", "baseURL", "insecureSkipVerify", "auth", "headers"),
                        required=True)
-    ptype = doc.enum(spec.get("providerType"), "spec.providerType", ("OpenAI", "Anthropic"), default="OpenAI")
+    ptype = doc.enum(spec.get("providerType"), "spec.providerType", PROVIDER_TYPES, default="OpenAI")
     model = doc.string(spec.get("model"), "spec.model", max_len=256)
     base = doc.string(spec.get("baseURL"), "spec.baseURL", required=True, what="an https:// URL")
     assert base is not None
@@ -175,7 +185,7 @@ def parse_provider(doc: Doc, raw: object, key: str, namespace: str, name: str,
     if cluster is not None and (not isinstance(cluster, str) or not re.match(r"^[A-Za-z0-9_.\-]+$", cluster)):
         raise doc.fail(f"metadata.annotations[{CLUSTER_ANNOTATION}]", f"an Envoy cluster name, got {cluster!r}")
     return ProviderBackend(
-        key=key, kind="ExternalModelProvider", namespace=namespace, provider_type=ptype,  # type: ignore[arg-type]
+        key=key, kind="ExternalModelProvider", namespace=namespace, provider_type=ptype,
         base_url=base, host=u.hostname, port=port, base_path=u.path.rstrip("/"), model=model,
         insecure_skip_verify=insecure, headers=tuple(sorted(headers)), auth=auth,
         cluster=cluster or f"provider.{namespace}.{name}",
@@ -184,8 +194,8 @@ def parse_provider(doc: Doc, raw: object, key: str, namespace: str, name: str,
 
 def _auth(doc: Doc, raw: object, ptype: str) -> ProviderAuth:
     a = doc.mapping(raw, "spec.auth", ("scheme", "secretRef"))
-    default = "Bearer" if ptype == "OpenAI" else "APIKey"
-    scheme = doc.enum(a.get("scheme"), "spec.auth.scheme", ("Bearer", "APIKey"), default=default) or default
+    default: AuthScheme = "Bearer" if ptype == "OpenAI" else "APIKey"
+    scheme = doc.enum(a.get("scheme"), "spec.auth.scheme", AUTH_SCHEMES, default=default) or default
     ref = doc.mapping(a.get("secretRef"), "spec.auth.secretRef", ("name", "key", "optional"), required=True)
     sname = doc.string(ref.get("name"), "spec.auth.secretRef.name", required=True, pattern=DNS_SUBDOMAIN,
                        what="a Secret name")
@@ -193,4 +203,4 @@ def _auth(doc: Doc, raw: object, ptype: str) -> ProviderAuth:
     if doc.boolean(ref.get("optional"), "spec.auth.secretRef.optional"):
         raise doc.fail("spec.auth.secretRef.optional", "false or unset (a provider credential is not optional)")
     assert sname is not None and skey is not None
-    return ProviderAuth(scheme, sname, skey)  # type: ignore[arg-type]
+    return ProviderAuth(scheme, sname, skey)

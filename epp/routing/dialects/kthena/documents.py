@@ -17,6 +17,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from datetime import datetime
+from typing import Literal
 
 from epp.routing.dialects.kthena.backends import parse_model_server, parse_provider
 from epp.routing.model import (
@@ -41,6 +42,7 @@ MODEL_ROUTE, MODEL_SERVER, PROVIDER_KIND = "ModelRoute", "ModelServer", "Externa
 KINDS = (MODEL_ROUTE, MODEL_SERVER, PROVIDER_KIND)
 
 Compiled = Route | PoolBackend | ProviderBackend
+STRING_MATCHES: tuple[Literal["exact", "prefix", "regex"], ...] = ("exact", "prefix", "regex")
 
 
 def _created(meta: Mapping[str, object]) -> float | None:
@@ -138,7 +140,7 @@ def _model_match(doc: Doc, raw: object, path: str) -> Match:
 
 def _string_match(doc: Doc, raw: object, path: str) -> StringMatch:
     sm = doc.mapping(raw, path, ("exact", "prefix", "regex"), required=True)
-    given = [k for k in ("exact", "prefix", "regex") if sm.get(k) is not None]
+    given = [k for k in STRING_MATCHES if sm.get(k) is not None]
     if len(given) > 1:
         raise doc.fail(path, f"only one of exact, prefix, regex (got {', '.join(given)})")
     if not given:
@@ -153,7 +155,7 @@ def _string_match(doc: Doc, raw: object, path: str) -> StringMatch:
         except re.error as e:
             raise doc.fail(join(path, kind), f"a valid regular expression ({e})") from None
         return StringMatch("regex", value, pattern)
-    return StringMatch(kind, value)  # type: ignore[arg-type]
+    return StringMatch(kind, value)
 
 
 def _target(doc: Doc, raw: object, path: str, lora_route: bool, namespace: str) -> Target:

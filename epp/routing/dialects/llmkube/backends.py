@@ -26,10 +26,12 @@ from epp.ratelimit import Price, parse_usd
 from epp.routing.dialects.llmkube.model import (
     DEFAULT_SERVICE_PORT,
     SERVICE_LABEL,
+    TIERS,
     Balancing,
     PrefixAffinity,
     RouterBackend,
     SessionAffinity,
+    Tier,
 )
 from epp.routing.model import POOL, PROVIDER, PoolBackend, ProviderAuth, ProviderBackend, Target
 from epp.routing.validate import DNS_SUBDOMAIN, HEADER_NAME, Doc, join
@@ -108,8 +110,8 @@ def parse_backend(doc: Doc, raw: object, i: int, namespace: str, router: str, po
     if (local_ref is None) == (external is None):
         raise doc.fail(path, "exactly one of inferenceServiceRef or external "
                              f"({'both are' if local_ref is not None else 'neither is'} set)")
-    tier = doc.enum(b.get("tier"), join(path, "tier"), ("local", "cloud"),
-                    default="local" if local_ref is not None else "cloud")
+    default_tier: Tier = "local" if local_ref is not None else "cloud"
+    tier = doc.enum(b.get("tier"), join(path, "tier"), TIERS, default=default_tier)
     if local_ref is not None and tier == "cloud":
         raise doc.fail(join(path, "tier"), "local for a backend with inferenceServiceRef (tier=cloud is invalid "
                                            "for an in-cluster InferenceService)")
@@ -138,7 +140,7 @@ def parse_backend(doc: Doc, raw: object, i: int, namespace: str, router: str, po
         target = Target(PROVIDER, compiled.key, weight or 0)
     balancing = _balancing(doc, b.get("balancing"), join(path, "balancing"), local_ref is not None, resolution,
                            name, warnings)
-    backend = RouterBackend(name=name, target=target, tier=tier, published=display or name,  # type: ignore[arg-type]
+    backend = RouterBackend(name=name, target=target, tier=tier, published=display or name,
                             capabilities=caps, weight=weight or 0, timeout_s=timeout, price=price, service=svc,
                             balancing=balancing)
     return backend, compiled

@@ -27,10 +27,12 @@ from datetime import datetime
 from epp.routing.dialects.llmkube.backends import NAME, duration, parse_backend, service_ports
 from epp.routing.dialects.llmkube.model import (
     API_VERSION,
+    BUDGET_SCOPES,
     DEFAULT_CLASSIFICATION_HEADER,
     DEFAULT_QUARANTINE_S,
     DEFAULT_RESPONSE_HEADER_TIMEOUT_S,
     DEFAULT_SENSITIVE,
+    DEFAULT_STRATEGIES,
     DEFAULT_STREAM_IDLE_S,
     DEFAULT_TEAM_HEADER,
     GROUP,
@@ -43,6 +45,7 @@ from epp.routing.dialects.llmkube.model import (
     ModelRouterSpec,
     RouterBackend,
     RouterRule,
+    Strategy,
     go_glob,
     normalize_label,
 )
@@ -102,7 +105,7 @@ def compile_document(obj: object, where: str, position: float = 0.0) -> Sequence
     default = doc.string(spec.get("defaultRoute"), "spec.defaultRoute")
     if default is not None and default not in backends:
         raise doc.fail("spec.defaultRoute", f"the name of a backend ({', '.join(backends)}), got {default!r}")
-    strategy = doc.enum(spec.get("defaultRouteStrategy"), "spec.defaultRouteStrategy", ("Static", "BackendNameMatch"),
+    strategy = doc.enum(spec.get("defaultRouteStrategy"), "spec.defaultRouteStrategy", DEFAULT_STRATEGIES,
                         default="Static")
     budgets = _budgets(doc, spec.get("policy"), {r.name for r in rules})
     quarantine, idle, header_timeout = _proxy(doc, spec.get("proxy"))
@@ -114,7 +117,7 @@ def compile_document(obj: object, where: str, position: float = 0.0) -> Sequence
                   order=order)
     router = ModelRouterSpec(
         key=key, source=where, backends=backends, rules=rules, route=route, order=order, data_plane=plane or "Proxy",
-        default_route=default, default_strategy=strategy or "Static",  # type: ignore[arg-type]
+        default_route=default, default_strategy=strategy or "Static",
         classification_header=header, sensitive=sensitive, budgets=budgets, quarantine_s=quarantine,
         stream_idle_s=idle, response_header_timeout_s=header_timeout, warnings=tuple(warnings),
     )
@@ -163,7 +166,7 @@ def _budgets(doc: Doc, raw: object, rule_names: set[str]) -> tuple[Budget, ...]:
         if name in seen:
             raise doc.fail(join(path, "name"), f"a unique budget name ({name!r} repeats)")
         seen.add(name)
-        scope = doc.enum(m.get("scope"), join(path, "scope"), ("router", "rule", "team"))
+        scope = doc.enum(m.get("scope"), join(path, "scope"), BUDGET_SCOPES)
         if scope is None:
             raise doc.fail(join(path, "scope"), "one of router, rule, team (it is required)")
         rule = doc.string(m.get("ruleName"), join(path, "ruleName"))
@@ -184,7 +187,7 @@ def _budgets(doc: Doc, raw: object, rule_names: set[str]) -> tuple[Budget, ...]:
         if window is None:
             raise doc.fail(join(path, "windowSeconds"), "the rolling window in seconds, at least 1 (a budget "
                                                         "without a window caps nothing)")
-        out.append(Budget(name, scope, window, tokens, usd, rule if scope == "rule" else None,  # type: ignore[arg-type]
+        out.append(Budget(name, scope, window, tokens, usd, rule if scope == "rule" else None,
                           (header or DEFAULT_TEAM_HEADER).lower()))
     return tuple(out)
 
@@ -236,7 +239,7 @@ def _rule(doc: Doc, raw: object, i: int, backends: Mapping[str, RouterBackend], 
     models, headers, classes, required, complexity, slo = _match(doc, r.get("match"), join(path, "match"))
     names, strategy, timeout = _route(doc, r.get("route"), join(path, "route"), backends, plane)
     rule = RouterRule(name=name, index=i, backends=names,
-                      strategy=strategy or PRIMARY_FALLBACK,  # type: ignore[arg-type]
+                      strategy=strategy or PRIMARY_FALLBACK,
                       models=models, headers=headers, classifications=classes,
                       required=required, complexity=complexity, latency_slo_ms=slo, timeout_s=timeout,
                       fail_closed=fail_closed)
@@ -280,7 +283,7 @@ def _match(doc: Doc, raw: object, mpath: str) -> tuple[tuple[tuple[str, re.Patte
 
 
 def _route(doc: Doc, raw: object, rpath: str, backends: Mapping[str, RouterBackend],
-           plane: str) -> tuple[tuple[str, ...], str | None, float | None]:
+           plane: str) -> tuple[tuple[str, ...], Strategy | None, float | None]:
     """A rule's `route`: (its backends, in order; the strategy; the timeout)."""
     route = doc.mapping(raw, rpath, ("backends", "strategy", "timeout", "poolActivation"), required=True)
     names: list[str] = []
