@@ -26,10 +26,10 @@ import asyncio
 import contextlib
 import inspect
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
-from epp.ratelimit.gate import AdmissionContext, RateLimitGate
+from epp.ratelimit.gate import AdmissionContext, Answer, RateLimitGate
 from epp.ratelimit.limiter import Limiter
 from epp.ratelimit.limits import Kind, Limit, Metric
 from epp.ratelimit.planning import Applied
@@ -119,7 +119,8 @@ class BudgetGate:
             out.extend((lim, scope) for lim in limits)
         return out
 
-    def admit(self, ctx: AdmissionContext, parsed: Mapping[str, object] | None, *, dry_run: bool = False) -> Any:
+    def admit(self, ctx: AdmissionContext, parsed: Mapping[str, object] | None, *, dry_run: bool = False
+              ) -> Answer | Awaitable[Answer]:
         applied = self.applied(ctx)
         if not applied:
             return None

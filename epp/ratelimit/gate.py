@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Awaitable, Mapping, Sequence
-from typing import Any, Protocol
+from typing import Protocol
 
 from epp.protocol import Outcome
 from epp.ratelimit.admission import ADMITTED, Admission, Ticket
@@ -90,6 +90,9 @@ class _RateHold:
         self.gate.settle(self.ticket, usage, price=self.price)
 
 
+Answer = Outcome | _RateHold | None  # nothing to hold, the 429, or the hold on the charge
+
+
 class RateLimitGate:
     """The admitter for token rate limits (epp/request/admit.py): `admit` answers None (no limit), a 429 Outcome,
     or a hold on the charge; an awaitable when a shared limit asks Redis."""
@@ -142,7 +145,8 @@ class RateLimitGate:
             return adm
         return self.limiter.admit(applied, input_tokens, output, price, dry_run=dry_run)
 
-    def admit(self, ctx: AdmissionContext, parsed: Mapping[str, object] | None, *, dry_run: bool = False) -> Any:
+    def admit(self, ctx: AdmissionContext, parsed: Mapping[str, object] | None, *, dry_run: bool = False
+              ) -> Answer | Awaitable[Answer]:
         """The admitter interface (epp/request/admit.py): input tokens are the request's (tokenized, or
         estimated)."""
         if not self.applied(ctx):
@@ -152,10 +156,10 @@ class RateLimitGate:
             return self._answer_later(adm)
         return self._answer(adm)
 
-    async def _answer_later(self, adm: Awaitable[Admission]) -> Any:
+    async def _answer_later(self, adm: Awaitable[Admission]) -> Answer:
         return self._answer(await adm)
 
-    def _answer(self, adm: Admission) -> Any:
+    def _answer(self, adm: Admission) -> Answer:
         if not adm.allowed:
             return self.rejection(adm)
         return _RateHold(self, adm.ticket, None) if adm.ticket is not None else None

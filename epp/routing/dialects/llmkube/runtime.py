@@ -45,6 +45,7 @@ from scheduling.types import Endpoint, ErrorCode, SchedulingError
 if TYPE_CHECKING:
     from epp.routing.dialect import RoutedRequest
     from epp.routing.router import Router
+    from scheduling.config import ModelScheduler
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +71,7 @@ class RouterRuntime:
         self.spec = spec
         self.tracker = FailureTracker(spec.quarantine_s)
         self.latency = LatencyWindow()
-        self.schedulers: dict[str, Any] = {}
+        self.schedulers: dict[str, ModelScheduler] = {}
         self.update(spec, rng)
 
     def update(self, spec: ModelRouterSpec, rng: random.Random) -> None:
