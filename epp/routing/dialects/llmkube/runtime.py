@@ -97,16 +97,16 @@ class RouterRuntime:
 
 @dataclass(slots=True)
 class ModelRouterDecision(RouteDecision):
-    spec: Any = None  # ModelRouterSpec
-    runtime: Any = None  # RouterRuntime
-    plan: Any = None  # llmkube_match.Plan
-    backend: Any = None  # RouterBackend that serves
+    spec: ModelRouterSpec = field(kw_only=True)
+    runtime: RouterRuntime = field(kw_only=True)
+    plan: Plan = field(kw_only=True)
+    backend: RouterBackend = field(kw_only=True)  # the backend that serves
+    owner: LLMKubeRouting = field(kw_only=True)
     resolved_pool: str | None = None
     timeout_s: float | None = None
     mirror_endpoints: list[tuple[str, str]] = field(default_factory=list)  # (backend, ip:port)
     fallback_keys: tuple[str, ...] = ()  # set once scheduled: the endpoints after the primary in envoy.lb
     classifications: frozenset[str] = frozenset()  # what the request carries (normalized)
-    owner: Any = None  # LLMKubeRouting
 
     @property
     def pool_name(self) -> str | None:
