@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from scheduling.api import SchedulingResult
 
 Identity = tuple[str, str, str]  # (kind, namespace, name)
-Compile = Callable[[object, str, float], Any]  # -> a compiled object, or a sequence of them
+Compile = Callable[[object, str, float], object]  # -> a compiled object, or a sequence of them
 
 
 class RoutedRequest(Protocol):
@@ -74,7 +74,7 @@ class DialectRuntime(Protocol):
         ...
 
     def decide(self, headers: Mapping[str, str], model: str, *, now: float, rng: random.Random,
-               metadata: Mapping[str, Mapping[str, object]], body: Mapping[str, Any] | None) -> RouteDecision: ...
+               metadata: Mapping[str, Mapping[str, object]], body: Mapping[str, object] | None) -> RouteDecision: ...
 
     def endpoint_removed(self, key: str) -> None: ...
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import random
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from epp.fleet import Datastore
 from epp.routing.decision import MAX_RETRIES_HEADER, RouteDecision
@@ -127,7 +127,7 @@ class Router:
 
     # ---- the decision --------------------------------------------------------------------------------------
     def decide(self, headers: Mapping[str, str], model: str, *, now: float, dry_run: bool = False,
-               metadata: Mapping[str, Mapping[str, object]] | None = None, body: Mapping[str, Any] | None = None,
+               metadata: Mapping[str, Mapping[str, object]] | None = None, body: Mapping[str, object] | None = None,
                ) -> RouteDecision | None:
         """Raises SchedulingError: 404 (routes name the model but no rule matched, or nothing routes it and no plain
         pool exists; a target that does not exist), 400 (a path the provider does not take), 503 (a provider

@@ -13,11 +13,11 @@ import logging
 import random
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from epp.fleet import Datastore
 from epp.routing.documents import DocumentSet, RawDocument, read_yaml
-from epp.routing.model import RouteConfigError
+from epp.routing.model import RouteConfigError, RoutingTable
 from epp.routing.pools import PodSource
 from epp.routing.providers import PROVIDER_HEADER, Credentials
 from epp.routing.router import RouteDecision, Router
@@ -51,8 +51,8 @@ class RoutingService:
         self.credentials = Credentials(secrets_dir)
         self.router = Router(datastore, rng, credentials=self.credentials, provider_header=provider_header,
                              on_decision=self._on_decision, gateway_headers=gateway_headers)
-        self.on_table: list[Callable[[Any], None]] = []  # told the new routing table after every change
-        self.cleanups: list[Callable[[], Awaitable[Any]]] = []
+        self.on_table: list[Callable[[RoutingTable], None]] = []  # told the new routing table after every change
+        self.cleanups: list[Callable[[], Awaitable[object]]] = []
         if metrics is not None:
             from epp.routing.metrics import RoutingMetrics
 

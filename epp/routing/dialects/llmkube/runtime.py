@@ -29,7 +29,7 @@ import random
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from epp.routing.decision import RouteDecision
 from epp.routing.dialects.llmkube.balance import balancing_scheduler
@@ -253,7 +253,7 @@ class LLMKubeRouting:
 
     # ---- the decision ---------------------------------------------------------------------------------------
     def decide(self, headers: Mapping[str, str], model: str, *, now: float, rng: random.Random,
-               metadata: Mapping[str, Mapping[str, object]], body: Mapping[str, Any] | None) -> ModelRouterDecision:
+               metadata: Mapping[str, Mapping[str, object]], body: Mapping[str, object] | None) -> ModelRouterDecision:
         rt = self.choose(metadata)
         spec = rt.spec
         f = features(headers, model, spec.classification_header, spec.sensitive)
@@ -275,7 +275,7 @@ class LLMKubeRouting:
         self._mirrors(d, rt, plan, now)
         return d
 
-    def _timeout(self, d: ModelRouterDecision, plan: Plan, body: Mapping[str, Any] | None) -> None:
+    def _timeout(self, d: ModelRouterDecision, plan: Plan, body: Mapping[str, object] | None) -> None:
         cap = d.spec.response_header_timeout_s
         t = plan.rule.timeout_s or plan.backend.timeout_s or cap
         d.timeout_s = min(t, cap)
