@@ -119,7 +119,7 @@ class Dialect:
     group: str
     resources: tuple[Resource, ...]
     compile: Compile
-    identity: Callable[[Mapping[str, Any]], Identity | None] = k8s_identity
+    identity: Callable[[Mapping[str, object]], Identity | None] = k8s_identity
     runtime: RuntimeFactory | None = None  # runtime(router, gateway_headers=...) -> DialectRuntime
     envoy: Callable[[tuple[Any, ...]], EnvoyFragments] | None = None  # its objects -> fragments
     example: StackExample | None = None
