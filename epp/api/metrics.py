@@ -43,22 +43,20 @@ per request went to metrics). The request path therefore only adds to plain dict
 they are folded into the prometheus objects before every collection (a collector registered first in the
 registry folds them, so /metrics, `exposition()` and `registry.get_sample_value` always see every update) and
 whenever 1024 observations are pending (bounded memory when nobody scrapes). Histograms are folded per bucket
-(one increment per bucket and one for the sum), with exactly `Histogram.observe`'s bucket choice.
+(one increment per bucket and one for the sum), with exactly `Histogram.observe`'s bucket choice. The pending
+updates and the cached labelled children are a `Batch` (epp/api/metrics_batch.py).
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, generate_latest
-from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
-from prometheus_client.metrics import MetricWrapperBase
-from prometheus_client.registry import Collector
 
 from epp.api.metric_twins import (
     LLMD_DURATION_BUCKETS,
@@ -68,12 +66,11 @@ from epp.api.metric_twins import (
     LLMD_REQUEST_SIZE_BUCKETS,
     LLMD_RESPONSE_SIZE_BUCKETS,
     LLMD_SCHEDULER_BUCKETS,
-    TwinFamily,
-    observe_many,
     twin_counter,
     twin_gauge,
     twin_histogram,
 )
+from epp.api.metrics_batch import Batch, FoldCollector
 from epp.api.metrics_gauges import HealthCollector, PoolCollector
 from epp.api.request_metrics import PLUGIN_SAMPLE_EVERY as PLUGIN_SAMPLE_EVERY  # re-exported
 from epp.api.request_metrics import RequestMetrics as RequestMetrics  # re-exported
@@ -100,28 +97,35 @@ FLOW_BUCKETS = (0.0001, 0.0005, 0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
 PLUGIN_BUCKETS = (0.00001, 0.00002, 0.00005, 0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05)
 
 
-class _Fold(Collector):
-    """Exports nothing; collecting it folds the pending updates (it is registered before every metric)."""
-
-    def __init__(self, metrics: EppMetrics) -> None:
-        self.metrics = metrics
-
-    def collect(self) -> Iterator[GaugeMetricFamily]:
-        self.metrics.fold()
-        return iter(())
-
-
 class EppMetrics:
     def __init__(self, datastore: Datastore | None = None) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
-        self._pending_inc: dict[Any, float] = {}  # counter or gauge child -> amount to add
-        self._pending_obs: dict[Any, list[float]] = {}  # histogram child -> observations
-        self._n_obs = 0
         # With `epp serve --workers N` another process reads this one's values from memory-mapped files and no
         # collection here would fold them: update prometheus at once.
-        self._batch = not os.environ.get("PROMETHEUS_MULTIPROC_DIR")
-        r.register(_Fold(self))  # first: collections fold the pending updates before reading anything
+        self.batch = Batch(batched=not os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
+        r.register(FoldCollector(self.batch))  # first: collections fold the pending updates before reading anything
+        self._add_request_metrics(r)
+        self.disagg = Counter("disagg_decision_total", "P/D decisions: decode-only or prefill-decode.",
+                              ["model_name", "decision_type"], registry=r)
+        self.violations = Counter("pointsman_protocol_violations_total",
+                                  "ext_proc streams ended by a protocol violation, by rule.", ["kind"], registry=r)
+        self._add_flow_metrics(r)
+        self.endpoint_failures = Counter("pointsman_endpoint_response_failures_total",
+                                         "Failed responses by endpoint and kind (passive health).",
+                                         ["endpoint", "reason"], registry=r)
+        self.endpoint_ejections = Counter("pointsman_endpoint_ejections_total",
+                                          "Times an endpoint was taken out of rotation.", ["endpoint", "source"],
+                                          registry=r)
+        self._health_collector: HealthCollector | None = None
+        self._flow_queued: dict[tuple[str, ...], int] = {}
+        self._fairness_ids: set[str] = set()
+        self._pool_collector: PoolCollector | None = None
+        if datastore is not None:
+            self.bind_datastore(datastore)
+
+    def _add_request_metrics(self, r: CollectorRegistry) -> None:
+        """The request path's and the scheduler's series."""
         # GIE's request series and llm-d-router's llm_d_epp_* twins (epp/api/metric_twins.py): label values are
         # given in the twin's order (model, target, fairness id, priority[, ...]); GIE's take the ones they have.
         self.requests = twin_counter(r, "inference_objective_request_total", "llm_d_epp_request_total",
@@ -163,24 +167,6 @@ class EppMetrics:
                                      ["extension_point", "plugin_type", "plugin_name"],
                                      ["extension_point", "plugin_type", "plugin_name"], PLUGIN_BUCKETS,
                                      LLMD_SCHEDULER_BUCKETS)
-        self.disagg = Counter("disagg_decision_total", "P/D decisions: decode-only or prefill-decode.",
-                              ["model_name", "decision_type"], registry=r)
-        self.violations = Counter("pointsman_protocol_violations_total",
-                                  "ext_proc streams ended by a protocol violation, by rule.", ["kind"], registry=r)
-        self._add_flow_metrics(r)
-        self.endpoint_failures = Counter("pointsman_endpoint_response_failures_total",
-                                         "Failed responses by endpoint and kind (passive health).",
-                                         ["endpoint", "reason"], registry=r)
-        self.endpoint_ejections = Counter("pointsman_endpoint_ejections_total",
-                                          "Times an endpoint was taken out of rotation.", ["endpoint", "source"],
-                                          registry=r)
-        self._health_collector: HealthCollector | None = None
-        self._flow_queued: dict[tuple[str, ...], int] = {}
-        self._fairness_ids: set[str] = set()
-        self._pool_collector: PoolCollector | None = None
-        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
-        if datastore is not None:
-            self.bind_datastore(datastore)
 
     def _add_flow_metrics(self, r: CollectorRegistry) -> None:
         """Flow control's series (GIE's names)."""
@@ -212,48 +198,9 @@ class EppMetrics:
                                                 "Saturation of the inference pool as flow control sees it (1 = full).",
                                                 ["inference_pool"], ["inference_pool"])
 
-    def _child(self, metric: MetricWrapperBase | TwinFamily, *labels: str) -> Any:
-        """`metric.labels(*labels)`, cached: prometheus_client validates and locks on every labels() call,
-        which is a measurable share of the per-request cost on the hot path."""
-        key = (id(metric), labels)
-        child = self._children.get(key)
-        if child is None:
-            child = self._children[key] = metric.labels(*labels)
-        return child
-
-    def _inc(self, child: Any, amount: float = 1.0) -> None:
-        if not self._batch:
-            child.inc(amount)
-            return
-        pending = self._pending_inc
-        pending[child] = pending.get(child, 0.0) + amount
-
-    def _observe(self, child: Any, value: float) -> None:
-        if not self._batch:
-            child.observe(value)
-            return
-        values = self._pending_obs.get(child)
-        if values is None:
-            values = self._pending_obs[child] = []
-        values.append(value)
-        self._n_obs += 1
-        if self._n_obs >= 1024:
-            self.fold()
-
-    def fold(self) -> None:
-        """Apply the pending updates to the prometheus objects."""
-        incs, self._pending_inc = self._pending_inc, {}
-        for child, amount in incs.items():
-            if amount:
-                child.inc(amount)  # a gauge takes a negative amount (more dec than inc)
-        observations, self._pending_obs = self._pending_obs, {}
-        self._n_obs = 0
-        for child, values in observations.items():
-            observe_many(child, values)
-
     def requests_total(self) -> float:
         """Requests decided so far, over every label (pending updates folded first)."""
-        self.fold()
+        self.batch.fold()
         return float(sum(s.value for family in self.requests.gie.collect() for s in family.samples
                          if s.name.endswith("_total")))
 
@@ -262,12 +209,13 @@ class EppMetrics:
     # like flow control's: the first FAIRNESS_LABELS distinct ids, then "other".
     def request_started(self, model: str, target: str, priority: int | str, fairness: str = DEFAULT_FLOW) -> None:
         labels = (model, target, self._fairness_label(fairness), str(priority))
-        self._inc(self._child(self.requests, *labels))
-        self._inc(self._child(self.running, *labels))
+        b = self.batch
+        b.inc(b.child(self.requests, *labels))
+        b.inc(b.child(self.running, *labels))
 
     def request_error(self, model: str, target: str, code: str, priority: int | str = "",
                       fairness: str = DEFAULT_FLOW) -> None:
-        self._inc(self._child(self.errors, model, target, self._fairness_label(fairness), str(priority), str(code)))
+        self.batch.inc(self.batch.child(self.errors, model, target, self._fairness_label(fairness), str(priority), str(code)))
 
     def request_finished(
         self,
@@ -282,35 +230,36 @@ class EppMetrics:
         response_bytes: int | None = None,
     ) -> None:
         labels = (model, target, self._fairness_label(fairness), str(priority))
-        self._inc(self._child(self.running, *labels), -1.0)
+        b = self.batch
+        b.inc(b.child(self.running, *labels), -1.0)
         if duration_s is not None:
-            self._observe(self._child(self.duration, *labels), duration_s)
+            b.observe(b.child(self.duration, *labels), duration_s)
         if request_bytes:
-            self._observe(self._child(self.request_sizes, *labels), request_bytes)
+            b.observe(b.child(self.request_sizes, *labels), request_bytes)
         if response_bytes:
-            self._observe(self._child(self.response_sizes, *labels), response_bytes)
+            b.observe(b.child(self.response_sizes, *labels), response_bytes)
         if input_tokens:
-            self._observe(self._child(self.input_tokens, *labels), input_tokens)
+            b.observe(b.child(self.input_tokens, *labels), input_tokens)
         if output_tokens:
-            self._observe(self._child(self.output_tokens, *labels), output_tokens)
+            b.observe(b.child(self.output_tokens, *labels), output_tokens)
 
     def scheduler_duration(self, seconds: float) -> None:
-        self._observe(self._child(self.scheduler), seconds)
+        self.batch.observe(self.batch.child(self.scheduler), seconds)
 
     def scheduler_attempt(self, target: str, endpoint: str = "", namespace: str = "", port: str = "") -> None:
         """A scheduling attempt: success with the picked endpoint (pod name, namespace, port), failure without."""
         status = "success" if endpoint else "failure"
-        self._inc(self._child(self.attempts, status, target, endpoint, namespace, port))
+        self.batch.inc(self.batch.child(self.attempts, status, target, endpoint, namespace, port))
 
     def plugin_duration(self, ext_point: str, plugin_type: str, plugin_name: str, seconds: float) -> None:
-        self._observe(self._child(self.plugin, ext_point, plugin_type, plugin_name), seconds)
+        self.batch.observe(self.batch.child(self.plugin, ext_point, plugin_type, plugin_name), seconds)
 
     def disagg_decision(self, model: str, decision: str) -> None:
-        self._inc(self._child(self.disagg, model, decision))
+        self.batch.inc(self.batch.child(self.disagg, model, decision))
 
     # ---- the ext_proc layer's calls -----------------------------------------------------------------------
     def protocol_violation(self, kind: str) -> None:
-        self._inc(self._child(self.violations, kind))
+        self.batch.inc(self.batch.child(self.violations, kind))
 
     # ---- flow control ------------------------------------------------------------------------------------
     def _fairness_label(self, fairness_id: str) -> str:
@@ -328,14 +277,14 @@ class EppMetrics:
                    size: int) -> None:
         labels = (self._fairness_label(fairness_id), str(priority), pool, model, target)
         left = self._flow_queued.get(labels, 0) + count
-        self._child(self.flow_size, *labels).inc(count)
-        self._child(self.flow_bytes, *labels).inc(size)
+        self.batch.child(self.flow_size, *labels).inc(count)
+        self.batch.child(self.flow_bytes, *labels).inc(size)
         if left > 0:
             self._flow_queued[labels] = left
         else:  # the flow has nothing queued: drop its series (fairness ids come from clients)
             self._flow_queued.pop(labels, None)
             for metric in (self.flow_size, self.flow_bytes):
-                self._children.pop((id(metric), labels), None)
+                self.batch.forget(metric, labels)
                 try:
                     metric.remove(*labels)
                 except KeyError:
@@ -344,24 +293,24 @@ class EppMetrics:
     def flow_outcome(self, fairness_id: str, priority: int, outcome: str, pool: str, model: str, target: str,
                      seconds: float) -> None:
         fid = self._fairness_label(fairness_id)
-        self._child(self.flow_duration, fid, str(priority), outcome, pool, model, target).observe(seconds)
+        self.batch.child(self.flow_duration, fid, str(priority), outcome, pool, model, target).observe(seconds)
 
     def flow_enqueue(self, fairness_id: str, priority: int, outcome: str, seconds: float) -> None:
-        self._child(self.flow_enqueue_duration, self._fairness_label(fairness_id), str(priority),
+        self.batch.child(self.flow_enqueue_duration, self._fairness_label(fairness_id), str(priority),
                     outcome).observe(seconds)
 
     def flow_saturation(self, pool: str, saturation: float) -> None:
-        self._child(self.flow_saturation_gauge, pool).set(saturation)
+        self.batch.child(self.flow_saturation_gauge, pool).set(saturation)
 
     def flow_cycle(self, seconds: float) -> None:
-        self._child(self.flow_cycle_duration).observe(seconds)
+        self.batch.child(self.flow_cycle_duration).observe(seconds)
 
     # ---- endpoint health -------------------------------------------------------------------------------
     def endpoint_failure(self, key: str, kind: str) -> None:
-        self._child(self.endpoint_failures, key, kind).inc()
+        self.batch.child(self.endpoint_failures, key, kind).inc()
 
     def endpoint_ejected(self, key: str, source: str) -> None:
-        self._child(self.endpoint_ejections, key, source).inc()
+        self.batch.child(self.endpoint_ejections, key, source).inc()
 
     def bind_health(self, passive: PassiveHealth) -> None:
         """Serve the endpoint state gauges from this passive-health tracker (and its scraper)."""

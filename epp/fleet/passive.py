@@ -113,6 +113,53 @@ class HealthMetrics(Protocol):
     def endpoint_ejected(self, key: str, source: str) -> None: ...
 
 
+class Silence:
+    """The requests the silence rule may fail, oldest sign of life first (the clock is monotonic, and a watch moves
+    to the end whenever it shows life), so a tick looks at the due ones only, never at every request in flight:
+    `quiet` asked to stream and waits for its response headers (armed only while response headers are seen at all);
+    `flowing` has a response body under way (always armed)."""
+
+    __slots__ = ("quiet", "flowing", "headers_seen_at")
+
+    def __init__(self) -> None:
+        self.quiet: OrderedDict[Watch, None] = OrderedDict()
+        self.flowing: OrderedDict[Watch, None] = OrderedDict()
+        self.headers_seen_at = -HEADERS_SEEN_WINDOW_S  # when response headers were last seen
+
+    def track(self, w: Watch) -> None:
+        """Queue `w` where the silence rule looks for it now (at the end: it just showed life), or nowhere."""
+        if w.failed or w.complete or w.closed:
+            self.untrack(w)
+        elif w.chunks:
+            flowing = self.flowing
+            if w in flowing:
+                flowing.move_to_end(w)  # the per-chunk case
+            else:
+                self.quiet.pop(w, None)
+                flowing[w] = None
+        elif w.streaming and w.status == 0:
+            self.quiet[w] = None
+            self.quiet.move_to_end(w)
+        else:
+            self.quiet.pop(w, None)  # headers came, no body yet: never silent before the body begins
+
+    def untrack(self, w: Watch) -> None:
+        self.quiet.pop(w, None)
+        self.flowing.pop(w, None)
+
+    def due(self, now: float, limit: float) -> list[Watch]:
+        """The requests silent for longer than `limit`: the head of each armed queue, up to the first that is not
+        (O(due requests), not O(requests in flight)); failing them takes them off the queues."""
+        due: list[Watch] = []
+        queues = (self.quiet, self.flowing) if now - self.headers_seen_at < HEADERS_SEEN_WINDOW_S else (self.flowing,)
+        for queue in queues:
+            for w in queue:
+                if not now - w.last > limit:
+                    break
+                due.append(w)
+        return due
+
+
 class PassiveHealth:
     def __init__(
         self,
@@ -139,14 +186,8 @@ class PassiveHealth:
         self.metrics = metrics
         self.scraper: MetricsScraper | None = None  # for reporting its view next to this one
         self.states: dict[str, EndpointHealth] = {}
-        # The requests the silence rule may fail, oldest sign of life first (the clock is monotonic, and a watch
-        # moves to the end whenever it shows life), so a tick looks at the due ones only, never at every request
-        # in flight: `quiet` asked to stream and waits for its response headers (armed only while response
-        # headers are seen at all); `flowing` has a response body under way (always armed).
-        self._quiet: OrderedDict[Watch, None] = OrderedDict()
-        self._flowing: OrderedDict[Watch, None] = OrderedDict()
+        self.silence = Silence()
         self.awaiting_probe: set[str] = set()  # probing endpoints with no probe in flight
-        self.headers_seen_at = -HEADERS_SEEN_WINDOW_S
         self._task: asyncio.Task[None] | None = None
         datastore.on_endpoint_removed(self.forget)
 
@@ -176,7 +217,7 @@ class PassiveHealth:
         body = req.body
         w = Watch(key, bool(body.get("stream")) if body else False, self.clock())
         if w.streaming:
-            self._quiet[w] = None
+            self.silence.quiet[w] = None
         st = self.states.get(key)
         if st is not None and st.state == PROBING and st.probe is None:
             st.probe = w
@@ -187,7 +228,7 @@ class PassiveHealth:
 
     def response_started(self, w: Watch, status: str, served: str | None) -> None:
         now = self.clock()
-        self.headers_seen_at = now
+        self.silence.headers_seen_at = now
         w.last = now
         if served and served != w.key and "," not in served:
             self._release_probe(w)  # Envoy served another host (override_host fallback): judge that one
@@ -197,7 +238,7 @@ class PassiveHealth:
             self._fail(w, f"HTTP {w.status}", "http_5xx")
         elif w.probe:
             self._restore(w)  # it answers: back in rotation (the response's end still counts for the streak)
-        self._track(w)
+        self.silence.track(w)
 
     def progress(self, w: Watch, end: bool) -> None:
         w.last = self.clock()
@@ -206,38 +247,17 @@ class PassiveHealth:
             w.complete = True
             if 0 < w.status < 500:
                 self._succeed(w)
-        self._track(w)
+        self.silence.track(w)
 
     def closed(self, w: Watch) -> None:
         w.closed = True
-        self._untrack(w)
+        self.silence.untrack(w)
         if 0 < w.status < 500 and not w.complete and not w.failed:
             if w.chunks:
                 self._fail(w, "the response was cut short (reset, or the client left)", "cut_short")
             else:
                 self._succeed(w)  # headers without body messages: Envoy sends response headers only
         self._release_probe(w)
-
-    def _track(self, w: Watch) -> None:
-        """Queue `w` where the silence rule looks for it now (at the end: it just showed life), or nowhere."""
-        if w.failed or w.complete or w.closed:
-            self._untrack(w)
-        elif w.chunks:
-            flowing = self._flowing
-            if w in flowing:
-                flowing.move_to_end(w)  # the per-chunk case
-            else:
-                self._quiet.pop(w, None)
-                flowing[w] = None
-        elif w.streaming and w.status == 0:
-            self._quiet[w] = None
-            self._quiet.move_to_end(w)
-        else:
-            self._quiet.pop(w, None)  # headers came, no body yet: never silent before the body begins
-
-    def _untrack(self, w: Watch) -> None:
-        self._quiet.pop(w, None)
-        self._flowing.pop(w, None)
 
     # ---- verdicts ------------------------------------------------------------------------------------------------
     def _state(self, key: str) -> EndpointHealth:
@@ -265,7 +285,7 @@ class PassiveHealth:
         if w.failed:
             return  # one failure per request
         w.failed = True
-        self._untrack(w)
+        self.silence.untrack(w)
         st = self._state(w.key)
         st.failures += 1
         st.consecutive += 1
@@ -314,20 +334,7 @@ class PassiveHealth:
                     self.awaiting_probe.add(key)
                     self.datastore.ejected.discard(key)
                 log.info("endpoint %s: cool-down over, the next request probes it", key)
-        if now - self.headers_seen_at < HEADERS_SEEN_WINDOW_S:
-            self._silent(self._quiet, now)
-        self._silent(self._flowing, now)
-
-    def _silent(self, queue: OrderedDict[Watch, None], now: float) -> None:
-        """Fail the requests of `queue` silent for longer than `silence_timeout`: its head, up to the first that
-        is not (O(due requests), not O(requests in flight))."""
-        limit = self.silence_timeout
-        due: list[Watch] = []
-        for w in queue:
-            if not now - w.last > limit:
-                break
-            due.append(w)
-        for w in due:
+        for w in self.silence.due(now, self.silence_timeout):
             self._fail(w, f"no response for {now - w.last:.1f} s", "silent")  # leaves the queue
 
     def start(self) -> None:

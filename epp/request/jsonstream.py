@@ -17,9 +17,9 @@ Cost: orjson does the per-byte work, Python works per chunk and per token it can
   string with backslashes before its candidate end asks orjson where it really ends.
 So no value is parsed twice, and the work left for the last chunk is that chunk's.
 
-Here is the token state machine (which token comes next, containers entered and closed, waiting for more data);
-how a value is taken once it starts and where it goes, with its text, is `ValueReader`'s (jsonvalues.py, with
-`DEEP_BYTES` and `LONG_STRING`); where strings and runs end is found by jsonscan.py.
+Here is the token state machine (which token comes next, containers entered and closed, waiting for more data) and
+how a value is taken once it starts; where it goes, with its text, is `Members`' (jsonvalues.py, with `LongString`,
+`complete_run`, `DEEP_BYTES` and `LONG_STRING`); where strings and runs end is found by jsonscan.py.
 
 Exactness: pieces and runs are parsed by orjson itself, containers are nested no deeper than orjson allows (a run is
 parsed inside as many brackets as it is deep), and anything the reader does not handle exactly (a duplicate key
@@ -36,7 +36,20 @@ from typing import Any
 import orjson
 
 from epp.request.jsonscan import OPEN, WS, WS_SET, string_end
-from epp.request.jsonvalues import COLON, FIRST, KEY, NEXT, VALUE, Frame, Sink, ValueReader
+from epp.request.jsonvalues import (
+    COLON,
+    DEEP_BYTES,
+    FIRST,
+    KEY,
+    LONG_STRING,
+    NEXT,
+    VALUE,
+    Frame,
+    LongString,
+    Members,
+    Sink,
+    complete_run,
+)
 
 MAX_DEPTH = 1024  # orjson's nesting limit
 _SCALAR_END = frozenset(b" \t\n\r,]}")
@@ -44,27 +57,26 @@ _loads = orjson.loads
 _dumps = orjson.dumps
 
 
-class JsonStream(ValueReader):
+class JsonStream:
     """Reads one JSON object in pieces (see the module docstring).
 
-    `collect`: top-level member names whose canonical JSON text is wanted (`texts` after `finish`). `head`: the one
-    among them whose text is published as it arrives (`head_parts`, `head_chars`); a string head is published as
-    the string itself (the prompt of a completion is the string, not its JSON). `on_member(name, value)` is called
-    as top-level members complete."""
+    `collect`: top-level member names whose canonical JSON text is wanted (`members.texts()` after `finish`).
+    `head`: the one among them whose text is published as it arrives (`members.head_parts`, `head_chars`); a string
+    head is published as the string itself (the prompt of a completion is the string, not its JSON).
+    `on_member(name, value)` is called as top-level members complete."""
 
-    __slots__ = ("value", "error", "done", "_buf", "_base", "_stack", "_sink_at", "_sink_cur", "_pre")
+    __slots__ = ("value", "error", "done", "_buf", "_base", "_stack", "_pre", "_str", "members")
 
     def __init__(self, collect: frozenset[str] = frozenset(), head: str | None = None,
                  on_member: Callable[[str, Any], None] | None = None) -> None:
-        super().__init__(collect, head, on_member)
+        self.members = Members(collect, head, on_member)
         self.value: dict[str, Any] = {}  # the top-level members completed so far
         self.error: str | None = None
         self.done = False  # the top-level object closed
         self._buf = b""  # unconsumed bytes
         self._base = 0  # absolute offset of _buf[0]
         self._stack: list[Frame] = []
-        self._sink_at = -1  # where the member value whose sink is _sink_cur starts (a value waited for)
-        self._sink_cur: Sink | None = None
+        self._str: LongString | None = None  # a string value that spans chunks
         self._pre = True  # before the top-level '{'
 
     # ---- input ---------------------------------------------------------------------------------------------
@@ -143,7 +155,7 @@ class JsonStream(ValueReader):
                     f.sink.dirty = True
                 f.keys.add(key)
             if f.sink is not None:
-                self._emit(f.sink, ("," if st == KEY else "") + _dumps(key).decode() + ":")
+                self.members.emit(f.sink, ("," if st == KEY else "") + _dumps(key).decode() + ":")
             f.state = COLON
             return end + 1
         if st == COLON:
@@ -167,15 +179,21 @@ class JsonStream(ValueReader):
             if c == 0x2C:
                 f.state = VALUE
                 if f.sink is not None:
-                    self._emit(f.sink, ",")
+                    self.members.emit(f.sink, ",")
                 return i + 1
             if c == 0x5D:
                 return self._close(buf, i)
             raise ValueError("expected ',' or ']'")
         if c == 0x5D and st == FIRST:
             return self._close(buf, i)
-        j = self._elements(buf, i, f)
-        return self._value(buf, i, f) if j == i else j
+        end, vals = complete_run(buf, i, b",]", len(self._stack))  # every complete element at once
+        if not vals:
+            return self._value(buf, i, f)
+        f.value.extend(vals)
+        f.state = NEXT
+        if f.sink is not None:
+            self.members.emit(f.sink, _dumps(vals).decode()[1:-1])
+        return end
 
     def _value(self, buf: bytes, i: int, f: Frame) -> int:
         """A value starts at buf[i] (not whitespace): place it, or enter it. Returns where reading goes on, or
@@ -187,14 +205,8 @@ class JsonStream(ValueReader):
         if len(stack) == 1:  # a top-level member
             key = f.key
             assert key is not None
-            at = self._base + i
-            if at != self._sink_at:  # (not the same value again after waiting for more data)
-                self._sink_at, self._sink_cur = at, self._member_sink(key)
-            sink = self._sink_cur
-            if key == self.head:
-                self._head_str = head_value = c == 0x22
-            if key == "model":
-                self.model_span = None
+            sink = self.members.begin(key, self._base + i, c == 0x22)
+            head_value = c == 0x22 and key == self.members.head
         if c == 0x22:
             return self._string(buf, i, f, sink, head_value)
         if c in OPEN:
@@ -207,7 +219,7 @@ class JsonStream(ValueReader):
             g = Frame(c == 0x7B, sink, self._base + i)
             stack.append(g)
             if sink is not None:
-                self._emit(sink, "{" if g.obj else "[")
+                self.members.emit(sink, "{" if g.obj else "[")
             return i + 1
         # a number or a literal: up to the next delimiter
         j = i + 1
@@ -218,7 +230,7 @@ class JsonStream(ValueReader):
             return -(i + 1)
         v = _loads(buf[i:j])
         if sink is not None:
-            self._emit(sink, _dumps(v).decode())
+            self.members.emit(sink, _dumps(v).decode())
         self._place(f, v, i, j)
         return j
 
@@ -232,6 +244,56 @@ class JsonStream(ValueReader):
                 raise ValueError("content after the object")
             return len(buf)
         if g.sink is not None:
-            self._emit(g.sink, "}" if g.obj else "]")
+            self.members.emit(g.sink, "}" if g.obj else "]")
         self._place(stack[-1], g.value, g.start - self._base, i + 1)
         return i + 1
+
+    # ---- taking values ---------------------------------------------------------------------------------------
+    def _place(self, f: Frame, v: Any, start: int, end: int) -> None:
+        """A complete value of frame f (its text, when collected, is already in the sink)."""
+        if f.obj:
+            key = f.key
+            assert key is not None
+            f.value[key] = v
+            if len(self._stack) == 1:
+                self.members.done(key, v, self._base + start, self._base + end)
+        else:
+            f.value.append(v)
+        f.state = NEXT
+
+    def _whole(self, buf: bytes, i: int, f: Frame, sink: Sink | None) -> int:
+        """A container member value at buf[i], taken with one orjson call once it is complete. Returns its end,
+        -(i + 1) to wait for more data, -2 to enter it (too large to keep waiting)."""
+        if f.obj:
+            end, vals = complete_run(buf, i, b",}", len(self._stack))
+            if vals:
+                v = vals[0]
+                if sink is not None:
+                    self.members.emit(sink, _dumps(v).decode())
+                self._place(f, v, i, end)
+                return end
+        return -2 if len(buf) - i > DEEP_BYTES else -(i + 1)
+
+    def _string(self, buf: bytes, i: int, f: Frame, sink: Sink | None, head_string: bool) -> int:
+        end = string_end(buf, i + 1)
+        if end >= 0:
+            v = _loads(buf[i : end + 1])
+            if sink is not None:
+                self.members.emit(sink, _dumps(v).decode() if buf.find(b"\\", i, end) >= 0 else '"' + v + '"')
+            if head_string:
+                self.members.publish(v)
+            self._place(f, v, i, end + 1)
+            return end + 1
+        if len(buf) - i <= LONG_STRING:
+            return -(i + 1)  # a short string: wait for its end
+        self._str = LongString(self.members, sink, head_string, self._base + i)  # take its pieces as they come
+        return self._string_more(buf, i + 1)
+
+    def _string_more(self, buf: bytes, i: int) -> int:
+        s = self._str
+        assert s is not None
+        j = s.more(buf, i)
+        if s.complete:
+            self._str = None
+            self._place(self._stack[-1], s.value(), s.start - self._base, j)
+        return j

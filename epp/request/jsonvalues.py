@@ -1,11 +1,10 @@
-"""The values of the streaming JSON reader (jsonstream.py): how each is taken, and where it goes.
+"""The values of the streaming JSON reader (jsonstream.py): where their text goes, and the parts of taking them.
 
-`ValueReader` is mixed into `JsonStream`, which finds where values start (the token state machine); from there:
-- runs of complete values are taken with one orjson call each (`_elements` in an array, `_whole` for a container
-  member value); a container still incomplete past `DEEP_BYTES` is left to the state machine to enter;
-- a string is taken whole, or, once longer than `LONG_STRING` and still incomplete, in pieces as they arrive;
-- a complete value goes into its frame (`_place`: the top-level `model`'s span, `on_member`), and its canonical
-  text into the sink of its collected member (`_emit`); the head member's text is published as it arrives.
+`JsonStream` finds where values start (the token state machine) and takes them; what it hands on lives here:
+- `Members`: the top-level members as they start and complete: the canonical text of each collected member in its
+  `Sink`, the head member's text published as it arrives, the top-level `model`'s span, `on_member`;
+- `LongString`: a string longer than `LONG_STRING` and still incomplete, read in pieces as they arrive;
+- `complete_run`: a run of complete values taken with one orjson call (nested as deep as they are).
 """
 
 from __future__ import annotations
@@ -55,147 +54,121 @@ class Frame:
         self.start = start  # absolute offset of the opening bracket
 
 
-class ValueReader:
-    """Taking values and placing them (see the module docstring); the state is `JsonStream`'s."""
+class Members:
+    """The top-level members as they start and complete (see the module docstring).
 
-    __slots__ = ("collect", "head", "on_member", "texts", "model_span", "head_parts", "head_chars", "head_ok",
-                 "_head_str", "_str", "_str_sink", "_str_start", "_str_head")
-    _base: int  # JsonStream's: the absolute offset of the buffer's first byte
-    _stack: list[Frame]  # JsonStream's: the containers entered, the top-level object first
+    `collect`: the member names whose canonical JSON text is wanted (`texts()`); `head`: the one among them whose
+    text is published as it arrives (`head_parts`, `head_chars`; a string head as the string itself)."""
+
+    __slots__ = ("collect", "head", "on_member", "sinks", "model_span", "head_parts", "head_chars", "head_ok",
+                 "head_str", "_at", "_cur")
 
     def __init__(self, collect: frozenset[str], head: str | None,
                  on_member: Callable[[str, Any], None] | None) -> None:
         self.collect = collect
         self.head = head
         self.on_member = on_member
-        self.texts: dict[str, Sink] = {}
+        self.sinks: dict[str, Sink] = {}
         self.model_span: tuple[int, int] | None = None  # absolute byte span of the top-level "model" value
         self.head_parts: list[str] = []  # the head member's text so far
         self.head_chars = 0
         self.head_ok = True  # false once the head text so far may not be a prefix of the final one
-        self._head_str = False  # the head member's value is a string
-        self._str: list[str] | None = None  # decoded pieces of a string value that spans chunks
-        self._str_sink: Sink | None = None
-        self._str_start = 0
-        self._str_head = False  # the string being read is the head member's value
+        self.head_str = False  # the head member's value is a string
+        self._at = -1  # where the member value whose sink is _cur starts (a value waited for)
+        self._cur: Sink | None = None
 
-    # ---- where values go -------------------------------------------------------------------------------------
-    def _emit(self, sink: Sink, text: str) -> None:
+    def begin(self, key: str, at: int, string: bool) -> Sink | None:
+        """The value of member `key` starts at absolute offset `at` (a string when `string`): the sink of its text,
+        the same one when it starts there again after waiting for more data."""
+        if at != self._at:
+            self._at, self._cur = at, self._sink(key)
+        if key == self.head:
+            self.head_str = string
+        if key == "model":
+            self.model_span = None
+        return self._cur
+
+    def _sink(self, key: str) -> Sink | None:
+        if key not in self.collect:
+            return None
+        if key in self.sinks and key == self.head:  # a repeated member: the last one wins, as in a dict
+            self.head_ok = False
+        sink = self.sinks[key] = Sink(head=key == self.head)
+        return sink
+
+    def done(self, key: str, v: Any, start: int, end: int) -> None:
+        """Member `key` completed with value v, at absolute offsets start to end."""
+        if key == "model":
+            self.model_span = (start, end)
+        if self.on_member is not None:
+            self.on_member(key, v)
+
+    def emit(self, sink: Sink, text: str) -> None:
         sink.parts.append(text)
-        if sink.head and not self._head_str and self.head_ok:
+        if sink.head and not self.head_str and self.head_ok:
             self.head_parts.append(text)
             self.head_chars += len(text)
 
-    def _publish_string(self, text: str) -> None:
+    def publish(self, text: str) -> None:
+        """A piece of the head member's string value."""
         if self.head_ok and text:
             self.head_parts.append(text)
             self.head_chars += len(text)
 
-    def _member_sink(self, key: str) -> Sink | None:
-        if key not in self.collect:
-            return None
-        if key in self.texts and key == self.head:  # a repeated member: the last one wins, as in a dict
-            self.head_ok = False
-        sink = self.texts[key] = Sink(head=key == self.head)
-        return sink
+    def texts(self) -> dict[str, str]:
+        """The collected members' texts, but those to be recomputed from the value."""
+        return {k: sink.text() for k, sink in self.sinks.items() if not sink.dirty}
 
-    def _place(self, f: Frame, v: Any, start: int, end: int) -> None:
-        """A complete value of frame f (its text, when collected, is already in the sink)."""
-        if f.obj:
-            key = f.key
-            assert key is not None
-            f.value[key] = v
-            if len(self._stack) == 1:
-                if key == "model":
-                    self.model_span = (self._base + start, self._base + end)
-                if self.on_member is not None:
-                    self.on_member(key, v)
-        else:
-            f.value.append(v)
-        f.state = NEXT
 
-    # ---- complete values at once -----------------------------------------------------------------------------
-    def _parse_run(self, buf: bytes, i: int, end: int) -> Any:
-        """orjson.loads(buf[i:end]) as a list of values, nested as deep as they are (orjson's depth limit holds)."""
-        depth = len(self._stack)
-        vals = _loads(b"[" * depth + buf[i:end] + b"]" * depth)
-        for _ in range(depth - 1):
-            vals = vals[0]
-        return vals
+class LongString:
+    """A string value read in pieces as they arrive, each validated and decoded by orjson."""
 
-    def _elements(self, buf: bytes, i: int, f: Frame) -> int:
-        """Take every complete element from buf[i] on with one orjson call. Returns the end (i: none taken)."""
-        closer = OPEN.get(buf[i])
-        for end in candidates(buf, i, closer, b",]"):
-            try:
-                vals = self._parse_run(buf, i, end)
-            except ValueError:
-                continue
-            if not vals:
-                return i
-            f.value.extend(vals)
-            f.state = NEXT
-            if f.sink is not None:
-                self._emit(f.sink, _dumps(vals).decode()[1:-1])
-            return end
-        return i
+    __slots__ = ("parts", "sink", "head", "start", "members", "complete")
 
-    def _whole(self, buf: bytes, i: int, f: Frame, sink: Sink | None) -> int:
-        """A container member value at buf[i], taken with one orjson call once it is complete. Returns its end,
-        -(i + 1) to wait for more data, -2 to enter it (too large to keep waiting)."""
-        n = len(buf)
-        if f.obj:
-            for end in candidates(buf, i, OPEN[buf[i]], b",}"):
-                try:
-                    v = self._parse_run(buf, i, end)[0]
-                except ValueError:
-                    continue
-                if sink is not None:
-                    self._emit(sink, _dumps(v).decode())
-                self._place(f, v, i, end)
-                return end
-        return -2 if n - i > DEEP_BYTES else -(i + 1)
-
-    # ---- strings ---------------------------------------------------------------------------------------------
-    def _string(self, buf: bytes, i: int, f: Frame, sink: Sink | None, head_string: bool) -> int:
-        end = string_end(buf, i + 1)
-        if end >= 0:
-            v = _loads(buf[i : end + 1])
-            if sink is not None:
-                self._emit(sink, _dumps(v).decode() if buf.find(b"\\", i, end) >= 0 else '"' + v + '"')
-            if head_string:
-                self._publish_string(v)
-            self._place(f, v, i, end + 1)
-            return end + 1
-        if len(buf) - i <= LONG_STRING:
-            return -(i + 1)  # a short string: wait for its end
-        self._str = []  # a long string: take its pieces as they come
-        self._str_sink = sink
-        self._str_head = head_string
-        self._str_start = self._base + i
+    def __init__(self, members: Members, sink: Sink | None, head: bool, start: int) -> None:
+        self.parts: list[str] = []  # the decoded pieces
+        self.sink = sink
+        self.head = head  # the head member's value
+        self.start = start  # absolute offset of the opening quote
+        self.members = members
+        self.complete = False
         if sink is not None:
-            self._emit(sink, '"')
-        return self._string_more(buf, i + 1)
+            members.emit(sink, '"')
 
-    def _string_more(self, buf: bytes, i: int) -> int:
-        parts = self._str
-        assert parts is not None
-        f = self._stack[-1]
-        sink = self._str_sink
+    def more(self, buf: bytes, i: int) -> int:
+        """Take the pieces from buf[i] on: returns where reading goes on (`complete` once the string ended)."""
+        sink = self.sink
         end = string_end(buf, i)
         stop = end if end >= 0 else safe_cut(buf, i, len(buf))
         if stop > i:
             piece = buf[i:stop]
             v = _loads(b'"' + piece + b'"')
-            parts.append(v)
+            self.parts.append(v)
             if sink is not None:
-                self._emit(sink, _dumps(v).decode()[1:-1] if piece.find(b"\\") >= 0 else v)
-            if self._str_head:
-                self._publish_string(v)
+                self.members.emit(sink, _dumps(v).decode()[1:-1] if piece.find(b"\\") >= 0 else v)
+            if self.head:
+                self.members.publish(v)
         if end < 0:
             return stop
-        self._str = None
+        self.complete = True
         if sink is not None:
-            self._emit(sink, '"')
-        self._place(f, "".join(parts), self._str_start - self._base, end + 1)
+            self.members.emit(sink, '"')
         return end + 1
+
+    def value(self) -> str:
+        return "".join(self.parts)
+
+
+def complete_run(buf: bytes, i: int, follow: bytes, depth: int) -> tuple[int, list[Any]]:
+    """The values of the first run from buf[i] on that parses whole, ending at a candidate end followed by one of
+    `follow`, with one orjson call nested `depth` deep (so orjson's depth limit holds): (its end, its values), or
+    (i, []) when none does yet."""
+    for end in candidates(buf, i, OPEN.get(buf[i]), follow):
+        try:
+            vals = _loads(b"[" * depth + buf[i:end] + b"]" * depth)
+        except ValueError:
+            continue
+        for _ in range(depth - 1):
+            vals = vals[0]
+        return end, vals
+    return i, []

@@ -77,17 +77,17 @@ class StreamingBody:
     @property
     def model(self) -> str | None:
         """The top-level `model`, once its value has arrived (a non-empty string), else None."""
-        v = self.stream.value.get("model") if self.stream.model_span is not None else None
+        v = self.stream.value.get("model") if self.stream.members.model_span is not None else None
         return v if isinstance(v, str) and v else None
 
     @property
     def head_chars(self) -> int:
         """Characters of the prompt's first part that have arrived (0 for kinds without a head)."""
-        s = self.stream
-        return s.head_chars if s.head_ok and s.error is None else 0
+        m = self.stream.members
+        return m.head_chars if m.head_ok and self.stream.error is None else 0
 
     def head_text(self) -> str:
-        return "".join(self.stream.head_parts)
+        return "".join(self.stream.members.head_parts)
 
     def partial(self) -> dict[str, Any]:
         """The top-level members that have arrived (for a decision made before the body ended)."""
@@ -108,14 +108,13 @@ class StreamingBody:
         if not s.finish():
             self._parsed = parse_body(self.kind, self.raw())
             return self._parsed
-        texts = {k: sink.text() for k, sink in s.texts.items() if not sink.dirty}
-        self._parsed = validate(self.kind, s.value, texts)
+        self._parsed = validate(self.kind, s.value, s.members.texts())
         return self._parsed
 
     def rewritten_prefix(self, model: str, upto: int) -> bytes | None:
         """The first `upto` bytes of the body with the top-level model value replaced by `model` (a model rewrite
         decided before the body ended); None when the model's value has not arrived."""
-        span = self.stream.model_span
+        span = self.stream.members.model_span
         if span is None or span[1] > upto:
             return None
         import orjson

@@ -151,7 +151,7 @@ def test_batched_updates_equal_plain_prometheus_updates():
         m.scheduler_duration(d / 1000)
         ref.scheduler.labels().observe(d / 1000)
         if i == 1500:
-            assert m._n_obs < 1024, "pending observations are folded, never unbounded"
+            assert m.batch.n_obs < 1024, "pending observations are folded, never unbounded"
 
     def plain(registry) -> dict:
         return {(fam.name, s.name, tuple(sorted(s.labels.items()))): round(s.value, 6)
