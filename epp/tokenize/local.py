@@ -38,7 +38,7 @@ class TokenizerLoadError(RuntimeError):
     pass
 
 
-def _token_text(value: Any) -> str | None:
+def _token_text(value: object) -> str | None:
     if isinstance(value, str):
         return value
     if isinstance(value, Mapping) and isinstance(value.get("content"), str):  # a serialized AddedToken
@@ -46,7 +46,7 @@ def _token_text(value: Any) -> str | None:
     return None
 
 
-def _pick_template(raw: Any) -> str | None:
+def _pick_template(raw: object) -> str | None:
     if isinstance(raw, str):
         return raw
     if isinstance(raw, list):  # [{"name": "default", "template": ...}, {"name": "tool_use", ...}]
@@ -135,7 +135,7 @@ class LocalTokenizer:
         return self.encode_prompt(text, add_special_tokens=False)
 
 
-def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None, separators: Any = None,
+def _tojson(value: object, ensure_ascii: bool = False, indent: int | None = None, separators: tuple[str, str] | None = None,
             sort_keys: bool = False) -> str:
     return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
