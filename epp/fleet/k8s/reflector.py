@@ -22,7 +22,7 @@ import logging
 import socket
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypedDict
 
 from kubernetes.client.exceptions import ApiException
 from kubernetes.watch.watch import iter_resp_lines
@@ -32,6 +32,15 @@ from epp.aio import cancel_and_wait
 log = logging.getLogger(__name__)
 
 ListCall = Callable[..., Any]  # e.g. functools.partial(CoreV1Api.list_namespaced_pod, "ns", label_selector="a=b")
+
+
+class ReflectorOptions(TypedDict, total=False):
+    """A reflector's timings, passed on by every watcher that builds reflectors (each has the default below)."""
+
+    watch_timeout_s: int  # a watch request's timeoutSeconds (300)
+    backoff_initial_s: float  # the first wait after a failure, doubling (0.2)
+    backoff_max_s: float  # the longest wait (10)
+    request_timeout_s: float  # a LIST's client-side timeout (30)
 
 
 class Gone(Exception):
