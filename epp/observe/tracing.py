@@ -49,6 +49,8 @@ from epp.protocol import Outcome
 from epp.request import STAGE_NAMES, RequestExchange, TraceParent, from_headers, from_metadata
 
 if TYPE_CHECKING:
+    from opentelemetry.trace import TraceState
+
     from epp.request import Director, Usage
 
 log = logging.getLogger("epp.tracing")
@@ -66,7 +68,7 @@ class Trace:
     __slots__ = ("tracing", "trace_id", "span_id", "parent_id", "state", "source", "wall0", "perf0", "marks",
                  "status", "served", "first_byte", "done")
 
-    def __init__(self, tracing: Tracing, trace_id: int, span_id: int, parent: TraceParent | None, state: Any,
+    def __init__(self, tracing: Tracing, trace_id: int, span_id: int, parent: TraceParent | None, state: TraceState | None,
                  source: str) -> None:
         self.tracing = tracing
         self.trace_id = trace_id
@@ -115,7 +117,7 @@ class TracedExchange(RequestExchange):
         self._tracing = tracing
         self._stream_md = stream_metadata
 
-    def decide(self, headers: Mapping[str, str], body: bytes | None, metadata: Any) -> Outcome | Awaitable[Outcome]:
+    def decide(self, headers: Mapping[str, str], body: bytes | None, metadata: Mapping[str, Mapping[str, object]]) -> Outcome | Awaitable[Outcome]:
         md, self._stream_md = self._stream_md, None
         try:
             self.trace = trace = self._tracing.begin(md, headers)
