@@ -51,6 +51,7 @@ from epp.request import STAGE_NAMES, RequestExchange, TraceParent, from_headers,
 if TYPE_CHECKING:
     from opentelemetry.trace import TraceState
 
+    from epp.observe.batching import Exporter
     from epp.request import Director, Usage
 
 log = logging.getLogger("epp.tracing")
@@ -138,7 +139,7 @@ class Tracing:
     """The SDK pieces tracing uses: the sampler, id generator and resource of a TracerProvider configured from
     the settings and the OTEL_* variables, and a BatchSpanProcessor around the OTLP exporter."""
 
-    def __init__(self, settings: TracingSettings, exporter: Any = None) -> None:
+    def __init__(self, settings: TracingSettings, exporter: Exporter | None = None) -> None:
         from epp.observe.otlp import TracingUnavailable, check_proto
 
         try:

@@ -16,7 +16,11 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 _Q = struct.Struct("<Q").pack  # fixed64
 _D = struct.Struct("<d").pack  # double
@@ -74,7 +78,7 @@ class Origin:
 
     __slots__ = ("prefix_resource", "prefix_scope", "suffix_resource", "suffix_scope")
 
-    def __init__(self, resource: Any, scope: Any) -> None:
+    def __init__(self, resource: Resource, scope: InstrumentationScope | None) -> None:
         # Resource { attributes (1): KeyValue { key (1), value (2) } }; InstrumentationScope { name (1), version (2) }
         attrs = b"".join(field(1, field(1, k.encode()) + field(2, _any_value(v)))
                          for k, v in (resource.attributes or {}).items())

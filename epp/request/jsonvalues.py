@@ -99,7 +99,7 @@ class ValueReader:
         sink = self.texts[key] = Sink(head=key == self.head)
         return sink
 
-    def _place(self, f: Frame, v: Any, start: int, end: int) -> None:
+    def _place(self, f: Frame, v: object, start: int, end: int) -> None:
         """A complete value of frame f (its text, when collected, is already in the sink)."""
         if f.obj:
             key = f.key

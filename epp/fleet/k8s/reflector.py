@@ -22,7 +22,7 @@ import logging
 import socket
 import threading
 from collections.abc import Callable
-from typing import Any, TypedDict
+from typing import Any, TypedDict, TypeVar
 
 from kubernetes.client.exceptions import ApiException
 from kubernetes.watch.watch import iter_resp_lines
@@ -30,6 +30,8 @@ from kubernetes.watch.watch import iter_resp_lines
 from epp.aio import cancel_and_wait
 
 log = logging.getLogger(__name__)
+
+_R = TypeVar("_R")
 
 ListCall = Callable[..., Any]  # e.g. functools.partial(CoreV1Api.list_namespaced_pod, "ns", label_selector="a=b")
 
@@ -47,30 +49,30 @@ class Gone(Exception):
     """The watched resourceVersion is too old (HTTP 410): relist."""
 
 
-async def in_daemon_thread(fn: Callable[[], Any]) -> Any:
+async def in_daemon_thread(fn: Callable[[], _R]) -> _R:
     """Run a blocking call in a fresh daemon thread and await its result."""
     loop = asyncio.get_running_loop()
-    fut: asyncio.Future[Any] = loop.create_future()
+    fut: asyncio.Future[_R] = loop.create_future()
 
-    def _set(ok: bool, value: Any) -> None:
-        if fut.done():
-            return
-        if ok:
+    def _result(value: _R) -> None:
+        if not fut.done():
             fut.set_result(value)
-        else:
-            fut.set_exception(value)
+
+    def _error(exc: BaseException) -> None:
+        if not fut.done():
+            fut.set_exception(exc)
 
     def target() -> None:
         try:
             result = fn()
         except BaseException as e:  # noqa: BLE001 - handed to the loop
             try:
-                loop.call_soon_threadsafe(_set, False, e)
+                loop.call_soon_threadsafe(_error, e)
             except RuntimeError:  # loop closed
                 pass
         else:
             try:
-                loop.call_soon_threadsafe(_set, True, result)
+                loop.call_soon_threadsafe(_result, result)
             except RuntimeError:
                 pass
 
