@@ -24,9 +24,12 @@ import logging
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from epp.extras import MissingExtra, require
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +61,7 @@ def _pick_template(raw: object) -> str | None:
 
 
 class LocalTokenizer:
-    def __init__(self, tokenizer: Any, chat_template: str | None, special_tokens: Mapping[str, str],
+    def __init__(self, tokenizer: Tokenizer, chat_template: str | None, special_tokens: Mapping[str, str],
                  name: str = "") -> None:
         self.tokenizer = tokenizer
         self.chat_template = chat_template
