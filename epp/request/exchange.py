@@ -172,10 +172,9 @@ class RequestExchange:
         return None
 
     def _admit(self) -> Step | Awaitable[Step]:
-        ctx = self.pending
-        assert ctx is not None
         try:
-            return self.ledger.admit(self.d.admitters, ctx, self._parsed, self._admission_refused)
+            assert self.pending is not None  # resolved: the admit stage comes after resolve
+            return self.ledger.admit(self.d.admitters, self.pending, self._parsed, self._admission_refused)
         except Exception as exc:
             return self._fail(exc)
 
