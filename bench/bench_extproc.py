@@ -158,7 +158,8 @@ def start(args: argparse.Namespace, procs: Procs, script: Path) -> tuple[list[Pa
         flags = [f.replace("{port}", str(free_port())) if "{port}" in f else f for f in flags]
         flags = [f.replace("{otlp}", otlp) for f in flags]
         port = free_port()
-        epp = procs.spawn(f"epp-{i}", [bin_path("epp"), "serve", "--grpc-host", "127.0.0.1", "--grpc-port", str(port),
+        epp = procs.spawn(f"epp-{i}", [bin_path("epp"), "serve", "--secure-serving=false", "--grpc-host", "127.0.0.1",
+                                       "--grpc-port", str(port),
                                        "--grpc-health-port", "0", "--metrics-port", "0", "--endpoints-file",
                                        str(eps), "-v", "0", *flags], port, env=env)
         workers = int(flags[flags.index("--workers") + 1]) if "--workers" in flags else 1

@@ -165,7 +165,8 @@ async def start_stack(a: Args, fleet: Fleet, workdir: Path, flow: bool) -> Fleet
     }))
     cfg = workdir / "epp-config.yaml"
     cfg.write_text(epp_config(a, flow))
-    epp = Proc("epp", [sys.executable, "-m", "epp.cmd.cli", "serve", "--grpc-host", "127.0.0.1", "--grpc-port",
+    epp = Proc("epp", [sys.executable, "-m", "epp.cmd.cli", "serve", "--secure-serving=false", "--grpc-host", "127.0.0.1",
+                       "--grpc-port",
                        str(grpc), "--grpc-health-port", str(health), "--metrics-port", str(metrics),
                        "--endpoints-file", str(eps), "--config-file", str(cfg), "--seed", str(a.seed)], workdir)
     await wait_tcp(grpc, epp, 30)

@@ -173,7 +173,7 @@ def main() -> int:
         for r in range(args.rounds):
             for w in counts:
                 port = free_port()
-                cmd = [bin_path("epp"), "serve", "--grpc-host", "127.0.0.1", "--grpc-port", str(port),
+                cmd = [bin_path("epp"), "serve", "--secure-serving=false", "--grpc-host", "127.0.0.1", "--grpc-port", str(port),
                        "--grpc-health-port", "0", "--metrics-port", str(free_port()), "--endpoints-file", str(eps),
                        "-v", "0", *args.epp_args.split()]
                 if w > 1:

@@ -120,7 +120,7 @@ async def transport_only(streams: int, requests: int) -> float:
     return spent / requests * 1e6
 
 
-SERVE_FLAGS = ["--grpc-host", "127.0.0.1", "--grpc-health-port", "0", "--metrics-port", "0",
+SERVE_FLAGS = ["--secure-serving=false", "--grpc-host", "127.0.0.1", "--grpc-health-port", "0", "--metrics-port", "0",
                "--refresh-metrics-interval", "1h", "--metrics-staleness-threshold", "2h", "-v", "0"]
 
 

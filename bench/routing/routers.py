@@ -163,7 +163,7 @@ async def start_oracle_proxy(fleet: FleetInfo, workdir: Path) -> Launched:
 POINTSMAN_ENVOY_CONFIG = ("{epp} envoy-config --variant override-host --listen-port {listen_port} "
                           "--admin-port {admin_port} --epp 127.0.0.1:{grpc_port} "
                           "--endpoints-file {endpoints_file} --response-phases {phases} -o {envoy_config}")
-POINTSMAN_EPP_SERVE = ("{epp} serve --grpc-host 127.0.0.1 --grpc-port {grpc_port} --grpc-health-port {health_port} "
+POINTSMAN_EPP_SERVE = ("{epp} serve --secure-serving=false --grpc-host 127.0.0.1 --grpc-port {grpc_port} --grpc-health-port {health_port} "
                        "--metrics-port {metrics_port} --endpoints-file {endpoints_file} {extra}")
 
 

@@ -8,12 +8,15 @@ The HTTP/2 layer is our own rather than a general library's state machine so tha
 is bounded by a limit and O(1) per frame: see docs/frontdoor.md.
 
 - `H2Server` (server.py): ports, routing, lifecycle, the connection cap; the grpc.aio.Server calls Pointsman uses.
-- `Connection` (connection.py): one HTTP/2 connection: frames in (reader.py; a stream's frames in inbound.py, the
-  connection's in control.py), the open streams (streamtable.py), budgets (budget.py), timers, GOAWAY; the sending
-  side and flow control both ways (outbound.py); wire format (frames.py).
-- `ServerStream`/`StreamHandler` (stream.py): one call; message assembly and size limit; status. Compressed
-  messages are inflated off the loop (inflate.py); header blocks decoded with hpack, once per distinct block
-  (headers.py).
+- `Connection` (connection.py): one HTTP/2 connection, the parts it owns and wires together, and its life (timers,
+  GOAWAY). Frames in: `FrameReader` (reader.py) hands a stream's frames to `Inbound` (inbound.py), the
+  connection's to `Control` (control.py); header blocks are `HeaderAssembly`'s (headers.py). The open streams are
+  `StreamTable`'s (streamtable.py); the sending side and the windows we send within `Outbound`'s (outbound.py),
+  the windows the client sends within `ReceiveWindows`' (windows.py); the flood budgets `Budget`'s (budget.py);
+  wire format (frames.py).
+- `ServerStream`/`StreamHandler` (stream.py): one call and its status; its `MessageAssembly` (assembly.py) cuts
+  the body into messages within the size limit. Compressed messages are inflated off the loop (inflate.py); header
+  blocks decoded with hpack, once per distinct block (headers.py).
 - `ServerLimits` (limits.py): every limit, its default and its `epp serve` flag.
 - `aio_adapter.py`: grpc.aio servicers (health, EDS, the Pointsman API) run unchanged as tasks.
 

@@ -152,7 +152,7 @@ class AioContext:
         call = self._call
         ser = call.rpc.response_serializer
         call.stream.send(ser(message) if ser is not None else message)
-        await call.stream.conn.writable(call.stream)
+        await call.stream.writable()
 
     async def abort(self, code: grpc.StatusCode, details: str = "", trailing_metadata: Any = ()) -> None:
         self.code_ = status.code_of(code)

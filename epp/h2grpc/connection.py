@@ -1,16 +1,21 @@
 """One HTTP/2 connection of the gRPC server (RFC 9113, the server's side, what gRPC needs): an asyncio Protocol.
 
-- Reading: `FrameReader` (reader.py) cuts each read into frames, checking a frame's length on its header;
-  `Inbound` (inbound.py: a stream's frames) and `Control` (control.py: the connection's) apply them. Request
-  bodies go to the streams, which hand complete messages to their handlers synchronously. Header blocks are
-  size-checked in bytes, then decoded with `hpack`. The sending side and flow control both ways are `Outbound`
-  (outbound.py).
-- Streams: a dict of the open ones (its size is the open-stream count), kept by `StreamTable` (streamtable.py);
-  client stream ids only grow, so anything at or below the highest seen and not in the table is closed. Beyond
-  SETTINGS_MAX_CONCURRENT_STREAMS a new stream gets RST_STREAM REFUSED_STREAM.
-- Work a client causes without getting any done is budgeted (budget.py); a connection error, or a spent budget,
-  ends the connection with GOAWAY and the matching code. An exception anywhere in handling a read does too (logged),
-  never the server.
+The connection owns its parts and wires them together; each has its own state and a narrow interface:
+- `FrameReader` (reader.py) cuts each read into frames, checking a frame's length on its header, and hands each to
+  `Inbound` (inbound.py: a stream's frames, DATA, HEADERS, CONTINUATION, PRIORITY, RST_STREAM) or `Control`
+  (control.py: the connection's, SETTINGS, PING, GOAWAY, WINDOW_UPDATE). Header blocks are assembled and
+  size-checked in bytes, then decoded with `hpack` (`HeaderAssembly`, headers.py).
+- `StreamTable` (streamtable.py): the open streams, a dict whose size is the open-stream count; client stream ids
+  only grow, so anything at or below the highest seen and not in the table is closed. Beyond
+  SETTINGS_MAX_CONCURRENT_STREAMS a new stream gets RST_STREAM REFUSED_STREAM. Each stream (`ServerStream`,
+  stream.py) owns its message assembly (assembly.py).
+- `Outbound` (outbound.py): the sending side, writes coalesced once per read, and the windows we send within;
+  `ReceiveWindows` (windows.py): the windows the client sends within, given back as the buffer budgets allow.
+- `Budget` (budget.py): work a client causes without getting any done; a connection error, or a spent budget,
+  ends the connection with GOAWAY and the matching code. An exception anywhere in handling a read does too
+  (logged), never the server.
+
+The connection itself keeps the socket's life (the `Lifecycle` its control frames report to):
 - While the socket does not take our writes (`pause_writing`), the connection is not read.
 - Timers: the preface must arrive within `handshake_timeout`; a connection without streams for `idle_timeout` is
   closed; at `max_connection_age` (±10%) it gets a graceful GOAWAY and `max_connection_age_grace` to finish.
@@ -29,15 +34,14 @@ from typing import TYPE_CHECKING, cast
 
 from epp.h2grpc import frames, inflate
 from epp.h2grpc.budget import Budget
-from epp.h2grpc.frames import (
-    CANCEL,
-    INTERNAL_ERROR,
-    NO_ERROR,
-    H2Error,
-)
-from epp.h2grpc.headers import HeaderDecoder
+from epp.h2grpc.control import Control
+from epp.h2grpc.frames import INTERNAL_ERROR, NO_ERROR, H2Error
+from epp.h2grpc.headers import HeaderAssembly
 from epp.h2grpc.inbound import Inbound
+from epp.h2grpc.outbound import Outbound
 from epp.h2grpc.reader import FrameReader
+from epp.h2grpc.streamtable import StreamTable
+from epp.h2grpc.windows import ReceiveWindows
 
 if TYPE_CHECKING:
     from epp.h2grpc.server import H2Server
@@ -56,56 +60,50 @@ def _peer(transport: asyncio.BaseTransport) -> str:
     return f"unix:{addr}" if addr else "unknown"
 
 
-class Connection(Inbound, asyncio.Protocol):
+class Connection(asyncio.Protocol):
     def __init__(self, server: H2Server) -> None:
         self.server = server
         self.limits = lim = server.limits
-        self.loop = asyncio.get_running_loop()
+        self.loop = loop = asyncio.get_running_loop()
         self.max_message_bytes = lim.max_message_bytes
-        self.streams = {}
-        self.transport = None
         self.peer = "unknown"
-        self.going_away = False  # the final GOAWAY is sent, or the client sent one: no new streams
-        self.last_stream = 0  # the highest client stream id seen
-        self.budget = Budget(lim, self.loop.time())
-        self.decoder = HeaderDecoder(lim.max_header_list_bytes)
-        self.reader = FrameReader(lim.max_frame_size, [
-            self._on_data, self._on_headers, self._on_priority, self._on_rst_stream, self._on_settings,
-            self._on_push_promise, self._on_ping, self._on_goaway, self._on_window_update, self._on_continuation,
-        ], self._on_unknown)
-        self._block: bytearray | None = None  # a header block waiting for its CONTINUATION frames
-        self._block_sid = 0
-        self._block_flags = 0
-        self._block_frames = 0
-        self._block_self_dependent = False
-        self._reset_ids = {}  # streams we reset lately, oldest first (streamtable.py)
-        self._reset_memory = max(4096, 2 * lim.max_concurrent_streams)
-        # the sending side (outbound.py)
-        self._out = []
-        self._receiving = False
-        self._flush_scheduled = False
-        self._write_paused = False
-        self._drained = None
-        self._peer_initial = frames.DEFAULT_WINDOW
-        self._send_window = frames.DEFAULT_WINDOW
-        self._max_out_frame = 16384
-        self._recv_window = frames.DEFAULT_WINDOW
-        self._conn_unacked = lim.initial_connection_window - frames.DEFAULT_WINDOW  # granted at the first flush
-        self._waiting_conn = {}
-        self._waiting_stream = {}
-        self.out_pending = 0
-        self.held = 0
-        self.reserved = 0
+        self.budget = budget = Budget(lim, loop.time())
+        self.out = out = Outbound(server, budget, loop)
+        self.windows = windows = ReceiveWindows(server, out)
+        self.table = table = StreamTable(self, out, windows, budget, loop)
+        out.wire(table, windows)
+        self.streams = table.streams  # the open ones (the table's)
+        self.reader = reader = FrameReader(lim.max_frame_size)
+        inbound = Inbound(reader, table, windows, HeaderAssembly(lim, budget), budget, lim, loop)
+        control = Control(self, out, table, budget, loop)
+        reader.dispatch_to([
+            inbound.on_data, inbound.on_headers, inbound.on_priority, inbound.on_rst_stream, control.on_settings,
+            control.on_push_promise, control.on_ping, control.on_goaway, control.on_window_update,
+            inbound.on_continuation,
+        ], control.on_unknown)
+        self.inflations = inflate.Queue(loop, server.inflater, lim.max_message_bytes)
         # lifecycle
-        self.idle_since = self.loop.time()
+        self.idle_since = loop.time()
         self._closing = False
         self._announced = False  # the announcing GOAWAY is sent
         self._timers: dict[str, asyncio.TimerHandle] = {}
-        self.inflations = inflate.Queue(self.loop, server.inflater, lim.max_message_bytes)
+
+    @property
+    def transport(self) -> asyncio.Transport | None:
+        return self.out.transport
+
+    @property
+    def out_pending(self) -> int:
+        """Bytes of replies queued on the streams, waiting for a window or the socket."""
+        return self.out.out_pending
+
+    @property
+    def _write_paused(self) -> bool:  # the socket does not take our writes (tests look)
+        return self.out.paused
 
     # ---- asyncio.Protocol ------------------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = t = cast(asyncio.Transport, transport)  # uvloop's transports are not asyncio classes
+        self.out.transport = t = cast(asyncio.Transport, transport)  # uvloop's transports are not asyncio classes
         self.peer = _peer(transport)
         lim = self.limits
         if not self.server.admit(self):
@@ -119,30 +117,31 @@ class Connection(Inbound, asyncio.Protocol):
                   (frames.MAX_HEADER_LIST_SIZE, lim.max_header_list_bytes)]
         if lim.max_frame_size != 16384:
             values.append((frames.MAX_FRAME_SIZE, lim.max_frame_size))
-        self._out.append(frames.settings(values))
-        self._flush()  # with the connection's window, unless the server holds too much already
+        self.out.send_frame(frames.settings(values))
+        self.out.flush()  # with the connection's window, unless the server holds too much already
         self._timer("handshake", lim.handshake_timeout, self._handshake_expired)
         if lim.max_connection_age:
             self._timer("age", lim.max_connection_age * random.uniform(0.9, 1.1), self._age_reached)
-        self._became_idle()
+        self.became_idle()
 
     def data_received(self, data: bytes) -> None:
         if self._closing:
             return
-        self._receiving = True
+        out = self.out
+        out.receiving = True
         try:
             self.reader.feed(data)
         except H2Error as e:
-            self._receiving = False
+            out.receiving = False
             self._fail(e.code, str(e))
             return
         except Exception:
             log.exception("HTTP/2 connection from %s: failed handling a read", self.peer)
-            self._receiving = False
+            out.receiving = False
             self._fail(INTERNAL_ERROR, "internal error")
             return
-        self._receiving = False
-        self._flush()
+        out.receiving = False
+        out.flush()
 
     def eof_received(self) -> bool | None:
         return None  # close our side too
@@ -155,42 +154,60 @@ class Connection(Inbound, asyncio.Protocol):
         self._timers.clear()
         self.server.connection_gone(self)
         self.inflations.clear()
-        streams = list(self.streams.values())
-        for s in streams:
-            self._forget(s)
-        self.transport = None
-        self._out = []
-        self._wake_writers()
+        self.table.lost()
+        self.out.lost()
 
     def pause_writing(self) -> None:
-        self._write_paused = True
+        self.out.paused = True
         if self.transport is not None:
             self.transport.pause_reading()
 
     def resume_writing(self) -> None:
-        self._write_paused = False
-        if self.transport is None or self._closing:
+        out = self.out
+        out.paused = False
+        if out.transport is None or self._closing:
             return
-        self.transport.resume_reading()
-        self._drain_waiting()
-        self._flush()
-        self._wake_writers()
+        out.transport.resume_reading()
+        out.drain_waiting()
+        out.flush()
+        out.wake_writers()
 
-    # ---- lifecycle -------------------------------------------------------------------------------------------
+    # ---- lifecycle (what the stream table and the control frames report) ---------------------------------------
+    def busy(self) -> None:
+        """The first stream opened."""
+        self.server.connection_busy(self)
+
+    def became_idle(self) -> None:
+        """No stream is open (any more)."""
+        self.idle_since = self.loop.time()
+        self.server.connection_idle(self)
+        if self.table.going_away and self.transport is not None:  # after GOAWAY (ours or the client's): done
+            self._close()
+            return
+        if self.limits.idle_timeout and "idle" not in self._timers:
+            self._timer("idle", self.limits.idle_timeout, self._idle_check)
+
+    def settled(self) -> None:
+        """The client's SETTINGS came: the handshake is done."""
+        timer = self._timers.pop("handshake", None)
+        if timer is not None:
+            timer.cancel()
+
+    def ping_acked(self, payload: bytes) -> None:
+        if payload == frames.GOAWAY_PING and self._announced:
+            self._final_goaway()
+
+    def client_goaway(self, code: int) -> None:
+        """The client opens no more streams; the ones it opened may finish (unless it ends with an error)."""
+        self.table.going_away = True
+        if code != NO_ERROR or not self.streams:
+            self._close()
+
     def _timer(self, name: str, delay: float, callback: Callable[[], object]) -> None:
         old = self._timers.pop(name, None)
         if old is not None:
             old.cancel()
         self._timers[name] = self.loop.call_later(delay, callback)
-
-    def _became_idle(self) -> None:
-        self.idle_since = self.loop.time()
-        self.server.connection_idle(self)
-        if self.going_away and self.transport is not None:  # after GOAWAY (ours or the client's): done
-            self._close()
-            return
-        if self.limits.idle_timeout and "idle" not in self._timers:
-            self._timer("idle", self.limits.idle_timeout, self._idle_check)
 
     def _idle_check(self) -> None:
         del self._timers["idle"]
@@ -206,7 +223,7 @@ class Connection(Inbound, asyncio.Protocol):
     def close_idle(self) -> None:
         """A connection without streams: the final GOAWAY at once, then close."""
         if self.transport is not None and not self._closing:
-            self._out.append(frames.goaway(self.last_stream, NO_ERROR))
+            self.out.send_frame(frames.goaway(self.table.last_stream, NO_ERROR))
         self._close()
 
     def _handshake_expired(self) -> None:
@@ -228,37 +245,36 @@ class Connection(Inbound, asyncio.Protocol):
         if self._announced:
             return
         self._announced = True
-        self._out.append(frames.goaway(frames.LAST_STREAM, NO_ERROR))
-        self._out.append(frames.ping(frames.GOAWAY_PING, ack=False))
+        out = self.out
+        out.send_frame(frames.goaway(frames.LAST_STREAM, NO_ERROR))
+        out.send_frame(frames.ping(frames.GOAWAY_PING, ack=False))
         self._timer("final", _FINAL_GOAWAY_AFTER, self._final_goaway)
-        self._flush()
+        out.flush()
 
     def _final_goaway(self) -> None:
         timer = self._timers.pop("final", None)
         if timer is not None:
             timer.cancel()
-        if self.going_away or self.transport is None:
+        table = self.table
+        if table.going_away or self.transport is None:
             return
-        self.going_away = True
-        self._out.append(frames.goaway(self.last_stream, NO_ERROR))
+        table.going_away = True
+        self.out.send_frame(frames.goaway(table.last_stream, NO_ERROR))
         if not self.streams:
             self._close()
         else:
-            self._flush()
+            self.out.flush()
 
     def cancel_all(self) -> None:
         """Stop now: every open call is cancelled and reset, then the connection closes."""
         self._timers.pop("grace", None)
-        for stream in list(self.streams.values()):
-            if not stream.closed:
-                self.reset(stream.id, CANCEL)
-            self._forget(stream)
+        self.table.cancel_all()
         self._close()
 
     def _fail(self, code: int, reason: str) -> None:
         """A connection error: GOAWAY with its code, then close."""
         log.debug("HTTP/2 connection error from %s: %s", self.peer, reason)
-        self._out.append(frames.goaway(self.last_stream, code))
+        self.out.send_frame(frames.goaway(self.table.last_stream, code))
         self._close()
 
     def _close(self) -> None:
@@ -267,7 +283,7 @@ class Connection(Inbound, asyncio.Protocol):
         if self._closing:
             return
         self._closing = True
-        self._flush()
+        self.out.flush()
         transport = self.transport
         if transport is not None:
             transport.close()

@@ -1,22 +1,18 @@
-"""The frames a client sends on its streams (RFC 9113 §6.1-6.4, §6.10, the server's side): mixed into Connection.
+"""The frames a client sends on its streams (RFC 9113 §6.1-6.4, §6.10, the server's side).
 
-DATA, HEADERS (with CONTINUATION) and the stream-level PRIORITY and RST_STREAM; the connection-scoped frames are
-`Control`'s (control.py), and what a stream's frames do to the table of open streams is `StreamTable`'s
-(streamtable.py). Every handler is O(1) in the number of open streams. A connection error raises H2Error (the
-connection sends GOAWAY with its code); a stream error resets the stream and counts against the premature-reset
-budget; floods spend their budgets (budget.py).
+DATA, HEADERS (with CONTINUATION: `HeaderAssembly`, headers.py) and the stream-level PRIORITY and RST_STREAM; the
+connection-scoped frames are `Control`'s (control.py), what a stream's frames do to the table of open streams is
+`StreamTable`'s (streamtable.py), the receive windows `ReceiveWindows`' (windows.py). Every handler is O(1) in the
+number of open streams. A connection error raises H2Error (the connection sends GOAWAY with its code); a stream
+error resets the stream and counts against the premature-reset budget; floods spend their budgets (budget.py).
 """
 
 from __future__ import annotations
 
+import asyncio
 from typing import TYPE_CHECKING
 
-import hpack
-
-from epp.h2grpc import inflate
-from epp.h2grpc.control import Control
 from epp.h2grpc.frames import (
-    COMPRESSION_ERROR,
     END_HEADERS,
     END_STREAM,
     ENHANCE_YOUR_CALM,
@@ -26,31 +22,34 @@ from epp.h2grpc.frames import (
     PADDED,
     PRIORITY_FLAG,
     PROTOCOL_ERROR,
-    REFUSED_STREAM,
     STREAM_CLOSED,
     H2Error,
 )
-from epp.h2grpc.headers import HeaderDecoder
 
 if TYPE_CHECKING:
+    from epp.h2grpc.budget import Budget
+    from epp.h2grpc.headers import HeaderAssembly
+    from epp.h2grpc.limits import ServerLimits
     from epp.h2grpc.reader import FrameReader
+    from epp.h2grpc.streamtable import StreamTable
+    from epp.h2grpc.windows import ReceiveWindows
 
 
-class Inbound(Control):
-    # set up by Connection.__init__ (besides what Control declares)
-    peer: str
-    decoder: HeaderDecoder
-    reader: FrameReader
-    inflations: inflate.Queue
-    max_message_bytes: int
-    _block: bytearray | None
-    _block_sid: int
-    _block_flags: int
-    _block_frames: int
-    _block_self_dependent: bool
+class Inbound:
+    __slots__ = ("reader", "table", "streams", "windows", "blocks", "budget", "limits", "loop")
 
-    # ---- frames --------------------------------------------------------------------------------------------
-    def _on_data(self, flags: int, sid: int, payload: bytes) -> None:
+    def __init__(self, reader: FrameReader, table: StreamTable, windows: ReceiveWindows, blocks: HeaderAssembly,
+                 budget: Budget, limits: ServerLimits, loop: asyncio.AbstractEventLoop) -> None:
+        self.reader = reader  # told while a header block is open: nothing but its CONTINUATION may come
+        self.table = table
+        self.streams = table.streams  # the table's open streams, looked up (never changed) here
+        self.windows = windows
+        self.blocks = blocks
+        self.budget = budget
+        self.limits = limits
+        self.loop = loop
+
+    def on_data(self, flags: int, sid: int, payload: bytes) -> None:
         n = len(payload)
         if sid == 0:
             raise H2Error(PROTOCOL_ERROR, "DATA on stream 0")
@@ -58,10 +57,7 @@ class Inbound(Control):
             if n == 0 or payload[0] >= n:
                 raise H2Error(PROTOCOL_ERROR, "DATA padding longer than the frame")
             payload = payload[1: n - payload[0]]
-        self._recv_window -= n
-        if self._recv_window < 0:
-            raise H2Error(FLOW_CONTROL_ERROR, "the connection's window was overrun")
-        self._conn_unacked += n
+        self.windows.received(n)
         end = flags & END_STREAM
         if payload or end:
             self.budget.empty_run = 0
@@ -69,13 +65,14 @@ class Inbound(Control):
             raise H2Error(ENHANCE_YOUR_CALM, why)
         stream = self.streams.get(sid)
         if stream is None:
-            if sid > self.last_stream:
+            table = self.table
+            if sid > table.last_stream:
                 raise H2Error(PROTOCOL_ERROR, "DATA on an idle stream")
-            if sid not in self._reset_ids:
+            if not table.was_reset(sid):
                 raise H2Error(STREAM_CLOSED, "DATA on a closed stream")
             return  # in flight when we reset the stream; its bytes are given back with the connection's
         if stream.remote_ended:
-            self._stream_error(stream, STREAM_CLOSED)
+            self.table.stream_error(stream, STREAM_CLOSED)
             return
         stream.recv_window -= n
         if stream.recv_window < 0:
@@ -84,14 +81,14 @@ class Inbound(Control):
             try:
                 stream.feed(payload)
             except Exception as e:  # a handler bug ends its call, never the connection
-                self.handler_failed(stream, e)
+                stream.handler_failed(e)
         if end:
-            self._end_stream(stream)
+            self.table.end_stream(stream)
         elif n and not stream.closed:
             stream.unacked += n
-            self.window_may_open(stream)
+            self.windows.window_may_open(stream)
 
-    def _on_headers(self, flags: int, sid: int, payload: bytes) -> None:
+    def on_headers(self, flags: int, sid: int, payload: bytes) -> None:
         if sid == 0:
             raise H2Error(PROTOCOL_ERROR, "HEADERS on stream 0")
         start, stop = 0, len(payload)
@@ -112,67 +109,22 @@ class Inbound(Control):
             self.budget.empty_run = 0
         elif why := self.budget.empty_frame():
             raise H2Error(ENHANCE_YOUR_CALM, why)
-        if len(block) > self.limits.max_header_list_bytes:
-            raise H2Error(ENHANCE_YOUR_CALM, "a header block over the limit")
+        blocks = self.blocks
+        blocks.check_size(block)
         if flags & END_HEADERS:
-            self._header_block(sid, flags, block, self_dependent)
+            self.table.headers(sid, flags, blocks.decode(block), self_dependent)
             return
-        self._block = bytearray(block)
-        self._block_sid, self._block_flags, self._block_frames = sid, flags, 0
-        self._block_self_dependent = self_dependent
+        blocks.begin(sid, flags, block, self_dependent)
         self.reader.continuation = sid
 
-    def _on_continuation(self, flags: int, sid: int, payload: bytes) -> None:
-        block = self._block
-        if block is None or sid != self._block_sid:
-            raise H2Error(PROTOCOL_ERROR, "CONTINUATION without HEADERS")
-        self._block_frames += 1
-        if self._block_frames > self.limits.max_continuation_frames:
-            raise H2Error(ENHANCE_YOUR_CALM, "too many CONTINUATION frames")
-        if payload or flags & END_HEADERS:
-            self.budget.empty_run = 0
-        elif why := self.budget.empty_frame():
-            raise H2Error(ENHANCE_YOUR_CALM, why)
-        block += payload
-        if len(block) > self.limits.max_header_list_bytes:
-            raise H2Error(ENHANCE_YOUR_CALM, "a header block over the limit")
-        if flags & END_HEADERS:
-            self._block = None
+    def on_continuation(self, flags: int, sid: int, payload: bytes) -> None:
+        done = self.blocks.continuation(flags, sid, payload)
+        if done is not None:
             self.reader.continuation = 0
-            self._header_block(sid, self._block_flags, bytes(block), self._block_self_dependent)
+            flags, block, self_dependent = done
+            self.table.headers(sid, flags, self.blocks.decode(block), self_dependent)
 
-    def _header_block(self, sid: int, flags: int, block: bytes, self_dependent: bool) -> None:
-        try:  # always decoded, even for a stream we ignore: the decoder's table must follow the client's
-            headers = self.decoder.decode(block)
-        except hpack.OversizedHeaderListError as e:
-            raise H2Error(ENHANCE_YOUR_CALM, "a header list over the limit") from e
-        except Exception as e:  # any HPACK error
-            raise H2Error(COMPRESSION_ERROR, "the header block cannot be decoded") from e
-        stream = self.streams.get(sid)
-        if stream is not None:  # trailers: carry nothing for gRPC
-            if stream.remote_ended:
-                self._stream_error(stream, STREAM_CLOSED)
-            elif not flags & END_STREAM or self_dependent:
-                self._stream_error(stream, PROTOCOL_ERROR)
-            else:
-                self._end_stream(stream)
-            return
-        if sid & 1 == 0:
-            raise H2Error(PROTOCOL_ERROR, "a stream id the client may not use")
-        if sid <= self.last_stream:
-            if sid not in self._reset_ids:
-                raise H2Error(PROTOCOL_ERROR, "HEADERS on a closed stream or a stream id going down")
-            return  # trailers in flight when we reset the stream
-        self.last_stream = sid
-        self.budget.streams_opened += 1
-        if self_dependent:
-            self._refuse(sid, PROTOCOL_ERROR)
-        elif self.going_away or len(self.streams) >= self.limits.max_concurrent_streams:
-            self._refuse(sid, REFUSED_STREAM)
-        else:
-            self._open(sid, flags, headers)
-
-    def _on_priority(self, flags: int, sid: int, payload: bytes) -> None:
+    def on_priority(self, flags: int, sid: int, payload: bytes) -> None:
         if sid == 0:
             raise H2Error(PROTOCOL_ERROR, "PRIORITY on stream 0")
         if why := self.budget.priority():
@@ -183,17 +135,17 @@ class Inbound(Control):
             stream = self.streams.get(sid)
             if stream is None:
                 raise H2Error(bad, "a malformed PRIORITY frame")
-            self._stream_error(stream, bad)
+            self.table.stream_error(stream, bad)
 
-    def _on_rst_stream(self, flags: int, sid: int, payload: bytes) -> None:
+    def on_rst_stream(self, flags: int, sid: int, payload: bytes) -> None:
         if len(payload) != 4:
             raise H2Error(FRAME_SIZE_ERROR, "RST_STREAM of a wrong length")
-        if sid == 0 or sid > self.last_stream:
+        if sid == 0 or sid > self.table.last_stream:
             raise H2Error(PROTOCOL_ERROR, "RST_STREAM on stream 0 or an idle stream")
         stream = self.streams.get(sid)
         if stream is None:
             return
         premature = not stream.started and self.loop.time() - stream.opened_at < self.limits.premature_reset_seconds
-        self._forget(stream)
+        self.table.forget(stream)
         if premature:
-            self._premature()
+            self.table.premature()

@@ -1,4 +1,4 @@
-"""The sending half of a connection: response headers, messages, trailers, and flow control both ways.
+"""The sending half of a connection: response headers, messages, trailers, and the windows we send within.
 
 - Writes are coalesced: frames produced while a read is handled leave in one write at the end of it; frames
   produced elsewhere (a task, a timer) schedule one flush for the current loop iteration.
@@ -6,10 +6,8 @@
   more (`pause_writing`), waits on its stream, trailers behind it. A stream waits in one of two queues: for its own
   window, or for the connection (window or socket). Only those streams are visited when a window opens, and a
   change of SETTINGS_INITIAL_WINDOW_SIZE is O(1) per stream: a stream's window is kept relative to it.
-- Inbound flow control: a stream's window is given back (WINDOW_UPDATE) once half of it is used, unless the
-  replies queued on it (and what its handler holds unread) exceed `max_stream_buffer_bytes`; the connection's
-  window likewise, unless the connection holds more than `max_connection_buffer_bytes`. A client that does not
-  read its replies therefore stops being able to send.
+- What the client may send (our receive windows) is `ReceiveWindows`' (windows.py); `Outbound` asks it for the
+  connection's WINDOW_UPDATE at each flush, and tells it when a stream's queued replies have left.
 """
 
 from __future__ import annotations
@@ -19,64 +17,71 @@ from collections import deque
 from typing import TYPE_CHECKING
 
 from epp.h2grpc import frames, status
-from epp.h2grpc.frames import DATA, END_HEADERS, HEADERS, NO_ERROR, RESPONSE_HEADERS
+from epp.h2grpc.frames import (
+    DATA,
+    DEFAULT_WINDOW,
+    END_HEADERS,
+    HEADERS,
+    MAX_WINDOW,
+    RESPONSE_HEADERS,
+    H2Error,
+)
 
 if TYPE_CHECKING:
     from epp.h2grpc.budget import Budget
-    from epp.h2grpc.limits import ServerLimits
     from epp.h2grpc.server import H2Server
     from epp.h2grpc.stream import ServerStream
+    from epp.h2grpc.streamtable import StreamTable
+    from epp.h2grpc.windows import ReceiveWindows
 
 _header = frames.header
 _RESPONSE_HEADERS_LEN = len(RESPONSE_HEADERS)
 
 
 class Outbound:
-    # set up by Connection.__init__
-    server: H2Server
-    limits: ServerLimits
-    loop: asyncio.AbstractEventLoop
-    transport: asyncio.Transport | None
-    streams: dict[int, ServerStream]
-    budget: Budget
-    _out: list[bytes | memoryview]
-    _receiving: bool
-    _flush_scheduled: bool
-    _write_paused: bool
-    _drained: asyncio.Future[None] | None
-    _peer_initial: int  # the peer's SETTINGS_INITIAL_WINDOW_SIZE
-    _send_window: int  # the connection's send window
-    _max_out_frame: int  # the peer's SETTINGS_MAX_FRAME_SIZE
-    _recv_window: int  # what the client may still send on the connection
-    _conn_unacked: int
-    _waiting_conn: dict[ServerStream, None]  # data waiting for the connection window or the socket
-    _waiting_stream: dict[ServerStream, None]  # data waiting for the stream's own window
-    out_pending: int  # bytes queued on all streams
-    held: int  # bytes handlers hold unread
-    reserved: int  # bytes reserved for messages being assembled
+    __slots__ = ("server", "loop", "budget", "table", "windows", "transport", "frames", "receiving",
+                 "_flush_scheduled", "paused", "_drained", "peer_initial", "send_window", "max_frame", "_waiting_conn",
+                 "_waiting_stream", "out_pending")
 
-    def _remove(self, stream: ServerStream) -> None:  # Connection: the stream leaves the table
-        raise NotImplementedError
+    def __init__(self, server: H2Server, budget: Budget, loop: asyncio.AbstractEventLoop) -> None:
+        self.server = server
+        self.loop = loop
+        self.budget = budget
+        self.table: StreamTable  # `wire`: where a stream goes once our side is done
+        self.windows: ReceiveWindows  # `wire`: the receive windows, given back at each flush
+        self.transport: asyncio.Transport | None = None  # set by the connection while it is open
+        self.frames: list[bytes | memoryview] = []  # what the next flush writes
+        self.receiving = False  # a read is being handled: it flushes at its end
+        self._flush_scheduled = False
+        self.paused = False  # the socket does not take more (`pause_writing`)
+        self._drained: asyncio.Future[None] | None = None  # `writable` waits on it
+        self.peer_initial = DEFAULT_WINDOW  # the peer's SETTINGS_INITIAL_WINDOW_SIZE
+        self.send_window = DEFAULT_WINDOW  # the connection's send window
+        self.max_frame = 16384  # the peer's SETTINGS_MAX_FRAME_SIZE
+        self._waiting_conn: dict[ServerStream, None] = {}  # data waiting for the connection window or the socket
+        self._waiting_stream: dict[ServerStream, None] = {}  # data waiting for the stream's own window
+        self.out_pending = 0  # bytes queued on all streams
 
-    def reset(self, sid: int, code: int) -> None:  # Connection: RST_STREAM
-        raise NotImplementedError
+    def wire(self, table: StreamTable, windows: ReceiveWindows) -> None:
+        self.table = table
+        self.windows = windows
 
     # ---- replies -------------------------------------------------------------------------------------------
     def send_data(self, stream: ServerStream, data: bytes) -> None:
         if stream.closed or self.transport is None:
             return
-        out = self._out
+        out = self.frames
         sid = stream.id
         if not stream.started:
             stream.started = True
             out.append(_header(_RESPONSE_HEADERS_LEN, HEADERS, END_HEADERS, sid) + RESPONSE_HEADERS)
         n = len(data)
-        if (stream.pending is None and not self._write_paused and n <= self._max_out_frame
-                and n <= self._send_window and n <= self._peer_initial + stream.send_delta):
+        if (stream.pending is None and not self.paused and n <= self.max_frame
+                and n <= self.send_window and n <= self.peer_initial + stream.send_delta):
             out.append(_header(n, DATA, 0, sid))
             out.append(data)
             stream.send_delta -= n
-            self._send_window -= n
+            self.send_window -= n
             self.budget.data_frames_sent += 1
         else:
             if stream.pending is None:
@@ -86,15 +91,16 @@ class Outbound:
             self.out_pending += n
             self.server.buffered += n
             if len(stream.pending) == 1:
-                self._drain(stream)
-        self._written()
+                self.drain(stream)
+        if not self.receiving and not self._flush_scheduled:
+            self._schedule_flush()
 
     def send_headers(self, stream: ServerStream, metadata: list[tuple[bytes, bytes]]) -> None:
         if stream.closed or self.transport is None:
             return
         stream.started = True
         self._headers(stream.id, RESPONSE_HEADERS + frames.encode_fields(metadata), False)
-        self._written()
+        self.written()
 
     def send_trailers(self, stream: ServerStream, code: int, message: str,
                       metadata: list[tuple[bytes, bytes]] | None) -> None:
@@ -108,53 +114,47 @@ class Outbound:
         if not stream.started:  # trailers-only response
             stream.started = True
             self._headers(stream.id, RESPONSE_HEADERS + block, True)
-            self._closed_locally(stream)
+            self.table.closed_locally(stream)
         elif stream.pending is not None:
             stream.trailers = block
         else:
             self._headers(stream.id, block, True)
-            self._closed_locally(stream)
-        self._written()
+            self.table.closed_locally(stream)
+        if not self.receiving and not self._flush_scheduled:
+            self._schedule_flush()
 
     def reply_status(self, stream: ServerStream, http_status: int) -> None:
         """A plain HTTP response with no body (a request that is not gRPC)."""
         stream.started = True
         self._headers(stream.id, frames.status_only(http_status), True)
-        self._closed_locally(stream)
-        self._written()
+        self.table.closed_locally(stream)
+        self.written()
 
     def _headers(self, sid: int, block: bytes, end_stream: bool) -> None:
-        self._out += frames.headers(sid, block, end_stream, self._max_out_frame)
-
-    def _closed_locally(self, stream: ServerStream) -> None:
-        """Our side is done. If the client still sends, tell it to stop (RST_STREAM NO_ERROR, as grpc does)."""
-        if not stream.remote_ended:
-            self.reset(stream.id, NO_ERROR)
-        stream.closed = True
-        self._remove(stream)
+        self.frames += frames.headers(sid, block, end_stream, self.max_frame)
 
     # ---- flow control, sending -------------------------------------------------------------------------------
-    def _drain(self, stream: ServerStream) -> None:
+    def drain(self, stream: ServerStream) -> None:
         """Send what waits on the stream, as far as the windows and the socket allow."""
         pending = stream.pending
         if pending is None:
             return
-        out = self._out
+        out = self.frames
         sid = stream.id
         budget = self.budget
         sent = 0
         while pending:
-            if self._write_paused or self._send_window <= 0:
+            if self.paused or self.send_window <= 0:
                 self._waiting_stream.pop(stream, None)
                 self._waiting_conn[stream] = None
                 break
-            window = self._peer_initial + stream.send_delta
+            window = self.peer_initial + stream.send_delta
             if window <= 0:
                 self._waiting_conn.pop(stream, None)
                 self._waiting_stream[stream] = None
                 break
             head = pending[0]
-            n = min(window, self._send_window, self._max_out_frame, len(head))
+            n = min(window, self.send_window, self.max_frame, len(head))
             if n == len(head):
                 pending.popleft()
             else:
@@ -163,7 +163,7 @@ class Outbound:
             out.append(_header(n, DATA, 0, sid))
             out.append(head)
             stream.send_delta -= n
-            self._send_window -= n
+            self.send_window -= n
             sent += n
             budget.data_frames_sent += 1
         stream.pending_bytes -= sent
@@ -171,7 +171,7 @@ class Outbound:
         self.server.buffered -= sent
         if pending:
             if sent:
-                self._written()
+                self.written()
             return
         stream.pending = None
         self._waiting_conn.pop(stream, None)
@@ -179,105 +179,98 @@ class Outbound:
         if stream.trailers is not None:
             block, stream.trailers = stream.trailers, None
             self._headers(sid, block, True)
-            self._closed_locally(stream)
+            self.table.closed_locally(stream)
         else:
-            self.window_may_open(stream)
-        self._written()
-        self._wake_writers()
+            self.windows.window_may_open(stream)
+        self.written()
+        self.wake_writers()
 
-    def _drain_waiting(self) -> None:
+    def drain_waiting(self) -> None:
         """The connection window opened or the socket drained: streams waiting for it go, in arrival order."""
         waiting = self._waiting_conn
-        while waiting and self._send_window > 0 and not self._write_paused and self.transport is not None:
+        while waiting and self.send_window > 0 and not self.paused and self.transport is not None:
             stream = next(iter(waiting))
             del waiting[stream]
-            self._drain(stream)
+            self.drain(stream)
 
-    def _initial_window_changed(self, delta: int) -> None:
-        if delta > 0:
-            for stream in list(self._waiting_stream):
-                if self._peer_initial + stream.send_delta > 0:
-                    del self._waiting_stream[stream]
-                    self._drain(stream)
+    def window_update(self, increment: int) -> None:
+        """The client's WINDOW_UPDATE for the connection (not 0)."""
+        self.send_window += increment
+        if self.send_window > MAX_WINDOW:
+            raise H2Error(frames.FLOW_CONTROL_ERROR, "the connection's send window overflowed")
+        if self._waiting_conn:
+            self.drain_waiting()
 
-    # ---- flow control, receiving -----------------------------------------------------------------------------
-    def window_may_open(self, stream: ServerStream) -> None:
-        """Give the stream's window back if half of it is used and the stream does not hold too much."""
-        unacked = stream.unacked
-        if (unacked >= self.limits.initial_stream_window >> 1 and not stream.remote_ended and not stream.closed
-                and stream.pending_bytes + stream.held <= self.limits.max_stream_buffer_bytes):
-            stream.unacked = 0
-            stream.recv_window += unacked
-            self._out.append(frames.window_update(stream.id, unacked))
-            self._written()
-
-    def _connection_window(self) -> None:
-        """Give the connection's window back once half of it is used, unless the connection holds more than its
-        budget; while the whole server holds more than its own, a connection gets no more than its share."""
-        lim = self.limits
-        grant = self._conn_unacked
-        if grant < lim.initial_connection_window >> 1:
-            return
-        own = self.out_pending + self.held
-        if own > lim.max_connection_buffer_bytes:
-            return
-        server = self.server
-        if server.buffered > lim.max_server_buffer_bytes:
-            grant = min(grant, lim.max_server_buffer_bytes // max(1, len(server.connections)) - own)
-            if grant <= 0:
-                return
-        self._conn_unacked -= grant
-        self._recv_window += grant
-        self._out.append(frames.window_update(0, grant))
-
-    def reserve(self, stream: ServerStream, nbytes: int) -> bool:
-        """Room for a message of `nbytes` being assembled on `stream`: within the connection's budget (or the only
-        message it assembles) and within the server's."""
-        lim = self.limits
-        if (self.reserved and self.reserved + self.out_pending + self.held + nbytes > lim.max_connection_buffer_bytes
-                or self.server.buffered + nbytes > lim.max_server_buffer_bytes):
+    def stream_window_update(self, stream: ServerStream, increment: int) -> bool:
+        """The client's WINDOW_UPDATE for one stream (not 0); False when it overflows the stream's window."""
+        stream.send_delta += increment
+        if self.peer_initial + stream.send_delta > MAX_WINDOW:
             return False
-        self.reserved += nbytes
-        self.server.buffered += nbytes
-        stream.reserved = nbytes
+        if stream.pending is not None:
+            self.drain(stream)
         return True
 
-    def unreserve(self, stream: ServerStream) -> None:
-        self.reserved -= stream.reserved
-        self.server.buffered -= stream.reserved
-        stream.reserved = 0
+    def initial_window(self, value: int) -> None:
+        """The peer's SETTINGS_INITIAL_WINDOW_SIZE changed: every stream's window moves with it (windows above
+        2^31-1 are not checked for, RFC 9113 §6.9.2: a stream's window is clamped instead)."""
+        delta, self.peer_initial = value - self.peer_initial, value
+        if delta > 0:
+            for stream in list(self._waiting_stream):
+                if self.peer_initial + stream.send_delta > 0:
+                    del self._waiting_stream[stream]
+                    self.drain(stream)
 
-    def note_held(self, nbytes: int) -> None:
-        self.held += nbytes
-        self.server.buffered += nbytes
+    def drop(self, stream: ServerStream) -> None:
+        """The stream left the table: what waits on it leaves the connection's and the server's counts."""
+        if stream.pending_bytes:
+            self.out_pending -= stream.pending_bytes
+            self.server.buffered -= stream.pending_bytes
+            stream.pending_bytes = 0
+            stream.pending = None
+        self._waiting_conn.pop(stream, None)
+        self._waiting_stream.pop(stream, None)
 
     # ---- writing -------------------------------------------------------------------------------------------
-    def pending_bytes(self, stream: ServerStream) -> int:
-        return stream.pending_bytes
-
     async def writable(self, stream: ServerStream, limit: int = 1 << 20) -> None:
         """Wait while more than `limit` bytes wait on this stream's window or the socket is paused."""
         while self.transport is not None and not stream.closed and (
-                self._write_paused or stream.pending_bytes > limit):
+                self.paused or stream.pending_bytes > limit):
             if self._drained is None or self._drained.done():
                 self._drained = self.loop.create_future()
             await self._drained
 
-    def _wake_writers(self) -> None:
+    def wake_writers(self) -> None:
         if self._drained is not None and not self._drained.done():
             self._drained.set_result(None)
 
-    def _written(self) -> None:
-        if not self._receiving and not self._flush_scheduled:
-            self._flush_scheduled = True
-            self.loop.call_soon(self._flush)
+    def send_frame(self, frame: bytes) -> None:
+        """A frame of the connection's own (WINDOW_UPDATE, RST_STREAM, GOAWAY, PING, SETTINGS): sent with the
+        next flush."""
+        self.frames.append(frame)
 
-    def _flush(self) -> None:
+    def written(self) -> None:
+        if not self.receiving and not self._flush_scheduled:
+            self._schedule_flush()
+
+    def _schedule_flush(self) -> None:
+        self._flush_scheduled = True
+        self.loop.call_soon(self.flush)
+
+    def flush(self) -> None:
         self._flush_scheduled = False
-        if self._conn_unacked:
-            self._connection_window()
-        out = self._out
+        windows = self.windows
+        if windows.conn_unacked:
+            grant = windows.connection_grant(self.out_pending)
+            if grant:
+                self.frames.append(grant)
+        out = self.frames
         if out:
-            self._out = []
+            self.frames = []
             if self.transport is not None:
                 self.transport.writelines(out)
+
+    def lost(self) -> None:
+        """The socket is gone: nothing more is written; writers waiting for room go on (and find it closed)."""
+        self.transport = None
+        self.frames = []
+        self.wake_writers()

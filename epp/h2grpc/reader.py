@@ -31,16 +31,21 @@ class FrameReader:
     __slots__ = ("max_frame", "handlers", "ignore", "continuation", "stopped", "_preface", "_first", "_buf",
                  "_want")
 
-    def __init__(self, max_frame: int, handlers: Sequence[Handler], ignore: Handler) -> None:
+    def __init__(self, max_frame: int) -> None:
         self.max_frame = max_frame
-        self.handlers = handlers  # by frame type; unknown types go to `ignore` (RFC 9113 §4.1: ignored)
-        self.ignore = ignore
+        self.handlers: Sequence[Handler] = ()  # by frame type (`dispatch_to`)
+        self.ignore: Handler | None = None  # unknown types (RFC 9113 §4.1: ignored)
         self.continuation = 0  # the stream whose header block is open, else 0
         self.stopped = False  # set by the connection when it ends: the rest of the read is dropped
         self._preface = 0  # bytes of the preface received
         self._first = True  # the first frame must be SETTINGS
         self._buf: bytearray | None = None  # a frame split across reads
         self._want = 0  # its whole length (header + payload), once its header is complete
+
+    def dispatch_to(self, handlers: Sequence[Handler], ignore: Handler) -> None:
+        """Where frames go: `handlers[type]` for the ten types of RFC 9113, `ignore` for the others."""
+        self.handlers = handlers
+        self.ignore = ignore
 
     @property
     def handshaking(self) -> bool:
@@ -119,7 +124,7 @@ class FrameReader:
                 self._first = False
             if ftype < 10:
                 handlers[ftype](flags, sid, data[start:stop])
-            else:
+            elif self.ignore is not None:
                 self.ignore(flags, sid, data[start:stop])
             if self.stopped:
                 return

@@ -7,15 +7,16 @@ stopped). The handler answers with `send(message)` / `send_many(messages)` and e
 `finish(code, message)`; after finish or cancel nothing more is sent and no callback comes. After `on_end` the
 stream is half-closed (remote): replies and the status may still follow, as late as the handler likes.
 
-Messages are assembled without re-copying: one arriving whole in a DATA frame is a slice of it; one spread over
-frames grows in one bytearray, handed on as it is. A compressed message is inflated off the event loop
-(inflate.py); messages behind it wait, in order. A handler that keeps request bytes unread (a queue) reports them
+The stream's parts: its `MessageAssembly` (assembly.py) cuts the request body into messages without re-copying
+and inflates compressed ones off the event loop, in order; replies go to the connection's `Outbound`
+(outbound.py); what it holds counts in the connection's `ReceiveWindows` (windows.py). A handler that keeps request bytes unread (a queue) reports them
 with `hold(n)` / `release(n)`, so that the stream's window is withheld while it keeps too many.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections import deque
 from typing import TYPE_CHECKING, Protocol
 
@@ -24,6 +25,9 @@ from epp.h2grpc.assembly import MessageAssembly
 
 if TYPE_CHECKING:
     from epp.h2grpc.connection import Connection
+    from epp.h2grpc.outbound import Outbound
+
+log = logging.getLogger("epp.h2grpc.connection")
 
 MAX_STATUS_MESSAGE = 1024  # characters of grpc-message; the rest is cut
 
@@ -34,13 +38,15 @@ class StreamHandler(Protocol):
     def on_cancel(self) -> None: ...
 
 
-class ServerStream(MessageAssembly):
-    __slots__ = ("conn", "id", "path", "headers", "handler", "started", "finished", "closed", "remote_ended",
-                 "pending", "pending_bytes", "trailers", "timer", "opened_at", "recv_window", "unacked",
+class ServerStream:
+    __slots__ = ("conn", "out", "messages", "id", "path", "headers", "handler", "started", "finished", "closed",
+                 "remote_ended", "pending", "pending_bytes", "trailers", "timer", "opened_at", "recv_window", "unacked",
                  "send_delta", "held", "reserved")
 
-    def __init__(self, conn: Connection, stream_id: int, path: str, headers: list[tuple[bytes, bytes]]) -> None:
+    def __init__(self, conn: Connection, out: Outbound, stream_id: int, path: str,
+                 headers: list[tuple[bytes, bytes]]) -> None:
         self.conn = conn
+        self.out = out  # where replies go (the connection's sending side)
         self.id = stream_id
         self.path = path
         self.headers = headers
@@ -59,7 +65,7 @@ class ServerStream(MessageAssembly):
         self.send_delta = 0  # our send window minus the peer's SETTINGS_INITIAL_WINDOW_SIZE
         self.held = 0  # request bytes the handler keeps unread (hold/release)
         self.reserved = 0  # bytes of the connection's buffer budget held for the message being assembled
-        self._init_assembly()
+        self.messages = MessageAssembly(conn.max_message_bytes)  # the request body, cut into messages
 
     # ---- what handlers use ---------------------------------------------------------------------------------
     @property
@@ -75,18 +81,18 @@ class ServerStream(MessageAssembly):
     def send(self, message: bytes) -> None:
         if self.finished or self.closed:
             return
-        self.conn.send_data(self, status.frame(message))
+        self.out.send_data(self, status.frame(message))
 
     def send_many(self, messages: list[bytes]) -> None:
         if not messages or self.finished or self.closed:
             return
         pack = status.frame
-        self.conn.send_data(self, pack(messages[0]) if len(messages) == 1 else b"".join(map(pack, messages)))
+        self.out.send_data(self, pack(messages[0]) if len(messages) == 1 else b"".join(map(pack, messages)))
 
     def start(self, metadata: list[tuple[bytes, bytes]]) -> None:
         """Send the response headers now, with custom metadata (otherwise they go with the first message)."""
         if not (self.started or self.finished or self.closed):
-            self.conn.send_headers(self, metadata)
+            self.out.send_headers(self, metadata)
 
     def finish(self, code: int = status.OK, message: str = "",
                metadata: list[tuple[bytes, bytes]] | None = None) -> None:
@@ -98,35 +104,39 @@ class ServerStream(MessageAssembly):
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
-        self._drop_partial()
-        self.conn.send_trailers(self, code, message[:MAX_STATUS_MESSAGE], metadata)
+        if self.messages.partial is not None or self.reserved:
+            self.messages.drop_partial(self)
+        self.out.send_trailers(self, code, message[:MAX_STATUS_MESSAGE], metadata)
 
     def hold(self, nbytes: int) -> None:
         """The handler keeps `nbytes` more of the request unread: they count against the stream's buffer bound."""
         if not self.closed:  # once closed, the stream's bytes have left the connection's count
             self.held += nbytes
-            self.conn.note_held(nbytes)
+            self.conn.windows.note_held(nbytes)
 
     def release(self, nbytes: int) -> None:
         """The handler consumed `nbytes` it held: the stream's window may open again."""
         if not self.closed:
             self.held -= nbytes
-            self.conn.note_held(-nbytes)
-            self.conn.window_may_open(self)
+            windows = self.conn.windows
+            windows.note_held(-nbytes)
+            windows.window_may_open(self)
 
-    # ---- what the connection calls (message assembly: assembly.py) -------------------------------------------
+    async def writable(self, limit: int = 1 << 20) -> None:
+        """Wait while more than `limit` bytes of replies wait on this stream's window or the socket is paused."""
+        await self.out.writable(self, limit)
+
+    # ---- what the connection calls ------------------------------------------------------------------------------
+    def feed(self, data: bytes) -> None:
+        """Bytes of the request body (assembly.py cuts them into messages)."""
+        self.messages.feed(self, data)
+
     def end(self) -> None:
         self.remote_ended = True
-        if self._inflating is not None:
-            self._end_pending = True
-            return
-        handler = self.handler
-        if handler is None:
-            return
-        if self._partial is not None:
-            self.fail(status.INTERNAL, "the request ended inside a message")
-            return
-        handler.on_end()
+        if self.messages.end(self):
+            handler = self.handler
+            if handler is not None:
+                handler.on_end()
 
     def fail(self, code: int, message: str) -> None:
         """End the call with an error status; the handler is told it was cancelled."""
@@ -134,6 +144,14 @@ class ServerStream(MessageAssembly):
         self.finish(code, message)
         if handler is not None:
             handler.on_cancel()
+
+    def handler_failed(self, error: Exception) -> None:
+        """A handler's exception ends its call (INTERNAL), never the connection."""
+        log.error("%s: handler failed", self.path, exc_info=error)
+        try:
+            self.fail(status.INTERNAL, f"handler failed: {error}")
+        except Exception:
+            log.exception("%s: the handler failed again while cancelling", self.path)
 
     def deadline_exceeded(self) -> None:
         self.timer = None
@@ -144,7 +162,7 @@ class ServerStream(MessageAssembly):
         self.closed = True
         self.pending = None
         self.trailers = None
-        self._partial = None
+        self.messages.partial = None
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None

@@ -26,17 +26,46 @@ import asyncio
 import contextlib
 import inspect
 import logging
-from collections.abc import Iterable, Sequence
-from typing import Any
+from collections.abc import Awaitable, Iterable, Mapping, Sequence
+from typing import Any, Protocol
 
-from epp.ratelimit.gate import RateLimitGate
+from epp.ratelimit.gate import AdmissionContext, Answer, RateLimitGate
+from epp.ratelimit.limiter import Limiter
 from epp.ratelimit.limits import Kind, Limit, Metric
 from epp.ratelimit.planning import Applied
 
 log = logging.getLogger(__name__)
 
 
-def budget_limits(router_key: str, budget: Any) -> list[Limit]:
+class BudgetSpec(Protocol):
+    """One budget as the gate reads it (epp.routing.dialects.llmkube.model.Budget)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def scope(self) -> str: ...  # router | rule | team
+    @property
+    def window_s(self) -> int: ...
+    @property
+    def max_tokens(self) -> int | None: ...
+    @property
+    def max_usd(self) -> float | None: ...
+    @property
+    def rule(self) -> str | None: ...
+    @property
+    def header(self) -> str: ...
+
+
+class RouterBudgets(Protocol):
+    """A router and its budgets (LLMKube's ModelRouterSpec); its budgets are hashable, as a cache key."""
+
+    @property
+    def key(self) -> str: ...
+    @property
+    def budgets(self) -> Sequence[BudgetSpec]: ...
+
+
+def budget_limits(router_key: str, budget: BudgetSpec) -> list[Limit]:
     """The limits of one budget (epp.routing.dialects.llmkube.model.Budget)."""
     name = f"{router_key}/{budget.name}"
     out = []
@@ -54,13 +83,13 @@ class BudgetGate:
 
     def __init__(self, rate: RateLimitGate) -> None:
         self.rate = rate
-        self._limits: dict[tuple[str, Any], list[tuple[Any, list[Limit]]]] = {}
+        self._limits: dict[tuple[str, Sequence[BudgetSpec]], list[tuple[BudgetSpec, list[Limit]]]] = {}
 
     @property
-    def limiter(self) -> Any:
+    def limiter(self) -> Limiter:
         return self.rate.limiter
 
-    def limits_of(self, spec: Any) -> list[tuple[Any, list[Limit]]]:
+    def limits_of(self, spec: RouterBudgets) -> list[tuple[BudgetSpec, list[Limit]]]:
         key = (spec.key, spec.budgets)
         got = self._limits.get(key)
         if got is None:
@@ -69,13 +98,13 @@ class BudgetGate:
             got = self._limits[key] = [(b, budget_limits(spec.key, b)) for b in spec.budgets]
         return got
 
-    def sync(self, routers: Iterable[Any]) -> None:
+    def sync(self, routers: Iterable[RouterBudgets]) -> None:
         """Name the budgets in force (the metrics page shows them before any traffic); others are forgotten."""
         budgets = [lim for spec in routers for _, lims in self.limits_of(spec) for lim in lims]
         others = [lim for lim in self.limiter.limits if lim.kind is not Kind.BUDGET]
         self.limiter.configure([*others, *budgets])
 
-    def applied(self, ctx: Any) -> list[Applied]:
+    def applied(self, ctx: AdmissionContext) -> list[Applied]:
         d: Any = getattr(ctx, "route", None)
         spec = getattr(d, "spec", None)
         if spec is None or not getattr(spec, "budgets", ()):
@@ -90,25 +119,28 @@ class BudgetGate:
             out.extend((lim, scope) for lim in limits)
         return out
 
-    def admit(self, ctx: Any, parsed: Any, *, dry_run: bool = False) -> Any:
+    def admit(self, ctx: AdmissionContext, parsed: Mapping[str, object] | None, *, dry_run: bool = False
+              ) -> Answer | Awaitable[Answer]:
         applied = self.applied(ctx)
         if not applied:
             return None
-        price = getattr(ctx.route.backend, "price", None)
+        d: Any = ctx.route  # LLMKube's decision (its budgets applied): read by attribute, as applied() does
+        price = getattr(d.backend, "price", None)
         adm = self.rate.charge(ctx, ctx.request.estimated_tokens, parsed, extra=applied, price=price,
                                dry_run=dry_run)
         if inspect.isawaitable(adm):
             return self.rate._answer_later(adm)
         return self.rate._answer(adm)
 
-    def describe(self, ctx: Any) -> list[dict[str, Any]]:
+    def describe(self, ctx: AdmissionContext) -> list[dict[str, Any]]:
         """The state of the budgets a request counts against (explain): one row per budget and scope."""
         applied = self.applied(ctx)
         if not applied:
             return []
         from epp.ratelimit.limits import scope_label
 
-        team = {f"{ctx.route.spec.key}/{b.name}" for b in ctx.route.spec.budgets if b.scope == "team"}
+        d: Any = ctx.route  # LLMKube's decision (its budgets applied)
+        team = {f"{d.spec.key}/{b.name}" for b in d.spec.budgets if b.scope == "team"}
         wanted = {(lim.name, scope_label(scope)): scope for lim, scope in applied}
         rows = {(b.name, b.scope): b for b in self.limiter.budgets()}
         out = []
@@ -142,5 +174,5 @@ class BudgetGate:
             await asyncio.sleep(interval_s)
 
 
-def budget_gate_for(admitters: Sequence[Any]) -> BudgetGate | None:
+def budget_gate_for(admitters: Sequence[object]) -> BudgetGate | None:
     return next((g for g in admitters if isinstance(g, BudgetGate)), None)

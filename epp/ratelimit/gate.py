@@ -16,14 +16,57 @@ lean phases: the estimates stay).
 from __future__ import annotations
 
 import inspect
-from collections.abc import Awaitable, Sequence
-from typing import Any
+from collections.abc import Awaitable, Mapping, Sequence
+from typing import Protocol
 
 from epp.protocol import Outcome
 from epp.ratelimit.admission import ADMITTED, Admission, Ticket
 from epp.ratelimit.limiter import Limiter
 from epp.ratelimit.limits import Limit, Metric, Price, declared_output
 from epp.ratelimit.planning import Applied
+
+
+class RequestView(Protocol):
+    """What the gates read of the parsed request (scheduling's LLMRequest)."""
+
+    @property
+    def estimated_tokens(self) -> int: ...
+    @property
+    def headers(self) -> Mapping[str, str]: ...
+
+
+class AdmissionContext(Protocol):
+    """What the gates read of a request's context (epp/request's AdmissionContext): the request, and the routing
+    layer's decision (`route`, None without routes), read by attribute as each dialect shapes it."""
+
+    @property
+    def request(self) -> RequestView: ...
+    @property
+    def route(self) -> object: ...
+
+
+class TokenUsage(Protocol):
+    """A response's token usage (epp/request's Usage); `found` is False when the response carried none."""
+
+    @property
+    def found(self) -> bool: ...
+    @property
+    def prompt_tokens(self) -> int: ...
+    @property
+    def completion_tokens(self) -> int: ...
+
+
+class RouteRateLimit(Protocol):
+    """A route's token rate limits as the gate reads them (epp.routing's `RateLimit`); hashable, as a cache key."""
+
+    @property
+    def input_tokens_per_unit(self) -> int | None: ...
+    @property
+    def output_tokens_per_unit(self) -> int | None: ...
+    @property
+    def unit(self) -> str: ...
+    @property
+    def redis_address(self) -> str | None: ...
 
 
 class _RateHold:
@@ -37,14 +80,17 @@ class _RateHold:
     def undo(self) -> None:
         self.gate.limiter.refund(self.ticket)
 
-    def response_headers(self, ex: Any, status: int, served: str | None) -> None:
+    def response_headers(self, ex: object, status: int, served: str | None) -> None:
         pass
 
-    def response_chunk(self, ex: Any, size: int, end_of_stream: bool) -> None:
+    def response_chunk(self, ex: object, size: int, end_of_stream: bool) -> None:
         pass
 
-    def closed(self, ex: Any, usage: Any) -> None:
+    def closed(self, ex: object, usage: TokenUsage | None) -> None:
         self.gate.settle(self.ticket, usage, price=self.price)
+
+
+Answer = Outcome | _RateHold | None  # nothing to hold, the 429, or the hold on the charge
 
 
 class RateLimitGate:
@@ -56,9 +102,9 @@ class RateLimitGate:
     def __init__(self, limiter: Limiter, *, default_output_tokens: int = 0) -> None:
         self.limiter = limiter
         self.default_output_tokens = default_output_tokens
-        self._routes: dict[tuple[str, Any], list[Limit]] = {}
+        self._routes: dict[tuple[str, RouteRateLimit], list[Limit]] = {}
 
-    def route_limits(self, key: str, rate_limit: Any) -> list[Limit]:
+    def route_limits(self, key: str, rate_limit: RouteRateLimit) -> list[Limit]:
         """The limits of one route's `RateLimit` (epp.routing.model), built once per (route, configuration)."""
         cached = self._routes.get((key, rate_limit))
         if cached is not None:
@@ -76,7 +122,7 @@ class RateLimitGate:
         self._routes[(key, rate_limit)] = out
         return out
 
-    def applied(self, ctx: Any, extra: Sequence[Applied] = ()) -> list[Applied]:
+    def applied(self, ctx: AdmissionContext, extra: Sequence[Applied] = ()) -> list[Applied]:
         """The limits a request's context carries: its route's rate limits, plus `extra` (e.g. budgets)."""
         route = getattr(ctx, "route", None)
         rate = getattr(route, "rate_limit", None)
@@ -86,7 +132,7 @@ class RateLimitGate:
         out.extend(extra)
         return out
 
-    def charge(self, ctx: Any, input_tokens: int, body: Any = None, *, extra: Sequence[Applied] = (),
+    def charge(self, ctx: AdmissionContext, input_tokens: int, body: object = None, *, extra: Sequence[Applied] = (),
                price: Price | None = None, dry_run: bool = False) -> Admission | Awaitable[Admission]:
         """Admission for one request: an `Admission` at once unless Redis must be asked (then an awaitable).
         The output estimate is the request's declared bound (`max_tokens` ...) or the configured default."""
@@ -99,7 +145,8 @@ class RateLimitGate:
             return adm
         return self.limiter.admit(applied, input_tokens, output, price, dry_run=dry_run)
 
-    def admit(self, ctx: Any, parsed: Any, *, dry_run: bool = False) -> Any:
+    def admit(self, ctx: AdmissionContext, parsed: Mapping[str, object] | None, *, dry_run: bool = False
+              ) -> Answer | Awaitable[Answer]:
         """The admitter interface (epp/request/admit.py): input tokens are the request's (tokenized, or
         estimated)."""
         if not self.applied(ctx):
@@ -109,10 +156,10 @@ class RateLimitGate:
             return self._answer_later(adm)
         return self._answer(adm)
 
-    async def _answer_later(self, adm: Awaitable[Admission]) -> Any:
+    async def _answer_later(self, adm: Awaitable[Admission]) -> Answer:
         return self._answer(await adm)
 
-    def _answer(self, adm: Admission) -> Any:
+    def _answer(self, adm: Admission) -> Answer:
         if not adm.allowed:
             return self.rejection(adm)
         return _RateHold(self, adm.ticket, None) if adm.ticket is not None else None
@@ -122,7 +169,7 @@ class RateLimitGate:
         """The 429 for a refused admission."""
         return Outcome(reject_status=adm.status_code, reject_body=adm.message, reject_headers=adm.headers)
 
-    def settle(self, ticket: Ticket | None, usage: Any = None, *, price: Price | None = None) -> None:
+    def settle(self, ticket: Ticket | None, usage: TokenUsage | None = None, *, price: Price | None = None) -> None:
         """Settle with a response's usage (epp.request.usage.Usage); None or usage not found keeps the estimates."""
         if ticket is None:
             return

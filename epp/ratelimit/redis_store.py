@@ -22,7 +22,8 @@ import logging
 import math
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TypeVar
 from urllib.parse import urlsplit
 
 from redis.asyncio import BlockingConnectionPool, Redis
@@ -212,13 +213,15 @@ def normalize_url(address: str) -> str:
     return f"redis://{a}"
 
 
+T = TypeVar("T")
+
 if sys.version_info >= (3, 11):
-    async def _bounded(coro: object, timeout_s: float) -> object:
+    async def _bounded(coro: Awaitable[T], timeout_s: float) -> T:
         async with asyncio.timeout(timeout_s):
-            return await coro  # type: ignore[misc]
+            return await coro
 else:  # pragma: no cover - Python 3.10
-    async def _bounded(coro: object, timeout_s: float) -> object:
-        return await asyncio.wait_for(coro, timeout_s)  # type: ignore[arg-type]
+    async def _bounded(coro: Awaitable[T], timeout_s: float) -> T:
+        return await asyncio.wait_for(coro, timeout_s)
 
 
 class RedisStore:

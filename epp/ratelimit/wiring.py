@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry
 
@@ -21,10 +21,13 @@ from epp.ratelimit.limiter import Limiter
 from epp.ratelimit.metrics import RateLimitMetrics
 from epp.ratelimit.settings import RateLimitSettings
 
+if TYPE_CHECKING:
+    from epp.routing import RoutingService, RoutingTable
+
 log = logging.getLogger(__name__)
 
 
-def route_redis(table: Any) -> str | None:
+def route_redis(table: RoutingTable | None) -> str | None:
     """The first Redis address a route's `rateLimit.global` names."""
     for route in getattr(table, "routes", ()):
         rate = getattr(route, "rate_limit", None)
@@ -33,7 +36,7 @@ def route_redis(table: Any) -> str | None:
     return None
 
 
-async def build_gate(settings: RateLimitSettings, registry: CollectorRegistry, table: Any = None) -> RateLimitGate:
+async def build_gate(settings: RateLimitSettings, registry: CollectorRegistry, table: RoutingTable | None = None) -> RateLimitGate:
     """The limiter and its gate; with a Redis, probed once (a Redis that is down only degrades to the policy).
     A Redis without the 'redis' extra installed is a MissingExtra (epp/extras.py)."""
     url = settings.redis_url or route_redis(table)
@@ -67,7 +70,7 @@ class RateLimits:
         await self.gate.limiter.close()
 
 
-async def start_rate_limits(settings: RateLimitSettings, registry: CollectorRegistry, routing: Any) -> RateLimits:
+async def start_rate_limits(settings: RateLimitSettings, registry: CollectorRegistry, routing: RoutingService) -> RateLimits:
     """The gate over the routing service's table, and the budgets kept in step with the loaded ModelRouters."""
     gate = await build_gate(settings, registry, routing.router.table)
     budgets = BudgetGate(gate)

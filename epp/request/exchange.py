@@ -64,7 +64,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("epp.director")
 
 Step = Outcome | None
-STAGE_NAMES = ("resolve", "admit", "prepare", "queue", "schedule", "commit")
+STAGE_NAMES: tuple[str, ...] = ("resolve", "admit", "prepare", "queue", "schedule", "commit")
 
 
 class RequestExchange:

@@ -9,12 +9,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from epp.routing.model import PoolBackend, ProviderBackend, RateLimit, Route, Rule, Target
 from epp.routing.pools import ROLE_LABEL
 from epp.routing.sticky import StickyTable
-from scheduling.api import InflightLoad, SchedulingResult
+from scheduling.api import InflightLoad, Scheduler, SchedulingResult
 from scheduling.types import Endpoint, ErrorCode, SchedulingError
 
 MAX_RETRIES_HEADER = "x-envoy-max-retries"
@@ -30,7 +29,7 @@ class RouteDecision:
     provider: ProviderBackend | None = None
     engine_model: str | None = None  # the model the engine (or provider) is asked for; None keeps the request's
     base_model: str | None = None  # for a LoRA adapter: its ModelServer's model
-    scheduler: Any = None  # the pool's own scheduler (P/D pairing); None: the director's
+    scheduler: Scheduler | None = None  # the pool's own scheduler (P/D pairing); None: the director's
     sticky: StickyTable | None = None
     session: int | None = None  # hash of the session key
     pinned: str | None = None  # the endpoint the session is bound to, when it is a candidate

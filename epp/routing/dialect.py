@@ -34,9 +34,29 @@ from epp.routing.validate import identity as k8s_identity
 if TYPE_CHECKING:
     from epp.routing.decision import RouteDecision
     from epp.routing.router import Router
+    from scheduling.api import SchedulingResult
 
 Identity = tuple[str, str, str]  # (kind, namespace, name)
-Compile = Callable[[Any, str, float], Any]  # -> a compiled object, or a sequence of them
+Compile = Callable[[object, str, float], object]  # -> a compiled object, or a sequence of them
+
+
+class RoutedRequest(Protocol):
+    """What a runtime reads of a request it routed (epp/request's exchange): the context the pick was made in
+    (its `route` is the decision) and the scheduler's result (None for an external provider)."""
+
+    @property
+    def ctx(self) -> object: ...
+    @property
+    def result(self) -> SchedulingResult | None: ...
+
+
+class ResponseFollow(Protocol):
+    """A runtime's follow of a routed request's response path (epp/request/observe.py's Follow); it reads neither
+    the exchange nor the usage."""
+
+    def response_headers(self, ex: object, status: int, served: str | None) -> None: ...
+    def response_chunk(self, ex: object, size: int, end_of_stream: bool) -> None: ...
+    def closed(self, ex: object, usage: object) -> None: ...
 
 
 class DialectRuntime(Protocol):
@@ -54,13 +74,20 @@ class DialectRuntime(Protocol):
         ...
 
     def decide(self, headers: Mapping[str, str], model: str, *, now: float, rng: random.Random,
-               metadata: Mapping[str, Mapping[str, object]], body: Mapping[str, Any] | None) -> RouteDecision: ...
+               metadata: Mapping[str, Mapping[str, object]], body: Mapping[str, object] | None) -> RouteDecision: ...
 
     def endpoint_removed(self, key: str) -> None: ...
 
     # A request observer (epp/request/observe.py) of the requests it routed.
-    def decided(self, ex: Any) -> Any: ...
-    def rejected(self, ex: Any, code: str) -> None: ...
+    def decided(self, ex: RoutedRequest) -> ResponseFollow | None: ...
+    def rejected(self, ex: object, code: str) -> None: ...
+
+
+class RuntimeFactory(Protocol):
+    """`Dialect.runtime`: the dialect's runtime for a Router (`gateway_headers`: the headers naming the served model
+    to the gateway's routes)."""
+
+    def __call__(self, router: Router, *, gateway_headers: Sequence[str]) -> DialectRuntime: ...
 
 
 @dataclass
@@ -92,12 +119,13 @@ class Dialect:
     group: str
     resources: tuple[Resource, ...]
     compile: Compile
-    identity: Callable[[Mapping[str, Any]], Identity | None] = k8s_identity
-    runtime: Callable[..., DialectRuntime] | None = None  # runtime(router, gateway_headers=...) -> DialectRuntime
+    identity: Callable[[Mapping[str, object]], Identity | None] = k8s_identity
+    runtime: RuntimeFactory | None = None  # runtime(router, gateway_headers=...) -> DialectRuntime
     envoy: Callable[[tuple[Any, ...]], EnvoyFragments] | None = None  # its objects -> fragments
     example: StackExample | None = None
     page: str = ""  # its docs page
 
 
-def make_runtimes(dialects: Sequence[Dialect], router: Router, **options: Any) -> list[DialectRuntime]:
-    return [d.runtime(router, **options) for d in dialects if d.runtime is not None]
+def make_runtimes(dialects: Sequence[Dialect], router: Router, *, gateway_headers: Sequence[str]
+                  ) -> list[DialectRuntime]:
+    return [d.runtime(router, gateway_headers=gateway_headers) for d in dialects if d.runtime is not None]

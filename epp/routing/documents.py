@@ -15,7 +15,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import yaml
 
@@ -28,12 +27,12 @@ log = logging.getLogger(__name__)
 
 # A dialect compiles one document to one object (Kthena) or to several (a router document that defines its routes
 # and backends at once): objects of the shared route model, or the dialect's own (kept under its name).
-Compiled = Any
+Compiled = object
 
 
 @dataclass(frozen=True, slots=True)
 class RawDocument:
-    obj: Any
+    obj: object
     where: str  # e.g. "routes.yaml, document 3"
     position: float = 0.0
 
@@ -59,7 +58,7 @@ def read_yaml(text: str, label: str) -> list[RawDocument]:
     return out
 
 
-def _group(obj: Any) -> str:
+def _group(obj: object) -> str:
     api = obj.get("apiVersion") if isinstance(obj, Mapping) else None
     return str(api).split("/", 1)[0] if isinstance(api, str) and "/" in api else ""
 
@@ -143,7 +142,7 @@ class DocumentSet:
         routes: dict[str, Route] = {}
         pools: dict[str, PoolBackend] = {}
         providers: dict[str, ProviderBackend] = {}
-        extras: dict[str, dict[Any, Any]] = {}  # dialect -> key -> its own object
+        extras: dict[str, dict[object, object]] = {}  # dialect -> key -> its own object
         for objs in self._good.values():
             for dialect, group in objs.values():
                 for obj in group:

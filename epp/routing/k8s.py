@@ -16,8 +16,8 @@ import base64
 import binascii
 import functools
 import logging
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from kubernetes.client.exceptions import ApiException
 
@@ -25,17 +25,33 @@ from epp.fleet.k8s import SECRET, PodPools, Reflector, Resource, list_call, obj_
 from epp.routing.dialects import DIALECTS
 from epp.routing.documents import RawDocument
 
+if TYPE_CHECKING:
+    from kubernetes.client import ApiClient
+    from typing_extensions import Unpack
+
+    from epp.routing.service import RoutingService
+
 log = logging.getLogger(__name__)
 KINDS: tuple[Resource, ...] = tuple(r for d in DIALECTS for r in d.resources)  # every dialect's documents
 
 
-def _tolerant(res: Resource, call: Any, on_missing: Any) -> Any:
+class ReflectorOptions(TypedDict, total=False):
+    """The reflectors' timings (epp.fleet.k8s.Reflector's keyword arguments), passed through to every watch."""
+
+    watch_timeout_s: int
+    backoff_initial_s: float
+    backoff_max_s: float
+    request_timeout_s: float
+
+
+def _tolerant(res: Resource, call: Callable[..., object], on_missing: Callable[[Resource], None]
+              ) -> Callable[..., object]:
     """A list call that reports a kind whose CRD is not installed (HTTP 404) through `on_missing` (logged once), so a
     Kthena installation without the ModelRouter CRD, or an LLMKube one without Kthena's, still syncs; the reflector
     keeps retrying the list with back-off, so a CRD installed later is picked up."""
     warned = False
 
-    def list_call(*args: Any, **kwargs: Any) -> Any:
+    def list_call(*args: object, **kwargs: object) -> object:
         nonlocal warned
         try:
             return call(*args, **kwargs)
@@ -69,8 +85,8 @@ def _secret_data(obj: Mapping[str, Any]) -> dict[str, bytes]:
 
 
 class RouteWatch:
-    def __init__(self, service: Any, api: Any, namespace: str, *, pods: PodPools | None = None,
-                 **reflector_opts: Any) -> None:
+    def __init__(self, service: RoutingService, api: ApiClient, namespace: str, *, pods: PodPools | None = None,
+                 **reflector_opts: Unpack[ReflectorOptions]) -> None:
         self.service = service
         self.api = api
         self.namespace = namespace

@@ -10,15 +10,19 @@ Labels hold names from the configuration only (never header values, never creden
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+if TYPE_CHECKING:
+    from epp.routing.decision import RouteDecision
+    from epp.routing.service import RoutingService
+
 
 class _Documents(Collector):
-    def __init__(self, service: Any) -> None:
+    def __init__(self, service: RoutingService) -> None:
         self.service = service
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
@@ -29,7 +33,7 @@ class _Documents(Collector):
 
 
 class RoutingMetrics:
-    def __init__(self, registry: CollectorRegistry, service: Any) -> None:
+    def __init__(self, registry: CollectorRegistry, service: RoutingService) -> None:
         self.decisions = Counter("pointsman_route_decisions_total", "Requests routed, by route, rule and target.",
                                  ["route", "rule", "target"], registry=registry)
         self.errors = Counter("pointsman_route_document_errors_total", "Route documents rejected, by kind.",
@@ -37,7 +41,7 @@ class RoutingMetrics:
         registry.register(_Documents(service))
         self._children: dict[tuple[str, str, str], Any] = {}
 
-    def decision(self, d: Any) -> None:
+    def decision(self, d: RouteDecision) -> None:
         key = (f"{d.route.kind}/{d.route.key}", d.rule.name, d.target.backend)
         child = self._children.get(key)
         if child is None:

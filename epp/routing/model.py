@@ -23,6 +23,10 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 TargetKind = Literal["pool", "provider"]
+ProviderType = Literal["OpenAI", "Anthropic"]
+AuthScheme = Literal["Bearer", "APIKey"]
+PROVIDER_TYPES: tuple[ProviderType, ...] = ("OpenAI", "Anthropic")
+AUTH_SCHEMES: tuple[AuthScheme, ...] = ("Bearer", "APIKey")
 POOL: TargetKind = "pool"
 PROVIDER: TargetKind = "provider"
 
@@ -173,7 +177,7 @@ class PoolBackend:
 
 @dataclass(frozen=True, slots=True)
 class ProviderAuth:
-    scheme: Literal["Bearer", "APIKey"]
+    scheme: AuthScheme
     secret_name: str
     secret_key: str
 
@@ -183,7 +187,7 @@ class ProviderBackend:
     key: str  # "namespace/name"
     kind: str  # e.g. ExternalModelProvider
     namespace: str
-    provider_type: Literal["OpenAI", "Anthropic"]
+    provider_type: ProviderType
     base_url: str
     host: str
     port: int

@@ -12,11 +12,14 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Callable, Mapping
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from epp.fleet import Datastore, PoolSpec
 from epp.routing.model import PoolBackend
 from scheduling.types import Endpoint, endpoint_key
+
+if TYPE_CHECKING:
+    from scheduling.config import ModelScheduler
 
 ENGINE_LABEL = "llm-d.ai/engine-type"
 ROLE_LABEL = "llm-d.ai/role"
@@ -69,7 +72,7 @@ def pool_spec(backend: PoolBackend) -> PoolSpec:
                     target_ports=(backend.port,) if backend.port else (), app_protocol=backend.protocol)
 
 
-def pd_scheduler(group_key: str, rng: random.Random) -> Any:
+def pd_scheduler(group_key: str, rng: random.Random) -> ModelScheduler:
     """Decode first (decode-filter), then prefill only among endpoints of the decode pick's group."""
     from scheduling.config import load_scheduler
 

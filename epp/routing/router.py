@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import random
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 from epp.fleet import Datastore
 from epp.routing.decision import MAX_RETRIES_HEADER, RouteDecision
@@ -36,6 +36,9 @@ from epp.routing.providers import (
 )
 from epp.routing.sticky import StickyTable
 from scheduling.types import ErrorCode, SchedulingError
+
+if TYPE_CHECKING:
+    from scheduling.config import ModelScheduler
 
 __all__ = ["MAX_RETRIES_HEADER", "RouteDecision", "Router"]
 
@@ -62,7 +65,7 @@ class Router:
         self.table = RoutingTable()
         self.on_decision = on_decision
         self._sticky: dict[str, StickyTable] = {}
-        self._pd: dict[str, Any] = {}  # group key -> scheduler
+        self._pd: dict[str, ModelScheduler] = {}  # group key -> scheduler
         # The dialects' run-time parts (LLMKube's ModelRouters), consulted for models no route names.
         self.runtimes: list[DialectRuntime] = make_runtimes(DIALECTS, self, gateway_headers=gateway_headers)
         datastore.on_endpoint_removed(self.endpoint_removed)
@@ -119,12 +122,12 @@ class Router:
         """Pools that are not route backends (an InferencePool, an endpoints file)."""
         return [p for p in self.datastore.pool_names() if p not in self.materializer.names]
 
-    def schedulers(self) -> list[Any]:
+    def schedulers(self) -> list[ModelScheduler]:
         return list(self._pd.values())
 
     # ---- the decision --------------------------------------------------------------------------------------
     def decide(self, headers: Mapping[str, str], model: str, *, now: float, dry_run: bool = False,
-               metadata: Mapping[str, Mapping[str, object]] | None = None, body: Mapping[str, Any] | None = None,
+               metadata: Mapping[str, Mapping[str, object]] | None = None, body: Mapping[str, object] | None = None,
                ) -> RouteDecision | None:
         """Raises SchedulingError: 404 (routes name the model but no rule matched, or nothing routes it and no plain
         pool exists; a target that does not exist), 400 (a path the provider does not take), 503 (a provider

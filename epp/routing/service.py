@@ -13,21 +13,37 @@ import logging
 import random
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Protocol
 
 from epp.fleet import Datastore
 from epp.routing.documents import DocumentSet, RawDocument, read_yaml
-from epp.routing.model import RouteConfigError
+from epp.routing.model import RouteConfigError, RoutingTable
 from epp.routing.pools import PodSource
 from epp.routing.providers import PROVIDER_HEADER, Credentials
 from epp.routing.router import RouteDecision, Router
 
+if TYPE_CHECKING:
+    from kubernetes.client import ApiClient
+    from prometheus_client import CollectorRegistry
+    from typing_extensions import Unpack
+
+    from epp.fleet.k8s import PodPools
+    from epp.routing.k8s import ReflectorOptions, RouteWatch
+    from epp.routing.metrics import RoutingMetrics
+
 log = logging.getLogger(__name__)
+
+
+class MetricsRegistry(Protocol):
+    """What the routing metrics register on: the EPP's metrics (epp.api's EppMetrics)."""
+
+    @property
+    def registry(self) -> CollectorRegistry: ...
 
 
 class RoutingService:
     def __init__(self, datastore: Datastore, rng: random.Random, *, secrets_dir: str | None = None,
-                 provider_header: str = PROVIDER_HEADER, metrics: Any = None,
+                 provider_header: str = PROVIDER_HEADER, metrics: MetricsRegistry | None = None,
                  gateway_headers: tuple[str, ...] = ("x-gateway-base-model-name", "x-ai-eg-model")) -> None:
         self.datastore = datastore
         self.metrics = metrics
@@ -35,12 +51,12 @@ class RoutingService:
         self.credentials = Credentials(secrets_dir)
         self.router = Router(datastore, rng, credentials=self.credentials, provider_header=provider_header,
                              on_decision=self._on_decision, gateway_headers=gateway_headers)
-        self.on_table: list[Callable[[Any], None]] = []  # told the new routing table after every change
-        self.cleanups: list[Callable[[], Awaitable[Any]]] = []
+        self.on_table: list[Callable[[RoutingTable], None]] = []  # told the new routing table after every change
+        self.cleanups: list[Callable[[], Awaitable[object]]] = []
         if metrics is not None:
             from epp.routing.metrics import RoutingMetrics
 
-            self.rmetrics: Any = RoutingMetrics(metrics.registry, self)
+            self.rmetrics: RoutingMetrics | None = RoutingMetrics(metrics.registry, self)
         else:
             self.rmetrics = None
 
@@ -88,7 +104,8 @@ class RoutingService:
         self.cleanups.append(watcher.stop)
 
     # ---- Kubernetes ----------------------------------------------------------------------------------------
-    def start_kubernetes(self, api: Any, namespace: str, *, pods: Any = None, **reflector_opts: Any) -> Any:
+    def start_kubernetes(self, api: ApiClient, namespace: str, *, pods: PodPools | None = None,
+                         **reflector_opts: Unpack[ReflectorOptions]) -> RouteWatch:
         from epp.routing.k8s import RouteWatch
 
         watch = RouteWatch(self, api, namespace, pods=pods, **reflector_opts)

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TypeVar, overload
 
 from epp.routing.model import RouteConfigError
 
 DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 HEADER_NAME = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")  # an RFC 9110 token
+Choice = TypeVar("Choice", bound=str)  # an enum field's values (a Literal type when the model declares one)
 
 
 def _join(path: str, key: str | int) -> str:
@@ -18,12 +19,12 @@ def _join(path: str, key: str | int) -> str:
     return f"{path}.{key}" if path else key
 
 
-def _show(value: Any) -> str:
+def _show(value: object) -> str:
     text = repr(value)
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-def document_name(obj: Any, where: str) -> str:
+def document_name(obj: object, where: str) -> str:
     """How errors name a document: `Kind namespace/name (where)`."""
     kind = obj.get("kind", "document") if isinstance(obj, Mapping) else "document"
     meta = obj.get("metadata") if isinstance(obj, Mapping) else None
@@ -32,7 +33,7 @@ def document_name(obj: Any, where: str) -> str:
     return f"{kind} {meta.get('namespace') or 'default'}/{name} ({where})"
 
 
-def identity(obj: Mapping[str, Any]) -> tuple[str, str, str] | None:
+def identity(obj: Mapping[str, object]) -> tuple[str, str, str] | None:
     """(kind, namespace, name) of a Kubernetes-style document when it says that much, else None."""
     meta = obj.get("metadata")
     if not isinstance(meta, Mapping) or not isinstance(meta.get("name"), str) or not meta.get("name"):
@@ -46,7 +47,7 @@ class Doc:
     def __init__(self, name: str) -> None:
         self.name = name
 
-    def object_ref(self, meta: Mapping[str, Any]) -> tuple[str, str]:
+    def object_ref(self, meta: Mapping[str, object]) -> tuple[str, str]:
         """(namespace, name) of a document's `metadata`; the namespace defaults to `default`."""
         name = self.string(meta.get("name"), "metadata.name", required=True, max_len=253, pattern=DNS_SUBDOMAIN,
                            what="a DNS-1123 name")
@@ -58,8 +59,8 @@ class Doc:
     def fail(self, path: str, expected: str) -> RouteConfigError:
         return RouteConfigError(self.name, path, expected)
 
-    def mapping(self, value: Any, path: str, known: Iterable[str] | None = None, *, required: bool = False
-                ) -> Mapping[str, Any]:
+    def mapping(self, value: object, path: str, known: Iterable[str] | None = None, *, required: bool = False
+                ) -> Mapping[str, object]:
         """A mapping (an absent optional one reads as {}); with `known`, an unknown field is an error."""
         if value is None:
             if required:
@@ -75,7 +76,7 @@ class Doc:
                                                          f"(unknown field {unknown[0]!r})")
         return value
 
-    def list(self, value: Any, path: str, *, max_items: int | None = None, min_items: int = 0) -> list[Any]:
+    def list(self, value: object, path: str, *, max_items: int | None = None, min_items: int = 0) -> list[object]:
         if value is None:
             value = []
         if not isinstance(value, list):
@@ -86,7 +87,7 @@ class Doc:
             raise self.fail(path, f"at most {max_items} items, got {len(value)}")
         return value
 
-    def string(self, value: Any, path: str, *, required: bool = False, max_len: int | None = None,
+    def string(self, value: object, path: str, *, required: bool = False, max_len: int | None = None,
                pattern: re.Pattern[str] | None = None, what: str = "a string") -> str | None:
         if value is None or (value == "" and not required):
             if required:
@@ -100,7 +101,7 @@ class Doc:
             raise self.fail(path, f"{what} matching {pattern.pattern}, got {_show(value)}")
         return value
 
-    def integer(self, value: Any, path: str, *, lo: int | None = None, hi: int | None = None,
+    def integer(self, value: object, path: str, *, lo: int | None = None, hi: int | None = None,
                 default: int | None = None) -> int | None:
         if value is None:
             return default
@@ -111,22 +112,30 @@ class Doc:
             raise self.fail(path, f"an integer in {rng}, got {value}")
         return value
 
-    def boolean(self, value: Any, path: str, default: bool = False) -> bool:
+    def boolean(self, value: object, path: str, default: bool = False) -> bool:
         if value is None:
             return default
         if not isinstance(value, bool):
             raise self.fail(path, f"true or false, got {_show(value)}")
         return value
 
-    def enum(self, value: Any, path: str, choices: Iterable[str], default: str | None = None) -> str | None:
+    @overload
+    def enum(self, value: object, path: str, choices: Iterable[Choice], default: Choice) -> Choice: ...
+    @overload
+    def enum(self, value: object, path: str, choices: Iterable[Choice], default: None = None) -> Choice | None: ...
+
+    def enum(self, value: object, path: str, choices: Iterable[Choice], default: Choice | None = None
+             ) -> Choice | None:
+        """One of `choices` (the choice itself, so a Literal type stays one); absent or empty reads as `default`."""
         options = list(choices)
         if value is None or value == "":
             return default
-        if value not in options:
-            raise self.fail(path, f"one of {', '.join(options)}, got {_show(value)}")
-        return str(value)
+        for option in options:
+            if value == option:
+                return option
+        raise self.fail(path, f"one of {', '.join(options)}, got {_show(value)}")
 
-    def labels(self, value: Any, path: str, *, non_empty: bool = False) -> dict[str, str]:
+    def labels(self, value: object, path: str, *, non_empty: bool = False) -> dict[str, str]:
         m = self.mapping(value, path)
         if non_empty and not m:
             raise self.fail(path, "a non-empty map of label -> value")

@@ -16,10 +16,19 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import Any
 from urllib.parse import urlsplit
 
-from epp.routing.model import PDPairing, PoolBackend, ProviderAuth, ProviderBackend, StaticEndpoint, Sticky
+from epp.routing.model import (
+    AUTH_SCHEMES,
+    PROVIDER_TYPES,
+    AuthScheme,
+    PDPairing,
+    PoolBackend,
+    ProviderAuth,
+    ProviderBackend,
+    StaticEndpoint,
+    Sticky,
+)
 from epp.routing.validate import DNS_SUBDOMAIN, HEADER_NAME, Doc, join
 
 ENGINES = {"vLLM": "vllm", "SGLang": "sglang"}
@@ -34,13 +43,13 @@ CLUSTER_ANNOTATION = "pointsman.io/envoy-cluster"
 _DURATION = re.compile(r"^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$")
 
 
-def _duration(doc: Doc, value: Any, path: str) -> None:
+def _duration(doc: Doc, value: object, path: str) -> None:
     if value is not None and (not isinstance(value, str) or not _DURATION.match(value)):
         raise doc.fail(path, f"a duration like 100ms or 10s, got {value!r}")
 
 
 # ---- ModelServer ---------------------------------------------------------------------------------------------
-def parse_model_server(doc: Doc, raw: Any, key: str, namespace: str) -> PoolBackend:
+def parse_model_server(doc: Doc, raw: object, key: str, namespace: str) -> PoolBackend:
     spec = doc.mapping(raw, "spec", ("model", "inferenceEngine", "workloadSelector", "endpoints", "workloadPort",
                                      "trafficPolicy", "kvConnector"), required=True)
     model = doc.string(spec.get("model"), "spec.model", max_len=256)
@@ -77,7 +86,7 @@ def parse_model_server(doc: Doc, raw: Any, key: str, namespace: str) -> PoolBack
     )
 
 
-def _pd_group(doc: Doc, raw: Any) -> PDPairing:
+def _pd_group(doc: Doc, raw: object) -> PDPairing:
     path = "spec.workloadSelector.pdGroup"
     g = doc.mapping(raw, path, ("groupKey", "prefillLabels", "decodeLabels"))
     group_key = doc.string(g.get("groupKey"), join(path, "groupKey"), required=True, what="a label key")
@@ -87,7 +96,7 @@ def _pd_group(doc: Doc, raw: Any) -> PDPairing:
     return PDPairing(group_key, prefill, decode)
 
 
-def _endpoints(doc: Doc, raw: Any) -> tuple[StaticEndpoint, ...]:
+def _endpoints(doc: Doc, raw: object) -> tuple[StaticEndpoint, ...]:
     out: list[StaticEndpoint] = []
     seen: set[str] = set()
     for i, e in enumerate(doc.list(raw, "spec.endpoints", max_items=1024)):
@@ -108,7 +117,7 @@ def _endpoints(doc: Doc, raw: Any) -> tuple[StaticEndpoint, ...]:
     return tuple(out)
 
 
-def _traffic_policy(doc: Doc, raw: Any) -> tuple[Sticky | None, int]:
+def _traffic_policy(doc: Doc, raw: object) -> tuple[Sticky | None, int]:
     path = "spec.trafficPolicy"
     tp = doc.mapping(raw, path, ("retry", "connectionPool", "sessionSticky", "timeout"))
     _duration(doc, tp.get("timeout"), join(path, "timeout"))
@@ -141,11 +150,11 @@ def _traffic_policy(doc: Doc, raw: Any) -> tuple[Sticky | None, int]:
 
 
 # ---- ExternalModelProvider -----------------------------------------------------------------------------------
-def parse_provider(doc: Doc, raw: Any, key: str, namespace: str, name: str,
-                   annotations: Mapping[str, Any]) -> ProviderBackend:
+def parse_provider(doc: Doc, raw: object, key: str, namespace: str, name: str,
+                   annotations: Mapping[str, object]) -> ProviderBackend:
     spec = doc.mapping(raw, "spec", ("providerType", "model", "baseURL", "insecureSkipVerify", "auth", "headers"),
                        required=True)
-    ptype = doc.enum(spec.get("providerType"), "spec.providerType", ("OpenAI", "Anthropic"), default="OpenAI")
+    ptype = doc.enum(spec.get("providerType"), "spec.providerType", PROVIDER_TYPES, default="OpenAI")
     model = doc.string(spec.get("model"), "spec.model", max_len=256)
     base = doc.string(spec.get("baseURL"), "spec.baseURL", required=True, what="an https:// URL")
     assert base is not None
@@ -176,17 +185,17 @@ def parse_provider(doc: Doc, raw: Any, key: str, namespace: str, name: str,
     if cluster is not None and (not isinstance(cluster, str) or not re.match(r"^[A-Za-z0-9_.\-]+$", cluster)):
         raise doc.fail(f"metadata.annotations[{CLUSTER_ANNOTATION}]", f"an Envoy cluster name, got {cluster!r}")
     return ProviderBackend(
-        key=key, kind="ExternalModelProvider", namespace=namespace, provider_type=ptype,  # type: ignore[arg-type]
+        key=key, kind="ExternalModelProvider", namespace=namespace, provider_type=ptype,
         base_url=base, host=u.hostname, port=port, base_path=u.path.rstrip("/"), model=model,
         insecure_skip_verify=insecure, headers=tuple(sorted(headers)), auth=auth,
         cluster=cluster or f"provider.{namespace}.{name}",
     )
 
 
-def _auth(doc: Doc, raw: Any, ptype: str) -> ProviderAuth:
+def _auth(doc: Doc, raw: object, ptype: str) -> ProviderAuth:
     a = doc.mapping(raw, "spec.auth", ("scheme", "secretRef"))
-    default = "Bearer" if ptype == "OpenAI" else "APIKey"
-    scheme = doc.enum(a.get("scheme"), "spec.auth.scheme", ("Bearer", "APIKey"), default=default) or default
+    default: AuthScheme = "Bearer" if ptype == "OpenAI" else "APIKey"
+    scheme = doc.enum(a.get("scheme"), "spec.auth.scheme", AUTH_SCHEMES, default=default) or default
     ref = doc.mapping(a.get("secretRef"), "spec.auth.secretRef", ("name", "key", "optional"), required=True)
     sname = doc.string(ref.get("name"), "spec.auth.secretRef.name", required=True, pattern=DNS_SUBDOMAIN,
                        what="a Secret name")
@@ -194,4 +203,4 @@ def _auth(doc: Doc, raw: Any, ptype: str) -> ProviderAuth:
     if doc.boolean(ref.get("optional"), "spec.auth.secretRef.optional"):
         raise doc.fail("spec.auth.secretRef.optional", "false or unset (a provider credential is not optional)")
     assert sname is not None and skey is not None
-    return ProviderAuth(scheme, sname, skey)  # type: ignore[arg-type]
+    return ProviderAuth(scheme, sname, skey)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from datetime import datetime
-from typing import Any
+from typing import Literal
 
 from epp.routing.dialects.kthena.backends import parse_model_server, parse_provider
 from epp.routing.model import (
@@ -42,9 +42,10 @@ MODEL_ROUTE, MODEL_SERVER, PROVIDER_KIND = "ModelRoute", "ModelServer", "Externa
 KINDS = (MODEL_ROUTE, MODEL_SERVER, PROVIDER_KIND)
 
 Compiled = Route | PoolBackend | ProviderBackend
+STRING_MATCHES: tuple[Literal["exact", "prefix", "regex"], ...] = ("exact", "prefix", "regex")
 
 
-def _created(meta: Mapping[str, Any]) -> float | None:
+def _created(meta: Mapping[str, object]) -> float | None:
     ts = meta.get("creationTimestamp")
     if not ts:
         return None
@@ -54,7 +55,7 @@ def _created(meta: Mapping[str, Any]) -> float | None:
         return None
 
 
-def compile_document(obj: Any, where: str, position: float = 0.0) -> Compiled:
+def compile_document(obj: object, where: str, position: float = 0.0) -> Compiled:
     """One Kthena document -> its compiled form. Raises RouteConfigError.
 
     `position` orders routes from files (earlier documents are older); in Kubernetes the creation time does."""
@@ -75,12 +76,12 @@ def compile_document(obj: Any, where: str, position: float = 0.0) -> Compiled:
     if kind == MODEL_SERVER:
         return parse_model_server(doc, spec_raw, key, namespace)
     ann = meta.get("annotations")
-    annotations: Mapping[str, Any] = ann if isinstance(ann, Mapping) else {}
+    annotations: Mapping[str, object] = ann if isinstance(ann, Mapping) else {}
     return parse_provider(doc, spec_raw, key, namespace, name, annotations)
 
 
 # ---- ModelRoute ----------------------------------------------------------------------------------------------
-def parse_model_route(doc: Doc, raw: Any, key: str, where: str, order: tuple[float, str]) -> Route:
+def parse_model_route(doc: Doc, raw: object, key: str, where: str, order: tuple[float, str]) -> Route:
     spec = doc.mapping(raw, "spec", ("modelName", "loraAdapters", "parentRefs", "rules", "rateLimit"),
                        required=True)
     model = doc.string(spec.get("modelName"), "spec.modelName")
@@ -99,7 +100,7 @@ def parse_model_route(doc: Doc, raw: Any, key: str, where: str, order: tuple[flo
                  adapters=tuple(adapters), rules=rules, rate_limit=rate, parent_refs=parents, order=order)
 
 
-def _parent_ref(doc: Doc, raw: Any, path: str, route_key: str) -> str:
+def _parent_ref(doc: Doc, raw: object, path: str, route_key: str) -> str:
     ref = doc.mapping(raw, path, ("group", "kind", "namespace", "name", "sectionName", "port"))
     name = doc.string(ref.get("name"), join(path, "name"), required=True)
     ns = doc.string(ref.get("namespace"), join(path, "namespace")) or route_key.split("/", 1)[0]
@@ -110,7 +111,7 @@ def _parent_ref(doc: Doc, raw: Any, path: str, route_key: str) -> str:
     return f"{kind} {ns}/{name}" + (f" ({section})" if section else "")
 
 
-def _rule(doc: Doc, raw: Any, index: int, lora_route: bool, namespace: str) -> Rule:
+def _rule(doc: Doc, raw: object, index: int, lora_route: bool, namespace: str) -> Rule:
     path = f"spec.rules[{index}]"
     r = doc.mapping(raw, path, ("name", "modelMatch", "targetModels"), required=True)
     name = doc.string(r.get("name"), join(path, "name")) or f"rule-{index}"
@@ -123,7 +124,7 @@ def _rule(doc: Doc, raw: Any, index: int, lora_route: bool, namespace: str) -> R
     return Rule(name=name, index=index, match=match, targets=targets)
 
 
-def _model_match(doc: Doc, raw: Any, path: str) -> Match:
+def _model_match(doc: Doc, raw: object, path: str) -> Match:
     m = doc.mapping(raw, path, ("headers", "uri", "body"))
     headers = []
     hpath = join(path, "headers")
@@ -137,9 +138,9 @@ def _model_match(doc: Doc, raw: Any, path: str) -> Match:
     return Match(headers=tuple(sorted(headers)), uri=uri, body_model=body_model)
 
 
-def _string_match(doc: Doc, raw: Any, path: str) -> StringMatch:
+def _string_match(doc: Doc, raw: object, path: str) -> StringMatch:
     sm = doc.mapping(raw, path, ("exact", "prefix", "regex"), required=True)
-    given = [k for k in ("exact", "prefix", "regex") if sm.get(k) is not None]
+    given = [k for k in STRING_MATCHES if sm.get(k) is not None]
     if len(given) > 1:
         raise doc.fail(path, f"only one of exact, prefix, regex (got {', '.join(given)})")
     if not given:
@@ -154,10 +155,10 @@ def _string_match(doc: Doc, raw: Any, path: str) -> StringMatch:
         except re.error as e:
             raise doc.fail(join(path, kind), f"a valid regular expression ({e})") from None
         return StringMatch("regex", value, pattern)
-    return StringMatch(kind, value)  # type: ignore[arg-type]
+    return StringMatch(kind, value)
 
 
-def _target(doc: Doc, raw: Any, path: str, lora_route: bool, namespace: str) -> Target:
+def _target(doc: Doc, raw: object, path: str, lora_route: bool, namespace: str) -> Target:
     t = doc.mapping(raw, path, ("modelServerName", "externalModelProviderName", "weight"), required=True)
     server = doc.string(t.get("modelServerName"), join(path, "modelServerName"))
     provider = doc.string(t.get("externalModelProviderName"), join(path, "externalModelProviderName"))
@@ -172,7 +173,7 @@ def _target(doc: Doc, raw: Any, path: str, lora_route: bool, namespace: str) -> 
     return Target(kind, f"{namespace}/{server or provider}", weight)
 
 
-def _rate_limit(doc: Doc, raw: Any) -> RateLimit:
+def _rate_limit(doc: Doc, raw: object) -> RateLimit:
     path = "spec.rateLimit"
     r = doc.mapping(raw, path, ("inputTokensPerUnit", "outputTokensPerUnit", "unit", "global"))
     inp = doc.integer(r.get("inputTokensPerUnit"), join(path, "inputTokensPerUnit"), lo=1)

@@ -8,18 +8,25 @@ quarantine.py follows the responses; envoy.py adds the shadow mirrors, stream id
 config; example.py is `epp stack --example llmkube`.
 """
 
-from typing import Any
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from epp.fleet.k8s import MODEL_ROUTER
 from epp.routing.dialect import Dialect, EnvoyFragments, StackExample
 from epp.routing.dialects.llmkube import example
 from epp.routing.dialects.llmkube.documents import GROUP, compile_document
 
+if TYPE_CHECKING:
+    from epp.routing.dialects.llmkube.runtime import LLMKubeRouting
+    from epp.routing.router import Router
 
-def _runtime(router: Any, **options: Any) -> Any:
+
+def _runtime(router: Router, *, gateway_headers: Sequence[str]) -> LLMKubeRouting:
     from epp.routing.dialects.llmkube.runtime import LLMKubeRouting
 
-    return LLMKubeRouting(router, **options)
+    return LLMKubeRouting(router, gateway_headers=gateway_headers)
 
 
 def _envoy(routers: tuple[Any, ...]) -> EnvoyFragments:

@@ -20,17 +20,18 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import Any
 from urllib.parse import urlsplit
 
 from epp.ratelimit import Price, parse_usd
 from epp.routing.dialects.llmkube.model import (
     DEFAULT_SERVICE_PORT,
     SERVICE_LABEL,
+    TIERS,
     Balancing,
     PrefixAffinity,
     RouterBackend,
     SessionAffinity,
+    Tier,
 )
 from epp.routing.model import POOL, PROVIDER, PoolBackend, ProviderAuth, ProviderBackend, Target
 from epp.routing.validate import DNS_SUBDOMAIN, HEADER_NAME, Doc, join
@@ -50,7 +51,7 @@ BACKEND_FIELDS = ("name", "tier", "inferenceServiceRef", "external", "capabiliti
                   "resolution")
 
 
-def duration(doc: Doc, value: Any, path: str, *, lo: float | None = None, hi: float | None = None,
+def duration(doc: Doc, value: object, path: str, *, lo: float | None = None, hi: float | None = None,
              zero: bool = False) -> float | None:
     """A Go duration ("15s", "1m30s", "500ms") in seconds, within [lo, hi] (a zero duration passes when `zero`)."""
     if value is None or value == "":
@@ -84,7 +85,7 @@ def _show_s(x: float | None) -> str:
     return f"{x * 1000:g}ms" if x < 1 else f"{x:g}s"
 
 
-def service_ports(doc: Doc, annotations: Mapping[str, Any]) -> dict[str, int]:
+def service_ports(doc: Doc, annotations: Mapping[str, object]) -> dict[str, int]:
     raw = annotations.get(PORTS_ANNOTATION)
     if raw is None:
         return {}
@@ -98,7 +99,7 @@ def service_ports(doc: Doc, annotations: Mapping[str, Any]) -> dict[str, int]:
     return out
 
 
-def parse_backend(doc: Doc, raw: Any, i: int, namespace: str, router: str, ports: Mapping[str, int],
+def parse_backend(doc: Doc, raw: object, i: int, namespace: str, router: str, ports: Mapping[str, int],
                   warnings: list[str]) -> tuple[RouterBackend, PoolBackend | ProviderBackend]:
     path = f"spec.backends[{i}]"
     b = doc.mapping(raw, path, BACKEND_FIELDS, required=True)
@@ -109,8 +110,8 @@ def parse_backend(doc: Doc, raw: Any, i: int, namespace: str, router: str, ports
     if (local_ref is None) == (external is None):
         raise doc.fail(path, "exactly one of inferenceServiceRef or external "
                              f"({'both are' if local_ref is not None else 'neither is'} set)")
-    tier = doc.enum(b.get("tier"), join(path, "tier"), ("local", "cloud"),
-                    default="local" if local_ref is not None else "cloud")
+    default_tier: Tier = "local" if local_ref is not None else "cloud"
+    tier = doc.enum(b.get("tier"), join(path, "tier"), TIERS, default=default_tier)
     if local_ref is not None and tier == "cloud":
         raise doc.fail(join(path, "tier"), "local for a backend with inferenceServiceRef (tier=cloud is invalid "
                                            "for an in-cluster InferenceService)")
@@ -139,13 +140,13 @@ def parse_backend(doc: Doc, raw: Any, i: int, namespace: str, router: str, ports
         target = Target(PROVIDER, compiled.key, weight or 0)
     balancing = _balancing(doc, b.get("balancing"), join(path, "balancing"), local_ref is not None, resolution,
                            name, warnings)
-    backend = RouterBackend(name=name, target=target, tier=tier, published=display or name,  # type: ignore[arg-type]
+    backend = RouterBackend(name=name, target=target, tier=tier, published=display or name,
                             capabilities=caps, weight=weight or 0, timeout_s=timeout, price=price, service=svc,
                             balancing=balancing)
     return backend, compiled
 
 
-def _price(doc: Doc, raw: Any, path: str) -> Price | None:
+def _price(doc: Doc, raw: object, path: str) -> Price | None:
     if raw is None:
         return None
     c = doc.mapping(raw, path, ("promptUSD", "completionUSD"))
@@ -162,7 +163,7 @@ def _price(doc: Doc, raw: Any, path: str) -> Price | None:
     return Price(values[0], values[1])
 
 
-def _accepted(doc: Doc, b: Mapping[str, Any], path: str) -> None:
+def _accepted(doc: Doc, b: Mapping[str, object], path: str) -> None:
     """Fields Pointsman accepts and does not use: their shape is still checked, so a typo shows."""
     ep = doc.mapping(b.get("endpointPicker"), join(path, "endpointPicker"), ("service",))
     if ep.get("service") is not None:
@@ -180,7 +181,7 @@ def _accepted(doc: Doc, b: Mapping[str, Any], path: str) -> None:
     doc.list(mi.get("outputModalities"), join(path, "modelInfo.outputModalities"), max_items=5)
 
 
-def _external(doc: Doc, raw: Any, path: str, namespace: str, router: str, name: str) -> ProviderBackend:
+def _external(doc: Doc, raw: object, path: str, namespace: str, router: str, name: str) -> ProviderBackend:
     e = doc.mapping(raw, path, ("provider", "model", "url", "credentialsSecretRef"), required=True)
     provider = doc.enum(e.get("provider"), join(path, "provider"), PROVIDERS)
     if provider is None:
@@ -215,7 +216,7 @@ def _external(doc: Doc, raw: Any, path: str, namespace: str, router: str, name: 
     )
 
 
-def _balancing(doc: Doc, raw: Any, path: str, local: bool, resolution: str | None, backend: str,
+def _balancing(doc: Doc, raw: object, path: str, local: bool, resolution: str | None, backend: str,
                warnings: list[str]) -> Balancing:
     if raw is None:
         return Balancing()

@@ -17,9 +17,12 @@ from __future__ import annotations
 
 import random
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from epp.routing.dialects.llmkube.model import Balancing
+
+if TYPE_CHECKING:
+    from scheduling.config import ModelScheduler
 
 SESSION_BUSY_MARGIN = 4
 WEIGHTS = {"least-work-scorer": 1, "byte-prefix-affinity-scorer": 2, "session-affinity-scorer": 4}
@@ -40,7 +43,7 @@ def balancing_plugins(b: Balancing) -> list[dict[str, Any]]:
     return plugins
 
 
-def balancing_scheduler(b: Balancing, rng: random.Random, name: str) -> Any:
+def balancing_scheduler(b: Balancing, rng: random.Random, name: str) -> ModelScheduler:
     from scheduling.config import load_scheduler
 
     scorers = balancing_plugins(b)

@@ -23,15 +23,16 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from datetime import datetime
-from typing import Any
 
 from epp.routing.dialects.llmkube.backends import NAME, duration, parse_backend, service_ports
 from epp.routing.dialects.llmkube.model import (
     API_VERSION,
+    BUDGET_SCOPES,
     DEFAULT_CLASSIFICATION_HEADER,
     DEFAULT_QUARANTINE_S,
     DEFAULT_RESPONSE_HEADER_TIMEOUT_S,
     DEFAULT_SENSITIVE,
+    DEFAULT_STRATEGIES,
     DEFAULT_STREAM_IDLE_S,
     DEFAULT_TEAM_HEADER,
     GROUP,
@@ -44,6 +45,7 @@ from epp.routing.dialects.llmkube.model import (
     ModelRouterSpec,
     RouterBackend,
     RouterRule,
+    Strategy,
     go_glob,
     normalize_label,
 )
@@ -63,7 +65,7 @@ PROXY_IGNORED = ("affinity", "drainTimeout", "image", "imagePullSecrets", "nodeS
 COMPLEXITIES = ("simple", "moderate", "complex")
 
 
-def _created(meta: Mapping[str, Any]) -> float | None:
+def _created(meta: Mapping[str, object]) -> float | None:
     ts = meta.get("creationTimestamp")
     try:
         return datetime.fromisoformat(str(ts).replace("Z", "+00:00")).timestamp() if ts else None
@@ -71,7 +73,7 @@ def _created(meta: Mapping[str, Any]) -> float | None:
         return None
 
 
-def compile_document(obj: Any, where: str, position: float = 0.0) -> Sequence[Compiled]:
+def compile_document(obj: object, where: str, position: float = 0.0) -> Sequence[Compiled]:
     """One ModelRouter -> [its spec, its pool backends..., its provider backends...]. Raises RouteConfigError."""
     doc = Doc(document_name(obj, where))
     top = doc.mapping(obj, "", ("apiVersion", "kind", "metadata", "spec", "status"), required=True)
@@ -83,7 +85,7 @@ def compile_document(obj: Any, where: str, position: float = 0.0) -> Sequence[Co
     namespace, name = doc.object_ref(meta)
     key = f"{namespace}/{name}"
     ann = meta.get("annotations")
-    annotations: Mapping[str, Any] = ann if isinstance(ann, Mapping) else {}
+    annotations: Mapping[str, object] = ann if isinstance(ann, Mapping) else {}
     spec = doc.mapping(top.get("spec"), "spec", SPEC_FIELDS, required=True)
     warnings: list[str] = []
     ports = service_ports(doc, annotations)
@@ -103,7 +105,7 @@ def compile_document(obj: Any, where: str, position: float = 0.0) -> Sequence[Co
     default = doc.string(spec.get("defaultRoute"), "spec.defaultRoute")
     if default is not None and default not in backends:
         raise doc.fail("spec.defaultRoute", f"the name of a backend ({', '.join(backends)}), got {default!r}")
-    strategy = doc.enum(spec.get("defaultRouteStrategy"), "spec.defaultRouteStrategy", ("Static", "BackendNameMatch"),
+    strategy = doc.enum(spec.get("defaultRouteStrategy"), "spec.defaultRouteStrategy", DEFAULT_STRATEGIES,
                         default="Static")
     budgets = _budgets(doc, spec.get("policy"), {r.name for r in rules})
     quarantine, idle, header_timeout = _proxy(doc, spec.get("proxy"))
@@ -115,7 +117,7 @@ def compile_document(obj: Any, where: str, position: float = 0.0) -> Sequence[Co
                   order=order)
     router = ModelRouterSpec(
         key=key, source=where, backends=backends, rules=rules, route=route, order=order, data_plane=plane or "Proxy",
-        default_route=default, default_strategy=strategy or "Static",  # type: ignore[arg-type]
+        default_route=default, default_strategy=strategy or "Static",
         classification_header=header, sensitive=sensitive, budgets=budgets, quarantine_s=quarantine,
         stream_idle_s=idle, response_header_timeout_s=header_timeout, warnings=tuple(warnings),
     )
@@ -129,7 +131,7 @@ def _route_rule(r: RouterRule, backends: Mapping[str, RouterBackend]) -> Rule:
 
 
 # ---- policy ----------------------------------------------------------------------------------------------------
-def _classification(doc: Doc, raw: Any) -> tuple[str, frozenset[str]]:
+def _classification(doc: Doc, raw: object) -> tuple[str, frozenset[str]]:
     policy = doc.mapping(raw, "spec.policy", ("budgets", "classification", "auditLog", "auth"))
     doc.mapping(policy.get("auditLog"), "spec.policy.auditLog")
     doc.mapping(policy.get("auth"), "spec.policy.auth")
@@ -151,7 +153,7 @@ def _classification(doc: Doc, raw: Any) -> tuple[str, frozenset[str]]:
     return (header or DEFAULT_CLASSIFICATION_HEADER).lower(), frozenset(sensitive) or DEFAULT_SENSITIVE
 
 
-def _budgets(doc: Doc, raw: Any, rule_names: set[str]) -> tuple[Budget, ...]:
+def _budgets(doc: Doc, raw: object, rule_names: set[str]) -> tuple[Budget, ...]:
     policy = doc.mapping(raw, "spec.policy")
     out: list[Budget] = []
     seen: set[str] = set()
@@ -164,7 +166,7 @@ def _budgets(doc: Doc, raw: Any, rule_names: set[str]) -> tuple[Budget, ...]:
         if name in seen:
             raise doc.fail(join(path, "name"), f"a unique budget name ({name!r} repeats)")
         seen.add(name)
-        scope = doc.enum(m.get("scope"), join(path, "scope"), ("router", "rule", "team"))
+        scope = doc.enum(m.get("scope"), join(path, "scope"), BUDGET_SCOPES)
         if scope is None:
             raise doc.fail(join(path, "scope"), "one of router, rule, team (it is required)")
         rule = doc.string(m.get("ruleName"), join(path, "ruleName"))
@@ -185,12 +187,12 @@ def _budgets(doc: Doc, raw: Any, rule_names: set[str]) -> tuple[Budget, ...]:
         if window is None:
             raise doc.fail(join(path, "windowSeconds"), "the rolling window in seconds, at least 1 (a budget "
                                                         "without a window caps nothing)")
-        out.append(Budget(name, scope, window, tokens, usd, rule if scope == "rule" else None,  # type: ignore[arg-type]
+        out.append(Budget(name, scope, window, tokens, usd, rule if scope == "rule" else None,
                           (header or DEFAULT_TEAM_HEADER).lower()))
     return tuple(out)
 
 
-def _usd(doc: Doc, value: Any, path: str) -> float | None:
+def _usd(doc: Doc, value: object, path: str) -> float | None:
     from epp.ratelimit import parse_usd
 
     try:
@@ -202,7 +204,7 @@ def _usd(doc: Doc, value: Any, path: str) -> float | None:
     return usd
 
 
-def _proxy(doc: Doc, raw: Any) -> tuple[float, float, float]:
+def _proxy(doc: Doc, raw: object) -> tuple[float, float, float]:
     p = doc.mapping(raw, "spec.proxy", PROXY_USED + PROXY_IGNORED)
     quarantine = duration(doc, p.get("quarantineDuration"), "spec.proxy.quarantineDuration", lo=0.001, hi=86400.0)
     idle = duration(doc, p.get("streamIdleTimeout"), "spec.proxy.streamIdleTimeout", lo=0.001, zero=True)
@@ -214,7 +216,7 @@ def _proxy(doc: Doc, raw: Any) -> tuple[float, float, float]:
 
 
 # ---- rules -----------------------------------------------------------------------------------------------------
-def _rules(doc: Doc, raw: Any, backends: Mapping[str, RouterBackend], sensitive: frozenset[str],
+def _rules(doc: Doc, raw: object, backends: Mapping[str, RouterBackend], sensitive: frozenset[str],
            plane: str) -> tuple[RouterRule, ...]:
     out: list[RouterRule] = []
     seen: set[str] = set()
@@ -227,7 +229,7 @@ def _rules(doc: Doc, raw: Any, backends: Mapping[str, RouterBackend], sensitive:
     return tuple(out)
 
 
-def _rule(doc: Doc, raw: Any, i: int, backends: Mapping[str, RouterBackend], sensitive: frozenset[str],
+def _rule(doc: Doc, raw: object, i: int, backends: Mapping[str, RouterBackend], sensitive: frozenset[str],
           plane: str) -> RouterRule:
     path = f"spec.rules[{i}]"
     r = doc.mapping(raw, path, ("name", "match", "route", "failClosed"), required=True)
@@ -237,7 +239,7 @@ def _rule(doc: Doc, raw: Any, i: int, backends: Mapping[str, RouterBackend], sen
     models, headers, classes, required, complexity, slo = _match(doc, r.get("match"), join(path, "match"))
     names, strategy, timeout = _route(doc, r.get("route"), join(path, "route"), backends, plane)
     rule = RouterRule(name=name, index=i, backends=names,
-                      strategy=strategy or PRIMARY_FALLBACK,  # type: ignore[arg-type]
+                      strategy=strategy or PRIMARY_FALLBACK,
                       models=models, headers=headers, classifications=classes,
                       required=required, complexity=complexity, latency_slo_ms=slo, timeout_s=timeout,
                       fail_closed=fail_closed)
@@ -245,7 +247,7 @@ def _rule(doc: Doc, raw: Any, i: int, backends: Mapping[str, RouterBackend], sen
     return rule
 
 
-def _match(doc: Doc, raw: Any, mpath: str) -> tuple[tuple[tuple[str, re.Pattern[str]], ...],
+def _match(doc: Doc, raw: object, mpath: str) -> tuple[tuple[tuple[str, re.Pattern[str]], ...],
                                                     tuple[tuple[str, str], ...], frozenset[str], frozenset[str],
                                                     str | None, int | None]:
     """A rule's `match`: (models with their compiled globs, headers, classifications, required capabilities,
@@ -280,8 +282,8 @@ def _match(doc: Doc, raw: Any, mpath: str) -> tuple[tuple[tuple[str, re.Pattern[
     return tuple(models), tuple(sorted(headers)), frozenset(classes), required, complexity, slo
 
 
-def _route(doc: Doc, raw: Any, rpath: str, backends: Mapping[str, RouterBackend],
-           plane: str) -> tuple[tuple[str, ...], str | None, float | None]:
+def _route(doc: Doc, raw: object, rpath: str, backends: Mapping[str, RouterBackend],
+           plane: str) -> tuple[tuple[str, ...], Strategy | None, float | None]:
     """A rule's `route`: (its backends, in order; the strategy; the timeout)."""
     route = doc.mapping(raw, rpath, ("backends", "strategy", "timeout", "poolActivation"), required=True)
     names: list[str] = []

@@ -36,6 +36,11 @@ PRIMARY_FALLBACK: Strategy = "primary-fallback"
 WEIGHTED: Strategy = "weighted"
 SHADOW: Strategy = "shadow"
 STRATEGIES: tuple[Strategy, ...] = (PRIMARY_FALLBACK, WEIGHTED, SHADOW)
+TIERS: tuple[Tier, ...] = ("local", "cloud")
+BudgetScope = Literal["router", "rule", "team"]
+BUDGET_SCOPES: tuple[BudgetScope, ...] = ("router", "rule", "team")
+DefaultStrategy = Literal["Static", "BackendNameMatch"]  # spec.defaultRouteStrategy
+DEFAULT_STRATEGIES: tuple[DefaultStrategy, ...] = ("Static", "BackendNameMatch")
 
 
 def normalize_label(value: str) -> str:
@@ -203,7 +208,7 @@ def _model_matches(models: tuple[tuple[str, re.Pattern[str]], ...], model: str) 
 @dataclass(frozen=True, slots=True)
 class Budget:
     name: str
-    scope: Literal["router", "rule", "team"]
+    scope: BudgetScope
     window_s: int
     max_tokens: int | None = None
     max_usd: float | None = None
@@ -222,7 +227,7 @@ class ModelRouterSpec:
     order: tuple[float, str] = (0.0, "")
     data_plane: str = "Proxy"
     default_route: str | None = None
-    default_strategy: Literal["Static", "BackendNameMatch"] = "Static"
+    default_strategy: DefaultStrategy = "Static"
     classification_header: str = DEFAULT_CLASSIFICATION_HEADER
     sensitive: frozenset[str] = DEFAULT_SENSITIVE
     budgets: tuple[Budget, ...] = ()

@@ -29,7 +29,7 @@ import random
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from epp.routing.decision import RouteDecision
 from epp.routing.dialects.llmkube.balance import balancing_scheduler
@@ -43,7 +43,9 @@ from scheduling.plugins.scorers.least_work import work
 from scheduling.types import Endpoint, ErrorCode, SchedulingError
 
 if TYPE_CHECKING:
+    from epp.routing.dialect import RoutedRequest
     from epp.routing.router import Router
+    from scheduling.config import ModelScheduler
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +71,7 @@ class RouterRuntime:
         self.spec = spec
         self.tracker = FailureTracker(spec.quarantine_s)
         self.latency = LatencyWindow()
-        self.schedulers: dict[str, Any] = {}
+        self.schedulers: dict[str, ModelScheduler] = {}
         self.update(spec, rng)
 
     def update(self, spec: ModelRouterSpec, rng: random.Random) -> None:
@@ -95,16 +97,16 @@ class RouterRuntime:
 
 @dataclass(slots=True)
 class ModelRouterDecision(RouteDecision):
-    spec: Any = None  # ModelRouterSpec
-    runtime: Any = None  # RouterRuntime
-    plan: Any = None  # llmkube_match.Plan
-    backend: Any = None  # RouterBackend that serves
+    spec: ModelRouterSpec = field(kw_only=True)
+    runtime: RouterRuntime = field(kw_only=True)
+    plan: Plan = field(kw_only=True)
+    backend: RouterBackend = field(kw_only=True)  # the backend that serves
+    owner: LLMKubeRouting = field(kw_only=True)
     resolved_pool: str | None = None
     timeout_s: float | None = None
     mirror_endpoints: list[tuple[str, str]] = field(default_factory=list)  # (backend, ip:port)
     fallback_keys: tuple[str, ...] = ()  # set once scheduled: the endpoints after the primary in envoy.lb
     classifications: frozenset[str] = frozenset()  # what the request carries (normalized)
-    owner: Any = None  # LLMKubeRouting
 
     @property
     def pool_name(self) -> str | None:
@@ -251,7 +253,7 @@ class LLMKubeRouting:
 
     # ---- the decision ---------------------------------------------------------------------------------------
     def decide(self, headers: Mapping[str, str], model: str, *, now: float, rng: random.Random,
-               metadata: Mapping[str, Mapping[str, object]], body: Mapping[str, Any] | None) -> ModelRouterDecision:
+               metadata: Mapping[str, Mapping[str, object]], body: Mapping[str, object] | None) -> ModelRouterDecision:
         rt = self.choose(metadata)
         spec = rt.spec
         f = features(headers, model, spec.classification_header, spec.sensitive)
@@ -273,7 +275,7 @@ class LLMKubeRouting:
         self._mirrors(d, rt, plan, now)
         return d
 
-    def _timeout(self, d: ModelRouterDecision, plan: Plan, body: Mapping[str, Any] | None) -> None:
+    def _timeout(self, d: ModelRouterDecision, plan: Plan, body: Mapping[str, object] | None) -> None:
         cap = d.spec.response_header_timeout_s
         t = plan.rule.timeout_s or plan.backend.timeout_s or cap
         d.timeout_s = min(t, cap)
@@ -294,14 +296,14 @@ class LLMKubeRouting:
         d.remove_headers.extend(h for h in RESERVED_HEADERS if h not in owned)  # a client never sets them
 
     # ---- the response path (a request observer, epp/request/observe.py) ---------------------------------------
-    def decided(self, ex: Any) -> _Followed | None:
+    def decided(self, ex: RoutedRequest) -> _Followed | None:
         w = self.watch(ex.ctx, ex.result)
         return None if w is None else _Followed(w)
 
-    def rejected(self, ex: Any, code: str) -> None:
+    def rejected(self, ex: object, code: str) -> None:
         pass
 
-    def watch(self, ctx: Any, result: SchedulingResult | None) -> StreamWatch | None:
+    def watch(self, ctx: object, result: SchedulingResult | None) -> StreamWatch | None:
         d = getattr(ctx, "route", None)
         if not isinstance(d, ModelRouterDecision) or d.runtime is None:
             return None
@@ -325,11 +327,11 @@ class _Followed:
     def __init__(self, w: StreamWatch) -> None:
         self.w = w
 
-    def response_headers(self, ex: Any, status: int, served: str | None) -> None:
+    def response_headers(self, ex: object, status: int, served: str | None) -> None:
         self.w.response_headers(status, served)
 
-    def response_chunk(self, ex: Any, size: int, end_of_stream: bool) -> None:
+    def response_chunk(self, ex: object, size: int, end_of_stream: bool) -> None:
         self.w.response_chunk(end_of_stream)
 
-    def closed(self, ex: Any, usage: Any) -> None:
+    def closed(self, ex: object, usage: object) -> None:
         self.w.closed()
