@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 
 from epp.api.pb import pointsman_pb2 as api
 from epp.api.pb import pointsman_pb2_grpc
 from epp.api.settings import EndpointsSettings, ExplainSettings
+
+if TYPE_CHECKING:
+    from google.protobuf.message import Message
 
 
 def _stub(addr: str) -> pointsman_pb2_grpc.PointsmanStub:
@@ -27,7 +30,7 @@ def _stub(addr: str) -> pointsman_pb2_grpc.PointsmanStub:
     return pointsman_pb2_grpc.PointsmanStub(grpc.secure_channel(addr, creds, options=options))
 
 
-def _call(addr: str, rpc: str, request: Any) -> Any:
+def _call(addr: str, rpc: str, request: Message) -> Any:
     """One call of the Pointsman API at `addr`; on failure the error is printed and None returned."""
     try:
         return getattr(_stub(addr), rpc)(request, timeout=10)

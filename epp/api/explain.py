@@ -30,6 +30,9 @@ from scheduling.types import Endpoint
 
 if TYPE_CHECKING:
     from epp.api.dashboard import DecisionRecorder
+    from epp.request import Admitter
+    from epp.routing import RouteDecision
+    from scheduling.latency import EndpointModel
 
 REDACTED = "<redacted>"
 
@@ -39,7 +42,7 @@ def redacted(headers: list[tuple[str, str]], sensitive: Collection[str]) -> dict
     return {k: REDACTED if k in sensitive or k in CREDENTIAL_HEADERS else v for k, v in headers}
 
 
-def describe_route(route: Any, info: api.RouteInfo) -> None:
+def describe_route(route: RouteDecision, info: api.RouteInfo) -> None:
     r = route.route
     info.route, info.rule, info.rule_index = f"{r.kind} {r.key}", route.rule.name, route.rule.index
     for t in route.rule.targets:
@@ -75,7 +78,7 @@ def describe_model_router(route: Any, info: api.RouteInfo) -> None:
         info.split.add(target=route.target.backend, kind=route.target.kind, weight=1, chosen=True)
 
 
-def describe_budgets(admitters: Any, ctx: Any, info: api.RouteInfo) -> None:
+def describe_budgets(admitters: Sequence[Admitter], ctx: ShellContext, info: api.RouteInfo) -> None:
     for gate in admitters:
         describe = getattr(gate, "describe", None)
         if describe is None:
@@ -128,7 +131,7 @@ def latency_model(director: Director) -> Any:
     return next((p for p in plugins() if callable(getattr(p, "endpoint_model", None))), None)
 
 
-def fill_model(out: api.EndpointModel, key: str, m: Any) -> None:
+def fill_model(out: api.EndpointModel, key: str, m: EndpointModel) -> None:
     """An EndpointModel message from the scorer's view (scheduling.latency's EndpointModel)."""
     t = m.trust
 

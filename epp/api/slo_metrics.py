@@ -21,7 +21,7 @@ as request errors (ResourceExhausted), like every request that never reaches an 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
@@ -98,17 +98,17 @@ class _Follow:
         self.labels = labels
         self.first: float | None = None
 
-    def response_headers(self, ex: Any, status: int, served: str | None) -> None:
+    def response_headers(self, ex: RequestExchange, status: int, served: str | None) -> None:
         pass
 
-    def response_chunk(self, ex: Any, size: int, end_of_stream: bool) -> None:
+    def response_chunk(self, ex: RequestExchange, size: int, end_of_stream: bool) -> None:
         if self.first is None and size > 0:
             self.first = ex.d.clock()  # the director's clock, which `ex.started` is on
             ttft = self.first - ex.started
             self.m.ttft.labels(*self.labels).observe(ttft)
             self.m.outcome("ttft", self.verdict.slo.ttft_s, ttft, self.labels)
 
-    def closed(self, ex: Any, usage: Usage | None) -> None:
+    def closed(self, ex: RequestExchange, usage: Usage | None) -> None:
         tokens = usage.completion_tokens if usage is not None else 0
         if self.first is None or not tokens or tokens < 2:
             return

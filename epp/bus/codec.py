@@ -26,7 +26,7 @@ import hashlib
 import hmac
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeGuard
 
 import msgpack
 
@@ -95,12 +95,12 @@ def decode(frames: list[bytes], secret: bytes | None = None) -> BusMessage:
     return BusMessage(sender, incarnation, seq, kind, body)
 
 
-def _is_int(v: object) -> bool:
+def _is_int(v: object) -> TypeGuard[int]:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
 def _is_count(v: object) -> bool:
-    return _is_int(v) and 0 <= v < 2**53  # type: ignore[operator]
+    return _is_int(v) and 0 <= v < 2**53
 
 
 def _check_load(body: Mapping[str, Any]) -> None:

@@ -15,16 +15,19 @@ With `--workers N` every worker has its own bus; the series carry a `worker` lab
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+if TYPE_CHECKING:
+    from epp.bus.shell import BusRuntime
+
 
 class BusCollector(Collector):
-    def __init__(self, runtime: Any, worker: int | None = None) -> None:
-        self.runtime = runtime  # epp.bus.shell.BusRuntime
+    def __init__(self, runtime: BusRuntime, worker: int | None = None) -> None:
+        self.runtime = runtime
         self.extra = [] if worker is None else [str(worker)]
         self.labels = [] if worker is None else ["worker"]
 
@@ -59,5 +62,5 @@ class BusCollector(Collector):
         yield from (pub, rec, drop, rdrop, ignored, replays, peers, live)
 
 
-def register_bus_metrics(registry: CollectorRegistry, runtime: Any, worker: int | None = None) -> None:
+def register_bus_metrics(registry: CollectorRegistry, runtime: BusRuntime, worker: int | None = None) -> None:
     registry.register(BusCollector(runtime, worker))

@@ -17,7 +17,13 @@ from __future__ import annotations
 import ipaddress
 import logging
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from kubernetes.client import ApiClient
+    from typing_extensions import Unpack
+
+    from epp.fleet.k8s import ReflectorOptions
 
 log = logging.getLogger(__name__)
 
@@ -87,8 +93,8 @@ def slice_hosts(slices: Iterable[dict[str, Any]]) -> list[str]:
 class ServicePeers:
     """Watch a headless Service's EndpointSlices; call `on_change(peers)` with the bus addresses of its pods."""
 
-    def __init__(self, api: Any, namespace: str, service: str, port: int, workers: int,
-                 on_change: Callable[[list[str]], None], **reflector_opts: Any) -> None:
+    def __init__(self, api: ApiClient, namespace: str, service: str, port: int, workers: int,
+                 on_change: Callable[[list[str]], None], **reflector_opts: Unpack[ReflectorOptions]) -> None:
         from epp.fleet.k8s import ENDPOINT_SLICE, Reflector, list_call
 
         self.service, self.port, self.workers = service, port, workers

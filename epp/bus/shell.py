@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING
 
 from epp.bus.bus import ReplicaBus
 from epp.bus.peers import ServicePeers
@@ -13,22 +13,26 @@ from epp.bus.replication import Replication
 from epp.bus.settings import BusSettings
 from epp.fleet import Datastore
 
+if TYPE_CHECKING:
+    from kubernetes.client import ApiClient
+
 log = logging.getLogger(__name__)
 
 
 class BusRuntime:
     """The bus, its replication adapter and its peer discovery, as `App` runs them."""
 
-    def __init__(self, settings: BusSettings, datastore: Datastore, api: Any = None, namespace: str = "default",
-                 **bus_opts: Any) -> None:
+    def __init__(self, settings: BusSettings, datastore: Datastore, api: ApiClient | None = None,
+                 namespace: str = "default") -> None:
+        if settings.service and api is None:
+            raise ValueError("--bus-service needs the Kubernetes API (in-cluster config or --kubeconfig)")
         self.settings = settings
         s = settings
         self.bus = ReplicaBus(s.address, datastore.inflight, bind=s.bind, peers=s.peers, secret=s.secret,
-                              ttl=s.ttl, heartbeat=s.heartbeat, known=lambda key: key in datastore.members(),
-                              **bus_opts)
+                              ttl=s.ttl, heartbeat=s.heartbeat, known=lambda key: key in datastore.members())
         self.replication = Replication(self.bus, datastore)
         self.discovery: ServicePeers | None = None
-        if s.service:
+        if s.service and api is not None:
             static = set(s.peers)
             self.discovery = ServicePeers(api, namespace, s.service, s.service_port, s.workers,
                                           lambda found: self.bus.set_peers(static | set(found)))
@@ -48,11 +52,9 @@ class BusRuntime:
         await self.bus.stop()
 
 
-async def start_bus(settings: BusSettings, datastore: Datastore, api: Any = None,
+async def start_bus(settings: BusSettings, datastore: Datastore, api: ApiClient | None = None,
                     namespace: str = "default") -> BusRuntime:
     """Start the bus of `settings`; `api` is the Kubernetes client for a Service's peers (in `namespace`)."""
-    if settings.service and api is None:
-        raise ValueError("--bus-service needs the Kubernetes API (in-cluster config or --kubeconfig)")
     runtime = BusRuntime(settings, datastore, api, namespace)
     await runtime.start()
     return runtime

@@ -19,7 +19,10 @@ from typing import TYPE_CHECKING, Any
 from epp.extras import MissingExtra
 
 if TYPE_CHECKING:
+    from epp.api.settings import EndpointsSettings, ExplainSettings
+    from epp.cmd.envoy_config import EnvoyConfigSettings
     from epp.cmd.settings import ServeSettings
+    from epp.stack.settings import StackSettings
 
 log = logging.getLogger("epp")
 
@@ -81,13 +84,13 @@ def _envoy_config_flags(p: argparse.ArgumentParser) -> None:
     add_flags(p)
 
 
-def _envoy_config_settings(ns: argparse.Namespace, argv: list[str]) -> Any:
+def _envoy_config_settings(ns: argparse.Namespace, argv: list[str]) -> EnvoyConfigSettings:
     from epp.cmd.envoy_config import EnvoyConfigSettings
 
     return EnvoyConfigSettings.from_args(ns)
 
 
-def _envoy_config(s: Any) -> int:
+def _envoy_config(s: EnvoyConfigSettings) -> int:
     from epp.cmd.envoy_config import envoy_config_command
 
     return envoy_config_command(s)
@@ -99,13 +102,13 @@ def _explain_flags(p: argparse.ArgumentParser) -> None:
     add_explain_flags(p)
 
 
-def _explain_settings(ns: argparse.Namespace, argv: list[str]) -> Any:
+def _explain_settings(ns: argparse.Namespace, argv: list[str]) -> ExplainSettings:
     from epp.api.settings import ExplainSettings
 
     return ExplainSettings.from_args(ns)
 
 
-def _explain(s: Any) -> int:
+def _explain(s: ExplainSettings) -> int:
     from epp.api import explain_command
 
     return explain_command(s)
@@ -117,13 +120,13 @@ def _stack_flags(p: argparse.ArgumentParser) -> None:
     add_flags(p)
 
 
-def _stack_settings(ns: argparse.Namespace, argv: list[str]) -> Any:
+def _stack_settings(ns: argparse.Namespace, argv: list[str]) -> StackSettings:
     from epp.stack.settings import StackSettings
 
     return StackSettings.from_args(ns)
 
 
-def _stack(s: Any) -> int:
+def _stack(s: StackSettings) -> int:
     from epp.stack import stack_command
 
     return stack_command(s)
@@ -135,13 +138,13 @@ def _endpoints_flags(p: argparse.ArgumentParser) -> None:
     add_endpoints_flags(p)
 
 
-def _endpoints_settings(ns: argparse.Namespace, argv: list[str]) -> Any:
+def _endpoints_settings(ns: argparse.Namespace, argv: list[str]) -> EndpointsSettings:
     from epp.api.settings import EndpointsSettings
 
     return EndpointsSettings.from_args(ns)
 
 
-def _endpoints(s: Any) -> int:
+def _endpoints(s: EndpointsSettings) -> int:
     from epp.api import endpoints_command
 
     return endpoints_command(s)

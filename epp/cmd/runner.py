@@ -11,7 +11,7 @@ from __future__ import annotations
 import inspect
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 log = logging.getLogger("epp")
 
@@ -22,6 +22,7 @@ class Closeable(Protocol):
     async def close(self) -> Any: ...
 
 
+@runtime_checkable
 class Stoppable(Protocol):
     async def stop(self) -> Any: ...
 
@@ -41,7 +42,9 @@ class Runner:
         """Register a started component by its `close()` (else its `stop()`); returns it."""
         close = getattr(component, "close", None)
         if not inspect.iscoroutinefunction(close):
-            close = component.stop  # type: ignore[union-attr]
+            if not isinstance(component, Stoppable):
+                raise TypeError(f"{name}: a component needs an async close() or stop()")
+            close = component.stop
         self.add(name, close)
         return component
 

@@ -22,7 +22,7 @@ nothing on the request path imports it (measured: bench/bench_import_cost.py).
 from __future__ import annotations
 
 import warnings
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import yaml
 
@@ -32,12 +32,14 @@ from epp.extras import require
 if TYPE_CHECKING:
     from envoy_data_plane.envoy.config.bootstrap.v3 import Bootstrap
 
-    from epp.envoy_config.providers import fragments_from_files
+    from epp.envoy_config.providers import RouteFragments, fragments_from_files
+
+_Tree = TypeVar("_Tree")  # a JSON tree (dicts, lists, scalars), edited in place and returned
 
 # Imported on first use (PEP 562): the providers read route documents with the routing layer.
-_LAZY = {"fragments_from_files": "providers"}
+_LAZY = {"RouteFragments": "providers", "fragments_from_files": "providers"}
 
-__all__ = ["VARIANTS", "EnvoyConfigSpec", "add_observe_flags", "build_bootstrap", "fragments_from_files",
+__all__ = ["VARIANTS", "EnvoyConfigSpec", "RouteFragments", "add_observe_flags", "build_bootstrap", "fragments_from_files",
            "parse_collector", "render", "render_yaml"]
 
 # proto3 leaves fields at their default out of JSON; these are written anyway because a reader of the file
@@ -72,7 +74,7 @@ def build_bootstrap(spec: EnvoyConfigSpec) -> Bootstrap:
     )
 
 
-def _with_explicit_defaults(node: Any) -> Any:
+def _with_explicit_defaults(node: _Tree) -> _Tree:
     if isinstance(node, dict):
         if node.get("@type", "").endswith(".ext_proc.v3.ExternalProcessor"):
             for key in _EXPLICIT_FALSE:
@@ -93,7 +95,7 @@ def render(spec: EnvoyConfigSpec) -> dict[str, Any]:
 
     doc = build_bootstrap(spec).to_dict(casing=betterproto2.Casing.SNAKE)
     # Proto field order would put admin last; a reader looks for it first.
-    ordered = {k: doc.pop(k) for k in ("node", "admin") if k in doc}
+    ordered: dict[str, Any] = {k: doc.pop(k) for k in ("node", "admin") if k in doc}
     bootstrap: dict[str, Any] = _with_explicit_defaults({**ordered, **doc})
     if spec.route_fragments is not None:  # the routing layer's provider clusters and routes, pool retries
         spec.route_fragments.apply(bootstrap)

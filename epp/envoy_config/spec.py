@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from epp.envoy_config.providers import RouteFragments
 
 VARIANTS = ("original-dst", "override-host")
 RESPONSE_PHASES = ("full", "headers", "lean")
@@ -70,7 +73,7 @@ class EnvoyConfigSpec:
     access_log: str = ""
     # The routing layer's additions (external provider clusters and routes, pool-route retries): an
     # epp.envoy_config.providers.RouteFragments, applied to the rendered bootstrap.
-    route_fragments: Any = None
+    route_fragments: RouteFragments | None = None
 
     def body_modes(self) -> tuple[str, str]:
         """The request and response body modes, defaults resolved for the failure mode."""

@@ -17,10 +17,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from scheduling.api import NO_LOAD, InflightLoad
 from scheduling.types import Endpoint, Metrics
+
+_Arg = TypeVar("_Arg")  # what a datastore listener is called with
 
 log = logging.getLogger(__name__)
 
@@ -288,7 +290,7 @@ class Datastore:
             self._call(self._added, ep)
 
     @staticmethod
-    def _call(fns: list[Callable[[Any], None]], arg: Any) -> None:
+    def _call(fns: list[Callable[[_Arg], None]], arg: _Arg) -> None:
         for fn in fns:
             try:
                 fn(arg)

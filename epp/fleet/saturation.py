@@ -102,11 +102,18 @@ def detector_from_params(params: dict[str, object] | None) -> SaturationDetector
         raise ValueError(f"saturation detector: unknown parameter(s) {sorted(unknown)}; expected {sorted(known)}")
     staleness = p.get("metricsStalenessThreshold", 0.2)
     return SaturationDetector(
-        queue_depth_threshold=float(p.get("queueDepthThreshold", 5)),  # type: ignore[arg-type]
-        kv_cache_util_threshold=float(p.get("kvCacheUtilThreshold", 0.8)),  # type: ignore[arg-type]
+        queue_depth_threshold=_number(p, "queueDepthThreshold", 5),
+        kv_cache_util_threshold=_number(p, "kvCacheUtilThreshold", 0.8),
         metrics_staleness_s=parse_duration(staleness),
-        headroom=float(p.get("headroom", 0.0)),  # type: ignore[arg-type]
+        headroom=_number(p, "headroom", 0.0),
     )
+
+
+def _number(params: Mapping[str, object], name: str, default: float) -> float:
+    value = params.get(name, default)
+    if isinstance(value, (int, float, str)):
+        return float(value)
+    raise ValueError(f"saturation detector: {name} must be a number, got {value!r}")
 
 
 class InflightView(Protocol):

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import yaml
 
@@ -44,7 +44,7 @@ def _fail(src: str, path: str, msg: str) -> StaticConfigError:
     return StaticConfigError(f"{src}: {path}: {msg}")
 
 
-def _parse_endpoint(src: str, path: str, raw: Any) -> Endpoint:
+def _parse_endpoint(src: str, path: str, raw: object) -> Endpoint:
     if not isinstance(raw, Mapping):
         raise _fail(src, path, "expected a mapping with address and port")
     known = {"address", "host", "port", "name", "labels", "models", "role", "namespace", "kvEvents"}
@@ -96,13 +96,13 @@ class StaticConfig(NamedTuple):
     objectives: dict[str, int]
 
 
-def parse_static_config(doc: Any, src: str = "<config>") -> tuple[list[tuple[PoolSpec, list[Endpoint]]], dict[str, str]]:
+def parse_static_config(doc: object, src: str = "<config>") -> tuple[list[tuple[PoolSpec, list[Endpoint]]], dict[str, str]]:
     """The pools and adapters of an endpoints file (`parse_static_file` gives the objectives too)."""
     cfg = parse_static_file(doc, src)
     return cfg.pools, cfg.adapters
 
 
-def _objectives(src: str, raw: Any) -> dict[str, int]:
+def _objectives(src: str, raw: object) -> dict[str, int]:
     if not isinstance(raw, Mapping):
         raise _fail(src, "objectives", "expected a mapping of objective name -> integer priority")
     out = {}
@@ -113,7 +113,7 @@ def _objectives(src: str, raw: Any) -> dict[str, int]:
     return out
 
 
-def parse_static_file(doc: Any, src: str = "<config>") -> StaticConfig:
+def parse_static_file(doc: object, src: str = "<config>") -> StaticConfig:
     if not isinstance(doc, Mapping):
         raise _fail(src, "$", "expected a mapping with 'pools'")
     unknown = set(doc) - {"pools", "adapters", "objectives"}

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from epp.observe.tracing import Trace
     from epp.request import RequestExchange, Usage
+    from scheduling.api import SchedulingResult
 
 MAX_SCORERS = 12  # scorers whose scores become attributes
 MAX_NAME = 48  # characters of a plugin name in an attribute key
@@ -68,7 +69,7 @@ def request_attributes(ex: RequestExchange, trace: Trace, usage: Usage | None, e
     return a
 
 
-def decision_attributes(result: Any, a: dict[str, Any]) -> None:
+def decision_attributes(result: SchedulingResult, a: dict[str, Any]) -> None:
     """The pick, the runner-up, the margin and each scorer's score for both (the profile run that picked)."""
     pick = result.primary.key
     a["pointsman.config"] = result.profile
@@ -109,7 +110,7 @@ def decision_attributes(result: Any, a: dict[str, Any]) -> None:
             a["pointsman.score." + _key(det.name)] = float(values[mine])
 
 
-def primary_run(result: Any) -> tuple[str, Any]:
+def primary_run(result: SchedulingResult) -> tuple[str, Any]:
     """The profile run that picked the primary endpoint (the decode run under P/D)."""
     chosen = result.primary.key
     last: tuple[str, Any] = ("", None)

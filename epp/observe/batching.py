@@ -20,9 +20,9 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 log = logging.getLogger("epp.tracing")
 
@@ -63,11 +63,18 @@ class BatchSettings:
                    _env_int("OTEL_BSP_EXPORT_TIMEOUT", 30000, 0) / 1e3)
 
 
+class Exporter(Protocol):
+    """What the batch thread exports through (the SDK's span exporters fit)."""
+
+    def export(self, batch: Sequence[Any]) -> object: ...
+    def shutdown(self) -> object: ...
+
+
 class Batcher:
     """Bounded queue of trace records and the thread that exports them. `count(record)` is a record's spans;
     `wrap(batch)` is what the exporter is given for a list of records."""
 
-    def __init__(self, exporter: Any, settings: BatchSettings | None = None,
+    def __init__(self, exporter: Exporter, settings: BatchSettings | None = None,
                  count: Callable[[Any], int] = lambda r: 1, wrap: Callable[[list[Any]], Any] = lambda b: b) -> None:
         self.exporter = exporter
         self.settings = s = settings or BatchSettings.from_env()
@@ -86,7 +93,7 @@ class Batcher:
         self._thread.start()
 
     # ---- the event loop's side ----------------------------------------------------------------------------------
-    def emit(self, record: Any) -> None:
+    def emit(self, record: tuple[Any, ...]) -> None:
         """Queue a finished trace (never blocks on the exporter; drops the oldest when full)."""
         n = self._count(record)
         with self._lock:

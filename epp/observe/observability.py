@@ -15,10 +15,14 @@ from epp.observe.settings import ObserveSettings
 from epp.request import DecisionIds
 
 if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+
+    from epp.api.dashboard import DecisionRecorder
     from epp.fleet import FileWatcher
     from epp.observe.shadow import Shadow
     from epp.observe.tracing import Tracing
     from epp.request import RequestObserver
+    from scheduling.api import Scheduler
 
 log = logging.getLogger("epp.observe")
 
@@ -34,7 +38,7 @@ class Observability:
         self.shadow: Shadow | None = None
         self.watcher: FileWatcher[Any] | None = None
 
-    async def start(self, registry: Any = None, seed: int | None = None) -> None:
+    async def start(self, registry: CollectorRegistry | None = None, seed: int | None = None) -> None:
         """Start tracing (a clear error when the SDK is missing) and the shadow config's watcher; `registry`: the
         Prometheus registry the shadow's metrics join."""
         if self.settings.tracing.enabled:
@@ -51,7 +55,7 @@ class Observability:
         if sh.config_file:
             await self._start_shadow(Path(sh.config_file), registry, seed)
 
-    async def _start_shadow(self, path: Path, registry: Any, seed: int | None) -> None:
+    async def _start_shadow(self, path: Path, registry: CollectorRegistry | None, seed: int | None) -> None:
         from epp.fleet import FileWatcher
         from epp.observe.shadow import Shadow
         from epp.observe.shadow_report import shadow_collector
@@ -64,7 +68,7 @@ class Observability:
             docs = [d.data for d in parse_yaml(text, str(path))]
             return load_scheduler(docs, rng=rng, timer=time.perf_counter, name=str(path))
 
-        def apply(scheduler: Any) -> None:
+        def apply(scheduler: Scheduler) -> None:
             shadow.apply(scheduler, str(path))
             log.info("shadow scheduling config %s loaded", path)
 
@@ -89,7 +93,7 @@ class Observability:
     def director_fields(self) -> dict[str, Any]:
         return {"ids": self.ids, "tracing": self.tracing}
 
-    def attach_recorder(self, recorder: Any) -> None:
+    def attach_recorder(self, recorder: DecisionRecorder | None) -> None:
         if self.shadow is not None:
             self.shadow.recorder = recorder
 

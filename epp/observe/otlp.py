@@ -23,9 +23,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from epp.observe.wire import Encoder, Records, span_count
+
+if TYPE_CHECKING:
+    import grpc
 
 log = logging.getLogger("epp.tracing")
 
@@ -105,7 +108,7 @@ SERVICE_EXPORT = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
 class _RawStub:
     """TraceService/Export taking the request's bytes as they are (our encoder has serialized it)."""
 
-    def __init__(self, channel: Any) -> None:
+    def __init__(self, channel: grpc.Channel) -> None:
         from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
         self.Export = channel.unary_unary(SERVICE_EXPORT, request_serializer=None,  # noqa: N815 (the stub's name)
@@ -119,7 +122,7 @@ def _grpc_exporter(base: type, endpoint: str | None) -> Any:
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
     class FastGrpc(base):  # type: ignore[misc]
-        def __init__(self, **kwargs: Any) -> None:
+        def __init__(self, **kwargs: object) -> None:
             super().__init__(**kwargs)
             self._encoder = Encoder()
             self._raw = all(hasattr(self, a) for a in ("_stub", "_channel", "_client"))

@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 from epp.observe.settings import ShadowSettings
 from epp.observe.shadow_report import ShadowReport
 from scheduling.api import InflightLoad, SchedulingContext, SchedulingResult
-from scheduling.types import SchedulingError
+from scheduling.types import Endpoint, SchedulingError
 
 if TYPE_CHECKING:
     from epp.api.dashboard import DecisionRecorder
@@ -80,14 +80,14 @@ class Budget:
         self.spent += seconds
 
 
-def _predictors(scheduler: Any) -> list[Any]:
+def _predictors(scheduler: object) -> list[Any]:
     from scheduling.plugins.scorers.estimated_latency import EstimatedLatencyScorer
 
     plugins = getattr(scheduler, "plugins", None)
     return [p for p in plugins() if isinstance(p, EstimatedLatencyScorer)] if callable(plugins) else []
 
 
-def predict(predictors: list[Any], ctx: Any, result: SchedulingResult, key: str) -> float | None:
+def predict(predictors: list[Any], ctx: SchedulingContext, result: SchedulingResult, key: str) -> float | None:
     for p in predictors:
         got = p.predicted(ctx, result.state, key)
         if got is not None:
@@ -108,7 +108,7 @@ class Shadow:
         self.pending = 0
         self.recorder: DecisionRecorder | None = None  # receipts: each shadowed record notes the shadow's pick
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._live: tuple[Any, list[Any]] | None = None
+        self._live: tuple[object, list[Any]] | None = None
 
     def apply(self, scheduler: Scheduler, source: str = "") -> None:
         """A new shadow config: a fresh report."""
@@ -116,7 +116,7 @@ class Shadow:
         self.predictors = _predictors(scheduler)
         self.report = ShadowReport(source)
 
-    def live_predictors(self, scheduler: Any) -> list[Any]:
+    def live_predictors(self, scheduler: object) -> list[Any]:
         """The live config's estimated-latency scorers (kept per scheduler: a reload makes a new one)."""
         cached = self._live
         if cached is None or cached[0] is not scheduler:
@@ -267,7 +267,7 @@ class ShadowRun:
                 log.exception("the shadow's response_complete hook failed")
 
 
-def _as_live(result: SchedulingResult, targets: list[Any], prefill: Any) -> SchedulingResult:
+def _as_live(result: SchedulingResult, targets: list[Endpoint], prefill: Endpoint | None) -> SchedulingResult:
     """The shadow's own run (its per-request plugin state) with what really happened: the live pick."""
     return SchedulingResult(targets=targets, profile=result.profile, profile_results=result.profile_results,
                             prefill=prefill, decision=result.decision, state=result.state)

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from prometheus_client.registry import Collector
+
+    from epp.observe.shadow import Shadow
 
 MAX_PAIRS = 400  # (live, shadow) endpoint pairs kept for the move view
 
@@ -87,7 +92,7 @@ class ShadowReport:
         }
 
 
-def shadow_collector(shadow: Any) -> Any:
+def shadow_collector(shadow: Shadow) -> Collector:
     """A prometheus collector of the report, read at scrape time (nothing on the request path)."""
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
     from prometheus_client.registry import Collector

@@ -49,6 +49,9 @@ from epp.protocol import Outcome
 from epp.request import STAGE_NAMES, RequestExchange, TraceParent, from_headers, from_metadata
 
 if TYPE_CHECKING:
+    from opentelemetry.trace import TraceState
+
+    from epp.observe.batching import Exporter
     from epp.request import Director, Usage
 
 log = logging.getLogger("epp.tracing")
@@ -66,7 +69,7 @@ class Trace:
     __slots__ = ("tracing", "trace_id", "span_id", "parent_id", "state", "source", "wall0", "perf0", "marks",
                  "status", "served", "first_byte", "done")
 
-    def __init__(self, tracing: Tracing, trace_id: int, span_id: int, parent: TraceParent | None, state: Any,
+    def __init__(self, tracing: Tracing, trace_id: int, span_id: int, parent: TraceParent | None, state: TraceState | None,
                  source: str) -> None:
         self.tracing = tracing
         self.trace_id = trace_id
@@ -115,7 +118,7 @@ class TracedExchange(RequestExchange):
         self._tracing = tracing
         self._stream_md = stream_metadata
 
-    def decide(self, headers: Mapping[str, str], body: bytes | None, metadata: Any) -> Outcome | Awaitable[Outcome]:
+    def decide(self, headers: Mapping[str, str], body: bytes | None, metadata: Mapping[str, Mapping[str, object]]) -> Outcome | Awaitable[Outcome]:
         md, self._stream_md = self._stream_md, None
         try:
             self.trace = trace = self._tracing.begin(md, headers)
@@ -136,7 +139,7 @@ class Tracing:
     """The SDK pieces tracing uses: the sampler, id generator and resource of a TracerProvider configured from
     the settings and the OTEL_* variables, and a BatchSpanProcessor around the OTLP exporter."""
 
-    def __init__(self, settings: TracingSettings, exporter: Any = None) -> None:
+    def __init__(self, settings: TracingSettings, exporter: Exporter | None = None) -> None:
         from epp.observe.otlp import TracingUnavailable, check_proto
 
         try:

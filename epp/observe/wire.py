@@ -16,7 +16,11 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 _Q = struct.Struct("<Q").pack  # fixed64
 _D = struct.Struct("<d").pack  # double
@@ -53,13 +57,13 @@ def field(number: int, payload: bytes) -> bytes:
 
 def _any_value(v: object) -> bytes:
     """An AnyValue message's bytes."""
+    if type(v) is str:
+        return field(1, v.encode())
     t = type(v)
-    if t is str:
-        return field(1, v.encode())  # type: ignore[attr-defined]
     if t is bool:
         return b"\x10\x01" if v else b"\x10\x00"
-    if t is int:
-        return b"\x18" + varint(v & MASK64)  # type: ignore[operator]
+    if type(v) is int:
+        return b"\x18" + varint(v & MASK64)
     if t is float:
         return b"\x21" + _D(v)
     if isinstance(v, (list, tuple)):
@@ -74,7 +78,7 @@ class Origin:
 
     __slots__ = ("prefix_resource", "prefix_scope", "suffix_resource", "suffix_scope")
 
-    def __init__(self, resource: Any, scope: Any) -> None:
+    def __init__(self, resource: Resource, scope: InstrumentationScope | None) -> None:
         # Resource { attributes (1): KeyValue { key (1), value (2) } }; InstrumentationScope { name (1), version (2) }
         attrs = b"".join(field(1, field(1, k.encode()) + field(2, _any_value(v)))
                          for k, v in (resource.attributes or {}).items())
@@ -109,10 +113,9 @@ class Encoder:
         append = out.append
         strings, ints, floats = self._strings, self._ints, self._floats
         for k, v in attributes:
-            t = type(v)
-            if t is str:
+            if type(v) is str:
                 if k in UNIQUE_KEYS:
-                    vb = v.encode()  # type: ignore[attr-defined]
+                    vb = v.encode()
                     n = len(vb)
                     if n < 126:  # AnyValue and its length fit a byte each
                         body = self._key(k) + b"\x12" + _SMALL[n + 2] + b"\x0a" + _SMALL[n] + vb
@@ -120,24 +123,24 @@ class Encoder:
                     else:
                         append(self._pair(k, v))
                     continue
-                kv = strings.get((k, v))  # type: ignore[arg-type]
+                kv = strings.get((k, v))
                 if kv is None:
                     if len(strings) >= MAX_CACHED:
                         strings.clear()
-                    kv = strings[(k, v)] = self._pair(k, v)  # type: ignore[index]
+                    kv = strings[(k, v)] = self._pair(k, v)
                 append(kv)
-            elif t is float:
+            elif type(v) is float:
                 prefix = floats.get(k)
                 if prefix is None:
                     key = self._key(k)
                     prefix = floats[k] = b"\x4a" + varint(len(key) + 11) + key + b"\x12\x09\x21"
                 append(prefix + _D(v))
-            elif t is int:
-                kv = ints.get((k, v))  # type: ignore[arg-type]
+            elif type(v) is int:
+                kv = ints.get((k, v))
                 if kv is None:
                     if len(ints) >= MAX_CACHED:
                         ints.clear()
-                    kv = ints[(k, v)] = self._pair(k, v)  # type: ignore[index]
+                    kv = ints[(k, v)] = self._pair(k, v)
                 append(kv)
             else:
                 append(self._pair(k, v))
@@ -205,7 +208,7 @@ class Encoder:
         return records.origin.request(spans)
 
 
-class Records(list):  # type: ignore[type-arg]
+class Records(list[tuple[Any, ...]]):
     """A batch of trace records as the exporter gets it, with what they share: the origin, the span id
     generator (the stage spans' ids are drawn when they are encoded) and the request span's name."""
 

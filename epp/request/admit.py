@@ -39,6 +39,8 @@ from epp.protocol import Outcome
 from scheduling.types import Endpoint, ErrorCode
 
 if TYPE_CHECKING:
+    from epp.request.context import ShellContext
+    from epp.request.exchange import RequestExchange
     from epp.request.usage import Usage
 
 log = logging.getLogger("epp.director")
@@ -53,10 +55,10 @@ class Hold(Protocol):
         """The request never reached an engine: give back what admission took."""
         ...
 
-    def response_headers(self, ex: Any, status: int, served: str | None) -> None: ...
-    def response_chunk(self, ex: Any, size: int, end_of_stream: bool) -> None: ...
+    def response_headers(self, ex: RequestExchange, status: int, served: str | None) -> None: ...
+    def response_chunk(self, ex: RequestExchange, size: int, end_of_stream: bool) -> None: ...
 
-    def closed(self, ex: Any, usage: Usage | None) -> None:
+    def closed(self, ex: RequestExchange, usage: Usage | None) -> None:
         """The stream ended; `usage` is the response's token usage when it was seen."""
         ...
 
@@ -67,7 +69,7 @@ Verdict: TypeAlias = "Outcome | Hold | None"
 class Admitter(Protocol):
     name: str
 
-    def admit(self, ctx: Any, parsed: dict[str, Any] | None, *,
+    def admit(self, ctx: ShellContext, parsed: dict[str, Any] | None, *,
               dry_run: bool = False) -> Verdict | Awaitable[Verdict]: ...
 
 
@@ -87,7 +89,7 @@ class SheddableAdmitter:
     def __init__(self, admit_fn: Callable[[int, Iterable[Endpoint], float], bool]) -> None:
         self.admit_fn = admit_fn
 
-    def admit(self, ctx: Any, parsed: dict[str, Any] | None, *, dry_run: bool = False) -> Verdict:
+    def admit(self, ctx: ShellContext, parsed: dict[str, Any] | None, *, dry_run: bool = False) -> Verdict:
         priority = ctx.request.priority
         if priority >= 0 or self.admit_fn(priority, ctx.candidates, ctx.now):
             return None
@@ -105,7 +107,7 @@ class Ledger:
         self.dry_run = dry_run
         self.wait = wait
 
-    def admit(self, admitters: Sequence[Admitter], ctx: Any, parsed: dict[str, Any] | None,
+    def admit(self, admitters: Sequence[Admitter], ctx: ShellContext, parsed: dict[str, Any] | None,
               refused: Callable[[Outcome], Outcome], start: int = 0) -> Refusal | Awaitable[Refusal]:
         """None: admitted by every admitter; a refusal (what was taken is given back), as `refused` answers it; an
         awaitable of either. An admitter's exception propagates (after giving back what was taken)."""
@@ -129,7 +131,7 @@ class Ledger:
                     return refused(refusal)
         return None
 
-    async def _later(self, pending: Awaitable[Verdict], admitters: Sequence[Admitter], ctx: Any,
+    async def _later(self, pending: Awaitable[Verdict], admitters: Sequence[Admitter], ctx: ShellContext,
                      parsed: dict[str, Any] | None, refused: Callable[[Outcome], Outcome], i: int) -> Refusal:
         try:
             verdict = await pending

@@ -173,6 +173,7 @@ class RequestExchange:
 
     def _admit(self) -> Step | Awaitable[Step]:
         try:
+            assert self.pending is not None  # resolved: the admit stage comes after resolve
             return self.ledger.admit(self.d.admitters, self.pending, self._parsed, self._admission_refused)
         except Exception as exc:
             return self._fail(exc)

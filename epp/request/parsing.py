@@ -55,11 +55,11 @@ def _bad(msg: str) -> SchedulingError:
     return SchedulingError(ErrorCode.BAD_REQUEST, msg)
 
 
-def _json(value: Any) -> str:
+def _json(value: object) -> str:
     return orjson.dumps(value).decode()
 
 
-def _nonempty(value: Any) -> bool:
+def _nonempty(value: object) -> bool:
     return value is not None and value != "" and value != [] and value != {}
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from epp.request.context import CONFORMANCE_RESP, LB_NS, SERVED
 from epp.request.usage import UsageScanner
@@ -113,7 +113,7 @@ class ResponsePath:
             _safely(f.closed, ex, usage)
 
 
-def _safely(fn: Callable[..., None], ex: RequestExchange, *args: Any) -> None:
+def _safely(fn: Callable[..., None], ex: RequestExchange, *args: object) -> None:
     try:
         fn(ex, *args)
     except Exception:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from epp.request.settings import SessionSettings
 from scheduling.sessions.identity import ResponseChains, identify
@@ -27,10 +27,11 @@ if TYPE_CHECKING:
     from epp.request.exchange import RequestExchange
     from epp.request.observe import Follow
     from epp.request.usage import Usage
+    from epp.routing import RouteDecision
 
 log = logging.getLogger(__name__)
 
-def _route_sources(route: Any) -> Sequence[tuple[str, str]]:
+def _route_sources(route: RouteDecision | None) -> Sequence[tuple[str, str]]:
     """The session settings of the route that decided: Kthena's sessionSticky sources, LLMKube's headers."""
     if route is None:
         return ()
@@ -54,7 +55,7 @@ class SessionIdentity:
         self.identified: Counter[str] = Counter()  # source -> requests (exact)
         self.skipped: Counter[str] = Counter()  # source -> unusable values seen (huge, empty, not a string)
 
-    def identify(self, req: LLMRequest, route: Any = None, *, count: bool = True) -> None:
+    def identify(self, req: LLMRequest, route: RouteDecision | None = None, *, count: bool = True) -> None:
         """Set `req.session` (None when the request names none). Never raises on client input. A dry run
         (explain) passes `count=False`: the identity counters do not move."""
         if not self.settings.enabled:

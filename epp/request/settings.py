@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from epp.request.outputs import OutputSettings
 from epp.request.outputs import add_flags as add_output_flags
@@ -41,7 +41,7 @@ class EarlySettings:
                    model_headers=tuple(h.lower() for h in getattr(ns, "trusted_model_header", None) or ()))
 
 
-def add_early_flags(p: argparse.ArgumentParser, parse_bool: Any) -> None:
+def add_early_flags(p: argparse.ArgumentParser, parse_bool: Callable[[str], bool]) -> None:
     g = p.add_argument_group("early decisions (docs/protocol.md)")
     g.add_argument("--early-decisions", type=parse_bool, default=True,
                    help="in FULL_DUPLEX_STREAMED, decide before the body ends once the model and the hashed "
@@ -100,7 +100,7 @@ class SessionSettings:
                                max_bytes=self.max_bytes)
 
 
-def add_session_flags(p: argparse.ArgumentParser, parse_bool: Any) -> None:
+def add_session_flags(p: argparse.ArgumentParser, parse_bool: Callable[[str], bool]) -> None:
     g = p.add_argument_group("agent sessions (docs/sessions.md)")
     g.add_argument("--sessions", type=parse_bool, default=True,
                    help="identify agent sessions and keep their turns where their context is (true); false: every "

@@ -11,7 +11,6 @@ A non-SSE body is kept only up to `max_json_bytes`; a larger one is not parsed (
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import orjson
 
@@ -24,7 +23,7 @@ class Usage:
     found: bool = False
 
 
-def _merge(usage: Usage, u: Any) -> bool:
+def _merge(usage: Usage, u: object) -> bool:
     if not isinstance(u, dict):
         return False
     p = u.get("prompt_tokens", u.get("input_tokens"))
@@ -44,7 +43,7 @@ def _merge(usage: Usage, u: Any) -> bool:
     return True
 
 
-def _from_object(usage: Usage, obj: Any) -> bool:
+def _from_object(usage: Usage, obj: object) -> bool:
     if not isinstance(obj, dict):
         return False
     if _merge(usage, obj.get("usage")):
@@ -119,7 +118,7 @@ class UsageScanner:
             return  # the first object carrying usage wins
         _from_object(self.usage, obj)
 
-    def _response_id(self, obj: Any) -> None:
+    def _response_id(self, obj: object) -> None:
         """A Responses API body (`"object": "response"`) or event (`response.created` and the like) names its id."""
         if not isinstance(obj, dict):
             return

@@ -19,7 +19,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 import yaml
@@ -32,6 +32,9 @@ from epp.stack.children import Children
 from epp.stack.keys import Keys
 from epp.stack.ports import free_port, wait_port
 from epp.stack.settings import StackSettings
+
+if TYPE_CHECKING:
+    from epp.envoy_config import RouteFragments
 
 MODEL = "meta-llama/Llama-3.1-8B"
 ADAPTER = "sql-lora"
@@ -90,11 +93,11 @@ class LocalStack:
         self._start_envoy(ports, eds, fragments)
         print(self._ready(eds), flush=True)
 
-    def _routes(self, ports: list[int]) -> tuple[list[str], Any]:
+    def _routes(self, ports: list[int]) -> tuple[list[str], RouteFragments | None]:
         """Pointsman's source flags, and the Envoy fragments of the example's route documents (None: one pool)."""
         eps_file = self.eps_file
         source = ["--endpoints-file", str(eps_file), "--pool-name", "default"]
-        fragments = None
+        fragments: RouteFragments | None = None
         example = self.example
         if example is not None:  # a routing dialect's example: route documents over the servers
             from epp.envoy_config import fragments_from_files
@@ -126,7 +129,7 @@ class LocalStack:
         epp = self.children.spawn("epp", cmd, capture=True)
         wait_port(a.grpc_port, proc=epp, what="Pointsman")
 
-    def _start_envoy(self, ports: list[int], eds: bool, fragments: Any) -> None:
+    def _start_envoy(self, ports: list[int], eds: bool, fragments: RouteFragments | None) -> None:
         a = self.settings
         self.step(f"Envoy ({a.variant}{', endpoints by EDS from Pointsman' if eds else ''}): "
                   f"listener :{a.listen_port}, admin :{a.admin_port}")

@@ -24,9 +24,12 @@ import logging
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from epp.extras import MissingExtra, require
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +41,7 @@ class TokenizerLoadError(RuntimeError):
     pass
 
 
-def _token_text(value: Any) -> str | None:
+def _token_text(value: object) -> str | None:
     if isinstance(value, str):
         return value
     if isinstance(value, Mapping) and isinstance(value.get("content"), str):  # a serialized AddedToken
@@ -46,7 +49,7 @@ def _token_text(value: Any) -> str | None:
     return None
 
 
-def _pick_template(raw: Any) -> str | None:
+def _pick_template(raw: object) -> str | None:
     if isinstance(raw, str):
         return raw
     if isinstance(raw, list):  # [{"name": "default", "template": ...}, {"name": "tool_use", ...}]
@@ -58,7 +61,7 @@ def _pick_template(raw: Any) -> str | None:
 
 
 class LocalTokenizer:
-    def __init__(self, tokenizer: Any, chat_template: str | None, special_tokens: Mapping[str, str],
+    def __init__(self, tokenizer: Tokenizer, chat_template: str | None, special_tokens: Mapping[str, str],
                  name: str = "") -> None:
         self.tokenizer = tokenizer
         self.chat_template = chat_template
@@ -135,7 +138,7 @@ class LocalTokenizer:
         return self.encode_prompt(text, add_special_tokens=False)
 
 
-def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None, separators: Any = None,
+def _tojson(value: object, ensure_ascii: bool = False, indent: int | None = None, separators: tuple[str, str] | None = None,
             sort_keys: bool = False) -> str:
     return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 

@@ -45,7 +45,7 @@ class TokenizeInput:
 _TEXT_PARTS = ("text", "input_text", "output_text")
 
 
-def flatten_content(content: Any) -> Any:
+def flatten_content(content: object) -> object:
     """A list of content parts → their text joined by newlines; anything else unchanged."""
     if not isinstance(content, list):
         return content
@@ -58,7 +58,7 @@ def flatten_content(content: Any) -> Any:
     return "\n".join(texts)
 
 
-def _message(m: Any) -> dict[str, Any] | None:
+def _message(m: object) -> dict[str, Any] | None:
     if not isinstance(m, Mapping) or not isinstance(m.get("role"), str):
         return None
     out = dict(m)
@@ -67,13 +67,13 @@ def _message(m: Any) -> dict[str, Any] | None:
     return out
 
 
-def _messages(raw: Any) -> tuple[dict[str, Any], ...]:
+def _messages(raw: object) -> tuple[dict[str, Any], ...]:
     if not isinstance(raw, list):
         return ()
     return tuple(m for m in (_message(x) for x in raw) if m is not None)
 
 
-def _ids(value: Any) -> tuple[int, ...] | None:
+def _ids(value: object) -> tuple[int, ...] | None:
     if isinstance(value, list) and len(value) == 1 and isinstance(value[0], list):
         value = value[0]
     if isinstance(value, list) and value and all(type(t) is int for t in value):  # noqa: E721
@@ -81,7 +81,7 @@ def _ids(value: Any) -> tuple[int, ...] | None:
     return None
 
 
-def _text(value: Any) -> str | None:
+def _text(value: object) -> str | None:
     if isinstance(value, str):
         return value
     if isinstance(value, list) and len(value) == 1 and isinstance(value[0], str):

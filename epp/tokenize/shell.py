@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 from collections.abc import Awaitable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from epp.tokenize.engine import EngineTokenizer
 from epp.tokenize.local import TokenizerRegistry
@@ -28,6 +28,9 @@ from epp.tokenize.tokenizer import RequestTokenizer, TokenizeResult
 from scheduling.api import SchedulingContext
 from scheduling.prefix.precise_data import TOKEN_IDS
 from scheduling.types import Endpoint, LLMRequest
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
 
 
 def _serves(e: Endpoint, model: str, base: str | None) -> bool:
@@ -46,7 +49,7 @@ class RequestTokens:
         find = getattr(scheduler, "producer", None)
         return find(request, TOKEN_IDS) if find is not None else None
 
-    def _urls(self, ctx: SchedulingContext, producer: Any) -> list[str]:
+    def _urls(self, ctx: SchedulingContext, producer: object) -> list[str]:
         fixed = getattr(producer, "engine_url", None)
         if fixed:
             return [fixed]
@@ -58,7 +61,7 @@ class RequestTokens:
             eps = eps[k:] + eps[:k]
         return [f"{self.scheme}://{e.key}" for e in eps]
 
-    def input_for(self, req: LLMRequest, producer: Any) -> TokenizeInput:
+    def input_for(self, req: LLMRequest, producer: object) -> TokenizeInput:
         model = req.target_model or req.model
         inp = tokenize_input(req.kind, req.body or {}, model, req.base_model, req.prompt)
         name = getattr(producer, "model_name", None)
@@ -95,7 +98,7 @@ class RequestTokens:
         req.token_source = got.source
 
 
-def tokens_from_settings(settings: TokenizeSettings, registry: object | None = None) -> RequestTokens:
+def tokens_from_settings(settings: TokenizeSettings, registry: CollectorRegistry | None = None) -> RequestTokens:
     """The director's tokenization step from its settings."""
     local = TokenizerRegistry(root=settings.tokenizers_dir) if settings.tokenizers_dir else None
     engine = None

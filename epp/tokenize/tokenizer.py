@@ -5,11 +5,14 @@ from __future__ import annotations
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from epp.tokenize.engine import EngineTokenizer
 from epp.tokenize.local import LocalTokenizer, TokenizerRegistry
 from epp.tokenize.request import TokenizeInput
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
 
 SOURCES = ("prompt", "local", "engine", "approx")
 
@@ -32,7 +35,7 @@ class TokenizeResult:
 
 class RequestTokenizer:
     def __init__(self, local: TokenizerRegistry | None = None, engine: EngineTokenizer | None = None,
-                 registry: object | None = None) -> None:
+                 registry: CollectorRegistry | None = None) -> None:
         self.local = local
         self.engine = engine
         self.counts = dict.fromkeys(SOURCES, 0)
@@ -41,7 +44,7 @@ class RequestTokenizer:
             from prometheus_client import Counter
 
             self._counter = Counter("pointsman_tokenize_requests_total", "Requests tokenized, by source.",
-                                    ["source"], registry=registry)  # type: ignore[arg-type]
+                                    ["source"], registry=registry)
 
     def _done(self, tokens: Sequence[int], source: str, detail: str, record: bool = True) -> TokenizeResult:
         if record:

@@ -34,6 +34,7 @@ from epp.workers.control import control_socket
 
 if TYPE_CHECKING:
     from epp.cmd.settings import ServeSettings
+    from epp.workers.front import Front
 
 log = logging.getLogger("epp.workers")
 
@@ -244,7 +245,7 @@ class Supervisor:
             await self.shutdown(front)
         return self.exit_code
 
-    async def shutdown(self, front: Any) -> None:
+    async def shutdown(self, front: Front) -> None:
         self.stopping = True
         front.health.enter_graceful_shutdown()
         for w in self.workers:

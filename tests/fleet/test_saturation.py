@@ -75,6 +75,9 @@ def test_params_and_validation():
     assert detector_from_params(None) == SaturationDetector()
     with pytest.raises(ValueError, match="unknown parameter"):
         detector_from_params({"queueDepth": 3})
+    assert detector_from_params({"headroom": "0.25"}).headroom == 0.25
+    with pytest.raises(ValueError, match="queueDepthThreshold must be a number"):
+        detector_from_params({"queueDepthThreshold": [5]})
     with pytest.raises(ValueError, match="kvCacheUtilThreshold"):
         SaturationDetector(kv_cache_util_threshold=0)
     assert parse_duration("2s") == 2.0 and parse_duration(0.1) == 0.1

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from scheduling.api import ProfileResult, SchedulingResult
 from scheduling.plugins.scorers.agent_session import SessionNote, session_note
@@ -138,7 +138,7 @@ class DecisionRecorder:
         self._append(rec, now)
         return rec
 
-    def finished(self, rec: DecisionRecord, now: float, sse: bool, usage: Any = None) -> None:
+    def finished(self, rec: DecisionRecord, now: float, sse: bool, usage: Usage | None = None) -> None:
         """The stream of a committed decision ended. `sse`: the response was an event stream, so the first body
         chunk marks the first token; `usage`: epp.request.usage.Usage when the response reported it."""
         rec.ended = now

@@ -28,12 +28,13 @@ from typing import Any
 
 from epp.api.dashboard.recorder import DecisionRecorder
 from epp.fleet import Datastore
+from scheduling.types import Metrics
 
 WINDOW_SECONDS = 900
 SPARK_POINTS = 60
 
 
-def health(key: str, metrics: Any, unhealthy: set[str]) -> str:
+def health(key: str, metrics: Metrics, unhealthy: set[str]) -> str:
     if key in unhealthy:
         return "out"  # taken out of rotation after consecutive scrape failures
     if metrics.updated_at is None:

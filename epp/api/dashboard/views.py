@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from google.protobuf import json_format
 
@@ -19,12 +19,16 @@ from epp.api.explain import PointsmanService
 from epp.api.pb import pointsman_pb2 as api
 from epp.api.receipts import primary_run, runner_up
 
+if TYPE_CHECKING:
+    from epp.request import DecisionIds
+    from scheduling.framework.plugin import Plugin
+
 
 def _ms(seconds: float | None) -> float | None:
     return None if seconds is None else round(seconds * 1e3, 3)
 
 
-def summary(rec: DecisionRecord, to_wall: Callable[[float], float], ids: Any = None) -> dict[str, Any]:
+def summary(rec: DecisionRecord, to_wall: Callable[[float], float], ids: DecisionIds | None = None) -> dict[str, Any]:
     """One row; `ids` (the director's DecisionIds) formats the decision id."""
     out: dict[str, Any] = {
         "seq": rec.seq,
@@ -70,7 +74,7 @@ def summary(rec: DecisionRecord, to_wall: Callable[[float], float], ids: Any = N
     return out
 
 
-def detail(rec: DecisionRecord, to_wall: Callable[[float], float], ids: Any = None) -> dict[str, Any]:
+def detail(rec: DecisionRecord, to_wall: Callable[[float], float], ids: DecisionIds | None = None) -> dict[str, Any]:
     """The summary plus every profile run's per-plugin scores (from the lists the run kept by reference)."""
     out = summary(rec, to_wall, ids)
     runs: list[dict[str, Any]] = []
@@ -133,7 +137,7 @@ def _explained(resp: api.ExplainResponse) -> dict[str, Any]:
 
 
 # ---- config --------------------------------------------------------------------------------------------------
-def _jsonable(value: Any) -> Any:
+def _jsonable(value: object) -> Any:
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {f.name: _jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
     if isinstance(value, Mapping):
@@ -145,11 +149,11 @@ def _jsonable(value: Any) -> Any:
     return str(value)
 
 
-def _plugin(p: Any, **extra: Any) -> dict[str, Any]:
+def _plugin(p: Plugin[Any], **extra: object) -> dict[str, Any]:
     return {"name": p.name, "type": p.type_name, "params": _jsonable(p.params), **extra}
 
 
-def _profile_scheduler(sched: Any) -> dict[str, Any]:
+def _profile_scheduler(sched: object) -> dict[str, Any]:
     profiles = []
     for name, prof in getattr(sched, "profiles", {}).items():
         profiles.append({

@@ -28,7 +28,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from importlib import resources
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 from aiohttp import web
@@ -40,6 +40,12 @@ from epp.api.dashboard.recorder import DecisionRecorder
 from epp.api.dashboard.series import Sampler
 from epp.api.explain import PointsmanService, fill_model, latency_model
 from epp.api.pb import pointsman_pb2 as api
+
+if TYPE_CHECKING:
+    from importlib.abc import Traversable
+
+    from epp.fleet import PassiveHealth
+    from epp.request import Director
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +67,7 @@ def _load_static() -> dict[str, tuple[bytes, str]]:
     files: dict[str, tuple[bytes, str]] = {}
     root = resources.files("epp.api.dashboard") / "static"
 
-    def walk(node: Any, rel: str) -> None:
+    def walk(node: Traversable, rel: str) -> None:
         for child in node.iterdir():
             name = f"{rel}{child.name}"
             if child.is_dir():
@@ -74,7 +80,7 @@ def _load_static() -> dict[str, tuple[bytes, str]]:
     return files
 
 
-def _json(obj: Any, status: int = 200) -> web.Response:
+def _json(obj: object, status: int = 200) -> web.Response:
     return web.Response(body=orjson.dumps(obj), status=status, content_type="application/json",
                         headers={"Cache-Control": "no-store"})
 
@@ -82,10 +88,10 @@ def _json(obj: Any, status: int = 200) -> web.Response:
 class Dashboard:
     def __init__(
         self,
-        director: Any,
+        director: Director,
         *,
         recorder: DecisionRecorder | None = None,
-        passive: Any = None,
+        passive: PassiveHealth | None = None,
         prefix: str = "/",
         token: str | None = None,
         capacity: int = 500,
@@ -285,7 +291,7 @@ class Dashboard:
         version = -1
         pending: dict[int, Any] = {}  # decisions sent before they finished: their outcome follows later
 
-        async def send(event: str, data: Any) -> None:
+        async def send(event: str, data: object) -> None:
             await resp.write(b"event: " + event.encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n")
 
         while not self._closing.is_set() and request.transport is not None and not request.transport.is_closing():

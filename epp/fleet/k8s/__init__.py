@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     )
     from epp.fleet.k8s.multipool import MultiPoolDiscovery
     from epp.fleet.k8s.pods import PodPools
-    from epp.fleet.k8s.reflector import Reflector
+    from epp.fleet.k8s.reflector import Reflector, ReflectorOptions
     from epp.fleet.k8s.resources import (
         ENDPOINT_SLICE,
         EXTERNAL_MODEL_PROVIDER,
@@ -52,7 +52,7 @@ _LAZY = {
     "start_selector_discovery": "discovery",
     "MultiPoolDiscovery": "multipool",
     "PodPools": "pods",
-    "Reflector": "reflector",
+    "Reflector": "reflector", "ReflectorOptions": "reflector",
     "ENDPOINT_SLICE": "resources", "EXTERNAL_MODEL_PROVIDER": "resources", "GIE_FLAGS": "resources",
     "INFERENCE_MODEL_REWRITE": "resources", "INFERENCE_OBJECTIVE": "resources", "INFERENCE_POOL": "resources",
     "INFERENCE_POOL_V1ALPHA2": "resources", "KTHENA_GROUP": "resources", "MODEL_ROUTE": "resources",
@@ -64,7 +64,7 @@ _LAZY = {
 __all__ = ["ENDPOINT_SLICE", "EXTERNAL_MODEL_PROVIDER", "GIE_FLAGS", "INFERENCE_MODEL_REWRITE",
            "INFERENCE_OBJECTIVE", "INFERENCE_POOL", "INFERENCE_POOL_V1ALPHA2", "KTHENA_GROUP", "MODEL_ROUTE",
            "MODEL_ROUTER", "MODEL_SERVER", "MultiPoolDiscovery", "POD", "POOL_RESOURCES", "PodPools",
-           "ROUTE_RESOURCES", "Reflector", "Resource", "SECRET", "WATCHED_RESOURCES", "WATCH_VERBS", "list_call",
+           "ROUTE_RESOURCES", "Reflector", "ReflectorOptions", "Resource", "SECRET", "WATCHED_RESOURCES", "WATCH_VERBS", "list_call",
            "make_api_client", "obj_name", "parse_ports", "parse_selector", "pool_resource", "start_pool_discovery",
            "start_selector_discovery"]
 

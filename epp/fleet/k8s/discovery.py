@@ -15,8 +15,8 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
@@ -34,7 +34,7 @@ from epp.fleet.k8s.convert import (
     rewrite_rules,
     selector_string,
 )
-from epp.fleet.k8s.reflector import Reflector
+from epp.fleet.k8s.reflector import Reflector, ReflectorOptions
 from epp.fleet.k8s.resources import (
     ENDPOINT_SLICE,
     INFERENCE_MODEL_REWRITE,
@@ -47,6 +47,9 @@ from epp.fleet.k8s.resources import (
     Resource,
     pool_resource,
 )
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 log = logging.getLogger(__name__)
 
@@ -84,11 +87,11 @@ def list_call(api: k8s.ApiClient, res: Resource, namespace: str, **selectors: An
 
 
 class _Base:
-    def __init__(self, datastore: Datastore, api: k8s.ApiClient, namespace: str, reflector_opts: Mapping[str, Any]):
+    def __init__(self, datastore: Datastore, api: k8s.ApiClient, namespace: str, reflector_opts: ReflectorOptions):
         self.datastore = datastore
         self.api = api
         self.namespace = namespace
-        self.opts = dict(reflector_opts)
+        self.opts = reflector_opts.copy()
         self.spec: PoolSpec | None = None
         self.pods: dict[str, dict[str, Any]] = {}
         self.pod_reflector: Reflector | None = None
@@ -168,7 +171,7 @@ class PoolDiscovery(_Base):
         namespace: str,
         api: k8s.ApiClient,
         pool_group: str = INFERENCE_POOL.group,
-        **reflector_opts: Any,
+        **reflector_opts: Unpack[ReflectorOptions],
     ) -> None:
         super().__init__(datastore, api, namespace, reflector_opts)
         self.pool_name = pool_name
@@ -255,13 +258,13 @@ class PoolDiscovery(_Base):
             asyncio.get_running_loop().create_task(r.stop())
 
     # ---- objectives and rewrites -------------------------------------------------------------------------
-    def _cache_listed(self, cache: dict[str, Any], apply: Any, part: str, items: list[dict[str, Any]]) -> None:
+    def _cache_listed(self, cache: dict[str, Any], apply: Callable[[], None], part: str, items: list[dict[str, Any]]) -> None:
         cache.clear()
         cache.update({obj_name(o): o for o in items})
         apply()
         self._part_done(part)
 
-    def _cache_event(self, cache: dict[str, Any], apply: Any, etype: str, obj: dict[str, Any]) -> None:
+    def _cache_event(self, cache: dict[str, Any], apply: Callable[[], None], etype: str, obj: dict[str, Any]) -> None:
         if etype == "DELETED":
             cache.pop(obj_name(obj), None)
         else:
@@ -302,7 +305,7 @@ class SelectorDiscovery(_Base):
         target_ports: tuple[int, ...],
         api: k8s.ApiClient,
         pool_name: str = "default",
-        **reflector_opts: Any,
+        **reflector_opts: Unpack[ReflectorOptions],
     ) -> None:
         super().__init__(datastore, api, namespace, reflector_opts)
         self._needed = {"pods"}
@@ -320,7 +323,7 @@ async def start_pool_discovery(
     namespace: str,
     api: k8s.ApiClient | None = None,
     pool_group: str = INFERENCE_POOL.group,
-    **reflector_opts: Any,
+    **reflector_opts: Unpack[ReflectorOptions],
 ) -> PoolDiscovery:
     """Start watching (returns at once; `await disc.wait_synced(t)` to wait for the initial lists).
 
@@ -340,7 +343,7 @@ async def start_selector_discovery(
     target_ports: tuple[int, ...],
     pool_name: str = "default",
     api: k8s.ApiClient | None = None,
-    **reflector_opts: Any,
+    **reflector_opts: Unpack[ReflectorOptions],
 ) -> SelectorDiscovery:
     """`--endpoint-selector k=v,... --endpoint-target-ports 8000,8001` (parse them with epp.fleet.k8s.convert
     parse_selector / parse_ports)."""

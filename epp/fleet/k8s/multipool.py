@@ -13,7 +13,7 @@ import asyncio
 import functools
 import logging
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from epp.aio import wait_set
 from epp.fleet.datastore import Datastore, PoolSpec
@@ -27,8 +27,12 @@ from epp.fleet.k8s.convert import (
 )
 from epp.fleet.k8s.discovery import list_call
 from epp.fleet.k8s.pods import PodPools
-from epp.fleet.k8s.reflector import Reflector
+from epp.fleet.k8s.reflector import Reflector, ReflectorOptions
 from epp.fleet.k8s.resources import INFERENCE_MODEL_REWRITE, INFERENCE_OBJECTIVE, pool_resource
+
+if TYPE_CHECKING:
+    from kubernetes.client import ApiClient
+    from typing_extensions import Unpack
 
 log = logging.getLogger(__name__)
 
@@ -42,9 +46,9 @@ def picker_ref(obj: Mapping[str, Any]) -> str:
 
 
 class MultiPoolDiscovery:
-    def __init__(self, datastore: Datastore, namespace: str, api: Any, service: str, *, pool_name: str | None = None,
+    def __init__(self, datastore: Datastore, namespace: str, api: ApiClient, service: str, *, pool_name: str | None = None,
                  pool_group: str = "inference.networking.k8s.io", pods: PodPools | None = None,
-                 **reflector_opts: Any) -> None:
+                 **reflector_opts: Unpack[ReflectorOptions]) -> None:
         self.datastore = datastore
         self.namespace = namespace
         self.service = service

@@ -15,12 +15,18 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from epp.fleet.datastore import Datastore, PoolSpec
 from epp.fleet.k8s.convert import matches, obj_name, pod_endpoints
 from epp.fleet.k8s.reflector import Reflector
 from scheduling.types import Endpoint
+
+if TYPE_CHECKING:
+    from kubernetes.client import ApiClient
+    from typing_extensions import Unpack
+
+    from epp.fleet.k8s.reflector import ReflectorOptions
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +34,8 @@ Decorate = Callable[[Endpoint], "Endpoint | None"]
 
 
 class PodPools:
-    def __init__(self, datastore: Datastore, api: Any, namespace: str, **reflector_opts: Any) -> None:
+    def __init__(self, datastore: Datastore, api: ApiClient, namespace: str,
+                 **reflector_opts: Unpack[ReflectorOptions]) -> None:
         from epp.fleet.k8s.discovery import list_call
         from epp.fleet.k8s.resources import POD
 

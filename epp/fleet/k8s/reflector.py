@@ -22,7 +22,7 @@ import logging
 import socket
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypedDict, TypeVar
 
 from kubernetes.client.exceptions import ApiException
 from kubernetes.watch.watch import iter_resp_lines
@@ -31,37 +31,48 @@ from epp.aio import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
+_R = TypeVar("_R")
+
 ListCall = Callable[..., Any]  # e.g. functools.partial(CoreV1Api.list_namespaced_pod, "ns", label_selector="a=b")
+
+
+class ReflectorOptions(TypedDict, total=False):
+    """A reflector's timings, passed on by every watcher that builds reflectors (each has the default below)."""
+
+    watch_timeout_s: int  # a watch request's timeoutSeconds (300)
+    backoff_initial_s: float  # the first wait after a failure, doubling (0.2)
+    backoff_max_s: float  # the longest wait (10)
+    request_timeout_s: float  # a LIST's client-side timeout (30)
 
 
 class Gone(Exception):
     """The watched resourceVersion is too old (HTTP 410): relist."""
 
 
-async def in_daemon_thread(fn: Callable[[], Any]) -> Any:
+async def in_daemon_thread(fn: Callable[[], _R]) -> _R:
     """Run a blocking call in a fresh daemon thread and await its result."""
     loop = asyncio.get_running_loop()
-    fut: asyncio.Future[Any] = loop.create_future()
+    fut: asyncio.Future[_R] = loop.create_future()
 
-    def _set(ok: bool, value: Any) -> None:
-        if fut.done():
-            return
-        if ok:
+    def _result(value: _R) -> None:
+        if not fut.done():
             fut.set_result(value)
-        else:
-            fut.set_exception(value)
+
+    def _error(exc: BaseException) -> None:
+        if not fut.done():
+            fut.set_exception(exc)
 
     def target() -> None:
         try:
             result = fn()
         except BaseException as e:  # noqa: BLE001 - handed to the loop
             try:
-                loop.call_soon_threadsafe(_set, False, e)
+                loop.call_soon_threadsafe(_error, e)
             except RuntimeError:  # loop closed
                 pass
         else:
             try:
-                loop.call_soon_threadsafe(_set, True, result)
+                loop.call_soon_threadsafe(_result, result)
             except RuntimeError:
                 pass
 

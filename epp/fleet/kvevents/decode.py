@@ -93,7 +93,7 @@ class EventBatch:
 
 
 # ---- scalars ---------------------------------------------------------------------------------------------
-def block_hash(value: Any) -> int:
+def block_hash(value: object) -> int:
     """One block hash as an unsigned 64-bit int (ints modulo 2**64, bytes as vLLM converts them)."""
     if type(value) is int:  # noqa: E721 - bool is not a hash
         return value & MASK64
@@ -104,7 +104,7 @@ def block_hash(value: Any) -> int:
     raise DecodeError(f"block hash must be an integer or bytes, got {type(value).__name__}")
 
 
-def _hashes(value: Any, what: str) -> list[int]:
+def _hashes(value: object, what: str) -> list[int]:
     if not isinstance(value, list):
         raise DecodeError(f"{what}.block_hashes must be a list, got {type(value).__name__}")
     if all(type(h) is int and 0 <= h <= MASK64 for h in value):  # noqa: E721 - the common case, no copy
@@ -112,7 +112,7 @@ def _hashes(value: Any, what: str) -> list[int]:
     return [block_hash(h) for h in value]
 
 
-def _opt_int(value: Any, field: str) -> int | None:
+def _opt_int(value: object, field: str) -> int | None:
     if value is None:
         return None
     if type(value) is not int:  # noqa: E721
@@ -120,7 +120,7 @@ def _opt_int(value: Any, field: str) -> int | None:
     return value
 
 
-def _medium(value: Any) -> str:
+def _medium(value: object) -> str:
     if value is None:
         return MEDIUM_GPU
     if isinstance(value, bytes):
@@ -131,7 +131,7 @@ def _medium(value: Any) -> str:
     return _MEDIUM_ALIASES.get(up, up)
 
 
-def _opt_str(value: Any, field: str) -> str | None:
+def _opt_str(value: object, field: str) -> str | None:
     if value is None:
         return None
     if isinstance(value, bytes):
@@ -149,14 +149,16 @@ def decode_seq(frame: bytes) -> tuple[int, bytes]:
 
 
 # ---- events ----------------------------------------------------------------------------------------------
-def _fields(raw: Any, names: Sequence[str], what: str) -> dict[str, Any]:
+def _fields(raw: object, names: Sequence[str], what: str) -> dict[str, Any]:
     """Array form (positional, short arrays allowed) or map form → field dict."""
     if isinstance(raw, list):
         return dict(zip(names, raw[1:], strict=False))
+    if not isinstance(raw, Mapping):
+        raise DecodeError(f"{what} must be an array or a map, got {type(raw).__name__}")
     return {k: raw.get(k) for k in names}
 
 
-def _stored(raw: Any) -> BlockStored:
+def _stored(raw: object) -> BlockStored:
     f = _fields(raw, STORED_FIELDS, "BlockStored")
     if f.get("block_hashes") is None:
         raise DecodeError("BlockStored without block_hashes")
@@ -182,7 +184,7 @@ def _stored(raw: Any) -> BlockStored:
     )
 
 
-def _removed(raw: Any) -> BlockRemoved:
+def _removed(raw: object) -> BlockRemoved:
     f = _fields(raw, REMOVED_FIELDS, "BlockRemoved")
     if f.get("block_hashes") is None:
         raise DecodeError("BlockRemoved without block_hashes")
@@ -193,7 +195,7 @@ def _removed(raw: Any) -> BlockRemoved:
     )
 
 
-def _tag(raw: Any) -> str:
+def _tag(raw: object) -> str:
     if isinstance(raw, list):
         if not raw:
             raise DecodeError("empty event array")
@@ -209,7 +211,7 @@ def _tag(raw: Any) -> str:
     return tag
 
 
-def decode_event(raw: Any) -> KVEvent:
+def decode_event(raw: object) -> KVEvent:
     """One event, array or map form."""
     tag = _tag(raw)
     if tag == "BlockStored":

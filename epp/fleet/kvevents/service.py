@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from epp.extras import MissingExtra, require
 from epp.fleet.datastore import Datastore
@@ -30,12 +30,15 @@ from epp.fleet.kvevents.sources import KVEventsConfigError, KVEventsSource, KVEv
 from scheduling.prefix.precise import PreciseIndex
 from scheduling.prefix.precise_data import PRECISE_INDEX
 
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+
 log = logging.getLogger(__name__)
 
 
 class PreciseService:
     def __init__(self, datastore: Datastore, template: KVEventsTemplate | None = None, *, block_size: int = 16,
-                 registry: Any = None, replay_timeout: float = 1.0, catch_up_after: float | None = 0.5) -> None:
+                 registry: CollectorRegistry | None = None, replay_timeout: float = 1.0, catch_up_after: float | None = 0.5) -> None:
         self.datastore = datastore
         self.index = PreciseIndex(block_size=block_size)
         self.template = template  # the command line's
@@ -49,7 +52,7 @@ class PreciseService:
         self._missing: str | None = None  # why there can be no subscriber (an extra is not installed), once logged
 
     @classmethod
-    def from_settings(cls, settings: KVEventsSettings, datastore: Datastore, registry: Any = None) -> PreciseService:
+    def from_settings(cls, settings: KVEventsSettings, datastore: Datastore, registry: CollectorRegistry | None = None) -> PreciseService:
         return cls(datastore, settings.template, block_size=settings.block_size, registry=registry)
 
     def services(self) -> dict[str, Any]:
@@ -70,7 +73,7 @@ class PreciseService:
     def effective_template(self) -> KVEventsTemplate | None:
         return self.template if self.template is not None else self.config_template
 
-    def apply_config(self, scheduler: Any) -> None:
+    def apply_config(self, scheduler: object) -> None:
         """A scheduler was loaded: take the port template of its llm-d kvEventsConfig (when the command line sets
         none) and resubscribe accordingly."""
         found: KVEventsTemplate | None = None

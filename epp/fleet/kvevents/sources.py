@@ -33,7 +33,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from scheduling.types import Endpoint
 
@@ -106,7 +105,7 @@ def _address(value: str, endpoint: Endpoint, what: str) -> str:
     return out
 
 
-def parse_dp_size(value: Any, what: str) -> int:
+def parse_dp_size(value: object, what: str) -> int:
     """A data-parallel size (1..MAX_DP_SIZE) from `value`; KVEventsConfigError naming `what` otherwise."""
     try:
         n = int(str(value).strip())
@@ -152,7 +151,7 @@ def source_for(endpoint: Endpoint, template: KVEventsTemplate | None = None) -> 
     return source_from_template(endpoint, template) if template is not None else None
 
 
-def parse_kv_events_field(raw: Any, path: str) -> dict[str, str]:
+def parse_kv_events_field(raw: object, path: str) -> dict[str, str]:
     """The endpoints file's ``kvEvents`` value → the equivalent annotations. Raises KVEventsConfigError."""
     if isinstance(raw, str):
         raw = {"endpoint": raw}

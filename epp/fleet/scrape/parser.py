@@ -238,7 +238,10 @@ def sglang_engine_totals(data: bytes) -> EngineTotals | None:
 
 
 def _build(
-    engine_name: str, now: float, waiting: float | None, running: float | None, kv: float | None, **extra: object
+    engine_name: str, now: float, waiting: float | None, running: float | None, kv: float | None, *,
+    block_size: int | None = None, num_gpu_blocks: int | None = None, active_loras: frozenset[str] = frozenset(),
+    waiting_loras: frozenset[str] = frozenset(), max_lora: int = 0,
+    latency_totals: tuple[float, float, float, float] | None = None, engine: EngineTotals | None = None,
 ) -> Metrics:
     if waiting is None and running is None and kv is None:
         raise MetricsParseError(f"no {engine_name} load series (waiting/running/KV usage) in the exposition")
@@ -248,7 +251,13 @@ def _build(
         kv_usage=min(1.0, max(0.0, kv)) if kv is not None and kv == kv else 0.0,  # kv == kv: not NaN
         updated_at=now,
         stale=False,
-        **extra,  # type: ignore[arg-type]
+        block_size=block_size,
+        num_gpu_blocks=num_gpu_blocks,
+        active_loras=active_loras,
+        waiting_loras=waiting_loras,
+        max_lora=max_lora,
+        latency_totals=latency_totals,
+        engine=engine,
     )
 
 

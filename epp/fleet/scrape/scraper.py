@@ -261,11 +261,11 @@ class MetricsScraper:
         return st.last_error if st else ""
 
 
-async def start_scraper(datastore: Datastore, settings: ScrapeSettings | None = None, **kwargs: object) -> MetricsScraper:
+async def start_scraper(datastore: Datastore, settings: ScrapeSettings | None = None) -> MetricsScraper:
     """Create a scraper from its settings (`--refresh-metrics-interval`, `--metrics-staleness-threshold`,
     `--scrape-timeout`) and start its loop on the running event loop. Call `await scraper.stop()` on shutdown."""
     s = settings or ScrapeSettings()
     scraper = MetricsScraper(datastore, interval=s.interval, timeout=s.timeout, staleness=s.staleness,
-                             backoff_max=s.backoff_max, **kwargs)  # type: ignore[arg-type]
+                             backoff_max=s.backoff_max)
     scraper.start()
     return scraper
