@@ -8,13 +8,19 @@ the extra instead of an ImportError from deep inside:
 
 `check(extra, feature)` is the cheap test the settings run on the flags (it imports nothing), `require(extra,
 module, feature)` imports a module of the extra where the feature starts.
+
+In the same spirit every package's face loads what it exports on first use: `lazy_exports(__name__, table)` is the
+face's `__getattr__` (PEP 562), so `epp endpoints` never imports the server behind a name it does not touch.
 """
 
 from __future__ import annotations
 
 import importlib
 import importlib.util
+import sys
+from collections.abc import Callable, Mapping
 from types import ModuleType
+from typing import Any
 
 # extra -> the importable modules it provides (pyproject.toml lists the distributions)
 EXTRAS: dict[str, tuple[str, ...]] = {
@@ -61,3 +67,21 @@ def require(extra: str, module: str, feature: str) -> ModuleType:
 
 
 __all__ = ["EXTRAS", "MissingExtra", "available", "check", "require"]
+
+
+def lazy_exports(package: str, table: Mapping[str, str]) -> Callable[[str], Any]:
+    """A package face's module `__getattr__` (PEP 562). `table` maps each exported name to the submodule that
+    defines it ("module", or "module:name" when the submodule calls it otherwise); the submodule is imported on
+    the first use of the name, and the value is kept in the package's namespace so later uses cost nothing."""
+    namespace = sys.modules[package].__dict__
+
+    def __getattr__(name: str) -> Any:  # noqa: N807 (the module hook's own name)
+        entry = table.get(name)
+        if entry is None:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        module, _, attr = entry.partition(":")
+        value = getattr(importlib.import_module(f"{package}.{module}"), attr or name)
+        namespace[name] = value
+        return value
+
+    return __getattr__

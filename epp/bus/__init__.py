@@ -5,7 +5,9 @@ Imports are lazy, so the CLI can read epp.bus.settings without loading ZMQ (the 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from epp.extras import lazy_exports
 
 if TYPE_CHECKING:
     from epp.bus.bus import ReplicaBus
@@ -26,12 +28,4 @@ __all__ = ["BusMessage", "BusMessageError", "BusRuntime", "ReplicaBus", "decode"
            "start_bus"]
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _LAZY:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    from importlib import import_module
-
-    module, _, attr = _LAZY[name].partition(":")
-    value = getattr(import_module(f"{__name__}.{module}"), attr or name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_exports(__name__, _LAZY)

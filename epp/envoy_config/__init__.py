@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import yaml
 
 from epp.envoy_config.spec import VARIANTS, EnvoyConfigSpec, add_observe_flags, parse_collector
-from epp.extras import require
+from epp.extras import lazy_exports, require
 
 if TYPE_CHECKING:
     from envoy_data_plane.envoy.config.bootstrap.v3 import Bootstrap
@@ -108,12 +108,4 @@ def render_yaml(spec: EnvoyConfigSpec) -> str:
     return header + yaml.safe_dump(render(spec), sort_keys=False)
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _LAZY:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    from importlib import import_module
-
-    module, _, attr = _LAZY[name].partition(":")
-    value = getattr(import_module(f"{__name__}.{module}"), attr or name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_exports(__name__, _LAZY)

@@ -25,7 +25,9 @@ The names below are imported on first use, so `epp.h2grpc.limits` (the CLI's fla
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from epp.extras import lazy_exports
 
 if TYPE_CHECKING:
     from epp.h2grpc.limits import ServerLimits, grpcio_options
@@ -51,12 +53,4 @@ __all__ = ["CERT_FILE", "H2Server", "KEY_FILE", "ServerLimits", "ServerStream", 
            "server_ssl_context", "split_address", "status", "tls"]
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _LAZY:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    from importlib import import_module
-
-    module, _, attr = _LAZY[name].partition(":")
-    value = getattr(import_module(f"{__name__}.{module}"), attr or name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_exports(__name__, _LAZY)

@@ -20,7 +20,9 @@ itself carries: the decision id (epp/request/director.py `DecisionIds`) and, wit
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from epp.extras import lazy_exports
 
 if TYPE_CHECKING:
     from epp.observe.logs import configure
@@ -50,12 +52,4 @@ __all__ = ["LogSettings", "Observability", "ObserveSettings", "ReceiptSettings",
            "Tracing", "TracingObserver", "TracingSettings", "add_flags", "configure"]
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _LAZY:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    from importlib import import_module
-
-    module, _, attr = _LAZY[name].partition(":")
-    value = getattr(import_module(f"{__name__}.{module}"), attr or name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_exports(__name__, _LAZY)

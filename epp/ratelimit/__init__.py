@@ -73,7 +73,9 @@ utilization), `RateLimitMetrics` (counters plus gauges computed at scrape time, 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from epp.extras import lazy_exports
 
 if TYPE_CHECKING:
     from epp.ratelimit.admission import ADMITTED, Admission, BudgetState, LimitState, RedisDownPolicy, Ticket
@@ -123,12 +125,4 @@ __all__ = ["ADMITTED", "Admission", "Algorithm", "Applied", "BudgetState", "Kind
            "redact", "scope_key", "scope_label", "start_rate_limits", "tokens"]
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _LAZY:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    from importlib import import_module
-
-    module, _, attr = _LAZY[name].partition(":")
-    value = getattr(import_module(f"{__name__}.{module}"), attr or name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_exports(__name__, _LAZY)

@@ -3,7 +3,9 @@ the mutations); docs/architecture.md walks one request through it. Its flags and
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from epp.extras import lazy_exports
 
 if TYPE_CHECKING:
     from epp.request.admit import Admitter, SheddableAdmitter
@@ -36,12 +38,4 @@ __all__ = ["Admitter", "DecisionIds", "Director", "DirectorConfig", "RequestExch
            "from_headers", "from_metadata", "mutations", "mutations_for_provider", "resolve", "schedule"]
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _LAZY:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    from importlib import import_module
-
-    module, _, attr = _LAZY[name].partition(":")
-    value = getattr(import_module(f"{__name__}.{module}"), attr or name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_exports(__name__, _LAZY)

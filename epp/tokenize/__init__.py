@@ -22,7 +22,9 @@ Public API: `RequestTokenizer`, `TokenizeResult`, `TokenizeInput`, `tokenize_inp
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from epp.extras import lazy_exports
 
 if TYPE_CHECKING:
     from epp.tokenize.engine import EngineTokenizer
@@ -47,12 +49,4 @@ __all__ = ["EngineTokenizer", "LocalTokenizer", "RequestTokenizer", "RequestToke
            "tokens_from_settings"]
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _LAZY:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    from importlib import import_module
-
-    module, _, attr = _LAZY[name].partition(":")
-    value = getattr(import_module(f"{__name__}.{module}"), attr or name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_exports(__name__, _LAZY)

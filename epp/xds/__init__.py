@@ -6,7 +6,9 @@ server and port; envoy-data-plane (typed config for `epp envoy-config`) is never
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from epp.extras import lazy_exports
 
 if TYPE_CHECKING:
     from epp.xds.resources import EDS_TYPE_URL, ResourceTable, build_assignment, health_of, version_of
@@ -25,12 +27,4 @@ __all__ = ["EDS_TYPE_URL", "EdsService", "EdsStream", "ResourceTable", "add_eds_
            "health_of", "version_of"]
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _LAZY:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    from importlib import import_module
-
-    module, _, attr = _LAZY[name].partition(":")
-    value = getattr(import_module(f"{__name__}.{module}"), attr or name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_exports(__name__, _LAZY)

@@ -3,7 +3,9 @@ the effective config (docs/dashboard.md). `Dashboard` wires it; its `DecisionRec
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from epp.extras import lazy_exports
 
 if TYPE_CHECKING:
     from epp.api.dashboard.recorder import DecisionRecord, DecisionRecorder, RecorderObserver
@@ -18,12 +20,4 @@ _LAZY = {
 __all__ = ["Dashboard", "DecisionRecord", "DecisionRecorder", "RecorderObserver"]
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _LAZY:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    from importlib import import_module
-
-    module, _, attr = _LAZY[name].partition(":")
-    value = getattr(import_module(f"{__name__}.{module}"), attr or name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_exports(__name__, _LAZY)

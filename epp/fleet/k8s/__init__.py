@@ -9,7 +9,9 @@ flags the Deployment in deploy/ passes (GIE EPP names); the CLI must accept all 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from epp.extras import lazy_exports
 
 if TYPE_CHECKING:
     from epp.fleet.k8s.convert import obj_name, parse_ports, parse_selector
@@ -69,12 +71,4 @@ __all__ = ["ENDPOINT_SLICE", "EXTERNAL_MODEL_PROVIDER", "GIE_FLAGS", "INFERENCE_
            "start_selector_discovery"]
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _LAZY:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    from importlib import import_module
-
-    module, _, attr = _LAZY[name].partition(":")
-    value = getattr(import_module(f"{__name__}.{module}"), attr or name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_exports(__name__, _LAZY)

@@ -3,7 +3,9 @@ reads the engines' metrics into the datastore."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from epp.extras import lazy_exports
 
 if TYPE_CHECKING:
     from epp.fleet.scrape.scraper import MetricsScraper, start_scraper
@@ -17,12 +19,4 @@ _LAZY = {
 __all__ = ["MetricsScraper", "start_scraper"]
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _LAZY:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    from importlib import import_module
-
-    module, _, attr = _LAZY[name].partition(":")
-    value = getattr(import_module(f"{__name__}.{module}"), attr or name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_exports(__name__, _LAZY)
