@@ -31,12 +31,9 @@ import grpc  # noqa: E402
 from grpc_health.v1 import health_pb2, health_pb2_grpc  # noqa: E402
 
 from epp.cmd.settings import ServeSettings  # noqa: E402
-from epp.h2grpc.tls import CERT_FILE, KEY_FILE, self_signed_cert  # noqa: E402
-from tests.cmd.deployer_argv import CERT_DIRS, CONFIG_PATHS, DEPLOYERS, mounted  # noqa: E402
-from tests.fleet.k8s.fakeapi import FakeKubeAPI, pod, pool  # noqa: E402
+from tests.cmd.deployer_argv import DEPLOYERS, fill, mounted, mounts  # noqa: E402
+from tests.fleet.k8s.fakeapi import FakeKubeAPI  # noqa: E402
 
-CONFIG = ("apiVersion: inference.networking.x-k8s.io/v1alpha1\nkind: EndpointPickerConfig\n"
-          "plugins:\n- type: queue-scorer\n")
 STATUS = {v: k for k, v in health_pb2.HealthCheckResponse.ServingStatus.items()}
 
 
@@ -46,31 +43,12 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def mounts(tmp: Path) -> dict[str, str]:
-    cfg = tmp / "plugins.yaml"
-    cfg.write_text(CONFIG)
-    certs = tmp / "tls"
-    certs.mkdir(exist_ok=True)
-    key, crt = self_signed_cert()
-    (certs / KEY_FILE).write_bytes(key)
-    (certs / CERT_FILE).write_bytes(crt)
-    return {**{p: str(cfg) for p in CONFIG_PATHS}, **{d: str(certs) for d in CERT_DIRS}, "${CONFIG_TEXT}": CONFIG}
-
-
-def fill(api: FakeKubeAPI, argv: list[str]) -> None:
-    """The deployment's InferencePool (read from its args as Pointsman reads them) and one pod it selects."""
+def fill_for(api: FakeKubeAPI, argv: list[str]) -> None:
+    """The deployment's InferencePool and a pod, as Pointsman reads them from its args (none for args it refuses)."""
     try:
-        s = ServeSettings.from_argv(argv).sources
+        fill(api, ServeSettings.from_argv(argv))
     except ValueError:
-        return
-    ns = s.pool_namespace
-    if s.kind == "pool":
-        if s.pool_group == "inference.networking.x-k8s.io":
-            api.apply(s.pool_group, "inferencepools", {"metadata": {"name": s.pool_name, "namespace": ns},
-                                                       "spec": {"selector": {"app": "m"}, "targetPortNumber": 8000}})
-        else:
-            api.apply(s.pool_group, "inferencepools", pool(s.pool_name or "", {"app": "m"}, [8000], namespace=ns))
-    api.apply("", "pods", pod("m-0", "127.0.0.1", {"app": "m", "tier": "x"}, namespace=ns))
+        pass
 
 
 def serves_tls(port: int) -> bool:
@@ -103,7 +81,7 @@ def run(name: str, epp_root: Path, wait: float, tmp: Path) -> str:
     grpc_port, health_port = free_port(), free_port()
     argv = [*mounted(args, mounts(tmp)), f"--grpc-port={grpc_port}", f"--grpc-health-port={health_port}",
             "--grpc-host=127.0.0.1", "--metrics-port=0", f"--kubeconfig={api.kubeconfig(tmp / 'kubeconfig')}"]
-    fill(api, argv)
+    fill_for(api, argv)
     env = {k: v for k, v in os.environ.items() if k not in ("KUBERNETES_SERVICE_HOST", "NAMESPACE")}
     env["PYTHONPATH"] = str(epp_root)
     code = "import sys; from epp.cmd.cli import main; sys.exit(main())"

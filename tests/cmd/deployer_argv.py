@@ -10,6 +10,16 @@ writes; a test that starts Pointsman maps them onto files it made (MOUNTS).
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from epp.h2grpc.tls import CERT_FILE, KEY_FILE, self_signed_cert
+from tests.fleet.k8s.fakeapi import pod, pool
+
+if TYPE_CHECKING:
+    from epp.cmd.settings import ServeSettings
+    from tests.fleet.k8s.fakeapi import FakeKubeAPI
+
 POOL = ["--pool-name", "rel", "--pool-namespace", "ns1", "--pool-group", "inference.networking.k8s.io"]
 GIE_TAIL = ["--zap-encoder", "json", "--config-file", "/config/default-plugins.yaml"]
 
@@ -111,3 +121,32 @@ def mounted(args: list[str], mounts: dict[str, str]) -> list[str]:
             a = a.replace(k, v) if k.startswith("$") or a == k or a.endswith("=" + k) else a
         out.append(a)
     return out
+
+
+CONFIG = ("apiVersion: inference.networking.x-k8s.io/v1alpha1\nkind: EndpointPickerConfig\n"
+          "plugins:\n- type: queue-scorer\n")
+
+
+def mounts(tmp: Path) -> dict[str, str]:
+    """The deployers' mounted paths, as files of the caller's: a config Pointsman loads, a TLS Secret's directory."""
+    cfg = tmp / "plugins.yaml"
+    cfg.write_text(CONFIG)
+    certs = tmp / "tls"
+    certs.mkdir(exist_ok=True)
+    key, crt = self_signed_cert()
+    (certs / KEY_FILE).write_bytes(key)
+    (certs / CERT_FILE).write_bytes(crt)
+    return {**{p: str(cfg) for p in CONFIG_PATHS}, **{d: str(certs) for d in CERT_DIRS}, "${CONFIG_TEXT}": CONFIG}
+
+
+def fill(api: FakeKubeAPI, settings: ServeSettings) -> None:
+    """The objects the deployment expects: its InferencePool (or, without one, pods its selector matches)."""
+    s = settings.sources
+    ns = s.pool_namespace
+    if s.kind == "pool":
+        if s.pool_group == "inference.networking.x-k8s.io":
+            api.apply(s.pool_group, "inferencepools", {"metadata": {"name": s.pool_name, "namespace": ns},
+                                                       "spec": {"selector": {"app": "m"}, "targetPortNumber": 8000}})
+        else:
+            api.apply(s.pool_group, "inferencepools", pool(s.pool_name or "", {"app": "m"}, [8000], namespace=ns))
+    api.apply("", "pods", pod("m-0", "127.0.0.1", {"app": "m", "tier": "x"}, namespace=ns))

@@ -9,7 +9,6 @@ import asyncio
 import ssl
 import subprocess
 import sys
-from pathlib import Path
 
 import grpc
 import pytest
@@ -17,29 +16,14 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from epp.cmd.app import App
 from epp.cmd.settings import ServeSettings
-from epp.h2grpc.tls import CERT_FILE, KEY_FILE, self_signed_cert
-from tests.cmd.deployer_argv import CERT_DIRS, CONFIG_PATHS, DEPLOYERS, mounted
+from tests.cmd.deployer_argv import DEPLOYERS, fill, mounted, mounts
 from tests.fleet.k8s.fakeapi import FakeKubeAPI, pod, pool
 from tests.support.envoy import free_port
 from tests.support.wait import until
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 EXT_PROC = "envoy.service.ext_proc.v3.ExternalProcessor"
-CONFIG = ("apiVersion: inference.networking.x-k8s.io/v1alpha1\nkind: EndpointPickerConfig\n"
-          "plugins:\n- type: queue-scorer\n")
 
-
-
-def mounts(tmp: Path) -> dict[str, str]:
-    """The deployers' mounted paths, as files of this test: a config Pointsman loads, a TLS Secret's directory."""
-    cfg = tmp / "plugins.yaml"
-    cfg.write_text(CONFIG)
-    certs = tmp / "tls"
-    certs.mkdir(exist_ok=True)
-    key, crt = self_signed_cert()
-    (certs / KEY_FILE).write_bytes(key)
-    (certs / CERT_FILE).write_bytes(crt)
-    return {**{p: str(cfg) for p in CONFIG_PATHS}, **{d: str(certs) for d in CERT_DIRS}, "${CONFIG_TEXT}": CONFIG}
 
 
 def server_cert(port: int) -> bytes:
@@ -69,19 +53,6 @@ def kube(monkeypatch):
     monkeypatch.delenv("NAMESPACE", raising=False)
     yield api
     api.stop()
-
-
-def fill(api: FakeKubeAPI, settings: ServeSettings) -> None:
-    """The objects the deployment expects: its InferencePool (or, without one, pods its selector matches)."""
-    s = settings.sources
-    ns = s.pool_namespace
-    if s.kind == "pool":
-        if s.pool_group == "inference.networking.x-k8s.io":
-            api.apply(s.pool_group, "inferencepools", {"metadata": {"name": s.pool_name, "namespace": ns},
-                                                       "spec": {"selector": {"app": "m"}, "targetPortNumber": 8000}})
-        else:
-            api.apply(s.pool_group, "inferencepools", pool(s.pool_name or "", {"app": "m"}, [8000], namespace=ns))
-    api.apply("", "pods", pod("m-0", "127.0.0.1", {"app": "m", "tier": "x"}, namespace=ns))
 
 
 @pytest.mark.parametrize("name", sorted(DEPLOYERS))
