@@ -18,8 +18,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("epp", "scheduling")
 
-# What breaks a rule today; empty these as the work of issue 29 lands (an entry that no longer holds fails).
-WHY = "being removed (issue 29)"  # the reason an entry above gives
+# What may break a rule, each with the reason; both are empty (an entry that no longer holds fails the test).
 ALLOWED_CIRCLES: dict[frozenset[str], str] = {}  # a circle that cannot be broken yet -> why
 ALLOWED_PRIVATE: dict[str, str] = {}  # "importer -> module._name" -> why
 
