@@ -84,20 +84,22 @@ class Files:
                     return self.definer(imp.module, name, depth + 1)
         return module
 
-    def targets(self, module: str) -> list[tuple[Import, str]]:
-        """(import, the file of ours it reaches) for each import of `module` that runs and reaches another file."""
+    def targets(self, module: str, typing: bool = False) -> list[tuple[Import, str]]:
+        """(import, the file of ours it reaches) for each import of `module` that runs (and, with `typing`, each
+        typing-only one) and reaches another file."""
         out = []
         for imp in self.imports[module]:
-            if imp.module not in self.paths or imp.typing:
+            if imp.module not in self.paths or (imp.typing and not typing):
                 continue
             target = imp.module if imp.name is None or imp.name == "*" else self.definer(imp.module, imp.name)
             if target != module:
                 out.append((imp, target))
         return out
 
-    def circles(self) -> list[frozenset[str]]:
-        """The strongly connected groups of files (two or more that import each other, around a circle)."""
-        graph = {m: sorted({t for _, t in self.targets(m)}) for m in self.paths}
+    def circles(self, typing: bool = False) -> list[frozenset[str]]:
+        """The strongly connected groups of files (two or more that import each other, around a circle); with
+        `typing`, typing-only imports count as edges too."""
+        graph = {m: sorted({t for _, t in self.targets(m, typing)}) for m in self.paths}
         index: dict[str, int] = {}
         low: dict[str, int] = {}
         stack: list[str] = []
@@ -203,5 +205,7 @@ def test_the_rules_see_lazy_circles_faces_and_private_names(tmp_path: Path) -> N
     # c <-> d (one of them lazy); b -> c is typing-only, and the face's re-exports make no circle with a and b;
     # y reaches x through the lazy face
     assert sorted(tree.circles(), key=sorted) == [frozenset({"lazy.x", "lazy.y"}), frozenset({"pkg.c", "pkg.d"})]
+    # counting typing-only imports, b -> c closes b <- c (through the face) into the c <-> d circle
+    assert frozenset({"pkg.b", "pkg.c", "pkg.d"}) in tree.circles(typing=True)
     assert sorted((m, t) for m, _, t in tree.private_imports()) == [
         ("other", "pkg._private"), ("pkg.d", "pkg.a._hidden"), ("pkg.f", "pkg.d._T")]
