@@ -8,8 +8,9 @@ stream -> protocol machine -> request stages -> scheduler -> mutations. docs/arc
 
 from __future__ import annotations
 
-import ast
 from pathlib import Path
+
+from tests.test_imports import imports_of
 
 ROOT = Path(__file__).resolve().parents[1]
 EPP = ROOT / "epp"
@@ -38,21 +39,16 @@ def unit_of(module: str) -> str | None:
 
 
 def imports(path: Path) -> list[tuple[int, str]]:
-    tree = ast.parse(path.read_text(), str(path))
-    typing_only: set[int] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            typing_only.update(id(n) for n in ast.walk(node))
-    out = []
-    for node in ast.walk(tree):
-        if id(node) in typing_only:
+    """(line, module) of every import of the file that runs (tests/test_imports.py reads them); `from epp import x`
+    counts as an import of `epp.x`."""
+    out: dict[tuple[int, str], None] = {}
+    for imp in imports_of(path):
+        if imp.typing:
             continue
-        if isinstance(node, ast.Import):
-            out += [(node.lineno, a.name) for a in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            out.append((node.lineno, node.module))
-            out += [(node.lineno, f"{node.module}.{a.name}") for a in node.names if node.module == "epp"]
-    return out
+        out[(imp.line, imp.module)] = None
+        if imp.module == "epp" and imp.name:
+            out[(imp.line, f"epp.{imp.name}")] = None
+    return list(out)
 
 
 def test_every_unit_has_a_layer() -> None:
