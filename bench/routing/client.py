@@ -4,9 +4,10 @@ TTFT is the arrival of the first streamed body bytes after the request is sent; 
 tokens come from the final usage chunk (stream_options.include_usage). Times are converted to model
 seconds by dividing by the fleet's time scale.
 
-A planned request with SLOs (model seconds) is sent with `x-llm-d-slo-ttft-ms` / `x-llm-d-slo-tpot-ms` in *wall*
-milliseconds (model × time scale, rounded to a whole millisecond as llm-d parses integers), since that is the clock
-the router runs on; whether it met them is judged in model time.
+A planned request with SLOs (model seconds) is sent with `x-llm-d-slo-ttft-ms` / `x-llm-d-slo-tpot-ms` (or the plain
+`x-slo-ttft-ms` / `x-slo-tpot-ms` of llm-d's predicted-latency scheduling, `SLO_HEADERS["plain"]`; or none, to measure
+a router without them) in *wall* milliseconds (model × time scale, rounded to a whole millisecond as llm-d parses
+integers), since that is the clock the router runs on; whether it met them is judged in model time.
 """
 
 from __future__ import annotations
@@ -59,16 +60,22 @@ class Result:
 
 
 SLO_TTFT_HEADER, SLO_TPOT_HEADER = "x-llm-d-slo-ttft-ms", "x-llm-d-slo-tpot-ms"
+# which names the SLOs travel under: llm-d's current ones, the plain ones, or none at all (judged all the same)
+SLO_HEADERS: dict[str, tuple[str, str] | None] = {
+    "llm-d": (SLO_TTFT_HEADER, SLO_TPOT_HEADER), "plain": ("x-slo-ttft-ms", "x-slo-tpot-ms"), "none": None}
 _ids = itertools.count(1)
 
 
-def request_headers(p: Planned, scale: float) -> dict[str, str]:
-    """Content type, a unique x-request-id (modelsim records it), and the SLO headers in wall milliseconds."""
+def request_headers(p: Planned, scale: float, names: tuple[str, str] | None = SLO_HEADERS["llm-d"]) -> dict[str, str]:
+    """Content type, a unique x-request-id (modelsim records it), and the SLO headers (`names`: TTFT, TPOT; None
+    sends none) in wall milliseconds."""
     h = {"content-type": "application/json", "x-request-id": f"bench-{next(_ids)}"}
+    if names is None:
+        return h
     if p.slo_ttft is not None:
-        h[SLO_TTFT_HEADER] = str(max(1, round(p.slo_ttft * 1000 * scale)))
+        h[names[0]] = str(max(1, round(p.slo_ttft * 1000 * scale)))
     if p.slo_tpot is not None:
-        h[SLO_TPOT_HEADER] = str(max(1, round(p.slo_tpot * 1000 * scale)))
+        h[names[1]] = str(max(1, round(p.slo_tpot * 1000 * scale)))
     return h
 
 
@@ -87,18 +94,19 @@ def _usage_from_tail(tail: bytes) -> dict | None:
 
 
 async def _one(session: aiohttp.ClientSession, url: str, p: Planned, scale: float, timeout: float,
-               direct: bool = False) -> Result:
-    r = await _send(session, url, p, scale, timeout)
+               direct: bool = False, names: tuple[str, str] | None = SLO_HEADERS["llm-d"]) -> Result:
+    r = await _send(session, url, p, scale, timeout, names)
     r.direct, r.slo_ttft, r.slo_tpot, r.tight = direct, p.slo_ttft, p.slo_tpot, p.tight
     return r
 
 
-async def _send(session: aiohttp.ClientSession, url: str, p: Planned, scale: float, timeout: float) -> Result:
+async def _send(session: aiohttp.ClientSession, url: str, p: Planned, scale: float, timeout: float,
+                names: tuple[str, str] | None) -> Result:
     t0 = time.monotonic()
     ttft = None
     tail = b""
     try:
-        async with session.post(url, data=orjson.dumps(p.body), headers=request_headers(p, scale),
+        async with session.post(url, data=orjson.dumps(p.body), headers=request_headers(p, scale, names),
                                 timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
             if resp.status != 200:
                 text = (await resp.read())[:200].decode(errors="replace")
@@ -117,14 +125,17 @@ async def _send(session: aiohttp.ClientSession, url: str, p: Planned, scale: flo
 
 
 async def run_stage(url: str, plan: list[Planned], time_scale: float, request_timeout: float = 120.0,
-                    stage_timeout: float = 600.0, direct: dict[int, str] | None = None) -> tuple[list[Result], float]:
+                    stage_timeout: float = 600.0, direct: dict[int, str] | None = None,
+                    slo_headers: str = "llm-d") -> tuple[list[Result], float]:
     """Send every planned request at its arrival time; returns the results and the stage's model duration.
 
     `direct` maps plan indexes to the server URL (…/v1/chat/completions) that request goes to instead of `url`:
     traffic that bypasses the router. Bounded: each request by `request_timeout` and the whole stage by
     `stage_timeout` (wall seconds); requests still running at the stage deadline are cancelled and counted as errors.
+    `slo_headers` names the SLO headers sent (`SLO_HEADERS`: llm-d, plain, none).
     """
     direct = direct or {}
+    names = SLO_HEADERS[slo_headers]
     conn = aiohttp.TCPConnector(limit=0, force_close=False)
     async with aiohttp.ClientSession(connector=conn) as session:
         start = time.monotonic()
@@ -134,7 +145,7 @@ async def run_stage(url: str, plan: list[Planned], time_scale: float, request_ti
             if delay > 0:
                 await asyncio.sleep(delay)
             target = direct.get(i)
-            return await _one(session, target or url, p, time_scale, request_timeout, target is not None)
+            return await _one(session, target or url, p, time_scale, request_timeout, target is not None, names)
 
         tasks = [asyncio.ensure_future(fire(i, p)) for i, p in enumerate(plan)]
         done, pending = await asyncio.wait(tasks, timeout=stage_timeout)

@@ -42,6 +42,8 @@ class Regime:
     warmup: bool = False  # one unmeasured request per group through the router first (the disturbances, not the
     # cold start, are what these regimes measure)
     slo: SloMix | None = None  # every request carries SLO headers drawn from this mix
+    slo_headers: str = "llm-d"  # their names (bench.routing.client.SLO_HEADERS: llm-d, plain)
+    slo_strip: tuple[str, ...] = ()  # routers whose requests carry none (judged against the same SLOs)
     samples: tuple[int, ...] = ()  # workload seeds, each on a fresh fleet; () = the run's --seed
     routers: tuple[str, ...] = ()  # the default routers; () = bench.routing.routers.DEFAULT_ROUTERS
     agent: AgentSpec | None = None  # an agent-sessions regime (qps = concurrent sessions)
@@ -57,6 +59,8 @@ class RegimeOptions:
     saturation_qps: float = 30.0
     saturation_samples: int = 3
     slo: SloMix = field(default_factory=lambda: SloMix.parse("0.3:250,0.7:2000"))
+    slo_headers: str = "llm-d"
+    slo_strip: tuple[str, ...] = ()
     agent: AgentSpec = field(default_factory=AgentSpec)
     agent_concurrency: tuple[float, ...] = (64,)
     agent_sessions: int = 0
@@ -96,7 +100,8 @@ def regimes(fleet: FleetSpec, opts: RegimeOptions | None = None, seed: int = 0) 
                              samples=tuple(seed + i for i in range(opts.saturation_samples)),
                              routers=(*new[:4], "pointsman-best", new[4])),
         # the pressure workload, each request with a TTFT SLO (a tight and a loose class by default)
-        "slo": Regime("slo", pressure, (10, 20, 30), slo=opts.slo, warmup=True, routers=new),
+        "slo": Regime("slo", pressure, (10, 20, 30), slo=opts.slo, slo_headers=opts.slo_headers,
+                      slo_strip=opts.slo_strip, warmup=True, routers=new),
         # agent sessions: growing contexts, tool pauses, fan-out (the ladder is concurrent sessions)
         "agent": Regime("agent", pressure, opts.agent_concurrency, agent=opts.agent, sessions=opts.agent_sessions,
                         routers=new),

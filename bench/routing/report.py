@@ -34,6 +34,10 @@ class Row:
     slo_attain_all: float | None = None  # share of them meeting their SLOs (errors miss)
     slo_attain_tight: float | None = None
     goodput: float | None = None  # routed requests meeting their SLOs per model second
+    ttft_p50_tight: float | None = None  # TTFT of the tightest class's requests that succeeded, and of the others
+    ttft_p90_tight: float | None = None
+    ttft_p50_loose: float | None = None
+    ttft_p90_loose: float | None = None
 
 
 def percentile(xs: Sequence[float], q: float) -> float | None:
@@ -75,6 +79,10 @@ def summarize(regime: str, router: str, qps: float, results: list[Result], elaps
         row.slo_attain_all = met / len(slo)
         row.slo_attain_tight = sum(1 for r in tight if r.met_slo) / len(tight) if tight else None
         row.goodput = met / elapsed if elapsed > 0 else 0.0
+        t_ttfts = [r.ttft for r in tight if r.ok and r.ttft is not None]
+        l_ttfts = [r.ttft for r in slo if not r.tight and r.ok and r.ttft is not None]
+        row.ttft_p50_tight, row.ttft_p90_tight = percentile(t_ttfts, 0.5), percentile(t_ttfts, 0.9)
+        row.ttft_p50_loose, row.ttft_p90_loose = percentile(l_ttfts, 0.5), percentile(l_ttfts, 0.9)
     return row
 
 
@@ -104,12 +112,15 @@ def markdown(rows: list[Row], header: str = "") -> str:
                        f"{_f(r.ttft_p90)} | {_f(r.ttft_p50_all)} / {_f(r.ttft_p90_all)} |\n" for r in outside)
     slo = [r for r in rows if r.slo_requests]
     if slo:
-        out += ("\nSLO attainment (share of the routed requests meeting their SLOs; errors miss), next to p90 and "
-                "goodput (requests meeting their SLOs per model second):\n\n"
-                "| regime | router | sample | QPS | reqs (tight) | tight met | all met | TTFT p90 s | goodput req/s |\n"
-                "|---|---|---:|---:|---:|---:|---:|---:|---:|\n")
+        out += ("\nSLO attainment (share of the routed requests meeting their SLOs; errors miss), next to each "
+                "class's TTFT p50 / p90 (the tightest class, the others) and goodput (requests meeting their SLOs "
+                "per model second):\n\n"
+                "| regime | router | sample | QPS | reqs (tight) | tight met | all met | tight TTFT p50 / p90 s | "
+                "loose TTFT p50 / p90 s | goodput req/s |\n"
+                "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|\n")
         out += "".join(f"| {r.regime} | {r.router} | {r.sample} | {r.qps:g} | {r.slo_requests} ({r.slo_tight}) | "
-                       f"{_pct(r.slo_attain_tight)} | {_pct(r.slo_attain_all)} | {_f(r.ttft_p90)} | "
+                       f"{_pct(r.slo_attain_tight)} | {_pct(r.slo_attain_all)} | {_f(r.ttft_p50_tight)} / "
+                       f"{_f(r.ttft_p90_tight)} | {_f(r.ttft_p50_loose)} / {_f(r.ttft_p90_loose)} | "
                        f"{_f(r.goodput, 2)} |\n" for r in slo)
     return out
 

@@ -47,7 +47,8 @@ def regime_options(args: argparse.Namespace) -> RegimeOptions:
                       carriers=parse_carriers(args.session_carrier), session_header=args.session_header)
     return RegimeOptions(outside=args.outside_fraction, reset_every=args.reset_every,
                          saturation_qps=args.saturation_qps, saturation_samples=args.saturation_samples,
-                         slo=SloMix.parse(args.slo_mix, args.slo_tpot_ms), agent=agent,
+                         slo=SloMix.parse(args.slo_mix, args.slo_tpot_ms), slo_headers=args.slo_headers,
+                         slo_strip=tuple(x for x in args.slo_strip.split(",") if x), agent=agent,
                          agent_concurrency=_floats(args.agent_concurrency) if args.agent_concurrency
                          else (16.0 * args.servers,), agent_sessions=args.agent_sessions)
 
@@ -195,6 +196,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--slo-mix", default="0.3:250,0.7:2000",
                    help="slo: share:TTFT-ms[/TPOT-ms] classes, model ms (default 0.3:250,0.7:2000)")
     g.add_argument("--slo-tpot-ms", type=float, default=None, help="slo: TPOT SLO of classes without one (none)")
+    g.add_argument("--slo-headers", choices=("llm-d", "plain"), default="llm-d",
+                   help="slo: x-llm-d-slo-ttft-ms/-tpot-ms (llm-d, default) or x-slo-ttft-ms/-tpot-ms (plain)")
+    g.add_argument("--slo-strip", default="", metavar="ROUTERS",
+                   help="slo: comma list of routers whose requests carry no SLO headers (judged the same): e.g. a "
+                        "variant 'pointsman-nohdr:' listed here is Pointsman without the headers")
     g.add_argument("--agent-concurrency", help="agent: concurrent sessions ladder (default 16 per server: 64)")
     g.add_argument("--agent-sessions", type=int, default=0, help="agent: sessions per stage (default 2 x "
                                                                  "concurrency)")

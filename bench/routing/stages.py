@@ -111,6 +111,11 @@ async def run_one(router: str, adapter: Adapter, regime: Regime, fs: FleetSpec, 
     return rows
 
 
+def _slo_headers(regime: Regime, router: str) -> str:
+    """The SLO header names `router`'s requests carry in `regime` ("none" for a router the regime strips them for)."""
+    return "none" if router in regime.slo_strip else regime.slo_headers
+
+
 async def _request_stages(router: str, launched: Launched, regime: Regime, fleet: FleetInfo, fs: FleetSpec,
                           duration: float, max_requests: int, seed: int) -> list[Row]:
     wl = Workload(regime.spec, MODEL, seed)
@@ -129,7 +134,7 @@ async def _request_stages(router: str, launched: Launched, regime: Regime, fleet
             results, elapsed = await run_stage(launched.url + "/v1/chat/completions", plan, fs.time_scale,
                                                request_timeout=max(60.0, 20 * duration * fs.time_scale),
                                                stage_timeout=max(120.0, 6 * duration * fs.time_scale),
-                                               direct=direct)
+                                               direct=direct, slo_headers=_slo_headers(regime, router))
         finally:
             if resetter is not None:
                 resetter.cancel()
@@ -140,7 +145,8 @@ async def _request_stages(router: str, launched: Launched, regime: Regime, fleet
             extra += f" all p90={row.ttft_p90_all or 0:.3f}s direct={row.direct}"
         if row.slo_requests:
             extra += (f" slo tight/all={100 * (row.slo_attain_tight or 0):.0f}%/"
-                      f"{100 * (row.slo_attain_all or 0):.0f}% goodput={row.goodput or 0:.2f}/s")
+                      f"{100 * (row.slo_attain_all or 0):.0f}% goodput={row.goodput or 0:.2f}/s "
+                      f"tight/loose p90={row.ttft_p90_tight or 0:.3f}/{row.ttft_p90_loose or 0:.3f}s")
         print(f"  {router:15s} {regime.name:10s} s{seed} qps={qps:<5g} n={row.requests:<5d} err={row.errors:<4d} "
               f"ttft p50/p90={row.ttft_p50 or 0:.3f}/{row.ttft_p90 or 0:.3f}s out={row.output_tok_s:.0f} tok/s "
               f"hit={100 * row.hit_rate:.1f}%{extra} wall={time.monotonic() - t0:.1f}s", flush=True)

@@ -157,14 +157,25 @@ def format_trust(m: api.EndpointModel) -> str:
     return m.trust + belief
 
 
+def format_headroom(m: api.EndpointModel) -> str:
+    """The request's predicted headroom on an endpoint: objective − prediction, per objective it states."""
+    parts = []
+    if m.HasField("ttft_headroom_seconds"):
+        parts.append(f"ttft {m.ttft_headroom_seconds * 1e3:+.0f}ms")
+    if m.HasField("tpot_headroom_seconds"):
+        parts.append(f"tpot {m.tpot_headroom_seconds * 1e3:+.1f}ms")
+    return ", ".join(parts)
+
+
 def format_models(resp: api.ExplainResponse) -> list[str]:
     """Per endpoint, the latency model's timings and trust, and what it predicted for this request."""
     if not resp.models:
         return []
     lines = []
     if resp.slo:
-        lines.append(f"slo       {resp.slo}: " + ("attainable" if resp.slo_attainable else "no endpoint predicted to "
-                                                                                       "meet it"))
+        placed = f" (placed as {resp.slo_class})" if resp.slo_class else ""
+        lines.append(f"slo       {resp.slo}{placed}: " + ("attainable" if resp.slo_attainable
+                                                          else "no endpoint predicted to meet it"))
     lines.append("model     endpoint               ttft     tpot     trust            timings")
     for m in resp.models:
         ttft = f"{m.predicted_ttft_seconds * 1e3:.0f}ms" if m.predicted_ttft_seconds >= 0 else "-"
@@ -172,6 +183,8 @@ def format_models(resp: api.ExplainResponse) -> list[str]:
         mark = (" ✓" if m.meets_slo else " ✗") if resp.slo else ""
         lines.append(f"          {m.endpoint:<22} {ttft + mark:<8} {tpot:<8} {format_trust(m):<16} "
                      f"{format_timings(m)}")
+        if resp.slo and (m.HasField("ttft_headroom_seconds") or m.HasField("tpot_headroom_seconds")):
+            lines.append(f"          {'':<22} headroom {format_headroom(m)}")
         if m.trust_reason:
             lines.append(f"          {'':<22} {m.trust_reason}")
     return lines

@@ -167,8 +167,13 @@ def describe_models(director: Director, state: dict[Any, Any], candidates: Seque
             m.predicted_ttft_seconds, m.predicted_tpot_seconds = predicted[e.key]
         if verdict is not None:
             m.meets_slo = verdict.meets(e.key)
+            ttft_room, tpot_room = verdict.headroom_of(e.key)
+            if ttft_room is not None:
+                m.ttft_headroom_seconds = ttft_room
+            if tpot_room is not None:
+                m.tpot_headroom_seconds = tpot_room
     if verdict is not None:
-        out.slo, out.slo_attainable = verdict.slo.describe(), verdict.attainable
+        out.slo, out.slo_attainable, out.slo_class = verdict.slo.describe(), verdict.attainable, verdict.klass
 
 
 def describe_result(d: Director, ctx: ShellContext, result: SchedulingResult, out: api.ExplainResponse) -> None:

@@ -14,6 +14,11 @@ A request observer (epp/request/observe.py); it acts only on requests whose deci
   violation counters, from the same measurements
 - inference_objective_request_predicted_ttft_seconds / _ttft_seconds{model_name, target_model_name}: the predicted
   and the measured TTFT of these requests (histograms)
+- pointsman_slo_placed_total{class}                 the class each was placed as (scheduling/latency/classes.py):
+                                                    `tight` (the tightest objective stated lately: it takes the best
+                                                    endpoint) or `loose` (it yields the short queues to the tight)
+- pointsman_slo_predicted_headroom_seconds{slo, class}  the objective minus the prediction on the pick (negative:
+                                                    predicted to miss), per objective the request states (histogram)
 
 `slo` is `ttft` or `tpot`. Requests shed because no endpoint could meet a sheddable request's objectives are counted
 as request errors (ResourceExhausted), like every request that never reaches an engine.
@@ -32,6 +37,8 @@ if TYPE_CHECKING:
 
 REQ_LABELS = ("model_name", "target_model_name")
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 20.0, 60.0)
+HEADROOM_BUCKETS = (-5.0, -1.0, -0.25, -0.1, -0.025, -0.005, 0.0, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+                    2.0, 5.0)
 
 
 class SloMetrics:
@@ -52,6 +59,13 @@ class SloMetrics:
         self.predicted_ttft = Histogram("inference_objective_request_predicted_ttft_seconds",
                                         "Predicted time to first token of requests with SLO headers.", REQ_LABELS,
                                         buckets=TTFT_BUCKETS, registry=registry)
+        self.placed = Counter("pointsman_slo_placed_total",
+                              "Requests with SLO headers, by the class they were placed as (tight or loose).",
+                              ["class"], registry=registry)
+        self.headroom = Histogram("pointsman_slo_predicted_headroom_seconds",
+                                  "The objective minus the prediction on the picked endpoint, per objective "
+                                  "(negative: predicted to miss).", ["slo", "class"], buckets=HEADROOM_BUCKETS,
+                                  registry=registry)
         self.ttft = Histogram("inference_objective_request_ttft_seconds",
                               "Measured time to first token of requests with SLO headers (response phases).",
                               REQ_LABELS, buckets=TTFT_BUCKETS, registry=registry)
@@ -73,6 +87,10 @@ class SloMetrics:
                 self.requests.labels(name, "met" if met else "missed").inc()
         if predicted is not None and slo.ttft_s is not None:
             self.predicted_ttft.labels(*labels).observe(predicted[0])
+        self.placed.labels(verdict.klass).inc()
+        for name, room in zip(("ttft", "tpot"), verdict.headroom_of(key), strict=True):
+            if room is not None:
+                self.headroom.labels(name, verdict.klass).observe(room)
         return _Follow(self, verdict, labels)
 
     def rejected(self, ex: RequestExchange, code: str) -> None:

@@ -9,13 +9,15 @@ it (docs/latency-model.md). Pure: no I/O, time passed in.
     engines' histograms, and the backlog weight β(e);
   - `TrustTable` (trust.py): how much a predicted prefix hit is believed.
 - `ModelConfig` (config.py): its settings and the batch slowdown.
-- SLOs: the objectives a request states (slo.py) and the tiers a decision ranks them in (tiers.py).
+- SLOs: the objectives a request states (slo.py), the tiers a decision ranks them in (tiers.py), and the classes
+  that make a request with more slack yield the short queues to one with less (classes.py).
 
 The estimated-latency scorer (scheduling/plugins/scorers/estimated_latency.py) reads the prefix data and hands it
 to the model; the shell reads the SLO verdict, the predictions and the per-endpoint view through this face.
 """
 
 from scheduling.latency.backlog import SharedBacklog
+from scheduling.latency.classes import LOOSE, TIGHT, SloClasses, yield_penalties
 from scheduling.latency.config import ModelConfig, output_tokens
 from scheduling.latency.estimates import Timings
 from scheduling.latency.estimator import EndpointModel, LatencyModel, ScoredPass
@@ -30,9 +32,11 @@ __all__ = [
     "APPROXIMATE",
     "DEGRADED",
     "EXACT",
+    "LOOSE",
     "MAX_SLO_MS",
     "PREDICTED",
     "SLO_STATE",
+    "TIGHT",
     "Chosen",
     "EndpointFit",
     "EndpointModel",
@@ -44,6 +48,7 @@ __all__ = [
     "ScoredPass",
     "SharedBacklog",
     "Slo",
+    "SloClasses",
     "SloVerdict",
     "Timings",
     "TrustTable",
@@ -54,4 +59,5 @@ __all__ = [
     "relative",
     "slo_from_headers",
     "slo_scores",
+    "yield_penalties",
 ]

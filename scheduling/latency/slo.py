@@ -75,6 +75,17 @@ class SloVerdict:
     predicted: Mapping[str, tuple[float, float]]  # endpoint key -> (TTFT, TPOT) seconds
     met: frozenset[str]  # the candidates predicted to meet the objectives
     headroom: frozenset[str]  # ... with headroom
+    klass: str = "tight"  # the class it was placed as (classes.py): tight (takes the best) or loose (yields)
+
+    def headroom_of(self, key: str) -> tuple[float | None, float | None]:
+        """(TTFT, TPOT) headroom in seconds on `key`: the objective minus the prediction (negative: predicted to
+        miss), None for an objective the request does not state or an endpoint not predicted."""
+        got = self.predicted.get(key)
+        if got is None:
+            return None, None
+        slo = self.slo
+        return (None if slo.ttft_s is None else slo.ttft_s - got[0],
+                None if slo.tpot_s is None else slo.tpot_s - got[1])
 
     @property
     def attainable(self) -> bool:

@@ -200,7 +200,11 @@ async def test_explain_and_endpoints_show_the_latency_model(app):
     from epp.api.client import format_explain
 
     text = format_explain(resp)
-    assert "slo       ttft 2000 ms, tpot 8 ms: attainable" in text
+    assert "slo       ttft 2000 ms, tpot 8 ms (placed as tight): attainable" in text  # the only class seen
+    room = fitted.ttft_headroom_seconds
+    assert resp.slo_class == "tight" and abs(room - (2.0 - fitted.predicted_ttft_seconds)) < 1e-9
+    assert abs(fitted.tpot_headroom_seconds - (0.008 - fitted.predicted_tpot_seconds)) < 1e-9
+    assert f"headroom ttft {room * 1e3:+.0f}ms, tpot " in text
     assert "engine " in text and "6.0ms/tok" in text and "s ago)" in text
 
 

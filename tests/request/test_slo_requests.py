@@ -85,3 +85,26 @@ def test_measured_attainment_comes_from_the_response_path():
                  target_model_name="llama") == 1
     assert value(registry, "inference_objective_request_ttft_seconds_count", model_name="llama",
                  target_model_name="llama") == 1
+
+
+def test_the_class_and_the_predicted_headroom_are_counted():
+    """The plain header names (x-slo-*) work as llm-d's; a tight request then a looser one: each counted by the class
+    it was placed as, with its predicted headroom on the pick (the objective minus the prediction)."""
+    d, _, registry, clock = rig()
+    for ttft in ("250", "2000"):
+        ex = d.exchange()
+        out = ex.decide({**HDRS, "x-slo-ttft-ms": ttft, "x-slo-tpot-ms": "20"}, body(), {})
+        assert out.reject_status == 0
+        ex.close()
+        clock.t += 1.0
+    assert value(registry, "pointsman_slo_placed_total", **{"class": "tight"}) == 1
+    assert value(registry, "pointsman_slo_placed_total", **{"class": "loose"}) == 1
+    # a 1,000-token prompt nobody holds: 30 ms + 1,000 x 250 us = 280 ms predicted, 30 ms over the tight objective,
+    # 1.72 s within the loose one (negative buckets: the histogram keeps no _sum, as OpenMetrics has it)
+    for klass, below_zero in (("tight", 1), ("loose", 0)):
+        labels = {"slo": "ttft", "class": klass}
+        assert value(registry, "pointsman_slo_predicted_headroom_seconds_count", **labels) == 1
+        assert value(registry, "pointsman_slo_predicted_headroom_seconds_bucket", le="0.0", **labels) == below_zero
+        assert value(registry, "pointsman_slo_predicted_headroom_seconds_bucket", le="-0.1", **labels) == 0
+        assert value(registry, "pointsman_slo_predicted_headroom_seconds_bucket", le="2.0", **labels) == 1
+        assert value(registry, "pointsman_slo_predicted_headroom_seconds_count", slo="tpot", **{"class": klass}) == 1

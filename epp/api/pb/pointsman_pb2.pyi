@@ -140,7 +140,7 @@ class ProfileRun(_message.Message):
     def __init__(self, profile: _Optional[str] = ..., targets: _Optional[_Iterable[str]] = ..., totals: _Optional[_Mapping[str, float]] = ..., plugins: _Optional[_Iterable[_Union[PluginRun, _Mapping]]] = ...) -> None: ...
 
 class ExplainResponse(_message.Message):
-    __slots__ = ("status", "error", "endpoint", "fallbacks", "prefill", "profile", "decision", "candidates", "profiles", "headers", "model", "target_model", "route", "prefix", "token_source", "prompt_tokens", "models", "slo", "slo_attainable", "session", "queued", "queue")
+    __slots__ = ("status", "error", "endpoint", "fallbacks", "prefill", "profile", "decision", "candidates", "profiles", "headers", "model", "target_model", "route", "prefix", "token_source", "prompt_tokens", "models", "slo", "slo_attainable", "slo_class", "session", "queued", "queue")
     class HeadersEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -167,6 +167,7 @@ class ExplainResponse(_message.Message):
     MODELS_FIELD_NUMBER: _ClassVar[int]
     SLO_FIELD_NUMBER: _ClassVar[int]
     SLO_ATTAINABLE_FIELD_NUMBER: _ClassVar[int]
+    SLO_CLASS_FIELD_NUMBER: _ClassVar[int]
     SESSION_FIELD_NUMBER: _ClassVar[int]
     QUEUED_FIELD_NUMBER: _ClassVar[int]
     QUEUE_FIELD_NUMBER: _ClassVar[int]
@@ -189,10 +190,11 @@ class ExplainResponse(_message.Message):
     models: _containers.RepeatedCompositeFieldContainer[EndpointModel]
     slo: str
     slo_attainable: bool
+    slo_class: str
     session: SessionInfo
     queued: bool
     queue: str
-    def __init__(self, status: _Optional[int] = ..., error: _Optional[str] = ..., endpoint: _Optional[str] = ..., fallbacks: _Optional[_Iterable[str]] = ..., prefill: _Optional[str] = ..., profile: _Optional[str] = ..., decision: _Optional[str] = ..., candidates: _Optional[_Iterable[str]] = ..., profiles: _Optional[_Iterable[_Union[ProfileRun, _Mapping]]] = ..., headers: _Optional[_Mapping[str, str]] = ..., model: _Optional[str] = ..., target_model: _Optional[str] = ..., route: _Optional[_Union[RouteInfo, _Mapping]] = ..., prefix: _Optional[_Iterable[_Union[PrefixMatch, _Mapping]]] = ..., token_source: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., models: _Optional[_Iterable[_Union[EndpointModel, _Mapping]]] = ..., slo: _Optional[str] = ..., slo_attainable: _Optional[bool] = ..., session: _Optional[_Union[SessionInfo, _Mapping]] = ..., queued: _Optional[bool] = ..., queue: _Optional[str] = ...) -> None: ...
+    def __init__(self, status: _Optional[int] = ..., error: _Optional[str] = ..., endpoint: _Optional[str] = ..., fallbacks: _Optional[_Iterable[str]] = ..., prefill: _Optional[str] = ..., profile: _Optional[str] = ..., decision: _Optional[str] = ..., candidates: _Optional[_Iterable[str]] = ..., profiles: _Optional[_Iterable[_Union[ProfileRun, _Mapping]]] = ..., headers: _Optional[_Mapping[str, str]] = ..., model: _Optional[str] = ..., target_model: _Optional[str] = ..., route: _Optional[_Union[RouteInfo, _Mapping]] = ..., prefix: _Optional[_Iterable[_Union[PrefixMatch, _Mapping]]] = ..., token_source: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., models: _Optional[_Iterable[_Union[EndpointModel, _Mapping]]] = ..., slo: _Optional[str] = ..., slo_attainable: _Optional[bool] = ..., slo_class: _Optional[str] = ..., session: _Optional[_Union[SessionInfo, _Mapping]] = ..., queued: _Optional[bool] = ..., queue: _Optional[str] = ...) -> None: ...
 
 class SessionInfo(_message.Message):
     __slots__ = ("id", "source", "turn", "parallel", "bound", "decision", "expected_gap_seconds", "warm_seconds")
@@ -215,7 +217,7 @@ class SessionInfo(_message.Message):
     def __init__(self, id: _Optional[str] = ..., source: _Optional[str] = ..., turn: _Optional[int] = ..., parallel: _Optional[bool] = ..., bound: _Optional[str] = ..., decision: _Optional[str] = ..., expected_gap_seconds: _Optional[float] = ..., warm_seconds: _Optional[float] = ...) -> None: ...
 
 class EndpointModel(_message.Message):
-    __slots__ = ("endpoint", "timings", "overhead_seconds", "prefill_seconds_per_token", "inter_token_seconds", "backlog_weight", "calibration", "fitted_age_seconds", "prefill_points", "decode_tokens", "engine_ttft_mean_seconds", "engine_ttft_p90_seconds", "trust", "hit_belief", "trust_reason", "agreement", "engine_hit_ratio", "predicted_hit_ratio", "outside_share", "predicted_ttft_seconds", "predicted_tpot_seconds", "meets_slo")
+    __slots__ = ("endpoint", "timings", "overhead_seconds", "prefill_seconds_per_token", "inter_token_seconds", "backlog_weight", "calibration", "fitted_age_seconds", "prefill_points", "decode_tokens", "engine_ttft_mean_seconds", "engine_ttft_p90_seconds", "trust", "hit_belief", "trust_reason", "agreement", "engine_hit_ratio", "predicted_hit_ratio", "outside_share", "predicted_ttft_seconds", "predicted_tpot_seconds", "meets_slo", "ttft_headroom_seconds", "tpot_headroom_seconds")
     ENDPOINT_FIELD_NUMBER: _ClassVar[int]
     TIMINGS_FIELD_NUMBER: _ClassVar[int]
     OVERHEAD_SECONDS_FIELD_NUMBER: _ClassVar[int]
@@ -238,6 +240,8 @@ class EndpointModel(_message.Message):
     PREDICTED_TTFT_SECONDS_FIELD_NUMBER: _ClassVar[int]
     PREDICTED_TPOT_SECONDS_FIELD_NUMBER: _ClassVar[int]
     MEETS_SLO_FIELD_NUMBER: _ClassVar[int]
+    TTFT_HEADROOM_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    TPOT_HEADROOM_SECONDS_FIELD_NUMBER: _ClassVar[int]
     endpoint: str
     timings: str
     overhead_seconds: float
@@ -260,7 +264,9 @@ class EndpointModel(_message.Message):
     predicted_ttft_seconds: float
     predicted_tpot_seconds: float
     meets_slo: bool
-    def __init__(self, endpoint: _Optional[str] = ..., timings: _Optional[str] = ..., overhead_seconds: _Optional[float] = ..., prefill_seconds_per_token: _Optional[float] = ..., inter_token_seconds: _Optional[float] = ..., backlog_weight: _Optional[float] = ..., calibration: _Optional[float] = ..., fitted_age_seconds: _Optional[float] = ..., prefill_points: _Optional[float] = ..., decode_tokens: _Optional[float] = ..., engine_ttft_mean_seconds: _Optional[float] = ..., engine_ttft_p90_seconds: _Optional[float] = ..., trust: _Optional[str] = ..., hit_belief: _Optional[float] = ..., trust_reason: _Optional[str] = ..., agreement: _Optional[float] = ..., engine_hit_ratio: _Optional[float] = ..., predicted_hit_ratio: _Optional[float] = ..., outside_share: _Optional[float] = ..., predicted_ttft_seconds: _Optional[float] = ..., predicted_tpot_seconds: _Optional[float] = ..., meets_slo: _Optional[bool] = ...) -> None: ...
+    ttft_headroom_seconds: float
+    tpot_headroom_seconds: float
+    def __init__(self, endpoint: _Optional[str] = ..., timings: _Optional[str] = ..., overhead_seconds: _Optional[float] = ..., prefill_seconds_per_token: _Optional[float] = ..., inter_token_seconds: _Optional[float] = ..., backlog_weight: _Optional[float] = ..., calibration: _Optional[float] = ..., fitted_age_seconds: _Optional[float] = ..., prefill_points: _Optional[float] = ..., decode_tokens: _Optional[float] = ..., engine_ttft_mean_seconds: _Optional[float] = ..., engine_ttft_p90_seconds: _Optional[float] = ..., trust: _Optional[str] = ..., hit_belief: _Optional[float] = ..., trust_reason: _Optional[str] = ..., agreement: _Optional[float] = ..., engine_hit_ratio: _Optional[float] = ..., predicted_hit_ratio: _Optional[float] = ..., outside_share: _Optional[float] = ..., predicted_ttft_seconds: _Optional[float] = ..., predicted_tpot_seconds: _Optional[float] = ..., meets_slo: _Optional[bool] = ..., ttft_headroom_seconds: _Optional[float] = ..., tpot_headroom_seconds: _Optional[float] = ...) -> None: ...
 
 class PrefixMatch(_message.Message):
     __slots__ = ("endpoint", "source", "blocks", "total_blocks", "block_tokens", "gpu_blocks", "cpu_blocks", "speculative_blocks", "index_state", "weighted")

@@ -42,7 +42,11 @@ endpoints' mean. The reference path above is unchanged, bit for bit, for engines
 Prefix trust (prefixTrust; scheduling/latency/trust.py): cached(e) is multiplied by the belief b(e) of the
 endpoint's prefix state (exact 1; degraded after a KV-event disruption, or short of the engine's reported hits while
 traffic bypasses Pointsman; approximate). SLO headers (sloAware; scheduling/latency/slo.py, tiers.py): the scores become
-tiers by whether each candidate's predicted TTFT and TPOT meet the request's objectives.
+tiers by whether each candidate's predicted TTFT and TPOT meet the request's objectives (within sloHeadroom × the
+objective first). SLO classes (scheduling/latency/classes.py): a request looser than the tightest objective stated
+in the last sloClassWindowSeconds is placed as `loose` and pays sloYield × reserve(e) × its slack on top of cost(e),
+so it leaves the endpoints the tight class can still use to the tight requests when a busier one meets its own
+objective; sloYield 0 turns that off. Requests without headers are scored exactly as without SLOs.
 
 The decode term is what makes the choice far-sighted: a busy batch slows every token of the request (and the
 requests already there), so it spreads load before queues form, while a long uncached prefill still keeps a
@@ -81,18 +85,21 @@ from scheduling.framework.params import bounded
 from scheduling.framework.plugin import State
 from scheduling.framework.replication import Record
 from scheduling.latency import (
+    LOOSE,
     PREDICTED,
     Chosen,
     EndpointModel,
     LatencyModel,
     ModelConfig,
     ScoredPass,
+    SloClasses,
     Timings,
     TrustView,
     output_tokens,
     relative,
     slo_from_headers,
     slo_scores,
+    yield_penalties,
 )
 from scheduling.prefix import PrefixReader
 from scheduling.prefix.precise import GPU, LIVE
@@ -127,6 +134,8 @@ class Params:
     trustFloor: float = bounded(0.2, min=0.0, max=1.0)
     sloAware: bool = True
     sloHeadroom: float = bounded(0.8, min=0.0, max=1.0)
+    sloYield: float = bounded(1.0, min=0.0)
+    sloClassWindowSeconds: float = bounded(60.0, min=0.0)
     prefixSource: Literal["approximate", "precise"] = "approximate"
 
     def model_config(self) -> ModelConfig:
@@ -157,6 +166,7 @@ class EstimatedLatencyScorer(PreciseReader[Params], PrefixReader[Params], Scorer
 
     def setup(self, build: BuildContext) -> None:
         self.model = LatencyModel(self.params.model_config())
+        self.classes = SloClasses(self.params.sloClassWindowSeconds)  # the objectives stated lately
         self._warm = warm_board(build.shared)  # sessions' protected KV, per endpoint (scheduling/sessions/warm.py)
 
     def _cached(
@@ -207,7 +217,14 @@ class EstimatedLatencyScorer(PreciseReader[Params], PrefixReader[Params], Scorer
         state[PREDICTED] = {e.key: pr for e, pr in zip(candidates, predicted, strict=True)}
         if slo is None:
             return relative(costs)
-        return slo_scores(slo, candidates, costs, predicted, p.sloHeadroom, state)
+        if not ctx.explain:
+            self.classes.observe(slo, now)  # a dry run (explain) changes nothing
+        klass, tight = self.classes.classify(slo, now)
+        penalties = None
+        if klass == LOOSE and tight is not None and p.sloYield > 0:
+            floors = self.model.predict(candidates, ns, 0.0, {}, now)  # what a request it holds entirely would get
+            penalties = yield_penalties(slo, tight, floors, p.sloHeadroom, p.sloYield)
+        return slo_scores(slo, candidates, costs, predicted, p.sloHeadroom, state, penalties, klass)
 
     # ---- what it learns from its picks ----------------------------------------------------------------------
     def pre_request(self, ctx: SchedulingContext, result: SchedulingResult, state: State) -> None:

@@ -1,0 +1,87 @@
+"""SLO classes and headroom-aware placement: a request with more slack yields the endpoints with the shortest
+predicted waits to the requests with less.
+
+The tightest class is the tightest objective (by TTFT, then TPOT) that requests stated within the last `window`
+seconds (`SloClasses`, one per scorer, fed by the requests it schedules). A request whose objectives are that
+tight is placed as `tight`: it takes the best endpoint, as before. A looser one is placed as `loose` and pays,
+on top of its cost, for the room it would take from the tight class on each endpoint:
+
+    floor(e)    = the TTFT a request whose prompt e holds entirely would get there: e's queue, backlog and overhead
+                  (the latency model with no uncached tokens); tpot(e) the predicted TPOT there
+    reserve(e)  = how much of its room for the tight class T e still has, next to the least loaded candidate:
+                  min over the objectives T states of (T.ttft − floor(e)) / (T.ttft − min floor), and the same of
+                  tpot(e) against T.tpot, clamped to [0, 1]: 1 on the least loaded, 0 where T is predicted to miss
+    slack       = L.ttft × headroom − T.ttft: how much later than a tight request the loose one L may start
+    penalty(e)  = yield × reserve(e) × slack                            (seconds, added to cost(e))
+
+So among the endpoints that still meet its objective (with headroom), a loose request prefers the busier ones the
+tight class can no longer use, and pays more the more slack it has; an endpoint the tight class cannot use costs it
+nothing extra, and without a tighter class in play (or without headers) nothing changes. Pure: no I/O, time passed in.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from scheduling.latency.slo import Slo
+
+TIGHT, LOOSE = "tight", "loose"
+MAX_CLASSES = 32  # distinct objectives remembered (the oldest goes first)
+
+
+def tightness(slo: Slo) -> tuple[float, float]:
+    """The order of objectives: TTFT first, then TPOT; an absent objective is the loosest."""
+    return (slo.ttft_s if slo.ttft_s is not None else math.inf, slo.tpot_s if slo.tpot_s is not None else math.inf)
+
+
+class SloClasses:
+    """The objectives requests stated lately, and the tightest of them."""
+
+    def __init__(self, window: float) -> None:
+        self.window = window
+        self.seen: dict[Slo, float] = {}  # objective -> when a request last stated it
+
+    def observe(self, slo: Slo, now: float) -> None:
+        seen = self.seen
+        seen.pop(slo, None)
+        seen[slo] = now  # insertion order = last seen order
+        if len(seen) > MAX_CLASSES:
+            del seen[next(iter(seen))]
+
+    def tightest(self, now: float) -> Slo | None:
+        """The tightest objective stated within the window (None when none was)."""
+        live = [s for s, t in self.seen.items() if now - t <= self.window]
+        return min(live, key=tightness) if live else None
+
+    def classify(self, slo: Slo, now: float) -> tuple[str, Slo | None]:
+        """(`tight` or `loose`, the tightest class when `slo` is looser than it, else None)."""
+        tight = self.tightest(now)
+        if tight is None or tightness(slo) <= tightness(tight) or slo.ttft_s is None or tight.ttft_s is None:
+            return TIGHT, None
+        return LOOSE, tight
+
+
+def _room(limit: float | None, values: Sequence[float]) -> list[float]:
+    if limit is None:
+        return [1.0] * len(values)
+    span = limit - min(values)
+    if span <= 0:
+        return [0.0] * len(values)
+    return [min(1.0, max(0.0, (limit - v) / span)) for v in values]
+
+
+def reserves(tight: Slo, floors: Sequence[tuple[float, float]]) -> list[float]:
+    """reserve(e) per candidate (module docstring): 1 on the least loaded, 0 where the tight class would miss."""
+    ttft = _room(tight.ttft_s, [f[0] for f in floors])
+    tpot = _room(tight.tpot_s, [f[1] for f in floors])
+    return [min(a, b) for a, b in zip(ttft, tpot, strict=True)]
+
+
+def yield_penalties(loose: Slo, tight: Slo, floors: Sequence[tuple[float, float]], headroom: float,
+                    weight: float) -> list[float]:
+    """Seconds added to each candidate's cost for a loose request: weight × reserve(e) × slack (module docstring).
+    `floors`: (TTFT, TPOT) per candidate of a request whose prompt it holds entirely."""
+    assert loose.ttft_s is not None and tight.ttft_s is not None
+    k = weight * max(0.0, loose.ttft_s * headroom - tight.ttft_s)
+    return [k * r for r in reserves(tight, floors)]
