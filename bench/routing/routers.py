@@ -160,7 +160,7 @@ async def start_oracle_proxy(fleet: FleetInfo, workdir: Path) -> Launched:
 # HOOK: fill in / adjust as the epp CLI settles. Placeholders: {epp} (the epp command, from $POINTSMAN_EPP
 # or `epp` on PATH or `python -m epp.cmd.cli`), {grpc_port}, {health_port}, {metrics_port}, {endpoints_file},
 # {listen_port}, {admin_port}, {envoy_config}, {extra} ($POINTSMAN_EPP_ARGS, e.g. a --config-file).
-POINTSMAN_ENVOY_CONFIG = ("{epp} envoy-config --variant override-host --listen-port {listen_port} "
+POINTSMAN_ENVOY_CONFIG = ("{epp} envoy-config --variant override-host --epp-tls=false --listen-port {listen_port} "
                           "--admin-port {admin_port} --epp 127.0.0.1:{grpc_port} "
                           "--endpoints-file {endpoints_file} --response-phases {phases} -o {envoy_config}")
 POINTSMAN_EPP_SERVE = ("{epp} serve --secure-serving=false --grpc-host 127.0.0.1 --grpc-port {grpc_port} --grpc-health-port {health_port} "
@@ -337,7 +337,8 @@ async def start_pointsman_replicas(fleet: FleetInfo, workdir: Path, *, replicas:
             grpcs.append(grpc)
         epps = " ".join(f"--epp 127.0.0.1:{g}" for g in grpcs)
         rendered = subprocess.run(
-            f"{epp} envoy-config --variant override-host --listen-port {listen} --admin-port {admin} {epps} "
+            f"{epp} envoy-config --variant override-host --epp-tls=false --listen-port {listen} --admin-port {admin} "
+            f"{epps} "
             f"--epp-workers {workers} --endpoints-file {endpoints} "
             f"--response-phases {os.environ.get('POINTSMAN_RESPONSE_PHASES', 'lean')} -o {envoy_cfg}",
             shell=True, cwd=str(workdir), capture_output=True, timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT)})

@@ -49,15 +49,23 @@ def schedule(scheduler: Scheduler, ctx: SchedulingContext, *, dry_run: bool = Fa
 
 def slo_refusal(req: LLMRequest, result: SchedulingResult) -> SchedulingError | None:
     """A sheddable request (priority < 0) whose objectives (x-llm-d-slo-ttft-ms / -tpot-ms) no candidate is
-    predicted to meet is shed (429), as llm-d's SLO admitter does; a critical one goes to the best endpoint."""
+    predicted to meet is shed (429), as llm-d's SLO admitter does; so is a sheddable loose one that would take one of
+    the last endpoints with room for the tight class (scheduling/latency/classes.py). A critical one goes to the
+    best endpoint."""
     if req.priority >= 0:
         return None
     verdict = decision_slo(result.state)
-    if verdict is None or verdict.attainable:
+    if verdict is None:
         return None
-    return SchedulingError(ErrorCode.RESOURCE_EXHAUSTED,
-                           f"no endpoint is predicted to meet the request's objectives ({verdict.slo.describe()}) "
-                           "and it is sheddable (priority < 0)")
+    if not verdict.attainable:
+        return SchedulingError(ErrorCode.RESOURCE_EXHAUSTED,
+                               f"no endpoint is predicted to meet the request's objectives ({verdict.slo.describe()}) "
+                               "and it is sheddable (priority < 0)")
+    if verdict.takes_scarce(result.primary.key):
+        return SchedulingError(ErrorCode.RESOURCE_EXHAUSTED,
+                               f"its objectives ({verdict.slo.describe()}) are looser than others' and the endpoints "
+                               "with room for the tightest are nearly full; it is sheddable (priority < 0)")
+    return None
 
 
 def pick(d: Director, ctx: ShellContext, *, dry_run: bool = False

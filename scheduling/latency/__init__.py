@@ -17,7 +17,7 @@ to the model; the shell reads the SLO verdict, the predictions and the per-endpo
 """
 
 from scheduling.latency.backlog import SharedBacklog
-from scheduling.latency.classes import LOOSE, TIGHT, SloClasses, yield_penalties
+from scheduling.latency.classes import LOOSE, TIGHT, Placement, SloClasses, place
 from scheduling.latency.config import ModelConfig, output_tokens
 from scheduling.latency.estimates import Timings
 from scheduling.latency.estimator import EndpointModel, LatencyModel, ScoredPass
@@ -25,7 +25,7 @@ from scheduling.latency.fit import EndpointFit, FitView
 from scheduling.latency.learner import Chosen, Learner
 from scheduling.latency.slo import MAX_SLO_MS, SLO_STATE, Slo, SloVerdict, decision_slo, slo_from_headers
 from scheduling.latency.table import EngineTimingTable
-from scheduling.latency.tiers import PREDICTED, predictions, relative, slo_scores
+from scheduling.latency.tiers import PREDICTED, TIGHT_PLACEMENT, predictions, relative, slo_scores
 from scheduling.latency.trust import APPROXIMATE, DEGRADED, EXACT, TrustTable, TrustView
 
 __all__ = [
@@ -37,6 +37,7 @@ __all__ = [
     "PREDICTED",
     "SLO_STATE",
     "TIGHT",
+    "TIGHT_PLACEMENT",
     "Chosen",
     "EndpointFit",
     "EndpointModel",
@@ -45,6 +46,7 @@ __all__ = [
     "LatencyModel",
     "Learner",
     "ModelConfig",
+    "Placement",
     "ScoredPass",
     "SharedBacklog",
     "Slo",
@@ -55,9 +57,9 @@ __all__ = [
     "TrustView",
     "decision_slo",
     "output_tokens",
+    "place",
     "predictions",
     "relative",
     "slo_from_headers",
     "slo_scores",
-    "yield_penalties",
 ]

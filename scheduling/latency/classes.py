@@ -16,13 +16,18 @@ on top of its cost, for the room it would take from the tight class on each endp
 
 So among the endpoints that still meet its objective (with headroom), a loose request prefers the busier ones the
 tight class can no longer use, and pays more the more slack it has; an endpoint the tight class cannot use costs it
-nothing extra, and without a tighter class in play (or without headers) nothing changes. Pure: no I/O, time passed in.
+nothing extra, and without a tighter class in play (or without headers) nothing changes.
+
+Admission keeps room for the tight class: when at most `share` of the candidates still have room for it (reserve > 0;
+the pool nears saturation for tight requests), those candidates are scarce, and a sheddable loose request that would
+take one is shed by the shell (epp/request/commit.py) instead. Pure: no I/O, time passed in.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from scheduling.latency.slo import Slo
 
@@ -78,10 +83,25 @@ def reserves(tight: Slo, floors: Sequence[tuple[float, float]]) -> list[float]:
     return [min(a, b) for a, b in zip(ttft, tpot, strict=True)]
 
 
-def yield_penalties(loose: Slo, tight: Slo, floors: Sequence[tuple[float, float]], headroom: float,
-                    weight: float) -> list[float]:
-    """Seconds added to each candidate's cost for a loose request: weight × reserve(e) × slack (module docstring).
-    `floors`: (TTFT, TPOT) per candidate of a request whose prompt it holds entirely."""
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """How a request is placed: its class, what yielding adds to each candidate's cost, and the candidates that
+    are the tight class's last room (a sheddable loose request is shed rather than take one)."""
+
+    klass: str = TIGHT
+    penalties: list[float] | None = None
+    scarce: frozenset[str] = frozenset()
+
+
+def place(loose: Slo, tight: Slo, keys: Sequence[str], floors: Sequence[tuple[float, float]], headroom: float,
+          weight: float, share: float) -> Placement:
+    """A loose request's placement: weight × reserve(e) × slack added to each candidate's cost (module docstring);
+    and, when at most `share` of the candidates have room for the tight class left (the pool nears saturation for
+    it), those candidates as scarce. `floors`: (TTFT, TPOT) per candidate of a request whose prompt it holds
+    entirely."""
     assert loose.ttft_s is not None and tight.ttft_s is not None
+    room = reserves(tight, floors)
     k = weight * max(0.0, loose.ttft_s * headroom - tight.ttft_s)
-    return [k * r for r in reserves(tight, floors)]
+    roomy = [key for key, r in zip(keys, room, strict=True) if r > 0.0]
+    scarce = frozenset(roomy) if roomy and len(roomy) <= share * len(keys) else frozenset()
+    return Placement(LOOSE, [k * r for r in room] if k > 0 else None, scarce)

@@ -76,6 +76,11 @@ class SloVerdict:
     met: frozenset[str]  # the candidates predicted to meet the objectives
     headroom: frozenset[str]  # ... with headroom
     klass: str = "tight"  # the class it was placed as (classes.py): tight (takes the best) or loose (yields)
+    scarce: frozenset[str] = frozenset()  # loose: the tight class's last room (a sheddable request does not take it)
+
+    def takes_scarce(self, key: str) -> bool:
+        """A loose request picked `key`, one of the last endpoints with room for the tight class."""
+        return key in self.scarce
 
     def headroom_of(self, key: str) -> tuple[float | None, float | None]:
         """(TTFT, TPOT) headroom in seconds on `key`: the objective minus the prediction (negative: predicted to

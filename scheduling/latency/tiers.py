@@ -6,10 +6,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from scheduling.framework.plugin import State
-from scheduling.latency.classes import TIGHT
+from scheduling.latency.classes import Placement
 from scheduling.latency.slo import SLO_STATE, Slo, SloVerdict
 from scheduling.types import Endpoint
 
+TIGHT_PLACEMENT = Placement()  # a tight request: no penalties, nothing scarce
 PREDICTED = "estimated-latency.predicted"  # endpoint -> (TTFT, TPOT): SLO requests and explain
 
 
@@ -20,18 +21,17 @@ def predictions(state: State) -> Mapping[str, tuple[float, float]] | None:
 
 
 def slo_scores(slo: Slo, candidates: list[Endpoint], costs: list[float], predicted: list[tuple[float, float]],
-               headroom: float, state: State, penalties: list[float] | None = None, klass: str = TIGHT
-               ) -> list[float]:
+               headroom: float, state: State, placement: Placement = TIGHT_PLACEMENT) -> list[float]:
     """Scores for a request with objectives: the candidates predicted to meet them with headroom (within `headroom`
     × the SLO) first, then those predicted to meet them, each tier by cost (min cost / cost; a loose request's cost
-    plus its `penalties`, classes.py); then the rest by how close they come (min TTFT / TTFT, or TPOT with a TPOT
+    plus the penalties of its `placement`, classes.py); then the rest by how close they come (min TTFT / TTFT, or TPOT with a TPOT
     objective only): a request no endpoint can serve in time goes where it misses least. Tier t of 3 scores in
     ((2 − t) / 3, (3 − t) / 3]. Records the verdict (SLO_STATE) with the class the request was placed as."""
     tiers = [0 if slo.meets(tt, tp, headroom) else 1 if slo.meets(tt, tp) else 2 for tt, tp in predicted]
     by_ttft = slo.ttft_s is not None
     best: dict[int, float] = {}
     keys: list[float] = []
-    extra = penalties or [0.0] * len(costs)
+    extra = placement.penalties or [0.0] * len(costs)
     for tier, cost, (tt, tp), pen in zip(tiers, costs, predicted, extra, strict=True):
         v = cost + pen if tier < 2 else (tt if by_ttft else tp)
         keys.append(v)
@@ -45,7 +45,7 @@ def slo_scores(slo: Slo, candidates: list[Endpoint], costs: list[float], predict
     state[SLO_STATE] = SloVerdict(
         slo, {e.key: pr for e, pr in zip(candidates, predicted, strict=True)},
         frozenset(e.key for e, t in zip(candidates, tiers, strict=True) if t < 2),
-        frozenset(e.key for e, t in zip(candidates, tiers, strict=True) if t == 0), klass)
+        frozenset(e.key for e, t in zip(candidates, tiers, strict=True) if t == 0), placement.klass, placement.scarce)
     return out
 
 

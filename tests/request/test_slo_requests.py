@@ -26,10 +26,10 @@ class Clock:
         return self.t
 
 
-def rig() -> tuple[Director, SloMetrics, CollectorRegistry, Clock]:
+def rig(running: tuple[int, ...] = (0, 0)) -> tuple[Director, SloMetrics, CollectorRegistry, Clock]:
     ds = Datastore()
     eps = [Endpoint(endpoint_key(f"10.0.0.{i}", 8000), f"10.0.0.{i}", 8000,
-                    metrics=Metrics(stale=False, updated_at=0.0)) for i in (1, 2)]
+                    metrics=Metrics(running=n, stale=False, updated_at=0.0)) for i, n in enumerate(running, 1)]
     ds.set_pool(PoolSpec("pool"), eps)
     ds.objectives = {"batch": -1, "chat": 5}
     registry = CollectorRegistry()
@@ -108,3 +108,29 @@ def test_the_class_and_the_predicted_headroom_are_counted():
         assert value(registry, "pointsman_slo_predicted_headroom_seconds_bucket", le="-0.1", **labels) == 0
         assert value(registry, "pointsman_slo_predicted_headroom_seconds_bucket", le="2.0", **labels) == 1
         assert value(registry, "pointsman_slo_predicted_headroom_seconds_count", slo="tpot", **{"class": klass}) == 1
+
+
+def test_a_sheddable_loose_request_does_not_take_the_tight_class_last_room():
+    """Three of four endpoints run 12 requests each (a 21.6 ms TPOT: no room for a 20 ms objective); the idle one is
+    the tight class's last room. A sheddable loose request that would take it is shed; a critical one is routed."""
+    d, _, _, clock = rig((0, 12, 12, 12))
+    ex = d.exchange()  # the tight class: 250 ms TTFT, 20 ms TPOT
+    assert ex.decide({**HDRS, "x-slo-ttft-ms": "250", "x-slo-tpot-ms": "20"}, body(), {}).reject_status == 0
+    ex.close()
+    clock.t += 1.0
+    loose = {**HDRS, "x-slo-ttft-ms": "400"}  # met only on the idle endpoint (280 ms there, 504 ms on the others)
+    ex = d.exchange()
+    out = ex.decide({**loose, "x-llm-d-inference-objective": "batch"}, body(2), {})
+    assert out.reject_status == 429 and "nearly full" in out.reject_body
+    ex = d.exchange()
+    out = ex.decide({**loose, "x-llm-d-inference-objective": "chat"}, body(3), {})
+    assert out.reject_status == 0 and dict(out.set_headers)[DESTINATION] == "10.0.0.1:8000"
+    ex.close()
+    d2, _, _, clock2 = rig((0, 0, 12, 12))  # the room not scarce (two idle of four): the sheddable loose one goes
+    ex = d2.exchange()
+    ex.decide({**HDRS, "x-slo-ttft-ms": "250", "x-slo-tpot-ms": "20"}, body(), {})
+    ex.close()
+    clock2.t += 1.0
+    ex = d2.exchange()
+    assert ex.decide({**loose, "x-llm-d-inference-objective": "batch"}, body(2), {}).reject_status == 0
+    ex.close()

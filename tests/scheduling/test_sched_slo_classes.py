@@ -6,7 +6,7 @@ from __future__ import annotations
 from sched_helpers import ctx, ep, plugin, req, state
 
 from scheduling.api import InflightLoad
-from scheduling.latency import LOOSE, TIGHT, Slo, SloClasses, decision_slo, yield_penalties
+from scheduling.latency import LOOSE, TIGHT, Slo, SloClasses, decision_slo, place
 from scheduling.prefix import block_hashes
 
 PROMPT = "s" * 64 * 125  # 2000 tokens, held by every endpoint below
@@ -92,7 +92,13 @@ def test_classes_and_penalties():
     assert len(classes.seen) == 32 and classes.tightest(2.0) == Slo(3.0 + 8, None)
     # least loaded 1, a tight miss 0, in between by the room left; scaled by the loose request's slack
     floors = [(0.05, 0.012), (0.15, 0.016), (0.3, 0.012), (0.05, 0.021)]
-    pen = yield_penalties(Slo(2.0, None), Slo(0.25, 0.02), floors, 0.8, 1.0)
-    assert pen[0] == 1.35 and pen[2] == 0.0 and pen[3] == 0.0
+    keys = ["a", "b", "c", "d"]
+    placed = place(Slo(2.0, None), Slo(0.25, 0.02), keys, floors, 0.8, 1.0, 0.25)
+    pen = placed.penalties
+    assert placed.klass == LOOSE and pen[0] == 1.35 and pen[2] == 0.0 and pen[3] == 0.0
     assert abs(pen[1] - 1.35 * 0.5) < 1e-9  # the TPOT room is the scarcer: (20 − 16) / (20 − 12)
-    assert yield_penalties(Slo(2.0, None), Slo(0.25, None), [(0.3, 0.0)], 0.8, 1.0) == [0.0]
+    assert placed.scarce == frozenset(), "half the candidates still have room: not scarce"
+    assert place(Slo(2.0, None), Slo(0.25, 0.02), keys, floors, 0.8, 1.0, 0.5).scarce == {"a", "b"}
+    assert place(Slo(2.0, None), Slo(0.25, 0.02), keys, floors, 0.8, 0.0, 0.5).penalties is None  # no yielding
+    none_left = place(Slo(2.0, None), Slo(0.25, None), ["a"], [(0.3, 0.0)], 0.8, 1.0, 1.0)
+    assert none_left.penalties == [0.0] and none_left.scarce == frozenset()  # no room anywhere: nothing to keep

@@ -46,7 +46,8 @@ tiers by whether each candidate's predicted TTFT and TPOT meet the request's obj
 objective first). SLO classes (scheduling/latency/classes.py): a request looser than the tightest objective stated
 in the last sloClassWindowSeconds is placed as `loose` and pays sloYield × reserve(e) × its slack on top of cost(e),
 so it leaves the endpoints the tight class can still use to the tight requests when a busier one meets its own
-objective; sloYield 0 turns that off. Requests without headers are scored exactly as without SLOs.
+objective; sloYield 0 turns that off. When at most sloReserveShare of the candidates still have room for the tight
+class, a sheddable loose request that would take one is shed (the shell's SLO shedding). Requests without headers are scored exactly as without SLOs.
 
 The decode term is what makes the choice far-sighted: a busy batch slows every token of the request (and the
 requests already there), so it spreads load before queues form, while a long uncached prefill still keeps a
@@ -87,6 +88,7 @@ from scheduling.framework.replication import Record
 from scheduling.latency import (
     LOOSE,
     PREDICTED,
+    TIGHT_PLACEMENT,
     Chosen,
     EndpointModel,
     LatencyModel,
@@ -96,10 +98,10 @@ from scheduling.latency import (
     Timings,
     TrustView,
     output_tokens,
+    place,
     relative,
     slo_from_headers,
     slo_scores,
-    yield_penalties,
 )
 from scheduling.prefix import PrefixReader
 from scheduling.prefix.precise import GPU, LIVE
@@ -136,6 +138,7 @@ class Params:
     sloHeadroom: float = bounded(0.8, min=0.0, max=1.0)
     sloYield: float = bounded(1.0, min=0.0)
     sloClassWindowSeconds: float = bounded(60.0, min=0.0)
+    sloReserveShare: float = bounded(0.25, min=0.0, max=1.0)
     prefixSource: Literal["approximate", "precise"] = "approximate"
 
     def model_config(self) -> ModelConfig:
@@ -220,11 +223,12 @@ class EstimatedLatencyScorer(PreciseReader[Params], PrefixReader[Params], Scorer
         if not ctx.explain:
             self.classes.observe(slo, now)  # a dry run (explain) changes nothing
         klass, tight = self.classes.classify(slo, now)
-        penalties = None
-        if klass == LOOSE and tight is not None and p.sloYield > 0:
+        placement = TIGHT_PLACEMENT
+        if klass == LOOSE and tight is not None:
             floors = self.model.predict(candidates, ns, 0.0, {}, now)  # what a request it holds entirely would get
-            penalties = yield_penalties(slo, tight, floors, p.sloHeadroom, p.sloYield)
-        return slo_scores(slo, candidates, costs, predicted, p.sloHeadroom, state, penalties, klass)
+            placement = place(slo, tight, [e.key for e in candidates], floors, p.sloHeadroom, p.sloYield,
+                              p.sloReserveShare)
+        return slo_scores(slo, candidates, costs, predicted, p.sloHeadroom, state, placement)
 
     # ---- what it learns from its picks ----------------------------------------------------------------------
     def pre_request(self, ctx: SchedulingContext, result: SchedulingResult, state: State) -> None:
