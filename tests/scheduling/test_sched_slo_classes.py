@@ -40,6 +40,11 @@ def test_a_loose_request_leaves_the_short_queue_to_the_tight_class():
     assert tight == a.key and decision_slo(st).klass == TIGHT
     loose, _, st = _score(s, eps, inflight, LOOSE_H, now=2.0)
     verdict = decision_slo(st)
+    assert verdict.klass == LOOSE and loose == b.key, "b meets 2 s and leaves the idle a to the tight class"
+    s1, _, _ = _fleet({"sloYield": 1.0})  # yielding harder: c, which the tight class cannot use at all
+    _score(s1, eps, inflight, TIGHT_H, now=1.0)
+    loose, _, st = _score(s1, eps, inflight, LOOSE_H, now=2.0)
+    verdict = decision_slo(st)
     assert verdict.klass == LOOSE and loose == c.key, "c still meets 2 s and the tight class cannot use it"
     assert c.key in verdict.headroom  # it meets its own objective with headroom there
     ttft_room, tpot_room = verdict.headroom_of(c.key)
@@ -50,7 +55,7 @@ def test_a_loose_request_leaves_the_short_queue_to_the_tight_class():
 def test_the_tight_class_expires_and_yield_zero_turns_it_off():
     s, eps, inflight = _fleet({"sloClassWindowSeconds": 10.0})
     _score(s, eps, inflight, TIGHT_H, now=0.0)
-    assert _score(s, eps, inflight, LOOSE_H, now=5.0)[0] == eps[2].key
+    assert _score(s, eps, inflight, LOOSE_H, now=5.0)[0] != eps[0].key
     late, _, st = _score(s, eps, inflight, LOOSE_H, now=16.0)  # the last tight request was 16 s ago
     assert late == eps[0].key and decision_slo(st).klass == TIGHT
     s0, eps0, inflight0 = _fleet({"sloYield": 0.0})

@@ -136,7 +136,7 @@ class Params:
     trustFloor: float = bounded(0.2, min=0.0, max=1.0)
     sloAware: bool = True
     sloHeadroom: float = bounded(0.8, min=0.0, max=1.0)
-    sloYield: float = bounded(1.0, min=0.0)
+    sloYield: float = bounded(0.5, min=0.0)
     sloClassWindowSeconds: float = bounded(60.0, min=0.0)
     sloReserveShare: float = bounded(0.25, min=0.0, max=1.0)
     prefixSource: Literal["approximate", "precise"] = "approximate"
