@@ -42,7 +42,8 @@ class WorkloadSpec:
 
     @property
     def distinct_prefix_tokens(self) -> int:
-        return self.num_groups * self.system_prompt_len
+        """The system prompts, and each (system prompt, image) pair's image placeholders (modelsim's 256)."""
+        return self.num_groups * (self.system_prompt_len + self.images * 256)
 
 
 @dataclass(frozen=True)
