@@ -25,29 +25,26 @@ Two uses:
   engine's (never a hit predicted from KV events past the first media item), and they carry the identity, so
   Pointsman's own speculative entries separate different media and join equal ones.
 - `mask_media(text)`: the approximate path hashes the prompt's JSON text. A long inline payload (at least
-  `INLINE_MIN` base64 characters: a data URL's, or the value of ``data`` / ``file_data``) is replaced by
+  `INLINE_MIN` characters without an escape: a data URL's, or the value of ``data`` / ``file_data``) is replaced by
   ``#media:<identity>``: equal payloads still give equal text, different ones still differ at the item, but a
   megabyte of base64 no longer fills the hashed blocks (which stop at ``max_blocks``) nor stands for 250,000
-  tokens. A text without ``"data:``, ``"data":"`` or ``"file_data":"`` is returned as is (a substring search, about
-  a microsecond for 10 KB); else linear in the text (one regular-expression scan, one hash per payload); the body itself is bounded by
+  tokens. A text without ``"data:``, ``"data":"`` or ``"file_data":"`` is returned as is (three substring
+  searches); else each payload is found by substring searches and hashed once (no per-character Python work); the body itself is bounded by
   the ext_proc body limit (413 past it). URLs are short and stay as they are.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 
 import xxhash
 
 INLINE_MIN = 256  # base64 characters from which an inline payload is masked
 
-_B64 = r"[A-Za-z0-9+/=_-]"
-# a data URL with a long payload, anywhere; or long inline data as the value of "data" or "file_data"
-_INLINE = re.compile(r'"(data:[^",\\]{0,200},)(' + _B64 + "{" + str(INLINE_MIN) + r',})"'
-                     r'|("(?:file_)?data":)"(' + _B64 + "{" + str(INLINE_MIN) + r',})"')
-_TRIGGERS = ('"data:', '"data":"', '"file_data":"')  # every match holds one: a text without any has none
-_OPEN_TAIL = re.compile(r'"(data:[^",\\]{0,200},)?' + _B64 + "*$")
+# Where an inline payload starts: a JSON string opening with "data:" (its payload after the first comma), or the
+# value of "data" / "file_data". In canonical JSON a quote inside a string is escaped, so each trigger is structure.
+_TRIGGERS = ('"data:', '"data":"', '"file_data":"')
+_HEAD_MAX = 200  # characters of a data URL before its comma ("data:image/png;base64")
 
 
 def identity(kind: str, ref: str) -> str:
@@ -119,10 +116,40 @@ def media_marker(part: object) -> str | None:
     return f"<|media:{identity(*ref)}|>"
 
 
-def _masked(m: re.Match[str]) -> str:
-    if m.group(1) is not None:
-        return f'"{m.group(1)}#media:{identity("inline", m.group(2))}"'
-    return f'{m.group(3)}"#media:{identity("inline", m.group(4))}"'
+def _mask(text: str, trigger: str, partial: bool) -> str:
+    """`text` with every long payload after `trigger` masked; with `partial`, cut before a string still open."""
+    out: list[str] = []
+    pos = 0
+    url = trigger == '"data:'
+    while (i := text.find(trigger, pos)) >= 0:
+        opening = i if url else i + len(trigger) - 1  # the payload's string opens here
+        start = i + len(trigger)
+        if url:
+            comma = text.find(",", start, start + _HEAD_MAX)
+            head = text[start:comma] if comma >= 0 else ""
+            if comma < 0 or '"' in head or "\\" in head:
+                if partial and comma < 0 and text.find('"', start) < 0:
+                    out.append(text[pos:opening])
+                    return "".join(out)
+                pos = start
+                continue
+            start = comma + 1
+        end = text.find('"', start)
+        if end < 0:  # the string has not ended: the whole text if complete, else cut here
+            if partial:
+                out.append(text[pos:opening])
+                return "".join(out)
+            break
+        payload = text[start:end]
+        if len(payload) >= INLINE_MIN and "\\" not in payload:
+            out.append(text[pos:start])
+            out.append(f"#media:{identity('inline', payload)}")
+            pos = end
+        else:
+            out.append(text[pos:end])
+            pos = end
+    out.append(text[pos:])
+    return "".join(out)
 
 
 def mask_media(text: str, partial: bool = False) -> str:
@@ -130,11 +157,9 @@ def mask_media(text: str, partial: bool = False) -> str:
 
     `partial`: the text is the start of a longer one (a body still streaming in); a payload that may still be
     arriving at its end is cut off, so the result is a prefix of the whole text's result."""
-    if not any(t in text for t in _TRIGGERS):
+    if "data" not in text:  # in every trigger: one search for the common case, a text without media
         return text
-    out = _INLINE.sub(_masked, text)
-    if partial:
-        tail = _OPEN_TAIL.search(out)
-        if tail is not None:
-            out = out[: tail.start()]
-    return out
+    for trigger in _TRIGGERS:
+        if trigger in text:
+            text = _mask(text, trigger, partial)
+    return text

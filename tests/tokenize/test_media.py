@@ -91,10 +91,10 @@ def test_mask_replaces_long_inline_payloads_only() -> None:
                          "h": "https://x/" + "a" * 400, "n": 12}).decode()
     assert mask_media(kept) == kept  # short payloads, text, URLs: unchanged
     assert mask_media("no quotes at all " * 100) == "no quotes at all " * 100
-    run = "x" * INLINE_MIN  # long inline data: masked (equal data, equal text); short or under another key: kept
+    run = "x" * INLINE_MIN  # long inline data: masked (equal data, equal text); short, escaped or elsewhere: kept
     assert mask_media(f'{{"data":"{run}"}}') == f'{{"data":"{mask_media_id(run)}"}}'
     assert mask_media(f'{{"file_data":"{run}"}}') == f'{{"file_data":"{mask_media_id(run)}"}}'
-    for kept in (f'{{"data":"{run[1:]}"}}', f'{{"text":"{run}"}}', f'{{"data":"{run} "}}'):
+    for kept in (f'{{"data":"{run[1:]}"}}', f'{{"text":"{run}"}}', f'{{"data":"{run}\\n"}}'):
         assert mask_media(kept) == kept
     p1, p2 = b64(1, 3000), b64(2, 3000)
     t1 = orjson.dumps([{"url": f"data:image/png;base64,{p1}"}, {"data": p2}]).decode()
