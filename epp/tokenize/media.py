@@ -26,9 +26,12 @@ Two uses:
   Pointsman's own speculative entries separate different media and join equal ones.
 - `mask_media(text)`: the approximate path hashes the prompt's JSON text. A long inline payload (at least
   `INLINE_MIN` characters without an escape: a data URL's, or the value of ``data`` / ``file_data``) is replaced by
-  ``#media:<identity>``: equal payloads still give equal text, different ones still differ at the item, but a
-  megabyte of base64 no longer fills the hashed blocks (which stop at ``max_blocks``) nor stands for 250,000
-  tokens. A text without ``"data:``, ``"data":"`` or ``"file_data":"`` is returned as is (three substring
+  ``#media:<identity>``, padded with ``~`` to `MEDIA_TOKENS` × 4 characters: equal payloads still give equal
+  text, different ones still differ at the item, but a megabyte of base64 no longer fills the hashed blocks (which
+  stop at ``max_blocks``) nor stands for 250,000 tokens; the item weighs a nominal 256 tokens instead (the engine
+  gives an image its model's placeholder count: a few hundred to a few thousand tokens, which Pointsman cannot
+  know without the model's processor), so a shared image counts in the prefix about as a shared image does in the
+  engine's cache. An item sent by URL weighs its URL text. A text without ``"data:``, ``"data":"`` or ``"file_data":"`` is returned as is (three substring
   searches); else each payload is found by substring searches and hashed once (no per-character Python work); the body itself is bounded by
   the ext_proc body limit (413 past it). URLs are short and stay as they are.
 """
@@ -39,7 +42,11 @@ from collections.abc import Mapping
 
 import xxhash
 
-INLINE_MIN = 256  # base64 characters from which an inline payload is masked
+from scheduling.types import CHARS_PER_TOKEN
+
+INLINE_MIN = 256  # characters from which an inline payload is masked
+MEDIA_TOKENS = 256  # what a masked item weighs in the prompt text: a nominal placeholder count (see above)
+_MEDIA_CHARS = MEDIA_TOKENS * CHARS_PER_TOKEN
 
 # Where an inline payload starts: a JSON string opening with "data:" (its payload after the first comma), or the
 # value of "data" / "file_data". In canonical JSON a quote inside a string is escaped, so each trigger is structure.
@@ -143,7 +150,7 @@ def _mask(text: str, trigger: str, partial: bool) -> str:
         payload = text[start:end]
         if len(payload) >= INLINE_MIN and "\\" not in payload:
             out.append(text[pos:start])
-            out.append(f"#media:{identity('inline', payload)}")
+            out.append(f"#media:{identity('inline', payload)}".ljust(_MEDIA_CHARS, "~"))
             pos = end
         else:
             out.append(text[pos:end])
