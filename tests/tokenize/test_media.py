@@ -100,8 +100,8 @@ def test_mask_replaces_long_inline_payloads_only() -> None:
     t1 = orjson.dumps([{"url": f"data:image/png;base64,{p1}"}, {"data": p2}]).decode()
     m1 = mask_media(t1)
     assert p1 not in m1 and p2 not in m1 and len(m1) < 2 * MEDIA_TOKENS * 4 + 100
-    assert f'"data:image/png;base64,#media:{identity("inline", p1)}"' in m1
-    assert f'"#media:{identity("inline", p2)}"' in m1
+    assert f'"data:image/png;base64,{mask_media_id(p1)}"' in m1
+    assert f'"data":"{mask_media_id(p2)}"' in m1
     assert mask_media(t1) == m1 and mask_media(t1.replace(p2, b64(3, 3000))) != m1
 
 
