@@ -38,7 +38,8 @@ Two uses:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import xxhash
 
@@ -87,7 +88,7 @@ def _audio(v: object) -> str | None:
     return _str(v.get("data")) if isinstance(v, Mapping) else None
 
 
-_REFS = {
+_REFS: dict[str, Callable[[Mapping[str, Any]], str | None]] = {
     "image_url": lambda p: _url(p.get("image_url")),
     "video_url": lambda p: _url(p.get("video_url")),
     "audio_url": lambda p: _url(p.get("audio_url")),
@@ -105,7 +106,9 @@ def media_ref(part: object) -> tuple[str, str] | None:
     if not isinstance(part, Mapping):
         return None
     kind = part.get("type")
-    read = _REFS.get(kind) if isinstance(kind, str) else None
+    if not isinstance(kind, str):
+        return None
+    read = _REFS.get(kind)
     if read is None:
         return None
     uuid = _str(part.get("uuid"))
