@@ -7,9 +7,10 @@ The prompt text is what prefix-cache plugins hash, so its construction is part o
 - responses: `instructions` + JSON of `tools` + `input`;
 - Anthropic messages: JSON of `system` + JSON of `tools` + JSON of `messages`;
 - conversations: the JSON of `items`.
-For chat, responses, Anthropic messages and conversations, each long inline media payload (a data URL's or inline
-base64 data) in that text is replaced by its identity (epp.tokenize.media.mask_media): the same media with the
-same text share blocks, different media diverge at the item, and a large image does not fill the hashed blocks.
+For chat, responses, Anthropic messages and conversations, each long inline media payload (a data URL's, or inline
+`data` / `file_data`) in that text is replaced by its identity padded to a nominal 256 tokens
+(epp.tokenize.media.mask_media): the same media with the same text share blocks, different media diverge at the
+item, and a large image neither fills the hashed blocks nor counts as its base64 length.
 """
 
 from __future__ import annotations
