@@ -58,12 +58,12 @@ def _orjson(data: Any) -> web.Response:
     return web.Response(body=orjson.dumps(data), content_type="application/json")
 
 
-def probe_one(srv: SimServer, body: dict[str, Any], tokens: list[int]) -> dict[str, Any]:
+def probe_one(srv: SimServer, body: dict[str, Any], tokens: list[int], mm: tuple[tk.MMItem, ...] = ()) -> dict[str, Any]:
     model = body.get("model")
     lora = model if isinstance(model, str) and model != srv.model and model in srv.loras else None
     out = engine_state(srv)
     out["url"] = f"http://{srv.host}:{srv.port}"
-    out["cached_tokens"] = srv.engine.probe(tokens, lora)
+    out["cached_tokens"] = srv.engine.probe(tokens, lora, mm)
     out["prompt_tokens"] = len(tokens)
     return out
 
@@ -79,24 +79,24 @@ async def request_records(srv: SimServer, request: web.Request) -> web.Response:
 
 
 def add_admin_routes(app: web.Application, srv: SimServer) -> None:
-    async def _parse(request: web.Request) -> tuple[dict[str, Any], list[int]]:
+    async def _parse(request: web.Request) -> tuple[dict[str, Any], list[int], tuple[tk.MMItem, ...]]:
         api = request.query.get("api", tk.API_CHAT)
         body = orjson.loads(await request.read())
-        return body, srv.request_tokens(api, body)
+        return body, *srv.request_inputs(api, body)
 
     async def probe(request: web.Request) -> web.Response:
         try:
-            body, tokens = await _parse(request)
+            body, tokens, mm = await _parse(request)
         except (orjson.JSONDecodeError, ValueError, AttributeError) as exc:
             return web.json_response({"error": f"cannot tokenize the probe body: {exc}"}, status=400)
-        return _orjson(probe_one(srv, body, tokens))
+        return _orjson(probe_one(srv, body, tokens, mm))
 
     async def fleet_probe(request: web.Request) -> web.Response:
         try:
-            body, tokens = await _parse(request)
+            body, tokens, mm = await _parse(request)
         except (orjson.JSONDecodeError, ValueError, AttributeError) as exc:
             return web.json_response({"error": f"cannot tokenize the probe body: {exc}"}, status=400)
-        return _orjson({"servers": [probe_one(p, body, tokens) for p in srv.peers if not p.dead]})
+        return _orjson({"servers": [probe_one(p, body, tokens, mm) for p in srv.peers if not p.dead]})
 
     async def kill(request: web.Request) -> web.Response:
         seconds = request.query.get("seconds")

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from modelsim.config import EngineConfig
-from modelsim.kvcache import KVCache, block_hashes
+from modelsim.kvcache import KVCache, MMItem, block_hashes, extra_keys
 
 
 class EngineError(Exception):
@@ -49,6 +49,7 @@ class SimRequest:
     prompt_tokens: Sequence[int]
     output_tokens: int  # how many tokens to generate (>= 1)
     lora: str | None = None
+    mm: tuple[MMItem, ...] = ()  # media items: (offset, length, mm hash) of their placeholder tokens
     remote_decode: bool = False  # P/D prefill side: one token, then finish_reason remote_decode
     remote_prefill: bool = False  # P/D decode side: TTFT is the KV transfer time
     finish_reason: str = "length"  # reported when all output_tokens are produced
@@ -194,9 +195,9 @@ class Engine:
         out, self._out = self._out, []
         return out
 
-    def probe(self, tokens: Sequence[int], lora: str | None = None) -> int:
+    def probe(self, tokens: Sequence[int], lora: str | None = None, mm: Sequence[MMItem] = ()) -> int:
         """Cached prefix length, in tokens, a request with these tokens would get now (no side effects)."""
-        return self.kv.match(self._hashes(tokens, lora)) * self.cfg.block_size
+        return self.kv.match(self._hashes(tokens, lora, mm)) * self.cfg.block_size
 
     def active_loras(self) -> list[str]:
         return sorted({s.req.lora for s in self.running if s.req.lora})
@@ -219,13 +220,13 @@ class Engine:
     def _blocks_for(self, tokens: int) -> int:
         return -(-tokens // self.cfg.block_size)
 
-    def _hashes(self, tokens: Sequence[int], lora: str | None) -> list[int]:
+    def _hashes(self, tokens: Sequence[int], lora: str | None, mm: Sequence[MMItem] = ()) -> list[int]:
         if not self.cfg.enable_prefix_caching:
             return []
         # vLLM recomputes at least the last prompt token, so a full hit never covers the whole prompt.
         usable = max(0, len(tokens) - 1)
         n = usable // self.cfg.block_size * self.cfg.block_size
-        return block_hashes(tokens[:n], self.cfg.block_size, lora)
+        return block_hashes(tokens[:n], self.cfg.block_size, lora, mm)
 
     def _push(self, seq: Seq, t: float) -> None:
         self._tie += 1
@@ -251,7 +252,7 @@ class Engine:
         # After a preemption the generated tokens are recomputed along with the prompt.
         total = len(req.prompt_tokens) + seq.generated
         if seq.chain is None:
-            seq.chain = self._hashes(req.prompt_tokens, req.lora)
+            seq.chain = self._hashes(req.prompt_tokens, req.lora, req.mm)
         hashes = seq.chain
         n_hit = self.kv.match(hashes)
         n_private = self._blocks_for(total + 1) - len(hashes)
@@ -264,7 +265,8 @@ class Engine:
         else:
             delay = (cfg.prefill_overhead + (total - cached) * cfg.prefill_per_token) * load
         t_first = max(now + delay, ready)
-        if not self.kv.acquire(hashes, n_hit, n_private, t_first, req.prompt_tokens, req.lora):
+        extras = extra_keys(len(hashes), cfg.block_size, req.mm) if req.mm else ()
+        if not self.kv.acquire(hashes, n_hit, n_private, t_first, req.prompt_tokens, req.lora, extras):
             return False
         seq.hashes, seq.n_private = hashes, n_private
         seq.state = RUNNING

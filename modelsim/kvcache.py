@@ -1,13 +1,16 @@
 """A vLLM-like paged KV cache with prefix caching. Pure: no clock, no I/O.
 
 * `capacity` blocks of `block_size` tokens.
-* Full prompt blocks are *hashed*: hash_i = xxh64(parent hash ‖ token ids of block i, seed = xxh64(LoRA name)).
+* Full prompt blocks are *hashed*: hash_i = xxh64(parent hash ‖ token ids of block i ‖ extra keys of block i,
+  seed = xxh64(LoRA name)); a block's extra keys are the mm hashes of the media items whose placeholder tokens it
+  overlaps (vLLM's multimodal extra keys; none for text), so the same tokens with different media never share.
   A hashed block stays cached after its last user releases it, and can be hit by a later request whose
   prompt starts with the same chain of blocks.
 * Partial prompt blocks and decode blocks are *private*: freed when their request ends.
 * A block is evictable only when no request references it; the least recently released goes first
   (the tail of a chain is released before its head, as vLLM does, so heads live longer).
-* Every store and eviction is appended to `events` as ("stored", block hash, parent hash, token ids, LoRA name)
+* Every store and eviction is appended to `events` as ("stored", block hash, parent hash, token ids, LoRA name,
+  extra keys or None)
   or ("removed", block hash), and a reset as ("cleared",); the KV-event publisher drains them.
 """
 
@@ -23,7 +26,20 @@ import xxhash
 _MASK = (1 << 64) - 1
 
 
-def block_hashes(tokens: Sequence[int], block_size: int, lora: str | None = None) -> list[int]:
+MMItem = tuple[int, int, str]  # a media item's placeholders: (offset, length, mm hash)
+
+
+def extra_keys(n_blocks: int, block_size: int, mm: Sequence[MMItem]) -> list[tuple[str, ...] | None]:
+    """Per block, the mm hashes of the items whose placeholders overlap it (None for a block without media)."""
+    out: list[tuple[str, ...] | None] = [None] * n_blocks
+    for offset, length, h in mm:
+        for b in range(offset // block_size, min(n_blocks, -(-(offset + length) // block_size))):
+            out[b] = (*(out[b] or ()), h)
+    return out
+
+
+def block_hashes(tokens: Sequence[int], block_size: int, lora: str | None = None,
+                 mm: Sequence[MMItem] = ()) -> list[int]:
     """Chained hashes of the full blocks of `tokens` (token ids packed as unsigned 64-bit, native order)."""
     n_full = len(tokens) // block_size
     if n_full == 0:
@@ -36,10 +52,12 @@ def block_hashes(tokens: Sequence[int], block_size: int, lora: str | None = None
     seed = xxhash.xxh64_intdigest((lora or "").encode())
     step = 8 * block_size
     digest = xxhash.xxh64_intdigest
+    extras = extra_keys(n_full, block_size, mm) if mm else None
     out: list[int] = []
     parent = 0
-    for i in range(0, n_full * step, step):
-        parent = digest(parent.to_bytes(8, "little") + buf[i : i + step], seed)
+    for b, i in enumerate(range(0, n_full * step, step)):
+        extra = b"\0".join(x.encode() for x in extras[b]) if extras and extras[b] else b""
+        parent = digest(parent.to_bytes(8, "little") + buf[i : i + step] + extra, seed)
         out.append(parent)
     return out
 
@@ -121,9 +139,10 @@ class KVCache:
 
     def acquire(
         self, hashes: Sequence[int], n_hit: int, n_private: int, ready_at: float, tokens: Sequence[int],
-        lora: str | None = None,
+        lora: str | None = None, extras: Sequence[tuple[str, ...] | None] = (),
     ) -> bool:
         """Reference the first `n_hit` cached blocks, store the rest of `hashes`, allocate `n_private`.
+        `extras`: the blocks' extra keys (`extra_keys`), published with them.
 
         All or nothing: returns False (and changes nothing) when there is not enough room.
         """
@@ -150,7 +169,8 @@ class KVCache:
                 self._take_one()
                 self._blocks[h] = _Block(ref=1, ready_at=ready_at, parent=parent)
                 if self.enable_prefix_caching:
-                    self.events.append(("stored", h, parent, list(tokens[i * bs : (i + 1) * bs]), lora))
+                    extra = extras[i] if i < len(extras) else None
+                    self.events.append(("stored", h, parent, list(tokens[i * bs : (i + 1) * bs]), lora, extra))
             parent = h
         for _ in range(n_private):
             self._take_one()

@@ -69,7 +69,9 @@ def offset_endpoint_port(endpoint: str | None, rank: int) -> str | None:
 
 
 class EventEncoder:
-    """Turns KVCache events (("stored", h, parent, tokens, lora), ("removed", h), ("cleared",)) into wire events."""
+    """Turns KVCache events (("stored", h, parent, tokens, lora[, extra keys]), ("removed", h), ("cleared",)) into
+    wire events. A chain's ``extra_keys`` is one entry per block (its mm hashes, or nil), or nil for a chain
+    without media, as vLLM publishes them."""
 
     def __init__(self, block_size: int, encoding: str = "array", style: str = "vllm", hash_format: str = "int",
                  lora_id: Callable[[str], int] | None = None) -> None:
@@ -90,14 +92,16 @@ class EventEncoder:
             return h
         return hash_bytes(h)
 
-    def _stored(self, hashes: list[int], parent: int | None, tokens: list[int], lora: str | None) -> Any:
+    def _stored(self, hashes: list[int], parent: int | None, tokens: list[int], lora: str | None,
+                extras: list[Any] | None = None) -> Any:
         hs = hashes if self.hash_format == "int" else [self._h(h) for h in hashes]
         if self.style == "sglang":
             fields = [hs, self._h(parent), tokens, len(tokens), None, MEDIUM_GPU]
             names = ("block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium")
             return self._pack("BlockStored", names, fields, required=5)
         lora_id = self.lora_id(lora) if lora else None
-        fields = [hs, self._h(parent), tokens, self.block_size, lora_id, MEDIUM_GPU, lora, None, 0, None, None]
+        extra = [list(x) if x else None for x in extras] if extras and any(extras) else None
+        fields = [hs, self._h(parent), tokens, self.block_size, lora_id, MEDIUM_GPU, lora, extra, 0, None, None]
         names = ("block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium", "lora_name",
                  "extra_keys", "group_idx", "kv_cache_spec_kind", "kv_cache_spec_sliding_window")
         return self._pack("BlockStored", names, fields, required=7)
@@ -126,13 +130,15 @@ class EventEncoder:
             if kind == "stored":
                 _, h, parent, tokens, *rest = ev
                 lora = rest[0] if rest else None
+                extra = rest[1] if len(rest) > 1 else None
                 if self.style == "sglang":
                     items.append(self._stored([h], parent, list(tokens), lora))
                 elif chain is not None and chain[0][-1] == parent and chain[3] == lora:
                     chain[0].append(h)
                     chain[2].extend(tokens)
+                    chain[4].append(extra)
                 else:
-                    chain = [[h], parent, list(tokens), lora]
+                    chain = [[h], parent, list(tokens), lora, [extra]]
                     items.append(_Open(chain))
                 continue
             chain = None

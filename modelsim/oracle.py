@@ -82,10 +82,10 @@ def predicted_cost(st: dict[str, Any], pending: int, max_tokens: int) -> float:
     return queue + prefill * load + decode + evict + 1e-6 * r
 
 
-def _state(srv: SimServer, tokens: list[int], lora: str | None) -> dict[str, Any]:
+def _state(srv: SimServer, tokens: list[int], lora: str | None, mm: tuple[Any, ...] = ()) -> dict[str, Any]:
     e = srv.engine
     return {"max_num_seqs": e.cfg.max_num_seqs, "running": len(e.running), "waiting": len(e.waiting),
-            "load_factor": e.cfg.load_factor, "prompt_tokens": len(tokens), "cached_tokens": e.probe(tokens, lora),
+            "load_factor": e.cfg.load_factor, "prompt_tokens": len(tokens), "cached_tokens": e.probe(tokens, lora, mm),
             "prefill_overhead": e.cfg.prefill_overhead, "prefill_per_token": e.cfg.prefill_per_token,
             "itl": e.cfg.itl, "block_size": e.cfg.block_size, "fresh_blocks": e.kv.fresh}
 
@@ -99,14 +99,14 @@ class OracleRouter:
         """The cheapest live server; with a TTFT SLO (model seconds), the cheapest predicted to meet it, else the
         one with the least predicted TTFT."""
         live = [s for s in self.servers if not s.dead and s.unhung.is_set()] or self.servers
-        tokens = live[0].request_tokens(api, body)
+        tokens, mm = live[0].request_inputs(api, body)
         model = body.get("model")
         mt = body.get("max_completion_tokens") or body.get("max_tokens") or body.get("max_output_tokens")
         max_tokens = mt if isinstance(mt, int) and mt > 0 else live[0].fleet.engine.default_max_tokens
         scored = []
         for s in live:
             lora = model if isinstance(model, str) and model in s.loras else None
-            st = _state(s, tokens, lora)
+            st = _state(s, tokens, lora, mm)
             scored.append((predicted_cost(st, 0, max_tokens), predicted_ttft(st, 0, max_tokens), s))
         if slo is not None:
             meeting = [x for x in scored if x[1] <= slo]

@@ -133,9 +133,13 @@ class SimServer:
 
     def request_tokens(self, api: str, body: dict[str, Any]) -> list[int]:
         """The prompt's token ids, with the real tokenizer when one is configured (raises ValueError)."""
+        return self.request_inputs(api, body)[0]
+
+    def request_inputs(self, api: str, body: dict[str, Any]) -> tuple[list[int], tuple[tk.MMItem, ...]]:
+        """The prompt's token ids and media items (modelsim.tokenizer; a real tokenizer sees no media)."""
         if self.hf is not None:
-            return self.hf.request_tokens(api, body)
-        return tk.request_tokens(api, body)
+            return self.hf.request_tokens(api, body), ()
+        return tk.request_inputs(api, body)
 
     def _lora_id(self, name: str) -> int:
         lid = self.lora_ids.get(name)
@@ -319,8 +323,15 @@ class SimServer:
         body = await self._body(request)
         if isinstance(body, web.Response):
             return body
+        mm: tuple[tk.MMItem, ...] = ()
+
+        def tokenize(a: str, b: dict[str, Any]) -> list[int]:
+            nonlocal mm
+            tokens, mm = self.request_inputs(a, b)
+            return tokens
+
         try:
-            p = A.parse_request(api, body, self.engine_config.default_max_tokens, self.request_tokens)
+            p = A.parse_request(api, body, self.engine_config.default_max_tokens, tokenize)
         except (A.BadRequest, ValueError) as exc:
             return self._error(400, str(exc), api)
         if p.model not in self.served_models():
@@ -329,7 +340,7 @@ class SimServer:
             p.remote_prefill = True  # llm-d P/D sidecar header: the prefill ran elsewhere, TTFT = KV transfer
         lora = p.model if p.model != self.model else None
         rid = request.headers.get("x-request-id") or uuid.uuid4().hex
-        sim = SimRequest(rid, p.tokens, p.output_tokens, lora=lora, remote_decode=p.remote_decode,
+        sim = SimRequest(rid, p.tokens, p.output_tokens, lora=lora, mm=mm, remote_decode=p.remote_decode,
                          remote_prefill=p.remote_prefill, finish_reason=p.finish_reason)
         assert self.driver is not None
         try:

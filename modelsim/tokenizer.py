@@ -23,13 +23,24 @@ Scheme
    routers that validate token ids accept them. `decode` drops trailing NULs (text ending in NUL
    characters does not round-trip; nothing else is lost).
 
-So ``ceil(len(utf8) / 4)`` tokens per prompt; with a KV block size of 16 tokens one block covers 64
+3. Media (vLLM-like). In chat, Anthropic messages and responses bodies, a content part that is an image, audio,
+   video or file (``image_url``, ``input_audio``, ``video_url``, ``audio_url``, ``file``, ``image``,
+   ``document``, ``input_image``, ``input_file``) is not text: the prompt text is cut where the part stands
+   (the JSON around it keeps ``{"type": <kind>}``), each piece is encoded on its own, and the item becomes
+   `MM_TOKENS` placeholder tokens (`PLACEHOLDER`), as a vision encoder's output stands in vLLM's prompt. Its
+   *mm hash* (`mm_hash`: the item's content reference hashed with modelsim's own function, as vLLM hashes the
+   processed pixels with its own) goes with it: `request_inputs` returns the tokens and the items as
+   ``(offset, length, mm_hash)``; the KV cache mixes the hashes into the blocks the placeholders overlap and
+   publishes them as those blocks' ``extra_keys``. A request without media is tokenized exactly as before.
+
+So ``ceil(len(utf8) / 4)`` tokens per prompt (text only); with a KV block size of 16 tokens one block covers 64
 bytes (64 characters for ASCII), matching the picker's approximate prefix scorer (4 characters per token,
 64-character blocks).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import struct
 from collections.abc import Iterable, Mapping
@@ -42,6 +53,14 @@ API_COMPLETIONS = "completions"
 API_MESSAGES = "messages"
 API_RESPONSES = "responses"
 API_EMBEDDINGS = "embeddings"
+
+MM_TOKENS = 256  # placeholder tokens per media item
+PLACEHOLDER = 0xFFFF0001  # the placeholder token id (no UTF-8 text encodes to it)
+_MEDIA = {"image_url": "image_url", "input_audio": "input_audio", "video_url": "video_url", "audio_url": "audio_url",
+          "file": "file", "image": "source", "document": "source", "input_image": "image_url",
+          "input_file": "file_data"}
+_CUT = "\ue000"  # where a media part stands in the prompt text while it is cut
+MMItem = tuple[int, int, str]  # (offset, length, mm hash)
 
 
 def encode(text: str) -> list[int]:
@@ -113,6 +132,43 @@ def request_tokens(api: str, body: Mapping[str, Any]) -> list[int]:
         if ids is not None:
             return ids
     return encode(prompt_text(api, body))
+
+
+def mm_hash(ref: object) -> str:
+    """modelsim's hash of a media item's content (the engine's own; a router cannot know it)."""
+    return hashlib.blake2b(json.dumps(ref, sort_keys=True).encode(), digest_size=16, person=b"modelsim-mm").hexdigest()
+
+
+def _strip_media(value: Any, refs: list[Any]) -> Any:
+    """`value` with each media part replaced by a cut mark (its content appended to `refs`)."""
+    if isinstance(value, list):
+        return [_strip_media(v, refs) for v in value]
+    if isinstance(value, dict):
+        kind = value.get("type")
+        if isinstance(kind, str) and kind in _MEDIA:
+            refs.append(value.get("uuid") or value.get(_MEDIA[kind]) or value)
+            return {"type": kind, "media": _CUT}
+        return {k: _strip_media(v, refs) for k, v in value.items()}
+    return value
+
+
+def request_inputs(api: str, body: Mapping[str, Any]) -> tuple[list[int], tuple[MMItem, ...]]:
+    """Token ids of a request body and its media items (see the module docstring, 3.)."""
+    if api not in (API_CHAT, API_MESSAGES, API_RESPONSES):
+        return request_tokens(api, body), ()
+    refs: list[Any] = []
+    stripped = {k: _strip_media(v, refs) if k in ("messages", "input", "system") else v for k, v in body.items()}
+    if not refs:
+        return request_tokens(api, body), ()
+    pieces = prompt_text(api, stripped).split(_CUT)
+    tokens: list[int] = []
+    items: list[MMItem] = []
+    for i, piece in enumerate(pieces):
+        tokens += encode(piece) if piece else []
+        if i < len(refs):
+            items.append((len(tokens), MM_TOKENS, mm_hash(refs[i])))
+            tokens += [PLACEHOLDER] * MM_TOKENS
+    return tokens, tuple(items)
 
 
 def block_texts(text: str, block_size: int = 16) -> list[str]:

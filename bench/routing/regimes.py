@@ -102,6 +102,13 @@ def regimes(fleet: FleetSpec, opts: RegimeOptions | None = None, seed: int = 0) 
         # the pressure workload, each request with a TTFT SLO (a tight and a loose class by default)
         "slo": Regime("slo", pressure, (10, 20, 30), slo=opts.slo, slo_headers=opts.slo_headers,
                       slo_strip=opts.slo_strip, warmup=True, routers=new),
+        # chats about images: 4 system prompts, a pool of 32 images (Zipf) shown across users and turns as 12 KB data
+        # URLs, a question after the image; each (system, image) prefix is its own cache entry (modelsim: 256
+        # placeholder tokens and the image's mm hash, as vLLM)
+        "multimodal": Regime("multimodal", WorkloadSpec(num_groups=4, prompts_per_group=8, system_prompt_len=400,
+                                                        question_len=64, output_len=64, images=32,
+                                                        image_bytes=12_288, image_zipf=1.0),
+                             (10, 20, 30), routers=(*new, "pointsman-precise")),
         # agent sessions: growing contexts, tool pauses, fan-out (the ladder is concurrent sessions)
         "agent": Regime("agent", pressure, opts.agent_concurrency, agent=opts.agent, sessions=opts.agent_sessions,
                         routers=new),

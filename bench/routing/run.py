@@ -120,7 +120,8 @@ async def _run_all(plan: list[tuple[Regime, list[str]]], adapters: dict[str, Ada
                   flush=True)
         else:
             print(f"regime {regime.name}: {s.num_groups} groups x {s.prompts_per_group}, system "
-                  f"{s.system_prompt_len} tok, question {s.question_len}, output {s.output_len}, zipf {s.zipf_s}; "
+                  f"{s.system_prompt_len} tok, question {s.question_len}, output {s.output_len}, zipf {s.zipf_s}"
+                  + (f", {s.images} images (zipf {s.image_zipf}, {s.image_bytes} bytes)" if s.images else "") + "; "
                   f"distinct prefixes {s.distinct_prefix_tokens} tok = "
                   f"{100 * s.distinct_prefix_tokens / fs.cluster_tokens:.0f}% of cluster KV; QPS {list(regime.qps)}",
                   flush=True)
@@ -172,7 +173,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="a Pointsman variant: BASE (default pointsman) plus FLAGS on `epp serve` ({fleet_profile}: "
                          "the estimated-latency profile with the fleet's timings); repeatable; runs in every regime")
     ap.add_argument("--regimes", help="comma list from fits,pressure,skew,no-sharing,outside-traffic,cache-resets,"
-                                      "saturation,slo,agent (default: the first six)")
+                                      "saturation,slo,agent,multimodal (default: the first six)")
     ap.add_argument("--qps", help="comma list overriding every regime's ladder (QPS, model time; agent: sessions)")
     ap.add_argument("--samples", help="comma list of workload seeds overriding every regime's (each a fresh fleet)")
     ap.add_argument("--duration", type=float, help="model seconds per QPS stage (default 45, quick 15)")

@@ -6,12 +6,19 @@ Zipf-distributed with exponent `zipf_s` > 0), then one of its questions uniforml
 `output_len` tokens with ignore_eos. Arrivals are Poisson at `qps` (model time). Lengths are in
 modelsim tokens (4 ASCII characters each); the chat JSON framing adds a few tokens.
 
+Media (`images` > 0): every request also shows an image, drawn from a pool of `images` shared by every group
+(Zipf-distributed with exponent `image_zipf`, so a few images come back across users and turns); the user message
+is the image (a data URL of `image_bytes` seeded bytes, or an https URL when 0) followed by the question. modelsim
+gives each image its placeholder tokens and mm hash (vLLM's treatment), so a cached prefix covers the image only
+when the image is the same.
+
 With an `SloMix`, every planned request also draws (seeded, independently of the router) a TTFT SLO class and,
 when the class has one, a TPOT SLO; the client sends them as `x-llm-d-slo-ttft-ms` / `x-llm-d-slo-tpot-ms`.
 """
 
 from __future__ import annotations
 
+import base64
 import itertools
 import math
 import random
@@ -29,10 +36,14 @@ class WorkloadSpec:
     question_len: int = 128  # tokens
     output_len: int = 64  # tokens
     zipf_s: float = 0.0  # 0 = uniform group popularity
+    images: int = 0  # a pool of images shown with the questions; 0 = text only
+    image_bytes: int = 0  # an image's size, sent inline as a data URL; 0 = an https URL
+    image_zipf: float = 1.0  # the images' popularity
 
     @property
     def distinct_prefix_tokens(self) -> int:
-        return self.num_groups * self.system_prompt_len
+        """The system prompts, and each (system prompt, image) pair's image placeholders (modelsim's 256)."""
+        return self.num_groups * (self.system_prompt_len + self.images * 256)
 
 
 @dataclass(frozen=True)
@@ -109,39 +120,48 @@ class Workload:
         weights = [1.0 / (k + 1) ** spec.zipf_s for k in range(n)] if spec.zipf_s > 0 else [1.0] * n
         total = sum(weights)
         self._cum = list(itertools.accumulate(w / total for w in weights))
+        iw = [1.0 / (k + 1) ** spec.image_zipf for k in range(spec.images)]
+        self._image_cum = list(itertools.accumulate(w / sum(iw) for w in iw))
+
+    def image(self, i: int) -> dict[str, Any]:
+        if self.spec.image_bytes <= 0:
+            return {"type": "image_url", "image_url": {"url": f"https://images.example/{self.seed}/{i}.png"}}
+        raw = random.Random(f"{self.seed}/img/{i}").randbytes(self.spec.image_bytes)
+        return {"type": "image_url", "image_url": {"url": "data:image/png;base64," + base64.b64encode(raw).decode()}}
 
     def question(self, group: int, idx: int) -> str:
         rng = random.Random(f"{self.seed}/q/{group}/{idx}")
         return _labelled(f"q{group}.{idx} ", _text(rng, self.spec.question_len))
 
-    def body(self, group: int, idx: int) -> dict[str, Any]:
-        msgs = []
+    def body(self, group: int, idx: int, image: int | None = None) -> dict[str, Any]:
+        msgs: list[dict[str, Any]] = []
         if self._systems[group]:
             msgs.append({"role": "system", "content": self._systems[group]})
-        msgs.append({"role": "user", "content": self.question(group, idx)})
+        if image is None:
+            msgs.append({"role": "user", "content": self.question(group, idx)})
+        else:
+            msgs.append({"role": "user", "content": [self.image(image),
+                                                     {"type": "text", "text": self.question(group, idx)}]})
         return {"model": self.model, "messages": msgs, "max_tokens": self.spec.output_len, "ignore_eos": True,
                 "stream": True, "stream_options": {"include_usage": True}}
 
     def pick_group(self, rng: random.Random) -> int:
-        u = rng.random()
-        lo, hi = 0, len(self._cum) - 1
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if self._cum[mid] < u:
-                lo = mid + 1
-            else:
-                hi = mid
-        return lo
+        return _pick(self._cum, rng.random())
+
+    def pick_image(self, rng: random.Random) -> int | None:
+        return _pick(self._image_cum, rng.random()) if self._image_cum else None
 
     def warmup(self, qps: float) -> list[Planned]:
         """One request per group (its first question), evenly spaced at `qps`: every shared prefix computed once."""
-        return [Planned(g / qps, g, self.body(g, 0)) for g in range(self.spec.num_groups)]
+        return [Planned(g / qps, g, self.body(g, 0, 0 if self._image_cum else None))
+                for g in range(self.spec.num_groups)]
 
     def plan(self, qps: float, duration: float, max_requests: int, stage_seed: int = 0,
              slo: SloMix | None = None) -> list[Planned]:
         """Poisson arrivals at `qps` for `duration` model seconds, at most `max_requests`; with `slo`, each request's
         SLO class drawn from its own seeded stream (the arrivals and prompts do not change with the mix)."""
         rng = random.Random(f"{self.seed}/plan/{stage_seed}/{qps}")
+        img_rng = random.Random(f"{self.seed}/images/{stage_seed}/{qps}")
         slo_rng = random.Random(f"{self.seed}/slo/{stage_seed}/{qps}")
         out: list[Planned] = []
         t = 0.0
@@ -151,13 +171,26 @@ class Workload:
                 break
             g = self.pick_group(rng)
             idx = rng.randrange(self.spec.prompts_per_group)
+            body = self.body(g, idx, self.pick_image(img_rng))
             if slo is None:
-                out.append(Planned(t, g, self.body(g, idx)))
+                out.append(Planned(t, g, body))
                 continue
             c = slo.draw(slo_rng)
-            out.append(Planned(t, g, self.body(g, idx), c.ttft_ms / 1000.0,
+            out.append(Planned(t, g, body, c.ttft_ms / 1000.0,
                                None if c.tpot_ms is None else c.tpot_ms / 1000.0, c.ttft_ms == slo.tight_ms))
         return out
+
+
+def _pick(cum: list[float], u: float) -> int:
+    """The index of the first cumulative weight at or past `u`."""
+    lo, hi = 0, len(cum) - 1
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if cum[mid] < u:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
 
 
 def _labelled(label: str, text: str) -> str:

@@ -7,6 +7,10 @@ The prompt text is what prefix-cache plugins hash, so its construction is part o
 - responses: `instructions` + JSON of `tools` + `input`;
 - Anthropic messages: JSON of `system` + JSON of `tools` + JSON of `messages`;
 - conversations: the JSON of `items`.
+For chat, responses, Anthropic messages and conversations, each long inline media payload (a data URL's, or inline
+`data` / `file_data`) in that text is replaced by its identity padded to a nominal 256 tokens
+(epp.tokenize.media.mask_media): the same media with the same text share blocks, different media diverge at the
+item, and a large image neither fills the hashed blocks nor counts as its base64 length.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from typing import Any
 
 import orjson
 
+from epp.tokenize import mask_media
 from scheduling.types import ApiKind, ErrorCode, SchedulingError
 
 PATH_HEADERS = (":path", "x-original-path", "x-forwarded-path")
@@ -41,6 +46,9 @@ def api_kind(headers: Mapping[str, str]) -> ApiKind:
                     return kind
             return ApiKind.OTHER
     return ApiKind.OTHER
+
+
+MEDIA_KINDS = frozenset({ApiKind.CHAT, ApiKind.RESPONSES, ApiKind.MESSAGES, ApiKind.CONVERSATIONS})
 
 
 @dataclass(slots=True)
@@ -83,6 +91,8 @@ def validate(kind: ApiKind, body: dict[str, Any], texts: Mapping[str, str] | Non
     if not isinstance(model, str):
         raise _bad("'model' must be a string")
     prompt = _extract_prompt(kind, body, texts or {})
+    if kind in MEDIA_KINDS:
+        prompt = mask_media(prompt)
     return ParsedBody(kind, body, model, prompt)
 
 

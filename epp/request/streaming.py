@@ -19,7 +19,8 @@ from __future__ import annotations
 from typing import Any
 
 from epp.request.jsonstream import JsonStream
-from epp.request.parsing import ParsedBody, parse_body, validate
+from epp.request.parsing import MEDIA_KINDS, ParsedBody, parse_body, validate
+from epp.tokenize import mask_media
 from scheduling.types import ApiKind
 
 COLLECT: dict[ApiKind, frozenset[str]] = {
@@ -87,7 +88,10 @@ class StreamingBody:
         return m.head_chars if m.head_ok and self.stream.error is None else 0
 
     def head_text(self) -> str:
-        return "".join(self.stream.members.head_parts)
+        """The prompt's first part as far as it has arrived, media masked as in the whole prompt (a payload still
+        arriving is left out), so it is a prefix of the prompt `finish` gives."""
+        text = "".join(self.stream.members.head_parts)
+        return mask_media(text, partial=True) if self.kind in MEDIA_KINDS else text
 
     def partial(self) -> dict[str, Any]:
         """The top-level members that have arrived (for a decision made before the body ended)."""

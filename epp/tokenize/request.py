@@ -11,8 +11,12 @@
   message items;
 - Anthropic messages: ``system`` becomes a system message, content blocks their text.
 
-Message content given as a list of parts is flattened to its text parts joined by newlines (vLLM's "string"
-content format, what most chat templates expect); non-text parts are dropped.
+Message content given as a list of parts is flattened to its parts joined by newlines (vLLM's "string" content
+format, what most chat templates expect): a text part as its text, a media part (image, audio, video, file) as its
+marker ``<|media:<identity>|>`` (epp.tokenize.media), other parts dropped. The engine puts placeholder tokens and
+its own hash of the media there; Pointsman cannot reproduce either, so the marker's tokens make the keys from the
+block holding the item on Pointsman's own: no hit is predicted from KV events past the first media item, and the
+same media with the same text share keys (speculative entries) while different media do not.
 `approx_text` is Pointsman's own prompt text (epp.request.parsing), used by the character approximation.
 """
 
@@ -22,6 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from epp.tokenize.media import media_marker
 from scheduling.types import ApiKind
 
 
@@ -46,7 +51,7 @@ _TEXT_PARTS = ("text", "input_text", "output_text")
 
 
 def flatten_content(content: object) -> object:
-    """A list of content parts → their text joined by newlines; anything else unchanged."""
+    """A list of content parts → their texts and media markers joined by newlines; anything else unchanged."""
     if not isinstance(content, list):
         return content
     texts = []
@@ -55,6 +60,8 @@ def flatten_content(content: object) -> object:
             texts.append(part)
         elif isinstance(part, Mapping) and part.get("type", "text") in _TEXT_PARTS and isinstance(part.get("text"), str):
             texts.append(part["text"])
+        elif (marker := media_marker(part)) is not None:
+            texts.append(marker)
     return "\n".join(texts)
 
 

@@ -175,3 +175,25 @@ async def test_agent_and_slo_stages_end_to_end_through_the_oracle(make_fleet) ->
     res, elapsed = await run_stage(fleet.oracle_url + "/v1/chat/completions", plan, scale, 10.0, 15.0)
     slo_row = summarize("slo", "oracle", 20, res, elapsed)
     assert slo_row.slo_requests == len(plan) and slo_row.slo_attain_all == 1.0 and slo_row.goodput
+
+
+def test_multimodal_regime_shares_a_few_images_across_users() -> None:
+    reg = regimes(FleetSpec())["multimodal"]
+    assert {"envoy-rr", "vllm-router", "sglang-router", "pointsman", "pointsman-precise", "oracle"} <= set(
+        reg.routers)
+    wl = Workload(reg.spec, MODEL, seed=2)
+    plan = wl.plan(20, 60.0, 5000)
+    assert plan == Workload(reg.spec, MODEL, seed=2).plan(20, 60.0, 5000)
+
+    def image(p) -> str:
+        return p.body["messages"][1]["content"][0]["image_url"]["url"]
+
+    urls = [image(p) for p in plan]
+    assert all(u.startswith("data:image/png;base64,") and len(u) > reg.spec.image_bytes for u in urls)
+    counts = sorted((urls.count(u) for u in set(urls)), reverse=True)
+    assert len(counts) <= reg.spec.images and counts[0] > 5 * counts[-1]  # a few popular images, a long tail
+    assert len({(p.group, image(p)) for p in plan}) > 4 * 10  # the images go across the groups' users
+    tokens, mm = tk.request_inputs(tk.API_CHAT, plan[0].body)
+    assert len(mm) == 1 and mm[0][1] == tk.MM_TOKENS and len(tokens) < 1000  # the image is placeholders, not bytes
+    text = Workload(WorkloadSpec(), MODEL).plan(20, 5.0, 50)
+    assert all(isinstance(p.body["messages"][-1]["content"], str) for p in text)  # text regimes unchanged

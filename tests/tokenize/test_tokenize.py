@@ -20,6 +20,7 @@ from epp.tokenize import (
     TokenizeInput,
     TokenizerRegistry,
     approx_tokens,
+    media_marker,
     tokenize_input,
 )
 from epp.tokenize.local import TokenizerLoadError
@@ -39,6 +40,7 @@ MESSAGES = [{"role": "system", "content": "You are a helpful assistant."},
             {"role": "user", "content": [{"type": "text", "text": "What is the capital"},
                                          {"type": "image_url", "image_url": {"url": "x"}},
                                          {"type": "text", "text": "of France?"}]}]
+MARK = media_marker({"type": "image_url", "image_url": {"url": "x"}})  # the image's place (epp.tokenize.media)
 
 
 # ---- local tokenizer -------------------------------------------------------------------------------------
@@ -49,7 +51,7 @@ def test_local_prompt_and_chat(tokdir: Path) -> None:
     req = tokenize_input(ApiKind.CHAT, {"messages": MESSAGES}, "tiny")
     text = tok.render_chat(req.messages)
     assert text == ("<s><|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\n"
-                    "What is the capital\nof France?<|im_end|>\n<|im_start|>assistant\n")
+                    f"What is the capital\n{MARK}\nof France?<|im_end|>\n<|im_start|>assistant\n")
     chat = tok.encode_chat(req.messages)
     assert chat == tok.encode_prompt(text, add_special_tokens=False)
     assert chat.count(0) == 1  # the template's BOS only: no second one from the post-processor
