@@ -18,8 +18,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlsplit
 
-from epp.extras import require
-
 if TYPE_CHECKING:
     from nats.aio.client import Client
 
@@ -99,7 +97,10 @@ def _server(url: str) -> tuple[str, dict[str, str]]:
 
 async def connect(target: NatsTarget, *, name: str, **options: Any) -> Client:
     """A connected nats-py client for `target`; `options` (callbacks, reconnect settings...) go to nats.connect."""
-    nats = require("replicas", "nats", "NATS")
+    try:
+        import nats
+    except ImportError:
+        raise ImportError("NATS needs the 'replicas' extra: pip install 'pointsman[replicas]'", name="nats") from None
     login: dict[str, Any] = {}
     if target.user:
         login.update(user=target.user, password=target.password)

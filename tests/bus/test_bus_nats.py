@@ -16,6 +16,9 @@ from epp.bus.codec import BusMessage
 from epp.bus.nats_transport import NatsTransport
 from epp.fleet.datastore import InflightTracker
 from epp.natsconn import NatsTarget, connect
+from epp.stack.ports import free_port
+from tests.bus.test_bus_replication import PREFIX_CONFIG, Replica
+from tests.support.extproc_requests import chat, open_request, route
 from tests.support.nats_server import NatsServer, TcpProxy
 from tests.support.wait import until
 
@@ -227,3 +230,91 @@ async def test_routing_never_waits_for_a_hung_broker(server):
     finally:
         server.resume()
         await stopped(a, b)
+
+
+# ---- real `epp serve` Apps over NATS ---------------------------------------------------------------------------
+
+@pytest.fixture
+async def fleet():
+    from tests.support.backend import EchoFleet
+
+    ports = [free_port() for _ in range(3)]
+    f = EchoFleet(ports)
+    await f.start()
+    yield ports
+    await f.stop()
+
+
+def app_replica(tmp_path, name: str, fleet: list[int], url: str, *extra: str) -> Replica:
+    return Replica(tmp_path, name, fleet, free_port(), [], "--bus-url", url, "--config-text", PREFIX_CONFIG, *extra)
+
+
+@pytest.mark.realtime
+async def test_a_replica_started_next_to_busy_ones_over_nats_converges_within_one_second(tmp_path, fleet, server):
+    a = await app_replica(tmp_path, "a", fleet, server.url).start()
+    b = await app_replica(tmp_path, "b", fleet, server.url).start()
+    c = app_replica(tmp_path, "c", fleet, server.url)
+    try:
+        await until(lambda: a.bus.live_peers() and b.bus.live_peers(), 3.0, "a and b hear each other")
+        prompts = [f"shared prefix {i} " * 150 for i in range(6)]
+        picked = [await route((a, b)[i % 2].stub, chat(p)) for i, p in enumerate(prompts)]
+        held = [await open_request((a, b)[i % 2].stub, chat(f"long running {i}")) for i in range(4)]
+        load = {k: v.requests for k, v in a.inflight.local_view().items()}
+        for k, v in b.inflight.local_view().items():
+            load[k] = load.get(k, 0) + v.requests
+        await c.start()
+        up = time.monotonic()
+        await until(lambda: {k: v.requests for k, v in c.inflight.view().items()} == load, 1.0, "c sees a's and b's load")
+        prefix_c = c.plugin("approx-prefix-cache-producer")
+        prefix_a = a.plugin("approx-prefix-cache-producer")
+        await until(lambda: all(prefix_c.index.size(k) == prefix_a.index.size(k) for k in set(picked)), 1.0,
+                    "a's and b's recent prefixes at c")
+        assert time.monotonic() - up < 1.0
+        assert [await route(c.stub, chat(p + " follow-up")) for p in prompts] == picked
+        for r in held:
+            await r.finish()
+        await until(lambda: c.inflight.view() == {}, 1.0, "releases reach c")
+        metrics = await c.metrics()
+        assert "pointsman_bus_connected 1.0" in metrics and "pointsman_bus_live_peers 2.0" in metrics
+    finally:
+        for r in (c, b, a):
+            await r.stop()
+
+
+async def test_replicas_keep_routing_through_a_broker_restart(tmp_path, fleet, server):
+    a = await app_replica(tmp_path, "a", fleet, server.url).start()
+    b = await app_replica(tmp_path, "b", fleet, server.url).start()
+    try:
+        await until(lambda: a.bus.live_peers() and b.bus.live_peers(), 3.0, "connected")
+        held = [await open_request(a.stub, chat(f"held {i}")) for i in range(2)]
+        await until(lambda: sum(v.requests for v in b.inflight.view().values()) == 2, 1.0, "b sees a's load")
+        server.kill()
+        assert [await route(b.stub, chat(f"during {i}")) for i in range(5)]  # routing goes on without NATS
+        await until(lambda: b.inflight.view() == {}, 2.0, "a's load expires at b")
+        server.restart()
+        await until(lambda: sum(v.requests for v in b.inflight.view().values()) == 2, 5.0, "rebuilt at b")
+        for r in held:
+            await r.finish()
+        await until(lambda: a.inflight.view() == {} and b.inflight.view() == {}, 2.0, "counters back to zero")
+        assert "disconnected" in await a.metrics()
+    finally:
+        await a.stop()
+        await b.stop()
+
+
+async def test_credentials_in_the_url_log_in_and_never_reach_the_logs(caplog):
+    srv = NatsServer("--user", "alice", "--pass", "s3cret").start()
+    try:
+        url = f"nats://alice:s3cret@127.0.0.1:{srv.port}"
+        with caplog.at_level("INFO"):
+            a, b = await started(nats_bus("a:1", url), nats_bus("b:1", url))
+        a.inflight.add(KEY)
+        a.notify()
+        await until(lambda: requests(b) == 1, 2.0, "shared through an authenticated server")
+        await stopped(a, b)
+        assert "s3cret" not in caplog.text and "alice" in caplog.text
+        with pytest.raises(Exception):  # noqa: B017 - nats-py's error for a refused login
+            await connect(NatsTarget.parse(f"nats://alice:wrong@127.0.0.1:{srv.port}"), name="t",
+                          allow_reconnect=False, max_reconnect_attempts=0)
+    finally:
+        srv.stop()
