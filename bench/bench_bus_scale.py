@@ -3,7 +3,7 @@
 Each replica is a process running the real bus (epp.bus.ReplicaBus) with a simulated router in front: a fixed
 cluster-wide decision rate split over the replicas (each of N replicas decides QPS/N per second), every decision
 holds one request on one of E endpoints for a random 0.5 to 2 s (its in-flight count goes into the load
-snapshots) and exports one record of 8 block hashes (as the prefix producer does); each replica keeps its last
+snapshots) and exports one record of 128 block hashes (as the prefix producer does for a 2,000-token prompt); each replica keeps its last
 1,024 records as the snapshot replayed to replicas that join. Over NATS a nats-server is started here.
 
 Per replica it reports CPU (user + system, all threads: ZMQ's I/O thread included) as a share of a core, messages
@@ -59,7 +59,7 @@ async def replica(args: argparse.Namespace) -> dict[str, float]:
     rng = random.Random(args.index)
     outbox: list[list[object]] = []
     # a full snapshot from the start, as a replica that has routed for a while has
-    recent: list[list[object]] = [[rng.choice(endpoints), [rng.getrandbits(62) for _ in range(8)]]
+    recent: list[list[object]] = [[rng.choice(endpoints), [rng.getrandbits(62) for _ in range(args.hashes)]]
                                   for _ in range(SNAPSHOT)]
     got: Counter[str] = Counter()
     io = Counter[str]()
@@ -101,7 +101,7 @@ async def replica(args: argparse.Namespace) -> dict[str, float]:
         ep = rng.choice(endpoints)
         token = bus.inflight.add(ep, 2200)
         loop.call_later(rng.uniform(0.5, 2.0), bus.inflight.remove, token)
-        outbox.append([ep, [rng.getrandbits(62) for _ in range(8)]])
+        outbox.append([ep, [rng.getrandbits(62) for _ in range(args.hashes)]])
         bus.notify()
     span = time.monotonic() - measure_from
     out = {"cpu": (cpu_seconds() - cpu0) / span, "published": (bus.published - pub0) / span,
@@ -133,7 +133,7 @@ def run_point(transport: str, n: int, args: argparse.Namespace) -> dict[str, flo
         wait_port(port, proc=broker, what="nats-server")
         url = f"nats://127.0.0.1:{port}"
     common = [sys.executable, __file__, "--child", "--transport", transport, "--n", str(n), "--base-port", str(base),
-              "--qps", str(args.qps), "--endpoints", str(args.endpoints), "--url", url]
+              "--qps", str(args.qps), "--endpoints", str(args.endpoints), "--hashes", str(args.hashes), "--url", url]
     procs = []
     broker_cpu0 = proc_cpu(broker.pid) if broker else 0.0
     t0 = time.monotonic()
@@ -167,6 +167,8 @@ def main() -> int:
     ap.add_argument("--transports", default="mesh,nats", help="mesh, nats or both")
     ap.add_argument("--qps", type=float, default=100.0, help="cluster-wide decisions per second (100)")
     ap.add_argument("--endpoints", type=int, default=16, help="simulated engines (16)")
+    ap.add_argument("--hashes", type=int, default=128,
+                    help="block hashes per record (128: a 2,000-token prompt in 16-token blocks)")
     ap.add_argument("--duration", type=float, default=8.0, help="seconds per point (8)")
     ap.add_argument("--warmup", type=float, default=3.0, help="seconds before measuring; the last replica joins then")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
