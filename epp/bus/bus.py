@@ -28,7 +28,8 @@ Theory of operation
 
 The bus publishes and runs the lifecycle; its collaborators: the peer table (epp/bus/peer_table.py: peers, their
 connections, incarnations and liveness), the channels (epp/bus/channels.py: record channels and plugin states with
-their sources and sinks) and the receiver (epp/bus/receive.py: drain, validate, apply).
+their sources and sinks), the receiver (epp/bus/receive.py: validate, apply) and the transport
+(epp/bus/transport.py: send and receive frames).
 """
 
 from __future__ import annotations
