@@ -41,76 +41,89 @@ def cpu_seconds() -> float:
     return r.ru_utime + r.ru_stime
 
 
-async def replica(args: argparse.Namespace) -> dict[str, float]:
-    from epp.bus import ReplicaBus
-    from epp.bus.nats_transport import NatsTransport
-    from epp.fleet.datastore import InflightTracker
-    from epp.natsconn import NatsTarget
+class SimReplica:
+    """One replica's bus with a simulated router in front (decisions, holds, prefix records) and its counters."""
 
-    name = f"127.0.0.1:{args.base_port + args.index}"
-    peers = [f"127.0.0.1:{args.base_port + i}" for i in range(args.n)]
-    if args.transport == "nats":
-        import nats  # noqa: F401 - imported at process start, as `epp serve` would have it by the time its bus starts
+    def __init__(self, args: argparse.Namespace) -> None:
+        from epp.bus import ReplicaBus
+        from epp.bus.nats_transport import NatsTransport
+        from epp.fleet.datastore import InflightTracker
+        from epp.natsconn import NatsTarget
+        from scheduling.prefix.index import PrefixIndex
 
-    transport = (NatsTransport(NatsTarget.parse(args.url), SUBJECT, name=name, signed=False)
-                 if args.transport == "nats" else None)
-    bus = ReplicaBus(name, InflightTracker(), peers=peers, transport=transport)
-    endpoints = [f"10.0.0.{i}:8000" for i in range(args.endpoints)]
-    rng = random.Random(args.index)
-    outbox: list[list[object]] = []
-    # a full snapshot from the start, as a replica that has routed for a while has
-    recent: list[list[object]] = [[rng.choice(endpoints), [rng.getrandbits(62) for _ in range(args.hashes)]]
-                                  for _ in range(SNAPSHOT)]
-    got: Counter[str] = Counter()
-    io = Counter[str]()
+        if args.transport == "nats":
+            import nats  # noqa: F401 - at process start, as `epp serve` has it by the time its bus starts
+        self.args = args
+        self.name = f"127.0.0.1:{args.base_port + args.index}"
+        self.peers = [f"127.0.0.1:{args.base_port + i}" for i in range(args.n)]
+        transport = (NatsTransport(NatsTarget.parse(args.url), SUBJECT, name=self.name, signed=False)
+                     if args.transport == "nats" else None)
+        self.bus = bus = ReplicaBus(self.name, InflightTracker(), peers=self.peers, transport=transport)
+        self.endpoints = [f"10.0.0.{i}:8000" for i in range(args.endpoints)]
+        self.rng = random.Random(args.index)
+        self.index = PrefixIndex()  # peers' records are applied here, as the prefix producer does
+        self.outbox: list[list[object]] = []
+        self.recent = [self.record() for _ in range(SNAPSHOT)]  # a full snapshot, as after a while of routing
+        self.got: Counter[str] = Counter()
+        self.io: Counter[str] = Counter()
+        bus.add_channel("prefix", self.take, self.apply, snapshot=lambda: list(self.recent))
+        self._send, self._receive = bus.transport.send, bus.receiver.receive
+        bus.transport.send = self.counted_send  # type: ignore[method-assign]
+        bus.receiver.receive = self.counted_receive  # type: ignore[method-assign]
 
-    def take() -> list[list[object]]:
-        out = outbox[:]
-        outbox.clear()
-        recent.extend(out)
-        del recent[:-SNAPSHOT]
+    def record(self) -> list[object]:
+        return [self.rng.choice(self.endpoints), [self.rng.getrandbits(62) for _ in range(self.args.hashes)]]
+
+    def take(self) -> list[list[object]]:
+        out, self.outbox = self.outbox, []
+        self.recent = (self.recent + out)[-SNAPSHOT:]
         return out
 
-    bus.add_channel("prefix", take, lambda peer, items: got.update({peer: len(items)}), snapshot=lambda: list(recent))
-    send, receive = bus.transport.send, bus.receiver.receive
+    def apply(self, peer: str, items: list[list[object]]) -> None:
+        self.got[peer] += len(items)
+        for key, hashes in items:
+            self.index.record(str(key), hashes, time.monotonic())  # type: ignore[arg-type]
 
-    def counted_send(frames: list[bytes]) -> bool:
-        io["sent_bytes"] += sum(len(f) for f in frames)
-        return send(frames)
+    def counted_send(self, frames: list[bytes]) -> bool:
+        self.io["sent_bytes"] += sum(len(f) for f in frames)
+        return self._send(frames)
 
-    def counted_receive(frames: list[bytes]) -> None:
-        io["received_bytes"] += sum(len(f) for f in frames)
-        receive(frames)
+    def counted_receive(self, frames: list[bytes]) -> None:
+        self.io["received_bytes"] += sum(len(f) for f in frames)
+        self._receive(frames)
 
-    bus.transport.send = counted_send  # type: ignore[method-assign]
-    bus.receiver.receive = counted_receive  # type: ignore[method-assign]
-    t_start = time.monotonic()
-    await bus.start()
-    loop = asyncio.get_running_loop()
-    catchup = -1.0
-    rate = args.qps / args.n
-    stop_at = t_start + args.duration
-    measure_from, cpu0, pub0, recv0, io0 = t_start + args.warmup, 0.0, 0, 0, Counter[str]()
-    while (now := time.monotonic()) < stop_at:
-        if cpu0 == 0.0 and now >= measure_from:
-            cpu0, pub0, recv0, io0 = cpu_seconds(), bus.published, sum(bus.received.values()), io.copy()
-        if catchup < 0 and len(bus.live_peers()) == args.n - 1 and all(
-                got[p] >= SNAPSHOT for p in peers if p != name):
-            catchup = now - t_start
-        await asyncio.sleep(rng.expovariate(rate))
-        ep = rng.choice(endpoints)
-        token = bus.inflight.add(ep, 2200)
-        loop.call_later(rng.uniform(0.5, 2.0), bus.inflight.remove, token)
-        outbox.append([ep, [rng.getrandbits(62) for _ in range(args.hashes)]])
-        bus.notify()
-    span = time.monotonic() - measure_from
-    out = {"cpu": (cpu_seconds() - cpu0) / span, "published": (bus.published - pub0) / span,
-           "received": (sum(bus.received.values()) - recv0) / span,
-           "sent_bytes": (io["sent_bytes"] - io0["sent_bytes"]) / span,
-           "received_bytes": (io["received_bytes"] - io0["received_bytes"]) / span,
-           "dropped": sum(bus.dropped.values()), "catchup": catchup}
-    await bus.stop()
-    return out
+    def caught_up(self) -> bool:
+        return len(self.bus.live_peers()) == self.args.n - 1 and all(
+            self.got[p] >= SNAPSHOT for p in self.peers if p != self.name)
+
+    def counters(self) -> tuple[float, int, int, int, int]:
+        bus = self.bus
+        return (cpu_seconds(), bus.published, sum(bus.received.values()), self.io["sent_bytes"],
+                self.io["received_bytes"])
+
+    async def run(self) -> dict[str, float]:
+        args, bus, rng = self.args, self.bus, self.rng
+        t_start = time.monotonic()
+        await bus.start()
+        loop = asyncio.get_running_loop()
+        catchup, before, measured = -1.0, None, t_start
+        while (now := time.monotonic()) < t_start + args.duration:
+            if before is None and now >= t_start + args.warmup:
+                before, measured = self.counters(), now
+            if catchup < 0 and self.caught_up():
+                catchup = now - t_start
+            await asyncio.sleep(rng.expovariate(args.qps / args.n))
+            rec = self.record()
+            token = bus.inflight.add(str(rec[0]), 2200)
+            loop.call_later(rng.uniform(0.5, 2.0), bus.inflight.remove, token)
+            self.outbox.append(rec)
+            bus.notify()
+        assert before is not None
+        span = time.monotonic() - measured
+        rates = [(b - a) / span for a, b in zip(before, self.counters(), strict=True)]
+        await bus.stop()
+        return dict(zip(("cpu", "published", "received", "sent_bytes", "received_bytes"), rates, strict=True),
+                    dropped=sum(bus.dropped.values()), catchup=catchup)
 
 
 def proc_cpu(pid: int) -> float:
@@ -179,7 +192,7 @@ def main() -> int:
     ap.add_argument("--late", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        print(json.dumps(asyncio.run(replica(args))), flush=True)
+        print(json.dumps(asyncio.run(SimReplica(args).run())), flush=True)
         return 0
     tempfile.tempdir = tempfile.mkdtemp(prefix="pointsman-busbench-")
     print(f"{args.qps:g} decisions/s over the cluster, {args.endpoints} endpoints, {args.duration:g} s per point")
