@@ -94,8 +94,9 @@ class ReplicaBus:
         self._channels = Channels()
         self.peer_table = PeerTable(address, peers, clock, self._expire, open_membership=not self.transport.links)
         self.receiver = Receiver(self.peer_table, self._channels, inflight, secret=secret, known=known, clock=clock,
-                                 on_join=self._joined, dropped=self.dropped)
+                                 on_join=self._joined, on_return=self._returned, dropped=self.dropped)
         self._replay_at = 0.0  # when to replay recent records to peers that joined (0: nothing due)
+        self._last_replay = float("-inf")
         self.replays = 0
         self.published = 0
         self._running = False
@@ -177,7 +178,7 @@ class ReplicaBus:
     def rejoined(self) -> None:
         """The transport is back after an outage (a broker restart, a partition): what peers missed of our
         records is replayed, and our load goes out at once."""
-        self._joined()
+        self._returned()
         self.notify()
 
     def _expire(self, peer: str) -> None:
@@ -186,9 +187,16 @@ class ReplicaBus:
         self._channels.expire(peer)
 
     def _joined(self) -> None:
-        """A peer joined or restarted: replay recent records once it listens."""
+        """A peer joined or restarted: replay recent records once it listens (one heartbeat from now)."""
+        at = self.clock() + self.heartbeat
+        if self._channels.has_snapshots and (not self._replay_at or at < self._replay_at):
+            self._replay_at = at
+
+    def _returned(self) -> None:
+        """A peer is heard again after its ttl lapsed, or this process's transport is back: replay too, but at most
+        once per 2 x ttl for these (a starved process whose peers lapse and return must not replay in a storm)."""
         if self._channels.has_snapshots and not self._replay_at:
-            self._replay_at = self.clock() + self.heartbeat
+            self._replay_at = max(self.clock() + self.heartbeat, self._last_replay + 2 * self.ttl)
 
     # ---- publishing --------------------------------------------------------------------------------------
     def _next(self, kind: str, body: Mapping[str, Any]) -> list[bytes]:
@@ -224,11 +232,22 @@ class ReplicaBus:
 
     def _send_records(self, name: str, items: list[Any]) -> None:
         for i in range(0, len(items), MAX_RECORDS_PER_MESSAGE):
-            self._send(self._next("records", {"name": name, "items": items[i:i + MAX_RECORDS_PER_MESSAGE]}))
+            self._send_chunk(name, items[i:i + MAX_RECORDS_PER_MESSAGE])
+
+    def _send_chunk(self, name: str, items: list[Any]) -> None:
+        """One records message, halved until it fits the transport's largest message (NATS: the server's)."""
+        frames = self._next("records", {"name": name, "items": items})
+        if len(frames[0]) > self.transport.max_message and len(items) > 1:
+            half = len(items) // 2
+            self._send_chunk(name, items[:half])
+            self._send_chunk(name, items[half:])
+            return
+        self._send(frames)
 
     def _replay(self) -> None:
         """Peers joined: send every channel's snapshot of recent records (idempotent for the others)."""
         self.replays += 1
+        self._last_replay = self.clock()
         for name, items in self._channels.snapshot_records():
             self._send_records(name, items)
 

@@ -41,6 +41,7 @@ OUTBOX = 4096  # messages waiting for the writer task; past that, new ones are d
 PENDING_MSGS = 65536  # received messages nats-py queues for the subscription (slow consumer past that)
 PENDING_BYTES = 64 * 1024 * 1024
 RECONNECT_WAIT_S = 0.25
+DEFAULT_MAX_PAYLOAD = 1024 * 1024  # nats-server's default max_payload, until the server says its own
 
 
 class NatsTransport:
@@ -67,6 +68,11 @@ class NatsTransport:
     def connected(self) -> bool:
         nc = self._nc
         return nc is not None and nc.is_connected
+
+    @property
+    def max_message(self) -> int:
+        nc = self._nc
+        return nc.max_payload if nc is not None and nc.is_connected else DEFAULT_MAX_PAYLOAD
 
     def describe(self) -> str:
         return f"NATS {self.target.redacted()}, subject {self.subject}"
@@ -134,10 +140,14 @@ class NatsTransport:
         if not self.connected:
             self._dropped["disconnected"] += 1
             return False
+        payload = b"".join(frames)
+        if len(payload) > self.max_message:  # one record larger than the server takes
+            self._dropped["too-large"] += 1
+            return False
         if len(self._outbox) >= OUTBOX:
             self._dropped["send-queue-full"] += 1
             return False
-        self._outbox.append(b"".join(frames))
+        self._outbox.append(payload)
         self._ready.set()
         return True
 

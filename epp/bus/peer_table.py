@@ -5,7 +5,8 @@ Two kinds of membership:
 - a fixed set (the mesh: a static list, a Service's pods, the workers of one pod): only those peers are heard, and
   the transport connects to each (`link.connect`);
 - open (NATS: whoever publishes on the pool's subject is a peer): a sender becomes a peer when first heard (at
-  most MAX_OPEN_PEERS of them) and stops being one when its ttl passes without news.
+  most MAX_OPEN_PEERS of them); its shared state expires when its ttl passes without news, and it is forgotten a
+  minute later.
 
 A peer's shared state (its in-flight load, its plugin states) is dropped through `on_expire(peer)` when the peer
 leaves the set, when `ttl` passes without a load message from it (`sweep`), or when it restarts (a new incarnation,
@@ -20,6 +21,7 @@ from typing import Protocol
 
 MAX_OPEN_PEERS = 4096  # open membership: senders kept at once (more are dropped as unknown peers)
 JOIN_GRACE_S = 2.0  # open membership: a new sender is kept this long before its first load message
+FORGET_AFTER_S = 60.0  # open membership: a peer silent this long is forgotten (if it comes back, it joins anew)
 
 
 @dataclass(slots=True)
@@ -29,6 +31,7 @@ class PeerState:
     expires: float = 0.0
     connected: bool = False
     lapsed: bool = False  # its ttl passed without news (it was partitioned, or gone); news again is a return
+    lapsed_at: float = 0.0
 
 
 class PeerLink(Protocol):
@@ -99,14 +102,15 @@ class PeerTable:
         return self._states.get(peer)
 
     def sweep(self) -> None:
-        """Expire the peers not heard from within their ttl (open membership: forget them)."""
+        """Expire the peers not heard from within their ttl (open membership: forget them FORGET_AFTER_S later)."""
         now = self.clock()
         for peer, st in list(self._states.items()):
             if st.expires and st.expires <= now:
                 st.expires, st.lapsed = 0.0, True
-                if self.open:
-                    del self._states[peer]
+                st.lapsed_at = now
                 self.on_expire(peer)
+            elif self.open and st.lapsed and now - st.lapsed_at > FORGET_AFTER_S:
+                del self._states[peer]
 
     def live(self) -> list[str]:
         now = self.clock()

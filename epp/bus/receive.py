@@ -24,7 +24,7 @@ log = logging.getLogger("epp.bus.bus")
 class Receiver:
     def __init__(self, peers: PeerTable, channels: Channels, inflight: InflightTracker, *, secret: bytes | None,
                  known: Callable[[str], bool] | None, clock: Callable[[], float], on_join: Callable[[], None],
-                 dropped: Counter[str]) -> None:
+                 on_return: Callable[[], None], dropped: Counter[str]) -> None:
         self.peers = peers
         self.channels = channels
         self.inflight = inflight
@@ -32,6 +32,7 @@ class Receiver:
         self.known = known  # endpoint keys this process may hold state for (None: any)
         self.clock = clock
         self.on_join = on_join  # a peer joined or restarted
+        self.on_return = on_return  # a peer is heard again after its ttl lapsed
         self.received: Counter[str] = Counter()
         self.dropped = dropped
         self.ignored = 0  # received entries for endpoints this process does not know
@@ -71,7 +72,7 @@ class Receiver:
             if st.lapsed:  # back after its ttl passed (a partition healed): it missed records, and so did we
                 log.info("replica bus peer %s is back", peer)
                 st.lapsed = False
-                self.on_join()
+                self.on_return()
             self.apply_load(peer, st, msg.body)
         else:
             self.channels.deliver(peer, msg.body["name"], msg.body["items"])

@@ -23,6 +23,8 @@ from typing import Any, Protocol, cast
 
 import zmq
 
+from epp.bus.codec import MAX_MESSAGE_BYTES
+
 log = logging.getLogger("epp.bus.bus")
 
 Deliver = Callable[[list[bytes]], None]
@@ -32,6 +34,7 @@ MAX_DRAIN = 256  # messages handled per turn of the event loop; the rest in the 
 class Transport(Protocol):
     links: bool  # True: the peer table names the peers and the transport connects to each (`connect`)
     connected: bool  # False while it cannot send (a broker unreachable); the mesh always can
+    max_message: int  # the largest payload it carries (bytes)
 
     async def start(self, deliver: Deliver, dropped: Counter[str], rejoined: Callable[[], None]) -> None:
         """Receive into `deliver`, count drops in `dropped`, call `rejoined` when back after an outage."""
@@ -66,6 +69,7 @@ class MeshTransport:
 
     links = True
     connected = True
+    max_message = MAX_MESSAGE_BYTES
 
     def __init__(self, bind: str) -> None:
         self.bind = bind

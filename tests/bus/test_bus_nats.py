@@ -318,3 +318,23 @@ async def test_credentials_in_the_url_log_in_and_never_reach_the_logs(caplog):
                           allow_reconnect=False, max_reconnect_attempts=0)
     finally:
         srv.stop()
+
+
+async def test_records_are_split_to_fit_the_servers_max_payload(tmp_path):
+    conf = tmp_path / "nats.conf"
+    conf.write_text("max_payload: 65536\n")
+    srv = NatsServer("-c", str(conf)).start()
+    try:
+        a, b = await started(nats_bus("a:1", srv.url), nats_bus("b:1", srv.url))
+        ra, rb = Records(a), Records(b)
+        assert a.transport.max_message == 65536
+        ra.outbox.extend([KEY, list(range(i, i + 128))] for i in range(600))  # ~0.7 MB of records in one turn
+        a.notify()
+        await until(lambda: len(rb.got.get("a:1", [])) == 600, 3.0, lambda: f"{len(rb.got.get('a:1', []))} of 600")
+        assert a.dropped == {} and b.dropped == {}
+        ra.outbox.append([KEY, list(range(40000))])  # one record larger than the server takes: dropped, counted
+        a.notify()
+        await until(lambda: a.dropped["too-large"] == 1, 2.0, "the oversized record counted")
+        await stopped(a, b)
+    finally:
+        srv.stop()
