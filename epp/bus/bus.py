@@ -19,8 +19,9 @@ Theory of operation
 - A replica that loses the bus keeps routing on its own view (peers' snapshots expire); one that joins hears every
   peer's snapshot within one heartbeat, and every peer that hears a new incarnation replays a bounded snapshot of
   its recent records (`add_channel(..., snapshot=)`) one heartbeat later, so the newcomer does not start from
-  nothing. A peer heard again after its ttl lapsed (a partition healed) is replayed to the same way, and a process
-  whose transport reconnects (a NATS broker back) replays its own.
+  nothing. (A peer heard again after its ttl lapsed, a partition healed, gets its load back from the next
+  snapshots; the records lost meanwhile stay lost: replaying to every peer on every return would let a stalled
+  replica set off a storm.)
 - Entries for endpoints this process does not know (`known`, the datastore's members) are ignored: a peer can
   never create state here for an endpoint that is not in this process's pools (counted in `ignored`).
 - Every received message is validated (epp/bus/codec.py); malformed ones, ones from a sender that is not a current
@@ -94,9 +95,9 @@ class ReplicaBus:
         self._channels = Channels()
         self.peer_table = PeerTable(address, peers, clock, self._expire, open_membership=not self.transport.links)
         self.receiver = Receiver(self.peer_table, self._channels, inflight, secret=secret, known=known, clock=clock,
-                                 on_join=self._joined, on_return=self._returned, dropped=self.dropped)
+                                 on_join=self._joined, dropped=self.dropped)
         self._replay_at = 0.0  # when to replay recent records to peers that joined (0: nothing due)
-        self._last_replay = float("-inf")
+        self._joiners: set[str] = set()  # the peers it is for
         self.replays = 0
         self.published = 0
         self._running = False
@@ -176,9 +177,10 @@ class ReplicaBus:
         await self.transport.stop()
 
     def rejoined(self) -> None:
-        """The transport is back after an outage (a broker restart, a partition): what peers missed of our
-        records is replayed, and our load goes out at once."""
-        self._returned()
+        """The transport is back after an outage (a broker restart, a partition): our load goes out at once. (What
+        the peers missed of our records is not replayed: records are idempotent and a lost one costs a little
+        accuracy, while every replica replaying to everyone after a broker restart would cost each replica N x
+        snapshot records at once.)"""
         self.notify()
 
     def _expire(self, peer: str) -> None:
@@ -186,17 +188,12 @@ class ReplicaBus:
         self.inflight.drop_remote(peer)
         self._channels.expire(peer)
 
-    def _joined(self) -> None:
-        """A peer joined or restarted: replay recent records once it listens (one heartbeat from now)."""
-        at = self.clock() + self.heartbeat
-        if self._channels.has_snapshots and (not self._replay_at or at < self._replay_at):
-            self._replay_at = at
-
-    def _returned(self) -> None:
-        """A peer is heard again after its ttl lapsed, or this process's transport is back: replay too, but at most
-        once per 2 x ttl for these (a starved process whose peers lapse and return must not replay in a storm)."""
-        if self._channels.has_snapshots and not self._replay_at:
-            self._replay_at = max(self.clock() + self.heartbeat, self._last_replay + 2 * self.ttl)
+    def _joined(self, peer: str) -> None:
+        """A peer joined or restarted: replay recent records once it listens."""
+        if self._channels.has_snapshots:
+            self._joiners.add(peer)
+            if not self._replay_at:
+                self._replay_at = self.clock() + self.heartbeat
 
     # ---- publishing --------------------------------------------------------------------------------------
     def _next(self, kind: str, body: Mapping[str, Any]) -> list[bytes]:
@@ -230,27 +227,29 @@ class ReplicaBus:
                 log.exception("replica bus publish failed")
             await asyncio.sleep(self.min_gap)
 
-    def _send_records(self, name: str, items: list[Any]) -> None:
+    def _send_records(self, name: str, items: list[Any], to: str | None = None) -> None:
         for i in range(0, len(items), MAX_RECORDS_PER_MESSAGE):
-            self._send_chunk(name, items[i:i + MAX_RECORDS_PER_MESSAGE])
+            self._send_chunk(name, items[i:i + MAX_RECORDS_PER_MESSAGE], to)
 
-    def _send_chunk(self, name: str, items: list[Any]) -> None:
+    def _send_chunk(self, name: str, items: list[Any], to: str | None) -> None:
         """One records message, halved until it fits the transport's largest message (NATS: the server's)."""
         frames = self._next("records", {"name": name, "items": items})
         if len(frames[0]) > self.transport.max_message and len(items) > 1:
             half = len(items) // 2
-            self._send_chunk(name, items[:half])
-            self._send_chunk(name, items[half:])
+            self._send_chunk(name, items[:half], to)
+            self._send_chunk(name, items[half:], to)
             return
-        self._send(frames)
+        self._send(frames, to)
 
     def _replay(self) -> None:
-        """Peers joined: send every channel's snapshot of recent records (idempotent for the others)."""
+        """Peers joined: send every channel's snapshot of recent records, to each of them where the transport can
+        address one peer (NATS), else to every peer (the mesh; idempotent for the others)."""
         self.replays += 1
-        self._last_replay = self.clock()
+        joiners, self._joiners = sorted(self._joiners), set()
         for name, items in self._channels.snapshot_records():
-            self._send_records(name, items)
+            for to in joiners if self.transport.addressed else [None]:
+                self._send_records(name, items, to)
 
-    def _send(self, frames: list[bytes]) -> None:
-        if self._running and self.transport.send(frames):
+    def _send(self, frames: list[bytes], to: str | None = None) -> None:
+        if self._running and self.transport.send(frames, to):
             self.published += 1

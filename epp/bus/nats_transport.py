@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 from collections import Counter, deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -44,15 +45,21 @@ RECONNECT_WAIT_S = 0.25
 DEFAULT_MAX_PAYLOAD = 1024 * 1024  # nats-server's default max_payload, until the server says its own
 
 
+def inbox(subject: str, name: str) -> str:
+    """The subject on which the process called `name` also listens: messages for it alone (replays)."""
+    return f"{subject}.to.{re.sub(r'[^A-Za-z0-9_-]', '_', name)}"
+
+
 class NatsTransport:
     links = False  # the peers are whoever publishes on the subject
+    addressed = True  # a replay goes to the replica that joined alone (its inbox subject)
 
     def __init__(self, target: NatsTarget, subject: str, *, name: str, signed: bool,
                  pending_msgs: int = PENDING_MSGS) -> None:
         self.target = target
         self.pending_msgs = pending_msgs
         self.subject = subject
-        self.name = name  # the connection's name in the server's monitoring
+        self.name = name  # this process's bus address (its inbox; the connection is "pointsman-bus <name>")
         self.signed = signed  # messages carry an HMAC (its 32 bytes end the payload)
         self.reconnects = 0
         self.disconnects = 0
@@ -60,7 +67,7 @@ class NatsTransport:
         self._deliver: Deliver | None = None
         self._rejoined: Callable[[], None] = lambda: None
         self._dropped: Counter[str] = Counter()
-        self._outbox: deque[bytes] = deque()
+        self._outbox: deque[tuple[str, bytes]] = deque()
         self._ready = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -91,7 +98,7 @@ class NatsTransport:
         first = True
         while self._nc is None:
             try:
-                nc = await connect(self.target, name=self.name, no_echo=True, allow_reconnect=True,
+                nc = await connect(self.target, name=f"pointsman-bus {self.name}", no_echo=True, allow_reconnect=True,
                                    max_reconnect_attempts=-1, reconnect_time_wait=RECONNECT_WAIT_S,
                                    connect_timeout=2, ping_interval=5, max_outstanding_pings=2,
                                    error_cb=self._error, disconnected_cb=self._disconnected,
@@ -103,12 +110,13 @@ class NatsTransport:
                     first = False
                 await asyncio.sleep(RECONNECT_WAIT_S)
                 continue
-            await nc.subscribe(self.subject, cb=self._on_msg, pending_msgs_limit=self.pending_msgs,
-                               pending_bytes_limit=PENDING_BYTES)
+            for subject in (self.subject, inbox(self.subject, self.name)):
+                await nc.subscribe(subject, cb=self._on_msg, pending_msgs_limit=self.pending_msgs,
+                                   pending_bytes_limit=PENDING_BYTES)
             self._nc = nc
             if not first:
                 self._rejoined()
-        log.info("replica bus: connected to NATS %s as %s", self.target.redacted(), self.name)
+        log.info("replica bus: connected to NATS %s as pointsman-bus %s", self.target.redacted(), self.name)
 
     async def _on_msg(self, msg: Msg) -> None:
         deliver, data = self._deliver, msg.data
@@ -136,7 +144,7 @@ class NatsTransport:
         self._rejoined()
 
     # ---- sending -------------------------------------------------------------------------------------------
-    def send(self, frames: list[bytes]) -> bool:
+    def send(self, frames: list[bytes], to: str | None = None) -> bool:
         if not self.connected:
             self._dropped["disconnected"] += 1
             return False
@@ -147,7 +155,7 @@ class NatsTransport:
         if len(self._outbox) >= OUTBOX:
             self._dropped["send-queue-full"] += 1
             return False
-        self._outbox.append(payload)
+        self._outbox.append((self.subject if to is None else inbox(self.subject, to), payload))
         self._ready.set()
         return True
 
@@ -157,12 +165,12 @@ class NatsTransport:
             self._ready.clear()
             while self._outbox:
                 nc = self._nc
-                payload = self._outbox.popleft()
+                subject, payload = self._outbox.popleft()
                 if nc is None or not nc.is_connected:
                     self._dropped["disconnected"] += 1
                     continue
                 try:
-                    await nc.publish(self.subject, payload)
+                    await nc.publish(subject, payload)
                 except Exception as exc:  # noqa: BLE001 - the connection went away under us
                     self._dropped["disconnected"] += 1
                     log.debug("replica bus: NATS publish failed: %s", type(exc).__name__)

@@ -30,7 +30,7 @@ class PeerState:
     seq: int = -1
     expires: float = 0.0
     connected: bool = False
-    lapsed: bool = False  # its ttl passed without news (it was partitioned, or gone); news again is a return
+    lapsed: bool = False  # its ttl passed without news (it was partitioned, or gone)
     lapsed_at: float = 0.0
 
 
@@ -106,8 +106,7 @@ class PeerTable:
         now = self.clock()
         for peer, st in list(self._states.items()):
             if st.expires and st.expires <= now:
-                st.expires, st.lapsed = 0.0, True
-                st.lapsed_at = now
+                st.expires, st.lapsed, st.lapsed_at = 0.0, True, now
                 self.on_expire(peer)
             elif self.open and st.lapsed and now - st.lapsed_at > FORGET_AFTER_S:
                 del self._states[peer]

@@ -23,8 +23,8 @@ log = logging.getLogger("epp.bus.bus")
 
 class Receiver:
     def __init__(self, peers: PeerTable, channels: Channels, inflight: InflightTracker, *, secret: bytes | None,
-                 known: Callable[[str], bool] | None, clock: Callable[[], float], on_join: Callable[[], None],
-                 on_return: Callable[[], None], dropped: Counter[str]) -> None:
+                 known: Callable[[str], bool] | None, clock: Callable[[], float], on_join: Callable[[str], None],
+                 dropped: Counter[str]) -> None:
         self.peers = peers
         self.channels = channels
         self.inflight = inflight
@@ -32,7 +32,6 @@ class Receiver:
         self.known = known  # endpoint keys this process may hold state for (None: any)
         self.clock = clock
         self.on_join = on_join  # a peer joined or restarted
-        self.on_return = on_return  # a peer is heard again after its ttl lapsed
         self.received: Counter[str] = Counter()
         self.dropped = dropped
         self.ignored = 0  # received entries for endpoints this process does not know
@@ -63,16 +62,15 @@ class Receiver:
             else:
                 log.info("replica bus peer %s joined", peer)
             st.incarnation, st.seq = msg.incarnation, -1
-            self.on_join()
+            self.on_join(peer)
         if msg.seq <= st.seq:
             raise BusMessageError("stale", f"sequence {msg.seq} after {st.seq} from {peer}")
         st.seq = msg.seq
         self.received[msg.kind] += 1
         if msg.kind == "load":
-            if st.lapsed:  # back after its ttl passed (a partition healed): it missed records, and so did we
+            if st.lapsed:  # back after its ttl passed (a partition healed)
                 log.info("replica bus peer %s is back", peer)
                 st.lapsed = False
-                self.on_return()
             self.apply_load(peer, st, msg.body)
         else:
             self.channels.deliver(peer, msg.body["name"], msg.body["items"])

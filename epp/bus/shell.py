@@ -31,7 +31,7 @@ class BusRuntime:
         s = settings
         transport = None
         if s.nats is not None:
-            transport = NatsTransport(s.nats, s.subject, name=f"pointsman-bus {s.address}", signed=s.secret is not None)
+            transport = NatsTransport(s.nats, s.subject, name=s.address, signed=s.secret is not None)
         self.bus = ReplicaBus(s.address, datastore.inflight, bind=s.bind or None, peers=s.peers, secret=s.secret,
                               ttl=s.ttl, heartbeat=s.heartbeat, known=lambda key: key in datastore.members(),
                               transport=transport)

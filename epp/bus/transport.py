@@ -1,8 +1,8 @@
 """How the replica bus's messages travel: the seam between the bus's logic (epp/bus/bus.py, the same for every
 transport) and the wire.
 
-A transport sends one encoded message (its frames: the payload and the optional HMAC) to every peer, never
-waiting (a message it cannot take now is dropped and counted in the bus's `dropped[reason]`), and hands every
+A transport sends one encoded message (its frames: the payload and the optional HMAC) to every peer (or to one,
+if it can address one: NATS), never waiting (a message it cannot take now is dropped and counted in the bus's `dropped[reason]`), and hands every
 message it receives to `deliver(frames)`. It says whether its peers are a fixed set it dials (`links`: the mesh
 connects to each peer the peer table names) or whoever publishes where it listens (the NATS subject).
 
@@ -35,11 +35,12 @@ class Transport(Protocol):
     links: bool  # True: the peer table names the peers and the transport connects to each (`connect`)
     connected: bool  # False while it cannot send (a broker unreachable); the mesh always can
     max_message: int  # the largest payload it carries (bytes)
+    addressed: bool  # it can send to one peer (`send(frames, to=peer)`); the mesh sends every message to all
 
     async def start(self, deliver: Deliver, dropped: Counter[str], rejoined: Callable[[], None]) -> None:
         """Receive into `deliver`, count drops in `dropped`, call `rejoined` when back after an outage."""
 
-    def send(self, frames: list[bytes]) -> bool: ...
+    def send(self, frames: list[bytes], to: str | None = None) -> bool: ...
 
     def connect(self, peer: str) -> None: ...
 
@@ -70,6 +71,7 @@ class MeshTransport:
     links = True
     connected = True
     max_message = MAX_MESSAGE_BYTES
+    addressed = False
 
     def __init__(self, bind: str) -> None:
         self.bind = bind
@@ -125,7 +127,7 @@ class MeshTransport:
         if self._loop is not None:
             self._loop.call_soon(self.poll)
 
-    def send(self, frames: list[bytes]) -> bool:
+    def send(self, frames: list[bytes], to: str | None = None) -> bool:
         pub = self._pub
         if pub is None:  # stopping
             return False

@@ -123,13 +123,17 @@ async def test_a_replica_that_joins_has_load_and_recent_records_within_one_secon
             rb.outbox.append([KEY, [1000 + i]])
         a.inflight.add(KEY), b.inflight.add(KEY), b.inflight.add(KEY)
         a.notify(), b.notify()
-        await until(lambda: requests(a) == 3 and requests(b) == 3, 2.0, "a and b busy")
+        await until(lambda: requests(a) == 3 and requests(b) == 3 and len(rb.got.get("a:1", [])) == 50, 2.0,
+                    "a and b busy")
+        heard = a.received["records"], b.received["records"]
         rc = Records(c)
         t0 = time.monotonic()
         await c.start()
         await until(lambda: requests(c) == 3 and len(rc.got.get("a:1", [])) == 50
                     and len(rc.got.get("b:1", [])) == 50, 1.0, lambda: f"c caught up: {requests(c)} {rc.got.keys()}")
         assert time.monotonic() - t0 < 1.0
+        # each replay went to c's inbox alone: a and b heard no records from each other again
+        assert (a.received["records"], b.received["records"]) == heard and a.replays == b.replays == 1
     finally:
         await stopped(a, b, c)
 
@@ -150,12 +154,13 @@ async def test_broker_restart_loses_nothing_that_stays(server):
         await until(lambda: requests(b) == 0 and b.live_peers() == [], 2.0, "a's load expires at b: no phantom")
         await until(lambda: a.dropped["disconnected"] > 0, 2.0, "sends dropped while the broker is down")
         assert not a.transport.connected
-        ra.outbox.append([KEY, [7]])  # produced during the outage: replayed once the broker is back
-        a.notify()
         server.restart()
         await until(lambda: requests(b) == 1 and b.live_peers() == ["a:1"], 5.0, "a's load rebuilt at b")
-        await until(lambda: [KEY, [7]] in rb.got.get("a:1", []), 2.0, "a's records replayed after the restart")
         assert a.transport.connected and a.transport.reconnects >= 1
+        ra.outbox.append([KEY, [7]])  # records flow again
+        a.notify()
+        await until(lambda: [KEY, [7]] in rb.got.get("a:1", []), 2.0, "a's records reach b again")
+        assert a.replays == b.replays == 0  # no replay per reconnect (no storm after a broker restart)
         a.inflight.remove(held)
         a.notify()
         await until(lambda: requests(b) == 0 and requests(a) == 0, 2.0, "counters back to zero")
@@ -176,14 +181,17 @@ async def test_a_partition_between_one_replica_and_the_broker_heals(server):
         # each side routes on its own view once the other's snapshot expires
         await until(lambda: requests(a) == 1 and requests(b) == 1, 2.0, "each side alone")
         assert a.inflight.remote_peers() == [] and b.inflight.remote_peers() == []
-        ra.outbox.append([KEY, ["during"]])
-        rb.outbox.append([KEY, ["during-b"]])
-        a.notify(), b.notify()
-        await asyncio.sleep(0.2)
+        ra.outbox.append([KEY, ["during"]])  # made during the partition: lost (counted), not replayed
+        a.notify()
+        await until(lambda: a.dropped["disconnected"] > 0, 2.0, "a's sends dropped and counted")
         proxy.heal()
         await until(lambda: requests(a) == 2 and requests(b) == 2, 5.0, "views rebuilt after the partition")
-        await until(lambda: [KEY, ["during"]] in rb.got.get("a:1", []) and [KEY, ["during-b"]] in ra.got.get("b:1", []),
-                    2.0, "records of the partition replayed both ways")
+        ra.outbox.append([KEY, ["after"]])
+        rb.outbox.append([KEY, ["after-b"]])
+        a.notify(), b.notify()
+        await until(lambda: [KEY, ["after"]] in rb.got.get("a:1", []) and [KEY, ["after-b"]] in ra.got.get("b:1", []),
+                    2.0, "records flow both ways again")
+        assert [KEY, ["during"]] not in rb.got.get("a:1", [])
         a.inflight.remove(held_a), b.inflight.remove(held_b)
         a.notify(), b.notify()
         await until(lambda: a.inflight.view() == {} and b.inflight.view() == {}, 2.0, "counters back to zero")
