@@ -84,9 +84,9 @@ class SimReplica:
         for key, hashes in items:
             self.index.record(str(key), hashes, time.monotonic())  # type: ignore[arg-type]
 
-    def counted_send(self, frames: list[bytes]) -> bool:
+    def counted_send(self, frames: list[bytes], to: str | None = None) -> bool:
         self.io["sent_bytes"] += sum(len(f) for f in frames)
-        return self._send(frames)
+        return self._send(frames, to)
 
     def counted_receive(self, frames: list[bytes]) -> None:
         self.io["received_bytes"] += sum(len(f) for f in frames)
@@ -118,12 +118,14 @@ class SimReplica:
             loop.call_later(rng.uniform(0.5, 2.0), bus.inflight.remove, token)
             self.outbox.append(rec)
             bus.notify()
-        assert before is not None
+        if before is None:  # starved past the warm-up (a loaded machine): measure from the start
+            before, measured = (0.0, 0, 0, 0, 0), t_start
         span = time.monotonic() - measured
         rates = [(b - a) / span for a, b in zip(before, self.counters(), strict=True)]
         await bus.stop()
         return dict(zip(("cpu", "published", "received", "sent_bytes", "received_bytes"), rates, strict=True),
-                    dropped=sum(bus.dropped.values()), catchup=catchup)
+                    dropped=sum(bus.dropped.values()), catchup=catchup, reasons=dict(bus.dropped),
+                    got=min((self.got[p] for p in self.peers if p != self.name), default=0))
 
 
 def proc_cpu(pid: int) -> float:

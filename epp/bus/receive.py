@@ -63,9 +63,10 @@ class Receiver:
                 log.info("replica bus peer %s joined", peer)
             st.incarnation, st.seq = msg.incarnation, -1
             self.on_join(peer)
-        if msg.seq <= st.seq:
-            raise BusMessageError("stale", f"sequence {msg.seq} after {st.seq} from {peer}")
-        st.seq = msg.seq
+        if msg.kind == "load":  # an older snapshot must not replace a newer one (records are idempotent: any order)
+            if msg.seq <= st.seq:
+                raise BusMessageError("stale", f"sequence {msg.seq} after {st.seq} from {peer}")
+            st.seq = msg.seq
         self.received[msg.kind] += 1
         if msg.kind == "load":
             if st.lapsed:  # back after its ttl passed (a partition healed)

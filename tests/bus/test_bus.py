@@ -179,3 +179,18 @@ async def test_a_peer_back_after_its_ttl_lapsed_gets_its_load_back_and_no_replay
         assert b.replays == 1  # only a join (a new incarnation) is replayed to
     finally:
         await b.stop()
+
+
+async def test_only_loads_must_arrive_in_order():
+    a_addr, b_addr = addr(), addr()
+    got: list = []
+    b = ReplicaBus(b_addr, InflightTracker(), peers=[a_addr])
+    b.add_channel("prefix", lambda: [], lambda peer, items: got.extend(items))
+    await b.start()
+    b.accept(encode(BusMessage(a_addr, 7, 5, "load", {"ttl": 1.0, "inflight": {KEY: [2, 0]}})))
+    b.accept(encode(BusMessage(a_addr, 7, 3, "records", {"name": "prefix", "items": [[KEY, [1]]]})))  # a replay
+    assert got == [[KEY, [1]]]
+    with pytest.raises(BusMessageError, match="stale"):
+        b.accept(encode(BusMessage(a_addr, 7, 4, "load", {"ttl": 1.0, "inflight": {KEY: [9, 0]}})))
+    assert b.inflight.get(KEY).requests == 2
+    await b.stop()

@@ -212,10 +212,16 @@ async def test_a_slow_consumer_drops_and_counts_then_catches_up(server):
             await nc.publish(SUBJECT, encode(BusMessage("x:1", 1, seq, "load", body))[0])
         await nc.flush()
         await until(lambda: b.dropped["slow-consumer"] > 0, 2.0, "drops counted")
-        # the next snapshot carries the truth, whatever was dropped
-        await nc.publish(SUBJECT, encode(BusMessage("x:1", 1, 5000, "load",
-                                                    {"ttl": TTL, "inflight": {KEY: [3, 0]}}))[0])
-        await until(lambda: requests(b) == 3, 2.0, "the next snapshot applied")
+        # the next snapshots (one per heartbeat, as a replica sends them) carry the truth, whatever was dropped
+        seq = iter(range(5000, 6000))
+
+        async def heartbeat() -> bool:
+            await nc.publish(SUBJECT, encode(BusMessage("x:1", 1, next(seq), "load",
+                                                        {"ttl": TTL, "inflight": {KEY: [3, 0]}}))[0])
+            await asyncio.sleep(HEARTBEAT)
+            return requests(b) == 3
+
+        await until(heartbeat, 3.0, "the next snapshot applied")
         await until(lambda: requests(b) == 0 and b.peers == [], 2.0, "the silent sender expires: nothing left")
     finally:
         await nc.close()
