@@ -44,10 +44,10 @@ class NatsTarget:
         servers: list[str] = []
         target = cls((), creds=creds, tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key)
         for item in filter(None, (u.strip() for u in urls.split(","))):
-            server, login = _server(item)
+            server, user, password, token = _server(item)
             servers.append(server)
-            if login and not (target.user or target.token):
-                target = dataclasses.replace(target, **login)
+            if (user or token) and not (target.user or target.token):
+                target = dataclasses.replace(target, user=user, password=password, token=token)
         if not servers:
             raise ValueError("a NATS URL is needed: nats://host:port[,...]")
         if bool(tls_cert) != bool(tls_key):
@@ -75,8 +75,8 @@ class NatsTarget:
         return ctx
 
 
-def _server(url: str) -> tuple[str, dict[str, str]]:
-    """One URL -> (scheme://host:port, its credentials)."""
+def _server(url: str) -> tuple[str, str | None, str | None, str | None]:
+    """One URL -> (scheme://host:port, its user, password and token)."""
     parts = urlsplit(url if "://" in url else f"nats://{url}")
     if parts.scheme not in SCHEMES:
         raise ValueError(f"NATS URL {url!r}: the scheme must be nats:// or tls://")
@@ -87,12 +87,10 @@ def _server(url: str) -> tuple[str, dict[str, str]]:
     if not parts.hostname or parts.path not in ("", "/") or parts.query:
         raise ValueError(f"NATS URL {url!r}: expected {parts.scheme}://[user:password@]host[:port]")
     host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
-    login: dict[str, str] = {}
+    server = f"{parts.scheme}://{host}:{port}"
     if parts.username and parts.password is not None:
-        login = {"user": unquote(parts.username), "password": unquote(parts.password)}
-    elif parts.username:
-        login = {"token": unquote(parts.username)}
-    return f"{parts.scheme}://{host}:{port}", login
+        return server, unquote(parts.username), unquote(parts.password), None
+    return server, None, None, unquote(parts.username) if parts.username else None
 
 
 async def connect(target: NatsTarget, *, name: str, **options: Any) -> Client:

@@ -33,9 +33,15 @@ MAX_DRAIN = 256  # messages handled per turn of the event loop; the rest in the 
 
 class Transport(Protocol):
     links: bool  # True: the peer table names the peers and the transport connects to each (`connect`)
-    connected: bool  # False while it cannot send (a broker unreachable); the mesh always can
-    max_message: int  # the largest payload it carries (bytes)
     addressed: bool  # it can send to one peer (`send(frames, to=peer)`); the mesh sends every message to all
+
+    @property
+    def connected(self) -> bool:
+        """False while it cannot send (a broker unreachable); the mesh always can."""
+
+    @property
+    def max_message(self) -> int:
+        """The largest payload it carries (bytes)."""
 
     async def start(self, deliver: Deliver, dropped: Counter[str], rejoined: Callable[[], None]) -> None:
         """Receive into `deliver`, count drops in `dropped`, call `rejoined` when back after an outage."""
