@@ -307,30 +307,52 @@ async def start_pointsman(fleet: FleetInfo, workdir: Path, extra: str | None = N
     return Launched(f"http://127.0.0.1:{listen}", [epp_proc, envoy])
 
 
+async def start_nats_server(workdir: Path, port: int) -> Proc:
+    """Debian's nats-server (or one on PATH) on 127.0.0.1:`port`, for the replicas' bus over NATS."""
+    from epp.stack import nats_binary
+
+    try:
+        binary = nats_binary()
+    except RuntimeError as exc:
+        raise Unavailable(str(exc)) from None
+    proc = Proc("nats-server", [binary, "-a", "127.0.0.1", "-p", str(port)], workdir)
+    try:
+        await wait_tcp(port, proc, 30.0)
+    except BaseException:
+        proc.stop()
+        raise
+    return proc
+
+
 async def start_pointsman_replicas(fleet: FleetInfo, workdir: Path, *, replicas: int = 2, bus: bool = True,
-                                   workers: int = 1) -> Launched:
+                                   workers: int = 1, transport: str = "mesh") -> Launched:
     """Several Pointsman replicas (`epp serve` processes) behind one Envoy whose `epp` cluster lists them all, so
-    each decides 1/replicas of the requests; with `bus` they share load and routing state over the replica bus,
-    without it each routes on its own view (what a second GIE EPP replica does). `workers` > 1: one replica with
-    that many worker processes instead (`epp serve --workers N`)."""
+    each decides 1/replicas of the requests; with `bus` they share load and routing state over the replica bus
+    (`transport` mesh: ZMQ between them; nats: a nats-server started here), without it each routes on its own view
+    (what a second GIE EPP replica does). `workers` > 1: one replica with that many worker processes instead
+    (`epp serve --workers N`)."""
     epp = _epp_command()
     endpoints, envoy_cfg = workdir / "pointsman-endpoints.yaml", workdir / "pointsman-envoy.yaml"
     write_endpoints_file(fleet, endpoints)
-    ports = free_ports(2 + 4 * replicas)  # one draw: ports of separate draws could collide
-    listen, admin = ports[:2]
+    ports = free_ports(3 + 4 * replicas)  # one draw: ports of separate draws could collide
+    listen, admin, nats_port = ports[:3]
     extra = os.environ.get("POINTSMAN_EPP_ARGS", "")
-    bus_ports = ports[2:2 + replicas]
+    bus_ports = ports[3:3 + replicas]
     peers = ",".join(f"127.0.0.1:{p}" for p in bus_ports)
     procs: list[Proc] = []
     grpcs: list[int] = []
     try:
+        if bus and transport == "nats":
+            procs.append(await start_nats_server(workdir, nats_port))
+            peers = ""
         for i in range(replicas):
-            grpc, health, metrics = ports[2 + replicas + 3 * i:5 + replicas + 3 * i]
+            grpc, health, metrics = ports[3 + replicas + 3 * i:6 + replicas + 3 * i]
             values = {"epp": epp, "grpc_port": grpc, "health_port": health, "metrics_port": metrics,
                       "endpoints_file": endpoints, "extra": extra}
             cmd = POINTSMAN_EPP_SERVE.format(**values)
             if bus and replicas > 1:
-                cmd += f" --bus-address 127.0.0.1 --bus-port {bus_ports[i]} --bus-peers {peers}"
+                cmd += f" --bus-address 127.0.0.1 --bus-port {bus_ports[i]} "
+                cmd += f"--bus-peers {peers}" if peers else f"--bus-url nats://127.0.0.1:{nats_port}"
             if workers > 1:
                 cmd += f" --workers {workers}"
             procs.append(Proc(f"pointsman-epp-{i}", ["/bin/sh", "-c", "exec " + cmd], workdir))
@@ -344,7 +366,7 @@ async def start_pointsman_replicas(fleet: FleetInfo, workdir: Path, *, replicas:
             shell=True, cwd=str(workdir), capture_output=True, timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT)})
         if rendered.returncode != 0:
             raise Unavailable(f"`epp envoy-config` failed: {rendered.stderr.decode(errors='replace')[-800:]}")
-        for proc, grpc in zip(procs, grpcs, strict=True):
+        for proc, grpc in zip(procs[-replicas:], grpcs, strict=True):
             await wait_tcp(grpc, proc, 30.0)
         procs.append(await _start_envoy("pointsman-envoy", envoy_cfg, workdir, listen, admin))
     except BaseException:
@@ -366,6 +388,20 @@ async def start_pointsman_2w(fleet: FleetInfo, workdir: Path) -> Launched:
     return await start_pointsman_replicas(fleet, workdir, replicas=1, workers=2)
 
 
+def _replicas(n: int, transport: str) -> Adapter:
+    async def start(fleet: FleetInfo, workdir: Path) -> Launched:
+        return await start_pointsman_replicas(fleet, workdir, replicas=n, bus=True, transport=transport)
+
+    return start
+
+
+# N replicas sharing over the ZMQ mesh (pointsman-<N>r-bus) or over one nats-server (pointsman-<N>r-nats)
+REPLICA_ROUTERS: dict[str, Adapter] = {
+    **{f"pointsman-{n}r-bus": _replicas(n, "mesh") for n in (4, 8)},
+    **{f"pointsman-{n}r-nats": _replicas(n, "nats") for n in (2, 4, 8)},
+}
+
+
 ROUTERS: dict[str, Adapter] = {
     "envoy-rr": start_envoy_rr,
     "vllm-router": start_vllm_router,
@@ -380,6 +416,7 @@ ROUTERS: dict[str, Adapter] = {
     "pointsman-2r-bus": start_pointsman_2r_bus,  # 2 replicas sharing state over the replica bus
     "pointsman-2r-nobus": start_pointsman_2r_nobus,  # 2 replicas, each on its own view
     "pointsman-2w": start_pointsman_2w,  # 1 replica, 2 worker processes (epp serve --workers 2)
+    **REPLICA_ROUTERS,  # 4 and 8 replicas over the mesh, 2, 4 and 8 over NATS
     "oracle": start_oracle,
     "oracle-proxy": start_oracle_proxy,
 }

@@ -1,10 +1,13 @@
-"""The replica bus: Pointsman processes (replicas and workers) share what only they know, over ZMQ PUB/SUB.
+"""The replica bus: Pointsman processes (replicas and workers) share what only they know, over a transport that
+may lose messages but never makes the sender wait (epp/bus/transport.py).
 
 Theory of operation
-- Every process binds one PUB socket at its own bus address and connects one SUB socket to every peer's. ZMQ
-  reconnects by itself, queues nothing for a peer that is down (PUB drops), and never blocks the publisher, so a
-  lost peer costs nothing but its messages. Peers come from a static list, the workers of one pod, or a headless
-  Service's endpoints; `set_peers` follows changes.
+- The transport: by default a ZMQ PUB/SUB mesh (every process binds one PUB socket at its own bus address and
+  connects one SUB socket to every peer's; ZMQ reconnects by itself, queues nothing for a peer that is down, and
+  never blocks the publisher), or one NATS connection per process and one subject per pool
+  (epp/bus/nats_transport.py). A lost peer or broker costs nothing but messages. Mesh peers come from a static
+  list, the workers of one pod, or a headless Service's endpoints (`set_peers` follows changes); over NATS the
+  peers are whoever publishes on the subject.
 - What is shared, and how it stays right when messages are lost:
   * in-flight requests per endpoint: ABSOLUTE snapshots ("load" messages) of what each process itself has in
     flight, sent when its counts change (at most every `min_gap`) and at least every `heartbeat`; a receiver
@@ -16,7 +19,9 @@ Theory of operation
 - A replica that loses the bus keeps routing on its own view (peers' snapshots expire); one that joins hears every
   peer's snapshot within one heartbeat, and every peer that hears a new incarnation replays a bounded snapshot of
   its recent records (`add_channel(..., snapshot=)`) one heartbeat later, so the newcomer does not start from
-  nothing.
+  nothing. (A peer heard again after its ttl lapsed, a partition healed, gets its load back from the next
+  snapshots; the records lost meanwhile stay lost: replaying to every peer on every return would let a stalled
+  replica set off a storm.)
 - Entries for endpoints this process does not know (`known`, the datastore's members) are ignored: a peer can
   never create state here for an endpoint that is not in this process's pools (counted in `ignored`).
 - Every received message is validated (epp/bus/codec.py); malformed ones, ones from a sender that is not a current
@@ -24,7 +29,8 @@ Theory of operation
 
 The bus publishes and runs the lifecycle; its collaborators: the peer table (epp/bus/peer_table.py: peers, their
 connections, incarnations and liveness), the channels (epp/bus/channels.py: record channels and plugin states with
-their sources and sinks) and the receiver (epp/bus/receive.py: drain, validate, apply).
+their sources and sinks), the receiver (epp/bus/receive.py: validate, apply) and the transport
+(epp/bus/transport.py: send and receive frames).
 """
 
 from __future__ import annotations
@@ -36,15 +42,14 @@ import random
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, cast
-
-import zmq
+from typing import Any
 
 from epp.aio import wait_set
 from epp.bus.channels import Channels, RecordSink, RecordSnapshot, RecordSource, StateSink, StateSource
 from epp.bus.codec import BusMessage, encode
-from epp.bus.peer_table import PeerTable, zmq_url
+from epp.bus.peer_table import PeerTable
 from epp.bus.receive import Receiver
+from epp.bus.transport import MeshTransport, Transport, zmq_url
 from epp.fleet import InflightTracker
 from scheduling.api import InflightLoad
 
@@ -70,13 +75,15 @@ class ReplicaBus:
         min_gap: float = 0.01,
         clock: Callable[[], float] = time.monotonic,
         known: Callable[[str], bool] | None = None,
+        transport: Transport | None = None,
     ) -> None:
-        """`address` is how peers know this process ("host:port" for tcp, or an "ipc://" path); `bind` is what the
-        PUB socket binds (default: the address itself, tcp on all interfaces)."""
+        """`address` is how peers know this process ("host:port" for tcp, or an "ipc://" path; over NATS, its unique
+        name); `bind` is what the mesh's PUB socket binds (default: the address itself, tcp on all interfaces);
+        `transport` another transport than the mesh."""
         if not 0 < heartbeat < ttl:
             raise ValueError("the bus needs 0 < heartbeat < ttl")
         self.address = address
-        self.bind = bind or zmq_url(address, bind_all=True)
+        self.transport: Transport = transport or MeshTransport(bind or zmq_url(address, bind_all=True))
         self.inflight = inflight
         self.secret = secret
         self.ttl, self.heartbeat, self.min_gap = ttl, heartbeat, min_gap
@@ -86,20 +93,14 @@ class ReplicaBus:
         self._seq = 0
         self.dropped: Counter[str] = Counter()
         self._channels = Channels()
-        self.peer_table = PeerTable(address, peers, clock, self._expire)
+        self.peer_table = PeerTable(address, peers, clock, self._expire, open_membership=not self.transport.links)
         self.receiver = Receiver(self.peer_table, self._channels, inflight, secret=secret, known=known, clock=clock,
                                  on_join=self._joined, dropped=self.dropped)
         self._replay_at = 0.0  # when to replay recent records to peers that joined (0: nothing due)
+        self._joiners: set[str] = set()  # the peers it is for
         self.replays = 0
         self.published = 0
-        # Plain (non-asyncio) ZMQ sockets: the PUB never blocks (NOBLOCK; a full queue drops and counts) and the
-        # SUB is read from the event loop when its file descriptor signals, draining every queued message at once.
-        # (zmq.asyncio's per-message futures cost several times the decoding itself.)
-        self._ctx: zmq.Context[Any] | None = None
-        self._pub: zmq.Socket[Any] | None = None
-        self._sub: zmq.Socket[Any] | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._fd: int | None = None
+        self._running = False
         self._tasks: list[asyncio.Task[None]] = []
         self._wake = asyncio.Event()
         self._last_local: Mapping[str, InflightLoad] = {}
@@ -130,7 +131,7 @@ class ReplicaBus:
 
     @property
     def peers(self) -> list[str]:
-        return sorted(self.peer_table.wanted)
+        return self.peer_table.peers
 
     def live_peers(self) -> list[str]:
         return self.peer_table.live()
@@ -154,57 +155,45 @@ class ReplicaBus:
 
     # ---- lifecycle ---------------------------------------------------------------------------------------
     async def start(self) -> None:
-        self._ctx = zmq.Context()
-        self._pub = self._ctx.socket(zmq.PUB)
-        self._pub.setsockopt(zmq.LINGER, 0)
-        self._pub.setsockopt(zmq.SNDHWM, 1000)
-        self._pub.bind(self.bind)
-        self._sub = self._ctx.socket(zmq.SUB)
-        self._sub.setsockopt(zmq.LINGER, 0)
-        self._sub.setsockopt(zmq.RCVHWM, 10000)
-        self._sub.setsockopt(zmq.SUBSCRIBE, b"")
-        self.peer_table.connect(self._sub)
+        await self.transport.start(self.receiver.receive, self.dropped, self.rejoined)
+        self._running = True
+        self.peer_table.connect(self.transport if self.transport.links else None)
         self.inflight.on_local_change = self.notify
-        self._loop = loop = asyncio.get_running_loop()
-        self.receiver.attach(self._sub, loop)
-        self._fd = cast(int, self._sub.getsockopt(zmq.FD))
-        loop.add_reader(self._fd, self.receiver.drain)
-        loop.call_soon(self.receiver.drain)
-        self._tasks = [loop.create_task(self._publish_loop(), name="bus-publish")]
-        log.info("replica bus %s bound %s; peers %s", self.address, self.bind, ", ".join(self.peers) or "(none)")
+        self._tasks = [asyncio.get_running_loop().create_task(self._publish_loop(), name="bus-publish")]
+        log.info("replica bus %s (%s); peers %s", self.address, self.transport.describe(),
+                 ", ".join(self.peers) or "(none yet)")
 
     async def stop(self) -> None:
-        pub, self._pub = self._pub, None  # the publish loop ends at its next turn even if a cancel is lost
+        self._running = False  # the publish loop ends at its next turn even if a cancel is lost
         for t in self._tasks:
             t.cancel()
         for t in self._tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
         self._tasks = []
-        if self._fd is not None and self._loop is not None:
-            self._loop.remove_reader(self._fd)
-            self._fd = None
         if self.inflight.on_local_change == self.notify:
             self.inflight.on_local_change = None
         self.peer_table.disconnect()
-        self.receiver.attach(None, None)
-        for sock in (pub, self._sub):
-            if sock is not None:
-                sock.close(0)
-        if self._ctx is not None:
-            self._ctx.term()
-        self._pub = self._sub = None
-        self._ctx = None
+        await self.transport.stop()
+
+    def rejoined(self) -> None:
+        """The transport is back after an outage (a broker restart, a partition): our load goes out at once. (What
+        the peers missed of our records is not replayed: records are idempotent and a lost one costs a little
+        accuracy, while every replica replaying to everyone after a broker restart would cost each replica N x
+        snapshot records at once.)"""
+        self.notify()
 
     def _expire(self, peer: str) -> None:
         """Drop what `peer` shared (it left, restarted or fell silent)."""
         self.inflight.drop_remote(peer)
         self._channels.expire(peer)
 
-    def _joined(self) -> None:
+    def _joined(self, peer: str) -> None:
         """A peer joined or restarted: replay recent records once it listens."""
-        if self._channels.has_snapshots and not self._replay_at:
-            self._replay_at = self.clock() + self.heartbeat
+        if self._channels.has_snapshots:
+            self._joiners.add(peer)
+            if not self._replay_at:
+                self._replay_at = self.clock() + self.heartbeat
 
     # ---- publishing --------------------------------------------------------------------------------------
     def _next(self, kind: str, body: Mapping[str, Any]) -> list[bytes]:
@@ -217,11 +206,11 @@ class ReplicaBus:
 
     async def _publish_loop(self) -> None:
         last = 0.0
-        while self._pub is not None:
+        while self._running:
             await wait_set(self._wake, self.heartbeat)
             self._wake.clear()
             try:
-                self.receiver.drain()  # a safety net: the descriptor signals edges, never miss queued messages
+                self.transport.poll()  # a safety net: the descriptor signals edges, never miss queued messages
                 self.peer_table.sweep()
                 for name, items in self._channels.new_records():
                     self._send_records(name, items)
@@ -238,22 +227,29 @@ class ReplicaBus:
                 log.exception("replica bus publish failed")
             await asyncio.sleep(self.min_gap)
 
-    def _send_records(self, name: str, items: list[Any]) -> None:
+    def _send_records(self, name: str, items: list[Any], to: str | None = None) -> None:
         for i in range(0, len(items), MAX_RECORDS_PER_MESSAGE):
-            self._send(self._next("records", {"name": name, "items": items[i:i + MAX_RECORDS_PER_MESSAGE]}))
+            self._send_chunk(name, items[i:i + MAX_RECORDS_PER_MESSAGE], to)
+
+    def _send_chunk(self, name: str, items: list[Any], to: str | None) -> None:
+        """One records message, halved until it fits the transport's largest message (NATS: the server's)."""
+        frames = self._next("records", {"name": name, "items": items})
+        if len(frames[0]) > self.transport.max_message and len(items) > 1:
+            half = len(items) // 2
+            self._send_chunk(name, items[:half], to)
+            self._send_chunk(name, items[half:], to)
+            return
+        self._send(frames, to)
 
     def _replay(self) -> None:
-        """Peers joined: send every channel's snapshot of recent records (idempotent for the others)."""
+        """Peers joined: send every channel's snapshot of recent records, to each of them where the transport can
+        address one peer (NATS), else to every peer (the mesh; idempotent for the others)."""
         self.replays += 1
+        joiners, self._joiners = sorted(self._joiners), set()
         for name, items in self._channels.snapshot_records():
-            self._send_records(name, items)
+            for to in joiners if self.transport.addressed else [None]:
+                self._send_records(name, items, to)
 
-    def _send(self, frames: list[bytes]) -> None:
-        pub = self._pub
-        if pub is None:  # stopping
-            return
-        try:
-            pub.send_multipart(frames, flags=zmq.NOBLOCK)
+    def _send(self, frames: list[bytes], to: str | None = None) -> None:
+        if self._running and self.transport.send(frames, to):
             self.published += 1
-        except zmq.Again:
-            self.dropped["send-queue-full"] += 1

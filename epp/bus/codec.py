@@ -7,8 +7,10 @@
   whose sender is not a current peer is dropped as unknown.
 - incarnation: a random 63-bit number drawn when the sender starts; a new one means the sender restarted, and
   everything held from its previous life is dropped.
-- seq: increases by one per message within an incarnation; an older or repeated seq is dropped (ZMQ does not
-  reorder, but a peer address may be reused by a restarted process before its old socket drains).
+- seq: increases by one per message within an incarnation; a load older than (or repeating) the last one heard is
+  dropped: an older snapshot must never replace a newer one (a peer address may be reused by a restarted process
+  before its old socket drains; over NATS a replay to one replica's inbox and the loads on the pool's subject
+  arrive on two subscriptions, in either order). Records are idempotent and applied in any order.
 - kind and body:
     "load"    {"ttl": seconds, "inflight": {endpoint: [requests, tokens]}, "state": {name: {endpoint: value}}}
               ABSOLUTE values of what the sender itself has in flight now. The receiver replaces the sender's

@@ -3,11 +3,16 @@
 - pointsman_bus_messages_published_total                       messages this process published
 - pointsman_bus_messages_received_total{kind}                  messages accepted, by kind (load, records)
 - pointsman_bus_messages_dropped_total{reason}                 messages dropped: malformed, auth, unknown-peer,
-                                                               stale, unknown-channel, error, send-queue-full
+                                                               stale, unknown-channel, error, send-queue-full,
+                                                               name-clash; over NATS also disconnected (not sent
+                                                               while the server was unreachable), slow-consumer
 - pointsman_bus_records_dropped_total{reason}                  records not applied: unknown-endpoint, malformed
 - pointsman_bus_entries_ignored_total                          load/state entries for endpoints not known here
 - pointsman_bus_replays_total                                  snapshots replayed to peers that joined
-- pointsman_bus_peers / pointsman_bus_live_peers               peers configured / heard from within the ttl
+- pointsman_bus_peers / pointsman_bus_live_peers               peers configured (over NATS: heard) / heard from
+                                                               within the ttl
+- pointsman_bus_connected                                      1 while the transport can send (the mesh always;
+                                                               NATS while connected to a server)
 
 With `--workers N` every worker has its own bus; the series carry a `worker` label then.
 """
@@ -59,7 +64,10 @@ class BusCollector(Collector):
         live = GaugeMetricFamily("pointsman_bus_live_peers", "Replica bus peers heard from within the ttl.",
                                  labels=self.labels)
         live.add_metric(x, len(bus.live_peers()))
-        yield from (pub, rec, drop, rdrop, ignored, replays, peers, live)
+        connected = GaugeMetricFamily("pointsman_bus_connected", "1 while the replica bus's transport can send.",
+                                      labels=self.labels)
+        connected.add_metric(x, 1 if bus.transport.connected else 0)
+        yield from (pub, rec, drop, rdrop, ignored, replays, peers, live, connected)
 
 
 def register_bus_metrics(registry: CollectorRegistry, runtime: BusRuntime, worker: int | None = None) -> None:

@@ -1,4 +1,4 @@
-"""The replica bus's receive path: drain the SUB socket, validate each message (signature, sender, incarnation,
+"""The replica bus's receive path: take each message the transport received, validate it (signature, sender, incarnation,
 sequence) and apply it (a peer's load and plugin states, a channel's records).
 
 Counts what it accepted (`received`, by kind), what it dropped (`dropped`, by reason; the bus's counter, shared with
@@ -7,13 +7,10 @@ its sending side) and the entries it ignored for endpoints this process does not
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections import Counter
 from collections.abc import Callable, Mapping
 from typing import Any
-
-import zmq
 
 from epp.bus.channels import Channels
 from epp.bus.codec import BusMessage, BusMessageError, decode
@@ -23,12 +20,10 @@ from scheduling.api import InflightLoad
 
 log = logging.getLogger("epp.bus.bus")
 
-MAX_DRAIN = 256  # messages handled per turn of the event loop; the rest in the next turn
-
 
 class Receiver:
     def __init__(self, peers: PeerTable, channels: Channels, inflight: InflightTracker, *, secret: bytes | None,
-                 known: Callable[[str], bool] | None, clock: Callable[[], float], on_join: Callable[[], None],
+                 known: Callable[[str], bool] | None, clock: Callable[[], float], on_join: Callable[[str], None],
                  dropped: Counter[str]) -> None:
         self.peers = peers
         self.channels = channels
@@ -40,28 +35,6 @@ class Receiver:
         self.received: Counter[str] = Counter()
         self.dropped = dropped
         self.ignored = 0  # received entries for endpoints this process does not know
-        self._sub: zmq.Socket[Any] | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-
-    def attach(self, sub: zmq.Socket[Any] | None, loop: asyncio.AbstractEventLoop | None) -> None:
-        """Read `sub` from `loop` (None: stop reading)."""
-        self._sub, self._loop = sub, loop
-
-    def drain(self) -> None:
-        """Handle every message queued on the SUB socket (at most MAX_DRAIN now, the rest in the next turn)."""
-        sub = self._sub
-        if sub is None:
-            return
-        for _ in range(MAX_DRAIN):
-            try:
-                frames = sub.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            except zmq.ZMQError:
-                return  # closing
-            self.receive(frames)
-        if self._loop is not None:
-            self._loop.call_soon(self.drain)
 
     def receive(self, frames: list[bytes]) -> None:
         try:
@@ -77,6 +50,8 @@ class Receiver:
         """Validate one received message and apply it (public for tests of hostile input)."""
         msg = decode(frames, self.secret)
         peer = msg.sender
+        if peer == self.peers.own:  # another process uses this one's bus address (or name, over NATS)
+            raise BusMessageError("name-clash", f"a message from another process named {peer!r}")
         st = self.peers.get(peer)
         if st is None:
             raise BusMessageError("unknown-peer", f"sender {peer!r} is not a peer")
@@ -87,12 +62,16 @@ class Receiver:
             else:
                 log.info("replica bus peer %s joined", peer)
             st.incarnation, st.seq = msg.incarnation, -1
-            self.on_join()
-        if msg.seq <= st.seq:
-            raise BusMessageError("stale", f"sequence {msg.seq} after {st.seq} from {peer}")
-        st.seq = msg.seq
+            self.on_join(peer)
+        if msg.kind == "load":  # an older snapshot must not replace a newer one (records are idempotent: any order)
+            if msg.seq <= st.seq:
+                raise BusMessageError("stale", f"sequence {msg.seq} after {st.seq} from {peer}")
+            st.seq = msg.seq
         self.received[msg.kind] += 1
         if msg.kind == "load":
+            if st.lapsed:  # back after its ttl passed (a partition healed)
+                log.info("replica bus peer %s is back", peer)
+                st.lapsed = False
             self.apply_load(peer, st, msg.body)
         else:
             self.channels.deliver(peer, msg.body["name"], msg.body["items"])

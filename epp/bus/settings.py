@@ -3,8 +3,11 @@
     epp serve ... --bus-peers 10.0.0.5:9004,10.0.0.6:9004      static replicas (the same list everywhere)
     epp serve ... --bus-service pointsman-bus                   a headless Service's endpoints (Kubernetes)
     epp serve ... --workers 4                                   the workers of one pod share over ipc sockets
+    epp serve ... --bus-url nats://10.0.0.9:4222                over a NATS server instead of the mesh
 
-The bus is on when peers are given or the process is a worker of several. A replica's address is `--bus-address`
+The bus is on when peers are given, a NATS URL (`--bus-url`: every process, every worker included, then talks over
+NATS on the pool's subject; credentials in the URL, `--bus-nats-creds`, TLS flags; epp/natsconn.py) or the process
+is a worker of several. A replica's address is `--bus-address`
 (default $POD_IP, else 127.0.0.1) and `--bus-port` (9004); worker i of a replica uses port + i. The shared secret
 (`--bus-secret`, better $POINTSMAN_BUS_SECRET or `--bus-secret-file`) signs every message with HMAC-SHA256; it is
 never logged, shown or exported. Without one, anyone who can reach the bus port can publish load: keep the port
@@ -17,10 +20,13 @@ import argparse
 import dataclasses
 import ipaddress
 import os
+import re
+import socket
 from dataclasses import dataclass, field
 
 from epp.bus.peers import expand, host_port, parse_peers, split_address, worker_addresses
 from epp.extras import check
+from epp.natsconn import NatsTarget
 
 DEFAULT_PORT = 9004
 
@@ -44,6 +50,15 @@ def add_flags(g: argparse._ActionsContainer) -> None:
     g.add_argument("--bus-ttl", type=float, default=1.0,
                    help="seconds a peer's shared load counts without news from it (1.0)")
     g.add_argument("--bus-heartbeat", type=float, default=0.1, help="seconds between a replica's snapshots (0.1)")
+    g.add_argument("--bus-url", default=env("POINTSMAN_BUS_URL") or None,
+                   help="share over NATS instead of the mesh: nats://[user:password@]host:port[,...] (tls:// too)")
+    g.add_argument("--bus-subject", default=None,
+                   help="the NATS subject of this pool's replicas (pointsman.bus.<pool namespace>.<pool name>)")
+    g.add_argument("--bus-nats-creds", default=env("POINTSMAN_BUS_NATS_CREDS") or None,
+                   help="a NATS credentials file (JWT and NKey seed)")
+    g.add_argument("--bus-nats-ca", default=None, help="CA file that signs the NATS server's certificate")
+    g.add_argument("--bus-nats-cert", default=None, help="client certificate for NATS (with --bus-nats-key)")
+    g.add_argument("--bus-nats-key", default=None, help="the client certificate's key")
     # Set by the supervisor of `--workers N` for each worker (epp/workers/); not for operators.
     g.add_argument("--worker-index", type=int, default=None, help=argparse.SUPPRESS)
     g.add_argument("--worker-dir", default=None, help=argparse.SUPPRESS)
@@ -62,6 +77,8 @@ class BusSettings:
     secret: bytes | None = field(default=None, repr=False)  # never in a repr, a log or a metric
     ttl: float = 1.0
     heartbeat: float = 0.1
+    nats: NatsTarget | None = None  # over NATS (address is then this process's unique name), else the mesh
+    subject: str = ""
 
 
 @dataclass(frozen=True)
@@ -85,15 +102,22 @@ class ReplicaSettings:
             raise ValueError("--workers must be at least 1")
         s = cls(workers=ns.workers, worker_index=ns.worker_index, worker_dir=ns.worker_dir, secret=ns.bus_secret)
         tcp = bool(ns.bus_peers or ns.bus_service)
+        if tcp and ns.bus_url:
+            raise ValueError("--bus-url (NATS) replaces --bus-peers and --bus-service: give one or the other")
         peers = parse_peers(ns.bus_peers or "") if tcp else []
-        if not tcp and s.workers <= 1:
+        if not tcp and not ns.bus_url and s.workers <= 1:
             return s  # no bus
-        check("replicas", "--bus-service" if ns.bus_service else "--bus-peers" if tcp else "--workers")
+        if ns.bus_url:
+            check("replicas", "--bus-url", ("nats", "msgpack"))
+        else:
+            check("replicas", "--bus-service" if ns.bus_service else "--bus-peers" if tcp else "--workers")
         if s.supervises:
             return s  # each worker resolves its own bus
         bus = BusSettings("", "", workers=s.workers, secret=read_secret(ns.bus_secret_file, ns.bus_secret),
                           ttl=ns.bus_ttl, heartbeat=ns.bus_heartbeat)
-        if tcp:
+        if ns.bus_url:
+            bus = nats_bus(bus, ns, s.worker_index or 0)
+        elif tcp:
             bus = tcp_bus(bus, s.worker_index or 0, ns.bus_address or "127.0.0.1", ns.bus_port, peers, ns.bus_service)
         else:
             bus = ipc_bus(bus, s.worker_index or 0, s.worker_dir)
@@ -129,6 +153,23 @@ def tcp_bus(common: BusSettings, index: int, address: str, port: int, peers: lis
     return dataclasses.replace(common, address=host_port(host, base + index), bind=bind,
                                peers=sorted(set(expand(peers, common.workers)) | set(siblings)), service=service,
                                service_port=base)
+
+
+def nats_bus(common: BusSettings, ns: argparse.Namespace, index: int) -> BusSettings:
+    """Over NATS: the server, the pool's subject, and this process's name on it (its bus address and port + worker
+    index, as on the mesh: unique per process of a pool)."""
+    target = NatsTarget.parse(ns.bus_url, creds=ns.bus_nats_creds, tls_ca=ns.bus_nats_ca, tls_cert=ns.bus_nats_cert,
+                              tls_key=ns.bus_nats_key)
+    host, base = _host_and_port(ns.bus_address or socket.gethostname(), ns.bus_port)
+    subject = ns.bus_subject or ".".join(["pointsman", "bus", *(_token(x) for x in (
+        getattr(ns, "pool_namespace", None) or "default", getattr(ns, "pool_name", None) or "default"))])
+    if not re.fullmatch(r"[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*", subject):
+        raise ValueError(f"--bus-subject {subject!r}: dot-separated tokens of letters, digits, _ and - (no wildcards)")
+    return dataclasses.replace(common, address=host_port(host, base + index), nats=target, subject=subject)
+
+
+def _token(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_-]", "_", text) or "_"
 
 
 def _host_and_port(address: str, port: int) -> tuple[str, int]:

@@ -8,6 +8,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from epp.bus.bus import ReplicaBus
+from epp.bus.nats_transport import NatsTransport
 from epp.bus.peers import ServicePeers
 from epp.bus.replication import Replication
 from epp.bus.settings import BusSettings
@@ -28,8 +29,12 @@ class BusRuntime:
             raise ValueError("--bus-service needs the Kubernetes API (in-cluster config or --kubeconfig)")
         self.settings = settings
         s = settings
-        self.bus = ReplicaBus(s.address, datastore.inflight, bind=s.bind, peers=s.peers, secret=s.secret,
-                              ttl=s.ttl, heartbeat=s.heartbeat, known=lambda key: key in datastore.members())
+        transport = None
+        if s.nats is not None:
+            transport = NatsTransport(s.nats, s.subject, name=s.address, signed=s.secret is not None)
+        self.bus = ReplicaBus(s.address, datastore.inflight, bind=s.bind or None, peers=s.peers, secret=s.secret,
+                              ttl=s.ttl, heartbeat=s.heartbeat, known=lambda key: key in datastore.members(),
+                              transport=transport)
         self.replication = Replication(self.bus, datastore)
         self.discovery: ServicePeers | None = None
         if s.service and api is not None:
@@ -42,8 +47,9 @@ class BusRuntime:
         if self.discovery is not None:
             self.discovery.start()
         s = self.settings
-        log.info("replica bus: %s (%s), %s%s", s.address, s.bind,
-                 f"peers from Service {s.service}" if s.service else f"{len(self.bus.peers)} peer(s)",
+        peers = (f"peers from Service {s.service}" if s.service else "peers: whoever publishes on the subject"
+                 if s.nats else f"{len(self.bus.peers)} peer(s)")
+        log.info("replica bus: %s (%s), %s%s", s.address, self.bus.transport.describe(), peers,
                  ", messages signed" if s.secret else ", messages NOT signed (no --bus-secret)")
 
     async def stop(self) -> None:

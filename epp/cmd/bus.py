@@ -1,5 +1,6 @@
 """`epp serve`'s replica bus (epp/bus): shared in-flight load and replicated plugin state, when the settings turn
-it on (peers, a Service, or several workers). ZMQ and msgpack (the 'replicas' extra) are imported only then."""
+it on (peers, a Service, a NATS URL, or several workers). ZMQ, msgpack and nats-py (the 'replicas' extra) are
+imported only then."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ async def start_replica_bus(app: Components) -> None:
     settings = app.settings.replicas.bus
     if settings is None:
         return
-    for module in ("zmq", "msgpack"):
+    for module in ("zmq", "msgpack", *(("nats",) if settings.nats else ())):
         require("replicas", module, "the replica bus")
     from epp.bus import register_bus_metrics, start_bus
 

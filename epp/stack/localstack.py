@@ -30,6 +30,7 @@ from epp.routing import StackExample
 from epp.routing.dialects import BY_NAME
 from epp.stack.children import Children
 from epp.stack.keys import Keys
+from epp.stack.natsd import start_nats_server
 from epp.stack.ports import free_port, wait_port
 from epp.stack.settings import StackSettings
 
@@ -80,6 +81,7 @@ class LocalStack:
         for port, what in [(p, "modelsim") for p in ports] + [
             (a.grpc_port, "Pointsman gRPC"), (a.listen_port, "Envoy listener"), (a.admin_port, "Envoy admin"),
             (a.metrics_port, "Pointsman metrics"), (a.grpc_health_port, "Pointsman health"),
+            *([(a.nats_port, "nats-server")] if a.bus == "nats" else []),
         ]:
             _check_free(port, what)
         print("Starting the Pointsman local stack", flush=True)
@@ -87,6 +89,9 @@ class LocalStack:
         self.active = list(ports)
         self.write_endpoints()
         source, fragments = self._routes(ports)
+        if a.bus == "nats":
+            self.step(f"nats-server on :{a.nats_port} (the replica bus)")
+            source += ["--bus-url", start_nats_server(self.children, a.nats_port, self.dir)]
         self._start_pointsman(source)
         # EDS keeps one pool ("default") current; the examples' pools are listed statically.
         eds = a.variant == "override-host" and a.example == "pool"

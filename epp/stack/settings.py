@@ -36,6 +36,9 @@ def add_flags(p: argparse._ActionsContainer) -> None:
                    help="modelsim publishes KV-cache events (and replays them) and Pointsman subscribes (true)")
     p.add_argument("--workers", type=int, default=1,
                    help="Pointsman worker processes sharing the gRPC port and their state (docs/replicas.md)")
+    p.add_argument("--bus", choices=("mesh", "nats"), default="mesh",
+                   help="the replica bus of the workers: mesh (ZMQ, default) or nats (starts nats-server itself)")
+    p.add_argument("--nats-port", type=int, default=4222, help="nats-server's port with --bus nats (4222)")
     p.add_argument("--duration", type=float, default=0, help="stop after this many seconds (0 = until Ctrl-C)")
     p.add_argument("--quiet", action="store_true", help="no live view (for scripts)")
     examples = {d.name: d.example.help for d in DIALECTS if d.example is not None}
@@ -63,6 +66,8 @@ class StackSettings:
     shadow_config: str | None = None  # a scheduling config Pointsman runs in shadow (epp/observe/shadow.py)
     kv_events: bool = True
     workers: int = 1
+    bus: str = "mesh"  # the replica bus: mesh (ZMQ) or nats (a nats-server the stack starts)
+    nats_port: int = 4222
     duration: float = 0.0  # 0: until Ctrl-C
     quiet: bool = False
     example: str = "pool"
@@ -77,7 +82,8 @@ class StackSettings:
         return cls(servers=ns.servers, sim_base_port=ns.sim_base_port, listen_port=ns.listen_port,
                    grpc_port=ns.grpc_port, grpc_health_port=ns.grpc_health_port, metrics_port=ns.metrics_port,
                    admin_port=ns.admin_port, time_scale=ns.time_scale, variant=ns.variant,
-                   config_file=ns.config_file, shadow_config=ns.shadow_config, kv_events=ns.kv_events, workers=ns.workers, duration=ns.duration,
+                   config_file=ns.config_file, shadow_config=ns.shadow_config, kv_events=ns.kv_events, workers=ns.workers, bus=ns.bus,
+                   nats_port=ns.nats_port, duration=ns.duration,
                    quiet=ns.quiet, example=ns.example)
 
 

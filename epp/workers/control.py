@@ -53,7 +53,7 @@ def status(app: Components) -> dict[str, Any]:
         "reloads": {name: w.reloads for name, w in app.watchers.items()},
         "failures": {name: w.failures for name, w in app.watchers.items()},
         "bus": None if bus is None else {
-            "address": bus.bus.address, "peers": len(bus.bus.peers), "live_peers": len(bus.bus.live_peers()),
+            "address": bus.bus.address, "transport": bus.bus.transport.describe(), "peers": len(bus.bus.peers), "live_peers": len(bus.bus.live_peers()),
             "published": bus.bus.published, "received": sum(bus.bus.received.values()),
             "dropped": sum(bus.bus.dropped.values()),
         },

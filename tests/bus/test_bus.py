@@ -152,3 +152,45 @@ async def test_peer_set_changes_follow_discovery(pair):
     await until(lambda: b.inflight.get(KEY).requests == 1, 3.0, "shared")
     b.set_peers([])  # a left the peer set (e.g. the headless Service dropped it)
     assert b.inflight.get(KEY).requests == 0 and b.peers == []
+
+
+async def test_a_peer_back_after_its_ttl_lapsed_gets_its_load_back_and_no_replay_storm():
+    now = [100.0]
+    a_addr, b_addr = addr(), addr()
+    b = ReplicaBus(b_addr, InflightTracker(), peers=[a_addr], ttl=1.0, heartbeat=0.05, clock=lambda: now[0])
+    b.add_channel("prefix", lambda: [], lambda peer, items: None, snapshot=lambda: [[KEY, [1]]])
+    await b.start()
+    seq = iter(range(1, 100))
+
+    def hear_a() -> None:
+        b.accept(encode(BusMessage(a_addr, 7, next(seq), "load", {"ttl": 1.0, "inflight": {KEY: [1, 0]}})))
+
+    try:
+        hear_a()  # a joins: replayed one heartbeat later
+        now[0] += 0.1
+        await until(lambda: b.replays == 1, 2.0, "the join's replay")
+        for _ in range(3):  # a stalls past its ttl and comes back, again and again (same incarnation)
+            now[0] += 1.5
+            await until(lambda: b.inflight.get(KEY).requests == 0 and b.live_peers() == [], 2.0, "a expired")
+            hear_a()
+            assert b.inflight.get(KEY).requests == 1 and b.live_peers() == [a_addr]  # its next snapshot counts
+            now[0] += 0.1
+            await asyncio.sleep(0.2)
+        assert b.replays == 1  # only a join (a new incarnation) is replayed to
+    finally:
+        await b.stop()
+
+
+async def test_only_loads_must_arrive_in_order():
+    a_addr, b_addr = addr(), addr()
+    got: list = []
+    b = ReplicaBus(b_addr, InflightTracker(), peers=[a_addr])
+    b.add_channel("prefix", lambda: [], lambda peer, items: got.extend(items))
+    await b.start()
+    b.accept(encode(BusMessage(a_addr, 7, 5, "load", {"ttl": 1.0, "inflight": {KEY: [2, 0]}})))
+    b.accept(encode(BusMessage(a_addr, 7, 3, "records", {"name": "prefix", "items": [[KEY, [1]]]})))  # a replay
+    assert got == [[KEY, [1]]]
+    with pytest.raises(BusMessageError, match="stale"):
+        b.accept(encode(BusMessage(a_addr, 7, 4, "load", {"ttl": 1.0, "inflight": {KEY: [9, 0]}})))
+    assert b.inflight.get(KEY).requests == 2
+    await b.stop()

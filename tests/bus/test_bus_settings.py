@@ -63,3 +63,36 @@ def test_the_environment_configures_the_bus(monkeypatch, tmp_path):
 def test_bad_peer_addresses_are_named(bad):
     with pytest.raises(ValueError, match="host:port"):
         settings("--bus-peers", bad)
+
+
+def test_a_nats_url_puts_the_bus_on_nats_with_a_subject_per_pool():
+    s = settings("--bus-url", "nats://alice:s3cret@10.0.0.9:4222,nats://10.0.0.10", "--bus-address", "10.0.0.5",
+                 "--pool-name", "my pool", "--pool-namespace", "team-a")
+    assert s.nats is not None and s.nats.servers == ("nats://10.0.0.9:4222", "nats://10.0.0.10:4222")
+    assert s.nats.user == "alice" and s.nats.password == "s3cret"
+    assert s.subject == "pointsman.bus.team-a.my_pool" and s.address == "10.0.0.5:9004" and s.peers == []
+    assert "s3cret" not in repr(s) and "s3cret" not in s.nats.redacted()
+    assert s.nats.redacted() == "nats://10.0.0.9:4222,nats://10.0.0.10:4222 (user alice, password)"
+    assert settings("--bus-url", "nats://n:4222", "--bus-subject", "x.y", "--bus-address", "h").subject == "x.y"
+
+
+def test_nats_credentials_and_tls_flags():
+    s = settings("--bus-url", "tls://tok3n@n:4443", "--bus-nats-creds", "/etc/nats/u.creds",
+                 "--bus-nats-ca", "/ca.pem", "--bus-address", "h")
+    assert s.nats.token == "tok3n" and s.nats.creds == "/etc/nats/u.creds" and s.nats.tls_ca == "/ca.pem"
+    assert s.nats.redacted() == "tls://n:4443 (token, creds file /etc/nats/u.creds, tls)"
+    assert "tok3n" not in repr(s.nats)
+
+
+@pytest.mark.parametrize("flags, message", [
+    (("--bus-url", "http://n:4222"), "nats:// or tls://"),
+    (("--bus-url", "nats://n:99999"), "bad port"),
+    (("--bus-url", "nats://n:4222/path"), "expected nats://"),
+    (("--bus-url", " , "), "a NATS URL is needed"),
+    (("--bus-url", "nats://n", "--bus-nats-cert", "c.pem"), "both the certificate and its key"),
+    (("--bus-url", "nats://n", "--bus-subject", "a.*"), "no wildcards"),
+    (("--bus-url", "nats://n", "--bus-peers", "a:1"), "replaces --bus-peers"),
+])
+def test_bad_nats_flags_are_refused_clearly(flags, message):
+    with pytest.raises(ValueError, match=message):
+        settings("--bus-address", "h", *flags)

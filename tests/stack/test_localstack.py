@@ -29,15 +29,15 @@ def sim_ports(lines: list[str]) -> list[int]:
     return [int(p) for p in line.split("on ports", 1)[1].split("(", 1)[0].replace(",", " ").split()]
 
 
-@pytest.mark.parametrize("workers", [1, 2])
-def test_local_stack_routes_and_stops_cleanly(workers):
+@pytest.mark.parametrize(("workers", "bus"), [(1, "mesh"), (2, "mesh"), (2, "nats")])
+def test_local_stack_routes_and_stops_cleanly(workers, bus):
     # Every port is picked by the OS on its own; --sim-base-port 0 lets the stack do the same for each server.
     listen, metrics, admin, grpc_port, health = (free_port() for _ in range(5))
     proc = subprocess.Popen(
         [sys.executable, "-m", "epp.cmd.cli", "stack", "--servers", "2", "--sim-base-port", "0",
          "--listen-port", str(listen), "--grpc-port", str(grpc_port), "--grpc-health-port", str(health),
          "--metrics-port", str(metrics), "--admin-port", str(admin), "--time-scale", "0.05", "--duration", "12",
-         "--workers", str(workers)],
+         "--workers", str(workers), "--bus", bus, "--nats-port", str(free_port())],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
     lines: list[str] = []
@@ -82,6 +82,11 @@ def test_local_stack_routes_and_stops_cleanly(workers):
                 group = orjson.loads(r.read())
             assert group["workers"] == 2 and all(p["alive"] for p in group["processes"])
             pids = [p["pid"] for p in group["processes"]]
+            # the workers share over the bus (over NATS with --bus nats: the stack started nats-server)
+            wait_until(lambda: all(p["status"]["bus"]["live_peers"] == 1 for p in _group(metrics)["processes"]),
+                       10.0, "the workers hear each other")
+            assert all(p["status"]["bus"]["transport"].startswith("NATS" if bus == "nats" else "mesh")
+                       for p in _group(metrics)["processes"])
         out, _ = proc.communicate(timeout=60)
         lines.append(out)
     finally:
@@ -91,10 +96,17 @@ def test_local_stack_routes_and_stops_cleanly(workers):
     assert proc.returncode == 0, text
     assert "route " in text and f"-> 127.0.0.1:{pod_port}" in text, text
     assert "fleet " in text
+    if bus == "nats":
+        assert "nats-server on :" in text, text
     if workers > 1:
         assert "(2 workers)" in text
         for pid in pids:  # the stack stopped every worker with the supervisor
             assert not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split()[2] == "Z"
+
+
+def _group(metrics: int) -> dict:
+    with urllib.request.urlopen(f"http://127.0.0.1:{metrics}/-/workers", timeout=10) as r:
+        return orjson.loads(r.read())
 
 
 class LiveStack:

@@ -1,0 +1,152 @@
+"""A real Debian nats-server for tests, and a TCP proxy in front of it that a test can cut.
+
+`NatsServer().start()` runs nats-server on an OS-chosen loopback port with JetStream on (`-js -sd <tmp dir>`),
+never daemonized, and waits until it accepts clients. It can be paused (SIGSTOP: connections stay open, nothing
+is answered), resumed, killed and restarted on the same port (a broker restart), and stopped (its directory goes).
+`scripts/bootstrap.sh --test-deps` installs Debian's nats-server when it is missing.
+
+`TcpProxy(port)` forwards a loopback port to the server's: `cut()` closes every connection through it and refuses
+new ones (a partition between one client and the broker), `heal()` accepts again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+
+from epp.stack import nats_binary
+from epp.stack.ports import free_port, wait_port
+
+
+class NatsServer:
+    def __init__(self, *args: str) -> None:
+        self.port = 0
+        self.args = args  # extra nats-server flags
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.dir = tempfile.mkdtemp(prefix="pointsman-nats-")
+        self._log = os.path.join(self.dir, "nats.log")
+
+    @property
+    def url(self) -> str:
+        return f"nats://127.0.0.1:{self.port}"
+
+    def start(self, port: int | None = None) -> NatsServer:
+        binary = nats_binary()
+        for attempt in range(5):
+            self.port = port or free_port()
+            self.proc = subprocess.Popen(
+                [binary, "-a", "127.0.0.1", "-p", str(self.port), "-js", "-sd", os.path.join(self.dir, "js"),
+                 "-l", self._log, *self.args],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            )
+            try:
+                wait_port(self.port, timeout=10, proc=self.proc, what="nats-server")
+                return self
+            except RuntimeError:
+                if port is not None or attempt == 4:
+                    raise RuntimeError(f"nats-server failed to start: {self.log_tail()}") from None
+        return self
+
+    def log_tail(self) -> str:
+        try:
+            with open(self._log) as f:
+                return f.read()[-2000:]
+        except OSError:
+            return "(no log)"
+
+    def pause(self) -> None:
+        assert self.proc is not None
+        os.kill(self.proc.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        assert self.proc is not None
+        os.kill(self.proc.pid, signal.SIGCONT)
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGCONT)  # a paused process must run to die
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+
+    def restart(self) -> None:
+        """Start again on the same port (after kill: a broker restart)."""
+        self.kill()
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                self.start(self.port)
+                return
+            except RuntimeError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+
+    def stop(self) -> None:
+        self.kill()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class TcpProxy:
+    """127.0.0.1:<port> -> 127.0.0.1:<target>, in the test's event loop."""
+
+    def __init__(self, target: int) -> None:
+        self.target = target
+        self.port = 0
+        self.open = True
+        self._server: asyncio.Server | None = None
+        self._writers: set[asyncio.StreamWriter] = set()
+
+    @property
+    def url(self) -> str:
+        return f"nats://127.0.0.1:{self.port}"
+
+    async def start(self) -> TcpProxy:
+        self._server = await asyncio.start_server(self._client, "127.0.0.1", self.port)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self
+
+    async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if not self.open:
+            writer.close()
+            return
+        try:
+            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target)
+        except OSError:
+            writer.close()
+            return
+        self._writers |= {writer, up_writer}
+        await asyncio.gather(self._pipe(reader, up_writer), self._pipe(up_reader, writer))
+
+    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while data := await reader.read(65536):
+                writer.write(data)
+                await writer.drain()
+        except (OSError, asyncio.CancelledError):
+            pass
+        finally:
+            self._writers.discard(writer)
+            with contextlib.suppress(Exception):
+                writer.close()
+
+    def cut(self) -> None:
+        """Close every connection through the proxy and refuse new ones."""
+        self.open = False
+        for w in list(self._writers):
+            w.close()
+        self._writers.clear()
+
+    def heal(self) -> None:
+        self.open = True
+
+    async def stop(self) -> None:
+        self.cut()
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
