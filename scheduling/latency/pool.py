@@ -44,7 +44,7 @@ class PoolPlan:
     """One candidate list's arrays: keys, fresh loads, positions, and (per version of the learnt timings) each
     endpoint's timings as the dense pass reads them."""
 
-    __slots__ = ("cands", "keys", "fresh", "lo", "hi", "pos", "all_odd", "kinds_stamp", "scales_stamp", "fitted",
+    __slots__ = ("cands", "keys", "fresh", "lo", "hi", "pos", "all_odd", "stamp", "kinds_stamp", "scales_stamp", "fitted",
                  "kv", "ov", "uv", "iv", "odd")
 
     def __init__(self, cands: list[Endpoint]) -> None:
@@ -55,6 +55,7 @@ class PoolPlan:
         self.hi = max(self.fresh, default=0)
         self.pos = {k: i for i, k in enumerate(self.keys)}
         self.all_odd = len(self.pos) < len(self.keys)  # a key listed twice: every endpoint by the whole formula
+        self.stamp: tuple[float, ...] | None = None  # what `timings` last read
         self.kinds_stamp: tuple[int, ...] | None = None  # what `kinds` last read (versions, sizes, the pool's id)
         self.scales_stamp: tuple[float, ...] | None = None  # what `kv` was last computed from
         self.fitted = False  # the dense pass prices the fitted kind (else the reference kind)
@@ -66,6 +67,10 @@ class PoolPlan:
 
     def timings(self, learner: Learner, table: EngineTimingTable) -> None:
         """Brings the timings up to date with the learner and the table (each part when its inputs moved)."""
+        stamp = (table.version, learner.version, learner.pool_scale, len(learner.scales), len(table.eff))
+        if stamp == self.stamp:
+            return
+        self.stamp = stamp
         pool = table.pool
         kinds = (table.version, learner.version if pool is not None else -1, len(table.eff), id(pool),
                  len(learner.scales))
@@ -139,6 +144,7 @@ class PoolCosts:
         self._slow_full = full
         self.slow_by_n: list[float] = []  # slowdown(n) for n = 0 .. len − 1, as the formula's table gives it
         self.plans: dict[tuple[int, int, int], PoolPlan] = {}
+        self.last: PoolPlan | None = None  # the plan of the previous request (most requests: the same pool)
 
     def slowdown(self, n: int) -> float:
         """slowdown(n) as the scoring pass computes it (the model's table, else the formula)."""
@@ -159,12 +165,15 @@ class PoolCosts:
 
     def plan(self, cands: list[Endpoint]) -> PoolPlan:
         """The plan of this candidate list (the same endpoint snapshots in the same order), built when new."""
-        tag = (len(cands), id(cands[0]), id(cands[-1]))
-        plan = self.plans.get(tag)
+        plan = self.last
         if plan is None or plan.cands != cands:
-            if plan is None and len(self.plans) >= MAX_PLANS:
-                del self.plans[next(iter(self.plans))]
-            plan = self.plans[tag] = PoolPlan(cands)
+            tag = (len(cands), id(cands[0]), id(cands[-1]))
+            plan = self.plans.get(tag)
+            if plan is None or plan.cands != cands:
+                if plan is None and len(self.plans) >= MAX_PLANS:
+                    del self.plans[next(iter(self.plans))]
+                plan = self.plans[tag] = PoolPlan(cands)
+            self.last = plan
         plan.timings(self.learner, self.table)
         return plan
 
@@ -212,11 +221,13 @@ class PoolCosts:
         if plan.all_odd:
             return range(len(plan.keys))
         pos_get = plan.pos.get
-        found: set[int | None] = set(plan.odd)
-        found.update(map(pos_get, self.backlog.queues()))
-        found.update(map(pos_get, cached))
+        found: set[int | None] = set(map(pos_get, self.backlog.queues()))
+        if cached:
+            found.update(map(pos_get, cached))
         found.discard(None)
         odd = cast(set[int], found)
+        if plan.odd:
+            odd.update(plan.odd)
         if need is not None:
             odd.update(compress(range(len(plan.keys)), map(need.__gt__, map(room.get, plan.keys, repeat(default_room)))))
         return odd
