@@ -15,6 +15,8 @@ table's version moves. A request then costs:
 3. the exceptions, one by one with the whole formula: an endpoint with a backlog, with a predicted hit, with too
    little room to take the prompt without evicting, or on timings of the pool's minority kind;
 4. the wait for a slot where n(e) > maxNumSeqs − 1.
+With no request in flight, n(e) is the plan's fresh loads, so their slowdowns and waits are kept with the plan too
+(the waits until a D(e) moves): the request's own work is then three C-level operations per endpoint.
 
 Each step evaluates the same operations in the same order as a per-endpoint evaluation, so the costs are equal to it
 bit for bit (tests/scheduling/test_sched_pool_costs.py compares the two over random states).
@@ -45,7 +47,7 @@ class PoolPlan:
     endpoint's timings as the dense pass reads them."""
 
     __slots__ = ("cands", "keys", "fresh", "lo", "hi", "pos", "all_odd", "stamp", "kinds_stamp", "scales_stamp", "fitted",
-                 "kv", "ov", "uv", "iv", "odd")
+                 "kv", "ov", "uv", "iv", "odd", "fresh_slow", "fresh_wait", "wait_stamp")
 
     def __init__(self, cands: list[Endpoint]) -> None:
         self.cands = list(cands)
@@ -64,6 +66,9 @@ class PoolPlan:
         self.uv: list[float] = []
         self.iv: list[float] = []
         self.odd: list[int] = []  # positions of the other kind
+        self.fresh_slow: list[float] | None = None  # slowdown(n(e)) of the fresh loads (no request in flight)
+        self.fresh_wait: list[float] = []  # the wait for a slot at the fresh loads, as of D(e)'s `wait_stamp`
+        self.wait_stamp = -1
 
     def timings(self, learner: Learner, table: EngineTimingTable) -> None:
         """Brings the timings up to date with the learner and the table (each part when its inputs moved)."""
@@ -196,7 +201,13 @@ class PoolCosts:
         else:  # k × (overhead + tokens × per token + decode)
             plain = ref.overhead + tokens * ref.prefill_per_token + c.decode_weight * (ref.inter_token * out_tokens)
             base = map(mul, plan.kv, repeat(plain))
-        costs = list(map(mul, base, self.slowdowns(ns, lo, hi)))
+        fresh = ns is plan.fresh
+        if fresh:
+            if plan.fresh_slow is None:
+                plan.fresh_slow = list(self.slowdowns(ns, lo, hi))
+            costs = list(map(mul, base, plan.fresh_slow))
+        else:
+            costs = list(map(mul, base, self.slowdowns(ns, lo, hi)))
         need = -(-tokens // c.block_tokens)
         tight = bool(c.eviction_weight and tokens) and (
             default_room < need or bool(room) and min(room.values()) < need)
@@ -205,14 +216,31 @@ class PoolCosts:
             evicting = self.exact(odd, plan.keys, ns, costs, tokens, cached, now, out_tokens, tight)
             if evicting:
                 self.evict(evicting, plan.keys, costs, tokens, room, default_room, warm, warm_weight)
+        if hi < c.max_num_seqs:
+            return costs, ns
+        if fresh:  # + 0.0 where n(e) ≤ S − 1 leaves the cost as it is
+            return list(map(add, costs, self.fresh_waits(plan))), ns
         s1 = c.max_num_seqs - 1
-        if hi > s1:  # the wait for a slot: (n − S + 1) × D(e) / S
-            d_get = self.learner.durations.get
+        d_get = self.learner.durations.get
+        initial = c.initial_request_seconds
+        per_seq = c.max_num_seqs
+        return [cost + (n - s1) * d_get(key, initial) / per_seq if n > s1 else cost
+                for cost, n, key in zip(costs, ns, plan.keys, strict=True)], ns
+
+    def fresh_waits(self, plan: PoolPlan) -> list[float]:
+        """The wait for a slot at the plan's fresh loads, (n − S + 1) × D(e) / S where n(e) > S − 1 and 0.0
+        elsewhere; kept until a D(e) moves."""
+        learner = self.learner
+        if plan.wait_stamp != learner.durations_version:
+            c = self.config
+            s1 = c.max_num_seqs - 1
+            d_get = learner.durations.get
             initial = c.initial_request_seconds
             per_seq = c.max_num_seqs
-            costs = [cost + (n - s1) * d_get(key, initial) / per_seq if n > s1 else cost
-                     for cost, n, key in zip(costs, ns, plan.keys, strict=True)]
-        return costs, ns
+            plan.fresh_wait = [(n - s1) * d_get(key, initial) / per_seq if n > s1 else 0.0
+                               for n, key in zip(plan.fresh, plan.keys, strict=True)]
+            plan.wait_stamp = learner.durations_version
+        return plan.fresh_wait
 
     def exceptions(self, plan: PoolPlan, cached: Mapping[str, float], room: Mapping[str, int | float],
                    default_room: int | float, need: float | None) -> Collection[int]:
