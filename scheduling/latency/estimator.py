@@ -78,12 +78,12 @@ class LatencyModel:
     # ---- the scoring pass ----------------------------------------------------------------------------------
     def costs(self, tokens: float, cached: Mapping[str, float], candidates: list[Endpoint],
               inflight: Mapping[str, InflightLoad], now: float, out_tokens: int, room: Mapping[str, int | float],
-              default_room: int | float, warm: Mapping[str, float], warm_weight: float
-              ) -> tuple[list[float], list[int]]:
+              default_room: int | float, warm: Mapping[str, float], warm_weight: float,
+              low: Mapping[str, int | float] | None = None) -> tuple[list[float], list[int]]:
         """cost(e) and n(e) per candidate: flat passes over the pool's arrays, the exceptions (a backlog, a predicted
-        hit, an eviction) one by one (`PoolCosts`, pool.py)."""
+        hit, an eviction) one by one (`PoolCosts`, pool.py; `low`: the room entries below `LOW_ROOM`, if known)."""
         return self.pool.costs(tokens, cached, candidates, inflight, now, out_tokens, room, default_room, warm,
-                               warm_weight)
+                               warm_weight, low)
 
     def predict(self, candidates: Sequence[Endpoint], ns: Sequence[int], tokens: float,
                 cached: Mapping[str, float], now: float) -> list[tuple[float, float]]:

@@ -24,6 +24,7 @@ bit for bit (tests/scheduling/test_sched_pool_costs.py compares the two over ran
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Collection, Iterable, Iterator, Mapping
 from itertools import compress, repeat
 from operator import add, attrgetter, mul
@@ -35,6 +36,7 @@ from scheduling.latency.config import ModelConfig
 from scheduling.latency.learner import Learner
 from scheduling.latency.table import EngineTimingTable
 from scheduling.latency.trust import TrustTable
+from scheduling.prefix.index import LOW_ROOM
 from scheduling.types import Endpoint
 
 MAX_PLANS = 8  # candidate lists kept (one per pool, or per model's subset of a pool)
@@ -61,13 +63,13 @@ class PoolPlan:
         self.kinds_stamp: tuple[int, ...] | None = None  # what `kinds` last read (versions, sizes, the pool's id)
         self.scales_stamp: tuple[float, ...] | None = None  # what `kv` was last computed from
         self.fitted = False  # the dense pass prices the fitted kind (else the reference kind)
-        self.kv: list[float] = []  # k(e) (reference kind)
-        self.ov: list[float] = []  # overhead, per token, inter-token (fitted kind)
-        self.uv: list[float] = []
-        self.iv: list[float] = []
+        self.kv: array[float] = array("d")  # k(e) (reference kind)
+        self.ov: array[float] = array("d")  # overhead, per token, inter-token (fitted kind)
+        self.uv: array[float] = array("d")
+        self.iv: array[float] = array("d")
         self.odd: list[int] = []  # positions of the other kind
-        self.fresh_slow: list[float] | None = None  # slowdown(n(e)) of the fresh loads (no request in flight)
-        self.fresh_wait: list[float] = []  # the wait for a slot at the fresh loads, as of D(e)'s `wait_stamp`
+        self.fresh_slow: array[float] | None = None  # slowdown(n(e)) of the fresh loads (no request in flight)
+        self.fresh_wait: array[float] = array("d")  # the wait for a slot at the fresh loads, as of D(e)'s `wait_stamp`
         self.wait_stamp = -1
 
     def timings(self, learner: Learner, table: EngineTimingTable) -> None:
@@ -84,7 +86,7 @@ class PoolPlan:
             self.kinds_stamp = kinds
         scales = (learner.version, learner.pool_scale, len(learner.scales))
         if not self.fitted and scales != self.scales_stamp:
-            self.kv = list(map(learner.scales.get, self.keys, repeat(learner.pool_scale)))
+            self.kv = array("d", map(learner.scales.get, self.keys, repeat(learner.pool_scale)))
             self.scales_stamp = scales
 
     def kinds(self, learner: Learner, table: EngineTimingTable) -> None:
@@ -106,7 +108,7 @@ class PoolPlan:
         if self.fitted:
             self.odd = ref
             fits = [t or (0.0, 0.0, 0.0, 0.0) for t in ts]
-            self.ov, self.uv, self.iv = ([t[j] for t in fits] for j in range(3))
+            self.ov, self.uv, self.iv = (array("d", [t[j] for t in fits]) for j in range(3))
         else:
             self.odd = [i for i, t in enumerate(ts) if t is not None]
 
@@ -185,9 +187,10 @@ class PoolCosts:
     # ---- the pass ------------------------------------------------------------------------------------------
     def costs(self, tokens: float, cached: Mapping[str, float], candidates: list[Endpoint],
               inflight: Mapping[str, InflightLoad], now: float, out_tokens: int, room: Mapping[str, int | float],
-              default_room: int | float, warm: Mapping[str, float], warm_weight: float
-              ) -> tuple[list[float], list[int]]:
-        """cost(e) and n(e) per candidate (module docstring)."""
+              default_room: int | float, warm: Mapping[str, float], warm_weight: float,
+              low: Mapping[str, int | float] | None = None) -> tuple[list[float], list[int]]:
+        """cost(e) and n(e) per candidate (module docstring). `low`, when given, holds every entry of `room` below
+        `LOW_ROOM` (the index's `low_room()`): a prompt of fewer blocks then reads it instead of every endpoint's room."""
         if not candidates:
             return [], []
         c = self.config
@@ -204,14 +207,16 @@ class PoolCosts:
         fresh = ns is plan.fresh
         if fresh:
             if plan.fresh_slow is None:
-                plan.fresh_slow = list(self.slowdowns(ns, lo, hi))
+                plan.fresh_slow = array("d", self.slowdowns(ns, lo, hi))
             costs = list(map(mul, base, plan.fresh_slow))
         else:
             costs = list(map(mul, base, self.slowdowns(ns, lo, hi)))
         need = -(-tokens // c.block_tokens)
+        if low is not None and (need > LOW_ROOM or default_room < need):
+            low = None  # the short ones are not all in `low`
         tight = bool(c.eviction_weight and tokens) and (
-            default_room < need or bool(room) and min(room.values()) < need)
-        odd = self.exceptions(plan, cached, room, default_room, need if tight else None)
+            default_room < need or any(map(need.__gt__, (room if low is None else low).values())))
+        odd = self.exceptions(plan, cached, room, default_room, need if tight else None, low)
         if odd:
             evicting = self.exact(odd, plan.keys, ns, costs, tokens, cached, now, out_tokens, tight)
             if evicting:
@@ -227,7 +232,7 @@ class PoolCosts:
         return [cost + (n - s1) * d_get(key, initial) / per_seq if n > s1 else cost
                 for cost, n, key in zip(costs, ns, plan.keys, strict=True)], ns
 
-    def fresh_waits(self, plan: PoolPlan) -> list[float]:
+    def fresh_waits(self, plan: PoolPlan) -> array[float]:
         """The wait for a slot at the plan's fresh loads, (n − S + 1) × D(e) / S where n(e) > S − 1 and 0.0
         elsewhere; kept until a D(e) moves."""
         learner = self.learner
@@ -237,15 +242,17 @@ class PoolCosts:
             d_get = learner.durations.get
             initial = c.initial_request_seconds
             per_seq = c.max_num_seqs
-            plan.fresh_wait = [(n - s1) * d_get(key, initial) / per_seq if n > s1 else 0.0
-                               for n, key in zip(plan.fresh, plan.keys, strict=True)]
+            plan.fresh_wait = array("d", [(n - s1) * d_get(key, initial) / per_seq if n > s1 else 0.0
+                                          for n, key in zip(plan.fresh, plan.keys, strict=True)])
             plan.wait_stamp = learner.durations_version
         return plan.fresh_wait
 
     def exceptions(self, plan: PoolPlan, cached: Mapping[str, float], room: Mapping[str, int | float],
-                   default_room: int | float, need: float | None) -> Collection[int]:
+                   default_room: int | float, need: float | None, low: Mapping[str, int | float] | None
+                   ) -> Collection[int]:
         """Positions the dense pass does not price: the minority kind of timings, a backlog, a predicted hit, and
-        (`need`: the prompt's blocks, when some endpoint may lack room for them) too little room."""
+        (`need`: the prompt's blocks, when some endpoint may lack room for them) too little room, found in `low`
+        (every endpoint short of `need`, when given) or in every endpoint's room."""
         if plan.all_odd:
             return range(len(plan.keys))
         pos_get = plan.pos.get
@@ -256,7 +263,10 @@ class PoolCosts:
         odd = cast(set[int], found)
         if plan.odd:
             odd.update(plan.odd)
-        if need is not None:
+        if need is not None and low is not None:
+            short = [pos_get(k) for k, r in low.items() if r < need]
+            odd.update(i for i in short if i is not None)
+        elif need is not None:
             odd.update(compress(range(len(plan.keys)), map(need.__gt__, map(room.get, plan.keys, repeat(default_room)))))
         return odd
 

@@ -20,6 +20,7 @@ import pytest
 from scheduling.api import NO_LOAD, InflightLoad, SchedulingContext
 from scheduling.config import load_scheduler
 from scheduling.latency import LatencyModel, ModelConfig, Timings
+from scheduling.prefix.index import LOW_ROOM, PrefixIndex
 from scheduling.types import Endpoint, EngineTotals, LLMRequest, Metrics
 
 REF = Timings(0.03, 250e-6, 0.012)
@@ -28,8 +29,9 @@ REF = Timings(0.03, 250e-6, 0.012)
 def reference_costs(model: LatencyModel, tokens: float, cached: Mapping[str, float], candidates: list[Endpoint],
                     inflight: Mapping[str, InflightLoad], now: float, out_tokens: int,
                     room: Mapping[str, int | float], default_room: int | float, warm: Mapping[str, float],
-                    warm_weight: float) -> tuple[list[float], list[int]]:
-    """The estimated-latency formula (scheduling/plugins/scorers/estimated_latency.py), one endpoint at a time."""
+                    warm_weight: float, low: object = None) -> tuple[list[float], list[int]]:
+    """The estimated-latency formula (scheduling/plugins/scorers/estimated_latency.py), one endpoint at a time
+    (`low`, a shortcut of the pass, is not needed here)."""
     c = model.config
     ref = c.reference
     s1 = c.max_num_seqs - 1
@@ -114,7 +116,8 @@ class Scenario:
         tokens = float(rnd.choice([0, 7, 400, 4096, 20_000]))
         cached = {k: float(rnd.randrange(0, int(tokens * 1.2) + 1)) for k in self.sample(0.1)}
         inflight = {k: InflightLoad(rnd.randrange(0, 3 * self.s), 0) for k in self.sample(rnd.choice([0.0, 0.3, 1.0]))}
-        room = {k: rnd.randrange(0, int(tokens // 16) + 5) for k in self.sample(rnd.choice([0.0, 0.05, 0.5]))}
+        room = {k: rnd.choice([rnd.randrange(0, int(tokens // 16) + 5), rnd.randrange(0, 40_000)])
+                for k in self.sample(rnd.choice([0.0, 0.05, 0.5]))}
         default_room = rnd.choice([31_250, 31_250, 100])
         warm = {k: float(rnd.randrange(1, 5000)) for k in self.sample(0.05)}
         return tokens, cached, inflight, room, default_room, warm
@@ -151,6 +154,8 @@ def test_the_pass_equals_the_formula_endpoint_by_endpoint(n: int, seed: int) -> 
         want = reference_costs(sc.model, *args)
         assert sc.model.costs(*args) == want
         assert sc.model.costs(*args) == want  # again, from what the pass kept
+        low = {k: r for k, r in room.items() if r < LOW_ROOM}  # what the index's low_room() holds
+        assert sc.model.costs(*args, low) == want
         sc.move()
 
 
@@ -204,3 +209,21 @@ def test_the_default_profile_decides_as_with_the_reference(n: int) -> None:
                 inflight[done_key] = InflightLoad(inflight[done_key].requests - 1, 0)
     assert picks[0] == picks[1]
     assert len(set(picks[0])) > 1
+
+
+def test_the_index_keeps_every_endpoint_short_of_room_in_low_room() -> None:
+    """PrefixIndex.low_room() is room() below LOW_ROOM after records, capacity changes and departures."""
+    rnd = random.Random(11)
+    index = PrefixIndex(LOW_ROOM + 50)
+    keys = [f"10.9.0.{i}:8000" for i in range(12)]
+    for step in range(400):
+        key = rnd.choice(keys)
+        op = rnd.random()
+        if op < 0.7:
+            index.record(key, [rnd.randrange(1, 1 << 40) for _ in range(rnd.randrange(1, 256))], float(step))
+        elif op < 0.9:
+            index.set_capacity(key, rnd.randrange(1, 2 * LOW_ROOM))
+        else:
+            index.forget(key)
+        assert dict(index.low_room()) == {k: r for k, r in index.room().items() if r < LOW_ROOM}
+    assert index.low_room()  # the walk did reach endpoints short of room
