@@ -1,21 +1,24 @@
 """Scheduler micro-benchmark (not a test).
 
-1. Decision cost of two profiles side by side at 8, 64, 512 and 2048 endpoints, one process, interleaved per
-   decision (default, GIE, default, GIE, ...):
+1. Decision cost of two profiles side by side at 8, 64, 256, 512, 1024 and 2048 endpoints, one process, interleaved
+   per decision, the order alternating (default, GIE, GIE, default, ...: whichever decides a request first pays for
+   bringing its 16 KB prompt into the cache, up to 20 µs):
    - "default": the built-in default profile, what Pointsman runs with no config (estimated-latency-scorer ×1,
      max-score-picker; deploy/profiles/estimated-latency.yaml);
    - "GIE": GIE's default weights (deploy/profiles/gie-default.yaml: queue ×2, kv-cache-utilization ×2,
      prefix-cache ×3, max-score-picker).
    The prompt is 16 KB: one of 8 shared 4 KB system prompts followed by a unique 12 KB conversation, against a
-   prefix index warmed by 200 decisions. Reports the median (and p10) of schedule() per profile, their ratio, and
-   the median of pre_request() (which hashes the rest of the prompt and records its blocks).
+   prefix index warmed by 200 decisions. Reports the median (and p10) of schedule() per profile, their ratio, the
+   median of pre_request() (which hashes the rest of the prompt and records its blocks), and schedule()'s cost per
+   endpoint beyond the smallest pool, (median(n) − median(smallest)) / (n − smallest) in µs: flat when the cost
+   grows linearly with the pool.
    With --busy, a busy pool instead: requests in flight on half of the endpoints (1-19 each), every endpoint picked
    and its requests finished during the warm-up (so each has a learnt duration and calibration), 2 ms between
    decisions (prefill backlogs do not drain).
 2. The prefix index's memory (tracemalloc) at 512 endpoints × 31,250 blocks (worst case: no block shared by two
    endpoints), then again after inserting as many blocks again: a bounded index does not grow.
 
-    python bench/bench_scheduler.py [--quick] [--skip-memory] [--cpu-clock] [--busy] [--endpoints 8,64,512,2048]
+    python bench/bench_scheduler.py [--quick] [--skip-memory] [--cpu-clock] [--busy] [--endpoints 8,64,256,...]
         [--profile NAME=FILE ...]   (more configs timed in the same interleaved run)
 
 Use --cpu-clock (the thread CPU clock) on a shared machine: it does not count time the thread spent descheduled.
@@ -46,7 +49,7 @@ PROMPT_CHARS = 16 * 1024
 SYSTEM_CHARS = 4 * 1024
 WARM = 200
 PROFILES: dict[str, Path | None] = {"default": None, "GIE": ROOT / "deploy" / "profiles" / "gie-default.yaml"}
-ITERS = {8: 2000, 64: 2000, 512: 1000, 2048: 400}
+ITERS = {8: 2000, 64: 2000, 256: 1500, 512: 1000, 1024: 600, 2048: 400}
 
 Clock = Callable[[], int]
 
@@ -103,8 +106,11 @@ def bench_decisions(n: int, iters: int, clock: Clock, busy: bool = False) -> dic
     gc.collect()
     gc.disable()
     try:
+        names = list(scheds)
         for i in range(warm, warm + iters):
-            for name, sched in scheds.items():
+            # the order alternates: the first to see a request pays for bringing its prompt into the cache
+            for name in names if i % 2 else names[::-1]:
+                sched = scheds[name]
                 ctx = SchedulingContext(reqs[i], eps, inflight, now=i * step)
                 t0 = clock()
                 res = sched.schedule(ctx)
@@ -161,7 +167,8 @@ def main() -> None:
         "--cpu-clock", action="store_true", help="time with the thread CPU clock (robust on a busy machine)"
     )
     ap.add_argument("--busy", action="store_true", help="a busy pool: in-flight requests, learnt state, backlogs")
-    ap.add_argument("--endpoints", default="8,64,512,2048", help="comma-separated pool sizes (default %(default)s)")
+    ap.add_argument("--endpoints", default="8,64,256,512,1024,2048",
+                    help="comma-separated pool sizes (default %(default)s)")
     ap.add_argument("--profile", action="append", default=[], metavar="NAME=FILE",
                     help="also time this config in the same interleaved run (repeatable; rows after the table)")
     args = ap.parse_args()
@@ -180,16 +187,23 @@ def main() -> None:
     )
     print(
         "| endpoints | default schedule() µs | GIE schedule() µs | default / GIE | default p10 µs | GIE p10 µs "
-        "| default pre_request() µs | GIE pre_request() µs |"
+        "| default pre_request() µs | GIE pre_request() µs | default µs / endpoint | GIE µs / endpoint |"
     )
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     clock = time.thread_time_ns if args.cpu_clock else time.perf_counter_ns
     extra: list[str] = []
+    first: tuple[int, float, float] | None = None  # the smallest pool: (endpoints, default, GIE)
     for n in sizes:
         iters = ITERS.get(n, 400) // (4 if args.quick else 1)
         got = bench_decisions(n, iters, clock, args.busy)
         (d, d10, dp), (g, g10, gp) = got["default"], got["GIE"]
-        print(f"| {n} | {d:.1f} | {g:.1f} | {d / g:.2f}x | {d10:.1f} | {g10:.1f} | {dp:.1f} | {gp:.1f} |", flush=True)
+        per = "| – | – |"
+        if first is None:
+            first = (n, d, g)
+        elif n > first[0]:
+            per = f"| {(d - first[1]) / (n - first[0]):.3f} | {(g - first[2]) / (n - first[0]):.3f} |"
+        print(f"| {n} | {d:.1f} | {g:.1f} | {d / g:.2f}x | {d10:.1f} | {g10:.1f} | {dp:.1f} | {gp:.1f} {per}",
+              flush=True)
         extra += [f"| {n} | {name} | {v[0]:.1f} | {v[0] / g:.2f}x | {v[2]:.1f} |"
                   for name, v in got.items() if name not in ("default", "GIE")]
     if extra:

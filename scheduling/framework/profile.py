@@ -92,7 +92,7 @@ class Profile:
 
     def __post_init__(self) -> None:
         self._combine = make_combiner([w for _, w in self.scorers])
-        # Combiners for subsets of the scorers, by the indices of those that did not return ZeroScores.
+        # Combiners for subsets of the scorers, by the indices of those that returned ZeroScores (left out).
         self._partial: dict[tuple[int, ...], Callable[..., list[float]]] = {}
 
     def plugins(self) -> list[Any]:
@@ -170,10 +170,10 @@ class Profile:
             return self._combine(*all_values) if all_values else [0.0] * n
         if not all_values:
             return [0.0] * n
-        kept = tuple(i for i in range(len(self.scorers)) if i not in zero)
-        combine = self._partial.get(kept)
+        combine = self._partial.get(tuple(zero))
         if combine is None:
-            combine = self._partial[kept] = make_combiner([self.scorers[i][1] for i in kept])
+            combine = self._partial[tuple(zero)] = make_combiner(
+                [w for i, (_, w) in enumerate(self.scorers) if i not in zero])
         return combine(*all_values)
 
     def pick(

@@ -13,10 +13,11 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from scheduling.api import NO_LOAD, InflightLoad
+from scheduling.api import InflightLoad
 from scheduling.latency.backlog import SharedBacklog
 from scheduling.latency.config import ModelConfig
 from scheduling.latency.learner import Chosen, Learner
+from scheduling.latency.pool import PoolCosts
 from scheduling.latency.table import EngineTimingTable
 from scheduling.latency.trust import TrustTable, TrustView
 from scheduling.types import Endpoint
@@ -71,102 +72,18 @@ class LatencyModel:
         self.timings = EngineTimingTable(c.reference, c.slowdown_at, c.calibration_alpha)
         self.learner = Learner(c, self.timings)
         self.trust = TrustTable(window=c.trust_window, agree=c.trust_agreement, floor=c.trust_floor)
+        self.pool = PoolCosts(c, self.slow, self.backlog, self.learner, self.timings, self.trust)
         self.picks = 0
 
     # ---- the scoring pass ----------------------------------------------------------------------------------
     def costs(self, tokens: float, cached: Mapping[str, float], candidates: list[Endpoint],
               inflight: Mapping[str, InflightLoad], now: float, out_tokens: int, room: Mapping[str, int | float],
-              default_room: int | float, warm: Mapping[str, float], warm_weight: float
-              ) -> tuple[list[float], list[int]]:
-        """cost(e) and n(e) per candidate. Everything that does not depend on the endpoint is computed once per
-        request, and an endpoint with no backlog and no cached prefix (most of a big pool) takes the shortest
-        path."""
-        c = self.config
-        ref = c.reference
-        pspt = ref.prefill_per_token
-        overhead = ref.overhead
-        block = c.block_tokens
-        s1 = c.max_num_seqs - 1
-        f1 = c.load_factor - 1.0
-        dw_out = c.decode_weight * out_tokens
-        decode = c.decode_weight * (ref.inter_token * out_tokens)
-        evict_w = c.eviction_weight
-        per_seq = c.max_num_seqs
-        initial = c.initial_request_seconds
-        learner = self.learner
-        pool_k = learner.pool_scale
-        scaled = learner.scales
-        scale_get = scaled.get
-        believed = self.trust.belief  # endpoints whose predicted hits count for less than they say
-        belief_get = believed.get
-        fit_get = self.timings.eff.get  # endpoints with fitted engine timings: (overhead, per token, inter-token)
-        fit_pool = self.timings.pool  # their mean: the prior of an endpoint with neither a fit nor its own k
-        duration_get = learner.durations.get
-        queue_get = self.backlog.queues().get
-        cached_get = cached.get
-        inflight_get = inflight.get
-        room_get = room.get
-        warm_get = warm.get
-        # An endpoint with no backlog and nothing cached: uncached = tokens (backlog + uncached = tokens exactly).
-        plain_pd = overhead + tokens * pspt + decode
-        plain_need = -(-tokens // block)
-        slow_get = self.slow.get
-        slow_full = self.slow[s1] if s1 <= SLOW_TABLE else 1.0 + f1 * s1 / s1
-        costs: list[float] = []
-        ns: list[int] = []
-        for e in candidates:
-            key = e.key
-            n = inflight_get(key, NO_LOAD).requests if inflight else 0
-            w = e.metrics.fresh_load  # 0 when stale: n is never below 0, so max(n, 0) is n
-            if w > n:
-                n = w
-            q = queue_get(key)
-            cc = cached_get(key)
-            if believed and cc is not None:
-                b = belief_get(key)
-                if b is not None:
-                    cc *= b
-            t = fit_get(key)
-            if t is None and fit_pool is not None and key not in scaled:
-                t = fit_pool
-            if t is None:  # the reference timings × k(e)
-                k = scale_get(key, pool_k)
-                unit = pspt  # × k below (the reference path's arithmetic, bit for bit)
-                if q is None and cc is None:
-                    uncached = tokens
-                    cost = k * plain_pd
-                else:
-                    uncached = tokens if cc is None else (tokens - cc if tokens > cc else 0.0)
-                    backlog = 0.0
-                    if q is not None:
-                        backlog = q.total - (now - q.since) * (1.0 / (k * pspt))
-                        if not backlog > 0.0:
-                            backlog = 0.0
-                    cost = k * (overhead + (backlog + uncached) * pspt + decode)
-            else:  # fitted engine timings, the backlog weighed as finished requests taught
-                k = 1.0
-                o_e, unit, i_e, beta = t
-                uncached = tokens if cc is None else (tokens - cc if tokens > cc else 0.0)
-                backlog = 0.0
-                if q is not None:
-                    backlog = q.total - (now - q.since) / unit
-                    if not backlog > 0.0:
-                        backlog = 0.0
-                cost = o_e + (beta * backlog + uncached) * unit + dw_out * i_e
-            slow = slow_get(n)
-            cost *= slow if slow is not None else (slow_full if n > s1 else 1.0 + f1 * n / s1)
-            if evict_w and uncached:
-                over = (plain_need if cc is None else -(-uncached // block)) - room_get(key, default_room)
-                if over > 0:
-                    cost += k * evict_w * over * block * unit
-                    warmed = warm_get(key)
-                    if warmed:  # evicting a waiting session's context: its next turn recomputes it for certain
-                        cost += k * warm_weight * min(over * block, warmed) * unit
-            if n > s1:
-                cost += (n - s1) * duration_get(key, initial) / per_seq
-            costs.append(cost)
-            ns.append(n)
-        return costs, ns
+              default_room: int | float, warm: Mapping[str, float], warm_weight: float,
+              low: Mapping[str, int | float] | None = None) -> tuple[list[float], list[int]]:
+        """cost(e) and n(e) per candidate: flat passes over the pool's arrays, the exceptions (a backlog, a predicted
+        hit, an eviction) one by one (`PoolCosts`, pool.py; `low`: the room entries below `LOW_ROOM`, if known)."""
+        return self.pool.costs(tokens, cached, candidates, inflight, now, out_tokens, room, default_room, warm,
+                               warm_weight, low)
 
     def predict(self, candidates: Sequence[Endpoint], ns: Sequence[int], tokens: float,
                 cached: Mapping[str, float], now: float) -> list[tuple[float, float]]:

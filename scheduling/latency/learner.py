@@ -46,7 +46,7 @@ class Chosen(NamedTuple):
 class Learner:
     """D(e), k(e) and the pool-wide k, and the fitted timings' table they combine with (`timings_of`)."""
 
-    __slots__ = ("config", "table", "durations", "scales", "pool_scale", "outbox")
+    __slots__ = ("config", "table", "durations", "scales", "pool_scale", "outbox", "version", "durations_version")
 
     def __init__(self, config: ModelConfig, table: EngineTimingTable) -> None:
         self.config = config
@@ -55,6 +55,8 @@ class Learner:
         self.scales: dict[str, float] = {}  # endpoint -> k(e)
         self.pool_scale = 1.0  # the prior of an endpoint without samples
         self.outbox: deque[Record] | None = None  # finished requests for the peers, while replicating
+        self.version = 0  # moves whenever a k(e) or the pool-wide k changes (the scoring pass's plans read it)
+        self.durations_version = 0  # moves whenever a D(e) changes (likewise)
 
     def scale(self, key: str) -> float:
         """k(e): how much slower (> 1) or faster (< 1) than the reference engine this endpoint has proved."""
@@ -107,6 +109,7 @@ class Learner:
         a = self.config.duration_alpha
         prev = self.durations.get(key)
         self.durations[key] = seconds if prev is None else (1 - a) * prev + a * seconds
+        self.durations_version += 1
         if sample is None:
             return
         if on_fit is None:
@@ -117,6 +120,7 @@ class Learner:
         a = self.config.calibration_alpha
         self.scales[key] = (1 - a) * self.scales.get(key, self.pool_scale) + a * sample
         self.pool_scale = (1 - a) * self.pool_scale + a * sample
+        self.version += 1
 
     def finished(self, key: str, seconds: float, sample: float | None, on_fit: bool) -> None:
         """A request of this process finished: learn from it, and keep its record for the peers."""
@@ -150,13 +154,17 @@ class Learner:
                 self.learn(key, seconds, sample)
             elif key not in self.durations:
                 self.durations[key] = seconds
+                self.durations_version += 1
                 if sample is not None and key not in self.scales:
                     self.scales[key] = sample
+                    self.version += 1
         return bad
 
     def forget(self, key: str) -> None:
-        self.durations.pop(key, None)
-        self.scales.pop(key, None)
+        if self.durations.pop(key, None) is not None:
+            self.durations_version += 1
+        if self.scales.pop(key, None) is not None:
+            self.version += 1
 
     def keys(self) -> set[str]:
         return self.durations.keys() | self.scales.keys()

@@ -30,7 +30,7 @@ class EngineTimingTable:
     `eff[key]` = (overhead, prefill per token, inter-token, β) seconds: what the scoring pass reads. `pool` is their
     mean over the fitted endpoints, the prior for an endpoint not fitted yet; None until one is."""
 
-    __slots__ = ("ref", "slowdown", "alpha", "fits", "weight", "pool_weight", "eff", "pool")
+    __slots__ = ("ref", "slowdown", "alpha", "fits", "weight", "pool_weight", "eff", "pool", "version")
 
     def __init__(self, reference: Timings, slowdown: Callable[[float], float], alpha: float) -> None:
         self.ref = reference
@@ -41,6 +41,7 @@ class EngineTimingTable:
         self.pool_weight = 1.0
         self.eff: dict[str, tuple[float, float, float, float]] = {}
         self.pool: tuple[float, float, float, float] | None = None
+        self.version = 0  # moves when `pool` or an endpoint's fitted timings in `eff` change (the scoring pass's plans)
 
     def observe(self, key: str, totals: EngineTotals, running: float, now: float, waiting: float = 0.0) -> bool:
         """An endpoint's scrape; True when its timings changed (call `refresh_pool` after a batch)."""
@@ -56,19 +57,27 @@ class EngineTimingTable:
         """Bring `eff[key]` up to date with the endpoint's fit and β(e)."""
         fit = self.fits.get(key)
         t = fit.timings if fit is not None else None
+        before = self.eff.get(key)
         if t is None:
-            self.eff.pop(key, None)
+            if before is not None:
+                del self.eff[key]
+                self.version += 1
             return
         self.eff[key] = (t.overhead, t.prefill_per_token, t.inter_token, self.weight.get(key, self.pool_weight))
+        if before is None or before[:3] != (t.overhead, t.prefill_per_token, t.inter_token):
+            self.version += 1  # β alone moves nothing the plans keep
 
     def refresh_pool(self) -> None:
+        before = self.pool
         fitted = [f.timings for f in self.fits.values() if f.timings is not None]
         if not fitted:
             self.pool = None
-            return
-        n = len(fitted)
-        self.pool = (sum(t.overhead for t in fitted) / n, sum(t.prefill_per_token for t in fitted) / n,
-                     sum(t.inter_token for t in fitted) / n, self.pool_weight)
+        else:
+            n = len(fitted)
+            self.pool = (sum(t.overhead for t in fitted) / n, sum(t.prefill_per_token for t in fitted) / n,
+                         sum(t.inter_token for t in fitted) / n, self.pool_weight)
+        if before is None or self.pool is None or before[:3] != self.pool[:3]:
+            self.version += 1
 
     def fitted(self, key: str) -> Timings | None:
         fit = self.fits.get(key)
@@ -87,6 +96,7 @@ class EngineTimingTable:
         self.fits.pop(key, None)
         self.weight.pop(key, None)
         self.eff.pop(key, None)
+        self.version += 1
 
     def keys(self) -> set[str]:
         return set(self.fits) | set(self.weight)

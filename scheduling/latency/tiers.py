@@ -4,6 +4,8 @@ TPOT meet them, and leaves its verdict for the shell; and the plain ranking by c
 from __future__ import annotations
 
 from collections.abc import Mapping
+from itertools import repeat
+from operator import truediv
 
 from scheduling.framework.plugin import State
 from scheduling.latency.classes import Placement
@@ -54,4 +56,4 @@ def relative(costs: list[float]) -> list[float]:
     best = min(costs)
     if best <= 0.0:
         return [1.0 if c <= 0.0 else 0.0 for c in costs]
-    return [best / c for c in costs]
+    return list(map(truediv, repeat(best), costs))

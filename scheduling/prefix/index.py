@@ -14,7 +14,9 @@ Matching walks the request's blocks from the start, AND-ing the holder sets: an 
 position where its bit drops out.
 
 `room()` maps each endpoint to the blocks it can still take before evicting (capacity − held), kept current by
-every change, so a scorer pricing eviction over the whole pool reads one dict instead of calling per endpoint.
+every change, so a scorer pricing eviction over the whole pool reads one dict instead of calling per endpoint;
+`low_room()` holds the few entries below `LOW_ROOM`, so a prompt of fewer blocks finds the endpoints short of room
+for it without reading every endpoint's.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from typing import Any
 from scheduling.prefix.hashing import BlockHasher
 
 DEFAULT_CAPACITY = 31_250
+LOW_ROOM = 4096  # `low_room()` holds every endpoint with less room than this (blocks)
 
 
 class PrefixIndex:
@@ -44,6 +47,7 @@ class PrefixIndex:
         self._free: list[int] = []
         self._even = 0  # all "holds" bits of allocated slots
         self._room: dict[str, int] = {}  # endpoint key -> capacity - blocks held
+        self._low: dict[str, int] = {}  # the entries of _room below LOW_ROOM
 
     # ---- endpoints -------------------------------------------------------------------------------------
     def _slot(self, key: str) -> int:
@@ -67,7 +71,7 @@ class PrefixIndex:
             self._hold.append(1 << (2 * slot))
             self._even |= self._hold[slot]
         self._slot_of[key] = slot
-        self._room[key] = self.default_capacity
+        self._set_room(key, self.default_capacity)
         return slot
 
     def endpoints(self) -> list[str]:
@@ -81,6 +85,18 @@ class PrefixIndex:
         """Endpoint key -> blocks it can take before evicting (capacity − held); endpoints the index does not
         know can take `default_capacity`. Read-only."""
         return self._room
+
+    def low_room(self) -> Mapping[str, int]:
+        """The entries of `room()` below `LOW_ROOM` blocks, all of them (so a reader that needs fewer blocks than
+        that finds every endpoint short of them here, without reading the whole pool's room). Read-only."""
+        return self._low
+
+    def _set_room(self, key: str, room: int) -> None:
+        self._room[key] = room
+        if room < LOW_ROOM:
+            self._low[key] = room
+        elif key in self._low:
+            del self._low[key]
 
     def size(self, key: str) -> int:
         """Blocks currently held by `key`."""
@@ -99,7 +115,7 @@ class PrefixIndex:
         self._caps[slot] = capacity
         ring = self._rings[slot]
         excess = len(ring) - capacity
-        self._room[key] = max(0, -excess)
+        self._set_room(key, max(0, -excess))
         if excess <= 0:
             return
         hand = self._hands[slot]
@@ -124,6 +140,7 @@ class PrefixIndex:
         if slot is None:
             return
         del self._room[key]
+        self._low.pop(key, None)
         self._drop(slot, self._rings[slot])
         self._rings[slot] = array("Q")
         self._keys[slot] = None
@@ -239,4 +256,4 @@ class PrefixIndex:
             # eviction only touches blocks this endpoint held, never `h`, so `v` is still current
             m[h] = hold if v is None else v | hold
         self._hands[slot] = hand
-        self._room[key] = cap - size
+        self._set_room(key, cap - size)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
+from itertools import compress
 
 from scheduling.api import NO_LOAD, SchedulingContext
 from scheduling.framework import BuildContext, Picker, register
@@ -57,7 +58,7 @@ class MaxScorePicker(Picker[MaxScoreParams]):
     def _spread(ctx: SchedulingContext, candidates: list[Endpoint], totals: list[float], floor: float,
                 rng: random.Random) -> int:
         """The least loaded of the candidates scoring at least `floor` (random among equals)."""
-        near = [i for i, t in enumerate(totals) if t >= floor]
+        near = list(compress(range(len(totals)), map(floor.__le__, totals)))  # t >= floor, in C
         if len(near) == 1:
             return near[0]
         inflight = ctx.inflight

@@ -209,9 +209,11 @@ class EstimatedLatencyScorer(PreciseReader[Params], PrefixReader[Params], Scorer
         now = ctx.now
         tokens, cached, hits = self._cached(ctx, state, candidates)
         room = self._room(hits, candidates) if p.evictionWeight else {}
+        index = self.prefix.index
+        low = index.low_room() if room is index.room() else None  # not with the engines' own room merged in
         costs, ns = self.model.costs(
             tokens, cached, candidates, ctx.inflight, now, output_tokens(ctx.request.body, p.defaultOutputTokens),
-            room, self.prefix.index.default_capacity, self._warm.current(now), self._warm.weight)
+            room, index.default_capacity, self._warm.current(now), self._warm.weight, low)
         state[PASS] = ScoredPass(candidates, ns, tokens, cached, now)
         slo = slo_from_headers(ctx.request.headers) if p.sloAware else None
         if slo is None and not ctx.explain:
