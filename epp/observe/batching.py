@@ -20,13 +20,17 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from prometheus_client.registry import Collector
 
 log = logging.getLogger("epp.tracing")
 
 WARN_EVERY = 60.0  # seconds between "queue full" warnings
+FAILURE = "FAILURE"
 
 
 def _env_int(name: str, default: int, minimum: int) -> int:
@@ -83,6 +87,7 @@ class Batcher:
         self._queued = 0  # spans in the queue
         self.dropped = 0  # spans dropped because the queue was full
         self.exported = 0  # spans handed to the exporter
+        self.failed = 0  # of those, spans whose export failed (the collector refused, timed out or was away)
         self._lock = threading.Lock()  # the queue and its counters
         self._export_lock = threading.Lock()  # one export at a time (the thread, a flush)
         self._wake = threading.Event()
@@ -142,11 +147,15 @@ class Batcher:
                 batch = self._take()
                 if not batch:
                     return
-                self.exported += sum(self._count(r) for r in batch)
+                n = sum(self._count(r) for r in batch)
+                self.exported += n
                 try:
-                    self.exporter.export(self._wrap(batch))
+                    result = self.exporter.export(self._wrap(batch))
                 except Exception:
                     log.exception("tracing: exporting %d traces failed", len(batch))
+                    result = FAILURE
+                if getattr(result, "name", "") == FAILURE:  # the SDK's SpanExportResult.FAILURE
+                    self.failed += n
                 if not everything and self._queued < self._max_batch:
                     return
 
@@ -183,3 +192,24 @@ class Batcher:
         if self._thread.is_alive():
             log.warning("tracing: the export thread did not finish in %.0f s", self.settings.export_timeout)
         self.exporter.shutdown()
+
+
+def batch_collector(batcher: Batcher) -> Collector:
+    """The export queue's counters on /metrics, read at scrape time (nothing on the request path)."""
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+    from prometheus_client.registry import Collector
+
+    class _Collector(Collector):
+        def collect(self) -> Iterator[Any]:
+            spans = CounterMetricFamily("pointsman_tracing_spans", "Spans of sampled requests, by outcome: "
+                                        "exported (handed to the OTLP exporter), failed (of those, the export "
+                                        "failed), dropped (the export queue was full).", labels=["outcome"])
+            spans.add_metric(["exported"], batcher.exported)
+            spans.add_metric(["failed"], batcher.failed)
+            spans.add_metric(["dropped"], batcher.dropped)
+            yield spans
+            queued = GaugeMetricFamily("pointsman_tracing_queued_spans", "Spans waiting in the export queue.")
+            queued.add_metric([], batcher.queued)
+            yield queued
+
+    return _Collector()

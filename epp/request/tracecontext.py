@@ -13,10 +13,13 @@ request's own headers (a client's `traceparent`, which Envoy passes on in `reque
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
-_HEX = frozenset("0123456789abcdef")
+# version - trace id - parent id - flags [- what a later version appends], lowercase hex. One C-level match
+# validates the shape (the ids' values and the versions are checked after it).
+_TRACEPARENT = re.compile(r"([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-.*)?", re.DOTALL)
 MAX_TRACESTATE_MEMBERS = 32
 
 
@@ -31,27 +34,18 @@ class TraceParent(NamedTuple):
         return bool(self.flags & 1)
 
 
-def _hex(text: str, size: int) -> int | None:
-    if len(text) != size or not _HEX.issuperset(text):
-        return None
-    value = int(text, 16)
-    return value or None  # all zeros is invalid
-
-
 def parse_traceparent(value: str | None, tracestate: str | None = None) -> TraceParent | None:
     """The parsed header, or None when it is absent or invalid (then `tracestate` is dropped too)."""
     if not value:
         return None
-    parts = value.strip().split("-")
-    if len(parts) < 4:
+    m = _TRACEPARENT.fullmatch(value.strip())
+    if m is None:
         return None
-    version, trace, parent, flags = parts[0], parts[1], parts[2], parts[3]
-    if len(version) != 2 or not _HEX.issuperset(version) or version == "ff":
+    version, trace, parent, flags, rest = m.groups()
+    if version == "ff" or (version == "00" and rest is not None):
         return None
-    if version == "00" and len(parts) != 4:
-        return None
-    trace_id, span_id = _hex(trace, 32), _hex(parent, 16)
-    if trace_id is None or span_id is None or len(flags) != 2 or not _HEX.issuperset(flags):
+    trace_id, span_id = int(trace, 16), int(parent, 16)
+    if not trace_id or not span_id:  # all zeros is invalid
         return None
     state = ""
     if tracestate:
