@@ -6,6 +6,7 @@ front Envoy, measured once per round in a rotating order:
 
     off        no tracing, no shadow
     off A/A    the same flags again: the control. Its ratio to `off` is the run's own noise
+    trace 0%   --tracing --tracing-sample-ratio 0: tracing on, nothing sampled (the unsampled path alone)
     trace 1%   --tracing --tracing-sample-ratio 0.01, exporting to a do-nothing OTLP/gRPC collector (otlp_sink.py)
     trace 100% --tracing --tracing-sample-ratio 1
     shadow     --shadow-config gie-default.yaml at its default budget (200 decisions/s, 5% of loop time)
@@ -58,6 +59,7 @@ def cases(otlp: str) -> dict[str, list[str]]:
     return {
         "off": [],
         "off A/A": [],
+        "trace 0%": [*trace, "0"],
         "trace 1%": [*trace, "0.01"],
         "trace 100%": [*trace, "1"],
         "shadow": ["--shadow-config", str(PROFILE)],

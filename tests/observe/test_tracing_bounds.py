@@ -10,11 +10,35 @@ import time
 import pytest
 from prometheus_client import generate_latest
 
-from tests.observe.test_tracing_otlp import by_name, request, start
+from epp.cmd.app import App
+from tests.observe.test_tracing_otlp import by_name, request
+from tests.support.backend import EchoFleet
+from tests.support.envoy import free_port
 from tests.support.otlp import GrpcReceiver
+from tests.support.stack import serve_args
 
 UNSAMPLED_PARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00"
 SAMPLED_PARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+
+
+@pytest.fixture
+async def fleet(tmp_path):
+    """Two echo servers on loopback (the pool's endpoints: they answer the metrics scrapes)."""
+    f = EchoFleet([free_port(), free_port()])
+    await f.start()
+    eps = tmp_path / "eps.yaml"
+    eps.write_text("pools:\n- name: pool\n  endpoints:\n"
+                   + "".join(f"  - {{address: 127.0.0.1, port: {p}, models: [llama]}}\n" for p in f.ports))
+    try:
+        yield eps
+    finally:
+        await f.stop()
+
+
+async def serve(eps, *flags: str) -> App:
+    app = App(serve_args("--grpc-port", str(free_port()), "--endpoints-file", str(eps), *flags))
+    await app.start()
+    return app
 
 
 async def flush(app) -> None:
@@ -28,14 +52,14 @@ def metric(app, line: str) -> float:
     return float(found[0].rsplit(" ", 1)[1])
 
 
-async def test_unsampled_requests_make_no_span_and_export_nothing(tmp_path):
+async def test_unsampled_requests_make_no_span_and_export_nothing(fleet):
     """Ratio 1 with an unsampled parent (ParentBased: never followed), in the stream metadata and in the client's
     headers, and ratio 0 for new traces: no trace, nothing queued, nothing on the receiver; the same process
     then exports a sampled parent's request, so the receiver was listening."""
     rx = GrpcReceiver()
     await rx.start()
-    app = await start(tmp_path, "--tracing", "--tracing-endpoint", rx.endpoint, "--tracing-sample-ratio", "1")
-    ratio0 = await start(tmp_path, "--tracing", "--tracing-endpoint", rx.endpoint, "--tracing-sample-ratio", "0")
+    app = await serve(fleet, "--tracing", "--tracing-endpoint", rx.endpoint, "--tracing-sample-ratio", "1")
+    ratio0 = await serve(fleet, "--tracing", "--tracing-endpoint", rx.endpoint, "--tracing-sample-ratio", "0")
     try:
         for _ in range(5):
             await request(app.port, metadata=(("traceparent", UNSAMPLED_PARENT),))
@@ -60,12 +84,12 @@ async def test_unsampled_requests_make_no_span_and_export_nothing(tmp_path):
     assert metric(app, 'pointsman_tracing_spans_total{outcome="exported"}') == len(spans)
 
 
-async def test_a_sampled_request_exports_a_bounded_set_of_spans(tmp_path):
+async def test_a_sampled_request_exports_a_bounded_set_of_spans(fleet):
     """Every sampled request: one request span and its stage spans (at most one per stage), with a bounded
     number of attributes."""
     rx = GrpcReceiver()
     await rx.start()
-    app = await start(tmp_path, "--tracing", "--tracing-endpoint", rx.endpoint, "--tracing-sample-ratio", "1")
+    app = await serve(fleet, "--tracing", "--tracing-endpoint", rx.endpoint, "--tracing-sample-ratio", "1")
     try:
         for _ in range(10):
             await request(app.port)
@@ -106,7 +130,7 @@ class HungCollector:
 
 
 @pytest.mark.realtime
-async def test_a_hung_collector_never_holds_a_stream_and_the_queue_drops_counted(tmp_path, monkeypatch):
+async def test_a_hung_collector_never_holds_a_stream_and_the_queue_drops_counted(fleet, monkeypatch):
     """Every request sampled, the collector accepts and never answers: the export thread waits on it, the queue
     (8 spans) fills and drops the oldest traces, counted; every stream still ends as fast as without tracing, and
     stopping does not wait for the collector."""
@@ -116,7 +140,7 @@ async def test_a_hung_collector_never_holds_a_stream_and_the_queue_drops_counted
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "30")
     hung = HungCollector()
     endpoint = await hung.start()
-    app = await start(tmp_path, "--tracing", "--tracing-endpoint", endpoint, "--tracing-sample-ratio", "1")
+    app = await serve(fleet, "--tracing", "--tracing-endpoint", endpoint, "--tracing-sample-ratio", "1")
     try:
         slowest = 0.0
         for _ in range(40):
@@ -135,3 +159,22 @@ async def test_a_hung_collector_never_holds_a_stream_and_the_queue_drops_counted
         stopped = time.monotonic() - t0
         await hung.stop()
     assert stopped < 10.0
+
+
+async def test_routing_decisions_are_the_same_with_tracing_on(fleet):
+    """The same seed and the same requests: the same picks, tracing off, unsampled or sampled (tracing draws
+    from its own source, never the scheduler's)."""
+    rx = GrpcReceiver()
+    await rx.start()
+    apps = [await serve(fleet), await serve(fleet, "--tracing", "--tracing-endpoint", rx.endpoint,
+                                            "--tracing-sample-ratio", "0"),
+            await serve(fleet, "--tracing", "--tracing-endpoint", rx.endpoint, "--tracing-sample-ratio", "1")]
+    try:
+        picks = [[await request(a.port, **{"x-request-id": f"r{i}"}) for i in range(12)] for a in apps]
+        await rx.wait_for(lambda s: len(by_name(s, "pointsman.request")) == 12)
+    finally:
+        for a in apps:
+            await a.stop(0)
+        await rx.stop()
+    assert picks[0] == picks[1] == picks[2]
+    assert len(set(picks[0])) == 2  # both endpoints were picked: the decisions had something to decide
