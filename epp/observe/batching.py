@@ -128,8 +128,8 @@ class Batcher:
                         self._max_queue, self.dropped)
 
     # ---- the thread's side --------------------------------------------------------------------------------------
-    def _take(self) -> list[Any]:
-        """The oldest traces, up to a batch of spans (at least one trace)."""
+    def _take(self) -> tuple[list[Any], int]:
+        """The oldest traces, up to a batch of spans (at least one trace), and their spans."""
         out: list[Any] = []
         with self._lock:
             q, room = self._queue, self._max_batch
@@ -137,17 +137,17 @@ class Batcher:
                 record, n = q.popleft()
                 out.append(record)
                 room -= n
-                self._queued -= n
-        return out
+            spans = self._max_batch - room
+            self._queued -= spans
+        return out, spans
 
     def _export(self, everything: bool) -> None:
         """One batch, then more while a full batch waits (everything: until the queue is empty)."""
         with self._export_lock:
             while True:
-                batch = self._take()
+                batch, n = self._take()
                 if not batch:
                     return
-                n = sum(self._count(r) for r in batch)
                 self.exported += n
                 try:
                     result = self.exporter.export(self._wrap(batch))
