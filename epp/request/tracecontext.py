@@ -4,7 +4,8 @@
 
 A header with a bad version (`ff`, non-hex), an all-zero trace or parent id, or the wrong shape is ignored, and
 so is its `tracestate` (which never counts without a valid `traceparent`). A future version may append fields
-after the flags (`-...`); version 00 may not. `tracestate` is kept as given, cut to its first 32 list members.
+after the flags (`-...`); version 00 may not. `tracestate` is kept as given, cut to its first 32 list members
+and 512 characters (`cut_tracestate`), so what a sampled request carries into its spans is bounded.
 
 Where Pointsman finds the trace context of a request (epp/observe/tracing.py): first in the ext_proc stream's gRPC
 metadata (Envoy's ext_proc filter writes the context of its own egress span there when Envoy traces), then in the
@@ -21,6 +22,8 @@ from typing import Any, NamedTuple
 # validates the shape (the ids' values and the versions are checked after it).
 _TRACEPARENT = re.compile(r"([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-.*)?", re.DOTALL)
 MAX_TRACESTATE_MEMBERS = 32
+MAX_TRACESTATE_CHARS = 512  # what is kept of a longer tracestate (the least a vendor must propagate)
+MAX_TRACESTATE_MEMBER_CHARS = 128  # past MAX_TRACESTATE_CHARS, longer members go first
 
 
 class TraceParent(NamedTuple):
@@ -47,11 +50,20 @@ def parse_traceparent(value: str | None, tracestate: str | None = None) -> Trace
     trace_id, span_id = int(trace, 16), int(parent, 16)
     if not trace_id or not span_id:  # all zeros is invalid
         return None
-    state = ""
-    if tracestate:
-        members = [m.strip() for m in tracestate.split(",") if m.strip()]
-        state = ",".join(members[:MAX_TRACESTATE_MEMBERS])
-    return TraceParent(trace_id, span_id, int(flags, 16), state)
+    return TraceParent(trace_id, span_id, int(flags, 16), cut_tracestate(tracestate) if tracestate else "")
+
+
+def cut_tracestate(value: str) -> str:
+    """`tracestate` within the spec's limits: at most 32 members and, past 512 characters, members longer than 128
+    dropped first, then members from the end (W3C Trace Context, "tracestate limits")."""
+    members = [m.strip() for m in value.split(",") if m.strip()][:MAX_TRACESTATE_MEMBERS]
+    state = ",".join(members)
+    if len(state) <= MAX_TRACESTATE_CHARS:
+        return state
+    members = [m for m in members if len(m) <= MAX_TRACESTATE_MEMBER_CHARS]
+    while members and len(",".join(members)) > MAX_TRACESTATE_CHARS:
+        members.pop()
+    return ",".join(members)
 
 
 def trace_id_of(value: str | None) -> str:

@@ -34,6 +34,11 @@ def test_tracestate_without_traceparent_is_dropped_and_long_state_is_cut():
     assert from_headers({"tracestate": "a=1"}) is None
     tp = parse_traceparent(f"00-{TRACE}-{SPAN}-01", ",".join(f"k{i}=v" for i in range(40)))
     assert tp.tracestate.count(",") == 31
+    # Past 512 characters: members over 128 go first, then members from the end.
+    long, short = "big=" + "x" * 200, [f"k{i}=" + "v" * 60 for i in range(10)]
+    state = parse_traceparent(f"00-{TRACE}-{SPAN}-01", ",".join([short[0], long, *short[1:]])).tracestate
+    assert len(state) <= 512 and "big=" not in state
+    assert state == ",".join(short[:8])  # 8 x 63 characters and 7 commas: 511
 
 
 def test_metadata_as_either_transport_reports_it():
