@@ -13,9 +13,9 @@ front Envoy, measured once per round in a rotating order:
     shadow all the same with no budget (every request shadowed)
 
 Each round's req/s and processor CPU per request (utime+stime of every thread, from /proc) are divided by the
-same round's `off`; the table gives the median of those ratios over the rounds with their range, so a noisy
-machine moves both sides of a ratio alike. The A/A row says how far apart two identical processes land: a case
-whose ratio is inside it is not told from noise. The last column is the CPU per request spent outside the event
+same round's control, the mean of `off` and `off A/A`; the table gives the median of those ratios over the rounds
+with their range, so a noisy machine moves both sides of a ratio alike. The A/A line (`off A/A` / `off`) says how
+far apart two identical processes land: a case whose ratio is inside that spread is not told from noise. The last column is the CPU per request spent outside the event
 loop's thread (the export thread, gRPC's threads), so an export that costs the loop shows as loop CPU.
 
     .venv/bin/python bench/bench_tracing.py --rounds 5 --duration 5
@@ -125,7 +125,7 @@ def measure(args: argparse.Namespace, all_cases: list[Case], script: Path) -> No
             c.rps.append(rps)
             c.p50.append(p50)
             c.cpu.append((cpu1 - cpu0) / n * 1e6)
-            c.side.append(((cpu1 - cpu0) - (main1 - main0)) / n * 1e6)
+            c.side.append(max(0.0, (cpu1 - cpu0) - (main1 - main0)) / n * 1e6)
         print(f"round {r + 1}/{args.rounds} done", file=sys.stderr)
 
 
@@ -134,16 +134,28 @@ def ratios(values: list[float], base: list[float]) -> tuple[float, float, float]
     return statistics.median(rs), min(rs), max(rs)
 
 
+def control(a: list[float], b: list[float]) -> list[float]:
+    """Each round's base: the mean of `off` and its A/A twin (one unlucky measurement of `off` moves every ratio
+    half as far)."""
+    return [(x + y) / 2 for x, y in zip(a, b, strict=True)]
+
+
 def table(args: argparse.Namespace, all_cases: list[Case], load: tuple[float, float]) -> str:
     off = next(c for c in all_cases if c.name == "off")
+    twin = next(c for c in all_cases if c.name == "off A/A")
+    base_rps, base_cpu = control(off.rps, twin.rps), control(off.cpu, twin.cpu)
+    aa_rps, aa_cpu = ratios(twin.rps, off.rps), ratios(twin.cpu, off.cpu)
     out = [f"{args.rounds} interleaved rounds x {args.duration:g}s at {args.conns} connections, {args.body_bytes}-byte "
-           f"body; per-round ratios to `off`, medians [min..max]; 1-minute load average {load[0]:.1f} before, "
-           f"{load[1]:.1f} after", "",
-           "| case | req/s | req/s vs off | p50 ms | processor CPU µs/req | CPU vs off | off-loop CPU µs/req |",
+           f"body; per-round ratios to the control (the mean of `off` and `off A/A` in that round), medians "
+           f"[min..max]; 1-minute load average {load[0]:.1f} before, {load[1]:.1f} after", "",
+           f"A/A (`off A/A` / `off`, per round): req/s {aa_rps[0]:.3f} [{aa_rps[1]:.2f}..{aa_rps[2]:.2f}], "
+           f"CPU per request {aa_cpu[0]:.3f} [{aa_cpu[1]:.2f}..{aa_cpu[2]:.2f}]", "",
+           "| case | req/s | req/s vs control | p50 ms | processor CPU µs/req | CPU vs control "
+           "| off-loop CPU µs/req |",
            "|---|---|---|---|---|---|---|"]
     for c in all_cases:
-        rps, rlo, rhi = ratios(c.rps, off.rps)
-        cpu, clo, chi = ratios(c.cpu, off.cpu)
+        rps, rlo, rhi = ratios(c.rps, base_rps)
+        cpu, clo, chi = ratios(c.cpu, base_cpu)
         out.append(f"| {c.name} | {statistics.median(c.rps):.0f} | {rps:.3f} [{rlo:.2f}..{rhi:.2f}] "
                    f"| {statistics.median(c.p50):.2f} | {statistics.median(c.cpu):.0f} "
                    f"| {cpu:.3f} [{clo:.2f}..{chi:.2f}] | {statistics.median(c.side):.1f} |")
