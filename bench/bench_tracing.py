@@ -1,8 +1,12 @@
 """What tracing and shadow profiles cost on the wire, against an A/A control, as ratios within one run.
 
-wrk → front Envoy → `epp serve` → a keep-alive backend (bench/extproc_stack.py), one endpoint, lean response
-phases, a chat body of `--body-bytes` bytes. The cases are separate `epp serve` processes, each behind its own
-front Envoy, measured once per round in a rotating order:
+wrk → front Envoy → Pointsman → a keep-alive backend (bench/extproc_stack.py), one endpoint, lean response
+phases, a chat body of `--body-bytes` bytes. By default one Pointsman (an `epp serve` App in this process, started
+with tracing and the shadow profile, its startup objects frozen as `epp serve` does) serves every case: before each
+measurement the bench publishes the case's director (tracing on at the case's ratio or off, the shadow observer in
+or out), so every case runs in the same process behind the same Envoy and only the case differs; the processor CPU
+is this process's. `--processes` runs each case as its own `epp serve` behind its own front Envoy instead (what
+differs then includes where each process landed). Cases, measured once per round in a rotating order:
 
     off        no tracing, no shadow
     off A/A    the same flags again: the control. Its ratio to `off` is the run's own noise
@@ -18,20 +22,26 @@ with their range, so a noisy machine moves both sides of a ratio alike. The A/A 
 far apart two identical processes land: a case whose ratio is inside that spread is not told from noise. The last column is the CPU per request spent outside the event
 loop's thread (the export thread, gRPC's threads), so an export that costs the loop shows as loop CPU.
 
-    .venv/bin/python bench/bench_tracing.py --rounds 5 --duration 5
+    .venv/bin/python bench/bench_tracing.py --rounds 9 --duration 3
+    .venv/bin/python bench/bench_tracing.py --processes --rounds 5 --duration 5
     .venv/bin/python bench/bench_tracing.py --case "trace 1%" --case "trace 100%"     # only these (and off, A/A)
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
+import re
 import shutil
 import statistics
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -49,6 +59,9 @@ from extproc_stack import (  # noqa: E402
     wrk_script,
 )
 
+from epp.cmd.app import App, freeze_startup_objects  # noqa: E402
+from epp.cmd.settings import ServeSettings  # noqa: E402
+from epp.observe import Shadow, Tracing, TracingObserver, TracingSettings  # noqa: E402
 from epp.stack.ports import free_port  # noqa: E402
 
 PROFILE = ROOT / "deploy" / "profiles" / "gie-default.yaml"
@@ -71,8 +84,10 @@ def cases(otlp: str) -> dict[str, list[str]]:
 class Case:
     name: str
     url: str
-    processor: subprocess.Popen
+    processor: subprocess.Popen | None  # None: the App in this process
     front: subprocess.Popen
+    director: Any = None  # the App's director for this case (one process)
+    enter: Callable[[], None] | None = None  # called before the case's measurement (one process)
     rps: list[float] = field(default_factory=list)
     cpu: list[float] = field(default_factory=list)  # processor µs per request
     side: list[float] = field(default_factory=list)  # of which outside the main thread
@@ -87,15 +102,10 @@ def thread_cpu(pid: int) -> tuple[float, float]:
 
 
 def start(args: argparse.Namespace, procs: Procs, script: Path) -> list[Case]:
-    backends = [free_port() for _ in range(4)]
-    procs.envoy("backend", backend_config(backends, free_port()), backends[-1])
-    eps = procs.dir / "endpoints.yaml"
-    eps.write_text(yaml.safe_dump({"pools": [{"name": "p", "endpoints": [
-        {"address": "127.0.0.1", "port": backends[0]}]}]}))
-    sink = free_port()
-    procs.spawn("otlp-sink", [sys.executable, str(ROOT / "bench" / "otlp_sink.py"), "--port", str(sink)], sink)
+    """--processes: every case its own `epp serve` behind its own front Envoy."""
+    backends, eps, otlp = backend(procs)
     out = []
-    for i, (name, flags) in enumerate(cases(f"http://127.0.0.1:{sink}").items()):
+    for i, (name, flags) in enumerate(cases(otlp).items()):
         if args.case and name not in ("off", "off A/A") and name not in args.case:
             continue
         port = free_port()
@@ -116,6 +126,7 @@ def measure(args: argparse.Namespace, all_cases: list[Case], script: Path) -> No
     for r in range(args.rounds):
         k = r % len(all_cases)
         for c in all_cases[k:] + all_cases[:k]:  # rotate: no case always runs right after another
+            assert c.processor is not None
             pid = c.processor.pid
             cpu0, main0 = thread_cpu(pid)
             rps, p50, total, errors = wrk(c.url, args.conns, args.duration, script)
@@ -127,6 +138,124 @@ def measure(args: argparse.Namespace, all_cases: list[Case], script: Path) -> No
             c.cpu.append((cpu1 - cpu0) / n * 1e6)
             c.side.append(max(0.0, (cpu1 - cpu0) - (main1 - main0)) / n * 1e6)
         print(f"round {r + 1}/{args.rounds} done", file=sys.stderr)
+
+
+# ---- one process: the cases are directors of one App ----------------------------------------------------------------
+def backend(procs: Procs) -> tuple[list[int], Path, str]:
+    """The keep-alive backend, the endpoints file and a do-nothing OTLP/gRPC collector."""
+    backends = [free_port() for _ in range(4)]
+    procs.envoy("backend", backend_config(backends, free_port()), backends[-1])
+    eps = procs.dir / "endpoints.yaml"
+    eps.write_text(yaml.safe_dump({"pools": [{"name": "p", "endpoints": [
+        {"address": "127.0.0.1", "port": backends[0]}]}]}))
+    sink = free_port()
+    procs.spawn("otlp-sink", [sys.executable, str(ROOT / "bench" / "otlp_sink.py"), "--port", str(sink)], sink)
+    return backends, eps, f"http://127.0.0.1:{sink}"
+
+
+def directors(app: App, otlp: str) -> dict[str, tuple[Any, Callable[[], None] | None]]:
+    """Each case's director (and what to do before it runs), from an App started with tracing at 100% and the
+    shadow profile: tracing at 0% and 1% get Tracing objects of their own (their own export threads)."""
+    from epp.observe.shadow import Budget
+
+    d = app.director
+    plain = tuple(o for o in d.observers if not isinstance(o, (TracingObserver, Shadow)))
+    traced = (*plain, TracingObserver())
+    shadow = app.observe.shadow if app.observe is not None else None
+    assert shadow is not None and d.tracing is not None
+    s = shadow.settings
+
+    def budget(rate: float, cpu: float) -> Callable[[], None]:
+        return lambda: setattr(shadow, "budget", Budget(rate, cpu, shadow.clock()))
+
+    def tracing(ratio: float) -> Tracing:
+        return Tracing(TracingSettings(enabled=True, endpoint=otlp, sample_ratio=ratio))
+
+    off = d.replace(tracing=None, observers=plain)
+    return {
+        "off": (off, None),
+        "off A/A": (off, None),
+        "trace 0%": (d.replace(tracing=tracing(0.0), observers=traced), None),
+        "trace 1%": (d.replace(tracing=tracing(0.01), observers=traced), None),
+        "trace 100%": (d.replace(observers=traced), None),
+        "shadow": (d.replace(tracing=None, observers=(*plain, shadow)), budget(s.rate, s.max_cpu)),
+        "shadow all": (d.replace(tracing=None, observers=(*plain, shadow)), budget(1e9, 1.0)),
+    }
+
+
+async def start_app(args: argparse.Namespace, procs: Procs) -> tuple[App, list[Case]]:
+    backends, eps, otlp = backend(procs)
+    port = free_port()
+    settings = ServeSettings.from_argv([
+        "--grpc-host", "127.0.0.1", "--secure-serving=false", "--grpc-port", str(port), "--grpc-health-port", "0",
+        "--metrics-port", "0", "--endpoints-file", str(eps), "--seed", "1", "--tracing", "--tracing-endpoint", otlp,
+        "--tracing-sample-ratio", "1", "--shadow-config", str(PROFILE)])
+    app = App(settings)
+    await app.start()
+    variants = directors(app, otlp)
+    freeze_startup_objects()
+    listen = free_port()
+    envoy = procs.envoy("front", front_config(listen, free_port(), port, variant="original-dst", phases="lean",
+                                              backends=backends), listen)
+    url = f"http://127.0.0.1:{listen}"
+    cases = [Case(name, url, None, envoy, director, enter) for name, (director, enter) in variants.items()
+             if not args.case or name in ("off", "off A/A") or name in args.case]
+    return app, cases
+
+
+async def awrk(url: str, conns: int, duration: float, script: Path) -> tuple[float, float, int, int]:
+    """wrk without blocking the event loop the App runs on: (req/s, p50 ms, requests, socket errors)."""
+    proc = await asyncio.create_subprocess_exec(
+        "wrk", "-t1", f"-c{conns}", f"-d{int(duration)}s", "--timeout", "5s", "--latency", "-s", str(script), url,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    raw, err = await asyncio.wait_for(proc.communicate(), duration + 30)
+    out = raw.decode()
+    found = re.search(r"Requests/sec:\s+([\d.]+)", out)
+    if not found or "Non-2xx" in out:
+        raise RuntimeError(f"wrk against {url} failed: {out} {err.decode()}")
+    m = re.search(r"50%\s+([\d.]+)(us|ms|s)", out)
+    p50 = float(m.group(1)) * {"us": 1e-3, "ms": 1.0, "s": 1e3}[m.group(2)] if m else float("nan")
+    total = int(re.search(r"(\d+) requests in", out).group(1))
+    errors = re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", out)
+    return float(found.group(1)), p50, total, sum(map(int, errors.groups())) if errors else 0
+
+
+async def measure_app(args: argparse.Namespace, app: App, all_cases: list[Case], script: Path) -> None:
+    for c in all_cases:  # warm up every case
+        app.publish(c.director)
+        await awrk(c.url, 4, 1, script)
+    for r in range(args.rounds):
+        k = r % len(all_cases)
+        for c in all_cases[k:] + all_cases[:k]:
+            if c.enter is not None:
+                c.enter()
+            app.publish(c.director)
+            await asyncio.sleep(0.05)
+            cpu0, main0 = time.process_time(), time.thread_time()
+            rps, p50, total, errors = await awrk(c.url, args.conns, args.duration, script)
+            if c.director.tracing is not None:  # its export thread's work is the case's, not the next one's
+                await asyncio.to_thread(c.director.tracing.processor.force_flush)
+            cpu1, main1 = time.process_time(), time.thread_time()
+            n = max(total, 1)
+            c.errors += errors
+            c.rps.append(rps)
+            c.p50.append(p50)
+            c.cpu.append((cpu1 - cpu0) / n * 1e6)
+            c.side.append(max(0.0, (cpu1 - cpu0) - (main1 - main0)) / n * 1e6)
+        print(f"round {r + 1}/{args.rounds} done", file=sys.stderr)
+
+
+async def one_process(args: argparse.Namespace, procs: Procs, script: Path) -> list[Case]:
+    app, all_cases = await start_app(args, procs)
+    try:
+        await measure_app(args, app, all_cases, script)
+    finally:
+        for c in all_cases:
+            tracing = c.director.tracing
+            if tracing is not None and tracing is not app.director.tracing:
+                await asyncio.to_thread(tracing.shutdown)
+        await app.stop(0)
+    return all_cases
 
 
 def ratios(values: list[float], base: list[float]) -> tuple[float, float, float]:
@@ -172,6 +301,7 @@ def main() -> int:
     ap.add_argument("--body-bytes", type=int, default=120)
     ap.add_argument("--case", action="append", default=[], help="only these cases (repeatable; off and its A/A "
                                                                  "control are always in)")
+    ap.add_argument("--processes", action="store_true", help="each case its own epp serve and front Envoy")
     ap.add_argument("--out", default=None, help="also write the table to this file")
     args = ap.parse_args()
     if not shutil.which("wrk"):
@@ -181,8 +311,11 @@ def main() -> int:
     script.write_text(wrk_script(chat_body(args.body_bytes)))
     try:
         load0 = os.getloadavg()[0]
-        all_cases = start(args, procs, script)
-        measure(args, all_cases, script)
+        if args.processes:
+            all_cases = start(args, procs, script)
+            measure(args, all_cases, script)
+        else:
+            all_cases = asyncio.run(one_process(args, procs, script))
         text = table(args, all_cases, (load0, os.getloadavg()[0]))
     finally:
         procs.stop()
