@@ -279,14 +279,14 @@ def table(args: argparse.Namespace, all_cases: list[Case], load: tuple[float, fl
            f"[min..max]; 1-minute load average {load[0]:.1f} before, {load[1]:.1f} after", "",
            f"A/A (`off A/A` / `off`, per round): req/s {aa_rps[0]:.3f} [{aa_rps[1]:.2f}..{aa_rps[2]:.2f}], "
            f"CPU per request {aa_cpu[0]:.3f} [{aa_cpu[1]:.2f}..{aa_cpu[2]:.2f}]", "",
-           "| case | req/s | req/s vs control | p50 ms | processor CPU µs/req | CPU vs control "
+           "| case | req/s | req/s vs control | p50 ms | processor CPU µs/req (best round) | CPU vs control "
            "| off-loop CPU µs/req |",
            "|---|---|---|---|---|---|---|"]
     for c in all_cases:
         rps, rlo, rhi = ratios(c.rps, base_rps)
         cpu, clo, chi = ratios(c.cpu, base_cpu)
         out.append(f"| {c.name} | {statistics.median(c.rps):.0f} | {rps:.3f} [{rlo:.2f}..{rhi:.2f}] "
-                   f"| {statistics.median(c.p50):.2f} | {statistics.median(c.cpu):.0f} "
+                   f"| {statistics.median(c.p50):.2f} | {statistics.median(c.cpu):.0f} ({min(c.cpu):.0f}) "
                    f"| {cpu:.3f} [{clo:.2f}..{chi:.2f}] | {statistics.median(c.side):.1f} |")
     failing = [f"{c.name} ({c.errors})" for c in all_cases if c.errors]
     out += ["", "Socket errors or timeouts over 5 s: " + (", ".join(failing) if failing else "none")]
