@@ -30,7 +30,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("epp.tracing")
 
 WARN_EVERY = 60.0  # seconds between "queue full" warnings
-FAILURE = "FAILURE"
 
 
 def _env_int(name: str, default: int, minimum: int) -> int:
@@ -149,12 +148,12 @@ class Batcher:
                 if not batch:
                     return
                 self.exported += n
-                try:
-                    result = self.exporter.export(self._wrap(batch))
+                try:  # the SDK's exporters answer SpanExportResult.SUCCESS or .FAILURE
+                    ok = getattr(self.exporter.export(self._wrap(batch)), "name", "") != "FAILURE"
                 except Exception:
                     log.exception("tracing: exporting %d traces failed", len(batch))
-                    result = FAILURE
-                if getattr(result, "name", "") == FAILURE:  # the SDK's SpanExportResult.FAILURE
+                    ok = False
+                if not ok:
                     self.failed += n
                 if not everything and self._queued < self._max_batch:
                     return
