@@ -37,20 +37,29 @@ class TraceParent(NamedTuple):
         return bool(self.flags & 1)
 
 
-def parse_traceparent(value: str | None, tracestate: str | None = None) -> TraceParent | None:
-    """The parsed header, or None when it is absent or invalid (then `tracestate` is dropped too)."""
-    if not value:
-        return None
+UNSAMPLED = TraceParent(0, 0, 0, "")  # `find_parent`'s answer, when asked, for a valid parent not sampled
+_ZERO_TRACE, _ZERO_SPAN = "0" * 32, "0" * 16
+
+
+def _valid(value: str) -> re.Match[str] | None:
     m = _TRACEPARENT.fullmatch(value.strip())
     if m is None:
         return None
-    version, trace, parent, flags, rest = m.groups()
-    if version == "ff" or (version == "00" and rest is not None):
+    version, trace, parent, _flags, rest = m.groups()
+    if version == "ff" or (version == "00" and rest is not None) or trace == _ZERO_TRACE or parent == _ZERO_SPAN:
         return None
-    trace_id, span_id = int(trace, 16), int(parent, 16)
-    if not trace_id or not span_id:  # all zeros is invalid
-        return None
-    return TraceParent(trace_id, span_id, int(flags, 16), cut_tracestate(tracestate) if tracestate else "")
+    return m
+
+
+def _parent(m: re.Match[str], tracestate: str | None) -> TraceParent:
+    return TraceParent(int(m.group(2), 16), int(m.group(3), 16), int(m.group(4), 16),
+                       cut_tracestate(tracestate) if tracestate else "")
+
+
+def parse_traceparent(value: str | None, tracestate: str | None = None) -> TraceParent | None:
+    """The parsed header, or None when it is absent or invalid (then `tracestate` is dropped too)."""
+    m = _valid(value) if value else None
+    return _parent(m, tracestate) if m is not None else None
 
 
 def cut_tracestate(value: str) -> str:
@@ -75,26 +84,41 @@ def trace_id_of(value: str | None) -> str:
 def from_metadata(metadata: Sequence[tuple[Any, Any]] | None) -> TraceParent | None:
     """The trace context in gRPC metadata: (str, str) pairs as grpc.aio reports them, or the h2 transport's raw
     (bytes, bytes) header list."""
-    if not metadata:
-        return None
-    parent = state = None
-    for k, v in metadata:
-        if isinstance(k, bytes):
-            if k == b"traceparent":
-                parent = v.decode("latin-1")
-            elif k == b"tracestate":
-                state = v.decode("latin-1")
-        elif k == "traceparent":
-            parent = v
-        elif k == "tracestate":
-            state = v
-    return parse_traceparent(parent, state)
+    return find_parent(metadata, {})[0]
 
 
 def from_headers(headers: Mapping[str, str]) -> TraceParent | None:
     """The trace context a client sent with the request (lower-cased header names)."""
-    value = headers.get("traceparent")
-    return parse_traceparent(value, headers.get("tracestate")) if value else None
+    return find_parent(None, headers)[0]
+
+
+def find_parent(metadata: Sequence[tuple[Any, Any]] | None, headers: Mapping[str, str], *,
+                sampled_only: bool = False) -> tuple[TraceParent | None, str]:
+    """A request's parent and where it came from: the stream metadata's valid `traceparent` ("envoy"), else the
+    request headers' ("client"), else (None, ""). `sampled_only`: a valid parent whose sampled flag is off is
+    answered as UNSAMPLED, its ids and `tracestate` left unparsed (a ParentBased sampler needs no more)."""
+    value = state = None
+    for k, v in metadata or ():
+        if isinstance(k, bytes):
+            if k == b"traceparent":
+                value = v.decode("latin-1")
+            elif k == b"tracestate":
+                state = v.decode("latin-1")
+        elif k == "traceparent":
+            value = v
+        elif k == "tracestate":
+            state = v
+    m = _valid(value) if value else None
+    source = "envoy"
+    if m is None:
+        value, source = headers.get("traceparent"), "client"
+        m = _valid(value) if value else None
+        if m is None:
+            return None, ""
+        state = headers.get("tracestate")
+    if sampled_only and not int(m.group(4), 16) & 1:
+        return UNSAMPLED, source
+    return _parent(m, state), source
 
 
 def format_traceparent(trace_id: int, span_id: int, sampled: bool) -> str:

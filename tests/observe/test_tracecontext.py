@@ -1,6 +1,8 @@
 """W3C Trace Context parsing: what is accepted, what is ignored, from headers and from gRPC metadata."""
 
 from epp.request.tracecontext import (
+    UNSAMPLED,
+    find_parent,
     format_traceparent,
     from_headers,
     from_metadata,
@@ -48,3 +50,15 @@ def test_metadata_as_either_transport_reports_it():
         tp = from_metadata(md)
         assert tp is not None and f"{tp.span_id:016x}" == SPAN and tp.tracestate == "e=1"
     assert from_metadata(None) is None and from_metadata([(b"te", b"trailers")]) is None
+
+
+def test_the_parent_is_the_metadata_s_else_the_headers_and_an_unsampled_one_is_known_by_its_flags():
+    md = [(b"te", b"trailers"), (b"traceparent", f"00-{TRACE}-{SPAN}-00".encode()), (b"tracestate", b"e=1")]
+    client = {"traceparent": f"00-{TRACE}-{'1' * 16}-01", "tracestate": "c=1"}
+    assert find_parent(md, client, sampled_only=True) == (UNSAMPLED, "envoy")  # the ids were never needed
+    parent, source = find_parent(md, client)
+    assert source == "envoy" and (f"{parent.span_id:016x}", parent.sampled, parent.tracestate) == (SPAN, False, "e=1")
+    bad = [(b"traceparent", f"00-{'0' * 32}-{SPAN}-01".encode()), (b"tracestate", b"e=1")]
+    parent, source = find_parent(bad, client, sampled_only=True)  # an invalid parent in the metadata: the client's
+    assert source == "client" and parent.sampled and parent.span_id == int("1" * 16, 16) and parent.tracestate == "c=1"
+    assert find_parent(None, {}) == (None, "") and find_parent(bad, {"traceparent": "junk"}) == (None, "")
