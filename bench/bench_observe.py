@@ -1,4 +1,5 @@
-"""The per-request CPU of observability, in process: tracing off / 1% / 100%, 2000 receipts kept, shadow profiles.
+"""The per-request CPU of observability, in process: tracing off / 0% (on, nothing sampled) / 1% / 100%, 2000
+receipts kept, shadow profiles.
 
 Each case is a real `epp serve` App (one endpoint, the built-in profile unless a case says otherwise) driven
 through its director as the ext_proc session drives it (exchange, decide, the response phases, close), with the
@@ -48,6 +49,7 @@ def cases(otlp: str) -> dict[str, list[str]]:
     return {
         "off": [],
         "receipts 2000": ["--receipts", "2000"],
+        "trace 0%": [*trace, "0"],
         "trace 1%": [*trace, "0.01"],
         "trace 100%": [*trace, "1"],
         "shadow el": [*shadow, str(profiles / "estimated-latency.yaml")],

@@ -102,12 +102,11 @@ def decision_attributes(result: SchedulingResult, a: dict[str, Any]) -> None:
             continue
         n += 1
         values = det.values
-        if values is None and det.scores is not None:
-            values = [det.scores.get(e.key, 0.0) for e in scored]
-        if values is None:
-            continue
-        if 0 <= mine < len(values):
-            a["pointsman.score." + _key(det.name)] = float(values[mine])
+        if values is not None:
+            if 0 <= mine < len(values):
+                a["pointsman.score." + _key(det.name)] = float(values[mine])
+        elif det.scores is not None and mine >= 0:  # by endpoint: only the pick's is read
+            a["pointsman.score." + _key(det.name)] = float(det.scores.get(pick, 0.0))
 
 
 def primary_run(result: SchedulingResult) -> tuple[str, Any]:

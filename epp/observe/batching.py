@@ -20,9 +20,12 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from prometheus_client.registry import Collector
 
 log = logging.getLogger("epp.tracing")
 
@@ -83,6 +86,7 @@ class Batcher:
         self._queued = 0  # spans in the queue
         self.dropped = 0  # spans dropped because the queue was full
         self.exported = 0  # spans handed to the exporter
+        self.failed = 0  # of those, spans whose export failed (the collector refused, timed out or was away)
         self._lock = threading.Lock()  # the queue and its counters
         self._export_lock = threading.Lock()  # one export at a time (the thread, a flush)
         self._wake = threading.Event()
@@ -123,8 +127,8 @@ class Batcher:
                         self._max_queue, self.dropped)
 
     # ---- the thread's side --------------------------------------------------------------------------------------
-    def _take(self) -> list[Any]:
-        """The oldest traces, up to a batch of spans (at least one trace)."""
+    def _take(self) -> tuple[list[Any], int]:
+        """The oldest traces, up to a batch of spans (at least one trace), and their spans."""
         out: list[Any] = []
         with self._lock:
             q, room = self._queue, self._max_batch
@@ -132,21 +136,25 @@ class Batcher:
                 record, n = q.popleft()
                 out.append(record)
                 room -= n
-                self._queued -= n
-        return out
+            spans = self._max_batch - room
+            self._queued -= spans
+        return out, spans
 
     def _export(self, everything: bool) -> None:
         """One batch, then more while a full batch waits (everything: until the queue is empty)."""
         with self._export_lock:
             while True:
-                batch = self._take()
+                batch, n = self._take()
                 if not batch:
                     return
-                self.exported += sum(self._count(r) for r in batch)
-                try:
-                    self.exporter.export(self._wrap(batch))
+                self.exported += n
+                try:  # the SDK's exporters answer SpanExportResult.SUCCESS or .FAILURE
+                    ok = getattr(self.exporter.export(self._wrap(batch)), "name", "") != "FAILURE"
                 except Exception:
                     log.exception("tracing: exporting %d traces failed", len(batch))
+                    ok = False
+                if not ok:
+                    self.failed += n
                 if not everything and self._queued < self._max_batch:
                     return
 
@@ -183,3 +191,24 @@ class Batcher:
         if self._thread.is_alive():
             log.warning("tracing: the export thread did not finish in %.0f s", self.settings.export_timeout)
         self.exporter.shutdown()
+
+
+def batch_collector(batcher: Batcher) -> Collector:
+    """The export queue's counters on /metrics, read at scrape time (nothing on the request path)."""
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+    from prometheus_client.registry import Collector
+
+    class _Collector(Collector):
+        def collect(self) -> Iterator[Any]:
+            spans = CounterMetricFamily("pointsman_tracing_spans", "Spans of sampled requests, by outcome: "
+                                        "exported (handed to the OTLP exporter), failed (of those, the export "
+                                        "failed), dropped (the export queue was full).", labels=["outcome"])
+            spans.add_metric(["exported"], batcher.exported)
+            spans.add_metric(["failed"], batcher.failed)
+            spans.add_metric(["dropped"], batcher.dropped)
+            yield spans
+            queued = GaugeMetricFamily("pointsman_tracing_queued_spans", "Spans waiting in the export queue.")
+            queued.add_metric([], batcher.queued)
+            yield queued
+
+    return _Collector()

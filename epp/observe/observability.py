@@ -40,7 +40,7 @@ class Observability:
 
     async def start(self, registry: CollectorRegistry | None = None, seed: int | None = None) -> None:
         """Start tracing (a clear error when the SDK is missing) and the shadow config's watcher; `registry`: the
-        Prometheus registry the shadow's metrics join."""
+        Prometheus registry the shadow's and the trace export queue's metrics join."""
         if self.settings.tracing.enabled:
             from epp.observe.tracing import Tracing
 
@@ -48,6 +48,10 @@ class Observability:
                 log.warning("--tracing is on but OTEL_SDK_DISABLED=true: no spans are made")
             else:
                 self.tracing = Tracing(self.settings.tracing)
+                if registry is not None:
+                    from epp.observe.batching import batch_collector
+
+                    registry.register(batch_collector(self.tracing.processor))
                 t = self.settings.tracing
                 log.info("tracing: OTLP %s to %s, service %s", t.protocol, t.endpoint or "the OTEL_* default",
                          t.service_name)

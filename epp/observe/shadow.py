@@ -2,9 +2,9 @@
 path, and nothing acts on its picks.
 
 For a committed request the live scheduler picked (not a route's own P/D scheduler, not a provider), the shadow
-runs right after the reply is built (`loop.call_soon`): its own scheduler (a separate instance: nothing it does
-reaches the live one) decides over the same candidates, with the in-flight load as the live decision saw it (this
-request's own load taken off its pick). Its pick is compared with the live one; nothing acts on it. (Not
+runs after the reply is sent (two turns of the loop later: the transport's flush goes first): its own scheduler
+(a separate instance: nothing it does reaches the live one) decides over the same candidates, with the in-flight
+load as the live decision saw it (this request's own load taken off its pick). Its pick is compared with the live one; nothing acts on it. (Not
 `dry_run=True`: that keeps a scheduler's random source for its next real decision by copying it, about 25 µs a
 request, and the shadow's next decision is never real.)
 
@@ -17,8 +17,9 @@ its own index (Pointsman's picks, no engine KV events). Under sampling (below) i
 sampled.
 
 Budget: a token bucket of `--shadow-rate` decisions per second and at most `--shadow-max-cpu` of each second of
-loop time spent in shadow runs; at most MAX_PENDING runs wait for the loop. Past any of them a request is not
-shadowed (counted by reason): under load the shadow samples instead of falling behind.
+loop time spent in shadow runs (their decisions and, with learning, their `response_complete`); at most
+MAX_PENDING runs wait for the loop. Past any of them a request is not shadowed (counted by reason): under load the
+shadow samples instead of falling behind.
 
 Report (`ShadowReport`, reset when the shadow config reloads), on /metrics (pointsman_shadow_*), the dashboard and
 `report()`: how often the shadow agrees; for disagreements, the latency the shadow predicted for its own pick
@@ -144,7 +145,9 @@ class Shadow:
             loop = self._loop = asyncio.get_running_loop()
         run = ShadowRun(self, sched, report, ex)
         self.pending += 1
-        loop.call_soon(run.execute)
+        # Two turns of the loop: the replies this decision is building are sent with a flush the transport
+        # schedules after this call (epp/h2grpc/outbound.py), and the shadow runs after it, off the reply's path.
+        loop.call_soon(loop.call_soon, run.execute)
         return run
 
     def rejected(self, ex: RequestExchange, code: str) -> None:
@@ -259,12 +262,16 @@ class ShadowRun:
                 report.predicted_live += self.predicted_live
         if self.shadow.settings.learn:
             self.sctx.now = self.ended
+            t0 = time.perf_counter()
             try:
                 live = self.ex.result
                 self.scheduler.response_complete(self.sctx, _as_live(self.result, live.targets if live else [],
                                                                      live.prefill if live else None))
             except Exception:
                 log.exception("the shadow's response_complete hook failed")
+            spent = time.perf_counter() - t0  # learning is shadow work too: it counts against the budget
+            self.shadow.budget.charge(spent)
+            report.cpu_seconds += spent
 
 
 def _as_live(result: SchedulingResult, targets: list[Endpoint], prefill: Endpoint | None) -> SchedulingResult:

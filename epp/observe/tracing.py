@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Any
 from epp.observe.attributes import marks_start, request_attributes
 from epp.observe.settings import DEFAULT_RATIO, TracingSettings
 from epp.protocol import Outcome
-from epp.request import STAGE_NAMES, RequestExchange, TraceParent, from_headers, from_metadata
+from epp.request import STAGE_NAMES, UNSAMPLED, RequestExchange, TraceParent, find_parent
 
 if TYPE_CHECKING:
     from opentelemetry.trace import TraceState
@@ -191,13 +191,12 @@ class Tracing:
     def begin(self, stream_metadata: Sequence[tuple[Any, Any]] | None, headers: Mapping[str, str]
               ) -> Trace | None:
         """The sampler's decision for a new request: its Trace when sampled, else None."""
-        parent, source = from_metadata(stream_metadata), "envoy"
-        if parent is None:
-            parent, source = from_headers(headers), "client"
         bound = self.bound
+        # Sampling first: an unsampled parent is known by its flags, its ids and state left unparsed.
+        parent, source = find_parent(stream_metadata, headers, sampled_only=bound is not None)
         if bound is not None:  # the configured ParentBased(TraceIdRatioBased) sampler, decided in place
             if parent is not None:
-                if not parent.flags & 1:
+                if parent is UNSAMPLED:
                     return None
                 state = self._state_cls.from_header([parent.tracestate]) if parent.tracestate else None
                 return Trace(self, parent.trace_id, self.id_generator.generate_span_id(), parent, state, source)

@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from epp.request.observe import RequestObserver
     from epp.request.resolve import resolve
     from epp.request.sessions import SessionIdentity
-    from epp.request.tracecontext import TraceParent, from_headers, from_metadata
+    from epp.request.tracecontext import UNSAMPLED, TraceParent, find_parent, from_headers, from_metadata
     from epp.request.usage import Usage
 
 # Each name and the module that defines it ("module:name" when renamed), imported on first use (PEP 562): the CLI
@@ -30,12 +30,13 @@ _LAZY = {
     "resolve": "resolve",
     "SessionIdentity": "sessions",
     "TraceParent": "tracecontext", "from_headers": "tracecontext", "from_metadata": "tracecontext",
+    "UNSAMPLED": "tracecontext", "find_parent": "tracecontext",
     "Usage": "usage",
 }
 
 __all__ = ["Admitter", "DecisionIds", "Director", "DirectorConfig", "RequestExchange", "RequestObserver", "STAGE_NAMES", "STAGES",
-           "SessionIdentity", "SheddableAdmitter", "ShellContext", "TraceParent", "Usage", "error_outcome",
-           "from_headers", "from_metadata", "mutations", "mutations_for_provider", "resolve", "schedule"]
+           "SessionIdentity", "SheddableAdmitter", "ShellContext", "TraceParent", "UNSAMPLED", "Usage", "error_outcome",
+           "find_parent", "from_headers", "from_metadata", "mutations", "mutations_for_provider", "resolve", "schedule"]
 
 
 __getattr__ = lazy_exports(__name__, _LAZY)

@@ -133,3 +133,28 @@ async def test_under_a_tight_rate_the_shadow_samples_and_counts_the_rest(tmp_pat
         assert report.skipped["rate"] >= 5 and 1 <= report.shadowed <= 3
     finally:
         await app.stop(0)
+
+
+async def test_the_shadow_runs_after_the_reply_is_flushed(shadowed, monkeypatch):
+    """The transport flushes a decision's replies in a callback it schedules after the decision (epp/h2grpc/
+    outbound.py); the shadow's run waits for the turn after, and its learning counts against the CPU budget."""
+    from epp.observe.shadow import ShadowRun
+
+    app, _, _ = shadowed
+    order: list[str] = []
+    execute = ShadowRun.execute
+    monkeypatch.setattr(ShadowRun, "execute", lambda run: (order.append("shadow"), execute(run))[1])
+    loop = asyncio.get_running_loop()
+    ex = app.director.exchange()
+    headers = {":path": "/v1/chat/completions", ":method": "POST", "content-type": "application/json"}
+    outcome = ex.decide(headers, b'{"model": "llama", "messages": [{"role": "user", "content": "hi"}]}', {})
+    assert not outcome.reject_status
+    loop.call_soon(order.append, "flush")  # what sending the replies schedules
+    for _ in range(3):
+        await asyncio.sleep(0)
+    assert order == ["flush", "shadow"]
+    shadow = app.observe.shadow
+    spent = shadow.report.cpu_seconds
+    ex.response_headers({":status": "200"}, {})
+    ex.close()
+    assert shadow.report.cpu_seconds > spent and shadow.report.ended == 1  # the learning was charged

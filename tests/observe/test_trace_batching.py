@@ -121,6 +121,24 @@ def test_an_exporter_failure_is_logged_and_the_thread_goes_on(caplog):
     b.shutdown()
     assert [r[0] for r in ex.get_finished_spans()] == ["kept"]
     assert "exporting 1 traces failed" in caplog.text
+    assert (b.exported, b.failed, b.dropped) == (2, 1, 0)
+
+
+def test_a_failure_the_exporter_answers_is_counted():
+    """The SDK's exporters answer SpanExportResult.FAILURE (a collector that refused, timed out or was away)."""
+    from opentelemetry.sdk.trace.export import SpanExportResult
+
+    class Refused(Gated):
+        def export(self, spans):
+            super().export(spans)
+            return SpanExportResult.FAILURE if spans[0][0] == "refused" else SpanExportResult.SUCCESS
+
+    b = Batcher(Refused(), BatchSettings(max_queue_size=100, max_export_batch_size=2, schedule_delay=3600),
+                count=spans)
+    b.emit(("refused", 2))
+    b.emit(("taken", 1))
+    b.shutdown()
+    assert (b.exported, b.failed) == (3, 2)
 
 
 def test_the_otel_bsp_variables(monkeypatch):
