@@ -31,7 +31,8 @@ async def relay(settings: RelaySettings, stop: asyncio.Event) -> int:
     nc = None
     while nc is None and not stop.is_set():
         try:
-            nc = await connect(target, name=f"pointsman-kv-relay {settings.endpoint}/{settings.rank}")
+            nc = await connect(target, name=f"pointsman-kv-relay {settings.endpoint}/{settings.rank}",
+                               error_cb=_nats_error, disconnected_cb=_disconnected, reconnected_cb=_reconnected)
         except Exception as e:  # no server answered yet
             log.warning("KV relay: NATS at %s: %s; retrying", target.redacted(), e)
             try:
@@ -52,6 +53,18 @@ async def relay(settings: RelaySettings, stop: asyncio.Event) -> int:
         log.info("KV relay: stopped: %s", r.counters.as_dict())
         await nc.close()
     return 0
+
+
+async def _nats_error(e: Exception) -> None:
+    log.debug("KV relay: NATS: %s", e)
+
+
+async def _disconnected() -> None:
+    log.warning("KV relay: NATS disconnected; batches are queued (--max-pending) until it is back")
+
+
+async def _reconnected() -> None:
+    log.info("KV relay: NATS reconnected")
 
 
 def kv_relay_command(settings: RelaySettings) -> int:

@@ -9,8 +9,10 @@ carry the rest of the ZMQ message and who sent it:
 - ``Pointsman-Rank``: the data-parallel rank;
 - ``Pointsman-Seq``: the seq frame in hex (8 bytes big-endian, plus the publisher's stream id when it sends one);
 - ``Pointsman-Topic``: the ZMQ topic (may be empty);
-- ``Nats-Msg-Id``: endpoint/rank/stream id/seq, so JetStream drops a batch published twice within its duplicate
-  window (a relay that retries or restarts).
+- ``Pointsman-Epoch``: how many times the relay has seen this engine rank start afresh (kept across relay
+  restarts: read back from the stream's last batch);
+- ``Nats-Msg-Id``: endpoint/rank/epoch/stream id/seq, so JetStream drops a batch published twice within its
+  duplicate window (a relay that retries or restarts), but not the seq 0 of an engine that restarted.
 
 `frames(headers, data)` turns a message back into the ``[topic, seq, payload]`` frames the subscriber's
 `RankStream` reads, so a batch that came through NATS meets the same sequence rules as one read from ZMQ.
@@ -26,6 +28,7 @@ H_ENDPOINT = "Pointsman-Endpoint"
 H_RANK = "Pointsman-Rank"
 H_SEQ = "Pointsman-Seq"
 H_TOPIC = "Pointsman-Topic"
+H_EPOCH = "Pointsman-Epoch"
 H_MSG_ID = "Nats-Msg-Id"
 SUBJECT_ROOT = "pointsman.kv"
 _TOKEN_OK = re.compile(r"^[A-Za-z0-9_-]+$")
@@ -56,13 +59,13 @@ def subject(pool: str, endpoint: str, rank: int) -> str:
     return f"{SUBJECT_ROOT}.{_token(pool, 'pool')}.{_token(endpoint, 'endpoint')}.{rank}"
 
 
-def msg_id(endpoint: str, rank: int, seq_frame: bytes) -> str:
-    return f"{endpoint}/{rank}/{seq_frame[8:].hex()}/{int.from_bytes(seq_frame[:8], 'big')}"
+def msg_id(endpoint: str, rank: int, seq_frame: bytes, epoch: int = 0) -> str:
+    return f"{endpoint}/{rank}/{epoch}/{seq_frame[8:].hex()}/{int.from_bytes(seq_frame[:8], 'big')}"
 
 
-def headers(endpoint: str, rank: int, topic: bytes, seq_frame: bytes) -> dict[str, str]:
-    return {H_ENDPOINT: endpoint, H_RANK: str(rank), H_SEQ: seq_frame.hex(),
-            H_TOPIC: topic.decode("utf-8", "replace"), H_MSG_ID: msg_id(endpoint, rank, seq_frame)}
+def headers(endpoint: str, rank: int, topic: bytes, seq_frame: bytes, epoch: int = 0) -> dict[str, str]:
+    return {H_ENDPOINT: endpoint, H_RANK: str(rank), H_SEQ: seq_frame.hex(), H_EPOCH: str(epoch),
+            H_TOPIC: topic.decode("utf-8", "replace"), H_MSG_ID: msg_id(endpoint, rank, seq_frame, epoch)}
 
 
 class Envelope(NamedTuple):

@@ -92,6 +92,7 @@ class KVRelay:
         self.tracker = SequenceTracker()
         self.topic = s.engine_topic.encode()
         self.overflowed = False
+        self.epoch = 0  # the engine's restarts seen (natswire's Pointsman-Epoch)
         self.sock: zmq.asyncio.Socket | None = None
         self.tasks: list[asyncio.Task[None]] = []
 
@@ -116,6 +117,7 @@ class KVRelay:
         if last is not None:
             seq, stream = int.from_bytes(last[0][:8], "big"), last[0][8:]
             self.tracker.advance(seq, stream)
+            self.epoch = last[2]
         sock = self.ctx.socket(zmq.SUB)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.RCVHWM, 100_000)
@@ -173,16 +175,17 @@ class KVRelay:
         decision = self.tracker.classify(seq, stream)
         if decision.action is SeqAction.DUPLICATE:
             return
+        self.epoch += decision.restart
         if decision.action is SeqAction.GAP:
             await self._fill(decision.start, seq)
         self.tracker.advance(seq, stream)
-        self.publisher.offer(RelayItem(bytes(frames[0]), bytes(frames[1]), bytes(frames[2])), force=True)
+        self.publisher.offer(RelayItem(bytes(frames[0]), bytes(frames[1]), bytes(frames[2]), self.epoch), force=True)
 
     async def _fill(self, start: int, stop: int) -> None:
         got, outcome = await fetch_replay(self.ctx, self.settings.engine_replay, start, stop,
                                           self.settings.replay_timeout)
         for topic, seq_frame, payload in got:
-            self.publisher.offer(RelayItem(topic or self.topic, seq_frame, payload), force=True)
+            self.publisher.offer(RelayItem(topic or self.topic, seq_frame, payload, self.epoch), force=True)
         self.counters.replayed += len(got)
         missing = stop - start - len(got)
         if missing:
@@ -198,11 +201,12 @@ class KVRelay:
             decision = self.tracker.classify(seq, stream)
             if decision.action is SeqAction.DUPLICATE:
                 continue
+            self.epoch += decision.restart
             if decision.action is SeqAction.GAP:  # the engine's buffer no longer reaches back that far
                 self.counters.holes += seq - decision.start
             self.tracker.advance(seq, stream)
             self.tracker.caught_up(seq)
-            self.publisher.offer(RelayItem(topic or self.topic, seq_frame, payload), force=True)
+            self.publisher.offer(RelayItem(topic or self.topic, seq_frame, payload, self.epoch), force=True)
             self.counters.replayed += 1
 
     async def report(self, every: float) -> None:

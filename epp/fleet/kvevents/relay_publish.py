@@ -29,6 +29,7 @@ class RelayItem:
     topic: bytes
     seq_frame: bytes
     payload: bytes
+    epoch: int = 0  # the engine's restarts the relay has seen (natswire)
     future: Any = None  # the ack's future once sent
 
     @property
@@ -89,8 +90,9 @@ class StreamPublisher:
         except asyncio.TimeoutError:
             return False
 
-    async def last_stored(self) -> tuple[bytes, str] | None:
-        """The seq frame and message id of the subject's last stored batch, or None (raises while unreachable)."""
+    async def last_stored(self) -> tuple[bytes, str, int] | None:
+        """The seq frame, message id and epoch of the subject's last stored batch, or None (raises while
+        unreachable)."""
         try:
             msg = await self.js.get_last_msg(self.stream, self.subject)
         except Exception as e:  # nats.js.errors.NotFoundError: nothing stored for this subject yet
@@ -99,7 +101,8 @@ class StreamPublisher:
             raise
         hdrs = msg.headers or {}
         try:
-            return bytes.fromhex(hdrs.get(natswire.H_SEQ, "")), hdrs.get(natswire.H_MSG_ID, "")
+            return (bytes.fromhex(hdrs.get(natswire.H_SEQ, "")), hdrs.get(natswire.H_MSG_ID, ""),
+                    int(hdrs.get(natswire.H_EPOCH, "0")))
         except ValueError:
             return None
 
@@ -129,7 +132,7 @@ class StreamPublisher:
     async def _send_window(self) -> None:
         while self.sent < len(self.queue) and self.sent < self.window:
             item = self.queue[self.sent]
-            hdrs = natswire.headers(self.endpoint, self.rank, item.topic, item.seq_frame)
+            hdrs = natswire.headers(self.endpoint, self.rank, item.topic, item.seq_frame, item.epoch)
             item.future = await self.js.publish_async(self.subject, item.payload, headers=hdrs, wait_stall=5.0)
             self.sent += 1
 
@@ -152,7 +155,7 @@ class StreamPublisher:
                 await asyncio.sleep(0.5)
         if last is None:
             return
-        ids = [natswire.msg_id(self.endpoint, self.rank, it.seq_frame) for it in self.queue]
+        ids = [natswire.msg_id(self.endpoint, self.rank, it.seq_frame, it.epoch) for it in self.queue]
         with contextlib.suppress(ValueError):
             stored = ids.index(last[1])
             for _ in range(stored + 1):

@@ -80,6 +80,10 @@ def view(index: PreciseIndex, endpoints: list[str], token_lists: list[list[int]]
     return {ep: (index.size(ep), index.state(ep)) for ep in endpoints}, hits
 
 
+async def _quiet(e: Exception) -> None:
+    pass
+
+
 @pytest.fixture
 async def relays(nats_server: Any) -> AsyncIterator[Callable[..., Any]]:
     """In-process relays (KVRelay) to the test's nats-server."""
@@ -89,7 +93,7 @@ async def relays(nats_server: Any) -> AsyncIterator[Callable[..., Any]]:
         events, replay = engine(fleet, i)
         settings = RelaySettings(events, key(fleet, i), POOL, url or nats_server.url, engine_replay=replay,
                                  **{"ack_timeout": 1.0, **kw})
-        nc = await connect(NatsTarget.parse(settings.nats_url), name=f"test relay {i}")
+        nc = await connect(NatsTarget.parse(settings.nats_url), name=f"test relay {i}", error_cb=_quiet)
         r = KVRelay(settings, nc.jetstream())
         await r.start()
         made.append((r, nc))
@@ -105,8 +109,8 @@ async def relays(nats_server: Any) -> AsyncIterator[Callable[..., Any]]:
 async def replicas(nats_server: Any) -> AsyncIterator[Callable[..., JetStreamKVSubscriber]]:
     made: list[JetStreamKVSubscriber] = []
 
-    def start(**kw: Any) -> JetStreamKVSubscriber:
-        sub = JetStreamKVSubscriber(PreciseIndex(block_size=16), NatsTarget.parse(nats_server.url), **kw)
+    def start(block_size: int = 16, **kw: Any) -> JetStreamKVSubscriber:
+        sub = JetStreamKVSubscriber(PreciseIndex(block_size=block_size), NatsTarget.parse(nats_server.url), **kw)
         sub.follow([POOL])
         made.append(sub)
         return sub
@@ -232,7 +236,7 @@ async def test_a_broker_restart_loses_nothing(make_fleet, nats_server, relays, r
     await same_view(fleet, sub.index, ref.index, texts[:10])
     nats_server.kill()
     await load(fleet, texts[10:20])  # while NATS is down: the relays queue, routing goes on
-    await asyncio.sleep(0.5)
+    await asyncio.sleep(1.5)  # longer than the relays' ack timeout: they resync once NATS is back
     nats_server.restart()
     await load(fleet, texts[20:])
     sizes, _ = await same_view(fleet, sub.index, ref.index, texts, timeout=20.0)
@@ -278,8 +282,7 @@ async def test_restarts_resets_and_holes_keep_the_trust_rules(nats_server, relay
     pub = KVEventPublisher(f"tcp://127.0.0.1:{port}", "", 4)
     fleet = _OneEngine(port)
     await relays(fleet, 0)
-    sub = replicas()
-    sub.index.block_size = 4
+    sub = replicas(block_size=4)
     ep = key(fleet, 0)
     await until(lambda: pub.subscriptions() > 0, 5.0)
     old, new = list(range(8)), list(range(100, 108))
