@@ -24,7 +24,7 @@ REPORT_EVERY = 30.0
 
 async def relay(settings: RelaySettings, stop: asyncio.Event) -> int:
     """Connect (retrying until NATS answers), relay until `stop` is set, then drain for up to 5 s."""
-    from epp.fleet.kvevents.relay import KVRelay
+    from epp.fleet.kvevents import KVRelay
     from epp.natsconn import NatsTarget, connect
 
     target = NatsTarget.parse(settings.nats_url)

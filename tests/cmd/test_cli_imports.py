@@ -142,7 +142,7 @@ def test_epp_explain_answers_without_the_server_machinery(server: str, tmp_path:
     assert [m for m in modules if m.startswith(NOT_FOR_CLIENTS)] == []
 
 
-@pytest.mark.parametrize("argv", [("explain", "--help"), ("endpoints", "--help"), ("--help",)])
+@pytest.mark.parametrize("argv", [("explain", "--help"), ("endpoints", "--help"), ("kv-relay", "--help"), ("--help",)])
 def test_help_of_a_client_command_loads_no_server(argv: tuple[str, ...], tmp_path: Path) -> None:
     done, modules = run(tmp_path, *argv)
     assert done.returncode == 0 and "usage: epp" in done.stdout, done.stderr

@@ -323,3 +323,47 @@ def test_relayed_payload_is_the_engines_bytes() -> None:
     env = unwrap(headers("10.0.0.5:8000", 1, b"kv@x", seq), payload)
     assert env == ("10.0.0.5:8000", 1, [b"kv@x", seq, payload])
     assert subject("my.pool", "10.0.0.5:8000", 1) == "pointsman.kv.my_pool.10_0_0_5_8000.1"
+
+
+async def test_a_relay_restart_resumes_after_the_streams_last_batch(make_fleet, relays, replicas, direct) -> None:
+    fleet = await make_fleet(1)
+    ref = direct(fleet)
+    first = await relays(fleet, 0)
+    sub = replicas()
+    texts = prompts("relay-restart", 12)
+    await asyncio.sleep(0.3)
+    await load(fleet, texts[:6])
+    await same_view(fleet, sub.index, ref.index, texts[:6])
+    await first.close()
+    before = fleet.servers[0].publisher.seq
+    await load(fleet, texts[6:])  # nobody relays these: only the engine's replay has them
+    missed = fleet.servers[0].publisher.seq - before
+    second = await relays(fleet, 0)
+    sizes, _ = await same_view(fleet, sub.index, ref.index, texts)
+    assert all(state == LIVE for _, state in sizes.values())
+    assert second.counters.replayed == missed > 0  # exactly what the stream lacked, nothing published twice
+    assert second.counters.duplicates == 0 and second.counters.holes == 0
+    value = sub.metrics.registry.get_sample_value
+    assert value("pointsman_kv_events_restarts_total") == 0 and value("pointsman_kv_events_gaps_total") == 0
+
+
+async def test_a_full_relay_queue_is_refilled_from_the_engines_replay(make_fleet, nats_server, relays, replicas,
+                                                                      direct) -> None:
+    fleet = await make_fleet(1)
+    ref = direct(fleet)
+    relay = await relays(fleet, 0, max_pending=2)
+    sub = replicas(stall=0.5)
+    texts = prompts("overflow", 16)
+    await asyncio.sleep(0.3)
+    await load(fleet, texts[:4])
+    await same_view(fleet, sub.index, ref.index, texts[:4])
+    nats_server.kill()
+    for t in texts[4:]:  # one batch at a time: more than the queue holds
+        await complete(fleet.urls[0], t)
+    await asyncio.sleep(1.5)
+    nats_server.restart()
+    sizes, _ = await same_view(fleet, sub.index, ref.index, texts, timeout=20.0)
+    assert all(state == LIVE for _, state in sizes.values())
+    assert relay.counters.overflow > 0 and relay.counters.holes == 0
+    assert not relay.publisher.queue
+    assert sub.metrics.registry.get_sample_value("pointsman_kv_events_gaps_total") == 0
