@@ -133,7 +133,13 @@ class StreamFollower:
             raise
         except Exception:
             return False  # NATS away: keep waiting
-        return bool(info.state.last_seq > self.last_sseq)
+        last = int(info.state.last_seq)
+        if last < self.last_sseq:  # the stream was deleted and created again: read the new one from its start
+            log.warning("KV events: stream %s starts over (its last seq %d < %d handled)", self.stream, last,
+                        self.last_sseq)
+            self.last_sseq = 0
+            return True
+        return last > self.last_sseq
 
 
 class JetStreamKVSubscriber:

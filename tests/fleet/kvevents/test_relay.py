@@ -17,6 +17,7 @@ from typing import Any
 import aiohttp
 import msgpack
 import pytest
+import zmq
 
 from epp.fleet.datastore import Datastore
 from epp.fleet.kvevents.jetstream import JetStreamKVSubscriber
@@ -289,7 +290,7 @@ async def test_restarts_resets_and_holes_keep_the_trust_rules(nats_server, relay
     pub.publish_events([_stored_event([1, 2], old)])
     await until(lambda: ep in sub.index.match(sub.index.keys_for(old)), 5.0)
     pub.close()
-    pub = KVEventPublisher(f"tcp://127.0.0.1:{port}", "", 4)  # restarted: seq 0 again, its cache empty
+    pub = await bind_again(port)  # restarted: seq 0 again, its cache empty
     try:
         await until(lambda: pub.subscriptions() > 0, 5.0)
         pub.publish_events([_stored_event([9], new[:4])])
@@ -305,6 +306,16 @@ async def test_restarts_resets_and_holes_keep_the_trust_rules(nats_server, relay
                     and ep in sub.index.match(sub.index.keys_for(old[:4])), 5.0)
     finally:
         pub.close()
+
+
+async def bind_again(port: int) -> KVEventPublisher:
+    async def bound() -> KVEventPublisher | None:
+        try:
+            return KVEventPublisher(f"tcp://127.0.0.1:{port}", "", 4)
+        except zmq.ZMQError:  # a just-closed ZMQ socket releases its port asynchronously
+            return None
+
+    return await until(bound, 5.0, f"port {port} free again")  # type: ignore[no-any-return]
 
 
 class _OneEngine:
