@@ -11,7 +11,10 @@ The relay runs beside its engine and keeps the stream a faithful copy of the eng
   from 0. What the replay cannot supply is a hole in the stream's seq, and every replica applies its usual rule
   (the rank turns unknown until a reset or a restart);
 - a full publish queue (NATS down or slow) drops batches without advancing the tracker: once there is room again
-  (the next batch, or within half a second on an idle engine) the dropped range is asked from the engine's replay.
+  (the next batch, or within half a second on an idle engine) the dropped range is asked from the engine's replay;
+- after each burst (half a second without a batch) it asks the replay once for anything after the last batch
+  relayed: the tail of a burst lost to the engine's PUB, or published before the relay's SUB had joined, would
+  otherwise wait for the engine's next batch to reveal the gap.
 
 The payload is never decoded here: vLLM's msgpack goes to the stream as it came (epp.fleet.kvevents.natswire).
 """
@@ -92,6 +95,7 @@ class KVRelay:
         self.tracker = SequenceTracker()
         self.topic = s.engine_topic.encode()
         self.overflowed = False
+        self.unchecked = True  # batches may have come since the last replay: ask it once things are quiet
         self.epoch = 0  # the engine's restarts seen (natswire's Pointsman-Epoch)
         self.sock: zmq.asyncio.Socket | None = None
         self.tasks: list[asyncio.Task[None]] = []
@@ -147,12 +151,16 @@ class KVRelay:
             try:
                 frames = await asyncio.wait_for(sock.recv_multipart(), 0.5)
             except asyncio.TimeoutError:
-                if self.overflowed and self.publisher.room():
-                    self.overflowed = False
+                # Quiet for half a second: after an overflow, or once after each burst (the last batches of a
+                # burst may have been lost to the engine's PUB, or published before this SUB had joined), ask
+                # the replay for whatever came after the last batch relayed.
+                if (self.overflowed or self.unchecked) and self.publisher.room():
+                    self.overflowed = self.unchecked = False
                     await self._replay_from(self.tracker.expected or 0)
                 continue
             except zmq.ZMQError:
                 return
+            self.unchecked = True
             try:
                 await self._live(frames)
             except asyncio.CancelledError:
