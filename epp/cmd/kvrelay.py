@@ -12,7 +12,7 @@ import asyncio
 import logging
 import signal
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from epp.fleet.kvevents.settings import RelaySettings
@@ -43,7 +43,10 @@ async def relay(settings: RelaySettings, stop: asyncio.Event) -> int:
         return 0
     r = KVRelay(settings, nc.jetstream())
     try:
-        await r.start()
+        while not await _started(r, target.redacted()):
+            if stop.is_set():
+                return 0
+            await asyncio.sleep(1.0)
         reporter = asyncio.get_running_loop().create_task(r.report(REPORT_EVERY))
         await stop.wait()
         reporter.cancel()
@@ -53,6 +56,16 @@ async def relay(settings: RelaySettings, stop: asyncio.Event) -> int:
         log.info("KV relay: stopped: %s", r.counters.as_dict())
         await nc.close()
     return 0
+
+
+async def _started(r: Any, where: str) -> bool:
+    """Start the relay; False (logged) while JetStream does not answer (NATS restarting, JetStream off)."""
+    try:
+        await r.start()
+        return True
+    except Exception as e:
+        log.warning("KV relay: JetStream at %s: %s; retrying", where, e or type(e).__name__)
+        return False
 
 
 async def _nats_error(e: Exception) -> None:
