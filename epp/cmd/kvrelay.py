@@ -12,6 +12,8 @@ import asyncio
 import logging
 import signal
 import sys
+import time
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -23,24 +25,26 @@ REPORT_EVERY = 30.0
 
 
 async def relay(settings: RelaySettings, stop: asyncio.Event) -> int:
-    """Connect (retrying until NATS answers), relay until `stop` is set, then drain for up to 5 s."""
+    """Connect (nats-py retries until NATS answers), relay until `stop` is set, then drain for up to 5 s."""
     from epp.fleet.kvevents import KVRelay
     from epp.natsconn import NatsTarget, connect
 
     target = NatsTarget.parse(settings.nats_url)
-    nc = None
-    while nc is None and not stop.is_set():
-        try:
-            nc = await connect(target, name=f"pointsman-kv-relay {settings.endpoint}/{settings.rank}",
-                               error_cb=_nats_error, disconnected_cb=_disconnected, reconnected_cb=_reconnected)
-        except Exception as e:  # no server answered yet
-            log.warning("KV relay: NATS at %s: %s; retrying", target.redacted(), e)
-            try:
-                await asyncio.wait_for(stop.wait(), 1.0)
-            except asyncio.TimeoutError:
-                pass
-    if nc is None:
+    errors = _nats_errors(target.redacted())
+    connecting = asyncio.ensure_future(connect(
+        target, name=f"pointsman-kv-relay {settings.endpoint}/{settings.rank}", error_cb=errors,
+        disconnected_cb=_disconnected, reconnected_cb=_reconnected))
+    stopping = asyncio.ensure_future(stop.wait())
+    await asyncio.wait({connecting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    stopping.cancel()
+    if not connecting.done():
+        connecting.cancel()
         return 0
+    try:
+        nc = connecting.result()
+    except Exception as e:  # e.g. a credentials or TLS file that cannot be read
+        log.error("KV relay: cannot connect to NATS at %s: %s", target.redacted(), e)
+        return 1
     r = KVRelay(settings, nc.jetstream())
     try:
         while not await _started(r, target.redacted()):
@@ -68,8 +72,17 @@ async def _started(r: Any, where: str) -> bool:
         return False
 
 
-async def _nats_error(e: Exception) -> None:
-    log.debug("KV relay: NATS: %s", e)
+def _nats_errors(where: str) -> Callable[[Exception], Awaitable[None]]:
+    """nats-py's error callback: logged as a warning at most every 30 s (it fires on every connect attempt)."""
+    last = [-1e9]
+
+    async def error(e: Exception) -> None:
+        now = time.monotonic()
+        if now - last[0] >= 30.0:
+            last[0] = now
+            log.warning("KV relay: NATS at %s: %s; retrying", where, e or type(e).__name__)
+
+    return error
 
 
 async def _disconnected() -> None:

@@ -161,6 +161,7 @@ class JetStreamKVSubscriber:
         self._nc: Any = None
         self._connecting: asyncio.Task[None] | None = None
         self.slow_consumer = 0
+        self._warned = -1e9  # when a NATS error was last logged
 
     # ---- membership -----------------------------------------------------------------------------------
     def follow(self, pools: Iterable[str]) -> None:
@@ -234,7 +235,11 @@ class JetStreamKVSubscriber:
         if type(e).__name__ == "SlowConsumerError":
             self.slow_consumer += 1  # the follower sees the skip and resumes from the stream
             return
-        log.debug("KV events: NATS: %s", e)
+        now = time.monotonic()
+        if now - self._warned >= 30.0:  # nats-py calls this on every failed (re)connect attempt
+            self._warned = now
+            log.warning("KV events: NATS at %s: %s (retrying; the index keeps what it has)", self.target.redacted(),
+                        e or type(e).__name__)
 
     async def _handle(self, msg: Any) -> None:
         try:

@@ -381,3 +381,62 @@ async def test_a_full_relay_queue_is_refilled_from_the_engines_replay(make_fleet
     assert relay.counters.overflow > 0 and relay.counters.holes == 0
     assert not relay.publisher.queue
     assert sub.metrics.registry.get_sample_value("pointsman_kv_events_gaps_total") == 0
+
+
+async def test_data_parallel_ranks_travel_apart(nats_server, relays, replicas) -> None:
+    """One relay per rank (rank r publishes on the endpoint's port + r): each rank is its own slot on the replica."""
+    base = free_port()
+    pubs = [await bind_dp(base, r) for r in range(2)]
+    fleet = _OneEngine(base)
+    try:
+        for r in range(2):
+            fleet.config.kv_events_port = base + r
+            await relays(fleet, 0, rank=r)
+        sub = replicas(block_size=4)
+        ep = key(fleet, 0)
+        await until(lambda: all(p.subscriptions() > 0 for p in pubs), 5.0)
+        toks = list(range(12))
+        pubs[0].publish_events([_stored_event([1, 2, 3], toks)])
+        pubs[1].publish_events([_stored_event([1], toks[:4])])  # the same engine hash on the other rank
+        keys = sub.index.keys_for(toks)
+        await until(lambda: sub.index.slot_states(ep) == {0: LIVE, 1: LIVE}
+                    and ep in sub.index.match(keys) and sub.index.match(keys)[ep].blocks == 3, 5.0)
+        pubs[0].publish_events([["AllBlocksCleared"]])
+        await until(lambda: ep in sub.index.match(keys) and sub.index.match(keys)[ep].rank == 1, 5.0)
+        assert [s.address for s in sub.status()[ep]] == [subject(POOL, ep, 0), subject(POOL, ep, 1)]
+    finally:
+        for p in pubs:
+            p.close()
+
+
+async def bind_dp(base: int, rank: int) -> KVEventPublisher:
+    return KVEventPublisher(f"tcp://127.0.0.1:{base}", "", 4, dp_rank=rank)
+
+
+async def test_the_relay_command_waits_for_nats(make_fleet, nats_server, direct, tmp_path) -> None:
+    """`epp kv-relay` started while NATS is down retries, then relays everything once NATS is up."""
+    fleet = await make_fleet(1)
+    ref = direct(fleet)
+    nats_server.kill()
+    events, replay = engine(fleet, 0)
+    log = open(tmp_path / "relay.log", "w")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "epp.cmd.cli", "kv-relay", "--engine-events", events, "--engine-replay", replay,
+         "--endpoint", key(fleet, 0), "--pool", POOL, "--nats-url", nats_server.url],
+        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        await until(lambda: "retrying" in (tmp_path / "relay.log").read_text(), 30.0, "the relay retries")
+        texts = prompts("waits", 6)
+        await load(fleet, texts)
+        nats_server.restart()
+        sub = JetStreamKVSubscriber(PreciseIndex(block_size=16), NatsTarget.parse(nats_server.url))
+        sub.follow([POOL])
+        try:
+            await same_view(fleet, sub.index, ref.index, texts, timeout=30.0)
+            assert sub.index.state(key(fleet, 0)) == LIVE
+        finally:
+            await sub.close()
+    finally:
+        proc.terminate()
+        assert proc.wait(timeout=30) == 0
+        log.close()
