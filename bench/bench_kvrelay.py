@@ -11,7 +11,8 @@ not a capacity.
    events per second, counted once (not per replica). The engines send without pause.
 2. **Catch-up of a late replica**: after the load, a new replica starts; time until its index holds every
    engine's last batch. Direct: it asks each engine's replay socket (the engines' buffers hold the whole run);
-   NATS: it reads the stream and contacts no engine. Reported with the engines' replay requests served.
+   NATS: it reads the stream (the relays are stopped by then) and contacts no engine. Reported with the replay
+   requests the engines served meanwhile.
 
 Interleaved: the direct and NATS rounds alternate `--rounds` times; medians.
 
@@ -85,7 +86,7 @@ def done(sub: Any, keys: list[str], last: list[int]) -> bool:
     return all(k in st and st[k][0].last_seq == s for k, s in zip(keys, last, strict=True))
 
 
-async def until_done(subs: list[Any], keys: list[str], last: list[int], timeout: float = 120.0) -> float:
+async def until_done(subs: list[Any], keys: list[str], last: list[int], timeout: float = 300.0) -> float:
     t0 = time.perf_counter()
     while not all(done(s, keys, last) for s in subs):
         if time.perf_counter() - t0 > timeout:
@@ -105,7 +106,7 @@ async def direct_round(m: int, r: int, steps: int) -> tuple[float, float, int]:
     await eng.send_all()
     await until_done(subs, eng.keys, eng.last())
     live = time.perf_counter() - t0
-    late = KVEventSubscriber(PreciseIndex(block_size=BS), catch_up_after=0.0, replay_timeout=30.0)
+    late = KVEventSubscriber(PreciseIndex(block_size=BS), catch_up_after=0.0, replay_timeout=300.0)
     t1 = time.perf_counter()
     for i, k in enumerate(eng.keys):
         late.add_endpoint(k, eng.source(i))
@@ -136,6 +137,9 @@ async def nats_round(m: int, r: int, steps: int, url: str, pool: str) -> tuple[f
     await eng.send_all()
     await until_done(subs, eng.keys, eng.last())
     live = time.perf_counter() - t0
+    for relay, nc in zip(relays, ncs, strict=True):  # the late replica needs only the stream
+        await relay.close()
+        await nc.close()
     replays = sum(p.replays_served for p in eng.pubs)
     late = JetStreamKVSubscriber(PreciseIndex(block_size=BS), NatsTarget.parse(url))
     t1 = time.perf_counter()
@@ -145,9 +149,6 @@ async def nats_round(m: int, r: int, steps: int, url: str, pool: str) -> tuple[f
     late_replays = sum(p.replays_served for p in eng.pubs) - replays
     for s in [*subs, late]:
         await s.close()
-    for relay, nc in zip(relays, ncs, strict=True):
-        await relay.close()
-        await nc.close()
     eng.close()
     return eng.events / live, catch, late_replays
 

@@ -130,7 +130,7 @@ class KVRelay:
         self.sock = sock
         loop = asyncio.get_running_loop()
         self.tasks.append(loop.create_task(self.publisher.run(), name="kv-relay publish"))
-        await self._replay_from(self.tracker.expected or 0)
+        await self._resume()
         self.tasks.append(loop.create_task(self._read(sock), name="kv-relay read"))
         log.info("KV relay: %s rank %d from %s into %s (resuming at seq %d)", self.settings.endpoint,
                  self.settings.rank, self.settings.engine_events, self.publisher.subject, self.tracker.expected or 0)
@@ -201,9 +201,26 @@ class KVRelay:
             log.warning("KV relay %s rank %d: seq %d..%d missing, replay %s: the stream has a hole",
                         self.settings.endpoint, self.settings.rank, start, stop - 1, outcome)
 
+    async def _resume(self) -> None:
+        """Start-up: publish what the engine retained after the stream's last batch. An engine whose newest batch
+        is older than that restarted while the relay was down: its whole retained history goes out (the replicas
+        see the seq go back, a restart)."""
+        expected = self.tracker.expected
+        if expected is None:
+            await self._replay_from(0)
+            return
+        got, _ = await fetch_replay(self.ctx, self.settings.engine_replay, 0, None, self.settings.replay_timeout)
+        if got and int.from_bytes(got[-1][1][:8], "big") < expected - 1:
+            self._publish_replayed(got)
+        else:
+            self._publish_replayed([g for g in got if int.from_bytes(g[1][:8], "big") >= expected])
+
     async def _replay_from(self, start: int) -> None:
-        """Publish the engine's retained batches from `start` on (start-up, or after an overflow)."""
+        """Publish the engine's retained batches from `start` on (start-up, after an overflow or a burst)."""
         got, _ = await fetch_replay(self.ctx, self.settings.engine_replay, start, None, self.settings.replay_timeout)
+        self._publish_replayed(got)
+
+    def _publish_replayed(self, got: list[Raw]) -> None:
         for topic, seq_frame, payload in got:
             seq, stream = int.from_bytes(seq_frame[:8], "big"), seq_frame[8:]
             decision = self.tracker.classify(seq, stream)

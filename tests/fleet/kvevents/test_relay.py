@@ -440,3 +440,44 @@ async def test_the_relay_command_waits_for_nats(make_fleet, nats_server, direct,
         proc.terminate()
         assert proc.wait(timeout=30) == 0
         log.close()
+
+
+async def test_an_engine_that_restarted_while_its_relay_was_down_starts_afresh(nats_server, relays,
+                                                                                replicas) -> None:
+    port, rport = free_port(), free_port()
+    fleet = _OneEngine(port)
+    fleet.config.kv_events_replay_port = rport
+
+    def publisher() -> KVEventPublisher:
+        return KVEventPublisher(f"tcp://127.0.0.1:{port}", "", 4, f"tcp://127.0.0.1:{rport}")
+
+    pub = publisher()
+    first = await relays(fleet, 0)
+    sub = replicas(block_size=4)
+    ep = key(fleet, 0)
+    old, new = list(range(8)), list(range(100, 104))
+    await until(lambda: pub.subscriptions() > 0, 5.0)
+    for h in range(3):  # seq 0..2
+        pub.publish_events([_stored_event([h + 1], old[4 * (h % 2):4 * (h % 2) + 4])])
+    await until(lambda: ep in sub.index.match(sub.index.keys_for(old[:4])), 5.0)
+    await first.close()
+    pub.close()
+    await asyncio.sleep(0.2)  # a just-closed ZMQ socket releases its ports asynchronously
+    pub = await until(lambda: _try(publisher), 5.0)  # the engine restarted: seq 0 again, its cache empty
+    try:
+        pub.publish_events([_stored_event([9], new)])  # seq 0, published while no relay runs; then idle
+        second = await relays(fleet, 0)
+        await until(lambda: ep in sub.index.match(sub.index.keys_for(new)), 5.0)
+        assert ep not in sub.index.match(sub.index.keys_for(old[:4]))
+        assert sub.index.state(ep) == LIVE
+        assert sub.metrics.registry.get_sample_value("pointsman_kv_events_restarts_total") == 1
+        assert second.counters.replayed == 1 and second.epoch == 1
+    finally:
+        pub.close()
+
+
+def _try(make: Callable[[], KVEventPublisher]) -> KVEventPublisher | None:
+    try:
+        return make()
+    except zmq.ZMQError:
+        return None
