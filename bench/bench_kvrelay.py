@@ -182,8 +182,8 @@ def main() -> None:
     ap.add_argument("--engines", type=int, default=4)
     ap.add_argument("--replicas", type=int, default=3)
     ap.add_argument("--steps", type=int, default=800,
-                    help="batches per engine (800: the direct late replica's replay of a whole buffer stays under "
-                         "the ROUTER socket's send high-water mark of 1,000 messages)")
+                    help="batches per engine (800: with 1,000 the direct late replica's catch-up replay sometimes did "
+                         "not complete on a loaded machine; docs/kv-events.md)")
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
     if args.quick:
