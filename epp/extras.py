@@ -25,7 +25,7 @@ from typing import Any
 # extra -> the importable modules it provides (pyproject.toml lists the distributions)
 EXTRAS: dict[str, tuple[str, ...]] = {
     "redis": ("redis",),
-    "precise": ("zmq", "msgpack", "tokenizers", "jinja2"),
+    "precise": ("zmq", "msgpack", "nats", "tokenizers", "jinja2"),
     "replicas": ("zmq", "msgpack"),
     "envoy-config": ("envoy_data_plane", "pydantic"),
     "stack": ("zmq", "msgpack", "envoy_data_plane"),  # and the Envoy binary (epp.stack.settings)

@@ -23,6 +23,13 @@ if TYPE_CHECKING:
 
 SCHEMES = ("nats", "tls")
 DEFAULT_PORT = 4222
+# nats-py's reconnect settings unless a caller sets its own: reconnect forever, half a second apart (a Pointsman
+# process outlives a broker's restart, and routing never waits on it)
+RECONNECT = {"allow_reconnect": True, "max_reconnect_attempts": -1, "reconnect_time_wait": 0.5}
+
+
+class NatsConfigError(ValueError):
+    """A NATS URL or option that cannot be used; the message names it without its secrets."""
 
 
 @dataclass(frozen=True)
@@ -39,8 +46,8 @@ class NatsTarget:
     @classmethod
     def parse(cls, urls: str, *, creds: str | None = None, tls_ca: str | None = None, tls_cert: str | None = None,
               tls_key: str | None = None) -> NatsTarget:
-        """A comma list of nats:// or tls:// URLs (credentials in the first one that has them); ValueError naming
-        what is wrong."""
+        """A comma list of nats:// or tls:// URLs (credentials in the first one that has them); NatsConfigError
+        naming what is wrong."""
         servers: list[str] = []
         target = cls((), creds=creds, tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key)
         for item in filter(None, (u.strip() for u in urls.split(","))):
@@ -49,9 +56,9 @@ class NatsTarget:
             if (user or token) and not (target.user or target.token):
                 target = dataclasses.replace(target, user=user, password=password, token=token)
         if not servers:
-            raise ValueError("a NATS URL is needed: nats://host:port[,...]")
+            raise NatsConfigError("a NATS URL is needed: nats://host:port[,...]")
         if bool(tls_cert) != bool(tls_key):
-            raise ValueError("a NATS client certificate needs both the certificate and its key")
+            raise NatsConfigError("a NATS client certificate needs both the certificate and its key")
         return dataclasses.replace(target, servers=tuple(servers))
 
     @property
@@ -76,16 +83,17 @@ class NatsTarget:
 
 
 def _server(url: str) -> tuple[str, str | None, str | None, str | None]:
-    """One URL -> (scheme://host:port, its user, password and token)."""
-    parts = urlsplit(url if "://" in url else f"nats://{url}")
+    """One URL -> (scheme://host:port, its user, password and token); errors show the URL without its secrets."""
+    parts = urlsplit(url)
+    shown = parts._replace(netloc="***@" + parts.netloc.rpartition("@")[2]).geturl() if "@" in parts.netloc else url
     if parts.scheme not in SCHEMES:
-        raise ValueError(f"NATS URL {url!r}: the scheme must be nats:// or tls://")
+        raise NatsConfigError(f"NATS URL {shown!r}: the scheme must be nats:// or tls://")
     try:
         port = parts.port or DEFAULT_PORT
     except ValueError:
-        raise ValueError(f"NATS URL {url!r}: bad port") from None
+        raise NatsConfigError(f"NATS URL {shown!r}: bad port") from None
     if not parts.hostname or parts.path not in ("", "/") or parts.query:
-        raise ValueError(f"NATS URL {url!r}: expected {parts.scheme}://[user:password@]host[:port]")
+        raise NatsConfigError(f"NATS URL {shown!r}: expected {parts.scheme}://[user:password@]host[:port]")
     host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
     server = f"{parts.scheme}://{host}:{port}"
     if parts.username and parts.password is not None:
@@ -94,7 +102,8 @@ def _server(url: str) -> tuple[str, str | None, str | None, str | None]:
 
 
 async def connect(target: NatsTarget, *, name: str, **options: Any) -> Client:
-    """A connected nats-py client for `target`; `options` (callbacks, reconnect settings...) go to nats.connect."""
+    """A connected nats-py client for `target`; `options` (callbacks, reconnect settings...) go to nats.connect, over
+    RECONNECT's defaults."""
     try:
         import nats
     except ImportError:
@@ -109,8 +118,8 @@ async def connect(target: NatsTarget, *, name: str, **options: Any) -> Client:
     tls = target.ssl_context()
     if tls is not None:
         login["tls"] = tls
-    client: Client = await nats.connect(servers=list(target.servers), name=name, **login, **options)
+    client: Client = await nats.connect(servers=list(target.servers), name=name, **login, **{**RECONNECT, **options})
     return client
 
 
-__all__ = ["NatsTarget", "connect"]
+__all__ = ["NatsConfigError", "NatsTarget", "connect"]

@@ -1,4 +1,4 @@
-"""The `epp` command: serve, envoy-config, explain, stack, endpoints.
+"""The `epp` command: serve, envoy-config, explain, stack, endpoints, kv-relay.
 
 Flags follow GIE's EPP where they overlap, so existing charts (and AI Runway) can start it unchanged: `epp serve`
 reads its command line with Go pflag's rules and accepts every flag GIE's, llm-d's and KServe's deployments pass
@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from epp.api.settings import EndpointsSettings, ExplainSettings
     from epp.cmd.envoy_config import EnvoyConfigSettings
     from epp.cmd.settings import ServeSettings
+    from epp.fleet.kvevents.settings import RelaySettings
     from epp.stack.settings import StackSettings
 
 log = logging.getLogger("epp")
@@ -150,6 +151,24 @@ def _endpoints(s: EndpointsSettings) -> int:
     return endpoints_command(s)
 
 
+def _kv_relay_flags(p: argparse.ArgumentParser) -> None:
+    from epp.fleet.kvevents.settings import add_relay_flags
+
+    add_relay_flags(p)
+
+
+def _kv_relay_settings(ns: argparse.Namespace, argv: list[str]) -> RelaySettings:
+    from epp.fleet.kvevents.settings import RelaySettings
+
+    return RelaySettings.from_args(ns)
+
+
+def _kv_relay(s: RelaySettings) -> int:
+    from epp.cmd.kvrelay import kv_relay_command
+
+    return kv_relay_command(s)
+
+
 COMMANDS: dict[str, Command] = {
     "serve": Command("run the endpoint picker (default)", _serve_flags, _serve_settings, serve),
     "envoy-config": Command("render an Envoy bootstrap that uses Pointsman", _envoy_config_flags,
@@ -160,6 +179,8 @@ COMMANDS: dict[str, Command] = {
                      _stack_settings, _stack),
     "endpoints": Command("list the endpoints a running Pointsman knows", _endpoints_flags, _endpoints_settings,
                          _endpoints),
+    "kv-relay": Command("carry one engine's KV events into its pool's NATS JetStream stream", _kv_relay_flags,
+                        _kv_relay_settings, _kv_relay),
 }
 
 

@@ -142,7 +142,7 @@ def test_epp_explain_answers_without_the_server_machinery(server: str, tmp_path:
     assert [m for m in modules if m.startswith(NOT_FOR_CLIENTS)] == []
 
 
-@pytest.mark.parametrize("argv", [("explain", "--help"), ("endpoints", "--help"), ("--help",)])
+@pytest.mark.parametrize("argv", [("explain", "--help"), ("endpoints", "--help"), ("kv-relay", "--help"), ("--help",)])
 def test_help_of_a_client_command_loads_no_server(argv: tuple[str, ...], tmp_path: Path) -> None:
     done, modules = run(tmp_path, *argv)
     assert done.returncode == 0 and "usage: epp" in done.stdout, done.stderr
@@ -176,3 +176,22 @@ def test_the_check_sees_the_machinery_where_it_is_loaded(tmp_path: Path) -> None
     found = heavy_in(json.loads(out.read_text()))
     for prefix in ("epp.cmd.app", "epp.extproc.server", "epp.request", "scheduling.plugins", "prometheus_client"):
         assert any(f.startswith(prefix) for f in found), prefix
+
+
+def test_epp_kv_relay_runs_without_the_server_machinery(tmp_path: Path) -> None:
+    """The relay beside each engine loads ZMQ, nats-py and the relay; nothing else of the server's (aiohttp aside:
+    nats-py imports it for its websocket transport). NATS is not there: it waits for it until SIGTERM, then exits 0."""
+    out = tmp_path / "modules.json"
+    proc = subprocess.Popen([sys.executable, "-c", PROBE, "kv-relay", "--engine-events", "tcp://127.0.0.1:1",
+                             "--endpoint", "127.0.0.1:8000", "--pool", "p", "--nats-url",
+                             f"nats://127.0.0.1:{free_port()}"], cwd=ROOT, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "MODULES_OUT": str(out)})
+    assert proc.stderr is not None
+    line = ""
+    while "retrying" not in line and proc.poll() is None:
+        line = proc.stderr.readline()
+    proc.terminate()
+    assert proc.wait(timeout=60) == 0
+    modules = json.loads(out.read_text())
+    assert [m for m in heavy_in(modules) if not m.startswith(("aiohttp", "zmq"))] == []
+    assert "epp.fleet.kvevents.relay" in modules and "nats" in modules

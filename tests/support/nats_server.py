@@ -47,16 +47,26 @@ class NatsServer:
             )
             try:
                 wait_port(self.port, timeout=10, proc=self.proc, what="nats-server")
+                self._wait_ready()
                 return self
             except RuntimeError:
+                self.kill()
                 if port is not None or attempt == 4:
                     raise RuntimeError(f"nats-server failed to start: {self.log_tail()}") from None
         return self
 
-    def log_tail(self) -> str:
+    def _wait_ready(self) -> None:
+        """The port answers before JetStream has recovered its streams: wait for the log line that says it has."""
+        deadline = time.monotonic() + 10
+        while "Server is ready" not in self.log_tail(20_000):
+            if time.monotonic() > deadline:
+                raise RuntimeError("nats-server never said it was ready")
+            time.sleep(0.02)
+
+    def log_tail(self, n: int = 2000) -> str:
         try:
             with open(self._log) as f:
-                return f.read()[-2000:]
+                return f.read()[-n:]
         except OSError:
             return "(no log)"
 
@@ -73,6 +83,8 @@ class NatsServer:
             os.kill(self.proc.pid, signal.SIGCONT)  # a paused process must run to die
             self.proc.kill()
             self.proc.wait(timeout=10)
+        if os.path.exists(self._log):
+            os.replace(self._log, self._log + ".old")  # the next start's readiness is read from a fresh log
 
     def restart(self) -> None:
         """Start again on the same port (after kill: a broker restart)."""

@@ -15,6 +15,10 @@ events:
 
 Nothing here blocks: subscribing is asynchronous in ZMQ, so an unreachable publisher is a subscription that never
 delivers, and its endpoint stays `pending` (scored from the approximate index).
+
+With `nats_url` (--kv-events-url) the engines' sockets are not used: the subscriber
+(epp.fleet.kvevents.jetstream) reads the streams of the datastore's pools, which `epp kv-relay` writes beside each
+engine, and the endpoints' own sources and the port template are ignored.
 """
 
 from __future__ import annotations
@@ -38,7 +42,8 @@ log = logging.getLogger(__name__)
 
 class PreciseService:
     def __init__(self, datastore: Datastore, template: KVEventsTemplate | None = None, *, block_size: int = 16,
-                 registry: CollectorRegistry | None = None, replay_timeout: float = 1.0, catch_up_after: float | None = 0.5) -> None:
+                 registry: CollectorRegistry | None = None, replay_timeout: float = 1.0, catch_up_after: float | None = 0.5,
+                 nats_url: str | None = None) -> None:
         self.datastore = datastore
         self.index = PreciseIndex(block_size=block_size)
         self.template = template  # the command line's
@@ -46,6 +51,7 @@ class PreciseService:
         self.registry = registry
         self.replay_timeout = replay_timeout
         self.catch_up_after = catch_up_after
+        self.nats_url = nats_url  # the pools' JetStream streams instead of the engines' sockets
         self.subscriber: Any = None  # epp.fleet.kvevents.subscriber.KVEventSubscriber, once an endpoint publishes
         self.invalid: dict[str, str] = {}  # endpoint key -> why its KV-events source is invalid
         self._attached = False
@@ -53,7 +59,8 @@ class PreciseService:
 
     @classmethod
     def from_settings(cls, settings: KVEventsSettings, datastore: Datastore, registry: CollectorRegistry | None = None) -> PreciseService:
-        return cls(datastore, settings.template, block_size=settings.block_size, registry=registry)
+        return cls(datastore, settings.template, block_size=settings.block_size, registry=registry,
+                   nats_url=settings.nats_url)
 
     def services(self) -> dict[str, Any]:
         """What the shell lends each loaded scheduler."""
@@ -107,7 +114,12 @@ class PreciseService:
         return out
 
     def sync(self) -> None:
-        """Make the subscriptions match the datastore's endpoints."""
+        """Make the subscriptions match the datastore's endpoints (over NATS: its pools)."""
+        if self.nats_url is not None:
+            pools = self.datastore.pool_names()
+            if pools or self.subscriber is not None:
+                self._subscriber().follow(pools)
+            return
         sources = self.sources(self.datastore.all_endpoints())
         if not sources and self.subscriber is None:
             return
@@ -141,9 +153,17 @@ class PreciseService:
             for module in ("zmq", "msgpack"):
                 require("precise", module, "subscribing to KV events")
             from epp.fleet.kvevents.metrics import KVEventMetrics
-            from epp.fleet.kvevents.subscriber import KVEventSubscriber
 
             metrics = KVEventMetrics(self.registry) if self.registry is not None else None
+            if self.nats_url is not None:
+                from epp.fleet.kvevents.jetstream import JetStreamKVSubscriber
+                from epp.natsconn import NatsTarget
+
+                require("precise", "nats", "reading KV events from NATS")
+                self.subscriber = JetStreamKVSubscriber(self.index, NatsTarget.parse(self.nats_url), metrics)
+                return self.subscriber
+            from epp.fleet.kvevents.subscriber import KVEventSubscriber
+
             self.subscriber = KVEventSubscriber(self.index, metrics, replay_timeout=self.replay_timeout,
                                                 catch_up_after=self.catch_up_after)
         return self.subscriber

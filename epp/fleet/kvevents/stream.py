@@ -30,16 +30,18 @@ class Gap(NamedTuple):
 class RankStream:
     __slots__ = ("key", "rank", "source", "sock", "shadow", "task", "tracker", "status", "applier")
 
-    def __init__(self, key: str, rank: int, source: KVEventsSource, sock: zmq.asyncio.Socket,
-                 applier: EventApplier) -> None:
+    def __init__(self, key: str, rank: int, source: KVEventsSource, sock: zmq.asyncio.Socket | None,
+                 applier: EventApplier, address: str | None = None) -> None:
+        """`sock` None: the batches come from elsewhere (NATS, epp.fleet.kvevents.jetstream), named `address`."""
         self.key = key
         self.rank = rank
         self.source = source
         self.sock = sock
-        self.shadow: zmq.Socket[bytes] = zmq.Socket.shadow(sock.underlying)  # for non-blocking reads
+        # for non-blocking reads
+        self.shadow: zmq.Socket[bytes] | None = zmq.Socket.shadow(sock.underlying) if sock is not None else None
         self.task: asyncio.Task[None] | None = None
         self.tracker = SequenceTracker()
-        self.status = RankStatus(key, rank, source.rank_endpoint(rank), source.rank_replay(rank), PENDING)
+        self.status = RankStatus(key, rank, address or source.rank_endpoint(rank), source.rank_replay(rank), PENDING)
         self.applier = applier
 
     @property
@@ -49,7 +51,8 @@ class RankStream:
     def close(self) -> None:
         if self.task is not None:
             self.task.cancel()
-        self.sock.close(0)
+        if self.sock is not None:
+            self.sock.close(0)
 
     def handle(self, frames: list[bytes]) -> Gap | None:
         """Apply one live message; returns the gap to fill before its batch can be applied."""

@@ -105,7 +105,7 @@ class KVEventSubscriber:
                 sock.connect(source.rank_endpoint(r))  # asynchronous: never blocks, even if nothing listens
         except zmq.ZMQError as e:
             for rk in ranks:
-                rk.sock.close(0)
+                rk.close()
             raise ValueError(f"cannot subscribe to {key}'s KV events at {source.endpoint}: {e}") from None
         for rk in ranks:
             self.index.set_state(key, rk.rank, PENDING)
@@ -150,6 +150,7 @@ class KVEventSubscriber:
     # ---- the per-rank loop ----------------------------------------------------------------------------
     async def _run(self, rk: RankStream) -> None:
         sock, shadow = rk.sock, rk.shadow
+        assert sock is not None and shadow is not None
         first: list[bytes] | None = None
         if self.catch_up_after is not None and rk.replay_address is not None:
             try:

@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +14,15 @@ if str(ROOT) not in sys.path:
 from epp.stack.ports import free_port_block  # noqa: E402  (below the ephemeral range: no TIME_WAIT clashes)
 from modelsim.config import EngineConfig, FleetConfig  # noqa: E402
 from modelsim.fleet import Fleet  # noqa: E402
+from tests.support.nats_server import NatsServer  # noqa: E402
+
+
+@pytest.fixture
+def nats_server() -> Iterator[NatsServer]:
+    """A real nats-server with JetStream on a free port."""
+    server = NatsServer().start()
+    yield server
+    server.stop()
 
 
 @pytest.fixture
