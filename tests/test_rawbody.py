@@ -1,0 +1,124 @@
+"""The full-duplex echo built from bytes (epp/protocol/rawbody.py) is what upb would read and write."""
+
+from __future__ import annotations
+
+import pytest
+from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+
+from epp.protocol import CHUNK_LIMIT, BodyMode, Outcome, RequestMachine, streamed_chunks
+from epp.protocol.rawbody import RawBody, RawReply, read_request_body, request_echo
+
+# around every varint length boundary of each nested envelope, plus the sizes Envoy sends
+SIZES = sorted({0, 1, 2, 100, 119, 120, 121, 122, 123, 124, 125, 126, 127, 128, 129, 130, 16370, 16376, 16377, 16378,
+                16379, 16380, 16381, 16382, 16383, 16384, 16385, 16386, 16390, 61_990, CHUNK_LIMIT - 1, CHUNK_LIMIT})
+
+
+def _upb_echo(body: bytes, eos: bool) -> bytes:
+    resp = pb.ProcessingResponse()
+    sbr = resp.request_body.response.body_mutation.streamed_response
+    sbr.body = body
+    if eos:
+        sbr.end_of_stream = True
+    return resp.SerializeToString()
+
+
+@pytest.mark.parametrize("eos", [False, True])
+@pytest.mark.parametrize("size", SIZES)
+def test_echo_is_byte_equal_to_upb(size: int, eos: bool) -> None:
+    body = bytes(range(256)) * (size // 256 + 1)
+    body = body[:size]
+    reply = request_echo(memoryview(body), eos)
+    wire = b"".join(reply.parts)
+    expected = _upb_echo(body, eos)
+    assert wire[5:] == expected
+    assert wire[:5] == b"\x00" + len(expected).to_bytes(4, "big")
+    assert reply.size == len(wire)
+    assert reply.SerializeToString() == expected
+
+
+@pytest.mark.parametrize("size", [0, 1, 127, 128, 16383, 16384, CHUNK_LIMIT, CHUNK_LIMIT + 1, 2 * CHUNK_LIMIT,
+                                  256 * 1024 + 7])
+@pytest.mark.parametrize("eos", [False, True])
+def test_read_then_echo_matches_the_protobuf_path(size: int, eos: bool) -> None:
+    body = (b"0123456789abcdef" * (size // 16 + 1))[:size]
+    req = pb.ProcessingRequest(request_body=pb.HttpBody(body=body, end_of_stream=eos)).SerializeToString()
+    raw = read_request_body(req)
+    assert raw is not None
+    assert bytes(raw.body) == body and raw.end_of_stream is eos
+    assert raw.request_body is raw
+    echoed = raw.echo()
+    expected = [r.SerializeToString() for r in streamed_chunks(body, eos, request=True)]
+    assert [r.SerializeToString() for r in echoed] == expected
+    assert all(isinstance(r, RawReply) for r in echoed)
+
+
+def test_the_body_is_a_view_not_a_copy() -> None:
+    req = bytearray(pb.ProcessingRequest(request_body=pb.HttpBody(body=b"x" * 70_000)).SerializeToString())
+    raw = read_request_body(req)
+    assert raw is not None and isinstance(raw.body, memoryview) and raw.body.obj is req
+    assert all(isinstance(p, (bytes, memoryview)) for r in raw.echo() for p in r.parts)
+    assert sum(len(p) for r in raw.echo() for p in r.parts if isinstance(p, memoryview)) == 70_000
+
+
+@pytest.mark.parametrize("req", [
+    pb.ProcessingRequest(request_headers=pb.HttpHeaders(end_of_stream=True)),
+    pb.ProcessingRequest(response_body=pb.HttpBody(body=b"abc")),
+    pb.ProcessingRequest(request_body=pb.HttpBody(body=b"abc"), observability_mode=True),
+    pb.ProcessingRequest(request_body=pb.HttpBody(body=b"abc", end_of_stream_without_message=True)),
+    pb.ProcessingRequest(request_body=pb.HttpBody(body=b"abc"), metadata_context={"filter_metadata": {"a": {}}}),
+], ids=["headers", "response-body", "another-field", "unread-body-field", "metadata"])
+def test_anything_but_a_plain_body_goes_to_protobuf(req: pb.ProcessingRequest) -> None:
+    assert read_request_body(req.SerializeToString()) is None
+
+
+@pytest.mark.parametrize("wire", [b"", b"\x22", b"\x22\x05\x0a\x03ab", b"\x22\x03\x0a\x05abc", b"\x22\x80",
+                                  b"\x22\x02\x10", b"\x22\x0b" + b"\x10" + b"\xff" * 10, b"\x22\x02\x0a\x80"])
+def test_malformed_or_cut_messages_go_to_protobuf(wire: bytes) -> None:
+    assert read_request_body(wire) is None
+
+
+def test_fields_in_any_order_and_repeated_read_as_protobuf_does() -> None:
+    inner = b"\x10\x01" + b"\x0a\x02ab" + b"\x0a\x03xyz" + b"\x10\x00" + b"\x10\x02"
+    wire = b"\x22" + bytes((len(inner),)) + inner
+    raw = read_request_body(wire)
+    upb = pb.ProcessingRequest.FromString(wire)
+    assert raw is not None
+    assert bytes(raw.body) == upb.request_body.body and raw.end_of_stream == upb.request_body.end_of_stream
+
+
+class _Reader:
+    """An exchange that reads the body as it streams and never decides early."""
+
+    def __init__(self) -> None:
+        self.seen: list[bytes] = []
+
+    def request_chunk(self, headers: object, data: bytes, end_of_stream: bool) -> bool:
+        self.seen.append(bytes(data))
+        return False
+
+    def close(self) -> None:
+        pass
+
+
+def _machine(early: bool) -> RequestMachine:
+    return RequestMachine(_Reader() if early else object(), request_body_mode=BodyMode.FULL_DUPLEX_STREAMED)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("reading", [False, True])
+def test_the_machine_gives_the_same_replies_for_raw_and_parsed_chunks(reading: bool) -> None:
+    chunks = [(b"a" * 100, False), (b"b" * 70_000, False), (b"", False), (b"c" * 5, True)]
+    results = []
+    for raw in (False, True):
+        m = _machine(reading)
+        m.feed(pb.ProcessingRequest(request_headers=pb.HttpHeaders()))
+        out = []
+        for body, eos in chunks[:2]:
+            msg = pb.ProcessingRequest(request_body=pb.HttpBody(body=body, end_of_stream=eos))
+            out += m.feed_body(RawBody(memoryview(msg.SerializeToString())[4:4 + len(body)] if raw else body, eos)) \
+                if raw else m.feed(msg)
+        out += m.resolve(Outcome(set_headers=[("x-gateway-destination-endpoint", "10.0.0.1:8000")]))
+        for body, eos in chunks[2:]:
+            msg = pb.ProcessingRequest(request_body=pb.HttpBody(body=body, end_of_stream=eos))
+            out += m.feed_body(RawBody(body, eos)) if raw else m.feed(msg)
+        results.append([r.SerializeToString() for r in out])
+    assert results[0] == results[1]
