@@ -89,6 +89,12 @@ class ServerStream:
         pack = status.frame
         self.out.send_data(self, pack(messages[0]) if len(messages) == 1 else b"".join(map(pack, messages)))
 
+    def send_parts(self, parts: list[bytes | memoryview]) -> None:
+        """Messages already framed for gRPC (each with its 5-byte prefix), in pieces: written as they are, the
+        pieces neither joined nor copied (a large piece is cut into DATA frames by slicing)."""
+        if parts and not (self.finished or self.closed):
+            self.out.send_parts(self, parts)
+
     def start(self, metadata: list[tuple[bytes, bytes]]) -> None:
         """Send the response headers now, with custom metadata (otherwise they go with the first message)."""
         if not (self.started or self.finished or self.closed):

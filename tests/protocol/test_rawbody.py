@@ -5,8 +5,16 @@ from __future__ import annotations
 import pytest
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
-from epp.protocol import CHUNK_LIMIT, BodyMode, Outcome, RequestMachine, streamed_chunks
-from epp.protocol.rawbody import RawBody, RawReply, read_request_body, request_echo
+from epp.protocol import (
+    CHUNK_LIMIT,
+    BodyMode,
+    Outcome,
+    RawBody,
+    RawReply,
+    RequestMachine,
+    read_request_body,
+    streamed_chunks,
+)
 
 # around every varint length boundary of each nested envelope, plus the sizes Envoy sends
 SIZES = sorted({0, 1, 2, 100, 119, 120, 121, 122, 123, 124, 125, 126, 127, 128, 129, 130, 16370, 16376, 16377, 16378,
@@ -27,7 +35,7 @@ def _upb_echo(body: bytes, eos: bool) -> bytes:
 def test_echo_is_byte_equal_to_upb(size: int, eos: bool) -> None:
     body = bytes(range(256)) * (size // 256 + 1)
     body = body[:size]
-    reply = request_echo(memoryview(body), eos)
+    [reply] = RawBody(memoryview(body), eos).echo()
     wire = b"".join(reply.parts)
     expected = _upb_echo(body, eos)
     assert wire[5:] == expected
@@ -87,38 +95,60 @@ def test_fields_in_any_order_and_repeated_read_as_protobuf_does() -> None:
 
 
 class _Reader:
-    """An exchange that reads the body as it streams and never decides early."""
+    """An exchange that reads the body as it streams and can decide after `early_after` chunks (never: -1)."""
 
-    def __init__(self) -> None:
+    def __init__(self, early_after: int) -> None:
+        self.early_after = early_after
         self.seen: list[bytes] = []
 
     def request_chunk(self, headers: object, data: bytes, end_of_stream: bool) -> bool:
-        self.seen.append(bytes(data))
-        return False
-
-    def close(self) -> None:
-        pass
+        assert type(data) is bytes  # a view of the message is handed to the exchange as bytes
+        self.seen.append(data)
+        return len(self.seen) == self.early_after
 
 
-def _machine(early: bool) -> RequestMachine:
-    return RequestMachine(_Reader() if early else object(), request_body_mode=BodyMode.FULL_DUPLEX_STREAMED)  # type: ignore[arg-type]
+CHUNKS = [(b"a" * 100, False), (b"b" * 70_000, False), (b"", False), (b"c" * 5, False), (b"d" * 3, True)]
+ROUTE = Outcome(set_headers=[("x-gateway-destination-endpoint", "10.0.0.1:8000")])
 
 
-@pytest.mark.parametrize("reading", [False, True])
-def test_the_machine_gives_the_same_replies_for_raw_and_parsed_chunks(reading: bool) -> None:
-    chunks = [(b"a" * 100, False), (b"b" * 70_000, False), (b"", False), (b"c" * 5, True)]
-    results = []
+def _run(early_after: int, raw: bool) -> tuple[list[bytes], list[bytes]]:
+    reader = _Reader(early_after)
+    m = RequestMachine(reader, request_body_mode=BodyMode.FULL_DUPLEX_STREAMED)  # type: ignore[arg-type]
+    out = m.feed(pb.ProcessingRequest(request_headers=pb.HttpHeaders()))
+    for body, eos in CHUNKS:
+        wire = pb.ProcessingRequest(request_body=pb.HttpBody(body=body, end_of_stream=eos)).SerializeToString()
+        if raw:
+            chunk = read_request_body(wire)
+            assert chunk is not None
+            out += m.feed_body(chunk)
+        else:
+            out += m.feed(pb.ProcessingRequest.FromString(wire))
+        if m.decision is not None:
+            out += m.resolve(ROUTE)
+    assert m.finished is False and m.decision is None
+    return [r.SerializeToString() for r in out], reader.seen
+
+
+@pytest.mark.parametrize("early_after", [-1, 1, 2], ids=["at-the-end", "after-the-first-chunk", "after-two"])
+def test_the_machine_answers_raw_chunks_as_it_answers_parsed_ones(early_after: int) -> None:
+    parsed, parsed_seen = _run(early_after, raw=False)
+    raw, raw_seen = _run(early_after, raw=True)
+    assert raw == parsed
+    assert raw_seen == parsed_seen
+    echoed = b"".join(pb.ProcessingResponse.FromString(r).request_body.response.body_mutation.streamed_response.body
+                      for r in raw)
+    assert echoed == b"".join(body for body, _ in CHUNKS)  # every byte comes back, in order
+
+
+def test_a_buffered_body_read_raw_is_decided_on_the_same_bytes() -> None:
+    bodies = []
     for raw in (False, True):
-        m = _machine(reading)
+        m = RequestMachine(object(), request_body_mode=BodyMode.BUFFERED)  # type: ignore[arg-type]
         m.feed(pb.ProcessingRequest(request_headers=pb.HttpHeaders()))
-        out = []
-        for body, eos in chunks[:2]:
-            msg = pb.ProcessingRequest(request_body=pb.HttpBody(body=body, end_of_stream=eos))
-            out += m.feed_body(RawBody(memoryview(msg.SerializeToString())[4:4 + len(body)] if raw else body, eos)) \
-                if raw else m.feed(msg)
-        out += m.resolve(Outcome(set_headers=[("x-gateway-destination-endpoint", "10.0.0.1:8000")]))
-        for body, eos in chunks[2:]:
-            msg = pb.ProcessingRequest(request_body=pb.HttpBody(body=body, end_of_stream=eos))
-            out += m.feed_body(RawBody(body, eos)) if raw else m.feed(msg)
-        results.append([r.SerializeToString() for r in out])
-    assert results[0] == results[1]
+        wire = pb.ProcessingRequest(request_body=pb.HttpBody(body=b"{}" * 40_000, end_of_stream=True))
+        chunk = read_request_body(wire.SerializeToString())
+        assert chunk is not None
+        m.feed_body(chunk) if raw else m.feed(wire)
+        assert m.decision is not None
+        bodies.append(m.decision.body)
+    assert bodies[0] == bodies[1] and type(bodies[1]) is bytes
