@@ -5,7 +5,8 @@
   the SETTINGS_MAX_FRAME_SIZE we advertised ends the connection (FRAME_SIZE_ERROR) at once.
 - Whole frames in a read are handed on as slices of that read; only a frame split across reads is buffered, in
   one bytearray that grows to that frame's length and no further, and is completed from the next read without
-  copying the rest of it.
+  copying the rest of it. A DATA frame's payload is a view, not a copy (the stream's message assembly copies the
+  bytes once, into the message they belong to); the other frames' payloads are bytes.
 - While a header block is open (HEADERS without END_HEADERS), anything but a CONTINUATION of the same stream is
   a connection error (RFC 9113 §6.10).
 """
@@ -16,6 +17,7 @@ from collections.abc import Callable, Sequence
 
 from epp.h2grpc.frames import (
     CONTINUATION,
+    DATA,
     FRAME_SIZE_ERROR,
     HEADER,
     PREFACE,
@@ -90,7 +92,7 @@ class FrameReader:
         if len(buf) < self._want:
             return -1
         self._buf = None
-        self._frames(bytes(buf), 0)
+        self._frames(buf if buf[3] == DATA else bytes(buf), 0)
         return pos
 
     def _length(self, data: bytes | bytearray, pos: int) -> int:
@@ -100,8 +102,9 @@ class FrameReader:
             raise H2Error(FRAME_SIZE_ERROR, f"a frame of {length} bytes (the limit is {self.max_frame})")
         return length
 
-    def _frames(self, data: bytes, pos: int) -> None:
+    def _frames(self, data: bytes | bytearray, pos: int) -> None:
         end = len(data)
+        view = memoryview(data)
         unpack = HEADER.unpack_from
         handlers = self.handlers
         max_frame = self.max_frame
@@ -122,8 +125,10 @@ class FrameReader:
                 if ftype != SETTINGS or flags & 1:
                     raise H2Error(PROTOCOL_ERROR, "the connection preface must be followed by SETTINGS")
                 self._first = False
-            if ftype < 10:
-                handlers[ftype](flags, sid, data[start:stop])
+            if ftype == DATA:
+                handlers[DATA](flags, sid, view[start:stop])  # type: ignore[arg-type]  # handled as bytes
+            elif ftype < 10:
+                handlers[ftype](flags, sid, data[start:stop])  # type: ignore[arg-type]  # bytes but for DATA
             elif self.ignore is not None:
                 self.ignore(flags, sid, data[start:stop])
             if self.stopped:

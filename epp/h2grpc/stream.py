@@ -133,7 +133,7 @@ class ServerStream:
         await self.out.writable(self, limit)
 
     # ---- what the connection calls ------------------------------------------------------------------------------
-    def feed(self, data: bytes) -> None:
+    def feed(self, data: bytes | memoryview) -> None:
         """Bytes of the request body (assembly.py cuts them into messages)."""
         self.messages.feed(self, data)
 

@@ -175,6 +175,20 @@ async def test_a_message_over_the_limit_is_resource_exhausted(h2):
     assert (await unary(Msg(service="small"))).service == "SMALL"  # the connection is fine
 
 
+async def test_messages_of_every_size_are_assembled_across_frames(h2):
+    """Messages begin and end anywhere in the DATA frames, up to, at and past the size assembled in a buffer
+    allocated whole (assembly.PREALLOCATE): each arrives intact and in order, the stream's next message too."""
+    from epp.h2grpc.assembly import PREALLOCATE
+
+    _, channel, _ = await h2(H2Server(max_message_bytes=8 << 20))
+    # text bytes (a tag and 3 length bytes make the message PREALLOCATE bytes for PREALLOCATE - 4)
+    sizes = [0, 1, 4, 5, 6, 16_379, 16_384, 16_389, PREALLOCATE - 6, PREALLOCATE - 5, PREALLOCATE - 4,
+             PREALLOCATE - 3, 3 << 20, 7]
+    texts = [chr(65 + i % 26) * n for i, n in enumerate(sizes)]
+    call = method(channel, "Echo", "stream_stream")(iter([Msg(service=t) for t in texts]))
+    assert [m.service async for m in call] == texts
+
+
 @pytest.mark.parametrize("early", [False, True])
 async def test_big_bodies_flow_both_ways_past_the_windows(early):
     """An 6 MB chat body in 64 KiB messages: more than the 4 MiB windows in and the client's window out; the
