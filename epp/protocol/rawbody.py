@@ -5,11 +5,12 @@ after the decision that is all Pointsman does with it. Built with protobuf objec
 six times (parsed into the message, read out as bytes, set into the reply, serialized, prefixed for gRPC, framed)
 and paid protobuf's per-object costs twice. Here:
 
-- `read_request_body(message)` reads a ProcessingRequest that holds a `request_body` and nothing else (what Envoy
-  sends for every body chunk) straight from the wire format: the outer envelope's tags and lengths only. Its
-  `RawBody` holds the chunk as a view of the message, not a copy. Anything else (another field, a field of
-  HttpBody that Pointsman does not read, an encoding it does not expect) returns None, and the caller parses the
-  message with protobuf as before.
+- `read_request_body(message)` reads a ProcessingRequest that holds a `request_body` (what Envoy sends for every
+  body chunk, with an empty `metadata_context`) straight from the wire format: the envelopes' tags and lengths
+  only. Its `RawBody` holds the chunk as a view of the message, not a copy. The fields the machine does not read
+  on a body message are skipped, as they are when it is parsed; anything else (another kind of message, a field
+  of HttpBody that Pointsman does not read, an encoding it does not expect) returns None, and the caller parses
+  the message with protobuf as before.
 - `RawBody.echo()` gives the replies that echo the chunk, as `RawReply`s: a small envelope computed from the
   lengths (the same bytes upb serializes: tests/test_rawbody.py checks byte equality), the chunk's view, and
   the `end_of_stream` field. A transport writes these parts as they are (`parts`, gRPC prefix included); anything
@@ -26,6 +27,10 @@ from __future__ import annotations
 from epp.protocol.messages import CHUNK_LIMIT
 
 _REQUEST_BODY = 0x22  # field 4, length-delimited
+# ProcessingRequest's fields besides the message kinds: metadata_context 8, attributes 9, protocol_config 11
+# (length-delimited), observability_mode 10 (varint). The machine reads none of them on a body message.
+_SKIPPED = frozenset((8, 9, 11))
+_OBSERVABILITY_MODE = 10 << 3
 _BODY = 0x0A  # field 1, length-delimited
 _EOS = 0x10  # field 2, varint
 _EOS_TRUE = b"\x10\x01"
@@ -121,31 +126,56 @@ class RawBody:
 
 
 def read_request_body(message: bytes | bytearray | memoryview) -> RawBody | None:
-    """A ProcessingRequest holding only `request_body` (HttpBody with `body` and `end_of_stream`), read from the wire
-    format; None for anything else (the caller parses it with protobuf)."""
+    """A ProcessingRequest holding `request_body` (HttpBody with `body` and `end_of_stream`), read from the wire
+    format; None for anything else (the caller parses it with protobuf). The fields the machine never reads on a
+    body message are skipped (Envoy sends an empty `metadata_context` with every one)."""
     if len(message) < 2 or message[0] != _REQUEST_BODY:
         return None
     data = memoryview(message)
+    end = len(data)
+    pos = 0
+    start = stop = -1
     try:
-        size, pos = _varint(data, 1)
-        end = len(data)
-        if pos + size != end:  # another field follows (or the message is cut short)
-            return None
-        body: memoryview | bytes = _NOTHING
-        eos = False
         while pos < end:
-            tag = data[pos]
-            if tag == _BODY:
-                size, pos = _varint(data, pos + 1)
+            tag, pos = _varint(data, pos)
+            if tag & 7 == 2:  # length-delimited
+                size, pos = _varint(data, pos)
                 if pos + size > end:
                     return None
-                body = data[pos: pos + size]
+                if tag == _REQUEST_BODY and start < 0:
+                    start, stop = pos, pos + size
+                elif tag >> 3 not in _SKIPPED:
+                    return None  # another kind of message, or request_body twice (protobuf merges them)
                 pos += size
-            elif tag == _EOS:
-                value, pos = _varint(data, pos + 1)
-                eos = value != 0
+            elif tag == _OBSERVABILITY_MODE:
+                _, pos = _varint(data, pos)
             else:
                 return None
+        if start < 0:
+            return None
+        body, eos = _http_body(data, start, stop)
     except _Malformed:
         return None
     return RawBody(body, eos)
+
+
+def _http_body(data: memoryview, pos: int, end: int) -> tuple[memoryview | bytes, bool]:
+    """HttpBody's `body` and `end_of_stream` (a field it has that Pointsman does not read: _Malformed)."""
+    body: memoryview | bytes = _NOTHING
+    eos = False
+    while pos < end:
+        tag = data[pos]
+        if tag == _BODY:
+            size, pos = _varint(data, pos + 1)
+            if pos + size > end:
+                raise _Malformed
+            body = data[pos: pos + size]
+            pos += size
+        elif tag == _EOS:
+            value, pos = _varint(data, pos + 1)
+            eos = value != 0
+        else:
+            raise _Malformed
+    if pos != end:
+        raise _Malformed
+    return body, eos

@@ -69,18 +69,47 @@ def test_the_body_is_a_view_not_a_copy() -> None:
 
 
 @pytest.mark.parametrize("req", [
-    pb.ProcessingRequest(request_headers=pb.HttpHeaders(end_of_stream=True)),
-    pb.ProcessingRequest(response_body=pb.HttpBody(body=b"abc")),
     pb.ProcessingRequest(request_body=pb.HttpBody(body=b"abc"), observability_mode=True),
-    pb.ProcessingRequest(request_body=pb.HttpBody(body=b"abc", end_of_stream_without_message=True)),
-    pb.ProcessingRequest(request_body=pb.HttpBody(body=b"abc"), metadata_context={"filter_metadata": {"a": {}}}),
-], ids=["headers", "response-body", "another-field", "unread-body-field", "metadata"])
-def test_anything_but_a_plain_body_goes_to_protobuf(req: pb.ProcessingRequest) -> None:
-    assert read_request_body(req.SerializeToString()) is None
+    pb.ProcessingRequest(request_body=pb.HttpBody(body=b"abc", end_of_stream=True), metadata_context={}),
+    pb.ProcessingRequest(request_body=pb.HttpBody(end_of_stream=True),
+                         metadata_context={"filter_metadata": {"a": {"fields": {"k": {"string_value": "v"}}}}}),
+    pb.ProcessingRequest(request_body=pb.HttpBody(body=b"x" * 200), attributes={"a": {}},
+                         protocol_config=pb.ProtocolConfiguration(request_body_mode=4)),
+], ids=["observability-mode", "empty-metadata", "metadata", "attributes-and-config"])
+def test_fields_the_machine_ignores_on_a_body_are_skipped(req: pb.ProcessingRequest) -> None:
+    wire = req.SerializeToString()
+    if not req.HasField("metadata_context"):
+        wire += b"B\x00"  # as Envoy sends it: an empty metadata_context on every message
+    raw = read_request_body(wire)
+    assert raw is not None
+    parsed = pb.ProcessingRequest.FromString(wire).request_body
+    assert bytes(raw.body) == parsed.body and raw.end_of_stream is parsed.end_of_stream
+
+
+def test_envoys_last_body_message_is_read() -> None:
+    raw = read_request_body(b'"\x02\x10\x01B\x00')  # end_of_stream, no bytes, an empty metadata_context
+    assert raw is not None and bytes(raw.body) == b"" and raw.end_of_stream is True
+
+
+@pytest.mark.parametrize("wire", [
+    pb.ProcessingRequest(request_headers=pb.HttpHeaders(end_of_stream=True)).SerializeToString(),
+    pb.ProcessingRequest(response_body=pb.HttpBody(body=b"abc")).SerializeToString(),
+    pb.ProcessingRequest(request_body=pb.HttpBody(body=b"abc", end_of_stream_without_message=True)).SerializeToString(),
+    # a oneof's last member wins: this is a request_headers message
+    pb.ProcessingRequest(request_body=pb.HttpBody(body=b"abc")).SerializeToString()
+    + pb.ProcessingRequest(request_headers=pb.HttpHeaders()).SerializeToString(),
+    # request_body twice: protobuf merges the two
+    pb.ProcessingRequest(request_body=pb.HttpBody(body=b"abc")).SerializeToString()
+    + pb.ProcessingRequest(request_body=pb.HttpBody(end_of_stream=True)).SerializeToString(),
+    b"\x22\x00\x9a\x01\x00",  # an unknown field (19)
+], ids=["headers", "response-body", "unread-body-field", "then-headers", "body-twice", "unknown-field"])
+def test_anything_but_a_plain_body_goes_to_protobuf(wire: bytes) -> None:
+    assert read_request_body(wire) is None
 
 
 @pytest.mark.parametrize("wire", [b"", b"\x22", b"\x22\x05\x0a\x03ab", b"\x22\x03\x0a\x05abc", b"\x22\x80",
-                                  b"\x22\x02\x10", b"\x22\x0b" + b"\x10" + b"\xff" * 10, b"\x22\x02\x0a\x80"])
+                                  b"\x22\x02\x10", b"\x22\x0b" + b"\x10" + b"\xff" * 10, b"\x22\x02\x0a\x80",
+                                  b"\x22\x00\x42", b"\x22\x00\x42\x05ab", b"\x22\x00\x50"])
 def test_malformed_or_cut_messages_go_to_protobuf(wire: bytes) -> None:
     assert read_request_body(wire) is None
 
