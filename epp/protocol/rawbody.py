@@ -84,6 +84,22 @@ class RawReply:
 def request_echo(body: memoryview | bytes, end_of_stream: bool) -> RawReply:
     """The ProcessingResponse echoing `body` (at most CHUNK_LIMIT bytes) as a request streamed_response."""
     n = len(body)
+    key = n << 1 | end_of_stream
+    head = _HEADS.get(key)
+    if head is None:
+        head = _head(n, end_of_stream)
+        if len(_HEADS) < _MAX_HEADS:
+            _HEADS[key] = head
+    if not n:
+        return RawReply((head,), len(head))
+    if end_of_stream:
+        return RawReply((head, body, _EOS_TRUE), len(head) + n + 2)
+    return RawReply((head, body), len(head) + n)
+
+
+def _head(n: int, end_of_stream: bool) -> bytes:
+    """Everything of the echo of an `n`-byte chunk that comes before the chunk's bytes (gRPC prefix included);
+    with no bytes, the whole message."""
     tail = _EOS_TRUE if end_of_stream else _NOTHING
     sbr = (1 + len(_encode_varint(n)) + n if n else 0) + len(tail)  # StreamedBodyResponse
     mutation = 1 + len(_encode_varint(sbr)) + sbr  # BodyMutation
@@ -92,12 +108,11 @@ def request_echo(body: memoryview | bytes, end_of_stream: bool) -> RawReply:
     total = 1 + len(_encode_varint(response)) + response  # ProcessingResponse
     head = b"".join((b"\x00", total.to_bytes(4, "big"), b"\x1a", _encode_varint(response), b"\x0a",
                      _encode_varint(common), b"\x1a", _encode_varint(mutation), b"\x1a", _encode_varint(sbr)))
-    if n:
-        head += b"\x0a" + _encode_varint(n)
-        parts: tuple[bytes | memoryview, ...] = (head, body, tail) if tail else (head, body)
-    else:
-        parts = (head + tail,)
-    return RawReply(parts, 5 + total)
+    return head + b"\x0a" + _encode_varint(n) if n else head + tail
+
+
+_HEADS: dict[int, bytes] = {}  # (chunk size << 1 | end_of_stream) -> its head: chunk sizes repeat
+_MAX_HEADS = 4096
 
 
 class RawBody:
