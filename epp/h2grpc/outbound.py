@@ -69,29 +69,12 @@ class Outbound:
 
     # ---- replies -------------------------------------------------------------------------------------------
     def send_data(self, stream: ServerStream, data: bytes) -> None:
-        if stream.closed or self.transport is None:
-            return
-        out = self.frames
-        sid = stream.id
-        if not stream.started:
-            stream.started = True
-            out.append(_header(_RESPONSE_HEADERS_LEN, HEADERS, END_HEADERS, sid) + RESPONSE_HEADERS)
-        n = len(data)
-        if (stream.pending is None and not self.paused and n <= self.max_frame
-                and n <= self.send_window and n <= self.peer_initial + stream.send_delta):
-            out.append(_header(n, DATA, 0, sid))
-            out.append(data)
-            stream.send_delta -= n
-            self.send_window -= n
-            self.budget.data_frames_sent += 1
-        else:
-            self._queue(stream, (data,), n)
-        if not self.receiving and not self._flush_scheduled:
-            self._schedule_flush()
+        self.send_parts(stream, (data,))
 
-    def send_parts(self, stream: ServerStream, parts: list[bytes | memoryview]) -> None:
-        """`send_data` for data in pieces: a DATA frame carries as many pieces, or pieces of pieces, as fit; no
-        piece is joined to another or copied."""
+    def send_parts(self, stream: ServerStream, parts: Sequence[bytes | memoryview]) -> None:
+        """Data for the stream, in pieces: a DATA frame carries as many pieces, or pieces of pieces, as fit; no
+        piece is joined to another or copied. What exceeds a window (or finds the socket paused) waits on the
+        stream."""
         if stream.closed or self.transport is None:
             return
         out = self.frames
@@ -185,18 +168,7 @@ class Outbound:
                 break
             n = min(window, self.send_window, self.max_frame, stream.pending_bytes - sent)
             out.append(_header(n, DATA, 0, sid))
-            left = n
-            while left:  # the frame's payload: whole pieces, then the start of one
-                head = pending[0]
-                k = len(head)
-                if k <= left:
-                    pending.popleft()
-                    out.append(head)
-                    left -= k
-                else:
-                    pending[0] = head[left:]
-                    out.append(head[:left])
-                    left = 0
+            _take(pending, n, out)
             stream.send_delta -= n
             self.send_window -= n
             sent += n
@@ -309,3 +281,18 @@ class Outbound:
         self.transport = None
         self.frames = []
         self.wake_writers()
+
+
+def _take(pending: deque[memoryview], n: int, out: list[bytes | memoryview]) -> None:
+    """Move the first `n` bytes of `pending` to `out`: whole pieces, then the start of one (views: no copies)."""
+    while n:
+        head = pending[0]
+        k = len(head)
+        if k <= n:
+            pending.popleft()
+            out.append(head)
+            n -= k
+        else:
+            pending[0] = head[n:]
+            out.append(head[:n])
+            return

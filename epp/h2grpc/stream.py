@@ -55,7 +55,7 @@ class ServerStream:
         self.finished = False  # trailers queued: the call is over for the handler
         self.closed = False  # reset, or the connection is gone: nothing can be sent
         self.remote_ended = False  # the client half-closed
-        self.pending: deque[bytes | memoryview] | None = None  # framed data waiting for window or socket
+        self.pending: deque[memoryview] | None = None  # framed data waiting for window or socket
         self.pending_bytes = 0
         self.trailers: bytes | None = None  # an encoded trailer block waiting behind `pending`
         self.timer: asyncio.TimerHandle | None = None
