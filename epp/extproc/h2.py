@@ -87,7 +87,10 @@ def _sender(stream: ServerStream) -> Callable[[Replies], None]:
     frame = status.frame
 
     def send(replies: Replies) -> None:
-        if not any(r.__class__ is RawReply for r in replies):
+        for r in replies:
+            if r.__class__ is RawReply:
+                break
+        else:  # protobuf messages only
             send_many([r.SerializeToString() for r in replies])
             return
         parts: list[bytes | memoryview] = []
