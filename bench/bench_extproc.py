@@ -14,6 +14,13 @@ measured once, in a rotating order; medians over rounds are printed as one markd
 Long prompts (issue 22): `--body-bytes 120,16384,65536,262144,1048576 --conns 1,16 --floor h2 --no-peer` with a
 candidate per request body mode.
 
+With more than one body size a second table gives issue 32's ratios: how much each processor's CPU per request
+grows from the smallest body to each larger one, against its own front Envoy's growth and against the do-nothing
+floor's in the same request body mode (`--floor h2 --floor h2-buffered` gives a floor per mode):
+
+    .venv/bin/python bench/bench_extproc.py --rounds 5 --duration 4 --body-bytes 120,16384,262144 --no-peer \
+      --floor h2 --floor h2-buffered --candidate 'FULL_DUPLEX::' --candidate 'BUFFERED:original-dst+BUFFERED:'
+
 Pointsman candidates are `--candidate 'LABEL:VARIANT:FLAGS'` (VARIANT is original-dst, override-host or empty for
 `--variant`, with `+MODE` for the front Envoy's request body mode, e.g. `original-dst+BUFFERED`; FLAGS go to `epp serve`, `{port}` in them becomes a free port; an `ENV=value` word before the flags
 sets an environment variable, e.g. `PYTHONPATH=/tmp/before` runs another checkout of Pointsman; `{otlp}` becomes the
