@@ -96,7 +96,7 @@ def _sender(stream: ServerStream) -> Callable[[Replies], None]:
         parts: list[bytes | memoryview] = []
         for r in replies:
             if r.__class__ is RawReply:
-                parts += r.parts  # type: ignore[attr-defined]
+                parts += r.parts
             else:
                 parts.append(frame(r.SerializeToString()))
         send_parts(parts)

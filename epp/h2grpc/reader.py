@@ -128,9 +128,9 @@ class FrameReader:
             if ftype == DATA:
                 handlers[DATA](flags, sid, view[start:stop])  # type: ignore[arg-type]  # handled as bytes
             elif ftype < 10:
-                handlers[ftype](flags, sid, data[start:stop])  # type: ignore[arg-type]  # bytes but for DATA
+                handlers[ftype](flags, sid, data[start:stop])
             elif self.ignore is not None:
-                self.ignore(flags, sid, data[start:stop])
+                self.ignore(flags, sid, data[start:stop])  # type: ignore[arg-type]  # bytes but for DATA
             if self.stopped:
                 return
         if pos < end:

@@ -142,7 +142,7 @@ class RequestMachine:
     def feed_body(self, chunk: RawBody) -> Replies:
         """A request body message read from the wire (epp.protocol.rawbody): the same as `feed`, and in full duplex
         its echo replies are `RawReply`s (the chunk's bytes, not copied)."""
-        return _DISPATCH[self.phase]["request_body"](self, chunk, "request_body")  # type: ignore[arg-type]
+        return _DISPATCH[self.phase]["request_body"](self, chunk, "request_body")
 
     def resolve(self, outcome: Outcome) -> Replies:
         """The outcome of `decision`. Dropped (returns []) if the stream left DECIDING meanwhile (abandoned or

@@ -219,8 +219,8 @@ class BufferedPartialPolicy(BufferedPolicy):
 
 def _echo(msg: pb.HttpBody | RawBody) -> Replies:
     """The full-duplex echo of a chunk: from its bytes when it was read from the wire (rawbody.py)."""
-    if msg.__class__ is RawBody:
-        return msg.echo()  # type: ignore[union-attr,return-value]  # RawReplies write like ProcessingResponses
+    if isinstance(msg, RawBody):
+        return msg.echo()  # RawReplies are written like ProcessingResponses
     return streamed_chunks(msg.body, msg.end_of_stream, request=True)
 
 
