@@ -19,17 +19,13 @@ if TYPE_CHECKING:
     from epp.h2grpc.stream import ServerStream
 
 
-PREALLOCATE = 1 << 20  # a message up to this size gets its whole buffer at once (larger ones grow as they come)
-
-
 class MessageAssembly:
-    __slots__ = ("limit", "partial", "_need", "_fill", "_flag", "inflating", "_backlog", "_end_pending")
+    __slots__ = ("limit", "partial", "_need", "_flag", "inflating", "_backlog", "_end_pending")
 
     def __init__(self, limit: int) -> None:
         self.limit = limit  # the largest message, in bytes (inflated)
         self.partial: bytearray | None = None  # the message being assembled (its 5-byte prefix while incomplete)
         self._need = -1  # bytes still missing from it; -1 while its prefix is incomplete
-        self._fill = 0  # bytes of it received
         self._flag = 0
         self.inflating: int | None = None  # the size of a compressed message being inflated (inflate.Queue)
         self._backlog: list[bytes] = []  # request bytes that arrived meanwhile (held: they count against the window)
@@ -66,7 +62,8 @@ class MessageAssembly:
             if stop > end:
                 if self._reserve(stream, size):
                     self._flag = data[pos]
-                    self._start(size, data[pos + 5:])
+                    self.partial = bytearray(memoryview(data)[pos + 5:])
+                    self._need = stop - end
                 return
             flag = data[pos]
             message = bytes(data[pos + 5: stop])
@@ -100,17 +97,11 @@ class MessageAssembly:
             if not self._reserve(stream, size):
                 return None
             self._flag = buf[0]
-            self._start(size, b"")
-            buf = self.partial
-            assert buf is not None
+            self.partial = buf = bytearray()
+            self._need = size
         take = min(self._need, len(data) - pos)
         if take:
-            fill = self._fill
-            if len(buf) > fill:  # preallocated
-                buf[fill: fill + take] = data[pos: pos + take]
-            else:
-                buf += data[pos: pos + take]
-            self._fill = fill + take
+            buf += memoryview(data)[pos: pos + take]
             pos += take
             self._need -= take
         if self._need:
@@ -121,18 +112,6 @@ class MessageAssembly:
         if stream.handler is not None:
             self._deliver(stream, self._flag, buf)  # type: ignore[arg-type]  # a bytearray: handlers read it as bytes
         return data[pos:] if pos < len(data) else None
-
-    def _start(self, size: int, first: bytes | memoryview) -> None:
-        """A message of `size` bytes begins with `first`: its buffer, whole when it is not too large."""
-        n = len(first)
-        if size <= PREALLOCATE:
-            buf = bytearray(size)
-            buf[:n] = first
-        else:
-            buf = bytearray(first)
-        self.partial = buf
-        self._fill = n
-        self._need = size - n
 
     def _reserve(self, stream: ServerStream, size: int) -> bool:
         if stream.conn.windows.reserve(stream, size):
