@@ -1,7 +1,8 @@
-"""Request messages from a stream's DATA: assembled without re-copying, inflated off the loop, handed on in order.
+"""Request messages from a stream's DATA: copied once, inflated off the loop, handed on in order.
 
-A message arriving whole in a DATA frame is a slice of it; one spread over frames grows in one bytearray (its size
-reserved against the connection's buffer budget first), handed on as it is. A compressed message is inflated off
+DATA payloads are views of the connection's read buffer, which the next read overwrites, so every byte a message
+keeps is copied out of them, once: a message arriving whole in a DATA frame becomes bytes; one spread over frames
+grows in one bytearray (its size reserved against the connection's buffer budget first), handed on as it is. A compressed message is inflated off
 the event loop (inflate.py); messages behind it wait, in order, and count as held against the stream's window.
 Each `ServerStream` (stream.py) owns one `MessageAssembly` and passes itself in: complete messages go to its handler,
 and what goes wrong is reported through it (`fail`, `hold`/`release`, `handler_failed`). The assembly keeps no
