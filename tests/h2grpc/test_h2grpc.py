@@ -186,6 +186,26 @@ async def test_messages_of_every_size_are_assembled_across_frames(h2):
     assert [m.service async for m in call] == texts
 
 
+async def test_connections_reading_at_once_share_the_read_buffer_safely(h2):
+    """Every connection reads into the server's one buffer: messages split over many reads, on several
+    connections at once, still arrive intact (nothing keeps a view of a read past it)."""
+    server, _, port = await h2(H2Server(max_message_bytes=8 << 20))
+    channels = [grpc.aio.insecure_channel(f"127.0.0.1:{port}") for _ in range(3)]
+    try:
+        async def stream(i: int, channel: grpc.aio.Channel) -> list[str]:
+            texts = [chr(97 + (i * 7 + j) % 26) * (300_000 + 4099 * j) for j in range(4)]
+            call = method(channel, "Echo", "stream_stream")(iter([Msg(service=t) for t in texts]))
+            got = [m.service async for m in call]
+            assert got == texts
+            return got
+
+        results = await asyncio.gather(*(stream(i, c) for i, c in enumerate(channels)))
+        assert len(results) == 3
+    finally:
+        for c in channels:
+            await c.close()
+
+
 @pytest.mark.parametrize("early", [False, True])
 async def test_big_bodies_flow_both_ways_past_the_windows(early):
     """An 6 MB chat body in 64 KiB messages: more than the 4 MiB windows in and the client's window out; the
