@@ -14,6 +14,13 @@ measured once, in a rotating order; medians over rounds are printed as one markd
 Long prompts (issue 22): `--body-bytes 120,16384,65536,262144,1048576 --conns 1,16 --floor h2 --no-peer` with a
 candidate per request body mode.
 
+With more than one body size a second table gives issue 32's ratios: how much each processor's CPU per request
+grows from the smallest body to each larger one, against its own front Envoy's growth and against the do-nothing
+floor's in the same request body mode (`--floor h2 --floor h2-buffered` gives a floor per mode):
+
+    .venv/bin/python bench/bench_extproc.py --rounds 5 --duration 4 --body-bytes 120,16384,262144 --no-peer \
+      --floor h2 --floor h2-buffered --candidate 'FULL_DUPLEX::' --candidate 'BUFFERED:original-dst+BUFFERED:'
+
 Pointsman candidates are `--candidate 'LABEL:VARIANT:FLAGS'` (VARIANT is original-dst, override-host or empty for
 `--variant`, with `+MODE` for the front Envoy's request body mode, e.g. `original-dst+BUFFERED`; FLAGS go to `epp serve`, `{port}` in them becomes a free port; an `ENV=value` word before the flags
 sets an environment variable, e.g. `PYTHONPATH=/tmp/before` runs another checkout of Pointsman; `{otlp}` becomes the
@@ -60,7 +67,8 @@ from epp.stack.ports import free_port  # noqa: E402
 
 FLOORS = {"gen": [], "aio": ["--read-write"], "sync": ["--sync"], "gen-uvloop": ["--uvloop"],
           "aio-uvloop": ["--read-write", "--uvloop"], "grpclib": ["--grpclib"],
-          "grpclib-uvloop": ["--grpclib", "--uvloop"], "h2": ["--h2"], "h2-uvloop": ["--h2", "--uvloop"]}
+          "grpclib-uvloop": ["--grpclib", "--uvloop"], "h2": ["--h2"], "h2-uvloop": ["--h2", "--uvloop"],
+          "h2-buffered": ["--h2", "--buffered"]}
 
 
 @dataclass
@@ -68,6 +76,7 @@ class Path_:
     name: str
     url: str
     kind: str  # direct | router | floor | pointsman
+    mode: str = "FULL_DUPLEX_STREAMED"  # the front Envoy's request body mode
     processor: subprocess.Popen | None = None
     front: subprocess.Popen | None = None
     rows: dict[tuple[int, int], list[tuple[float, float, float, float, float]]] = field(default_factory=dict)
@@ -143,8 +152,9 @@ def start(args: argparse.Namespace, procs: Procs, script: Path) -> tuple[list[Pa
         port = free_port()
         toy = procs.spawn(f"floor-{i}", [sys.executable, str(ROOT / "bench" / "toy_extproc.py"), "--port",
                                          str(port), "--backend", f"127.0.0.1:{backends[0]}", *flags], port, env=env)
-        url, envoy = front(f"front-floor-{i}", port, "original-dst")
-        paths.append(Path_(f"floor: do-nothing processor ({label})", url, "floor", processor=toy, front=envoy))
+        url, envoy = front(f"front-floor-{i}", port, "original-dst+BUFFERED" if "--buffered" in flags else "original-dst")
+        paths.append(Path_(f"floor: do-nothing processor ({label})", url, "floor", processor=toy, front=envoy,
+                           mode="BUFFERED" if "--buffered" in flags else "FULL_DUPLEX_STREAMED"))
     eps = procs.dir / "endpoints.yaml"
     eps.write_text(yaml.safe_dump({"pools": [{"name": "p", "endpoints": [
         {"address": "127.0.0.1", "port": p} for p in backends[: args.endpoints]]}]}))
@@ -164,7 +174,8 @@ def start(args: argparse.Namespace, procs: Procs, script: Path) -> tuple[list[Pa
                                        str(eps), "-v", "0", *flags], port, env=env)
         workers = int(flags[flags.index("--workers") + 1]) if "--workers" in flags else 1
         url, envoy = front(f"front-epp-{i}", port, variant, workers)  # one stream per worker per Envoy thread
-        paths.append(Path_(label, url, "pointsman", processor=epp, front=envoy))
+        paths.append(Path_(label, url, "pointsman", processor=epp, front=envoy,
+                           mode=variant.partition("+")[2] or "FULL_DUPLEX_STREAMED"))
     for p in paths:  # warm up (and fail early on a broken path)
         if wrk(p.url, 4, 1, script)[3]:
             raise RuntimeError(f"{p.name}: socket errors while warming up")
@@ -222,10 +233,37 @@ def table(args: argparse.Namespace, paths: list[Path_], sizes: list[int], load: 
                            f"| {fmt(rps / floor, '.2f')}x | {med(rows, 1):.2f} | {fmt(med(rows, 1) - direct, '.2f')} "
                            f"| {fmt(med(rows, 2))} "
                            f"| {fmt(med(rows, 3))} | {med(rows, 4):.1f} |")
+    if len(sizes) > 1:
+        out += ["", *increments(args, paths, sizes)]
     failing = [f"{p.name} ({p.errors})" for p in paths if p.errors]
     out.append("")
     out.append("Socket errors or timeouts over 5 s: " + (", ".join(failing) if failing else "none"))
     return "\n".join(out)
+
+
+def increments(args: argparse.Namespace, paths: list[Path_], sizes: list[int]) -> list[str]:
+    """Issue 32's ratios: how much each processor's CPU per request grows from the smallest body to each larger one,
+    against its own front Envoy's growth over the same bodies and against the do-nothing floor's (the first floor
+    in the same request body mode), all within this run. At most 1.00x against the front Envoy is the target."""
+    base = sizes[0]
+    out = [f"CPU µs per request added from {base} B to each size (medians), and the ratios of those increments",
+           "", "| path | body mode | conns | body bytes | processor +µs | front Envoy +µs | processor / front Envoy "
+           "| floor processor +µs | processor / floor |", "|---|---|---|---|---|---|---|---|---|"]
+    for conns in [int(c) for c in args.conns.split(",")]:
+        for size in sizes[1:]:
+            def grow(p: Path_, i: int, conns: int = conns, size: int = size) -> float:
+                return med(p.rows[(conns, size)], i) - med(p.rows[(conns, base)], i)
+
+            for p in paths:
+                if p.processor is None or p.front is None:
+                    continue
+                floor = next((f for f in paths if f.kind == "floor" and f.mode == p.mode), None)
+                d_proc, d_front = grow(p, 2), grow(p, 3)
+                d_floor = grow(floor, 2) if floor is not None else float("nan")
+                out.append(f"| {p.name} | {p.mode} | {conns} | {size} | {d_proc:.0f} | {d_front:.0f} "
+                           f"| {fmt(d_proc / d_front if d_front > 0 else float('nan'), '.2f')}x | {fmt(d_floor)} "
+                           f"| {fmt(d_proc / d_floor if d_floor > 0 else float('nan'), '.2f')}x |")
+    return out
 
 
 def main() -> int:

@@ -1,9 +1,10 @@
 """The floor: a toy ext_proc processor that only sets the destination header (no parsing, no scheduling).
 
-    python bench/toy_extproc.py --port 9002 --backend 127.0.0.1:8000 [--read-write | --sync] [--uvloop]
+    python bench/toy_extproc.py --port 9002 --backend 127.0.0.1:8000 [--read-write | --sync] [--uvloop] [--buffered]
 Used by bench_extproc.py (--floor) to separate the gRPC transport's cost from Pointsman's own. The default is a
 grpc.aio async-generator servicer (the floor of the issue's table); --read-write uses context.read()/write(),
---sync a thread-per-stream grpc server.
+--sync a thread-per-stream grpc server. The request body mode is FULL_DUPLEX_STREAMED (the body is held and echoed
+at its end), or BUFFERED with --buffered (the header reply is empty, the destination rides on the body reply).
 """
 
 from __future__ import annotations
@@ -28,12 +29,18 @@ def replies(backend: str):
     return headers
 
 
+BUFFERED = False  # --buffered: Envoy's request body mode is BUFFERED
+_EMPTY_HEADERS = pb.ProcessingResponse(request_headers=pb.HeadersResponse())
+
+
 def answer(req: pb.ProcessingRequest, held: list, headers: pb.ProcessingResponse) -> list:
     kind = req.WhichOneof("request")
     if kind == "request_headers":
         if req.request_headers.end_of_stream:
             return [headers]
-        return []
+        return [_EMPTY_HEADERS] if BUFFERED else []
+    if kind == "request_body" and BUFFERED:  # one message, the whole body: route on its reply
+        return [pb.ProcessingResponse(request_body=pb.BodyResponse(response=headers.request_headers.response))]
     if kind == "request_body":
         held.append(req.request_body.body)
         if not req.request_body.end_of_stream:
@@ -132,8 +139,11 @@ def main() -> None:
     ap.add_argument("--uvloop", action="store_true", help="run the asyncio servers on uvloop")
     ap.add_argument("--grpclib", action="store_true", help="grpclib (h2) instead of grpc.aio")
     ap.add_argument("--h2", action="store_true", help="Pointsman's h2 transport (epp.h2grpc) instead of grpc.aio")
+    ap.add_argument("--buffered", action="store_true", help="Envoy's request body mode is BUFFERED")
     ap.add_argument("--option", action="append", default=[], help="a grpc server option name=value (int or text)")
     a = ap.parse_args()
+    global BUFFERED
+    BUFFERED = a.buffered
     options = []
     for o in a.option:
         k, v = o.split("=", 1)

@@ -3,6 +3,11 @@
 Every complete ProcessingRequest goes to the stream's `StreamSession` (epp/extproc/session.py: the rules both
 transports share); its replies are queued on the stream and leave with the other replies of the same read (one
 write per read, see epp/h2grpc/connection.py).
+
+A request body message is read from the wire without protobuf (epp.protocol.rawbody): its chunk stays a view of
+the message, and its full-duplex echo goes out as the parts of a `RawReply` (a small envelope and that view),
+framed by the HTTP/2 layer without joining them: a forwarded body is copied once on its way in (into its message)
+and once on its way out (the socket write), whatever its size.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from google.protobuf.message import DecodeError
 
 from epp.extproc.session import ProtocolMetrics, Replies, StreamConfig, StreamSession
 from epp.h2grpc import ServerStream, status
+from epp.protocol import RawReply, read_request_body
 
 if TYPE_CHECKING:
     from epp.request import Director
@@ -54,6 +60,11 @@ class ExtProcCall:
                                      stream.finish, stream.headers)
 
     def on_message(self, data: bytes) -> None:
+        if data[:1] == b"\x22":  # a ProcessingRequest starting with request_body: most likely a body chunk
+            chunk = read_request_body(data)
+            if chunk is not None:
+                self.session.body(chunk)
+                return
         try:
             req = _parse(data)
         except DecodeError as e:
@@ -72,8 +83,22 @@ class ExtProcCall:
 
 def _sender(stream: ServerStream) -> Callable[[Replies], None]:
     send_many = stream.send_many
+    send_parts = stream.send_parts
+    frame = status.frame
 
     def send(replies: Replies) -> None:
-        send_many([r.SerializeToString() for r in replies])
+        for r in replies:
+            if r.__class__ is RawReply:
+                break
+        else:  # protobuf messages only
+            send_many([r.SerializeToString() for r in replies])
+            return
+        parts: list[bytes | memoryview] = []
+        for r in replies:
+            if r.__class__ is RawReply:
+                parts += r.parts
+            else:
+                parts.append(frame(r.SerializeToString()))
+        send_parts(parts)
 
     return send

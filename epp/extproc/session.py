@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
 from epp.extproc.settings import StreamConfig as StreamConfig  # defined with the settings (cheap for the CLI)
-from epp.protocol import Exchange, Outcome, RequestMachine, immediate
+from epp.protocol import Exchange, Outcome, RawBody, RequestMachine, immediate
 
 if TYPE_CHECKING:
     from epp.request import Director
@@ -73,28 +73,40 @@ class StreamSession:
     def message(self, req: pb.ProcessingRequest) -> None:
         if self.done:
             return
-        m = self.machine
         try:
-            replies = m.feed(req)
-            task = self.deciding
-            if task is not None:  # an awaitable decision is running (or was cancelled and is settling)
-                if m.decision is None and not task.done():
-                    task.cancel()  # abandoned or closed: the decision is no longer wanted
-            else:
-                d = m.decision  # set by the feed that entered DECIDING
-                if d is not None:
-                    result = self.exchange.decide(d.headers, d.body, d.metadata)
-                    if isinstance(result, Outcome):  # the fast path
-                        replies += m.resolve(result)
-                    else:
-                        self.deciding = task = asyncio.ensure_future(result)
-                        task.add_done_callback(self._decided)
-            if replies:
-                self.send(replies)
-            if m.finished:
-                self._end()
+            self._fed(self.machine.feed(req))
         except Exception as exc:
             self._crash(exc)
+
+    def body(self, chunk: RawBody) -> None:
+        """A request body message read from the wire (h2 transport): the same as `message` with it parsed."""
+        if self.done:
+            return
+        try:
+            self._fed(self.machine.feed_body(chunk))
+        except Exception as exc:
+            self._crash(exc)
+
+    def _fed(self, replies: Replies) -> None:
+        """After a message went to the machine: start (or drop) the decision, send the replies, end when done."""
+        m = self.machine
+        task = self.deciding
+        if task is not None:  # an awaitable decision is running (or was cancelled and is settling)
+            if m.decision is None and not task.done():
+                task.cancel()  # abandoned or closed: the decision is no longer wanted
+        else:
+            d = m.decision  # set by the feed that entered DECIDING
+            if d is not None:
+                result = self.exchange.decide(d.headers, d.body, d.metadata)
+                if isinstance(result, Outcome):  # the fast path
+                    replies += m.resolve(result)
+                else:
+                    self.deciding = task = asyncio.ensure_future(result)
+                    task.add_done_callback(self._decided)
+        if replies:
+            self.send(replies)
+        if m.finished:
+            self._end()
 
     def input_ended(self) -> None:
         """The client half-closed. A pending decision is still answered; otherwise the call ends now."""

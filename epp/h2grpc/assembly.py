@@ -1,7 +1,8 @@
-"""Request messages from a stream's DATA: assembled without re-copying, inflated off the loop, handed on in order.
+"""Request messages from a stream's DATA: copied once, inflated off the loop, handed on in order.
 
-A message arriving whole in a DATA frame is a slice of it; one spread over frames grows in one bytearray (its size
-reserved against the connection's buffer budget first), handed on as it is. A compressed message is inflated off
+DATA payloads are views of the connection's read buffer, which the next read overwrites, so every byte a message
+keeps is copied out of them, once: a message arriving whole in a DATA frame becomes bytes; one spread over frames
+grows in one bytearray (its size reserved against the connection's buffer budget first), handed on as it is. A compressed message is inflated off
 the event loop (inflate.py); messages behind it wait, in order, and count as held against the stream's window.
 Each `ServerStream` (stream.py) owns one `MessageAssembly` and passes itself in: complete messages go to its handler,
 and what goes wrong is reported through it (`fail`, `hold`/`release`, `handler_failed`). The assembly keeps no
@@ -31,9 +32,11 @@ class MessageAssembly:
         self._backlog: list[bytes] = []  # request bytes that arrived meanwhile (held: they count against the window)
         self._end_pending = False  # the client half-closed meanwhile
 
-    def feed(self, stream: ServerStream, data: bytes) -> None:
-        """Bytes of the request body: split into messages for the stream's handler."""
+    def feed(self, stream: ServerStream, data: bytes | memoryview) -> None:
+        """Bytes of the request body (a DATA frame's payload, a view of the read it came in): split into messages
+        for the stream's handler. Each message is copied once, out of the reads, into a buffer of its own."""
         if self.inflating is not None:  # later messages wait for the compressed one before them
+            data = bytes(data)
             self._backlog.append(data)
             stream.hold(len(data))
             return
@@ -64,7 +67,7 @@ class MessageAssembly:
                     self._need = stop - end
                 return
             flag = data[pos]
-            message = data[pos + 5: stop]
+            message = bytes(data[pos + 5: stop])
             pos = stop
             if flag:
                 self._inflate(stream, message)
@@ -77,7 +80,7 @@ class MessageAssembly:
             if handler is not None:
                 handler.on_message(message)
 
-    def _continue(self, stream: ServerStream, data: bytes) -> bytes | None:
+    def _continue(self, stream: ServerStream, data: bytes | memoryview) -> bytes | memoryview | None:
         """Grow the message being assembled; deliver it when whole. The rest of `data`, or None (used up)."""
         buf = self.partial
         assert buf is not None

@@ -49,7 +49,7 @@ class Inbound:
         self.limits = limits
         self.loop = loop
 
-    def on_data(self, flags: int, sid: int, payload: bytes) -> None:
+    def on_data(self, flags: int, sid: int, payload: bytes | memoryview) -> None:
         n = len(payload)
         if sid == 0:
             raise H2Error(PROTOCOL_ERROR, "DATA on stream 0")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from epp.h2grpc import frames, status
@@ -68,6 +69,12 @@ class Outbound:
 
     # ---- replies -------------------------------------------------------------------------------------------
     def send_data(self, stream: ServerStream, data: bytes) -> None:
+        self.send_parts(stream, (data,))
+
+    def send_parts(self, stream: ServerStream, parts: Sequence[bytes | memoryview]) -> None:
+        """Data for the stream, in pieces: a DATA frame carries as many pieces, or pieces of pieces, as fit; no
+        piece is joined to another or copied. What exceeds a window (or finds the socket paused) waits on the
+        stream."""
         if stream.closed or self.transport is None:
             return
         out = self.frames
@@ -75,25 +82,31 @@ class Outbound:
         if not stream.started:
             stream.started = True
             out.append(_header(_RESPONSE_HEADERS_LEN, HEADERS, END_HEADERS, sid) + RESPONSE_HEADERS)
-        n = len(data)
+        n = sum(map(len, parts))
         if (stream.pending is None and not self.paused and n <= self.max_frame
                 and n <= self.send_window and n <= self.peer_initial + stream.send_delta):
             out.append(_header(n, DATA, 0, sid))
-            out.append(data)
+            out += parts
             stream.send_delta -= n
             self.send_window -= n
             self.budget.data_frames_sent += 1
         else:
-            if stream.pending is None:
-                stream.pending = deque()
-            stream.pending.append(memoryview(data))
-            stream.pending_bytes += n
-            self.out_pending += n
-            self.server.buffered += n
-            if len(stream.pending) == 1:
-                self.drain(stream)
+            self._queue(stream, parts, n)
         if not self.receiving and not self._flush_scheduled:
             self._schedule_flush()
+
+    def _queue(self, stream: ServerStream, parts: Sequence[bytes | memoryview], n: int) -> None:
+        """Data waiting on the stream (its window, the connection's, or the socket): sent by `drain`."""
+        pending = stream.pending
+        if pending is None:
+            pending = stream.pending = deque()
+        was_empty = not pending
+        pending.extend(memoryview(p) for p in parts if len(p))
+        stream.pending_bytes += n
+        self.out_pending += n
+        self.server.buffered += n
+        if was_empty:
+            self.drain(stream)
 
     def send_headers(self, stream: ServerStream, metadata: list[tuple[bytes, bytes]]) -> None:
         if stream.closed or self.transport is None:
@@ -153,15 +166,9 @@ class Outbound:
                 self._waiting_conn.pop(stream, None)
                 self._waiting_stream[stream] = None
                 break
-            head = pending[0]
-            n = min(window, self.send_window, self.max_frame, len(head))
-            if n == len(head):
-                pending.popleft()
-            else:
-                pending[0] = head[n:]
-                head = head[:n]
+            n = min(window, self.send_window, self.max_frame, stream.pending_bytes - sent)
             out.append(_header(n, DATA, 0, sid))
-            out.append(head)
+            _take(pending, n, out)
             stream.send_delta -= n
             self.send_window -= n
             sent += n
@@ -274,3 +281,18 @@ class Outbound:
         self.transport = None
         self.frames = []
         self.wake_writers()
+
+
+def _take(pending: deque[memoryview], n: int, out: list[bytes | memoryview]) -> None:
+    """Move the first `n` bytes of `pending` to `out`: whole pieces, then the start of one (views: no copies)."""
+    while n:
+        head = pending[0]
+        k = len(head)
+        if k <= n:
+            pending.popleft()
+            out.append(head)
+            n -= k
+        else:
+            pending[0] = head[n:]
+            out.append(head[:n])
+            return

@@ -3,9 +3,11 @@
 - The client preface is checked byte by byte as it arrives, then its first frame must be SETTINGS.
 - A frame's length is checked on its 9-byte header, before any of its payload is buffered: a frame longer than
   the SETTINGS_MAX_FRAME_SIZE we advertised ends the connection (FRAME_SIZE_ERROR) at once.
-- Whole frames in a read are handed on as slices of that read; only a frame split across reads is buffered, in
-  one bytearray that grows to that frame's length and no further, and is completed from the next read without
-  copying the rest of it.
+- A read is handed over as a view of the server's read buffer, which the next read overwrites: nothing here keeps
+  a view of it. A DATA frame's payload is passed on as a view (the stream's message assembly copies the bytes
+  once, into the message they belong to, before the read ends); the other frames' payloads are bytes. Only a
+  frame split across reads is buffered, in one bytearray that grows to that frame's length and no further, and
+  is completed from the next read without copying the rest of it.
 - While a header block is open (HEADERS without END_HEADERS), anything but a CONTINUATION of the same stream is
   a connection error (RFC 9113 §6.10).
 """
@@ -16,6 +18,7 @@ from collections.abc import Callable, Sequence
 
 from epp.h2grpc.frames import (
     CONTINUATION,
+    DATA,
     FRAME_SIZE_ERROR,
     HEADER,
     PREFACE,
@@ -51,7 +54,7 @@ class FrameReader:
     def handshaking(self) -> bool:
         return self._first
 
-    def feed(self, data: bytes) -> None:
+    def feed(self, data: bytes | memoryview) -> None:
         """Handle every complete frame in `data`; raises H2Error on a connection error."""
         pos = 0
         if self._preface < len(PREFACE):
@@ -64,7 +67,7 @@ class FrameReader:
                 return
         self._frames(data, pos)
 
-    def _check_preface(self, data: bytes) -> int:
+    def _check_preface(self, data: bytes | memoryview) -> int:
         have = self._preface
         take = min(len(PREFACE) - have, len(data))
         if data[:take] != PREFACE[have: have + take]:
@@ -72,7 +75,7 @@ class FrameReader:
         self._preface += take
         return take if self._preface == len(PREFACE) else -1
 
-    def _complete(self, data: bytes, pos: int) -> int:
+    def _complete(self, data: bytes | memoryview, pos: int) -> int:
         """Add to the split frame; handle it once whole. The position in `data` after it, or -1 (data used up)."""
         buf = self._buf
         assert buf is not None
@@ -90,18 +93,19 @@ class FrameReader:
         if len(buf) < self._want:
             return -1
         self._buf = None
-        self._frames(bytes(buf), 0)
+        self._frames(buf if buf[3] == DATA else bytes(buf), 0)
         return pos
 
-    def _length(self, data: bytes | bytearray, pos: int) -> int:
+    def _length(self, data: bytes | bytearray | memoryview, pos: int) -> int:
         hi, lo, ftype, _, _ = HEADER.unpack_from(data, pos)
         length: int = hi << 8 | lo
         if length > self.max_frame:
             raise H2Error(FRAME_SIZE_ERROR, f"a frame of {length} bytes (the limit is {self.max_frame})")
         return length
 
-    def _frames(self, data: bytes, pos: int) -> None:
+    def _frames(self, data: bytes | bytearray | memoryview, pos: int) -> None:
         end = len(data)
+        view = memoryview(data)
         unpack = HEADER.unpack_from
         handlers = self.handlers
         max_frame = self.max_frame
@@ -122,10 +126,12 @@ class FrameReader:
                 if ftype != SETTINGS or flags & 1:
                     raise H2Error(PROTOCOL_ERROR, "the connection preface must be followed by SETTINGS")
                 self._first = False
-            if ftype < 10:
-                handlers[ftype](flags, sid, data[start:stop])
+            if ftype == DATA:
+                handlers[DATA](flags, sid, view[start:stop])  # type: ignore[arg-type]  # handled as bytes
+            elif ftype < 10:
+                handlers[ftype](flags, sid, bytes(data[start:stop]))
             elif self.ignore is not None:
-                self.ignore(flags, sid, data[start:stop])
+                self.ignore(flags, sid, bytes(data[start:stop]))
             if self.stopped:
                 return
         if pos < end:

@@ -55,6 +55,8 @@ def split_address(addr: str) -> tuple[str | None, int]:
     return (host or None), int(port)
 
 
+READ_BUFFER_BYTES = 256 * 1024  # one read from a socket at most (asyncio's own read size)
+
 class H2Server:
     def __init__(self, *, max_message_bytes: int | None = None, reuse_port: bool = False,
                  limits: ServerLimits | None = None) -> None:
@@ -67,6 +69,8 @@ class H2Server:
         self.connections: set[Connection] = set()
         self._idle: dict[Connection, None] = {}  # connections without open streams, longest idle first
         self.buffered = 0  # bytes all connections hold: messages being assembled, replies queued, requests unread
+        # Every connection reads into this one buffer (connection.py): a read is handled before the next one starts.
+        self.read_buffer = memoryview(bytearray(READ_BUFFER_BYTES))
         self._inflater: concurrent.futures.ThreadPoolExecutor | None = None
         self._native: dict[str, Factory] = {}
         self._registered: dict[str, grpc.RpcMethodHandler] = {}

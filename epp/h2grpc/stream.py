@@ -55,7 +55,7 @@ class ServerStream:
         self.finished = False  # trailers queued: the call is over for the handler
         self.closed = False  # reset, or the connection is gone: nothing can be sent
         self.remote_ended = False  # the client half-closed
-        self.pending: deque[bytes | memoryview] | None = None  # framed data waiting for window or socket
+        self.pending: deque[memoryview] | None = None  # framed data waiting for window or socket
         self.pending_bytes = 0
         self.trailers: bytes | None = None  # an encoded trailer block waiting behind `pending`
         self.timer: asyncio.TimerHandle | None = None
@@ -88,6 +88,12 @@ class ServerStream:
             return
         pack = status.frame
         self.out.send_data(self, pack(messages[0]) if len(messages) == 1 else b"".join(map(pack, messages)))
+
+    def send_parts(self, parts: list[bytes | memoryview]) -> None:
+        """Messages already framed for gRPC (each with its 5-byte prefix), in pieces: written as they are, the
+        pieces neither joined nor copied (a large piece is cut into DATA frames by slicing)."""
+        if parts and not (self.finished or self.closed):
+            self.out.send_parts(self, parts)
 
     def start(self, metadata: list[tuple[bytes, bytes]]) -> None:
         """Send the response headers now, with custom metadata (otherwise they go with the first message)."""
@@ -127,7 +133,7 @@ class ServerStream:
         await self.out.writable(self, limit)
 
     # ---- what the connection calls ------------------------------------------------------------------------------
-    def feed(self, data: bytes) -> None:
+    def feed(self, data: bytes | memoryview) -> None:
         """Bytes of the request body (assembly.py cuts them into messages)."""
         self.messages.feed(self, data)
 

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
         streamed_chunks,
         struct_to_dict,
     )
+    from epp.protocol.rawbody import RawBody, RawReply, read_request_body
     from epp.protocol.response import RESPONSE_TABLE, ResponsePhase
 
 # Each name and the module that defines it ("module:name" when renamed), imported on first use (PEP 562).
@@ -27,12 +28,13 @@ _LAZY = {
     "KINDS": "machine", "Phase": "machine", "RequestMachine": "machine", "TABLE": "machine",
     "CHUNK_LIMIT": "messages", "header_mutation": "messages", "immediate": "messages", "read_headers": "messages",
     "read_metadata": "messages", "streamed_chunks": "messages", "struct_to_dict": "messages",
+    "RawBody": "rawbody", "RawReply": "rawbody", "read_request_body": "rawbody",
     "RESPONSE_TABLE": "response", "ResponsePhase": "response",
 }
 
 __all__ = ["BodyMode", "CHUNK_LIMIT", "Decision", "Exchange", "KINDS", "Outcome", "Phase", "RESPONSE_TABLE", "RULES",
-           "RequestMachine", "ResponsePhase", "Rule", "TABLE", "header_mutation", "immediate", "read_headers",
-           "read_metadata", "streamed_chunks", "struct_to_dict"]
+           "RawBody", "RawReply", "RequestMachine", "ResponsePhase", "Rule", "TABLE", "header_mutation", "immediate", "read_headers",
+           "read_metadata", "read_request_body", "streamed_chunks", "struct_to_dict"]
 
 
 __getattr__ = lazy_exports(__name__, _LAZY)

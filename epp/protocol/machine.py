@@ -68,6 +68,7 @@ from epp.protocol.messages import (
     rejection,
 )
 from epp.protocol.policies import BodyPolicy, policy_for
+from epp.protocol.rawbody import RawBody
 from epp.protocol.response import RESPONSE_KINDS, ResponsePhase, respond
 
 Replies = list[pb.ProcessingResponse]
@@ -138,6 +139,11 @@ class RequestMachine:
         kind = req.WhichOneof("request")
         return _DISPATCH[self.phase][kind](self, req, kind)
 
+    def feed_body(self, chunk: RawBody) -> Replies:
+        """A request body message read from the wire (epp.protocol.rawbody): the same as `feed`, and in full duplex
+        its echo replies are `RawReply`s (the chunk's bytes, not copied)."""
+        return _DISPATCH[self.phase]["request_body"](self, chunk, "request_body")
+
     def resolve(self, outcome: Outcome) -> Replies:
         """The outcome of `decision`. Dropped (returns []) if the stream left DECIDING meanwhile (abandoned or
         closed): whatever the exchange committed for it is released by `exchange.close()`."""
@@ -163,18 +169,21 @@ class RequestMachine:
         self.phase = Phase.EARLY if early else Phase.DECIDING
         return []
 
-    def collect(self, data: bytes, end_of_stream: bool = False) -> bool | None:
+    def collect(self, data: bytes | memoryview, end_of_stream: bool = False) -> bool | None:
         """Keep a body chunk (and show it to a reading exchange); None when the body grew past max_body_bytes,
-        else whether the exchange can decide now (always False on the last chunk)."""
+        else whether the exchange can decide now (always False on the last chunk). A chunk read from the wire (a
+        view of its message) is kept as a view: the exchange gets it as bytes."""
         self.body_messages += 1
         self._size += len(data)
         if self._size > self.max_body_bytes:
             return None
         if data:
-            self._chunks.append(data)
+            self._chunks.append(data)  # type: ignore[arg-type]  # b"".join takes views too
         reader = self.reader
         if reader is None or not self.policy.streams or self.phase is not Phase.BODY:
             return False
+        if data.__class__ is memoryview:
+            data = bytes(data)
         return bool(reader(self.headers, data, end_of_stream)) and not end_of_stream
 
     def body_ended_by_trailers(self) -> None:
@@ -187,7 +196,7 @@ class RequestMachine:
         self._chunks = []
         if self.reader is not None and self.policy.streams:
             return None
-        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        return chunks[0] if len(chunks) == 1 and chunks[0].__class__ is bytes else b"".join(chunks)
 
     def end(self, *, trailers: bool) -> None:
         if trailers:

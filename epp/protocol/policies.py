@@ -36,6 +36,7 @@ from epp.protocol.messages import (
     replaced_request_chunk,
     streamed_chunks,
 )
+from epp.protocol.rawbody import RawBody
 
 if TYPE_CHECKING:
     from epp.protocol.machine import RequestMachine
@@ -127,7 +128,7 @@ class FullDuplexPolicy(_Collecting):
     streams = True
 
     def kept(self, m: RequestMachine, msg: pb.HttpBody) -> None:
-        m.echo += streamed_chunks(msg.body, msg.end_of_stream, request=True)
+        m.echo += _echo(msg)
 
     def on_body_while_early(self, m: RequestMachine, msg: pb.HttpBody) -> Replies:
         replies = _Collecting.on_body_while_early(self, m, msg)
@@ -153,7 +154,7 @@ class FullDuplexPolicy(_Collecting):
         """After an early decision every chunk is echoed as it arrives."""
         if msg.end_of_stream:
             m.end(trailers=False)
-        return streamed_chunks(msg.body, msg.end_of_stream, request=True)
+        return _echo(msg)
 
 
 class StreamedEarlyPolicy(_Collecting):
@@ -214,6 +215,13 @@ class BufferedPartialPolicy(BufferedPolicy):
             return m.too_large()
         m.take_body()
         return m.request_decision(None, at_headers=False)  # a partial JSON body cannot be parsed
+
+
+def _echo(msg: pb.HttpBody | RawBody) -> Replies:
+    """The full-duplex echo of a chunk: from its bytes when it was read from the wire (rawbody.py)."""
+    if isinstance(msg, RawBody):
+        return msg.echo()  # RawReplies are written like ProcessingResponses
+    return streamed_chunks(msg.body, msg.end_of_stream, request=True)
 
 
 NONE = NonePolicy()

@@ -175,6 +175,37 @@ async def test_a_message_over_the_limit_is_resource_exhausted(h2):
     assert (await unary(Msg(service="small"))).service == "SMALL"  # the connection is fine
 
 
+async def test_messages_of_every_size_are_assembled_across_frames(h2):
+    """Messages begin and end anywhere in the DATA frames (which are views of the reads), of one frame or many:
+    each arrives intact and in order, the stream's next message too."""
+    _, channel, _ = await h2(H2Server(max_message_bytes=8 << 20))
+    mib = 1 << 20  # text bytes: a tag and 3 length bytes make the message 1 MiB for mib - 4
+    sizes = [0, 1, 4, 5, 6, 16_379, 16_384, 16_389, mib - 6, mib - 5, mib - 4, mib - 3, 3 << 20, 7]
+    texts = [chr(65 + i % 26) * n for i, n in enumerate(sizes)]
+    call = method(channel, "Echo", "stream_stream")(iter([Msg(service=t) for t in texts]))
+    assert [m.service async for m in call] == texts
+
+
+async def test_connections_reading_at_once_share_the_read_buffer_safely(h2):
+    """Every connection reads into the server's one buffer: messages split over many reads, on several
+    connections at once, still arrive intact (nothing keeps a view of a read past it)."""
+    server, _, port = await h2(H2Server(max_message_bytes=8 << 20))
+    channels = [grpc.aio.insecure_channel(f"127.0.0.1:{port}") for _ in range(3)]
+    try:
+        async def stream(i: int, channel: grpc.aio.Channel) -> list[str]:
+            texts = [chr(97 + (i * 7 + j) % 26) * (300_000 + 4099 * j) for j in range(4)]
+            call = method(channel, "Echo", "stream_stream")(iter([Msg(service=t) for t in texts]))
+            got = [m.service async for m in call]
+            assert got == texts
+            return got
+
+        results = await asyncio.gather(*(stream(i, c) for i, c in enumerate(channels)))
+        assert len(results) == 3
+    finally:
+        for c in channels:
+            await c.close()
+
+
 @pytest.mark.parametrize("early", [False, True])
 async def test_big_bodies_flow_both_ways_past_the_windows(early):
     """An 6 MB chat body in 64 KiB messages: more than the 4 MiB windows in and the client's window out; the
