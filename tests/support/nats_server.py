@@ -14,48 +14,28 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import shutil
-import signal
-import subprocess
-import tempfile
 import time
 
 from epp.stack import nats_binary
-from epp.stack.ports import free_port, wait_port
+from tests.support.server_process import ServerProcess
 
 
-class NatsServer:
+class NatsServer(ServerProcess):
+    what = "nats-server"
+
     def __init__(self, *args: str) -> None:
-        self.port = 0
+        super().__init__()
         self.args = args  # extra nats-server flags
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.dir = tempfile.mkdtemp(prefix="pointsman-nats-")
-        self._log = os.path.join(self.dir, "nats.log")
 
     @property
     def url(self) -> str:
         return f"nats://127.0.0.1:{self.port}"
 
-    def start(self, port: int | None = None) -> NatsServer:
-        binary = nats_binary()
-        for attempt in range(5):
-            self.port = port or free_port()
-            self.proc = subprocess.Popen(
-                [binary, "-a", "127.0.0.1", "-p", str(self.port), "-js", "-sd", os.path.join(self.dir, "js"),
-                 "-l", self._log, *self.args],
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            )
-            try:
-                wait_port(self.port, timeout=10, proc=self.proc, what="nats-server")
-                self._wait_ready()
-                return self
-            except RuntimeError:
-                self.kill()
-                if port is not None or attempt == 4:
-                    raise RuntimeError(f"nats-server failed to start: {self.log_tail()}") from None
-        return self
+    def command(self, port: int) -> list[str]:
+        return [nats_binary(), "-a", "127.0.0.1", "-p", str(port), "-js", "-sd", os.path.join(self.dir, "js"),
+                "-l", self.log_path, *self.args]
 
-    def _wait_ready(self) -> None:
+    def ready(self) -> None:
         """The port answers before JetStream has recovered its streams: wait for the log line that says it has."""
         deadline = time.monotonic() + 10
         while "Server is ready" not in self.log_tail(20_000):
@@ -63,45 +43,9 @@ class NatsServer:
                 raise RuntimeError("nats-server never said it was ready")
             time.sleep(0.02)
 
-    def log_tail(self, n: int = 2000) -> str:
-        try:
-            with open(self._log) as f:
-                return f.read()[-n:]
-        except OSError:
-            return "(no log)"
-
-    def pause(self) -> None:
-        assert self.proc is not None
-        os.kill(self.proc.pid, signal.SIGSTOP)
-
-    def resume(self) -> None:
-        assert self.proc is not None
-        os.kill(self.proc.pid, signal.SIGCONT)
-
-    def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGCONT)  # a paused process must run to die
-            self.proc.kill()
-            self.proc.wait(timeout=10)
-        if os.path.exists(self._log):
-            os.replace(self._log, self._log + ".old")  # the next start's readiness is read from a fresh log
-
-    def restart(self) -> None:
-        """Start again on the same port (after kill: a broker restart)."""
-        self.kill()
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                self.start(self.port)
-                return
-            except RuntimeError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.1)
-
-    def stop(self) -> None:
-        self.kill()
-        shutil.rmtree(self.dir, ignore_errors=True)
+    def start(self, port: int | None = None) -> NatsServer:
+        super().start(port)
+        return self
 
 
 class TcpProxy:

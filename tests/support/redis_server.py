@@ -10,12 +10,8 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
-import subprocess
-import tempfile
-import time
 
-from epp.stack.ports import free_port, wait_port
+from tests.support.server_process import ServerProcess
 
 
 def redis_binary() -> str:
@@ -27,12 +23,8 @@ def redis_binary() -> str:
     return path
 
 
-class RedisServer:
-    def __init__(self) -> None:
-        self.port = 0
-        self.proc: subprocess.Popen[bytes] | None = None
-        self._dir = tempfile.mkdtemp(prefix="pointsman-redis-")
-        self._log = os.path.join(self._dir, "redis.log")
+class RedisServer(ServerProcess):
+    what = "redis-server"
 
     @property
     def url(self) -> str:
@@ -42,57 +34,10 @@ class RedisServer:
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
 
+    def command(self, port: int) -> list[str]:
+        return [redis_binary(), "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                "--dir", self.dir, "--daemonize", "no", "--logfile", self.log_path, "--protected-mode", "yes"]
+
     def start(self, port: int | None = None) -> RedisServer:
-        binary = redis_binary()
-        for attempt in range(5):
-            self.port = port or free_port()
-            self.proc = subprocess.Popen(
-                [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-                 "--dir", self._dir, "--daemonize", "no", "--logfile", self._log, "--protected-mode", "yes"],
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            )
-            try:
-                wait_port(self.port, timeout=10, proc=self.proc, what="redis-server")
-                return self
-            except RuntimeError:
-                if port is not None or attempt == 4:  # a fixed port that is taken, or out of attempts
-                    raise RuntimeError(f"redis-server failed to start: {self.log_tail()}") from None
+        super().start(port)
         return self
-
-    def log_tail(self) -> str:
-        try:
-            with open(self._log) as f:
-                return f.read()[-2000:]
-        except OSError:
-            return "(no log)"
-
-    def pause(self) -> None:
-        assert self.proc is not None
-        os.kill(self.proc.pid, signal.SIGSTOP)
-
-    def resume(self) -> None:
-        assert self.proc is not None
-        os.kill(self.proc.pid, signal.SIGCONT)
-
-    def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGCONT)  # a paused process must run to die cleanly
-            self.proc.kill()
-            self.proc.wait(timeout=10)
-
-    def restart(self) -> None:
-        """Start again on the same port (after kill)."""
-        self.kill()
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                self.start(self.port)
-                return
-            except RuntimeError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.1)
-
-    def stop(self) -> None:
-        self.kill()
-        shutil.rmtree(self._dir, ignore_errors=True)

@@ -46,6 +46,20 @@ STORED_FIELDS = ("block_hashes", "parent_block_hash", "token_ids", "block_size",
 REMOVED_FIELDS = ("block_hashes", "medium", "group_idx")
 
 
+END_SEQ = (1 << 64) - 1  # -1 as an unsigned 64-bit seq: the end of a replay
+
+
+def reply_frames(frames: list[bytes]) -> tuple[bytes, bytes, bytes] | None:
+    """One replay reply's (topic, seq frame, payload), the ROUTER's empty delimiter dropped and a missing topic read
+    as b""; None for a reply of any other shape."""
+    f = frames[1:] if frames and frames[0] == b"" else frames
+    if len(f) == 2:
+        return b"", f[0], f[1]
+    if len(f) == 3:
+        return f[0], f[1], f[2]
+    return None
+
+
 class DecodeError(ValueError):
     """A message that is not a valid KV-event message; the text says what is wrong."""
 

@@ -31,12 +31,12 @@ import zmq.asyncio
 
 from epp.fleet.kvevents import natswire
 from epp.fleet.kvevents.apply import SeqAction, SequenceTracker
+from epp.fleet.kvevents.decode import END_SEQ, reply_frames
 from epp.fleet.kvevents.relay_publish import RelayCounters, RelayItem, StreamPublisher
 from epp.fleet.kvevents.settings import RelaySettings
 
 log = logging.getLogger("epp.fleet.kvevents.relay")
 
-END_SEQ = (1 << 64) - 1
 Raw = tuple[bytes, bytes, bytes]  # topic, seq frame, payload
 
 
@@ -66,14 +66,10 @@ async def fetch_replay(ctx: zmq.asyncio.Context, address: str | None, start: int
 async def _exchange(sock: zmq.asyncio.Socket, start: int, stop: int | None, got: dict[int, Raw]) -> None:
     await sock.send_multipart([b"", start.to_bytes(8, "big")])
     while True:
-        frames = await sock.recv_multipart()
-        f = frames[1:] if frames and frames[0] == b"" else frames
-        if len(f) == 2:
-            topic, seq_frame, payload = b"", f[0], f[1]
-        elif len(f) == 3:
-            topic, seq_frame, payload = f
-        else:
+        reply = reply_frames(await sock.recv_multipart())
+        if reply is None:
             continue
+        topic, seq_frame, payload = reply
         if len(seq_frame) < 8:
             continue
         seq = int.from_bytes(seq_frame[:8], "big")

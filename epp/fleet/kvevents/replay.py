@@ -11,14 +11,18 @@ import zmq
 import zmq.asyncio
 
 from epp.fleet.kvevents.applier import EventApplier
-from epp.fleet.kvevents.decode import DecodeError, EventBatch, decode_payload, decode_seq
+from epp.fleet.kvevents.decode import (
+    END_SEQ,
+    DecodeError,
+    EventBatch,
+    decode_payload,
+    decode_seq,
+    reply_frames,
+)
 from epp.fleet.kvevents.stream import Gap, RankStream
 from scheduling.prefix.precise import LIVE, PENDING
 
 log = logging.getLogger("epp.fleet.kvevents.subscriber")
-
-END_SEQ = (1 << 64) - 1  # -1 as an unsigned 64-bit seq: the end of a replay
-
 
 class ReplayRequester:
     def __init__(self, ctx: zmq.asyncio.Context, applier: EventApplier, timeout: float) -> None:
@@ -101,14 +105,11 @@ class ReplayRequester:
         ap, rs = self.applier, rk.status
         while True:
             frames = await sock.recv_multipart()
-            f = frames[1:] if frames and frames[0] == b"" else frames
-            if len(f) == 2:
-                topic, seq_frame, payload = b"", f[0], f[1]
-            elif len(f) == 3:
-                topic, seq_frame, payload = f
-            else:
+            reply = reply_frames(frames)
+            if reply is None:
                 ap.malformed(rs, "frames", DecodeError(f"replay reply with {len(frames)} frame(s)"))
                 continue
+            topic, seq_frame, payload = reply
             try:
                 seq, stream = decode_seq(seq_frame)
             except DecodeError as e:
