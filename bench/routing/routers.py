@@ -162,7 +162,7 @@ async def start_oracle_proxy(fleet: FleetInfo, workdir: Path) -> Launched:
 # {listen_port}, {admin_port}, {envoy_config}, {extra} ($POINTSMAN_EPP_ARGS, e.g. a --config-file).
 POINTSMAN_ENVOY_CONFIG = ("{epp} envoy-config --variant override-host --listen-port {listen_port} "
                           "--admin-port {admin_port} --epp 127.0.0.1:{grpc_port} "
-                          "--endpoints-file {endpoints_file} --response-phases {phases} -o {envoy_config}")
+                          "--endpoints-file {endpoints_file} --response-phases {phases} --epp-tls=false -o {envoy_config}")
 POINTSMAN_EPP_SERVE = ("{epp} serve --secure-serving=false --grpc-host 127.0.0.1 --grpc-port {grpc_port} --grpc-health-port {health_port} "
                        "--metrics-port {metrics_port} --endpoints-file {endpoints_file} {extra}")
 
@@ -338,7 +338,7 @@ async def start_pointsman_replicas(fleet: FleetInfo, workdir: Path, *, replicas:
         epps = " ".join(f"--epp 127.0.0.1:{g}" for g in grpcs)
         rendered = subprocess.run(
             f"{epp} envoy-config --variant override-host --listen-port {listen} --admin-port {admin} {epps} "
-            f"--epp-workers {workers} --endpoints-file {endpoints} "
+            f"--epp-workers {workers} --endpoints-file {endpoints} --epp-tls=false "
             f"--response-phases {os.environ.get('POINTSMAN_RESPONSE_PHASES', 'lean')} -o {envoy_cfg}",
             shell=True, cwd=str(workdir), capture_output=True, timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT)})
         if rendered.returncode != 0:
