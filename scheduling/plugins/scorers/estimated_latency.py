@@ -10,7 +10,9 @@ affinity and load are traded in one currency (seconds) instead of by hand-tuned 
                      speculative picks, where e's index is live; the approximate data elsewhere
     backlog(e)     = prefill tokens sent to e and not yet worked off; it drains at 1 / prefillSecondsPerToken
                      tokens per second (a fluid model of the engine's prefill queue)
-    n(e)           = max(in-flight requests to e (exact), waiting(e) + running(e) from fresh metrics)
+    n(e)           = max(in-flight requests to e (exact) + outside(e), waiting(e) + running(e) from fresh metrics)
+                     outside(e): at each scrape, the engine's waiting + running above Pointsman's own in-flight count
+                     (requests that bypass it; scheduling/latency/outside.py; outsideLoad, on by default)
     slowdown(e)    = 1 + (loadFactor − 1) × min(n(e), maxNumSeqs − 1) / (maxNumSeqs − 1)
     wait(e)        = max(0, n(e) − maxNumSeqs + 1) × D(e) / maxNumSeqs   D(e): EWMA of request durations on e
     ttft(e)        = (overheadSeconds + (backlog(e) + uncached(e)) × prefillSecondsPerToken) × slowdown(e) + wait(e)
@@ -86,6 +88,7 @@ from scheduling.latency import (
     EndpointModel,
     LatencyModel,
     ModelConfig,
+    OutsideLoad,
     ScoredPass,
     Timings,
     TrustView,
@@ -128,6 +131,7 @@ class Params:
     sloAware: bool = True
     sloHeadroom: float = bounded(0.8, min=0.0, max=1.0)
     prefixSource: Literal["approximate", "precise"] = "approximate"
+    outsideLoad: bool = True
 
     def model_config(self) -> ModelConfig:
         """The latency model's settings from these parameters."""
@@ -158,6 +162,7 @@ class EstimatedLatencyScorer(PreciseReader[Params], PrefixReader[Params], Scorer
     def setup(self, build: BuildContext) -> None:
         self.model = LatencyModel(self.params.model_config())
         self._warm = warm_board(build.shared)  # sessions' protected KV, per endpoint (scheduling/sessions/warm.py)
+        self._outside = OutsideLoad() if self.params.outsideLoad else None  # bypassing requests, from the scrapes
 
     def _cached(
         self, ctx: SchedulingContext, state: State, candidates: list[Endpoint]
@@ -196,8 +201,9 @@ class EstimatedLatencyScorer(PreciseReader[Params], PrefixReader[Params], Scorer
         now = ctx.now
         tokens, cached, hits = self._cached(ctx, state, candidates)
         room = self._room(hits, candidates) if p.evictionWeight else {}
+        inflight = ctx.inflight if self._outside is None else self._outside.view(ctx.inflight)
         costs, ns = self.model.costs(
-            tokens, cached, candidates, ctx.inflight, now, output_tokens(ctx.request.body, p.defaultOutputTokens),
+            tokens, cached, candidates, inflight, now, output_tokens(ctx.request.body, p.defaultOutputTokens),
             room, self.prefix.index.default_capacity, self._warm.current(now), self._warm.weight)
         state[PASS] = ScoredPass(candidates, ns, tokens, cached, now)
         slo = slo_from_headers(ctx.request.headers) if p.sloAware else None
@@ -241,7 +247,9 @@ class EstimatedLatencyScorer(PreciseReader[Params], PrefixReader[Params], Scorer
     # ---- what it learns from the engines, and what it shows -------------------------------------------------
     def engine_metrics(self, endpoints: Sequence[Endpoint], now: float) -> None:
         """Scrapes arrived: fit the engines' timings from their histograms and weigh their prefix-cache counters
-        against the predicted hits."""
+        against the predicted hits; count the requests they run that Pointsman did not send."""
+        if self._outside is not None:
+            self._outside.scraped(endpoints, now)
         for key in self.model.scraped(endpoints, now):
             self.trust_view(key, now, refresh=True)
 
@@ -260,6 +268,8 @@ class EstimatedLatencyScorer(PreciseReader[Params], PrefixReader[Params], Scorer
 
     def endpoint_removed(self, key: str) -> None:
         self.model.forget(key)
+        if self._outside is not None:
+            self._outside.forget(key)
 
     def tracked_endpoints(self) -> Collection[str]:
         return self.model.tracked()
