@@ -162,7 +162,7 @@ class EstimatedLatencyScorer(PreciseReader[Params], PrefixReader[Params], Scorer
     def setup(self, build: BuildContext) -> None:
         self.model = LatencyModel(self.params.model_config())
         self._warm = warm_board(build.shared)  # sessions' protected KV, per endpoint (scheduling/sessions/warm.py)
-        self._outside = OutsideLoad() if self.params.outsideLoad else None  # bypassing requests, from the scrapes
+        self.outside = OutsideLoad() if self.params.outsideLoad else None  # bypassing requests, from the scrapes
 
     def _cached(
         self, ctx: SchedulingContext, state: State, candidates: list[Endpoint]
@@ -201,7 +201,7 @@ class EstimatedLatencyScorer(PreciseReader[Params], PrefixReader[Params], Scorer
         now = ctx.now
         tokens, cached, hits = self._cached(ctx, state, candidates)
         room = self._room(hits, candidates) if p.evictionWeight else {}
-        inflight = ctx.inflight if self._outside is None else self._outside.view(ctx.inflight)
+        inflight = ctx.inflight if self.outside is None else self.outside.view(ctx.inflight)
         costs, ns = self.model.costs(
             tokens, cached, candidates, inflight, now, output_tokens(ctx.request.body, p.defaultOutputTokens),
             room, self.prefix.index.default_capacity, self._warm.current(now), self._warm.weight)
@@ -248,8 +248,8 @@ class EstimatedLatencyScorer(PreciseReader[Params], PrefixReader[Params], Scorer
     def engine_metrics(self, endpoints: Sequence[Endpoint], now: float) -> None:
         """Scrapes arrived: fit the engines' timings from their histograms and weigh their prefix-cache counters
         against the predicted hits; count the requests they run that Pointsman did not send."""
-        if self._outside is not None:
-            self._outside.scraped(endpoints, now)
+        if self.outside is not None:
+            self.outside.scraped(endpoints, now)
         for key in self.model.scraped(endpoints, now):
             self.trust_view(key, now, refresh=True)
 
@@ -268,8 +268,8 @@ class EstimatedLatencyScorer(PreciseReader[Params], PrefixReader[Params], Scorer
 
     def endpoint_removed(self, key: str) -> None:
         self.model.forget(key)
-        if self._outside is not None:
-            self._outside.forget(key)
+        if self.outside is not None:
+            self.outside.forget(key)
 
     def tracked_endpoints(self) -> Collection[str]:
         return self.model.tracked()
