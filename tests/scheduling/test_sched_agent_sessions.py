@@ -165,34 +165,6 @@ def test_a_session_stays_unless_its_endpoint_is_clearly_worse() -> None:
     assert note is not None and note.turn == 3 and note.why.startswith("moved:")
 
 
-def test_a_turn_back_after_its_pace_keeps_no_preference() -> None:
-    """The stay preference lasts as long as the session's pace says its context is kept: a turn that comes back
-    after warmFactor x its expected pause (2 x the 10 s prior here) is placed on predicted latency alone."""
-    for pause, stays in ((4.0, True), (19.0, True), (21.0, False)):
-        sched = _sched()
-        cands = [ep(i) for i in range(4)]
-        home = _turn(sched, _agent("c", 1, "a"), cands, 0.0, end=1.0).primary.key
-        busy_for = {home: InflightLoad(3, 3000)}  # a little busier: predicted latency alone would move the turn
-        second = _turn(sched, _agent("c", 2, "b"), cands, 1.0 + pause, inflight=busy_for)
-        note = session_note(second.state)
-        assert note is not None and note.turn == 2
-        assert (second.primary.key == home) is stays, pause
-        assert note.why == "stayed" if stays else note.why.startswith(f"moved: back after {pause:.1f}s"), note.why
-        if not stays:  # the context moved with the turn: the next one stays where this one went
-            third = _turn(sched, _agent("c", 3, "c"), cands, 2.0 + pause, inflight=busy_for)
-            assert third.primary.key == second.primary.key
-    # A parallel call of a turn in flight is never cold: it shares the turn's context.
-    sched = _sched()
-    cands = [ep(i) for i in range(4)]
-    _turn(sched, _agent("p", 1, "a"), cands, 0.0, end=1.0)
-    _turn(sched, _agent("p", 2, "b"), cands, 30.0)  # back late: placed by latency, the binding follows
-    bound = sched.profiles["default"].scorers[1][0].table
-    key = next(iter(bound)).endpoint
-    par = _turn(sched, _agent("p", 2, "c"), cands, 30.5, inflight={key: InflightLoad(1, 1000)})
-    note = session_note(par.state)
-    assert note is not None and note.parallel and par.primary.key == key
-
-
 def test_requests_without_a_session_are_placed_as_before() -> None:
     with_plugin, plain = _sched(), _sched()
     plain_profile = plain.profiles["default"]

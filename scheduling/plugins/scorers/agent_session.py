@@ -7,7 +7,6 @@ session settings) and hands it over as `LLMRequest.session`. This scorer remembe
 
     no session                            -> 0 everywhere: the request is placed on predicted latency alone
     a session bound to candidate b        -> b: 1 − 1/moveFactor, others 0
-    ... back after its pace's horizon     -> 0 everywhere (its context has most likely been evicted meanwhile)
     a new session (or one whose endpoint left) whose program has sessions bound elsewhere
                                           -> the program's home h: 1 − 1/programFactor, others 0 (programFactor
                                              1, the default, turns this off)
@@ -16,10 +15,7 @@ estimated-latency scores are best/cost, so b keeps the lead while best/cost(b) +
 LLMKube's move rule (stay unless clearly worse), judged by predicted latency instead of queue lengths. Parallel
 calls of one turn (a fan-out) get the same preference: they share the turn's context and are co-located while b's
 predicted latency, which counts the calls already sent there, stays within the factor; then they spread, and the
-binding stays with the context. A turn that comes back later than its pace's horizon (the protection below: its
-pause has run past warmFactor × the expected pause, or maxWarmSeconds) keeps no preference: the engine has most
-likely evicted its context meanwhile, and the turn is placed on predicted latency, which still counts whatever the
-prefix index believes b holds.
+binding stays with the context.
 
 Programs (off by default): the sessions of one program share its prompt (system prompt, tools: the same head of the
 prompt, or the same program header), as RL rollouts do. With programFactor > 1 a new session joins the endpoint that
@@ -91,7 +87,6 @@ class SessionView:
     warm_until: float | None = None  # until when its context is protected from eviction (None: not protected)
     home: str | None = None  # a session not bound yet: its program's home, when that is a candidate
     spread: tuple[str, ...] = ()  # a new program: the candidates where the fewest programs live
-    cold: float | None = None  # a turn back after its pace's horizon: the seconds it paused (no preference kept)
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,8 +130,6 @@ def decision(view: SessionView, result: SchedulingResult) -> str:
         return "parallel call co-located" if view.parallel else "stayed"
     if not view.candidate:
         return f"moved: {b} is not a candidate"
-    if view.cold is not None:
-        return f"moved: back after {view.cold:.1f}s, past its pace; placed by predicted latency"
     pr = result.profile_results.get(result.profile) or next(iter(result.profile_results.values()), None)
     totals: dict[str, float] = {}
     if pr is not None and pr.scored is not None and pr.score_totals is not None:
@@ -196,20 +189,8 @@ class AgentSessionScorer(Scorer[Params]):
         b = s.endpoint
         cand = any(e.key == b for e in candidates)
         gap = s.gap if s.gap is not None else table.program_gap(s.program)
-        cold = self._cold(s, ctx.now) if not parallel else None
         return SessionView(ref, s.turns if parallel else s.turns + 1, parallel, b, cand,
-                           self.bonus if cand and cold is None else 0.0, gap, self.board.until(ref.key), cold=cold)
-
-    def _cold(self, s: Session, now: float) -> float | None:
-        """The pause of a turn that comes back after its pace's horizon (the protection it was given: warmFactor ×
-        the expected pause, at most maxWarmSeconds), else None. Its context has most likely been evicted: the turn
-        is placed on predicted latency alone (which still counts what the index believes b holds)."""
-        p = self.params
-        if s.ended is None or not p.warmFactor:
-            return None
-        paused = now - s.ended
-        horizon = min(p.maxWarmSeconds, p.warmFactor * self.table.expected_gap(s, p.priorGapSeconds))
-        return paused if paused > horizon else None
+                           self.bonus if cand else 0.0, gap, self.board.until(ref.key))
 
     def score(self, ctx: SchedulingContext, candidates: list[Endpoint], state: State) -> list[float]:
         n = len(candidates)
