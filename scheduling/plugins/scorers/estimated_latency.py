@@ -119,7 +119,7 @@ class Params:
     initialRequestSeconds: float = bounded(1.0, min=0.0)
     durationEwmaAlpha: float = bounded(0.1, min=0.0, max=1.0)
     blockSizeTokens: int = bounded(16, min=1)
-    maxPrefixBlocksToMatch: int = bounded(1024, min=1)
+    maxPrefixBlocksToMatch: int = bounded(256, min=1)
     lruCapacityPerServer: int = bounded(31_250, min=1)
     calibrate: bool = True
     calibrationAlpha: float = bounded(0.05, min=0.0, max=1.0)
