@@ -11,9 +11,12 @@ Which server served a request: the `x-inference-pod` response header, else the s
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
+import os
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -174,6 +177,21 @@ async def fill_pods(results: list[SessionResult], server_urls: list[str]) -> Non
                 c = missing.get(rec.get("request_id"))
                 if c is not None:
                     c.pod = data.get("pod", "")
+
+
+def dump_calls(results: list[SessionResult], router: str, seed: int, stage: int) -> None:
+    """With $BENCH_AGENT_CALLS set (a directory), write every call of the stage there as JSON lines, for analysis
+    (which turns missed, where parallel calls went)."""
+    out = os.environ.get("BENCH_AGENT_CALLS")
+    if not out:
+        return
+    path = Path(out) / f"{router}-s{seed}-{stage}.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("wb") as f:
+        for r in results:
+            for c in r.calls:
+                f.write(orjson.dumps({**dataclasses.asdict(c), "started": r.started, "duration": r.duration,
+                                      "program": r.plan.agent_type}) + b"\n")
 
 
 @dataclass

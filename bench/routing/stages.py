@@ -11,7 +11,7 @@ from pathlib import Path
 import aiohttp
 
 from bench.routing.agent import AgentWorkload
-from bench.routing.agent_client import AgentRow, fill_pods, run_agent_stage, summarize_agent
+from bench.routing.agent_client import AgentRow, dump_calls, fill_pods, run_agent_stage, summarize_agent
 from bench.routing.client import run_stage
 from bench.routing.procs import Proc, free_port_block, wait_http
 from bench.routing.regimes import FleetSpec, Regime
@@ -171,6 +171,7 @@ async def _agent_stages(router: str, launched: Launched, regime: Regime, fleet: 
                                                  request_timeout=max(60.0, 20 * duration * fs.time_scale),
                                                  stage_timeout=max(120.0, 4 * expected * fs.time_scale))
         await fill_pods(results, fleet.urls)
+        dump_calls(results, router, seed, i)
         row = summarize_agent(regime.name, router, int(conc), results, elapsed, seed)
         rows.append(row)
         stayed = "-" if row.stayed is None else f"{100 * row.stayed:.0f}%"

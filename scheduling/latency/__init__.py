@@ -8,6 +8,7 @@ it (docs/latency-model.md). Pure: no I/O, time passed in.
   - `EngineTimingTable` (table.py) of `EndpointFit`s (fit.py; estimates.py, scrapes.py): timings fitted from the
     engines' histograms, and the backlog weight β(e);
   - `TrustTable` (trust.py): how much a predicted prefix hit is believed.
+- `OutsideLoad` (outside.py): the requests each engine runs that Pointsman did not send, from the scrapes.
 - `ModelConfig` (config.py): its settings and the batch slowdown.
 - SLOs: the objectives a request states (slo.py), the tiers a decision ranks them in (tiers.py), and the classes
   that make a request with more slack yield the short queues to one with less (classes.py).
@@ -23,6 +24,7 @@ from scheduling.latency.estimates import Timings
 from scheduling.latency.estimator import EndpointModel, LatencyModel, ScoredPass
 from scheduling.latency.fit import EndpointFit, FitView
 from scheduling.latency.learner import Chosen, Learner
+from scheduling.latency.outside import OutsideLoad
 from scheduling.latency.slo import MAX_SLO_MS, SLO_STATE, Slo, SloVerdict, decision_slo, slo_from_headers
 from scheduling.latency.table import EngineTimingTable
 from scheduling.latency.tiers import PREDICTED, TIGHT_PLACEMENT, predictions, relative, slo_scores
@@ -46,6 +48,7 @@ __all__ = [
     "LatencyModel",
     "Learner",
     "ModelConfig",
+    "OutsideLoad",
     "Placement",
     "ScoredPass",
     "SharedBacklog",

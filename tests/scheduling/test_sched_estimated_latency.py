@@ -88,6 +88,25 @@ def test_records_blocks_for_the_chosen_endpoint():
     assert match(s.prefix.index, block_hashes(prompt, "llama")) == {b.key: 4}
 
 
+def test_a_growing_context_is_credited_past_four_thousand_tokens():
+    """An agent's context grows turn by turn; with maxPrefixBlocksToMatch 1,024 (deploy/profiles/agent-sessions.yaml)
+    the scorer's producer matches and records up to 16k tokens, so a 12,000-token context is credited where it is
+    held (the default's 256 blocks stop at 4,096 tokens)."""
+    s = plugin("estimated-latency-scorer", {"maxPrefixBlocksToMatch": 1024})
+    a, b = ep(1), ep(2)
+    turn = "c" * 4 * 12_000  # a 12,000-token context (4 characters a token)
+    c0 = ctx(req(turn), [a, b])
+    st = state()
+    s.score(c0, [a, b], st)
+    res = SchedulingResult(targets=[a])
+    s.pre_request(c0, res, st)
+    s.prefix.pre_request(c0, res, st)
+    assert match(s.prefix.index, block_hashes(turn, "llama", max_blocks=4096)) == {a.key: 750}
+    nxt = turn + "d" * 4 * 600  # the next turn: the context plus an answer and a tool result
+    got = scores(s, ctx(req(nxt), [a, b], inflight={a.key: InflightLoad(8, 0)}, now=10.0))  # backlog drained
+    assert got == pytest.approx([1.0, ttft(600, 8) / ttft(12_600, 0)])
+
+
 def test_output_budget_from_the_body_and_decode_weight():
     from scheduling.plugins.scorers.estimated_latency import output_tokens
 

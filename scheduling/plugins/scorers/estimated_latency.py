@@ -10,7 +10,9 @@ affinity and load are traded in one currency (seconds) instead of by hand-tuned 
                      speculative picks, where e's index is live; the approximate data elsewhere
     backlog(e)     = prefill tokens sent to e and not yet worked off; it drains at 1 / prefillSecondsPerToken
                      tokens per second (a fluid model of the engine's prefill queue)
-    n(e)           = max(in-flight requests to e (exact), waiting(e) + running(e) from fresh metrics)
+    n(e)           = max(in-flight requests to e (exact) + outside(e), waiting(e) + running(e) from fresh metrics)
+                     outside(e): at each scrape, the engine's waiting + running above Pointsman's own in-flight count
+                     (requests that bypass it; scheduling/latency/outside.py; outsideLoad, on by default)
     slowdown(e)    = 1 + (loadFactor − 1) × min(n(e), maxNumSeqs − 1) / (maxNumSeqs − 1)
     wait(e)        = max(0, n(e) − maxNumSeqs + 1) × D(e) / maxNumSeqs   D(e): EWMA of request durations on e
     ttft(e)        = (overheadSeconds + (backlog(e) + uncached(e)) × prefillSecondsPerToken) × slowdown(e) + wait(e)
@@ -93,6 +95,7 @@ from scheduling.latency import (
     EndpointModel,
     LatencyModel,
     ModelConfig,
+    OutsideLoad,
     ScoredPass,
     SloClasses,
     Timings,
@@ -140,6 +143,7 @@ class Params:
     sloClassWindowSeconds: float = bounded(60.0, min=0.0)
     sloReserveShare: float = bounded(0.25, min=0.0, max=1.0)
     prefixSource: Literal["approximate", "precise"] = "approximate"
+    outsideLoad: bool = True
 
     def model_config(self) -> ModelConfig:
         """The latency model's settings from these parameters."""
@@ -171,6 +175,7 @@ class EstimatedLatencyScorer(PreciseReader[Params], PrefixReader[Params], Scorer
         self.model = LatencyModel(self.params.model_config())
         self.classes = SloClasses(self.params.sloClassWindowSeconds)  # the objectives stated lately
         self._warm = warm_board(build.shared)  # sessions' protected KV, per endpoint (scheduling/sessions/warm.py)
+        self.outside = OutsideLoad() if self.params.outsideLoad else None  # bypassing requests, from the scrapes
 
     def _cached(
         self, ctx: SchedulingContext, state: State, candidates: list[Endpoint]
@@ -211,8 +216,9 @@ class EstimatedLatencyScorer(PreciseReader[Params], PrefixReader[Params], Scorer
         room = self._room(hits, candidates) if p.evictionWeight else {}
         index = self.prefix.index
         low = index.low_room() if room is index.room() else None  # not with the engines' own room merged in
+        inflight = ctx.inflight if self.outside is None else self.outside.view(ctx.inflight)
         costs, ns = self.model.costs(
-            tokens, cached, candidates, ctx.inflight, now, output_tokens(ctx.request.body, p.defaultOutputTokens),
+            tokens, cached, candidates, inflight, now, output_tokens(ctx.request.body, p.defaultOutputTokens),
             room, index.default_capacity, self._warm.current(now), self._warm.weight, low)
         state[PASS] = ScoredPass(candidates, ns, tokens, cached, now)
         slo = slo_from_headers(ctx.request.headers) if p.sloAware else None
@@ -264,7 +270,9 @@ class EstimatedLatencyScorer(PreciseReader[Params], PrefixReader[Params], Scorer
     # ---- what it learns from the engines, and what it shows -------------------------------------------------
     def engine_metrics(self, endpoints: Sequence[Endpoint], now: float) -> None:
         """Scrapes arrived: fit the engines' timings from their histograms and weigh their prefix-cache counters
-        against the predicted hits."""
+        against the predicted hits; count the requests they run that Pointsman did not send."""
+        if self.outside is not None:
+            self.outside.scraped(endpoints, now)
         for key in self.model.scraped(endpoints, now):
             self.trust_view(key, now, refresh=True)
 
@@ -283,6 +291,8 @@ class EstimatedLatencyScorer(PreciseReader[Params], PrefixReader[Params], Scorer
 
     def endpoint_removed(self, key: str) -> None:
         self.model.forget(key)
+        if self.outside is not None:
+            self.outside.forget(key)
 
     def tracked_endpoints(self) -> Collection[str]:
         return self.model.tracked()
