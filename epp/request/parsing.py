@@ -21,7 +21,7 @@ from typing import Any
 
 import orjson
 
-from epp.tokenize import mask_media
+from epp.tokenize import holds_media, mask_media
 from scheduling.types import ApiKind, ErrorCode, SchedulingError
 
 PATH_HEADERS = (":path", "x-original-path", "x-forwarded-path")
@@ -91,7 +91,7 @@ def validate(kind: ApiKind, body: dict[str, Any], texts: Mapping[str, str] | Non
     if not isinstance(model, str):
         raise _bad("'model' must be a string")
     prompt = _extract_prompt(kind, body, texts or {})
-    if kind in MEDIA_KINDS:
+    if kind in MEDIA_KINDS and holds_media(body):  # a text-only body is never searched for payloads
         prompt = mask_media(prompt)
     return ParsedBody(kind, body, model, prompt)
 

@@ -11,7 +11,7 @@ import pytest
 
 from epp.request.parsing import parse_body
 from epp.request.streaming import StreamingBody
-from epp.tokenize import mask_media, media_marker, media_ref, tokenize_input
+from epp.tokenize import holds_media, mask_media, media_marker, media_ref, tokenize_input
 from epp.tokenize.media import INLINE_MIN, MEDIA_TOKENS, identity
 from scheduling.prefix.hashing import block_hashes
 from scheduling.types import ApiKind
@@ -130,6 +130,29 @@ def test_approximate_blocks_share_the_same_image_and_split_different_ones() -> N
     assert c[:2] == a[:2] and c != a
     # URLs: different URLs split, equal ones join
     assert blocks("https://x/cat.png") == blocks("https://x/cat.png") != blocks("https://x/dog.png")
+
+
+@pytest.mark.parametrize(("part", "kind", "ref"), PARTS)
+def test_a_body_holds_media_wherever_a_part_stands(part: dict, kind: str, ref: str) -> None:
+    assert holds_media({"model": "m", "messages": [{"role": "user", "content": ["hi", part]}]})
+    assert holds_media({"model": "m", "input": [{"type": "message", "content": [{"type": "input_text"}, part]}]})
+    assert holds_media({"model": "m", "messages": [{"role": "user", "content": [
+        {"type": "tool_result", "content": [part]}]}]})  # nested, as an Anthropic tool result carries images
+
+
+def test_a_text_only_body_is_not_searched_for_payloads() -> None:
+    """A text that quotes a data URL is text: only a body with a media part is masked (holds_media), so a long
+    text-only prompt is never scanned for payloads."""
+    quoted = f'he said "{data_url(3, 3_000)}" and left'
+    body = {"model": "m", "messages": [{"role": "user", "content": [{"type": "text", "text": quoted}]},
+                                       {"role": "user", "content": quoted}]}
+    assert not holds_media(body)
+    parsed = parse_body(ApiKind.CHAT, orjson.dumps(body))
+    assert b64(3, 3_000) in parsed.prompt  # left as it is
+    with_image = {**body, "messages": [*body["messages"], chat({"type": "image_url", "image_url": {
+        "url": data_url(4)}}, "and this?")["messages"][-1]]}
+    assert holds_media(with_image)
+    assert b64(4, 30_000) not in parse_body(ApiKind.CHAT, orjson.dumps(with_image)).prompt  # masked
 
 
 @pytest.mark.parametrize("chunk", [1000, 16_384])
