@@ -16,6 +16,16 @@ async def cancel_and_wait(task: asyncio.Task[Any] | None) -> None:
         await task
 
 
+async def cancel_all(tasks: list[asyncio.Task[Any]]) -> None:
+    """Cancel background tasks together, then wait until each has stopped; what a task raised on its way out is
+    dropped (it is stopping)."""
+    for t in tasks:
+        t.cancel()
+    for t in tasks:
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await t
+
+
 async def wait_set(event: asyncio.Event, timeout: float | None) -> bool:
     """Wait until `event` is set or `timeout` passes; True if it was set.
 

@@ -36,7 +36,6 @@ their sources and sinks), the receiver (epp/bus/receive.py: validate, apply) and
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import random
 import time
@@ -44,7 +43,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from epp.aio import wait_set
+from epp.aio import cancel_all, wait_set
 from epp.bus.channels import Channels, RecordSink, RecordSnapshot, RecordSource, StateSink, StateSource
 from epp.bus.codec import BusMessage, encode
 from epp.bus.peer_table import PeerTable
@@ -165,11 +164,7 @@ class ReplicaBus:
 
     async def stop(self) -> None:
         self._running = False  # the publish loop ends at its next turn even if a cancel is lost
-        for t in self._tasks:
-            t.cancel()
-        for t in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await t
+        await cancel_all(self._tasks)
         self._tasks = []
         if self.inflight.on_local_change == self.notify:
             self.inflight.on_local_change = None

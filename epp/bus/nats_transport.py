@@ -28,6 +28,7 @@ from collections import Counter, deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from epp.aio import cancel_all
 from epp.bus.transport import Deliver
 from epp.natsconn import NatsTarget, connect
 
@@ -186,11 +187,7 @@ class NatsTransport:
         pass
 
     async def stop(self) -> None:
-        for t in self._tasks:
-            t.cancel()
-        for t in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await t
+        await cancel_all(self._tasks)
         self._tasks = []
         self._deliver = None
         nc, self._nc = self._nc, None

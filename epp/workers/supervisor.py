@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
+from epp.aio import cancel_all
 from epp.workers.control import control_socket
 
 if TYPE_CHECKING:
@@ -265,11 +266,7 @@ class Supervisor:
                 with contextlib.suppress(ProcessLookupError):
                     w.proc.kill()
                 await w.proc.wait()
-        for t in self._tasks:
-            t.cancel()
-        for t in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await t
+        await cancel_all(self._tasks)
         for w in self.workers:
             if w.session is not None:
                 await w.session.close()
