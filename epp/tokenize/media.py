@@ -124,14 +124,19 @@ def holds_media(value: object) -> bool:
     structure, not the text: a walk over the body's lists and dicts, which never reads a string, so a long text-only
     prompt costs nothing here (a substring search over 256 KB of it costs about 140 µs, `mask_media` three)."""
     stack: list[object] = [value]
+    push, pop = stack.append, stack.pop
     while stack:
-        v = stack.pop()
+        v = pop()
         if isinstance(v, dict):
             if v.get("type") in _REFS:
                 return True
-            stack.extend(x for x in v.values() if isinstance(x, (dict, list)))
+            for x in v.values():
+                if isinstance(x, (dict, list)):
+                    push(x)
         elif isinstance(v, list):
-            stack.extend(x for x in v if isinstance(x, (dict, list)))
+            for x in v:
+                if isinstance(x, (dict, list)):
+                    push(x)
     return False
 
 
