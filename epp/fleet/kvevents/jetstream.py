@@ -249,15 +249,7 @@ class JetStreamKVSubscriber:
             log.warning("KV events: dropped a NATS message on %s: %s", msg.subject, e)
             return
         rk = self._rank(env.endpoint, env.rank, msg.subject)
-        try:
-            gap = rk.handle(env.frames)
-            if gap is not None:
-                await self.replays.fill_gap(rk, gap)
-        except asyncio.CancelledError:
-            raise
-        except Exception:  # never let one message end the stream
-            self.metrics.errors.inc()
-            log.exception("KV events from %s rank %d: unexpected error", rk.key, rk.rank)
+        await self.replays.receive(rk, env.frames)
 
     def _rank(self, key: str, rank: int, subject: str) -> RankStream:
         ranks = self._ranks.setdefault(key, {})

@@ -30,6 +30,19 @@ class ReplayRequester:
         self.applier = applier
         self.timeout = timeout
 
+    async def receive(self, rk: RankStream, frames: list[bytes]) -> None:
+        """One message of `rk`'s through its sequence rules, a gap filled from the replay. An unexpected error is
+        counted and logged, never raised: one message never ends a subscription (ZMQ's or the NATS stream's)."""
+        try:
+            gap = rk.handle(frames)
+            if gap is not None:
+                await self.fill_gap(rk, gap)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            self.applier.metrics.errors.inc()
+            log.exception("KV events from %s rank %d: unexpected error", rk.key, rk.rank)
+
     async def catch_up(self, rk: RankStream) -> None:
         """Nothing arrived yet: learn the retained history from the replay socket."""
         ap, rs = self.applier, rk.status

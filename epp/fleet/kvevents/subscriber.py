@@ -169,15 +169,7 @@ class KVEventSubscriber:
                     return  # the socket was closed
             handled = 0
             while True:
-                try:
-                    gap = rk.handle(frames)
-                    if gap is not None:
-                        await self.replays.fill_gap(rk, gap)
-                except asyncio.CancelledError:
-                    raise
-                except Exception:  # never let one message kill the subscription
-                    self.metrics.errors.inc()
-                    log.exception("KV events from %s rank %d: unexpected error", rk.key, rk.rank)
+                await self.replays.receive(rk, frames)
                 handled += 1
                 if handled >= MAX_DRAIN:
                     await asyncio.sleep(0)
