@@ -248,17 +248,6 @@ async def test_routing_never_waits_for_a_hung_broker(server):
 
 # ---- real `epp serve` Apps over NATS ---------------------------------------------------------------------------
 
-@pytest.fixture
-async def fleet():
-    from tests.support.backend import EchoFleet
-
-    ports = [free_port() for _ in range(3)]
-    f = EchoFleet(ports)
-    await f.start()
-    yield ports
-    await f.stop()
-
-
 def app_replica(tmp_path, name: str, fleet: list[int], url: str, *extra: str) -> Replica:
     return Replica(tmp_path, name, fleet, free_port(), [], "--bus-url", url, "--config-text", PREFIX_CONFIG, *extra)
 

@@ -107,15 +107,6 @@ class Replica:
 
 
 @pytest.fixture
-async def fleet():
-    ports = [free_port() for _ in range(3)]
-    f = EchoFleet(ports)
-    await f.start()
-    yield ports
-    await f.stop()
-
-
-@pytest.fixture
 async def pair(tmp_path, fleet):
     pa, pb = free_port(), free_port()
     peers = [f"127.0.0.1:{pa}", f"127.0.0.1:{pb}"]
