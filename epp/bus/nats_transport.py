@@ -99,8 +99,8 @@ class NatsTransport:
         first = True
         while self._nc is None:
             try:
-                nc = await connect(self.target, name=f"pointsman-bus {self.name}", no_echo=True, allow_reconnect=True,
-                                   max_reconnect_attempts=-1, reconnect_time_wait=RECONNECT_WAIT_S,
+                nc = await connect(self.target, name=f"pointsman-bus {self.name}", no_echo=True,
+                                   reconnect_time_wait=RECONNECT_WAIT_S,
                                    connect_timeout=2, ping_interval=5, max_outstanding_pings=2,
                                    error_cb=self._error, disconnected_cb=self._disconnected,
                                    reconnected_cb=self._reconnected)
