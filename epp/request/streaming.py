@@ -89,7 +89,9 @@ class StreamingBody:
 
     def head_text(self) -> str:
         """The prompt's first part as far as it has arrived, media masked as in the whole prompt (a payload still
-        arriving is left out), so it is a prefix of the prompt `finish` gives."""
+        arriving is left out), so it is a prefix of the prompt `finish` gives. One exception: the whole prompt of a
+        body without a media part is never masked (`holds_media`), while the head, whose structure has not been
+        parsed, masks a long data-URL string it finds even in such a body."""
         text = "".join(self.stream.members.head_parts)
         return mask_media(text, partial=True) if self.kind in MEDIA_KINDS else text
 
