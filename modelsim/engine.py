@@ -199,6 +199,11 @@ class Engine:
         """Cached prefix length, in tokens, a request with these tokens would get now (no side effects)."""
         return self.kv.match(self._hashes(tokens, lora, mm)) * self.cfg.block_size
 
+    def kv_chain(self, tokens: Sequence[int], lora: str | None = None) -> list[int]:
+        """The block hashes of every full block of `tokens` (as this engine caches them)."""
+        n = len(tokens) // self.cfg.block_size * self.cfg.block_size
+        return block_hashes(tokens[:n], self.cfg.block_size, lora) if self.cfg.enable_prefix_caching else []
+
     def active_loras(self) -> list[str]:
         return sorted({s.req.lora for s in self.running if s.req.lora})
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from array import array
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import xxhash
@@ -108,6 +108,10 @@ class KVCache:
 
     def contains(self, h: int) -> bool:
         return h in self._blocks
+
+    def lru_order(self) -> Iterator[int]:
+        """The evictable blocks' hashes, the next to be evicted first (for benchmarks that study eviction)."""
+        return iter(self._lru)
 
     # ---- lookups ----------------------------------------------------------------------------------
     def match(self, hashes: Sequence[int]) -> int:
