@@ -111,7 +111,7 @@ class Sim:
                     self.index.clear(ep.key, 0)
 
 
-def _sim(servers: int, kv_blocks: int, scrape_interval: float, watched: frozenset[int] = frozenset()) -> Sim:
+def make_sim(servers: int, kv_blocks: int, scrape_interval: float, watched: frozenset[int] = frozenset()) -> Sim:
     engines = [Engine(EngineConfig(kv_cache_size=kv_blocks)) for _ in range(servers)]
     eps = [Endpoint(f"10.0.0.{i + 1}:8000", f"10.0.0.{i + 1}", 8000, name=f"sim-{i}") for i in range(servers)]
     sim = Sim(engines, eps, scrape_interval, watched=watched)
@@ -334,7 +334,7 @@ def main(argv: list[str] | None = None) -> int:
         for seed in (int(s) for s in args.seeds.split(",")):
             the_plan, system, blocks = plan(args.servers, qps, args.duration, args.outside_fraction, seed)
             for name, cfg, params in policies:
-                sim = _sim(args.servers, args.kv_cache_size, args.scrape_interval, blocks)
+                sim = make_sim(args.servers, args.kv_cache_size, args.scrape_interval, blocks)
                 router = Router(name, cfg, sim, seed, params)
                 reqs = Replay(router, sim, system).run(the_plan)
                 print(report(f"{name} ({qps:g}, {seed})", reqs, system, sim.last_copies), flush=True)

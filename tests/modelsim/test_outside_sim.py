@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import pytest
 
-from bench.routing.outside_sim import Replay, Router, _sim, main, parse_policy, plan, report
+from bench.routing.outside_sim import Replay, Router, main, make_sim, parse_policy, plan, report
+from modelsim.config import EngineConfig
+from modelsim.engine import Engine, SimRequest
 
 
 def _replay(policy: str, outside: float = 0.3, seed: int = 0, params: dict[str, object] | None = None):
     the_plan, system, blocks = plan(2, 8.0, 6.0, outside, seed)
-    sim = _sim(2, 512, 0.05, blocks)
+    sim = make_sim(2, 512, 0.05, blocks)
     reqs = Replay(Router(policy, None, sim, seed, params), sim, system).run(the_plan)
     return the_plan, system, sim, reqs
 
@@ -59,3 +61,21 @@ def test_policies_parse_with_clear_errors(capsys):
                  "--policy", "oracle", "--policy", "kv:evictionWeight=2"]) == 0
     out = capsys.readouterr().out
     assert "| oracle (4, 0) |" in out and "| kv (4, 0) |" in out
+
+
+def _finish(engine: Engine, tokens: list[int], rid: str) -> None:
+    engine.submit(SimRequest(rid, tokens, 2), 0.0)
+    while (t := engine.next_event_time()) is not None:
+        engine.advance(t)
+
+
+def test_the_engine_shows_its_block_chain_and_eviction_order():
+    engine = Engine(EngineConfig(kv_cache_size=64))
+    a, b = list(range(1, 50)), list(range(100, 149))
+    _finish(engine, a, "a")
+    _finish(engine, b, "b")
+    chain_a, chain_b = engine.kv_chain(a), engine.kv_chain(b)
+    assert len(chain_a) == 3 and engine.probe(a) == 48  # the full blocks the engine caches and a request would hit
+    assert all(engine.kv.contains(h) for h in chain_a + chain_b)
+    # a request's blocks are released tail first, so the oldest request's tail is the next to go
+    assert list(engine.kv.lru_order()) == chain_a[::-1] + chain_b[::-1]
