@@ -35,8 +35,8 @@ from modelsim.config import EngineConfig
 from modelsim.engine import Engine, Seq, SimRequest
 from modelsim.oracle import predicted_cost
 from modelsim.tokenizer import encode, prompt_text
-from scheduling.api import InflightLoad, Scheduler, SchedulingContext, SchedulingResult
-from scheduling.config import load_scheduler
+from scheduling.api import InflightLoad, SchedulingContext, SchedulingResult
+from scheduling.config import ModelScheduler, load_scheduler
 from scheduling.prefix.precise import PreciseIndex
 from scheduling.prefix.precise_data import PRECISE_INDEX
 from scheduling.types import Endpoint, LLMRequest, Metrics
@@ -121,6 +121,7 @@ def make_sim(servers: int, kv_blocks: int, scrape_interval: float, watched: froz
 
 
 ORACLES = ("oracle", "oracle-victims")
+Handle = tuple[SchedulingContext, SchedulingResult] | None  # a routed request's decision, for its end
 
 
 class Router:
@@ -130,7 +131,7 @@ class Router:
                  params: dict[str, object] | None = None) -> None:
         self.oracle = policy if policy in ORACLES else None
         self.sim = sim
-        self.scheduler: Scheduler | None = None
+        self.scheduler: ModelScheduler | None = None
         if self.oracle is None:
             doc = yaml.safe_load(Path(config or PROFILE).read_text())
             if config is None:
@@ -143,7 +144,7 @@ class Router:
         if self.scheduler is not None:
             self.scheduler.engine_metrics(endpoints, now)
 
-    def pick(self, req: LLMRequest, tokens: list[int], now: float) -> tuple[int, object]:
+    def pick(self, req: LLMRequest, tokens: list[int], now: float) -> tuple[int, Handle]:
         sim = self.sim
         if self.scheduler is None:
             price = victims_cost if self.oracle == "oracle-victims" else _oracle_cost
@@ -156,11 +157,10 @@ class Router:
         self.scheduler.pre_request(ctx, result)
         return [e.key for e in cands].index(result.primary.key), (ctx, result)
 
-    def finished(self, handle: object, now: float) -> None:
+    def finished(self, handle: Handle, now: float) -> None:
         if self.scheduler is None or handle is None:
             return
-        ctx, result = handle  # type: ignore[misc]
-        assert isinstance(ctx, SchedulingContext) and isinstance(result, SchedulingResult)
+        ctx, result = handle
         ctx.now = now
         self.scheduler.response_complete(ctx, result)
 
@@ -196,7 +196,7 @@ class Replay:
     def __init__(self, router: Router, sim: Sim, system_tokens: int) -> None:
         self.router, self.sim = router, sim
         self.system_tokens = system_tokens  # a group's system prompt, in whole blocks of tokens
-        self.live: dict[int, tuple[Req, object]] = {}
+        self.live: dict[int, tuple[Req, Handle]] = {}
         self.reqs: list[Req] = []
 
     def run(self, plan: list[tuple[float, Planned, bool, int]]) -> list[Req]:
@@ -230,7 +230,7 @@ class Replay:
         head = tokens[: self.system_tokens]
         where = tuple(k for k, g in enumerate(sim.engines) if g.probe(head + [0]) >= self.system_tokens)
         r = Req(i, p.group, outside < 0, measured, cached_where=where)
-        handle: object = None
+        handle: Handle = None
         if outside >= 0:
             r.server = outside
         else:
