@@ -8,14 +8,21 @@ OTLP/gRPC collector (bench/otlp_sink.py) and flush inside their measurement, so 
 theirs. CPU is the process's (every thread), per request; cases interleave round by round and medians are printed
 with the ratio to `off`. The wire (gRPC, HTTP/2, Envoy) is not in it: bench/bench_extproc.py measures that.
 
+With `--tree LABEL=PATH` (repeatable) it compares checkouts instead of cases: the `off` case of each tree (its own
+`epp`, this script's driver) in a worker process of its own kept for the whole run, the trees taking turns in short
+rounds, the order rotating, so that a machine shared with other work loads them alike. The per-request cost of a
+small request before and after a change (docs/performance.md, "The small request's fixed cost") comes from it.
+
     .venv/bin/python bench/bench_observe.py --rounds 7 --requests 3000
     .venv/bin/python bench/bench_observe.py --case "trace 1%" --case "trace 100%"    # only these (and off)
+    .venv/bin/python bench/bench_observe.py --rounds 60 --requests 1000 --tree before=/tmp/before --tree after=.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import os
 import statistics
 import subprocess
@@ -25,7 +32,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+WORKER = "--serve-tree"  # a worker of --tree: the checkout it imports Pointsman from
+TREE = Path(sys.argv[sys.argv.index(WORKER) + 1]).resolve() if WORKER in sys.argv[:-1] else ROOT
+sys.path.insert(0, str(TREE))
 
 import orjson  # noqa: E402
 
@@ -77,16 +86,87 @@ async def measure(app: App, n: int) -> float:
     return (time.process_time() - t0) / n
 
 
+def serve_settings(eps: Path, flags: list[str]) -> ServeSettings:
+    return ServeSettings.from_argv(["--grpc-host", "127.0.0.1", "--grpc-port", str(free_port()), "--grpc-health-port",
+                                    "0", "--metrics-port", "0", "--endpoints-file", str(eps), "--seed", "1",
+                                    "--passive-health", "false", *flags])
+
+
+def endpoints_file() -> Path:
+    eps = Path(tempfile.mkdtemp(prefix="bench-observe-")) / "eps.yaml"
+    eps.write_text("pools:\n- name: p\n  endpoints:\n  - {address: 127.0.0.1, port: 9}\n")
+    return eps
+
+
+async def serve_tree() -> int:
+    """A --tree worker: the `off` App of TREE; each line N on stdin -> its process CPU µs per request of N requests."""
+    import epp
+
+    if not Path(epp.__file__).resolve().is_relative_to(TREE):
+        raise SystemExit(f"{TREE} does not hold the epp package this worker imported ({epp.__file__})")
+    logging.disable(logging.WARNING)  # the endpoint's failed scrapes
+    app = App(serve_settings(endpoints_file(), []))
+    await app.start()
+    await drive(app, 500)  # warm up
+    print("ready", flush=True)
+    loop = asyncio.get_running_loop()
+    try:
+        while line := (await loop.run_in_executor(None, sys.stdin.readline)).strip():
+            print(f"{await measure(app, int(line)) * 1e6:.3f}", flush=True)
+    finally:
+        await app.stop(0)
+    return 0
+
+
+def compare_trees(trees: list[str], rounds: int, n: int) -> int:
+    """The `off` case of each checkout, interleaved (see the module docstring)."""
+    workers: dict[str, subprocess.Popen[str]] = {}
+    for spec in trees:
+        label, _, path = spec.rpartition("=")
+        workers[label or path] = subprocess.Popen([sys.executable, __file__, WORKER, path], stdin=subprocess.PIPE,
+                                                  stdout=subprocess.PIPE, text=True)
+    times: dict[str, list[float]] = {k: [] for k in workers}
+    load = os.getloadavg()[0]
+    try:
+        for w in workers.values():
+            if w.stdout is None or w.stdout.readline().strip() != "ready":
+                raise SystemExit("a tree's worker did not start")
+        names = list(workers)
+        for r in range(rounds):
+            for name in names[r % len(names):] + names[:r % len(names)]:
+                w = workers[name]
+                assert w.stdin is not None and w.stdout is not None
+                w.stdin.write(f"{n}\n")
+                w.stdin.flush()
+                times[name].append(float(w.stdout.readline()))
+    finally:
+        for w in workers.values():
+            w.communicate("\n", timeout=30)
+    base = statistics.median(times[names[0]])
+    print(f"{rounds} interleaved rounds x {n} requests per tree, the `off` case; process CPU µs per request; load "
+          f"average {load:.1f} before, {os.getloadavg()[0]:.1f} after\n")
+    print(f"| tree | median | p25 | min | vs {names[0]} |\n|---|---|---|---|---|")
+    for name, ts in times.items():
+        med = statistics.median(ts)
+        print(f"| {name} | {med:.1f} | {statistics.quantiles(ts, n=4)[0]:.1f} | {min(ts):.1f} | {med / base:.3f} |")
+    return 0
+
+
 async def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--requests", type=int, default=3000, help="requests per case per round")
     ap.add_argument("--case", action="append", default=[], help="only these cases (repeatable; `off` is always in)")
+    ap.add_argument("--tree", action="append", default=[], metavar="LABEL=PATH",
+                    help="compare these checkouts' `off` case instead (repeatable; the first is the reference)")
+    ap.add_argument(WORKER, metavar="PATH", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.serve_tree:
+        return await serve_tree()
+    if args.tree:
+        return compare_trees(args.tree, args.rounds, args.requests)
     os.environ.setdefault("OTEL_BSP_SCHEDULE_DELAY", "50")
-    tmp = Path(tempfile.mkdtemp(prefix="bench-observe-"))
-    eps = tmp / "eps.yaml"
-    eps.write_text("pools:\n- name: p\n  endpoints:\n  - {address: 127.0.0.1, port: 9}\n")
+    eps = endpoints_file()
     port = free_port()
     sink = subprocess.Popen([sys.executable, str(ROOT / "bench" / "otlp_sink.py"), "--port", str(port)],
                             stdout=subprocess.DEVNULL)
@@ -96,10 +176,7 @@ async def main() -> int:
         for name, flags in cases(f"http://127.0.0.1:{port}").items():
             if args.case and name != "off" and name not in args.case:
                 continue
-            settings = ServeSettings.from_argv(["--grpc-host", "127.0.0.1", "--grpc-port", str(free_port()),
-                                                "--grpc-health-port", "0", "--metrics-port", "0", "--endpoints-file",
-                                                str(eps), "--seed", "1", "--passive-health", "false", *flags])
-            apps[name] = app = App(settings)
+            apps[name] = app = App(serve_settings(eps, flags))
             await app.start()
             await drive(app, 500)  # warm up
         times: dict[str, list[float]] = {k: [] for k in apps}

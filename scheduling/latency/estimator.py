@@ -18,6 +18,7 @@ from scheduling.latency.backlog import SharedBacklog
 from scheduling.latency.config import ModelConfig
 from scheduling.latency.learner import Chosen, Learner
 from scheduling.latency.pool import PoolCosts
+from scheduling.latency.small_pool import SMALL_POOL, SmallPool
 from scheduling.latency.table import EngineTimingTable
 from scheduling.latency.trust import TrustTable, TrustView
 from scheduling.types import Endpoint
@@ -73,6 +74,7 @@ class LatencyModel:
         self.learner = Learner(c, self.timings)
         self.trust = TrustTable(window=c.trust_window, agree=c.trust_agreement, floor=c.trust_floor)
         self.pool = PoolCosts(c, self.slow, self.backlog, self.learner, self.timings, self.trust)
+        self.small = SmallPool(c, self.slow, self.backlog, self.learner, self.timings, self.trust)
         self.picks = 0
 
     # ---- the scoring pass ----------------------------------------------------------------------------------
@@ -80,8 +82,12 @@ class LatencyModel:
               inflight: Mapping[str, InflightLoad], now: float, out_tokens: int, room: Mapping[str, int | float],
               default_room: int | float, warm: Mapping[str, float], warm_weight: float,
               low: Mapping[str, int | float] | None = None) -> tuple[list[float], list[int]]:
-        """cost(e) and n(e) per candidate: flat passes over the pool's arrays, the exceptions (a backlog, a predicted
-        hit, an eviction) one by one (`PoolCosts`, pool.py; `low`: the room entries below `LOW_ROOM`, if known)."""
+        """cost(e) and n(e) per candidate: for a small pool endpoint by endpoint (`SmallPool`, small_pool.py); for
+        a larger one flat passes over the pool's arrays, the exceptions (a backlog, a predicted hit, an eviction) one
+        by one (`PoolCosts`, pool.py; `low`: the room entries below `LOW_ROOM`, if known)."""
+        if len(candidates) <= SMALL_POOL:
+            return self.small.costs(tokens, cached, candidates, inflight, now, out_tokens, room, default_room, warm,
+                                    warm_weight)
         return self.pool.costs(tokens, cached, candidates, inflight, now, out_tokens, room, default_room, warm,
                                warm_weight, low)
 

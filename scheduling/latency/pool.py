@@ -1,5 +1,6 @@
 """The scoring pass over a pool (`LatencyModel.costs`): cost(e) for every candidate as flat passes over per-pool
-arrays, the formula of scheduling/plugins/scorers/estimated_latency.py operation for operation.
+arrays, the formula of scheduling/plugins/scorers/estimated_latency.py operation for operation. A pool of at most
+SMALL_POOL candidates does not come here: one loop prices it (small_pool.py).
 
 What does not change between requests is kept per candidate list (a `PoolPlan`: the endpoints' keys, their fresh
 load, each key's position), and per plan what the learnt timings make of each endpoint (k(e) on the reference

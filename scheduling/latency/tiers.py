@@ -56,4 +56,6 @@ def relative(costs: list[float]) -> list[float]:
     best = min(costs)
     if best <= 0.0:
         return [1.0 if c <= 0.0 else 0.0 for c in costs]
+    if len(costs) <= 16:  # a short list: the comprehension (setting up the C-level map costs more than it saves)
+        return [best / c for c in costs]
     return list(map(truediv, repeat(best), costs))

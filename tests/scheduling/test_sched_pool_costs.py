@@ -1,13 +1,15 @@
 """The scoring pass over a pool (scheduling/latency/pool.py: flat passes over per-pool arrays, the whole formula only
-for the exceptions) against the formula evaluated endpoint by endpoint, kept here as the reference.
+for the exceptions; small_pool.py for a small pool: one loop) against the formula evaluated endpoint by endpoint, kept
+here as the reference.
 
-The states are seeded and varied: pools of 8, 64 and 512 endpoints (a key listed twice, stale metrics, loads past
-the batch), endpoints on the reference timings, on their own fitted timings (two scrapes of the engine's
-histograms) and on the fitted endpoints' mean, calibrated and not, backlogs, predicted hits with and without the
-prefix trust's belief, requests in flight, endpoints short of room (eviction, a waiting session's context). The
-model's state moves between requests (picks, finished requests, scrapes, an endpoint's new metrics, an endpoint
-forgotten) so that what the pass keeps per pool must follow. Costs and n(e) must be equal, not close; and the
-built-in default profile must make the same decisions with the reference in place of the pass.
+The states are seeded and varied: pools of 1 to 512 endpoints (on both sides of SMALL_POOL, up to which the pass
+prices endpoint by endpoint; a key listed twice, stale metrics, loads past the batch), endpoints on the reference
+timings, on their own fitted timings (two scrapes of the engine's histograms) and on the fitted endpoints' mean,
+calibrated and not, backlogs, predicted hits with and without the prefix trust's belief, requests in flight,
+endpoints short of room (eviction, a waiting session's context). The model's state moves between requests (picks,
+finished requests, scrapes, an endpoint's new metrics, an endpoint forgotten) so that what the pass keeps per pool
+must follow. Costs and n(e) must be equal, not close; and the built-in default profile must make the same decisions
+with the reference in place of the pass.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import pytest
 from scheduling.api import NO_LOAD, InflightLoad, SchedulingContext
 from scheduling.config import load_scheduler
 from scheduling.latency import LatencyModel, ModelConfig, Timings
+from scheduling.latency.small_pool import SMALL_POOL
 from scheduling.prefix.index import LOW_ROOM, PrefixIndex
 from scheduling.types import Endpoint, EngineTotals, LLMRequest, Metrics
 
@@ -143,7 +146,7 @@ class Scenario:
             model.forget(self.eps[rnd.randrange(len(self.eps))].key)
 
 
-@pytest.mark.parametrize("n", [8, 64, 512])
+@pytest.mark.parametrize("n", [1, 8, SMALL_POOL, SMALL_POOL + 1, 64, 512])
 @pytest.mark.parametrize("seed", range(6))
 def test_the_pass_equals_the_formula_endpoint_by_endpoint(n: int, seed: int) -> None:
     sc = Scenario(n, seed * 1000 + n)

@@ -9,7 +9,7 @@ import random
 import orjson
 import pytest
 
-from epp.request.parsing import parse_body
+from epp.request.parsing import SHORT_PROMPT, parse_body
 from epp.request.streaming import StreamingBody
 from epp.tokenize import holds_media, mask_media, media_marker, media_ref, tokenize_input
 from epp.tokenize.media import INLINE_MIN, MEDIA_TOKENS, identity
@@ -153,6 +153,25 @@ def test_a_text_only_body_is_not_searched_for_payloads() -> None:
         "url": data_url(4)}}, "and this?")["messages"][-1]]}
     assert holds_media(with_image)
     assert b64(4, 30_000) not in parse_body(ApiKind.CHAT, orjson.dumps(with_image)).prompt  # masked
+
+
+def test_the_prompt_is_masked_exactly_when_the_body_holds_media_short_or_long() -> None:
+    """parse_body skips the media walk for a short prompt without "data" (mask_media would leave it as it is): the
+    prompt is still the walk's answer, masked when the body holds media and as it is otherwise."""
+    image = {"type": "image_url", "image_url": {"url": data_url(5, 240)}}  # a short payload, still masked
+    linked = {"type": "image_url", "image_url": {"url": "https://x/cat.png"}}  # media, but nothing to mask
+    quoted = f'see "{data_url(6, 240)}"'
+    short = {"model": "m", "messages": [{"role": "user", "content": [{"type": "text", "text": "what?"}, image]}]}
+    bodies = [short, chat(linked, "and this?"), chat(linked, "data " * 400),
+              chat(image, "x" * 2_000), {"model": "m", "messages": [{"role": "user", "content": quoted}]},
+              {"model": "m", "messages": [{"role": "user", "content": "How far is the moon?"}]}]
+    for body in bodies:
+        whole = parse_body(ApiKind.CHAT, orjson.dumps(body)).prompt
+        text = orjson.dumps(body["messages"]).decode()
+        assert whole == (mask_media(text) if holds_media(body) else text)
+    assert len(orjson.dumps(short["messages"])) < SHORT_PROMPT  # the short path, and its payload is masked:
+    assert b64(5, 240) not in parse_body(ApiKind.CHAT, orjson.dumps(bodies[0])).prompt
+    assert b64(6, 240) in parse_body(ApiKind.CHAT, orjson.dumps(bodies[4])).prompt
 
 
 @pytest.mark.parametrize("chunk", [1000, 16_384])
