@@ -57,9 +57,9 @@ class BodyReader(Protocol):
     """What an exchange that reads the request body as it streams in offers (optional: the machine uses it when
     the exchange has `request_chunk`). Such an exchange is given `body=None` by `decide`: it read the body itself."""
 
-    def request_chunk(self, headers: Mapping[str, str], data: bytes, end_of_stream: bool) -> bool:
+    def request_chunk(self, headers: Mapping[str, str], data: bytes | memoryview, end_of_stream: bool) -> bool:
         """One request body chunk, before the decision (`end_of_stream` also when trailers end the body, with an
-        empty chunk). True: the decision can be made now, before the body ends (an early decision)."""
+        empty chunk); a chunk read from the wire is a view of its message, valid as long as it is kept. True: the decision can be made now, before the body ends (an early decision)."""
         ...
 
 

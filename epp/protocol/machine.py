@@ -172,7 +172,7 @@ class RequestMachine:
     def collect(self, data: bytes | memoryview, end_of_stream: bool = False) -> bool | None:
         """Keep a body chunk (and show it to a reading exchange); None when the body grew past max_body_bytes,
         else whether the exchange can decide now (always False on the last chunk). A chunk read from the wire (a
-        view of its message) is kept as a view: the exchange gets it as bytes."""
+        view of its message) is kept, and shown to the exchange, as a view: not copied."""
         self.body_messages += 1
         self._size += len(data)
         if self._size > self.max_body_bytes:
@@ -182,8 +182,6 @@ class RequestMachine:
         reader = self.reader
         if reader is None or not self.policy.streams or self.phase is not Phase.BODY:
             return False
-        if data.__class__ is memoryview:
-            data = bytes(data)
         return bool(reader(self.headers, data, end_of_stream)) and not end_of_stream
 
     def body_ended_by_trailers(self) -> None:

@@ -114,7 +114,7 @@ class Intake:
         self.early: str | None = None
         self.ended = False  # the reader has the whole body
 
-    def chunk(self, d: Director, headers: Mapping[str, str], data: bytes, end_of_stream: bool) -> bool:
+    def chunk(self, d: Director, headers: Mapping[str, str], data: bytes | memoryview, end_of_stream: bool) -> bool:
         """Read one chunk; True when the decision can be made now, before the body ends."""
         reader = self.reader
         if reader is None:

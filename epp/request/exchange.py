@@ -108,7 +108,7 @@ class RequestExchange:
         return self.reply.scanner
 
     # ---- the body as it streams in (epp.protocol.contract.BodyReader) -----------------------------------------
-    def request_chunk(self, headers: Mapping[str, str], data: bytes, end_of_stream: bool) -> bool:
+    def request_chunk(self, headers: Mapping[str, str], data: bytes | memoryview, end_of_stream: bool) -> bool:
         """Read one chunk; True when the decision can be made now, before the body ends."""
         if self.intake is None:
             self.intake = Intake()
