@@ -47,7 +47,7 @@ class Decision(NamedTuple):
     header reply, body mode NONE, a partial BUFFERED_PARTIAL buffer); b"" when the request has no body."""
 
     headers: Mapping[str, str]
-    body: bytes | None
+    body: bytes | memoryview | None  # a body read from the wire: a view of its message
     metadata: Mapping[str, Mapping[str, object]]
     at_headers: bool  # the reply goes on the request headers (else the body policy shapes it)
     early: bool = False  # made before the body ended (Phase.EARLY): the exchange saw the chunks so far
@@ -67,7 +67,7 @@ class Exchange(Protocol):
     """The per-request callbacks; implemented by the director (epp.request.director.RequestExchange)."""
 
     def decide(
-        self, headers: Mapping[str, str], body: bytes | None, metadata: Mapping[str, Mapping[str, object]]
+        self, headers: Mapping[str, str], body: bytes | memoryview | None, metadata: Mapping[str, Mapping[str, object]]
     ) -> Outcome | Awaitable[Outcome]:
         """Decide for a request (see `Decision` for `body`). Called at most once per stream, by the driver.
 

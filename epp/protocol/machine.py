@@ -162,7 +162,7 @@ class RequestMachine:
         return replies
 
     # ---- what the policies use -----------------------------------------------------------------------------------
-    def request_decision(self, body: bytes | None, *, at_headers: bool, early: bool = False) -> Replies:
+    def request_decision(self, body: bytes | memoryview | None, *, at_headers: bool, early: bool = False) -> Replies:
         self.decision = Decision(self.headers, body, self.metadata, at_headers, early)
         if early:
             self.early_at, self.echo_at = self.body_messages, len(self.echo)
@@ -188,13 +188,14 @@ class RequestMachine:
         if self.reader is not None and self.policy.streams and self.phase is Phase.BODY:
             self.reader(self.headers, b"", True)
 
-    def take_body(self) -> bytes | None:
-        """The body collected so far; None when a reading exchange has read it (the streaming modes)."""
+    def take_body(self) -> bytes | memoryview | None:
+        """The body collected so far; None when a reading exchange has read it (the streaming modes). A body that
+        came in one message read from the wire is that message's view, not a copy."""
         chunks = self._chunks
         self._chunks = []
         if self.reader is not None and self.policy.streams:
             return None
-        return chunks[0] if len(chunks) == 1 and chunks[0].__class__ is bytes else b"".join(chunks)
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
     def end(self, *, trailers: bool) -> None:
         if trailers:

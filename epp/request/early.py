@@ -130,7 +130,8 @@ class Intake:
             self.early = None
         return self.early is not None
 
-    def body(self, headers: Mapping[str, str], body: bytes | None) -> tuple[bytes | StreamingBody | None, int]:
+    def body(self, headers: Mapping[str, str], body: bytes | memoryview | None
+             ) -> tuple[bytes | memoryview | StreamingBody | None, int]:
         """What the decision reads (the body read as it streamed in, or the one Envoy sent whole) and its size."""
         reader = self.reader
         if body is None and reader is not None:
