@@ -86,3 +86,25 @@ async def test_other_transports_write_as_before() -> None:
     assert os.read(r, 10) == b"abcde"
     transport.close()
     os.close(r)
+
+
+@pytest.mark.skipif(sys.version_info >= (3, 12), reason="3.12's writelines sends the pieces itself")
+async def test_a_socket_the_peer_closed_is_left_to_the_transport() -> None:
+    """writev's error is not raised here: the transport's own send meets it and closes the connection."""
+    loop = asyncio.get_running_loop()
+    a, b = socket.socketpair()
+    lost = loop.create_future()
+
+    class _Watch(asyncio.Protocol):
+        def connection_lost(self, exc: Exception | None) -> None:
+            if not lost.done():
+                lost.set_result(exc)
+
+    transport, _ = await loop.create_connection(_Watch, sock=a)
+    b.close()
+    fd = direct_fd(transport)
+    for _ in range(3):  # the first write may still be taken before the reset is seen
+        write_pieces(transport, fd, _pieces(100_000))
+        await asyncio.sleep(0)
+    await asyncio.wait_for(lost, 5)
+    assert transport.is_closing()
