@@ -59,7 +59,8 @@ class BodyReader(Protocol):
 
     def request_chunk(self, headers: Mapping[str, str], data: bytes | memoryview, end_of_stream: bool) -> bool:
         """One request body chunk, before the decision (`end_of_stream` also when trailers end the body, with an
-        empty chunk); a chunk read from the wire is a view of its message, valid as long as it is kept. True: the decision can be made now, before the body ends (an early decision)."""
+        empty chunk); a chunk read from the wire is a view of its message, valid as long as it is kept. True: the
+        decision can be made now, before the body ends (an early decision)."""
         ...
 
 
@@ -67,7 +68,8 @@ class Exchange(Protocol):
     """The per-request callbacks; implemented by the director (epp.request.director.RequestExchange)."""
 
     def decide(
-        self, headers: Mapping[str, str], body: bytes | memoryview | None, metadata: Mapping[str, Mapping[str, object]]
+        self, headers: Mapping[str, str], body: bytes | memoryview | None,
+        metadata: Mapping[str, Mapping[str, object]],
     ) -> Outcome | Awaitable[Outcome]:
         """Decide for a request (see `Decision` for `body`). Called at most once per stream, by the driver.
 
