@@ -43,6 +43,7 @@ from epp.h2grpc.headers import HeaderAssembly
 from epp.h2grpc.inbound import Inbound
 from epp.h2grpc.outbound import Outbound
 from epp.h2grpc.reader import FrameReader
+from epp.h2grpc.sockwrite import direct_fd
 from epp.h2grpc.streamtable import StreamTable
 from epp.h2grpc.windows import ReceiveWindows
 
@@ -107,6 +108,7 @@ class Connection(asyncio.BufferedProtocol):
     # ---- asyncio.Protocol ------------------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.out.transport = t = cast(asyncio.Transport, transport)  # uvloop's transports are not asyncio classes
+        self.out.fd = direct_fd(t)
         self.peer = _peer(transport)
         lim = self.limits
         if not self.server.admit(self):

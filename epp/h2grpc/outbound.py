@@ -27,6 +27,7 @@ from epp.h2grpc.frames import (
     RESPONSE_HEADERS,
     H2Error,
 )
+from epp.h2grpc.sockwrite import write_pieces
 
 if TYPE_CHECKING:
     from epp.h2grpc.budget import Budget
@@ -40,7 +41,7 @@ _RESPONSE_HEADERS_LEN = len(RESPONSE_HEADERS)
 
 
 class Outbound:
-    __slots__ = ("server", "loop", "budget", "table", "windows", "transport", "frames", "receiving",
+    __slots__ = ("server", "loop", "budget", "table", "windows", "transport", "fd", "frames", "receiving",
                  "_flush_scheduled", "paused", "_drained", "peer_initial", "send_window", "max_frame", "_waiting_conn",
                  "_waiting_stream", "out_pending")
 
@@ -51,6 +52,7 @@ class Outbound:
         self.table: StreamTable  # `wire`: where a stream goes once our side is done
         self.windows: ReceiveWindows  # `wire`: the receive windows, given back at each flush
         self.transport: asyncio.Transport | None = None  # set by the connection while it is open
+        self.fd = -1  # the socket, when flushes write their pieces to it directly (sockwrite.py)
         self.frames: list[bytes | memoryview] = []  # what the next flush writes
         self.receiving = False  # a read is being handled: it flushes at its end
         self._flush_scheduled = False
@@ -274,11 +276,12 @@ class Outbound:
         if out:
             self.frames = []
             if self.transport is not None:
-                self.transport.writelines(out)
+                write_pieces(self.transport, self.fd, out)
 
     def lost(self) -> None:
         """The socket is gone: nothing more is written; writers waiting for room go on (and find it closed)."""
         self.transport = None
+        self.fd = -1
         self.frames = []
         self.wake_writers()
 

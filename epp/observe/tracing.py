@@ -118,7 +118,7 @@ class TracedExchange(RequestExchange):
         self._tracing = tracing
         self._stream_md = stream_metadata
 
-    def decide(self, headers: Mapping[str, str], body: bytes | None, metadata: Mapping[str, Mapping[str, object]]) -> Outcome | Awaitable[Outcome]:
+    def decide(self, headers: Mapping[str, str], body: bytes | memoryview | None, metadata: Mapping[str, Mapping[str, object]]) -> Outcome | Awaitable[Outcome]:
         md, self._stream_md = self._stream_md, None
         try:
             self.trace = trace = self._tracing.begin(md, headers)

@@ -47,7 +47,7 @@ class Decision(NamedTuple):
     header reply, body mode NONE, a partial BUFFERED_PARTIAL buffer); b"" when the request has no body."""
 
     headers: Mapping[str, str]
-    body: bytes | None
+    body: bytes | memoryview | None  # a body read from the wire: a view of its message
     metadata: Mapping[str, Mapping[str, object]]
     at_headers: bool  # the reply goes on the request headers (else the body policy shapes it)
     early: bool = False  # made before the body ended (Phase.EARLY): the exchange saw the chunks so far
@@ -57,9 +57,10 @@ class BodyReader(Protocol):
     """What an exchange that reads the request body as it streams in offers (optional: the machine uses it when
     the exchange has `request_chunk`). Such an exchange is given `body=None` by `decide`: it read the body itself."""
 
-    def request_chunk(self, headers: Mapping[str, str], data: bytes, end_of_stream: bool) -> bool:
+    def request_chunk(self, headers: Mapping[str, str], data: bytes | memoryview, end_of_stream: bool) -> bool:
         """One request body chunk, before the decision (`end_of_stream` also when trailers end the body, with an
-        empty chunk). True: the decision can be made now, before the body ends (an early decision)."""
+        empty chunk); a chunk read from the wire is a view of its message, valid as long as it is kept. True: the
+        decision can be made now, before the body ends (an early decision)."""
         ...
 
 
@@ -67,7 +68,8 @@ class Exchange(Protocol):
     """The per-request callbacks; implemented by the director (epp.request.director.RequestExchange)."""
 
     def decide(
-        self, headers: Mapping[str, str], body: bytes | None, metadata: Mapping[str, Mapping[str, object]]
+        self, headers: Mapping[str, str], body: bytes | memoryview | None,
+        metadata: Mapping[str, Mapping[str, object]],
     ) -> Outcome | Awaitable[Outcome]:
         """Decide for a request (see `Decision` for `body`). Called at most once per stream, by the driver.
 

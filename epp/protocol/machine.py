@@ -162,7 +162,7 @@ class RequestMachine:
         return replies
 
     # ---- what the policies use -----------------------------------------------------------------------------------
-    def request_decision(self, body: bytes | None, *, at_headers: bool, early: bool = False) -> Replies:
+    def request_decision(self, body: bytes | memoryview | None, *, at_headers: bool, early: bool = False) -> Replies:
         self.decision = Decision(self.headers, body, self.metadata, at_headers, early)
         if early:
             self.early_at, self.echo_at = self.body_messages, len(self.echo)
@@ -172,7 +172,7 @@ class RequestMachine:
     def collect(self, data: bytes | memoryview, end_of_stream: bool = False) -> bool | None:
         """Keep a body chunk (and show it to a reading exchange); None when the body grew past max_body_bytes,
         else whether the exchange can decide now (always False on the last chunk). A chunk read from the wire (a
-        view of its message) is kept as a view: the exchange gets it as bytes."""
+        view of its message) is kept, and shown to the exchange, as a view: not copied."""
         self.body_messages += 1
         self._size += len(data)
         if self._size > self.max_body_bytes:
@@ -182,21 +182,20 @@ class RequestMachine:
         reader = self.reader
         if reader is None or not self.policy.streams or self.phase is not Phase.BODY:
             return False
-        if data.__class__ is memoryview:
-            data = bytes(data)
         return bool(reader(self.headers, data, end_of_stream)) and not end_of_stream
 
     def body_ended_by_trailers(self) -> None:
         if self.reader is not None and self.policy.streams and self.phase is Phase.BODY:
             self.reader(self.headers, b"", True)
 
-    def take_body(self) -> bytes | None:
-        """The body collected so far; None when a reading exchange has read it (the streaming modes)."""
+    def take_body(self) -> bytes | memoryview | None:
+        """The body collected so far; None when a reading exchange has read it (the streaming modes). A body that
+        came in one message read from the wire is that message's view, not a copy."""
         chunks = self._chunks
         self._chunks = []
         if self.reader is not None and self.policy.streams:
             return None
-        return chunks[0] if len(chunks) == 1 and chunks[0].__class__ is bytes else b"".join(chunks)
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
     def end(self, *, trailers: bool) -> None:
         if trailers:

@@ -74,7 +74,7 @@ class BodyPolicy:
             m.end(trailers=False)
         return []
 
-    def routed(self, m: RequestMachine, outcome: Outcome, body: bytes | None) -> Replies:
+    def routed(self, m: RequestMachine, outcome: Outcome, body: bytes | memoryview | None) -> Replies:
         """The routing replies for a decision made on the body (not on the headers)."""
         return [headers_reply(outcome)]
 
@@ -136,7 +136,7 @@ class FullDuplexPolicy(_Collecting):
             self.kept(m, msg)
         return replies
 
-    def routed(self, m: RequestMachine, outcome: Outcome, body: bytes | None) -> Replies:
+    def routed(self, m: RequestMachine, outcome: Outcome, body: bytes | memoryview | None) -> Replies:
         replies = [headers_reply(outcome)]
         if not m.body_messages:
             return replies
@@ -164,7 +164,7 @@ class StreamedEarlyPolicy(_Collecting):
     mode = BodyMode.STREAMED
     streams = True
 
-    def routed(self, m: RequestMachine, outcome: Outcome, body: bytes | None) -> Replies:
+    def routed(self, m: RequestMachine, outcome: Outcome, body: bytes | memoryview | None) -> Replies:
         n = m.body_messages
         replies = [headers_reply(outcome)]
         if outcome.body is not None and n:
@@ -197,7 +197,7 @@ class BufferedPolicy(_Collecting):
     def on_trailers(self, m: RequestMachine) -> Replies:
         return m.violate(UNEXPECTED_BODY, "request_trailers")
 
-    def routed(self, m: RequestMachine, outcome: Outcome, body: bytes | None) -> Replies:
+    def routed(self, m: RequestMachine, outcome: Outcome, body: bytes | memoryview | None) -> Replies:
         return [buffered_body_reply(outcome)]
 
 

@@ -114,7 +114,7 @@ class Intake:
         self.early: str | None = None
         self.ended = False  # the reader has the whole body
 
-    def chunk(self, d: Director, headers: Mapping[str, str], data: bytes, end_of_stream: bool) -> bool:
+    def chunk(self, d: Director, headers: Mapping[str, str], data: bytes | memoryview, end_of_stream: bool) -> bool:
         """Read one chunk; True when the decision can be made now, before the body ends."""
         reader = self.reader
         if reader is None:
@@ -130,7 +130,8 @@ class Intake:
             self.early = None
         return self.early is not None
 
-    def body(self, headers: Mapping[str, str], body: bytes | None) -> tuple[bytes | StreamingBody | None, int]:
+    def body(self, headers: Mapping[str, str], body: bytes | memoryview | None
+             ) -> tuple[bytes | memoryview | StreamingBody | None, int]:
         """What the decision reads (the body read as it streamed in, or the one Envoy sent whole) and its size."""
         reader = self.reader
         if body is None and reader is not None:

@@ -96,7 +96,7 @@ class RequestExchange:
         self.ledger = Ledger(dry_run, wait)  # what the admitters hold until the stream ends
         self.queue: QueueTurn | None = None  # its turn in flow control's queue, while flow control is on
         self.reply = ResponsePath()  # who follows the response, and the response as it streams back
-        self._body: bytes | StreamingBody | None = None  # until the resolve stage has read it
+        self._body: bytes | memoryview | StreamingBody | None = None  # until the resolve stage has read it
         self._parsed: dict[str, Any] | None = None
         self._closed = False
         self._ticket: InflightTicket | None = None
@@ -108,14 +108,14 @@ class RequestExchange:
         return self.reply.scanner
 
     # ---- the body as it streams in (epp.protocol.contract.BodyReader) -----------------------------------------
-    def request_chunk(self, headers: Mapping[str, str], data: bytes, end_of_stream: bool) -> bool:
+    def request_chunk(self, headers: Mapping[str, str], data: bytes | memoryview, end_of_stream: bool) -> bool:
         """Read one chunk; True when the decision can be made now, before the body ends."""
         if self.intake is None:
             self.intake = Intake()
         return self.intake.chunk(self.d, headers, data, end_of_stream)
 
     # ---- the decision: one loop over the stage table ---------------------------------------------------------------
-    def decide(self, headers: Mapping[str, str], body: bytes | None, metadata: Metadata
+    def decide(self, headers: Mapping[str, str], body: bytes | memoryview | None, metadata: Metadata
                ) -> Outcome | Awaitable[Outcome]:
         """Run the stages. Synchronous (the transports' fast path) unless a stage must wait (a shared rate limit
         asks Redis, the tokens need the engine, flow control queues): then an awaitable, which a client going away

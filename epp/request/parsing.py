@@ -72,7 +72,7 @@ def _nonempty(value: object) -> bool:
     return value is not None and value != "" and value != [] and value != {}
 
 
-def parse_body(kind: ApiKind, raw: bytes) -> ParsedBody:
+def parse_body(kind: ApiKind, raw: bytes | memoryview) -> ParsedBody:
     """Parse and validate a request body; raise SchedulingError(BadRequest) with a clear message."""
     try:
         body = orjson.loads(raw)

@@ -35,12 +35,12 @@ if TYPE_CHECKING:
 Metadata = Mapping[str, Mapping[str, object]]
 
 
-def _parse(kind: ApiKind, body: bytes | StreamingBody) -> ParsedBody:
+def _parse(kind: ApiKind, body: bytes | memoryview | StreamingBody) -> ParsedBody:
     return body.finish() if isinstance(body, StreamingBody) else parse_body(kind, body)
 
 
-def read_body(kind: ApiKind, headers: Mapping[str, str], body: bytes | StreamingBody | None, early: str | None
-              ) -> tuple[dict[str, Any] | None, str, str]:
+def read_body(kind: ApiKind, headers: Mapping[str, str], body: bytes | memoryview | StreamingBody | None,
+              early: str | None) -> tuple[dict[str, Any] | None, str, str]:
     """(the parsed body, its model, its prompt) as far as the decision sees them (see `resolve`); SchedulingError
     for a body that does not parse or a POST of a known API without one."""
     parsed_body: dict[str, Any] | None = None
@@ -62,8 +62,8 @@ def read_body(kind: ApiKind, headers: Mapping[str, str], body: bytes | Streaming
     return parsed_body, model, prompt
 
 
-def resolve(d: Director, headers: Mapping[str, str], body: bytes | StreamingBody | None, metadata: Metadata, *,
-            dry_run: bool = False, early: str | None = None,
+def resolve(d: Director, headers: Mapping[str, str], body: bytes | memoryview | StreamingBody | None,
+            metadata: Metadata, *, dry_run: bool = False, early: str | None = None,
             expected_chars: int = 0) -> tuple[ShellContext, dict[str, Any] | None]:
     """Parse and resolve; raise SchedulingError for bad input or no candidates.
 

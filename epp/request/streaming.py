@@ -47,7 +47,7 @@ class StreamingBody:
     def __init__(self, kind: ApiKind) -> None:
         self.kind = kind
         self.stream = JsonStream(COLLECT.get(kind, frozenset()), HEAD.get(kind))
-        self.chunks: list[bytes] = []
+        self.chunks: list[bytes | memoryview] = []  # as they came: a chunk read from the wire is a view
         self.size = 0
         self._parsed: ParsedBody | None = None
         self._reading = False  # the stream has been fed (from the second chunk on, or since `start`)
@@ -55,16 +55,17 @@ class StreamingBody:
     def __len__(self) -> int:
         return self.size
 
-    def feed(self, data: bytes) -> None:
-        """One more chunk. The first is only kept: a body that comes whole (BUFFERED, small bodies) is parsed by
-        `parse_body` at once, with nothing read twice; reading starts with the second chunk."""
+    def feed(self, data: bytes | memoryview) -> None:
+        """One more chunk. The first is only kept (a view stays a view): a body that comes whole (BUFFERED, small
+        bodies, a long body Envoy sends in one message) is parsed by `parse_body` at once, with nothing read twice
+        or copied; reading starts with the second chunk."""
         if not data:
             return
         chunks = self.chunks
         chunks.append(data)
         self.size += len(data)
         if self._reading:
-            self.stream.feed(data)
+            self.stream.feed(bytes(data))
         elif len(chunks) >= 2:
             self.start()
 
@@ -73,7 +74,7 @@ class StreamingBody:
         if not self._reading:
             self._reading = True
             for c in self.chunks:
-                self.stream.feed(c)
+                self.stream.feed(bytes(c))
 
     @property
     def model(self) -> str | None:
@@ -99,7 +100,7 @@ class StreamingBody:
         """The top-level members that have arrived (for a decision made before the body ended)."""
         return self.stream.value
 
-    def raw(self) -> bytes:
+    def raw(self) -> bytes | memoryview:
         chunks = self.chunks
         return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
@@ -125,5 +126,5 @@ class StreamingBody:
             return None
         import orjson
 
-        raw = self.raw()[:upto]
+        raw = bytes(self.raw()[:upto])
         return raw[: span[0]] + orjson.dumps(model) + raw[span[1] :]

@@ -129,10 +129,11 @@ class _Reader:
     def __init__(self, early_after: int) -> None:
         self.early_after = early_after
         self.seen: list[bytes] = []
+        self.kinds: list[type] = []
 
-    def request_chunk(self, headers: object, data: bytes, end_of_stream: bool) -> bool:
-        assert type(data) is bytes  # a view of the message is handed to the exchange as bytes
-        self.seen.append(data)
+    def request_chunk(self, headers: object, data: bytes | memoryview, end_of_stream: bool) -> bool:
+        self.seen.append(bytes(data))
+        self.kinds.append(type(data))
         return len(self.seen) == self.early_after
 
 
@@ -140,7 +141,7 @@ CHUNKS = [(b"a" * 100, False), (b"b" * 70_000, False), (b"", False), (b"c" * 5, 
 ROUTE = Outcome(set_headers=[("x-gateway-destination-endpoint", "10.0.0.1:8000")])
 
 
-def _run(early_after: int, raw: bool) -> tuple[list[bytes], list[bytes]]:
+def _run(early_after: int, raw: bool) -> tuple[list[bytes], list[bytes], list[type]]:
     reader = _Reader(early_after)
     m = RequestMachine(reader, request_body_mode=BodyMode.FULL_DUPLEX_STREAMED)  # type: ignore[arg-type]
     out = m.feed(pb.ProcessingRequest(request_headers=pb.HttpHeaders()))
@@ -155,15 +156,16 @@ def _run(early_after: int, raw: bool) -> tuple[list[bytes], list[bytes]]:
         if m.decision is not None:
             out += m.resolve(ROUTE)
     assert m.finished is False and m.decision is None
-    return [r.SerializeToString() for r in out], reader.seen
+    return [r.SerializeToString() for r in out], reader.seen, reader.kinds
 
 
 @pytest.mark.parametrize("early_after", [-1, 1, 2], ids=["at-the-end", "after-the-first-chunk", "after-two"])
 def test_the_machine_answers_raw_chunks_as_it_answers_parsed_ones(early_after: int) -> None:
-    parsed, parsed_seen = _run(early_after, raw=False)
-    raw, raw_seen = _run(early_after, raw=True)
+    parsed, parsed_seen, _ = _run(early_after, raw=False)
+    raw, raw_seen, raw_kinds = _run(early_after, raw=True)
     assert raw == parsed
     assert raw_seen == parsed_seen
+    assert memoryview in raw_kinds  # a chunk read from the wire reaches the exchange as a view, not a copy
     echoed = b"".join(pb.ProcessingResponse.FromString(r).request_body.response.body_mutation.streamed_response.body
                       for r in raw)
     assert echoed == b"".join(body for body, _ in CHUNKS)  # every byte comes back, in order
@@ -180,4 +182,5 @@ def test_a_buffered_body_read_raw_is_decided_on_the_same_bytes() -> None:
         m.feed_body(chunk) if raw else m.feed(wire)
         assert m.decision is not None
         bodies.append(m.decision.body)
-    assert bodies[0] == bodies[1] and type(bodies[1]) is bytes
+    assert bodies[0] == bodies[1]
+    assert type(bodies[1]) is memoryview  # the message's view: the decision parses it without a copy first

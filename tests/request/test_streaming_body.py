@@ -139,11 +139,11 @@ def expected(kind: ApiKind, raw: bytes) -> object:
     return (p.kind, p.body, p.model, p.prompt)
 
 
-def streamed(kind: ApiKind, pieces: list[bytes]) -> object:
+def streamed(kind: ApiKind, pieces: list[bytes], views: bool = False) -> object:
     sb = StreamingBody(kind)
     heads = []
     for p in pieces:
-        sb.feed(p)
+        sb.feed(memoryview(bytearray(p)) if views else p)
         sb.start()
         heads.append(sb.head_text() if sb.head_chars else "")
     try:
@@ -161,6 +161,23 @@ def test_streaming_reader_matches_parse_body(data):
     kind, raw = data.draw(bodies())
     pieces = chunks(data.draw, raw)
     assert streamed(kind, pieces) == expected(kind, raw)
+
+
+@settings(PROPERTY, max_examples=100)
+@given(st.data())
+def test_chunks_read_from_the_wire_as_views_read_as_bytes(data):
+    """The machine hands on a chunk read from the wire as a view of its message (not a copy): the same result."""
+    kind, raw = data.draw(bodies())
+    pieces = chunks(data.draw, raw) if data.draw(st.booleans()) else [raw]
+    assert streamed(kind, pieces, views=True) == expected(kind, raw)
+
+
+def test_a_rewrite_before_the_end_cuts_a_view_as_bytes():
+    raw = b'{"model":"a","messages":[{"role":"user","content":"hi"}]}'
+    sb = StreamingBody(ApiKind.CHAT)
+    sb.feed(memoryview(bytearray(raw[:30])))
+    sb.start()
+    assert sb.rewritten_prefix("bb", 30) == raw[:30].replace(b'"a"', b'"bb"', 1)
 
 
 @settings(PROPERTY, max_examples=150)
