@@ -248,6 +248,8 @@ class PointsmanService(pointsman_pb2_grpc.PointsmanServicer):
                 out.token_source, out.prompt_tokens = req.token_source, req.estimated_tokens
         if ex.queue is not None and ex.queue.why:  # it would wait; the rest shows what it would get if it went now
             out.queued, out.queue = True, ex.queue.why
+        elif ex.held:  # held for tight work (epp/flowcontrol/hold.py)
+            out.queued, out.queue = True, ex.held
         if outcome.reject_status or ctx is None:
             out.status, out.error = outcome.reject_status, outcome.reject_body
             return out

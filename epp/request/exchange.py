@@ -10,12 +10,13 @@ a request that never waits is decided synchronously:
     prepare   tokenize, for scheduling configs that read token ids               (epp/tokenize)
     queue     flow control: go now, refused, or held until capacity frees        (epp/flowcontrol)
     schedule  the scheduler picks (commit.py); a sheddable request no endpoint can serve within its SLO is shed; an
-              endpoint waiting for its passive-health probe gets this request
+              endpoint waiting for its passive-health probe gets this request; a loose request whose pick has
+              tight work pending is held until that work starts or its slack runs out (epp/flowcontrol/hold.py)
     commit    count it in flight, run pre_request, bind the session, tell the observers, build the mutations
 
-A queued request's turn (`turn`) comes inside flow control's dispatch cycle: it re-resolves its candidates on the
-pool as it is then and runs `schedule` and `commit` synchronously there, so it is counted in flight before the
-next saturation check.
+A queued request's turn (`turn`) comes inside flow control's dispatch cycle (a held one's when it is released): it
+re-resolves its candidates on the pool as it is then and runs `schedule` and `commit` synchronously there, so it is
+counted in flight before the next saturation check.
 
 Its collaborators hold their own state: the `Intake` the body as it streams in (epp/request/early.py), the
 `Ledger` what the admitters charged, given back if the request never reaches an engine (epp/request/admit.py), the
@@ -50,6 +51,7 @@ from epp.request.queueing import QueueTurn
 from epp.request.resolve import Metadata, refresh, resolve
 from epp.request.respond import ResponsePath, rejected
 from epp.request.tracecontext import trace_id_of
+from scheduling.latency import decision_slo, hold_budget
 from scheduling.types import ErrorCode, SchedulingError
 
 if TYPE_CHECKING:
@@ -72,7 +74,7 @@ class RequestExchange:
 
     __slots__ = ("d", "headers", "metadata", "size", "started", "request", "pending", "ctx", "result", "scheduler",
                  "schedule_s", "decision", "early", "dry_run", "marks", "intake", "ledger", "queue", "reply",
-                 "_body", "_parsed", "_closed", "_ticket", "_wait")
+                 "held", "_body", "_parsed", "_closed", "_ticket", "_wait")
 
     trace: Any = None  # a TracedExchange's sampled trace (epp/observe/tracing.py); None here, read by observers
 
@@ -96,6 +98,7 @@ class RequestExchange:
         self.ledger = Ledger(dry_run, wait)  # what the admitters hold until the stream ends
         self.queue: QueueTurn | None = None  # its turn in flow control's queue, while flow control is on
         self.reply = ResponsePath()  # who follows the response, and the response as it streams back
+        self.held: str | None = None  # why it was (a dry run: would be) held for tight work; "": never held
         self._body: bytes | StreamingBody | None = None  # until the resolve stage has read it
         self._parsed: dict[str, Any] | None = None
         self._closed = False
@@ -213,8 +216,11 @@ class RequestExchange:
             self._rejected(ErrorCode.SERVICE_UNAVAILABLE.value, evicted)
 
     def turn(self) -> Outcome:
-        """A queued request's turn: re-resolve its candidates on the pool as it is now, schedule and commit."""
+        """A queued or held request's turn: re-resolve its candidates on the pool as it is now, schedule and commit
+        (never held: it has waited)."""
         assert self.pending is not None
+        if self.held is None:
+            self.held = ""
         try:
             self.pending = refresh(self.d, self.pending, self.headers, self.metadata)
         except SchedulingError as err:
@@ -236,7 +242,23 @@ class RequestExchange:
         except Exception as exc:  # never crash a stream: a bug becomes a clear 500
             return self._fail(exc)
         self.schedule_s = time.perf_counter() - t0
-        return None if shed is None else self._refuse(shed)
+        return self._hold() if shed is None else self._refuse(shed)
+
+    def _hold(self) -> Step | asyncio.Future[Outcome]:
+        """A loose request whose pick has tight work pending waits for it (epp/flowcontrol/hold.py), once."""
+        holds, result = self.d.holds, self.result
+        if holds is None or result is None or self.held is not None:
+            return None
+        key, verdict = result.primary.key, decision_slo(result.state)
+        budget = hold_budget(verdict, key)
+        if budget <= 0.0 or verdict is None or not holds.busy(key, verdict):
+            return None
+        self.held = (f"held as loose: {key} is busy (tight work waiting for its first token, or "
+                     f"{holds.inflight(key)} requests in flight); it goes when it is not, at most in "
+                     f"{budget * 1000:.0f} ms")
+        if self.dry_run:
+            return None  # (explain shows why; the rest shows what it would get if it went now)
+        return holds.hold(key, verdict, budget, self.turn, self.ledger.undo)
 
     def _commit(self) -> Step:
         d, ctx, parsed, result = self.d, self.pending, self._parsed, self.result

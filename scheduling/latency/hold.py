@@ -1,0 +1,75 @@
+"""Class-aware dispatch: a loose request waits while the endpoint it would take is busy, so tight ones go first.
+
+Engines serve first come, first served, and slow down with every request they run: a tight request that reaches an
+endpoint right behind loose ones shares their prefill or waits for them, and its prefill runs at the slowdown of
+the batch they fill. A request placed as `loose` (classes.py) has slack: it may start later than a tight one and
+still meet its objective. So while its pick is busy it is held back in Pointsman instead of sent:
+
+    busy(e)     e has tight work pending (a tight request sent there has not had its first token yet), or at least
+                `hold_inflight` requests in flight (sloHoldShare × maxNumSeqs; 0: tight work only)
+    budget      = its TTFT objective × headroom − its predicted TTFT on the pick     (how long it may wait)
+    held        while the pick is busy, at most `budget` seconds
+    released    when the pick is no longer busy (its tight work started, a request there ended), or at the
+                deadline (held since + budget), whichever comes first, oldest first; it is then scheduled afresh
+                (the pool as it is then) and sent, never held twice
+
+Requests without objectives, tight requests and loose ones whose pick is not busy go at once, as before: a tight
+request always finds the room the held loose ones left. `TightWork` keeps the tight work per endpoint,
+`hold_budget` and `busy` are the decision. Pure: no I/O, time passed in.
+"""
+
+from __future__ import annotations
+
+from scheduling.latency.classes import LOOSE, TIGHT
+from scheduling.latency.slo import SloVerdict
+
+
+def hold_budget(verdict: SloVerdict | None, key: str) -> float:
+    """How long a request with this verdict, picked onto `key`, may be held (seconds): 0 for a request without
+    objectives or placed as tight, when holding is off, or when its predicted TTFT leaves it no slack."""
+    if verdict is None or verdict.klass != LOOSE or verdict.hold <= 0.0 or verdict.slo.ttft_s is None:
+        return 0.0
+    got = verdict.predicted.get(key)
+    if got is None:
+        return 0.0
+    return max(0.0, verdict.slo.ttft_s * verdict.hold - got[0])
+
+
+def busy(verdict: SloVerdict, tight_pending: bool, inflight: int) -> bool:
+    """Whether a loose request with this verdict waits for its pick: tight work pending there, or at least
+    `hold_inflight` requests in flight (when > 0)."""
+    return tight_pending or 0 < verdict.hold_inflight <= inflight
+
+
+def is_tight(verdict: SloVerdict | None) -> bool:
+    """A request whose first token loose requests wait for: it stated objectives and was placed as tight."""
+    return verdict is not None and verdict.klass == TIGHT
+
+
+class TightWork:
+    """Per endpoint: the tight requests sent there that have not had their first token yet (exact counts; an
+    endpoint with none is not kept)."""
+
+    __slots__ = ("pending",)
+
+    def __init__(self) -> None:
+        self.pending: dict[str, int] = {}
+
+    def sent(self, key: str) -> None:
+        self.pending[key] = self.pending.get(key, 0) + 1
+
+    def started(self, key: str) -> bool:
+        """A tight request sent to `key` had its first token (or ended without one). True when `key` has no tight
+        work pending any more (the loose requests held for it may go)."""
+        n = self.pending.get(key, 0) - 1
+        if n > 0:
+            self.pending[key] = n
+            return False
+        self.pending.pop(key, None)
+        return True
+
+    def busy(self, key: str) -> bool:
+        return key in self.pending
+
+    def forget(self, key: str) -> None:
+        self.pending.pop(key, None)

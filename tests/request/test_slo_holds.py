@@ -1,0 +1,140 @@
+"""Class-aware dispatch through the shell's request path with the built-in default scheduler (sloHold on): a loose
+request whose pick is busy (tight work waiting for its first token, or half of maxNumSeqs in flight) is held, and
+goes when the pick is no longer busy, at its deadline, or never (its client left); requests without headers and
+tight ones are never held (docs/latency-model.md, epp/flowcontrol/hold.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import orjson
+from prometheus_client import CollectorRegistry
+
+from epp.api.slo_metrics import SloMetrics
+from epp.fleet.datastore import Datastore, PoolSpec
+from epp.flowcontrol import SloHolds
+from epp.protocol import Outcome
+from epp.request.director import DESTINATION, Director
+from epp.request.exchange import RequestExchange
+from scheduling.config import load_scheduler
+from scheduling.types import Endpoint, Metrics, endpoint_key
+
+HDRS = {":path": "/v1/chat/completions", ":method": "POST", "content-type": "application/json"}
+TIGHT = {**HDRS, "x-slo-ttft-ms": "250", "x-slo-tpot-ms": "20"}
+LOOSE = {**HDRS, "x-slo-ttft-ms": "20000"}  # a 16 s budget: only a release or a cancel ends its hold here
+KEY = "10.0.0.1:8000"
+
+
+def rig() -> tuple[Director, SloHolds, CollectorRegistry]:
+    ds = Datastore()
+    ep = Endpoint(endpoint_key("10.0.0.1", 8000), "10.0.0.1", 8000, metrics=Metrics(stale=False, updated_at=0.0))
+    ds.set_pool(PoolSpec("pool"), [ep])
+    registry = CollectorRegistry()
+    slo = SloMetrics(registry)
+    holds = SloHolds(lambda key: ds.inflight.get(key).requests, slo)
+    d = Director(ds, load_scheduler(None, rng=random.Random(0)), observers=[slo, holds], holds=holds)
+    return d, holds, registry
+
+
+def body(n: int = 1) -> bytes:
+    return orjson.dumps({"model": "llama", "max_tokens": 8, "messages": [{"role": "user", "content": f"q{n}" * 50}]})
+
+
+def sample(registry: CollectorRegistry, name: str, **labels: str) -> float:
+    return registry.get_sample_value(name, labels) or 0.0
+
+
+def routed(out: object) -> str:
+    assert isinstance(out, Outcome) and out.reject_status == 0, out
+    return dict(out.set_headers)[DESTINATION]
+
+
+def first_chunk(ex: RequestExchange) -> None:
+    ex.response_headers({":status": "200", "content-type": "text/event-stream"}, {})
+    ex.response_body(b'data: {"choices":[{"delta":{"content":"a"}}]}\n\n', False)
+
+
+async def test_a_loose_request_waits_for_the_tight_work_on_its_pick_and_goes_at_its_first_token():
+    d, holds, registry = rig()
+    tight = d.exchange()
+    assert routed(tight.decide(TIGHT, body(1), {})) == KEY
+    plain = d.exchange()  # no headers: never held, whatever is pending
+    assert routed(plain.decide(HDRS, body(2), {})) == KEY
+    loose = d.exchange()
+    waiting = loose.decide(LOOSE, body(3), {})
+    assert isinstance(waiting, asyncio.Future) and not waiting.done()
+    assert holds.count == 1 and loose.held.startswith("held as loose")
+    assert d.datastore.inflight.get(KEY).requests == 2  # held: not in flight, not committed
+    assert sample(registry, "pointsman_slo_held_requests") == 1
+    explained = RequestExchange(d, dry_run=True).decide(LOOSE, body(4), {})  # explain: would be held, holds nothing
+    assert isinstance(explained, Outcome) and holds.count == 1
+
+    first_chunk(tight)  # the tight request's first token: the loose one goes, scheduled afresh
+    assert waiting.done() and routed(waiting.result()) == KEY
+    assert holds.count == 0 and dict(holds.outcomes) == {"released": 1}
+    assert d.datastore.inflight.get(KEY).requests == 3
+    assert sample(registry, "pointsman_slo_held_seconds_count", outcome="released") == 1
+    assert sample(registry, "pointsman_slo_placed_total", **{"class": "loose"}) == 1  # counted once, when sent
+    for ex in (tight, plain, loose):
+        ex.close()
+    assert d.datastore.inflight.view() == {} and holds.tight.pending == {}
+
+
+async def test_a_client_that_leaves_while_held_leaves_at_once_and_a_tight_request_is_never_held():
+    d, holds, registry = rig()
+    tight = d.exchange()
+    routed(tight.decide(TIGHT, body(1), {}))
+    loose = d.exchange()
+    waiting = loose.decide(LOOSE, body(2), {})
+    assert isinstance(waiting, asyncio.Future)
+    waiting.cancel()  # the client went away (the transport cancels the pending decision)
+    await asyncio.sleep(0)
+    assert holds.count == 0 and dict(holds.outcomes) == {"cancelled": 1}
+    assert sample(registry, "pointsman_slo_held_seconds_count", outcome="cancelled") == 1
+    tight2 = d.exchange()  # another tight request on the busy endpoint goes at once
+    routed(tight2.decide(TIGHT, body(3), {}))
+    tight.close()  # a tight request that ends without a first token starts nothing any more
+    assert holds.tight.pending == {KEY: 1}
+    tight2.close()
+    loose.close()
+    assert holds.tight.pending == {} and d.datastore.inflight.view() == {}
+    assert dict(holds.outcomes) == {"cancelled": 1}
+
+
+async def test_a_full_endpoint_holds_a_loose_request_until_a_request_there_ends():
+    """sloHoldShare 0.5 x maxNumSeqs 16: with 8 requests in flight a loose one waits for the 9th slot."""
+    d, holds, _ = rig()
+    tight = d.exchange()
+    routed(tight.decide(TIGHT, body(0), {}))
+    first_chunk(tight)  # no tight work pending any more
+    plain = [d.exchange() for _ in range(7)]
+    for i, ex in enumerate(plain):
+        routed(ex.decide(HDRS, body(10 + i), {}))
+    loose = d.exchange()
+    waiting = loose.decide(LOOSE, body(2), {})
+    assert isinstance(waiting, asyncio.Future) and holds.count == 1
+    plain[0].close()  # one ends: the held request goes
+    assert waiting.done() and routed(waiting.result()) == KEY and dict(holds.outcomes) == {"released": 1}
+    for ex in (tight, loose, *plain):
+        ex.close()
+    assert d.datastore.inflight.view() == {}
+
+
+async def test_a_held_request_goes_at_its_deadline_and_holding_nothing_creates_nothing():
+    d, holds, registry = rig()
+    tight = d.exchange()
+    routed(tight.decide(TIGHT, body(1), {}))
+    loose = d.exchange()
+    # 500 ms x 0.8 headroom - about 45 ms predicted: held for at most ~0.35 s
+    waiting = loose.decide({**HDRS, "x-slo-ttft-ms": "500"}, body(2), {})
+    assert isinstance(waiting, asyncio.Future)
+    assert routed(await asyncio.wait_for(waiting, 10)) == KEY
+    assert dict(holds.outcomes) == {"deadline": 1} and holds.count == 0
+    assert sample(registry, "pointsman_slo_held_seconds_count", outcome="deadline") == 1
+    first_chunk(tight)
+    again = d.exchange()  # nothing pending: a loose request goes synchronously (no future, no timer)
+    assert routed(again.decide(LOOSE, body(3), {})) == KEY and again.held is None
+    for ex in (tight, loose, again):
+        ex.close()
+    assert dict(holds.outcomes) == {"deadline": 1}
