@@ -48,7 +48,6 @@ def observers(app: Components) -> list[RequestObserver]:
     share it), then tracing and the shadow profile (epp/observe)."""
     assert app.metrics is not None
     from epp.api import SloMetrics  # predicted and measured SLO attainment (x-llm-d-slo-*)
-
     from epp.flowcontrol import SloHolds  # loose requests held for tight work (x-llm-d-slo-*)
 
     slo = SloMetrics(app.metrics.registry)

@@ -22,9 +22,9 @@ from scheduling.latency.backlog import SharedBacklog
 from scheduling.latency.classes import LOOSE, TIGHT, Placement, SloClasses, place
 from scheduling.latency.config import ModelConfig, output_tokens
 from scheduling.latency.estimates import Timings
-from scheduling.latency.hold import TightWork, busy, hold_budget, is_tight
 from scheduling.latency.estimator import EndpointModel, LatencyModel, ScoredPass
 from scheduling.latency.fit import EndpointFit, FitView
+from scheduling.latency.hold import TightWork, busy, hold_budget, is_tight
 from scheduling.latency.learner import Chosen, Learner
 from scheduling.latency.outside import OutsideLoad
 from scheduling.latency.slo import MAX_SLO_MS, SLO_STATE, Slo, SloVerdict, decision_slo, slo_from_headers
