@@ -89,6 +89,7 @@ class SloHolds:
         self.tight = TightWork()
         self.outcomes: Counter[str] = Counter()  # how holds ended (exact)
         self._held: dict[str, dict[int, _Held]] = {}  # endpoint key -> held requests, in arrival order
+        self.releasing = False  # a released request is being scheduled afresh (it is not held again)
         self._count = 0
         self._seq = 0
 
@@ -168,11 +169,14 @@ class SloHolds:
         waiter = h.waiter
         if waiter.done():
             return
+        self.releasing = True
         try:
             outcome_ = h.go()
         except Exception as exc:  # never strand a held request: a bug becomes its 500
             log.exception("sending a held request failed")
             outcome_ = Outcome(reject_status=500, reject_body=f"inference error: Internal - dispatch failed: {exc}")
+        finally:
+            self.releasing = False
         waiter.set_result(outcome_)
 
     def _settled(self, h: _Held, seq: int, waiter: asyncio.Future[Outcome]) -> None:

@@ -47,11 +47,11 @@ from epp.request.admit import Ledger
 from epp.request.commit import commit, log_decision, mutations, mutations_for_provider, pick, release
 from epp.request.context import error_outcome
 from epp.request.early import Intake, content_length
+from epp.request.holding import hold
 from epp.request.queueing import QueueTurn
 from epp.request.resolve import Metadata, refresh, resolve
 from epp.request.respond import ResponsePath, rejected
 from epp.request.tracecontext import trace_id_of
-from scheduling.latency import decision_slo, hold_budget
 from scheduling.types import ErrorCode, SchedulingError
 
 if TYPE_CHECKING:
@@ -74,7 +74,7 @@ class RequestExchange:
 
     __slots__ = ("d", "headers", "metadata", "size", "started", "request", "pending", "ctx", "result", "scheduler",
                  "schedule_s", "decision", "early", "dry_run", "marks", "intake", "ledger", "queue", "reply",
-                 "held", "_body", "_parsed", "_closed", "_ticket", "_wait")
+                 "_body", "_parsed", "_closed", "_ticket", "_wait")
 
     trace: Any = None  # a TracedExchange's sampled trace (epp/observe/tracing.py); None here, read by observers
 
@@ -98,7 +98,6 @@ class RequestExchange:
         self.ledger = Ledger(dry_run, wait)  # what the admitters hold until the stream ends
         self.queue: QueueTurn | None = None  # its turn in flow control's queue, while flow control is on
         self.reply = ResponsePath()  # who follows the response, and the response as it streams back
-        self.held: str | None = None  # why it was (a dry run: would be) held for tight work; "": never held
         self._body: bytes | StreamingBody | None = None  # until the resolve stage has read it
         self._parsed: dict[str, Any] | None = None
         self._closed = False
@@ -216,11 +215,8 @@ class RequestExchange:
             self._rejected(ErrorCode.SERVICE_UNAVAILABLE.value, evicted)
 
     def turn(self) -> Outcome:
-        """A queued or held request's turn: re-resolve its candidates on the pool as it is now, schedule and commit
-        (never held: it has waited)."""
+        """A queued or held request's turn: re-resolve its candidates on the pool as it is now, schedule and commit."""
         assert self.pending is not None
-        if self.held is None:
-            self.held = ""
         try:
             self.pending = refresh(self.d, self.pending, self.headers, self.metadata)
         except SchedulingError as err:
@@ -242,23 +238,7 @@ class RequestExchange:
         except Exception as exc:  # never crash a stream: a bug becomes a clear 500
             return self._fail(exc)
         self.schedule_s = time.perf_counter() - t0
-        return self._hold() if shed is None else self._refuse(shed)
-
-    def _hold(self) -> Step | asyncio.Future[Outcome]:
-        """A loose request whose pick has tight work pending waits for it (epp/flowcontrol/hold.py), once."""
-        holds, result = self.d.holds, self.result
-        if holds is None or result is None or self.held is not None:
-            return None
-        key, verdict = result.primary.key, decision_slo(result.state)
-        budget = hold_budget(verdict, key)
-        if budget <= 0.0 or verdict is None or not holds.busy(key, verdict):
-            return None
-        self.held = (f"held as loose: {key} is busy (tight work waiting for its first token, or "
-                     f"{holds.inflight(key)} requests in flight); it goes when it is not, at most in "
-                     f"{budget * 1000:.0f} ms")
-        if self.dry_run:
-            return None  # (explain shows why; the rest shows what it would get if it went now)
-        return holds.hold(key, verdict, budget, self.turn, self.ledger.undo)
+        return hold(self) if shed is None else self._refuse(shed)
 
     def _commit(self) -> Step:
         d, ctx, parsed, result = self.d, self.pending, self._parsed, self.result

@@ -17,6 +17,7 @@ from epp.flowcontrol import SloHolds
 from epp.protocol import Outcome
 from epp.request.director import DESTINATION, Director
 from epp.request.exchange import RequestExchange
+from epp.request.holding import why as why_held
 from scheduling.config import load_scheduler
 from scheduling.types import Endpoint, Metrics, endpoint_key
 
@@ -64,11 +65,12 @@ async def test_a_loose_request_waits_for_the_tight_work_on_its_pick_and_goes_at_
     loose = d.exchange()
     waiting = loose.decide(LOOSE, body(3), {})
     assert isinstance(waiting, asyncio.Future) and not waiting.done()
-    assert holds.count == 1 and loose.held.startswith("held as loose")
+    assert holds.count == 1
     assert d.datastore.inflight.get(KEY).requests == 2  # held: not in flight, not committed
     assert sample(registry, "pointsman_slo_held_requests") == 1
-    explained = RequestExchange(d, dry_run=True).decide(LOOSE, body(4), {})  # explain: would be held, holds nothing
-    assert isinstance(explained, Outcome) and holds.count == 1
+    dry = RequestExchange(d, dry_run=True)  # explain: would be held (and why), holds nothing
+    assert isinstance(dry.decide(LOOSE, body(4), {}), Outcome) and holds.count == 1
+    assert why_held(dry).startswith(f"held as loose: {KEY} is busy")
 
     first_chunk(tight)  # the tight request's first token: the loose one goes, scheduled afresh
     assert waiting.done() and routed(waiting.result()) == KEY
@@ -134,7 +136,7 @@ async def test_a_held_request_goes_at_its_deadline_and_holding_nothing_creates_n
     assert sample(registry, "pointsman_slo_held_seconds_count", outcome="deadline") == 1
     first_chunk(tight)
     again = d.exchange()  # nothing pending: a loose request goes synchronously (no future, no timer)
-    assert routed(again.decide(LOOSE, body(3), {})) == KEY and again.held is None
+    assert routed(again.decide(LOOSE, body(3), {})) == KEY and why_held(again) == ""
     for ex in (tight, loose, again):
         ex.close()
     assert dict(holds.outcomes) == {"deadline": 1}
