@@ -6,8 +6,12 @@ live regime (`python -m bench.routing.run --regimes slo`) adds Envoy, the ext_pr
     python -m bench.routing.slo_sim --servers 8 --qps 32 --duration 60 --slo-mix 0.3:250/20,0.7:2000 \\
         --policy pointsman --policy nohdr:headers=none --policy y0:config=/path/profile.yaml
 
-A policy is NAME[:headers=plain|none][:config=PROFILE]: Pointsman's built-in default (or PROFILE) sees the
-requests with the plain SLO headers (`x-slo-ttft-ms` / `x-slo-tpot-ms`) or with none. The pressure workload
+A policy is NAME[:headers=plain|none][:config=PROFILE][:hold=on|off]: Pointsman's built-in default (or PROFILE)
+sees the requests with the plain SLO headers (`x-slo-ttft-ms` / `x-slo-tpot-ms`) or with none. As the shell does,
+the replay holds a loose request back while its pick is busy (scheduling/latency/hold.py: a tight request there has
+not had its first token, or sloHoldShare × maxNumSeqs are in flight), until it is not or its slack runs out, then
+schedules it afresh; `hold=off` sends every request at once (as before holding existed). The last column counts the
+requests held and the p90 of their wait. The pressure workload
 (groups sized to 73% of the fleet's KV) starts with one request per group, unmeasured, then a Poisson stage.
 Pointsman sees each engine's running and waiting counts as of its last scrape (`--scrape-interval`, 0.05 s) and
 its own in-flight counts; TTFT is the engine's first token minus the arrival, plus `--hop-ms` (a fixed router hop).
