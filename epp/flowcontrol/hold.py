@@ -165,10 +165,11 @@ class SloHolds:
         if h.timer is not None:
             h.timer.cancel()
         self._changed(-1)
-        self._count_outcome(outcome, h)
         waiter = h.waiter
-        if waiter.done():
+        if waiter.done():  # the client went away and its callback has not run yet
+            self._gone(h)
             return
+        self._count_outcome(outcome, h)
         self.releasing = True
         try:
             outcome_ = h.go()
@@ -186,6 +187,9 @@ class SloHolds:
         if h.timer is not None:
             h.timer.cancel()
         self._changed(-1)
+        self._gone(h)
+
+    def _gone(self, h: _Held) -> None:
         self._count_outcome(CANCELLED, h)
         try:
             h.left()

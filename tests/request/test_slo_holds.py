@@ -140,3 +140,22 @@ async def test_a_held_request_goes_at_its_deadline_and_holding_nothing_creates_n
     for ex in (tight, loose, again):
         ex.close()
     assert dict(holds.outcomes) == {"deadline": 1}
+
+
+async def test_a_client_that_left_just_before_the_release_is_counted_once_and_shutdown_sends_the_held():
+    d, holds, _ = rig()
+    tight = d.exchange()
+    routed(tight.decide(TIGHT, body(1), {}))
+    gone, kept = d.exchange(), d.exchange()
+    leaving, waiting = gone.decide(LOOSE, body(2), {}), kept.decide(LOOSE, body(3), {})
+    assert isinstance(leaving, asyncio.Future) and isinstance(waiting, asyncio.Future) and holds.count == 2
+    leaving.cancel()  # its callback has not run when the release comes: it is not sent, and counted once
+    holds.close()  # shutdown: the one still waiting goes now
+    assert holds.count == 0 and dict(holds.outcomes) == {"cancelled": 1, "shutdown": 1}
+    assert waiting.done() and routed(waiting.result()) == KEY
+    await asyncio.sleep(0)  # (the cancelled one's callback runs: nothing more is counted)
+    assert dict(holds.outcomes) == {"cancelled": 1, "shutdown": 1}
+    assert d.datastore.inflight.get(KEY).requests == 2  # the tight one and the one sent at shutdown
+    for ex in (tight, gone, kept):
+        ex.close()
+    assert d.datastore.inflight.view() == {}
