@@ -6,11 +6,13 @@ live regime (`python -m bench.routing.run --regimes slo`) adds Envoy, the ext_pr
     python -m bench.routing.slo_sim --servers 8 --qps 32 --duration 60 --slo-mix 0.3:250/20,0.7:2000 \\
         --policy pointsman --policy nohdr:headers=none --policy y0:config=/path/profile.yaml
 
-A policy is NAME[:headers=plain|none][:config=PROFILE][:hold=on|off]: Pointsman's built-in default (or PROFILE)
+A policy is NAME[:headers=plain|none][:config=PROFILE][:hold=on|off][:phases=lean|full]: Pointsman's built-in default (or PROFILE)
 sees the requests with the plain SLO headers (`x-slo-ttft-ms` / `x-slo-tpot-ms`) or with none. As the shell does,
 the replay holds a loose request back while its pick is busy (scheduling/latency/hold.py: a tight request there has
 not had its first token, or sloHoldShare × maxNumSeqs are in flight), until it is not or its slack runs out, then
-schedules it afresh; `hold=off` sends every request at once (as before holding existed). The last column counts the
+schedules it afresh; `hold=off` sends every request at once (as before holding existed). A tight request is pending
+until its predicted TTFT has passed or it ends, and with `phases=full` also until its first token (Pointsman sees it
+with Envoy's response phases; the benchmark runs Pointsman with lean phases, the default here). The last column counts the
 requests held and the p90 of their wait. The pressure workload
 (groups sized to 73% of the fleet's KV) starts with one request per group, unmeasured, then a Poisson stage.
 Pointsman sees each engine's running and waiting counts as of its last scrape (`--scrape-interval`, 0.05 s) and
@@ -48,7 +50,8 @@ class Policy:
     name: str
     headers: str = "plain"  # bench.routing.client.SLO_HEADERS
     config: str | None = None  # a scheduling profile; None: the built-in default
-    hold: str = "on"  # on: loose requests the profile marks holdable wait while their pick has tight work pending
+    hold: str = "on"  # on: loose requests the profile marks holdable wait while their pick is busy
+    phases: str = "lean"  # lean: Pointsman never sees a response's first token (the benchmark's Envoy); full: it does
 
     @classmethod
     def parse(cls, text: str) -> Policy:
@@ -56,13 +59,14 @@ class Policy:
         kw: dict[str, str] = {}
         for o in opts:
             k, sep, v = o.partition("=")
-            if not sep or k not in ("headers", "config", "hold"):
-                raise ValueError(f"policy {text!r}: options are headers=plain|none, config=PATH and hold=on|off")
+            if not sep or k not in ("headers", "config", "hold", "phases"):
+                raise ValueError(f"policy {text!r}: options are headers=plain|none, config=PATH, hold=on|off and "
+                                 "phases=lean|full")
             kw[k] = v
         if kw.get("headers", "plain") not in SLO_HEADERS:
             raise ValueError(f"policy {text!r}: headers must be one of {', '.join(SLO_HEADERS)}")
-        if kw.get("hold", "on") not in ("on", "off"):
-            raise ValueError(f"policy {text!r}: hold must be on or off")
+        if kw.get("hold", "on") not in ("on", "off") or kw.get("phases", "lean") not in ("lean", "full"):
+            raise ValueError(f"policy {text!r}: hold must be on or off, phases lean or full")
         return cls(name, **kw)
 
 
@@ -114,7 +118,8 @@ class Replay:
         rng = random.Random(seed)
         self.scheduler: Scheduler = load_scheduler(policy.config, rng=rng)
         self.live: dict[int, Live] = {}
-        self.hold = policy.hold == "on"  # hold loose requests while their pick has tight work pending (hold.py)
+        self.hold = policy.hold == "on"  # hold loose requests while their pick is busy (hold.py)
+        self.full = policy.phases == "full"  # Pointsman sees each response's first token
         self.tight = TightWork()
         self.holds = Holds()
         self.held_for: list[float] = []  # how long each request that was held waited
@@ -128,10 +133,12 @@ class Replay:
         while True:
             t_arr = plan[i][0] if i < len(plan) else math.inf
             t_eng = min((t for g in self.fleet.engines if (t := g.next_event_time()) is not None), default=math.inf)
-            t = min(t_arr, t_eng, holds.next_deadline())
+            t = min(t_arr, t_eng, holds.next_deadline(), holds.next_wake())
             if t == math.inf:
                 return
             self._advance(t)
+            for key in holds.woken(t):  # the tight work pending there is due to have started
+                self._pump(key, t)
             for h in holds.expired(t):
                 self._send(h, t)
             while i < len(plan) and plan[i][0] <= t:
@@ -143,17 +150,17 @@ class Replay:
             for kind, seq, at in g.advance(t):
                 if kind == "finish":
                     self._finished(seq, at)
-                elif seq.generated == 1 and self.live[id(seq)].tight:
-                    key = self.live[id(seq)].ep.key
-                    self.tight.started(key)
-                    self._pump(key, at)
+                elif seq.generated == 1 and self.full and self.live[id(seq)].tight:  # (seen: response phases)
+                    live = self.live[id(seq)]
+                    self.tight.started(live.ep.key, live.h.i)
+                    self._pump(live.ep.key, at)
 
-    def _busy(self, key: str, verdict: SloVerdict) -> bool:
-        return busy(verdict, self.tight.busy(key), self.fleet.inflight.get(key, 0))
+    def _busy(self, key: str, verdict: SloVerdict, t: float) -> bool:
+        return busy(verdict, self.tight.busy(key, t), self.fleet.inflight.get(key, 0))
 
     def _pump(self, key: str, t: float) -> None:
         """`key` may no longer be busy: the requests held for it go, oldest first, while it is not."""
-        while (h := self.holds.first(key)) is not None and not self._busy(key, h.verdict):
+        while (h := self.holds.first(key)) is not None and not self._busy(key, h.verdict, t):
             self.holds.take(key)
             self._send(h.h, t)
 
@@ -182,8 +189,8 @@ class Replay:
         verdict = decision_slo(result.state)
         if may_hold and self.hold and verdict is not None:
             budget = hold_budget(verdict, ep.key)
-            if budget > 0 and self._busy(ep.key, verdict):
-                self.holds.add(ep.key, Waiting(h, verdict), t + budget)
+            if budget > 0 and self._busy(ep.key, verdict, t):
+                self.holds.add(ep.key, Waiting(h, verdict), t + budget, self.tight.until(ep.key))
                 return
         if verdict is not None:
             self.placed[verdict.klass] += 1
@@ -192,8 +199,8 @@ class Replay:
         self.scheduler.pre_request(ctx, result)
         fleet.inflight[ep.key] = fleet.inflight.get(ep.key, 0) + 1
         tight = is_tight(verdict)
-        if tight:
-            self.tight.sent(ep.key)
+        if tight and verdict is not None:  # pending until its first token (seen), its end or its predicted TTFT
+            self.tight.sent(ep.key, h.i, t + verdict.predicted[ep.key][0])
         engine = fleet.engines[[e.key for e in cands].index(ep.key)]
         seq = engine.submit(SimRequest(f"r{h.i}", encode(req.prompt), int(h.p.body.get("max_tokens", 64))), t)
         self.live[id(seq)] = Live(seq, ep, ctx, result, h, tight)
@@ -202,8 +209,8 @@ class Replay:
         live = self.live.pop(id(seq))
         ep, ctx, result, h = live.ep, live.ctx, live.result, live.h
         self.fleet.inflight[ep.key] -= 1
-        if live.tight and seq.generated < 1:
-            self.tight.started(ep.key)
+        if live.tight:
+            self.tight.started(ep.key, h.i)
         ctx.now = at
         self.scheduler.response_complete(ctx, result)
         self._pump(ep.key, at)
@@ -247,10 +254,22 @@ class Holds:
     def __init__(self) -> None:
         self.by_key: dict[str, dict[int, Waiting]] = {}
         self.deadlines: list[tuple[float, int, str]] = []
+        self.wakes: list[tuple[float, str]] = []  # when the tight work a key's held requests wait for is due
 
-    def add(self, key: str, w: Waiting, deadline: float) -> None:
+    def add(self, key: str, w: Waiting, deadline: float, wake: float | None) -> None:
         self.by_key.setdefault(key, {})[w.h.i] = w
         heapq.heappush(self.deadlines, (deadline, w.h.i, key))
+        if wake is not None and wake < deadline:
+            heapq.heappush(self.wakes, (wake, key))
+
+    def next_wake(self) -> float:
+        return self.wakes[0][0] if self.wakes else math.inf
+
+    def woken(self, t: float) -> list[str]:
+        out = []
+        while self.wakes and self.wakes[0][0] <= t:
+            out.append(heapq.heappop(self.wakes)[1])
+        return out
 
     def first(self, key: str) -> Waiting | None:
         waiting = self.by_key.get(key)
@@ -314,7 +333,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--scrape-interval", type=float, default=0.05)
     ap.add_argument("--hop-ms", type=float, default=0.0)
     ap.add_argument("--policy", action="append", default=[],
-                    help="NAME[:headers=plain|none][:config=PATH][:hold=on|off]")
+                    help="NAME[:headers=plain|none][:config=PATH][:hold=on|off][:phases=lean|full]")
     args = ap.parse_args(argv)
     policies = [Policy.parse(p) for p in args.policy] or [Policy("pointsman"), Policy("pointsman-nohdr", "none")]
     for p in policies:

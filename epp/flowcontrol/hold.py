@@ -6,13 +6,14 @@ waits, at most its budget (its TTFT objective × sloHeadroom − its predicted T
 sent; it is never held twice. `SloHolds` is the shell's side:
 
 - a request observer (epp/request/observe.py): a committed request placed as tight counts as pending on its
-  endpoint until its first response body chunk (with Envoy's response phases; with lean phases, until its stream
-  ends) or the end of its stream, whichever comes first;
+  endpoint until its first response body chunk (seen with Envoy's response phases), the end of its stream, or its
+  predicted TTFT after the decision, whichever comes first;
 - `hold(key, verdict, budget, go, left)`: the exchange's schedule stage asks it to hold a loose request whose pick
-  is busy (`busy`). It answers a future and sets one timer at the deadline. The request goes (`go()`: the exchange
-  schedules and commits it afresh; its outcome resolves the future) when its pick is no longer busy (`released`:
-  tight work started there, or a request there ended: `freed`, which the exchange's release calls), oldest first,
-  at the deadline (`deadline`), or when Pointsman shuts down (`shutdown`). A client that leaves cancels the
+  is busy (`busy`). It answers a future and sets one timer, at the deadline or, when tight work is pending, at
+  its predicted start. The request goes (`go()`: the exchange schedules and commits it afresh; its outcome
+  resolves the future) when its pick is no longer busy (`released`: tight work started there, or a request there
+  ended: `freed`, which the exchange's release calls), oldest first, at the deadline (`deadline`), or when
+  Pointsman shuts down (`shutdown`). A client that leaves cancels the
   future: the request is taken out at once (`cancelled`) and `left()` gives back what admission charged.
 - `outcomes` counts how each hold ended, exactly; the metrics get the time held by outcome and the number held
   now. Nothing is created for a request that is not held (no future, no timer, no task).
@@ -45,27 +46,28 @@ class HoldMetrics(Protocol):
 
 
 class _Held:
-    __slots__ = ("key", "verdict", "since", "go", "left", "waiter", "timer")
+    __slots__ = ("key", "verdict", "since", "deadline", "go", "left", "waiter", "timer")
 
-    def __init__(self, key: str, verdict: SloVerdict, since: float, go: Callable[[], Outcome],
+    def __init__(self, key: str, verdict: SloVerdict, since: float, deadline: float, go: Callable[[], Outcome],
                  left: Callable[[], None], waiter: asyncio.Future[Outcome]) -> None:
-        self.key, self.verdict, self.since, self.go, self.left, self.waiter = key, verdict, since, go, left, waiter
+        self.key, self.verdict, self.since, self.deadline = key, verdict, since, deadline
+        self.go, self.left, self.waiter = go, left, waiter
         self.timer: asyncio.TimerHandle | None = None
 
 
 class _TightFollow:
     """One tight request's response: its first body chunk (or its end) starts its endpoint's tight work."""
 
-    __slots__ = ("holds", "key")
+    __slots__ = ("holds", "key", "request")
 
-    def __init__(self, holds: SloHolds, key: str) -> None:
+    def __init__(self, holds: SloHolds, key: str, request: int) -> None:
         self.holds: SloHolds | None = holds
-        self.key = key
+        self.key, self.request = key, request
 
     def _started(self) -> None:
         holds, self.holds = self.holds, None
         if holds is not None:
-            holds.started(self.key)
+            holds.started(self.key, self.request)
 
     def response_headers(self, ex: Any, status: int, served: str | None) -> None:
         pass
@@ -98,21 +100,23 @@ class SloHolds:
         result = ex.result
         if result is None or not is_tight(decision_slo(result.state)):
             return None
-        key = result.primary.key
-        self.tight.sent(key)
-        return _TightFollow(self, key)
+        key, verdict = result.primary.key, decision_slo(result.state)
+        predicted = verdict.predicted.get(key) if verdict is not None else None
+        self._seq += 1
+        self.tight.sent(key, self._seq, self.clock() + (predicted[0] if predicted is not None else 0.0))
+        return _TightFollow(self, key, self._seq)
 
     def rejected(self, ex: Any, code: str) -> None:
         pass
 
     def busy(self, key: str, verdict: SloVerdict) -> bool:
         """Whether a loose request with `verdict` picked onto `key` waits (scheduling/latency/hold.py)."""
-        return busy(verdict, self.tight.busy(key), self.inflight(key))
+        return busy(verdict, self.tight.busy(key, self.clock()), self.inflight(key))
 
-    def started(self, key: str) -> None:
+    def started(self, key: str, request: int) -> None:
         """A tight request on `key` had its first token (or ended)."""
-        if self.tight.started(key):
-            self.freed(key)
+        self.tight.started(key, request)
+        self.freed(key)
 
     def freed(self, key: str) -> None:
         """`key` may no longer be busy (its tight work started, a request there ended): the requests held for it
@@ -136,20 +140,33 @@ class SloHolds:
              left: Callable[[], None]) -> asyncio.Future[Outcome]:
         """Hold a loose request picked onto `key` (busy) for at most `budget` seconds: a future that resolves to
         `go()`'s outcome when it is released. Cancelling the future takes the request out (then `left()`)."""
-        loop = asyncio.get_running_loop()
-        waiter: asyncio.Future[Outcome] = loop.create_future()
-        h = _Held(key, verdict, self.clock(), go, left, waiter)
+        waiter: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
+        now = self.clock()
+        h = _Held(key, verdict, now, now + budget, go, left, waiter)
         self._seq += 1
         seq = self._seq
         self._held.setdefault(key, {})[seq] = h
         self._changed(1)
-        h.timer = loop.call_later(budget, self._expire, h, seq)
+        self._arm(h, seq, now)
         waiter.add_done_callback(lambda fut: self._settled(h, seq, fut))
         return waiter
 
-    def _expire(self, h: _Held, seq: int) -> None:
-        if self._take(h, seq):
+    def _arm(self, h: _Held, seq: int, now: float) -> None:
+        """Wake `h` at its deadline, or sooner when the tight work pending on its pick is expected to start."""
+        at = self.tight.until(h.key)
+        at = h.deadline if at is None or at <= now else min(at, h.deadline)
+        h.timer = asyncio.get_running_loop().call_later(max(0.0, at - now), self._wake, h, seq)
+
+    def _wake(self, h: _Held, seq: int) -> None:
+        self.freed(h.key)  # (its pick's tight work may be due to have started)
+        if seq not in self._held.get(h.key, {}):
+            return
+        now = self.clock()
+        if now >= h.deadline:
+            self._take(h, seq)
             self._release(h, DEADLINE)
+        else:
+            self._arm(h, seq, now)
 
     def _take(self, h: _Held, seq: int) -> bool:
         """Take `h` out of its endpoint's list; False when it is no longer held."""

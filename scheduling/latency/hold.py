@@ -5,7 +5,8 @@ endpoint right behind loose ones shares their prefill or waits for them, and its
 the batch they fill. A request placed as `loose` (classes.py) has slack: it may start later than a tight one and
 still meet its objective. So while its pick is busy it is held back in Pointsman instead of sent:
 
-    busy(e)     e has tight work pending (a tight request sent there has not had its first token yet), or at least
+    busy(e)     e has tight work pending (a tight request sent there has not had its first token yet: until it is
+                seen, its stream ends, or its predicted TTFT has passed, whichever comes first), or at least
                 `hold_inflight` requests in flight (sloHoldShare × maxNumSeqs; 0: tight work only)
     budget      = its TTFT objective × headroom − its predicted TTFT on the pick     (how long it may wait)
     held        while the pick is busy, at most `budget` seconds
@@ -47,29 +48,37 @@ def is_tight(verdict: SloVerdict | None) -> bool:
 
 
 class TightWork:
-    """Per endpoint: the tight requests sent there that have not had their first token yet (exact counts; an
-    endpoint with none is not kept)."""
+    """Per endpoint: the tight requests sent there that have not started yet, each until its first token is seen,
+    its stream ends, or its predicted TTFT has passed (without the response's body the first token is never seen).
+    Exact: an endpoint with none is not kept."""
 
     __slots__ = ("pending",)
 
     def __init__(self) -> None:
-        self.pending: dict[str, int] = {}
+        self.pending: dict[str, dict[int, float]] = {}  # endpoint -> request -> when it is expected to start
 
-    def sent(self, key: str) -> None:
-        self.pending[key] = self.pending.get(key, 0) + 1
+    def sent(self, key: str, request: int, until: float) -> None:
+        self.pending.setdefault(key, {})[request] = until
 
-    def started(self, key: str) -> bool:
-        """A tight request sent to `key` had its first token (or ended without one). True when `key` has no tight
-        work pending any more (the loose requests held for it may go)."""
-        n = self.pending.get(key, 0) - 1
-        if n > 0:
-            self.pending[key] = n
+    def started(self, key: str, request: int) -> None:
+        """A tight request sent to `key` had its first token, or ended."""
+        got = self.pending.get(key)
+        if got is not None and got.pop(request, None) is not None and not got:
+            del self.pending[key]
+
+    def busy(self, key: str, now: float) -> bool:
+        """Whether `key` has tight work pending at `now` (the ones whose predicted TTFT has passed are dropped)."""
+        got = self.pending.get(key)
+        if not got:
             return False
-        self.pending.pop(key, None)
+        for request in [r for r, until in got.items() if until <= now]:
+            del got[request]
+        if not got:
+            del self.pending[key]
+            return False
         return True
 
-    def busy(self, key: str) -> bool:
-        return key in self.pending
-
-    def forget(self, key: str) -> None:
-        self.pending.pop(key, None)
+    def until(self, key: str) -> float | None:
+        """When the last tight request pending on `key` is expected to start (None: none pending)."""
+        got = self.pending.get(key)
+        return max(got.values()) if got else None

@@ -1,7 +1,7 @@
-"""Class-aware dispatch through a real Envoy with the built-in default config (docs/latency-model.md): while a
-tight request waits for its first token on an endpoint, a loose request picked onto it waits in Pointsman, a
-request without SLO headers goes at once, a client that leaves while held leaves at once, and the held request
-goes when the tight one's response starts."""
+"""Class-aware dispatch through a real Envoy with the built-in default config (docs/latency-model.md): while an
+endpoint is busy (half its batch, 8 of maxNumSeqs 16, in flight), a loose request picked onto it waits in
+Pointsman, requests without SLO headers and tight ones go at once, a client that leaves while held leaves at once,
+and the held request goes when a request there ends."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from tests.support.wait import until
 pytestmark = pytest.mark.envoy
 
 TIGHT = {"x-slo-ttft-ms": "250", "x-slo-tpot-ms": "20"}
-LOOSE = {"x-slo-ttft-ms": "60000"}  # a 48 s budget: only the tight response (or the client) ends its hold here
+LOOSE = {"x-slo-ttft-ms": "60000"}  # a 48 s budget: only a request ending (or the client leaving) ends its hold
 
 
 async def post(s: aiohttp.ClientSession, url: str, n: int, headers: dict[str, str]) -> int:
@@ -43,7 +43,7 @@ def held_count(exposition: str, outcome: str) -> float:
     return 0.0
 
 
-async def test_a_loose_request_waits_for_the_tight_one_and_a_leaving_client_leaves_at_once(tmp_path: Path):
+async def test_a_loose_request_waits_while_its_endpoint_is_busy_and_a_leaving_client_leaves_at_once(tmp_path: Path):
     port = free_port()
     fleet = HoldingFleet([port])
     await fleet.start()
@@ -62,16 +62,18 @@ async def test_a_loose_request_waits_for_the_tight_one_and_a_leaving_client_leav
     assert holds is not None and app.metrics is not None
     try:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as s:
-            tight = asyncio.create_task(post(s, url, 1, TIGHT))
+            tight = asyncio.create_task(post(s, url, 1, TIGHT))  # the tight class, held at the server
             await until(lambda: fleet.inflight[port] == 1, 20, lambda: f"in flight {dict(fleet.inflight)}")
+            plain = [asyncio.create_task(post(s, url, 10 + i, {})) for i in range(7)]  # no SLO headers: never held
+            await until(lambda: fleet.inflight[port] == 8, 20, lambda: f"in flight {dict(fleet.inflight)}")
             loose = asyncio.create_task(post(s, url, 2, LOOSE))
             await until(lambda: holds.count == 1, 20, lambda: f"held {holds.count}, {dict(holds.outcomes)}")
-            plain = asyncio.create_task(post(s, url, 3, {}))  # no SLO headers: never held
-            await until(lambda: fleet.inflight[port] == 2, 20, lambda: f"in flight {dict(fleet.inflight)}")
+            tight2 = asyncio.create_task(post(s, url, 3, TIGHT))  # a tight one goes at once
+            await until(lambda: fleet.inflight[port] == 9, 20, lambda: f"in flight {dict(fleet.inflight)}")
             leaving = asyncio.create_task(post(s, url, 4, LOOSE))
             await until(lambda: holds.count == 2, 20, lambda: f"held {holds.count}, {dict(holds.outcomes)}")
             await asyncio.sleep(0.3)  # a while later the loose ones still wait, and reached no engine
-            assert holds.count == 2 and fleet.inflight[port] == 2 and not loose.done()
+            assert holds.count == 2 and fleet.inflight[port] == 9 and not loose.done()
 
             t0 = time.monotonic()
             leaving.cancel()  # the client goes away: Envoy resets the ext_proc stream
@@ -79,10 +81,11 @@ async def test_a_loose_request_waits_for_the_tight_one_and_a_leaving_client_leav
             assert time.monotonic() - t0 < 2.0, "it leaves at once, not at its deadline"
             assert dict(holds.outcomes) == {"cancelled": 1}
 
-            fleet.release()  # the tight response starts: the held request goes, and everything is served
-            assert await asyncio.wait_for(asyncio.gather(tight, loose, plain), 30) == [200, 200, 200]
+            fleet.release()  # requests end: the held one goes, and everything is served
+            done = await asyncio.wait_for(asyncio.gather(tight, tight2, loose, *plain), 30)
+            assert done == [200] * 10
             assert dict(holds.outcomes) == {"cancelled": 1, "released": 1} and holds.count == 0
-            assert fleet.served[port] == 3
+            assert fleet.served[port] == 10
             text = app.metrics.exposition().decode()
             assert held_count(text, "released") == 1 and held_count(text, "cancelled") == 1
             assert "pointsman_slo_held_requests 0.0" in text

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import random
+import time
+from collections.abc import Callable
 
 import orjson
 from prometheus_client import CollectorRegistry
@@ -27,13 +29,23 @@ LOOSE = {**HDRS, "x-slo-ttft-ms": "20000"}  # a 16 s budget: only a release or a
 KEY = "10.0.0.1:8000"
 
 
-def rig() -> tuple[Director, SloHolds, CollectorRegistry]:
+class Clock:
+    """The holds' clock, frozen unless a test moves it: a tight request stays pending until its first token."""
+
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def rig(clock: Callable[[], float] | None = None) -> tuple[Director, SloHolds, CollectorRegistry]:
     ds = Datastore()
     ep = Endpoint(endpoint_key("10.0.0.1", 8000), "10.0.0.1", 8000, metrics=Metrics(stale=False, updated_at=0.0))
     ds.set_pool(PoolSpec("pool"), [ep])
     registry = CollectorRegistry()
     slo = SloMetrics(registry)
-    holds = SloHolds(lambda key: ds.inflight.get(key).requests, slo)
+    holds = SloHolds(lambda key: ds.inflight.get(key).requests, slo, clock=clock or Clock())
     d = Director(ds, load_scheduler(None, rng=random.Random(0)), observers=[slo, holds], holds=holds)
     return d, holds, registry
 
@@ -96,8 +108,8 @@ async def test_a_client_that_leaves_while_held_leaves_at_once_and_a_tight_reques
     assert sample(registry, "pointsman_slo_held_seconds_count", outcome="cancelled") == 1
     tight2 = d.exchange()  # another tight request on the busy endpoint goes at once
     routed(tight2.decide(TIGHT, body(3), {}))
-    tight.close()  # a tight request that ends without a first token starts nothing any more
-    assert holds.tight.pending == {KEY: 1}
+    tight.close()  # a tight request that ends without a first token is no longer pending
+    assert len(holds.tight.pending[KEY]) == 1
     tight2.close()
     loose.close()
     assert holds.tight.pending == {} and d.datastore.inflight.view() == {}
@@ -124,9 +136,13 @@ async def test_a_full_endpoint_holds_a_loose_request_until_a_request_there_ends(
 
 
 async def test_a_held_request_goes_at_its_deadline_and_holding_nothing_creates_nothing():
-    d, holds, registry = rig()
+    d, holds, registry = rig(time.monotonic)  # the real clock: the deadline passes
     tight = d.exchange()
     routed(tight.decide(TIGHT, body(1), {}))
+    first_chunk(tight)
+    plain = [d.exchange() for _ in range(7)]  # 8 in flight: busy, with no tight work to wait for
+    for i, ex in enumerate(plain):
+        routed(ex.decide(HDRS, body(10 + i), {}))
     loose = d.exchange()
     # 500 ms x 0.8 headroom - about 45 ms predicted: held for at most ~0.35 s
     waiting = loose.decide({**HDRS, "x-slo-ttft-ms": "500"}, body(2), {})
@@ -134,12 +150,32 @@ async def test_a_held_request_goes_at_its_deadline_and_holding_nothing_creates_n
     assert routed(await asyncio.wait_for(waiting, 10)) == KEY
     assert dict(holds.outcomes) == {"deadline": 1} and holds.count == 0
     assert sample(registry, "pointsman_slo_held_seconds_count", outcome="deadline") == 1
-    first_chunk(tight)
-    again = d.exchange()  # nothing pending: a loose request goes synchronously (no future, no timer)
+    for ex in plain:
+        ex.close()
+    again = d.exchange()  # nothing busy: a loose request goes synchronously (no future, no timer)
     assert routed(again.decide(LOOSE, body(3), {})) == KEY and why_held(again) == ""
     for ex in (tight, loose, again):
         ex.close()
     assert dict(holds.outcomes) == {"deadline": 1}
+
+
+async def test_without_its_first_token_tight_work_counts_until_its_predicted_ttft():
+    """With lean response phases Pointsman never sees the first token: the tight request's predicted TTFT (about
+    45 ms here) ends its pending, and the request held for it goes then."""
+    clock = Clock()
+    d, holds, _ = rig(clock)
+    tight = d.exchange()
+    routed(tight.decide(TIGHT, body(1), {}))
+    loose = d.exchange()
+    waiting = loose.decide(LOOSE, body(2), {})
+    assert isinstance(waiting, asyncio.Future)
+    await asyncio.sleep(0.2)  # (the holds' own clock has not moved: still pending)
+    assert not waiting.done()
+    clock.t += 1.0  # its predicted TTFT has passed
+    assert routed(await asyncio.wait_for(waiting, 10)) == KEY
+    assert dict(holds.outcomes) == {"released": 1} and holds.tight.pending == {}
+    for ex in (tight, loose):
+        ex.close()
 
 
 async def test_a_client_that_left_just_before_the_release_is_counted_once_and_shutdown_sends_the_held():
