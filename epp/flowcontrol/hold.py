@@ -98,10 +98,11 @@ class SloHolds:
     # ---- the request observer: tight work per endpoint -----------------------------------------------------------
     def decided(self, ex: Any) -> _TightFollow | None:
         result = ex.result
-        if result is None or not is_tight(decision_slo(result.state)):
+        verdict = decision_slo(result.state) if result is not None else None
+        if result is None or verdict is None or not is_tight(verdict):
             return None
-        key, verdict = result.primary.key, decision_slo(result.state)
-        predicted = verdict.predicted.get(key) if verdict is not None else None
+        key = result.primary.key
+        predicted = verdict.predicted.get(key)
         self._seq += 1
         self.tight.sent(key, self._seq, self.clock() + (predicted[0] if predicted is not None else 0.0))
         return _TightFollow(self, key, self._seq)
