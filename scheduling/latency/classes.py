@@ -93,20 +93,21 @@ class Placement:
     scarce: frozenset[str] = frozenset()
     hold: float = 0.0  # > 0: may be held back while its pick is busy (hold.py), up to this × its TTFT objective
     hold_inflight: int = 0  # > 0: its pick is busy also while it has this many requests in flight
+    hold_slack: float = 1.0  # the share of its slack (its TTFT × hold − its predicted TTFT) it may spend held
 
 
 def place(loose: Slo, tight: Slo, keys: Sequence[str], floors: Sequence[tuple[float, float]], headroom: float,
-          weight: float, share: float, hold_inflight: int | None = None) -> Placement:
+          weight: float, share: float, hold: tuple[int, float] | None = None) -> Placement:
     """A loose request's placement: weight × reserve(e) × slack added to each candidate's cost (module docstring);
     and, when at most `share` of the candidates have room for the tight class left (the pool nears saturation for
     it), those candidates as scarce. `floors`: (TTFT, TPOT) per candidate of a request whose prompt it holds
-    entirely. `hold_inflight`: None, never held; else it may be held while its pick has tight work pending or (when
-    > 0) at least that many requests in flight, up to its TTFT × `headroom` (hold.py)."""
+    entirely. `hold`: None, never held; else (in flight, slack share): it may be held while its pick has tight work
+    pending or (when > 0) at least that many requests in flight, for at most that share of its slack (hold.py)."""
     assert loose.ttft_s is not None and tight.ttft_s is not None
     room = reserves(tight, floors)
     k = weight * max(0.0, loose.ttft_s * headroom - tight.ttft_s)
     roomy = [key for key, r in zip(keys, room, strict=True) if r > 0.0]
     scarce = frozenset(roomy) if roomy and len(roomy) <= share * len(keys) else frozenset()
-    held = hold_inflight is not None
-    return Placement(LOOSE, [k * r for r in room] if k > 0 else None, scarce, headroom if held else 0.0,
-                     hold_inflight or 0)
+    inflight, slack = hold if hold is not None else (0, 0.0)
+    return Placement(LOOSE, [k * r for r in room] if k > 0 else None, scarce, headroom if hold is not None else 0.0,
+                     inflight, slack)

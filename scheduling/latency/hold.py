@@ -8,7 +8,8 @@ still meet its objective. So while its pick is busy it is held back in Pointsman
     busy(e)     e has tight work pending (a tight request sent there has not had its first token yet: until it is
                 seen, its stream ends, or its predicted TTFT has passed, whichever comes first), or at least
                 `hold_inflight` requests in flight (sloHoldShare × maxNumSeqs; 0: tight work only)
-    budget      = its TTFT objective × headroom − its predicted TTFT on the pick     (how long it may wait)
+    slack       = its TTFT objective × headroom − its predicted TTFT on the pick
+    budget      = sloHoldSlack (0.5) × slack: how long it may wait, keeping the rest for the prediction's error
     held        while the pick is busy, at most `budget` seconds
     released    when the pick is no longer busy (its tight work started, a request there ended), or at the
                 deadline (held since + budget), whichever comes first, oldest first; it is then scheduled afresh
@@ -33,7 +34,7 @@ def hold_budget(verdict: SloVerdict | None, key: str) -> float:
     got = verdict.predicted.get(key)
     if got is None:
         return 0.0
-    return max(0.0, verdict.slo.ttft_s * verdict.hold - got[0])
+    return max(0.0, verdict.hold_slack * (verdict.slo.ttft_s * verdict.hold - got[0]))
 
 
 def busy(verdict: SloVerdict, tight_pending: bool, inflight: int) -> bool:

@@ -25,7 +25,7 @@ from tests.support.wait import until
 pytestmark = pytest.mark.envoy
 
 TIGHT = {"x-slo-ttft-ms": "250", "x-slo-tpot-ms": "20"}
-LOOSE = {"x-slo-ttft-ms": "60000"}  # a 48 s budget: only a request ending (or the client leaving) ends its hold
+LOOSE = {"x-slo-ttft-ms": "60000"}  # a 24 s budget: only a request ending (or the client leaving) ends its hold
 
 
 async def post(s: aiohttp.ClientSession, url: str, n: int, headers: dict[str, str]) -> int:

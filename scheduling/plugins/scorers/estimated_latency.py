@@ -51,7 +51,7 @@ so it leaves the endpoints the tight class can still use to the tight requests w
 objective; sloYield 0 turns that off. When at most sloReserveShare of the candidates still have room for the tight
 class, a sheddable loose request that would take one is shed (the shell's SLO shedding). sloHold: a loose request
 whose pick is busy (a tight request there has not had its first token yet, or sloHoldShare × maxNumSeqs requests
-are in flight there) is held back by the shell until it is not, or its own slack runs out
+are in flight there) is held back by the shell until it is not, for at most sloHoldSlack of its slack
 (scheduling/latency/hold.py). Requests without headers are scored exactly as without SLOs.
 
 The decode term is what makes the choice far-sighted: a busy batch slows every token of the request (and the
@@ -148,6 +148,7 @@ class Params:
     sloReserveShare: float = bounded(0.25, min=0.0, max=1.0)
     sloHold: bool = True
     sloHoldShare: float = bounded(0.5, min=0.0, max=1.0)
+    sloHoldSlack: float = bounded(0.5, min=0.0, max=1.0)
     prefixSource: Literal["approximate", "precise"] = "approximate"
     outsideLoad: bool = True
 
@@ -161,12 +162,12 @@ class Params:
             self.trustAgreement, self.trustFloor)
 
 
-def hold_inflight(p: Params) -> int | None:
-    """How a loose request may be held (scheduling/latency/hold.py): None never; else while its pick has tight work
-    pending or at least this many requests in flight (0: tight work only)."""
+def hold_rule(p: Params) -> tuple[int, float] | None:
+    """How a loose request may be held (scheduling/latency/hold.py): None never; else (while its pick has tight work
+    pending or at least this many requests in flight (0: tight work only), for at most this share of its slack)."""
     if not p.sloHold:
         return None
-    return math.ceil(p.sloHoldShare * p.maxNumSeqs) if p.sloHoldShare > 0 else 0
+    return math.ceil(p.sloHoldShare * p.maxNumSeqs) if p.sloHoldShare > 0 else 0, p.sloHoldSlack
 
 
 # What one request's scheduling state carries between the scorer's hooks:
@@ -249,7 +250,7 @@ class EstimatedLatencyScorer(PreciseReader[Params], PrefixReader[Params], Scorer
         if klass == LOOSE and tight is not None:
             floors = self.model.predict(candidates, ns, 0.0, {}, now)  # what a request it holds entirely would get
             placement = place(slo, tight, [e.key for e in candidates], floors, p.sloHeadroom, p.sloYield,
-                              p.sloReserveShare, hold_inflight(p))
+                              p.sloReserveShare, hold_rule(p))
         return slo_scores(slo, candidates, costs, predicted, p.sloHeadroom, state, placement)
 
     # ---- what it learns from its picks ----------------------------------------------------------------------
