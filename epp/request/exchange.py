@@ -225,7 +225,7 @@ class RequestExchange:
         assert isinstance(out, Outcome), "schedule and commit never wait"
         return out
 
-    def _schedule(self) -> Step:
+    def _schedule(self) -> Step | asyncio.Future[Outcome]:
         ctx = self.pending
         assert ctx is not None
         if ctx.route is not None and ctx.route.provider is not None:
