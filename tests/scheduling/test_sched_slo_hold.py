@@ -6,7 +6,17 @@ from __future__ import annotations
 
 from sched_helpers import ctx, ep, plugin, req, state
 
-from scheduling.latency import LOOSE, TIGHT, Slo, SloVerdict, TightWork, busy, decision_slo, hold_budget, is_tight
+from scheduling.latency import (
+    LOOSE,
+    TIGHT,
+    Slo,
+    SloVerdict,
+    TightWork,
+    busy,
+    decision_slo,
+    hold_budget,
+    is_tight,
+)
 
 PROMPT = "s" * 64 * 20
 
