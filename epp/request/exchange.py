@@ -10,8 +10,8 @@ a request that never waits is decided synchronously:
     prepare   tokenize, for scheduling configs that read token ids               (epp/tokenize)
     queue     flow control: go now, refused, or held until capacity frees        (epp/flowcontrol)
     schedule  the scheduler picks (commit.py); a sheddable request no endpoint can serve within its SLO is shed; an
-              endpoint waiting for its passive-health probe gets this request; a loose request whose pick has
-              tight work pending is held until that work starts or its slack runs out (epp/flowcontrol/hold.py)
+              endpoint waiting for its passive-health probe gets this request; a loose request whose pick is
+              busy is held until it is not, or part of its slack is spent (holding.py, epp/flowcontrol/hold.py)
     commit    count it in flight, run pre_request, bind the session, tell the observers, build the mutations
 
 A queued request's turn (`turn`) comes inside flow control's dispatch cycle (a held one's when it is released): it
