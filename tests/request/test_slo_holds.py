@@ -15,11 +15,13 @@ from prometheus_client import CollectorRegistry
 
 from epp.api.slo_metrics import SloMetrics
 from epp.fleet.datastore import Datastore, PoolSpec
-from epp.flowcontrol import SloHolds
+from epp.fleet.saturation import ConcurrencyDetector
+from epp.flowcontrol import FlowController, PoolPressure, SloHolds
 from epp.protocol import Outcome
 from epp.request.director import DESTINATION, Director
 from epp.request.exchange import RequestExchange
 from epp.request.holding import why as why_held
+from scheduling.api import FlowControl
 from scheduling.config import load_scheduler
 from scheduling.types import Endpoint, Metrics, endpoint_key
 
@@ -195,3 +197,24 @@ async def test_a_client_that_left_just_before_the_release_is_counted_once_and_sh
     for ex in (tight, gone, kept):
         ex.close()
     assert d.datastore.inflight.view() == {}
+
+
+async def test_a_request_that_waited_in_flow_controls_queue_is_not_held_again():
+    """Flow control (two slots) queues a loose request while the pool is full; when a slot frees it goes, though
+    its pick still has tight work pending: it has waited already."""
+    d, holds, _ = rig()
+    detector = ConcurrencyDetector(d.datastore.inflight, max_concurrency=2)
+    flow = FlowController(FlowControl(), PoolPressure(d.datastore, d.datastore.routable, detector))
+    d = d.replace(flow=flow)
+    tight, plain = d.exchange(), d.exchange()
+    routed(tight.decide(TIGHT, body(1), {}))
+    routed(plain.decide(HDRS, body(2), {}))
+    loose = d.exchange()
+    queued = loose.decide(LOOSE, body(3), {})
+    assert isinstance(queued, asyncio.Future) and flow.queued() == 1 and holds.count == 0
+    plain.close()  # a slot frees: its turn comes, and it is routed though the tight request is still pending
+    assert routed(await asyncio.wait_for(queued, 10)) == KEY
+    assert holds.count == 0 and not holds.outcomes and holds.tight.pending
+    for ex in (tight, loose):
+        ex.close()
+    await flow.close()
