@@ -20,7 +20,8 @@ nothing extra, and without a tighter class in play (or without headers) nothing 
 
 Admission keeps room for the tight class: when at most `share` of the candidates still have room for it (reserve > 0;
 the pool nears saturation for tight requests), those candidates are scarce, and a sheddable loose request that would
-take one is shed by the shell (epp/request/commit.py) instead. Pure: no I/O, time passed in.
+take one is shed by the shell (epp/request/commit.py) instead. And a loose request whose pick is busy waits in the
+shell for part of its slack, so tight requests go first (hold.py). Pure: no I/O, time passed in.
 """
 
 from __future__ import annotations
@@ -91,7 +92,7 @@ class Placement:
     klass: str = TIGHT
     penalties: list[float] | None = None
     scarce: frozenset[str] = frozenset()
-    hold: float = 0.0  # > 0: may be held back while its pick is busy (hold.py), up to this × its TTFT objective
+    hold: float = 0.0  # > 0: may be held back while its pick is busy (hold.py); its slack: TTFT × this − predicted
     hold_inflight: int = 0  # > 0: its pick is busy also while it has this many requests in flight
     hold_slack: float = 1.0  # the share of its slack (its TTFT × hold − its predicted TTFT) it may spend held
 
