@@ -18,7 +18,7 @@ from epp.api.pb import pointsman_pb2 as api
 from epp.api.pb import pointsman_pb2_grpc
 from epp.fleet import Datastore, PassiveHealth
 from epp.protocol import Outcome
-from epp.request import Director, RequestExchange, ShellContext
+from epp.request import Director, RequestExchange, ShellContext, why_held
 from epp.routing import CREDENTIAL_HEADERS
 from scheduling.api import SchedulingResult
 from scheduling.latency import decision_slo, predictions
@@ -248,6 +248,8 @@ class PointsmanService(pointsman_pb2_grpc.PointsmanServicer):
                 out.token_source, out.prompt_tokens = req.token_source, req.estimated_tokens
         if ex.queue is not None and ex.queue.why:  # it would wait; the rest shows what it would get if it went now
             out.queued, out.queue = True, ex.queue.why
+        elif held := why_held(ex):  # held for tight work (epp/flowcontrol/hold.py)
+            out.queued, out.queue = True, held
         if outcome.reject_status or ctx is None:
             out.status, out.error = outcome.reject_status, outcome.reject_body
             return out

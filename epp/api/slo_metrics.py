@@ -19,6 +19,11 @@ A request observer (epp/request/observe.py); it acts only on requests whose deci
                                                     endpoint) or `loose` (it yields the short queues to the tight)
 - pointsman_slo_predicted_headroom_seconds{slo, class}  the objective minus the prediction on the pick (negative:
                                                     predicted to miss), per objective the request states (histogram)
+- pointsman_slo_held_seconds{outcome}                how long loose requests were held back for tight work
+                                                    (epp/flowcontrol/hold.py), by how the hold ended: `released` (its
+                                                    pick was no longer busy), `deadline`, `cancelled` (the client
+                                                    left), `shutdown` (histogram)
+- pointsman_slo_held_requests                       loose requests held now (gauge)
 
 `slo` is `ttft` or `tpot`. Requests shed because no endpoint could meet a sheddable request's objectives are counted
 as request errors (ResourceExhausted), like every request that never reaches an engine.
@@ -28,7 +33,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from scheduling.latency import SloVerdict, decision_slo
 
@@ -37,6 +42,7 @@ if TYPE_CHECKING:
 
 REQ_LABELS = ("model_name", "target_model_name")
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 20.0, 60.0)
+HELD_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0)
 HEADROOM_BUCKETS = (-5.0, -1.0, -0.25, -0.1, -0.025, -0.005, 0.0, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
                     2.0, 5.0)
 
@@ -66,9 +72,21 @@ class SloMetrics:
                                   "The objective minus the prediction on the picked endpoint, per objective "
                                   "(negative: predicted to miss).", ["slo", "class"], buckets=HEADROOM_BUCKETS,
                                   registry=registry)
+        self.held_s = Histogram("pointsman_slo_held_seconds",
+                                "How long loose requests were held back while their pick had tight work pending, by "
+                                "how the hold ended.", ["outcome"], buckets=HELD_BUCKETS, registry=registry)
+        self.held_now = Gauge("pointsman_slo_held_requests", "Loose requests held back for tight work now.",
+                              registry=registry)
         self.ttft = Histogram("inference_objective_request_ttft_seconds",
                               "Measured time to first token of requests with SLO headers (response phases).",
                               REQ_LABELS, buckets=TTFT_BUCKETS, registry=registry)
+
+    # ---- the holds' metrics (epp.flowcontrol.hold.HoldMetrics) -------------------------------------------------
+    def held(self, outcome: str, seconds: float) -> None:
+        self.held_s.labels(outcome).observe(seconds)
+
+    def holding(self, count: int) -> None:
+        self.held_now.set(count)
 
     # ---- the request observer ----------------------------------------------------------------------------------
     def decided(self, ex: RequestExchange) -> _Follow | None:

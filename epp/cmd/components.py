@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from epp.fleet import FileWatcher, PassiveHealth
     from epp.fleet.kvevents import PreciseService
     from epp.fleet.scrape import MetricsScraper
-    from epp.flowcontrol import FlowController, PoolPressure
+    from epp.flowcontrol import FlowController, PoolPressure, SloHolds
     from epp.observe import Observability
     from epp.ratelimit import RateLimits
     from epp.request import Director, SessionIdentity
@@ -60,6 +60,7 @@ class Components:
         self.recorder: DecisionRecorder | None = None  # the record of decisions: the dashboard's and the receipts'
         self.observe: Observability | None = None  # traces, receipts, the shadow profile (epp/observe)
         self.sessions: SessionIdentity | None = None  # agent session identity (epp/request/sessions.py)
+        self.holds: SloHolds | None = None  # loose requests held for tight work (epp/flowcontrol/hold.py)
         self.director: Director | None = None
         self.dashboard: Dashboard | None = None
         self.server: Any = None  # the gRPC server (grpc.aio.Server or epp.h2grpc.H2Server)

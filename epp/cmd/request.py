@@ -48,8 +48,12 @@ def observers(app: Components) -> list[RequestObserver]:
     share it), then tracing and the shadow profile (epp/observe)."""
     assert app.metrics is not None
     from epp.api import SloMetrics  # predicted and measured SLO attainment (x-llm-d-slo-*)
+    from epp.flowcontrol import SloHolds  # loose requests held for tight work (x-llm-d-slo-*)
 
-    out: list[RequestObserver] = [RequestMetrics(app.metrics), SloMetrics(app.metrics.registry)]
+    slo = SloMetrics(app.metrics.registry)
+    inflight = app.datastore.inflight
+    app.holds = SloHolds(lambda key: inflight.get(key).requests, slo)
+    out: list[RequestObserver] = [RequestMetrics(app.metrics), slo, app.holds]
     if app.routing is not None:
         out.extend(app.routing.router.runtimes)
     if app.passive is not None:
@@ -85,12 +89,20 @@ async def build_director(app: Components) -> None:
         router=app.routing.router if app.routing is not None else None,
         tokens=app.tokens,  # precise prefix routing: tokenize for configs that read tokens
         observers=tuple(observers(app)),
+        holds=app.holds,  # (built with the observers: it is one)
         early=app.settings.request.early,  # reading the body as it streams in (epp/request/early.py)
         sessions=app.sessions,
         probe=app.passive.probe_for if app.passive is not None else None,  # a probe goes out whatever the scores
         **(app.observe.director_fields() if app.observe is not None else {}),  # decision ids, tracing
     )
     apply_scheduler(app, app.scheduler)
+    holds = app.holds
+
+    async def release_held() -> None:  # at shutdown, held requests go now
+        if holds is not None:
+            holds.close()
+
+    app.runner.add("slo holds", release_held)
     from epp.api import (
         ModelCollector,  # the latency model: timings and prefix trust per endpoint
     )

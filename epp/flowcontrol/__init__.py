@@ -2,6 +2,8 @@
 
 - `queues`: the pure queue structures (bands, flows, fairness, FCFS, capacity accounting);
 - `controller`: the asyncio controller (admission, dispatch cycles, TTLs, metrics);
+- `hold`: class-aware dispatch: loose requests held back while the endpoint they would take has tight work
+  pending (`SloHolds`; the policy is scheduling/latency/hold.py);
 - `pressure`: the pool saturation the controller dispatches by (the configured detector, corrected for dispatches
   the scrapes have not seen yet).
 
@@ -26,17 +28,18 @@ if TYPE_CHECKING:
         FlowController,
         fairness_id,
     )
+    from epp.flowcontrol.hold import SloHolds
     from epp.flowcontrol.pressure import PoolPressure
 
 # Each name and the module that defines it ("module:name" when renamed), imported on first use (PEP 562).
 _LAZY = {
     "DEFAULT_FLOW": "controller", "DROPPED_REASON": "controller", "FAIRNESS_HEADER": "controller",
     "FAIRNESS_HEADERS": "controller", "FlowController": "controller", "fairness_id": "controller",
-    "PoolPressure": "pressure",
+    "PoolPressure": "pressure", "SloHolds": "hold",
 }
 
 __all__ = ["DEFAULT_FLOW", "DROPPED_REASON", "FAIRNESS_HEADER", "FAIRNESS_HEADERS", "FlowController", "PoolPressure",
-           "fairness_id"]
+           "SloHolds", "fairness_id"]
 
 
 __getattr__ = lazy_exports(__name__, _LAZY)

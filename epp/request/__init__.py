@@ -12,6 +12,7 @@ if TYPE_CHECKING:
     from epp.request.commit import mutations, mutations_for_provider, schedule
     from epp.request.director import DecisionIds, Director, DirectorConfig, ShellContext, error_outcome
     from epp.request.exchange import STAGE_NAMES, STAGES, RequestExchange
+    from epp.request.holding import why as why_held
     from epp.request.observe import RequestObserver
     from epp.request.resolve import resolve
     from epp.request.sessions import SessionIdentity
@@ -26,6 +27,7 @@ _LAZY = {
     "DecisionIds": "director", "Director": "director", "DirectorConfig": "director", "ShellContext": "director",
     "error_outcome": "director",
     "RequestExchange": "exchange", "STAGE_NAMES": "exchange", "STAGES": "exchange",
+    "why_held": "holding:why",
     "RequestObserver": "observe",
     "resolve": "resolve",
     "SessionIdentity": "sessions",
@@ -36,7 +38,8 @@ _LAZY = {
 
 __all__ = ["Admitter", "DecisionIds", "Director", "DirectorConfig", "RequestExchange", "RequestObserver", "STAGE_NAMES", "STAGES",
            "SessionIdentity", "SheddableAdmitter", "ShellContext", "TraceParent", "UNSAMPLED", "Usage", "error_outcome",
-           "find_parent", "from_headers", "from_metadata", "mutations", "mutations_for_provider", "resolve", "schedule"]
+           "find_parent", "from_headers", "from_metadata", "mutations", "mutations_for_provider", "resolve", "schedule",
+           "why_held"]
 
 
 __getattr__ = lazy_exports(__name__, _LAZY)

@@ -104,6 +104,8 @@ def release(d: Director, ctx: ShellContext, ticket: InflightTicket | None, sched
     live = ticket is not None and d.datastore.inflight.remove(ticket)
     if d.flow is not None:
         d.flow.kick()  # capacity freed: queued requests may go
+    if live and d.holds is not None and ticket is not None:
+        d.holds.freed(ticket.key)  # loose requests held for this endpoint may go (epp/flowcontrol/hold.py)
     ctx.now = d.clock()  # plugins see the time the request ended
     try:
         # An endpoint that left while the request ran was already forgotten by every plugin: telling them how the

@@ -44,7 +44,7 @@ from scheduling.api import Scheduler, SchedulingContext
 from scheduling.types import Endpoint
 
 if TYPE_CHECKING:
-    from epp.flowcontrol import FlowController
+    from epp.flowcontrol import FlowController, SloHolds
     from epp.observe import Tracing
     from epp.request.sessions import SessionIdentity
     from epp.routing import Router
@@ -63,6 +63,7 @@ class Director:
     admitters: Sequence[Admitter] = ()  # in order: sheddable saturation, rate limits, budgets (epp/request/admit.py)
     tokens: RequestTokens | None = None  # tokens for configs that read them (precise prefix routing)
     flow: FlowController | None = None  # flow control's queue, while the config turns it on
+    holds: SloHolds | None = None  # loose requests held while their pick has tight work pending (also an observer)
     observers: Sequence[RequestObserver] = ()  # metrics, the dashboard, passive health, quarantine (observe.py)
     early: EarlySettings = field(default_factory=EarlySettings)  # deciding before the body ends (early.py)
     ids: DecisionIds = field(default_factory=DecisionIds)  # one per process: a reload keeps it

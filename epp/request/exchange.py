@@ -10,12 +10,13 @@ a request that never waits is decided synchronously:
     prepare   tokenize, for scheduling configs that read token ids               (epp/tokenize)
     queue     flow control: go now, refused, or held until capacity frees        (epp/flowcontrol)
     schedule  the scheduler picks (commit.py); a sheddable request no endpoint can serve within its SLO is shed; an
-              endpoint waiting for its passive-health probe gets this request
+              endpoint waiting for its passive-health probe gets this request; a loose request whose pick is
+              busy is held until it is not, or part of its slack is spent (holding.py, epp/flowcontrol/hold.py)
     commit    count it in flight, run pre_request, bind the session, tell the observers, build the mutations
 
-A queued request's turn (`turn`) comes inside flow control's dispatch cycle: it re-resolves its candidates on the
-pool as it is then and runs `schedule` and `commit` synchronously there, so it is counted in flight before the
-next saturation check.
+A queued request's turn (`turn`) comes inside flow control's dispatch cycle (a held one's when it is released): it
+re-resolves its candidates on the pool as it is then and runs `schedule` and `commit` synchronously there, so it is
+counted in flight before the next saturation check.
 
 Its collaborators hold their own state: the `Intake` the body as it streams in (epp/request/early.py), the
 `Ledger` what the admitters charged, given back if the request never reaches an engine (epp/request/admit.py), the
@@ -46,6 +47,7 @@ from epp.request.admit import Ledger
 from epp.request.commit import commit, log_decision, mutations, mutations_for_provider, pick, release
 from epp.request.context import error_outcome
 from epp.request.early import Intake, content_length
+from epp.request.holding import hold
 from epp.request.queueing import QueueTurn
 from epp.request.resolve import Metadata, refresh, resolve
 from epp.request.respond import ResponsePath, rejected
@@ -213,7 +215,7 @@ class RequestExchange:
             self._rejected(ErrorCode.SERVICE_UNAVAILABLE.value, evicted)
 
     def turn(self) -> Outcome:
-        """A queued request's turn: re-resolve its candidates on the pool as it is now, schedule and commit."""
+        """A queued or held request's turn: re-resolve its candidates on the pool as it is now, schedule and commit."""
         assert self.pending is not None
         try:
             self.pending = refresh(self.d, self.pending, self.headers, self.metadata)
@@ -223,7 +225,7 @@ class RequestExchange:
         assert isinstance(out, Outcome), "schedule and commit never wait"
         return out
 
-    def _schedule(self) -> Step:
+    def _schedule(self) -> Step | asyncio.Future[Outcome]:
         ctx = self.pending
         assert ctx is not None
         if ctx.route is not None and ctx.route.provider is not None:
@@ -236,7 +238,7 @@ class RequestExchange:
         except Exception as exc:  # never crash a stream: a bug becomes a clear 500
             return self._fail(exc)
         self.schedule_s = time.perf_counter() - t0
-        return None if shed is None else self._refuse(shed)
+        return hold(self) if shed is None else self._refuse(shed)
 
     def _commit(self) -> Step:
         d, ctx, parsed, result = self.d, self.pending, self._parsed, self.result

@@ -11,7 +11,8 @@ it (docs/latency-model.md). Pure: no I/O, time passed in.
 - `OutsideLoad` (outside.py): the requests each engine runs that Pointsman did not send, from the scrapes.
 - `ModelConfig` (config.py): its settings and the batch slowdown.
 - SLOs: the objectives a request states (slo.py), the tiers a decision ranks them in (tiers.py), and the classes
-  that make a request with more slack yield the short queues to one with less (classes.py).
+  that make a request with more slack yield the short queues to one with less (classes.py), and wait while the
+  endpoint it would take has tight work pending (hold.py).
 
 The estimated-latency scorer (scheduling/plugins/scorers/estimated_latency.py) reads the prefix data and hands it
 to the model; the shell reads the SLO verdict, the predictions and the per-endpoint view through this face.
@@ -23,6 +24,7 @@ from scheduling.latency.config import ModelConfig, output_tokens
 from scheduling.latency.estimates import Timings
 from scheduling.latency.estimator import EndpointModel, LatencyModel, ScoredPass
 from scheduling.latency.fit import EndpointFit, FitView
+from scheduling.latency.hold import TightWork, busy, hold_budget, is_tight
 from scheduling.latency.learner import Chosen, Learner
 from scheduling.latency.outside import OutsideLoad
 from scheduling.latency.slo import MAX_SLO_MS, SLO_STATE, Slo, SloVerdict, decision_slo, slo_from_headers
@@ -57,8 +59,12 @@ __all__ = [
     "SloVerdict",
     "Timings",
     "TrustTable",
+    "TightWork",
     "TrustView",
+    "busy",
     "decision_slo",
+    "hold_budget",
+    "is_tight",
     "output_tokens",
     "place",
     "predictions",

@@ -20,7 +20,8 @@ nothing extra, and without a tighter class in play (or without headers) nothing 
 
 Admission keeps room for the tight class: when at most `share` of the candidates still have room for it (reserve > 0;
 the pool nears saturation for tight requests), those candidates are scarce, and a sheddable loose request that would
-take one is shed by the shell (epp/request/commit.py) instead. Pure: no I/O, time passed in.
+take one is shed by the shell (epp/request/commit.py) instead. And a loose request whose pick is busy waits in the
+shell for part of its slack, so tight requests go first (hold.py). Pure: no I/O, time passed in.
 """
 
 from __future__ import annotations
@@ -91,17 +92,23 @@ class Placement:
     klass: str = TIGHT
     penalties: list[float] | None = None
     scarce: frozenset[str] = frozenset()
+    hold: float = 0.0  # > 0: may be held back while its pick is busy (hold.py); its slack: TTFT × this − predicted
+    hold_inflight: int = 0  # > 0: its pick is busy also while it has this many requests in flight
+    hold_slack: float = 1.0  # the share of its slack (its TTFT × hold − its predicted TTFT) it may spend held
 
 
 def place(loose: Slo, tight: Slo, keys: Sequence[str], floors: Sequence[tuple[float, float]], headroom: float,
-          weight: float, share: float) -> Placement:
+          weight: float, share: float, hold: tuple[int, float] | None = None) -> Placement:
     """A loose request's placement: weight × reserve(e) × slack added to each candidate's cost (module docstring);
     and, when at most `share` of the candidates have room for the tight class left (the pool nears saturation for
     it), those candidates as scarce. `floors`: (TTFT, TPOT) per candidate of a request whose prompt it holds
-    entirely."""
+    entirely. `hold`: None, never held; else (in flight, slack share): it may be held while its pick has tight work
+    pending or (when > 0) at least that many requests in flight, for at most that share of its slack (hold.py)."""
     assert loose.ttft_s is not None and tight.ttft_s is not None
     room = reserves(tight, floors)
     k = weight * max(0.0, loose.ttft_s * headroom - tight.ttft_s)
     roomy = [key for key, r in zip(keys, room, strict=True) if r > 0.0]
     scarce = frozenset(roomy) if roomy and len(roomy) <= share * len(keys) else frozenset()
-    return Placement(LOOSE, [k * r for r in room] if k > 0 else None, scarce)
+    inflight, slack = hold if hold is not None else (0, 0.0)
+    return Placement(LOOSE, [k * r for r in room] if k > 0 else None, scarce, headroom if hold is not None else 0.0,
+                     inflight, slack)

@@ -77,6 +77,9 @@ class SloVerdict:
     headroom: frozenset[str]  # ... with headroom
     klass: str = "tight"  # the class it was placed as (classes.py): tight (takes the best) or loose (yields)
     scarce: frozenset[str] = frozenset()  # loose: the tight class's last room (a sheddable request does not take it)
+    hold: float = 0.0  # loose: it may be held while its pick is busy (hold.py), its slack = TTFT × hold − predicted
+    hold_inflight: int = 0  # loose: its pick is busy also while this many requests are in flight there (> 0)
+    hold_slack: float = 1.0  # loose: the share of its slack it may spend held
 
     def takes_scarce(self, key: str) -> bool:
         """A loose request picked `key`, one of the last endpoints with room for the tight class."""

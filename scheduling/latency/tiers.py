@@ -47,7 +47,8 @@ def slo_scores(slo: Slo, candidates: list[Endpoint], costs: list[float], predict
     state[SLO_STATE] = SloVerdict(
         slo, {e.key: pr for e, pr in zip(candidates, predicted, strict=True)},
         frozenset(e.key for e, t in zip(candidates, tiers, strict=True) if t < 2),
-        frozenset(e.key for e, t in zip(candidates, tiers, strict=True) if t == 0), placement.klass, placement.scarce)
+        frozenset(e.key for e, t in zip(candidates, tiers, strict=True) if t == 0), placement.klass, placement.scarce,
+        placement.hold, placement.hold_inflight, placement.hold_slack)
     return out
 
 

@@ -49,7 +49,10 @@ objective first). SLO classes (scheduling/latency/classes.py): a request looser 
 in the last sloClassWindowSeconds is placed as `loose` and pays sloYield × reserve(e) × its slack on top of cost(e),
 so it leaves the endpoints the tight class can still use to the tight requests when a busier one meets its own
 objective; sloYield 0 turns that off. When at most sloReserveShare of the candidates still have room for the tight
-class, a sheddable loose request that would take one is shed (the shell's SLO shedding). Requests without headers are scored exactly as without SLOs.
+class, a sheddable loose request that would take one is shed (the shell's SLO shedding). sloHold: a loose request
+whose pick is busy (a tight request there has not had its first token yet, or sloHoldShare × maxNumSeqs requests
+are in flight there) is held back by the shell until it is not, for at most sloHoldSlack of its slack
+(scheduling/latency/hold.py). Requests without headers are scored exactly as without SLOs.
 
 The decode term is what makes the choice far-sighted: a busy batch slows every token of the request (and the
 requests already there), so it spreads load before queues form, while a long uncached prefill still keeps a
@@ -78,6 +81,7 @@ max-num-seqs 16, 12 ms per output token); set them in wall-clock seconds for the
 
 from __future__ import annotations
 
+import math
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -142,6 +146,9 @@ class Params:
     sloYield: float = bounded(0.5, min=0.0)
     sloClassWindowSeconds: float = bounded(60.0, min=0.0)
     sloReserveShare: float = bounded(0.25, min=0.0, max=1.0)
+    sloHold: bool = True
+    sloHoldShare: float = bounded(0.5, min=0.0, max=1.0)
+    sloHoldSlack: float = bounded(0.5, min=0.0, max=1.0)
     prefixSource: Literal["approximate", "precise"] = "approximate"
     outsideLoad: bool = True
 
@@ -153,6 +160,14 @@ class Params:
             self.initialRequestSeconds, self.durationEwmaAlpha, self.blockSizeTokens, self.calibrate,
             self.calibrationAlpha, self.fitEngineTimings, self.prefixTrust, self.trustWindowSeconds,
             self.trustAgreement, self.trustFloor)
+
+
+def hold_rule(p: Params) -> tuple[int, float] | None:
+    """How a loose request may be held (scheduling/latency/hold.py): None never; else (while its pick has tight work
+    pending or at least this many requests in flight (0: tight work only), for at most this share of its slack)."""
+    if not p.sloHold:
+        return None
+    return math.ceil(p.sloHoldShare * p.maxNumSeqs) if p.sloHoldShare > 0 else 0, p.sloHoldSlack
 
 
 # What one request's scheduling state carries between the scorer's hooks:
@@ -235,7 +250,7 @@ class EstimatedLatencyScorer(PreciseReader[Params], PrefixReader[Params], Scorer
         if klass == LOOSE and tight is not None:
             floors = self.model.predict(candidates, ns, 0.0, {}, now)  # what a request it holds entirely would get
             placement = place(slo, tight, [e.key for e in candidates], floors, p.sloHeadroom, p.sloYield,
-                              p.sloReserveShare)
+                              p.sloReserveShare, hold_rule(p))
         return slo_scores(slo, candidates, costs, predicted, p.sloHeadroom, state, placement)
 
     # ---- what it learns from its picks ----------------------------------------------------------------------
