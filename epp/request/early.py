@@ -20,7 +20,8 @@ What the decision cannot see is handled explicitly: the token estimate is the co
 (CHARS_PER_TOKEN per token; the prompt seen so far when there is none), the parsed body holds only the members that
 had arrived (so `max_tokens` after the prompt is absent, and admitters use their defaults for it), a `cache_salt`
 after the prompt is not in the block hashes, and the fields after the decision point are not validated (the model
-server answers a malformed body). OpenAI's Python client writes `messages` before `model`: its requests decide early
+server answers a malformed body). A prompt member that comes a second time after the decision point (JSON's last
+one wins) is not seen by it: the decision stands on the first, the reader withdraws its head (`head_chars` 0). OpenAI's Python client writes `messages` before `model`: its requests decide early
 only with a trusted model header or a one-model pool.
 """
 
