@@ -86,22 +86,35 @@ def test_tokenize_input_puts_a_marker_where_each_item_stands() -> None:
     assert resp.messages is not None and resp.messages[0]["content"] == f"q\n{media_marker(PARTS[10][0])}"
 
 
-def test_mask_replaces_long_inline_payloads_only() -> None:
+def test_mask_replaces_long_inline_payloads_of_media_parts_only() -> None:
     kept = orjson.dumps({"url": "data:image/png;base64,QUJD", "t": "a long sentence, " * 40,
                          "h": "https://x/" + "a" * 400, "n": 12}).decode()
     assert mask_media(kept) == kept  # short payloads, text, URLs: unchanged
     assert mask_media("no quotes at all " * 100) == "no quotes at all " * 100
-    run = "x" * INLINE_MIN  # long inline data: masked (equal data, equal text); short, escaped or elsewhere: kept
-    assert mask_media(f'{{"data":"{run}"}}') == f'{{"data":"{mask_media_id(run)}"}}'
-    assert mask_media(f'{{"file_data":"{run}"}}') == f'{{"file_data":"{mask_media_id(run)}"}}'
-    for kept in (f'{{"data":"{run[1:]}"}}', f'{{"text":"{run}"}}', f'{{"data":"{run}\\n"}}'):
-        assert mask_media(kept) == kept
+    run = "x" * INLINE_MIN  # long inline data of a media part: masked (equal data, equal text)
+
+    def dumps(v: object) -> str:
+        return orjson.dumps(v).decode()
+
+    for part in ({"type": "input_audio", "input_audio": {"data": run, "format": "wav"}},
+                 {"type": "file", "file": {"file_data": run}}, {"type": "input_file", "file_data": run},
+                 {"input_file_first": 1, "file_data": run, "type": "input_file"},  # "type" after the payload
+                 {"type": "image", "source": {"type": "base64", "data": run}}):
+        assert mask_media(dumps([part])) == dumps([part]).replace(run, mask_media_id(run)), part
+    # short, escaped, or outside a media part (a text part, a tool's arguments, two levels down): kept
+    for part in ({"type": "input_audio", "input_audio": {"data": run[1:]}},
+                 {"type": "input_audio", "input_audio": {"data": run + "\n"}}, {"type": "text", "data": run},
+                 {"data": run}, {"type": "function", "function": {"arguments": {"data": run}}},
+                 {"type": "file", "file": {"inner": {"file_data": run}}}, {"type": "file", "file": [{"data": run}]}):
+        assert mask_media(dumps([part])) == dumps([part]), part
     p1, p2 = b64(1, 3000), b64(2, 3000)
-    t1 = orjson.dumps([{"url": f"data:image/png;base64,{p1}"}, {"data": p2}]).decode()
+    t1 = dumps([{"type": "image_url", "image_url": {"url": f"data:image/png;base64,{p1}"}},
+                {"type": "input_audio", "input_audio": {"data": p2}}, {"type": "text", "text": f"data:x,{p1}"}])
     m1 = mask_media(t1)
-    assert p1 not in m1 and p2 not in m1 and len(m1) < 2 * MEDIA_TOKENS * 4 + 100
+    assert p2 not in m1 and m1.count(p1) == 1 and len(m1) < 2 * MEDIA_TOKENS * 4 + 6000
     assert f'"data:image/png;base64,{mask_media_id(p1)}"' in m1
     assert f'"data":"{mask_media_id(p2)}"' in m1
+    assert f'"text":"data:x,{p1}"' in m1  # a text quoting a data URL is text
     assert mask_media(t1) == m1 and mask_media(t1.replace(p2, b64(3, 3000))) != m1
 
 
@@ -172,3 +185,50 @@ def test_streaming_reader_with_a_large_data_url(chunk: int) -> None:
     assert len(parsed.prompt) < 600 + MEDIA_TOKENS * 4 and "#media:" in parsed.prompt
     assert all(parsed.prompt.startswith(h) for h in heads)
     assert max(len(h) for h in heads) == len(parsed.prompt) - 1 or heads[-1] == parsed.prompt[: len(heads[-1])]
+
+
+def _text_quoting(seed: int) -> dict:
+    quoted = data_url(seed, 3_000)
+    return {"model": "m", "messages": [{"role": "system", "content": f"he said {quoted}"},
+                                       {"role": "user", "content": [{"type": "text", "text": quoted}]}]}
+
+
+HEAD_BODIES = {
+    "text only, quoting data URLs": _text_quoting(11),
+    "text quoting a data URL, then an image": {**_text_quoting(12), "messages": [
+        *_text_quoting(12)["messages"], chat({"type": "image_url", "image_url": {"url": data_url(13, 4_000)}})[
+            "messages"][-1]]},
+    "the part's type after its payload": {"model": "m", "messages": [{"role": "user", "content": [
+        {"input_audio": {"data": b64(14, 4_000), "format": "wav"}, "type": "input_audio"},
+        {"type": "text", "text": "what is said?"}]}]},
+    "an image in a tool result": {"model": "m", "messages": [{"role": "user", "content": [
+        {"type": "tool_result", "content": [{"type": "image_url", "image_url": {"url": data_url(15, 4_000)}}]}]}]},
+}
+
+
+@pytest.mark.parametrize("name", list(HEAD_BODIES))
+@pytest.mark.parametrize("chunk", [97, 1000, 4096])
+def test_the_early_head_and_the_whole_prompt_mask_alike(name: str, chunk: int) -> None:
+    """One structural rule for the streaming head and the whole prompt: a payload is masked where it sits in a media
+    part, never in text. Every head an early decision could read is a prefix of the prompt the whole body gives,
+    with the same media flag once the part has arrived, and the head of the whole messages is the whole prompt."""
+    from epp.request.resolve import read_body
+
+    body = HEAD_BODIES[name]
+    raw = orjson.dumps({**body, "max_tokens": 5})
+    whole = parse_body(ApiKind.CHAT, raw)
+    sb = StreamingBody(ApiKind.CHAT)
+    heads = []
+    for i in range(0, len(raw), chunk):
+        sb.feed(raw[i : i + chunk])
+        sb.start()
+        _, _, prompt, media = read_body(ApiKind.CHAT, {}, sb, "m")  # what an early decision reads
+        assert whole.prompt.startswith(prompt), (name, i)
+        assert not media or whole.media
+        heads.append((prompt, media))
+    assert heads[-1] == (whole.prompt, whole.media)  # all the messages in: the head is the prompt
+    assert sb.finish() == whole
+    if name.startswith("text only"):
+        assert not whole.media and b64(11, 3_000) in whole.prompt  # text quoting a data URL: never masked
+    else:
+        assert whole.media and "#media:" in whole.prompt
