@@ -232,3 +232,33 @@ def test_the_early_head_and_the_whole_prompt_mask_alike(name: str, chunk: int) -
         assert not whole.media and b64(11, 3_000) in whole.prompt  # text quoting a data URL: never masked
     else:
         assert whole.media and "#media:" in whole.prompt
+
+
+def test_an_early_decision_waits_for_a_masked_head_covering_what_is_hashed() -> None:
+    """The default scheduler hashes 16 KB of prompt. A 40 KB image in the first message makes the raw head long
+    but its masked head short: the decision waits until the text after it brings the masked head to 16 KB, then is
+    made early on a head that is a prefix of the whole prompt, marked as holding media."""
+    from epp.protocol import BodyMode
+    from tests.support.extproc import SyncMachine, body_msg, headers_msg, real_director
+
+    director = real_director()
+    image = {"type": "image_url", "image_url": {"url": data_url(21, 30_000)}}
+    turns = [{"role": "assistant" if k % 2 else "user", "content": f"turn {k} " * 100} for k in range(60)]
+    body = {"model": "m", "messages": [{"role": "user", "content": [image, {"type": "text", "text": "look"}]},
+                                       *turns], "max_tokens": 5}
+    raw = orjson.dumps(body)
+    whole = parse_body(ApiKind.CHAT, raw)
+    ex = director.exchange()
+    m = SyncMachine(ex, request_body_mode=BodyMode.FULL_DUPLEX_STREAMED)
+    m.feed(headers_msg())
+    chunk, decided_at = 4096, None
+    for i in range(0, len(raw), chunk):
+        m.feed(body_msg(raw[i : i + chunk], i + chunk >= len(raw)))
+        if decided_at is None and ex.early is not None:
+            decided_at = i + chunk
+    assert decided_at is not None and decided_at < len(raw)  # early, before the body ended ...
+    image_chars = len(image["image_url"]["url"])
+    assert decided_at > image_chars + 16_384 - 1_024  # ... once the text after the image filled a masked head
+    req = ex.ctx.request if ex.ctx is not None else None
+    assert req is not None and req.media and whole.prompt.startswith(req.prompt) and len(req.prompt) >= 16_384
+    ex.close()
