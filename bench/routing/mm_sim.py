@@ -11,7 +11,7 @@ regime's pool as a data URL. A policy is `round-robin` (the requests in turn, En
 PROFILE] (Pointsman's built-in default, or PROFILE). Pointsman sees the prompt as the shell builds it (each image's
 payload masked to its identity, the request marked as holding media), each engine's running and waiting counts as
 of its last scrape (`--scrape-interval`, 0.05 s) and its own in-flight counts. Reported per stage: TTFT p50 / p90 /
-p99 (model seconds: the engine's first token minus the arrival), the prefix hit (cached / prompt tokens) and
+p99 and e2e p50 / p90 (model seconds from the arrival to the engine's first and last token), the prefix hit (cached / prompt tokens) and
 `lost`: requests placed where their cached prefix was at least a block shorter than on the best engine at that
 moment (the engines' own caches, probed).
 """
@@ -49,6 +49,7 @@ BLOCK = 16  # modelsim's block size: a placement is `lost` when it gives up a bl
 class Served:
     stage: int
     ttft: float
+    e2e: float
     cached: int
     tokens: int
     lost: bool
@@ -116,7 +117,7 @@ class MediaReplay:
             ctx.now = at
             self.scheduler.response_complete(ctx, result)
         if seq.first_token_at is not None:
-            self.done.append(Served(stage, seq.first_token_at - seq.arrival, seq.cached_tokens,
+            self.done.append(Served(stage, seq.first_token_at - seq.arrival, at - seq.arrival, seq.cached_tokens,
                                     len(seq.req.prompt_tokens), lost))
 
 
@@ -141,10 +142,9 @@ def rows(name: str, done: list[Served], qps: list[float]) -> list[str]:
     out = []
     for stage, q in enumerate(qps):
         d = [x for x in done if x.stage == stage]
-        tt = [x.ttft for x in d]
         hit = sum(x.cached for x in d) / max(1, sum(x.tokens for x in d))
-
-        ps = [percentile(tt, v) for v in (0.5, 0.9, 0.99)]
+        ps = [percentile([x.ttft for x in d], v) for v in (0.5, 0.9, 0.99)]
+        ps += [percentile([x.e2e for x in d], v) for v in (0.5, 0.9)]
         cells = " | ".join("-" if v is None else f"{v:.3f}" for v in ps)
         out.append(f"| {name} | {q:g} | {len(d)} | {cells} | {100 * hit:.1f}% | {sum(x.lost for x in d)} |")
     return out
@@ -170,8 +170,8 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(f"policy {name}: no such profile {config}")
         policies.append((name, config))
     qps = [float(q) for q in args.qps.split(",")]
-    print("| policy (seed) | QPS | reqs | TTFT p50 s | TTFT p90 s | TTFT p99 s | prefix hit | lost |\n"
-          "|---|---:|---:|---:|---:|---:|---:|---:|")
+    print("| policy (seed) | QPS | reqs | TTFT p50 s | TTFT p90 s | TTFT p99 s | e2e p50 s | e2e p90 s | prefix hit | "
+          "lost |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for seed in (int(s) for s in args.seeds.split(",")):
         plan = media_plan(qps, args.duration, seed)
         for name, config in policies:

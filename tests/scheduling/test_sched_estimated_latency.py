@@ -125,8 +125,8 @@ def test_output_budget_from_the_body_and_decode_weight():
 
 
 def test_a_media_request_is_priced_without_its_decode_term():
-    """A request holding media (LLMRequest.media) trades its cached prefix against its TTFT only (mediaDecodeWeight
-    0): an image cached on a busier endpoint keeps it there, where the same text-only request leaves for the idle
+    """A request holding media (LLMRequest.media) counts a quarter of its output in the decode term (mediaDecodeWeight
+    0.25): an image cached on a busier endpoint keeps it there, where the same text-only request leaves for the idle
     one because of the batch its tokens would decode in. A text-only request is priced as before."""
     prompt = "s" * 4 * 672  # a system prompt and an image's placeholders: 672 tokens
     a, b = ep(1), ep(2)
@@ -143,7 +143,7 @@ def test_a_media_request_is_priced_without_its_decode_term():
         costs = [ttft(64, 4, decode=decode), ttft(736, 0, decode=decode)]
         assert got_text == pytest.approx([min(costs) / c for c in costs])
         assert got_text[1] == 1.0  # text only: the idle endpoint
-        w = 0.0 if weight is None else weight
+        w = 0.25 if weight is None else weight
         costs = [ttft(64, 4, decode=round(64 * w) * 0.012), ttft(736, 0, decode=round(64 * w) * 0.012)]
         got = scores(s, ctx(media, [a, b], inflight=busy))
         assert got == pytest.approx([min(costs) / c for c in costs])
