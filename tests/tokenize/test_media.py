@@ -4,6 +4,7 @@ the masked inline payloads the approximate path hashes, and the streaming reader
 from __future__ import annotations
 
 import base64
+import json
 import random
 
 import orjson
@@ -206,16 +207,23 @@ HEAD_BODIES = {
 }
 
 
+FORMS = {  # how a client may write the same body
+    "compact": lambda b: orjson.dumps(b),
+    "indented, escaped": lambda b: json.dumps(b, indent=2).replace("/", "\\/").replace("_url", "\\u005furl").encode(),
+}
+
+
 @pytest.mark.parametrize("name", list(HEAD_BODIES))
 @pytest.mark.parametrize("chunk", [97, 1000, 4096])
-def test_the_early_head_and_the_whole_prompt_mask_alike(name: str, chunk: int) -> None:
+@pytest.mark.parametrize("form", list(FORMS))
+def test_the_early_head_and_the_whole_prompt_mask_alike(name: str, chunk: int, form: str) -> None:
     """One structural rule for the streaming head and the whole prompt: a payload is masked where it sits in a media
     part, never in text. Every head an early decision could read is a prefix of the prompt the whole body gives,
     with the same media flag once the part has arrived, and the head of the whole messages is the whole prompt."""
     from epp.request.resolve import read_body
 
     body = HEAD_BODIES[name]
-    raw = orjson.dumps({**body, "max_tokens": 5})
+    raw = FORMS[form]({**body, "max_tokens": 5})
     whole = parse_body(ApiKind.CHAT, raw)
     sb = StreamingBody(ApiKind.CHAT)
     heads = []
