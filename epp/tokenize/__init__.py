@@ -40,7 +40,8 @@ if TYPE_CHECKING:
 _LAZY = {
     "EngineTokenizer": "engine",
     "LocalTokenizer": "local", "TokenizerLoadError": "local", "TokenizerRegistry": "local",
-    "head_holds_media": "media", "holds_media": "media", "mask_media": "media", "media_marker": "media", "media_ref": "media",
+    "head_holds_media": "media", "holds_media": "media", "mask_media": "media", "media_marker": "media",
+    "media_ref": "media",
     "TokenizeInput": "request", "tokenize_input": "request",
     "RequestTokens": "shell", "tokens_from_settings": "shell",
     "RequestTokenizer": "tokenizer", "SOURCES": "tokenizer", "TokenizeResult": "tokenizer",
@@ -49,8 +50,7 @@ _LAZY = {
 
 __all__ = ["EngineTokenizer", "LocalTokenizer", "RequestTokenizer", "RequestTokens", "SOURCES", "TokenizeInput",
            "TokenizeResult", "TokenizerLoadError", "TokenizerRegistry", "approx_tokens", "head_holds_media", "holds_media",
-           "mask_media",
-           "media_marker", "media_ref", "tokenize_input", "tokens_from_settings"]
+           "mask_media", "media_marker", "media_ref", "tokenize_input", "tokens_from_settings"]
 
 
 __getattr__ = lazy_exports(__name__, _LAZY)
