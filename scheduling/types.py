@@ -234,6 +234,7 @@ class LLMRequest:
     # (from content-length). 0: `prompt` is the whole prompt.
     expected_prompt_chars: int = 0
     session: SessionRef | None = None  # the agent session the request belongs to (scheduling/sessions), if known
+    media: bool = False  # the prompt holds media (an image, audio, video or file part: its identity in `prompt`)
 
     @property
     def prompt_chars(self) -> int:

@@ -9,8 +9,10 @@ It can also decide *early*, before the body ends, when everything the decision r
    client could set any header itself), the one model every endpoint of the only pool serves, or the body's
    top-level `model`, when it comes before the prompt;
 2. the prompt's head covers what the scheduler hashes: every prefix producer's `blockSizeTokens × 4 ×
-   maxPrefixBlocksToMatch` characters (16 KB for the defaults), for the API kinds whose prompt starts with one
-   member (chat `messages`, completions `prompt`, embeddings `input`, conversations `items`);
+   maxPrefixBlocksToMatch` characters (16 KB for the defaults) of the head as the scheduler sees it (media
+   payloads masked: a 16 KB data URL weighs its masked size, and a payload still arriving none), for the API kinds
+   whose prompt starts with one member (chat `messages`, completions `prompt`, embeddings `input`, conversations
+   `items`);
 3. nothing else reads the whole body: no routes (`--routes-file`: a rule may match any field), no tokenizer
    (precise prefix routing reads the whole prompt's tokens), no `x-gateway-model-name-rewrite` header, no
    InferenceModelRewrite for the pool unless the body's model has arrived (its value is rewritten in the chunks
@@ -99,7 +101,8 @@ def ready(d: Director, headers: Mapping[str, str], body: StreamingBody) -> str |
     if MODEL_REWRITE in headers:
         return None
     body.start()
-    if body.head_chars < prompt_chars_needed(d.scheduler):
+    needed = prompt_chars_needed(d.scheduler)
+    if body.head_chars < needed or len(body.head_text()) < needed:  # masked media weighs less than its base64
         return None
     return early_model(d, headers, body)
 

@@ -7,10 +7,11 @@ The prompt text is what prefix-cache plugins hash, so its construction is part o
 - responses: `instructions` + JSON of `tools` + `input`;
 - Anthropic messages: JSON of `system` + JSON of `tools` + JSON of `messages`;
 - conversations: the JSON of `items`.
-For chat, responses, Anthropic messages and conversations, each long inline media payload (a data URL's, or inline
-`data` / `file_data`) in that text is replaced by its identity padded to a nominal 256 tokens
-(epp.tokenize.media.mask_media): the same media with the same text share blocks, different media diverge at the
-item, and a large image neither fills the hashed blocks nor counts as its base64 length.
+For chat, responses, Anthropic messages and conversations whose body holds a media part (`ParsedBody.media`), each
+long inline payload of a media part (a data URL's, or inline `data` / `file_data`) in a member's JSON is replaced by
+its identity padded to a nominal 256 tokens (epp.tokenize.media.mask_media): the same media with the same text share
+blocks, different media diverge at the item, and a large image neither fills the hashed blocks nor counts as its
+base64 length. A string outside a media part (a text quoting a data URL) is text, masked nowhere.
 """
 
 from __future__ import annotations
@@ -49,7 +50,6 @@ def api_kind(headers: Mapping[str, str]) -> ApiKind:
 
 
 MEDIA_KINDS = frozenset({ApiKind.CHAT, ApiKind.RESPONSES, ApiKind.MESSAGES, ApiKind.CONVERSATIONS})
-SHORT_PROMPT = 1024  # characters: up to this, `"data" in prompt` (~0.5 µs at most) costs less than `holds_media`
 
 
 @dataclass(slots=True)
@@ -58,6 +58,7 @@ class ParsedBody:
     body: dict[str, Any]
     model: str
     prompt: str
+    media: bool = False  # the body holds a media part (its inline payloads masked in `prompt`)
 
 
 def _bad(msg: str) -> SchedulingError:
@@ -91,18 +92,17 @@ def validate(kind: ApiKind, body: dict[str, Any], texts: Mapping[str, str] | Non
         raise _bad("model not found in request body")
     if not isinstance(model, str):
         raise _bad("'model' must be a string")
-    prompt = _extract_prompt(kind, body, texts or {})
-    # A text-only body is never searched for payloads. mask_media leaves a text without "data" as it is: a short
-    # prompt is searched for it first (cheaper than walking the body), a long one is not (the walk is cheaper).
-    if kind in MEDIA_KINDS and (len(prompt) > SHORT_PROMPT or "data" in prompt) and holds_media(body):
-        prompt = mask_media(prompt)
-    return ParsedBody(kind, body, model, prompt)
+    media = kind in MEDIA_KINDS and holds_media(body)  # a text-only body is never searched for payloads
+    prompt = _extract_prompt(kind, body, texts or {}, media)
+    return ParsedBody(kind, body, model, prompt, media)
 
 
-def _extract_prompt(kind: ApiKind, body: dict[str, Any], texts: Mapping[str, str]) -> str:
+def _extract_prompt(kind: ApiKind, body: dict[str, Any], texts: Mapping[str, str], media: bool = False) -> str:
+    """The prompt; with `media`, each member's JSON with the inline payloads of its media parts masked."""
     def _dumps(name: str) -> str:
         known = texts.get(name)
-        return known if known is not None else _json(body[name])
+        text = known if known is not None else _json(body[name])
+        return mask_media(text) if media else text
 
     def _text(name: str) -> str:
         value = body[name]

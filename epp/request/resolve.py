@@ -40,13 +40,13 @@ def _parse(kind: ApiKind, body: bytes | memoryview | StreamingBody) -> ParsedBod
 
 
 def read_body(kind: ApiKind, headers: Mapping[str, str], body: bytes | memoryview | StreamingBody | None,
-              early: str | None) -> tuple[dict[str, Any] | None, str, str]:
-    """(the parsed body, its model, its prompt) as far as the decision sees them (see `resolve`); SchedulingError
-    for a body that does not parse or a POST of a known API without one."""
+              early: str | None) -> tuple[dict[str, Any] | None, str, str, bool]:
+    """(the parsed body, its model, its prompt, whether it holds media) as far as the decision sees them (see
+    `resolve`); SchedulingError for a body that does not parse or a POST of a known API without one."""
     parsed_body: dict[str, Any] | None = None
-    model, prompt = "", ""
+    model, prompt, media = "", "", False
     if early is not None and isinstance(body, StreamingBody):
-        parsed_body, model, prompt = body.partial(), early, body.head_text()
+        parsed_body, model, (prompt, media) = body.partial(), early, body.head()
     elif body:
         if kind is ApiKind.OTHER:
             try:
@@ -56,10 +56,10 @@ def read_body(kind: ApiKind, headers: Mapping[str, str], body: bytes | memoryvie
                 pass  # an unknown API with a non-JSON or model-less body is routed on load alone
         else:
             p = _parse(kind, body)
-            parsed_body, model, prompt = p.body, p.model, p.prompt
+            parsed_body, model, prompt, media = p.body, p.model, p.prompt, p.media
     elif body is not None and kind is not ApiKind.OTHER and headers.get(":method", "POST").upper() == "POST":
         raise SchedulingError(ErrorCode.BAD_REQUEST, f"{kind.value} request has no body")
-    return parsed_body, model, prompt
+    return parsed_body, model, prompt, media
 
 
 def resolve(d: Director, headers: Mapping[str, str], body: bytes | memoryview | StreamingBody | None,
@@ -72,7 +72,7 @@ def resolve(d: Director, headers: Mapping[str, str], body: bytes | memoryview | 
     the decision sees the members that have arrived and the prompt's head, and estimates the prompt's length as
     `expected_chars`."""
     kind = api_kind(headers)
-    parsed_body, model, prompt = read_body(kind, headers, body, early)
+    parsed_body, model, prompt, media = read_body(kind, headers, body, early)
     target = model
     # ---- routing layer: route -> rule -> target (a pool to schedule in, or an external provider) ----------
     router = d.router
@@ -103,6 +103,7 @@ def resolve(d: Director, headers: Mapping[str, str], body: bytes | memoryview | 
         base_model=base,
         body=parsed_body,
         expected_prompt_chars=expected_chars if early is not None else 0,
+        media=media,
     )
     if d.sessions is not None:  # agent sessions: known before any hashing (epp/request/sessions.py)
         d.sessions.identify(req, route, count=not dry_run)

@@ -20,7 +20,7 @@ from typing import Any
 
 from epp.request.jsonstream import JsonStream
 from epp.request.parsing import MEDIA_KINDS, ParsedBody, parse_body, validate
-from epp.tokenize import mask_media
+from epp.tokenize import head_holds_media, mask_media
 from scheduling.types import ApiKind
 
 COLLECT: dict[ApiKind, frozenset[str]] = {
@@ -42,7 +42,7 @@ HEAD: dict[ApiKind, str] = {
 class StreamingBody:
     """One request body, fed chunk by chunk (see the module docstring)."""
 
-    __slots__ = ("kind", "stream", "chunks", "size", "_parsed", "_reading")
+    __slots__ = ("kind", "stream", "chunks", "size", "_parsed", "_reading", "_head")
 
     def __init__(self, kind: ApiKind) -> None:
         self.kind = kind
@@ -51,6 +51,7 @@ class StreamingBody:
         self.size = 0
         self._parsed: ParsedBody | None = None
         self._reading = False  # the stream has been fed (from the second chunk on, or since `start`)
+        self._head: tuple[int, str] | None = None  # head_text() as of that many head parts
 
     def __len__(self) -> int:
         return self.size
@@ -89,12 +90,23 @@ class StreamingBody:
         return m.head_chars if m.head_ok and self.stream.error is None else 0
 
     def head_text(self) -> str:
-        """The prompt's first part as far as it has arrived, media masked as in the whole prompt (a payload still
-        arriving is left out), so it is a prefix of the prompt `finish` gives. One exception: the whole prompt of a
-        body without a media part is never masked (`holds_media`), while the head, whose structure has not been
-        parsed, masks a long data-URL string it finds even in such a body."""
-        text = "".join(self.stream.members.head_parts)
-        return mask_media(text, partial=True) if self.kind in MEDIA_KINDS else text
+        """The prompt's first part as far as it has arrived, media masked as in the whole prompt: the payloads of
+        the media parts that have closed, cut before a payload whose part has not (nor is known not to be media) and
+        before a string still arriving, so it is a prefix of the prompt `finish` gives. Both apply one structural
+        rule (`mask_media`): a string outside a media part is text, masked in neither."""
+        parts = self.stream.members.head_parts
+        if self._head is not None and self._head[0] == len(parts):
+            return self._head[1]
+        text = "".join(parts)
+        if self.kind in MEDIA_KINDS:
+            text = mask_media(text, partial=True)
+        self._head = (len(parts), text)
+        return text
+
+    def head(self) -> tuple[str, bool]:
+        """`head_text()` and whether the head holds a media part so far."""
+        text = self.head_text()
+        return text, self.kind in MEDIA_KINDS and head_holds_media(text)
 
     def partial(self) -> dict[str, Any]:
         """The top-level members that have arrived (for a decision made before the body ended)."""

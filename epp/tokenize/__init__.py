@@ -18,7 +18,7 @@ tokenizer.py holds `RequestTokenizer`; settings.py the flags (standard library o
 
 Public API: `RequestTokenizer`, `TokenizeResult`, `TokenizeInput`, `tokenize_input`, `approx_tokens`,
 `LocalTokenizer`, `TokenizerRegistry`, `EngineTokenizer`; media identities (media.py, pure): `media_ref`,
-`media_marker`, `mask_media`, `holds_media`.
+`media_marker`, `mask_media`, `holds_media`, `head_holds_media`.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from epp.extras import lazy_exports
 if TYPE_CHECKING:
     from epp.tokenize.engine import EngineTokenizer
     from epp.tokenize.local import LocalTokenizer, TokenizerLoadError, TokenizerRegistry
-    from epp.tokenize.media import holds_media, mask_media, media_marker, media_ref
+    from epp.tokenize.media import head_holds_media, holds_media, mask_media, media_marker, media_ref
     from epp.tokenize.request import TokenizeInput, tokenize_input
     from epp.tokenize.shell import RequestTokens, tokens_from_settings
     from epp.tokenize.tokenizer import SOURCES, RequestTokenizer, TokenizeResult, approx_tokens
@@ -40,7 +40,8 @@ if TYPE_CHECKING:
 _LAZY = {
     "EngineTokenizer": "engine",
     "LocalTokenizer": "local", "TokenizerLoadError": "local", "TokenizerRegistry": "local",
-    "holds_media": "media", "mask_media": "media", "media_marker": "media", "media_ref": "media",
+    "head_holds_media": "media", "holds_media": "media", "mask_media": "media", "media_marker": "media",
+    "media_ref": "media",
     "TokenizeInput": "request", "tokenize_input": "request",
     "RequestTokens": "shell", "tokens_from_settings": "shell",
     "RequestTokenizer": "tokenizer", "SOURCES": "tokenizer", "TokenizeResult": "tokenizer",
@@ -48,8 +49,8 @@ _LAZY = {
 }
 
 __all__ = ["EngineTokenizer", "LocalTokenizer", "RequestTokenizer", "RequestTokens", "SOURCES", "TokenizeInput",
-           "TokenizeResult", "TokenizerLoadError", "TokenizerRegistry", "approx_tokens", "holds_media", "mask_media",
-           "media_marker", "media_ref", "tokenize_input", "tokens_from_settings"]
+           "TokenizeResult", "TokenizerLoadError", "TokenizerRegistry", "approx_tokens", "head_holds_media", "holds_media",
+           "mask_media", "media_marker", "media_ref", "tokenize_input", "tokens_from_settings"]
 
 
 __getattr__ = lazy_exports(__name__, _LAZY)

@@ -31,14 +31,23 @@ Two uses:
   stop at ``max_blocks``) nor stands for 250,000 tokens; the item weighs a nominal 256 tokens instead (the engine
   gives an image its model's placeholder count: a few hundred to a few thousand tokens, which Pointsman cannot
   know without the model's processor), so a shared image counts in the prefix about as a shared image does in the
-  engine's cache. An item sent by URL weighs its URL text. A whole body is masked only when it holds a media part
-  (`holds_media`, a walk over its structure); a text without ``"data:``, ``"data":"`` or ``"file_data":"`` is
-  returned as is (three substring searches); else each payload is found by substring searches and hashed once (no per-character Python work); the body itself is bounded by
-  the ext_proc body limit (413 past it). URLs are short and stay as they are.
+  engine's cache. An item sent by URL weighs its URL text.
+
+  Only a payload that sits in a media part is masked (`media_payloads`): in the part's object (Responses'
+  ``input_image`` / ``input_file``) or in an object the part holds (``image_url``'s ``{"url"}``, ``input_audio``,
+  ``file``, Anthropic's ``source``), whichever order its members come in; a string anywhere else (a text quoting a
+  data URL, a tool's arguments) is text. The rule reads the JSON text's structure, so the whole prompt and the
+  streaming head (a prefix of it, `partial`) apply the same one: the head is cut before a payload whose part has
+  not closed yet, and it masks what the whole prompt masks. Cost: a body without a media part is never scanned
+  (`holds_media`, a walk over its structure); a text without ``"data`` or ``"file_data"`` is returned as is (two
+  substring searches); else one pass over the text's structure, each string skipped by a C search (a megabyte
+  of base64 costs microseconds; a JSON string or bracket about a microsecond), each payload hashed once; the body
+  itself is bounded by the ext_proc body limit (413 past it). URLs are short and stay as they are.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -50,10 +59,12 @@ INLINE_MIN = 256  # characters from which an inline payload is masked
 MEDIA_TOKENS = 256  # what a masked item weighs in the prompt text: a nominal placeholder count (see above)
 _MEDIA_CHARS = MEDIA_TOKENS * CHARS_PER_TOKEN
 
-# Where an inline payload starts: a JSON string opening with "data:" (its payload after the first comma), or the
-# value of "data" / "file_data". In canonical JSON a quote inside a string is escaped, so each trigger is structure.
-_TRIGGERS = ('"data:', '"data":"', '"file_data":"')
+# An inline payload: a JSON string opening with "data:" (its payload after the first comma), or the value of "data"
+# / "file_data"; masked only where it sits in a media part (`media_payloads`).
+_PAYLOAD_KEYS = frozenset({"data", "file_data"})
 _HEAD_MAX = 200  # characters of a data URL before its comma ("data:image/png;base64")
+# The structure of canonical JSON: where a string or a bracket starts (strings are skipped with str.find).
+_STRUCT = re.compile(r'["{}\[\]]')
 
 
 def identity(kind: str, ref: str) -> str:
@@ -148,50 +159,125 @@ def media_marker(part: object) -> str | None:
     return f"<|media:{identity(*ref)}|>"
 
 
-def _mask(text: str, trigger: str, partial: bool) -> str:
-    """`text` with every long payload after `trigger` masked; with `partial`, cut before a string still open."""
-    out: list[str] = []
+class _Frame:
+    """An object or array open at a point of the text, and the payloads found in it that wait for its type."""
+
+    __slots__ = ("obj", "key", "type", "own", "child")
+
+    def __init__(self, obj: bool) -> None:
+        self.obj = obj
+        self.key = ""  # the member being read (objects)
+        self.type: str | None = None  # its "type" member's value, when short
+        self.own: list[_Span] = []  # payloads of its own members
+        self.child: list[_Span] = []  # payloads of the objects among its members
+
+
+_Span = tuple[int, int, int]  # a payload: its start and end in the text, and where its string opens
+
+
+def _payload(text: str, s: int, e: int, key: str) -> int | None:
+    """Where the inline payload in the JSON string text[s:e] (its characters between the quotes) starts: after the
+    comma of a data URL, or the whole value of "data" / "file_data"; None when it holds none long enough."""
+    if text.startswith("data:", s, e):
+        comma = text.find(",", s + 5, min(e, s + _HEAD_MAX))
+        if comma < 0:
+            return None
+        start = comma + 1
+    elif key in _PAYLOAD_KEYS:
+        start = s
+    else:
+        return None
+    if e - start < INLINE_MIN or text.find("\\", s, e) >= 0:
+        return None
+    return start
+
+
+def _string_end(text: str, s: int) -> int:
+    """One past the closing quote of the JSON string opening at `s`; -1 when it does not close in `text`."""
+    q = s
+    while (q := text.find('"', q + 1)) >= 0:
+        k = q
+        while text[k - 1] == "\\":
+            k -= 1
+        if not (q - k) & 1:  # an even number of backslashes before it: not escaped
+            return q + 1
+    return -1
+
+
+def _close(stack: list[_Frame], spans: list[_Span]) -> None:
+    """The innermost frame closed: its payloads are media when its type is a media kind, else an object's own pass
+    to the object holding it (a part keeps its payload one level down: image_url's {"url"}, Anthropic's source)."""
+    f = stack.pop()
+    if not f.obj:
+        return
+    if f.type in _REFS:
+        spans += f.own
+        spans += f.child
+    elif f.own and stack and stack[-1].obj:
+        stack[-1].child += f.own
+
+
+def media_payloads(text: str, partial: bool = False) -> tuple[list[_Span], int]:
+    """The inline payloads of canonical JSON `text` that sit in a media part (an object whose "type" is a kind
+    `media_ref` reads, or an object it holds), in order, and how much of the text is decided (all of it, or with
+    `partial` where the first payload not yet known to be in a media part or not, or a string still open, starts)."""
+    spans: list[_Span] = []
+    stack: list[_Frame] = []
+    cut = n = len(text)
     pos = 0
-    url = trigger == '"data:'
-    while (i := text.find(trigger, pos)) >= 0:
-        opening = i if url else i + len(trigger) - 1  # the payload's string opens here
-        start = i + len(trigger)
-        if url:
-            comma = text.find(",", start, start + _HEAD_MAX)
-            head = text[start:comma] if comma >= 0 else ""
-            if comma < 0 or '"' in head or "\\" in head:
-                if partial and comma < 0 and text.find('"', start) < 0:
-                    out.append(text[pos:opening])
-                    return "".join(out)
-                pos = start
-                continue
-            start = comma + 1
-        end = text.find('"', start)
-        if end < 0:  # the string has not ended: the whole text if complete, else cut here
-            if partial:
-                out.append(text[pos:opening])
-                return "".join(out)
+    while (m := _STRUCT.search(text, pos)) is not None:
+        s = m.start()
+        c = text[s]
+        if c != '"':
+            if c in "{[":
+                stack.append(_Frame(c == "{"))
+            elif stack:
+                _close(stack, spans)
+            pos = s + 1
+            continue
+        e = _string_end(text, s)  # one past the closing quote (a C search: a megabyte of base64 costs microseconds)
+        if e < 0:  # a string still open: only at the end of a partial text
+            cut = s
             break
-        payload = text[start:end]
-        if len(payload) >= INLINE_MIN and "\\" not in payload:
-            out.append(text[pos:start])
-            out.append(f"#media:{identity('inline', payload)}".ljust(_MEDIA_CHARS, "~"))
-            pos = end
-        else:
-            out.append(text[pos:end])
-            pos = end
-    out.append(text[pos:])
-    return "".join(out)
+        pos = e
+        f = stack[-1] if stack else None
+        if f is None or not f.obj:
+            continue
+        if e < n and text[e] == ":":
+            f.key = text[s + 1 : e - 1] if e - s < 64 else ""
+        elif f.key == "type":
+            f.type = text[s + 1 : e - 1] if e - s < 64 else None
+        elif (p := _payload(text, s + 1, e - 1, f.key)) is not None:
+            f.own.append((p, e - 1, s))
+    if partial:
+        cut = min([cut] + [sp[2] for f in stack for sp in (*f.own, *f.child)])
+    spans.sort()
+    return spans, cut
 
 
 def mask_media(text: str, partial: bool = False) -> str:
-    """`text` (JSON) with each long inline payload replaced by its identity (see the module docstring).
+    """`text` (canonical JSON) with each long inline payload of a media part replaced by its identity (see the
+    module docstring).
 
-    `partial`: the text is the start of a longer one (a body still streaming in); a payload that may still be
-    arriving at its end is cut off, so the result is a prefix of the whole text's result."""
-    if "data" not in text:  # in every trigger: one search for the common case, a text without media
+    `partial`: the text is the start of a longer one (a body still streaming in); it is cut where what follows could
+    still change the result (a payload whose part has not closed, a string still open), so the result is a prefix
+    of the whole text's result."""
+    if '"data' not in text and '"file_data"' not in text:  # a payload's string or key: the common case, none
         return text
-    for trigger in _TRIGGERS:
-        if trigger in text:
-            text = _mask(text, trigger, partial)
-    return text
+    spans, cut = media_payloads(text, partial)
+    out: list[str] = []
+    pos = 0
+    for start, end, opening in spans:
+        if opening >= cut:
+            break
+        out.append(text[pos:start])
+        out.append(f"#media:{identity('inline', text[start:end])}".ljust(_MEDIA_CHARS, "~"))
+        pos = end
+    out.append(text[pos:cut])
+    return "".join(out)
+
+
+def head_holds_media(text: str) -> bool:
+    """Whether canonical JSON `text` (a body's prompt head) holds a media part: a "type" member naming a kind
+    `media_ref` reads (in canonical JSON a quote inside a string is escaped, so the pair is structure)."""
+    return '"type":"' in text and any(f'"type":"{kind}"' in text for kind in _REFS)

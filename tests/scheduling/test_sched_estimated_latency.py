@@ -124,6 +124,32 @@ def test_output_budget_from_the_body_and_decode_weight():
     assert got2 == pytest.approx([ttft(100, 0, decode=12.0) / ttft(100, 5, decode=12.0), 1.0])
 
 
+def test_a_media_request_is_priced_without_its_decode_term():
+    """A request holding media (LLMRequest.media) counts a quarter of its output in the decode term (mediaDecodeWeight
+    0.25): an image cached on a busier endpoint keeps it there, where the same text-only request leaves for the idle
+    one because of the batch its tokens would decode in. A text-only request is priced as before."""
+    prompt = "s" * 4 * 672  # a system prompt and an image's placeholders: 672 tokens
+    a, b = ep(1), ep(2)
+    busy = {a.key: InflightLoad(4, 0)}
+    out = {"max_tokens": 64}
+    for weight, media_wins in ((None, True), (1.0, False)):  # 1: priced as text
+        s = plugin("estimated-latency-scorer", {} if weight is None else {"mediaDecodeWeight": weight})
+        s.prefix.index.record(a.key, block_hashes(prompt, "llama"))
+        text, media = req(prompt + "q" * 256), req(prompt + "q" * 256)
+        text.body = media.body = out
+        media.media = True
+        got_text = scores(s, ctx(text, [a, b], inflight=busy))
+        decode = 64 * 0.012
+        costs = [ttft(64, 4, decode=decode), ttft(736, 0, decode=decode)]
+        assert got_text == pytest.approx([min(costs) / c for c in costs])
+        assert got_text[1] == 1.0  # text only: the idle endpoint
+        w = 0.25 if weight is None else weight
+        costs = [ttft(64, 4, decode=round(64 * w) * 0.012), ttft(736, 0, decode=round(64 * w) * 0.012)]
+        got = scores(s, ctx(media, [a, b], inflight=busy))
+        assert got == pytest.approx([min(costs) / c for c in costs])
+        assert (got[0] == 1.0) is media_wins
+
+
 def test_eviction_on_a_full_endpoint_is_priced():
     shared: dict = {}
     s = plugin("estimated-latency-scorer", {"lruCapacityPerServer": 8, "decodeWeight": 0.0}, shared=shared)

@@ -4,12 +4,13 @@ the masked inline payloads the approximate path hashes, and the streaming reader
 from __future__ import annotations
 
 import base64
+import json
 import random
 
 import orjson
 import pytest
 
-from epp.request.parsing import SHORT_PROMPT, parse_body
+from epp.request.parsing import parse_body
 from epp.request.streaming import StreamingBody
 from epp.tokenize import holds_media, mask_media, media_marker, media_ref, tokenize_input
 from epp.tokenize.media import INLINE_MIN, MEDIA_TOKENS, identity
@@ -86,22 +87,35 @@ def test_tokenize_input_puts_a_marker_where_each_item_stands() -> None:
     assert resp.messages is not None and resp.messages[0]["content"] == f"q\n{media_marker(PARTS[10][0])}"
 
 
-def test_mask_replaces_long_inline_payloads_only() -> None:
+def test_mask_replaces_long_inline_payloads_of_media_parts_only() -> None:
     kept = orjson.dumps({"url": "data:image/png;base64,QUJD", "t": "a long sentence, " * 40,
                          "h": "https://x/" + "a" * 400, "n": 12}).decode()
     assert mask_media(kept) == kept  # short payloads, text, URLs: unchanged
     assert mask_media("no quotes at all " * 100) == "no quotes at all " * 100
-    run = "x" * INLINE_MIN  # long inline data: masked (equal data, equal text); short, escaped or elsewhere: kept
-    assert mask_media(f'{{"data":"{run}"}}') == f'{{"data":"{mask_media_id(run)}"}}'
-    assert mask_media(f'{{"file_data":"{run}"}}') == f'{{"file_data":"{mask_media_id(run)}"}}'
-    for kept in (f'{{"data":"{run[1:]}"}}', f'{{"text":"{run}"}}', f'{{"data":"{run}\\n"}}'):
-        assert mask_media(kept) == kept
+    run = "x" * INLINE_MIN  # long inline data of a media part: masked (equal data, equal text)
+
+    def dumps(v: object) -> str:
+        return orjson.dumps(v).decode()
+
+    for part in ({"type": "input_audio", "input_audio": {"data": run, "format": "wav"}},
+                 {"type": "file", "file": {"file_data": run}}, {"type": "input_file", "file_data": run},
+                 {"input_file_first": 1, "file_data": run, "type": "input_file"},  # "type" after the payload
+                 {"type": "image", "source": {"type": "base64", "data": run}}):
+        assert mask_media(dumps([part])) == dumps([part]).replace(run, mask_media_id(run)), part
+    # short, escaped, or outside a media part (a text part, a tool's arguments, two levels down): kept
+    for part in ({"type": "input_audio", "input_audio": {"data": run[1:]}},
+                 {"type": "input_audio", "input_audio": {"data": run + "\n"}}, {"type": "text", "data": run},
+                 {"data": run}, {"type": "function", "function": {"arguments": {"data": run}}},
+                 {"type": "file", "file": {"inner": {"file_data": run}}}, {"type": "file", "file": [{"data": run}]}):
+        assert mask_media(dumps([part])) == dumps([part]), part
     p1, p2 = b64(1, 3000), b64(2, 3000)
-    t1 = orjson.dumps([{"url": f"data:image/png;base64,{p1}"}, {"data": p2}]).decode()
+    t1 = dumps([{"type": "image_url", "image_url": {"url": f"data:image/png;base64,{p1}"}},
+                {"type": "input_audio", "input_audio": {"data": p2}}, {"type": "text", "text": f"data:x,{p1}"}])
     m1 = mask_media(t1)
-    assert p1 not in m1 and p2 not in m1 and len(m1) < 2 * MEDIA_TOKENS * 4 + 100
+    assert p2 not in m1 and m1.count(p1) == 1 and len(m1) < 2 * MEDIA_TOKENS * 4 + 6000
     assert f'"data:image/png;base64,{mask_media_id(p1)}"' in m1
     assert f'"data":"{mask_media_id(p2)}"' in m1
+    assert f'"text":"data:x,{p1}"' in m1  # a text quoting a data URL is text
     assert mask_media(t1) == m1 and mask_media(t1.replace(p2, b64(3, 3000))) != m1
 
 
@@ -156,8 +170,8 @@ def test_a_text_only_body_is_not_searched_for_payloads() -> None:
 
 
 def test_the_prompt_is_masked_exactly_when_the_body_holds_media_short_or_long() -> None:
-    """parse_body skips the media walk for a short prompt without "data" (mask_media would leave it as it is): the
-    prompt is still the walk's answer, masked when the body holds media and as it is otherwise."""
+    """The prompt is masked when the body holds a media part (a short payload too) and left as it is otherwise (a
+    data URL quoted in a text-only body)."""
     image = {"type": "image_url", "image_url": {"url": data_url(5, 240)}}  # a short payload, still masked
     linked = {"type": "image_url", "image_url": {"url": "https://x/cat.png"}}  # media, but nothing to mask
     quoted = f'see "{data_url(6, 240)}"'
@@ -169,7 +183,6 @@ def test_the_prompt_is_masked_exactly_when_the_body_holds_media_short_or_long() 
         whole = parse_body(ApiKind.CHAT, orjson.dumps(body)).prompt
         text = orjson.dumps(body["messages"]).decode()
         assert whole == (mask_media(text) if holds_media(body) else text)
-    assert len(orjson.dumps(short["messages"])) < SHORT_PROMPT  # the short path, and its payload is masked:
     assert b64(5, 240) not in parse_body(ApiKind.CHAT, orjson.dumps(bodies[0])).prompt
     assert b64(6, 240) in parse_body(ApiKind.CHAT, orjson.dumps(bodies[4])).prompt
 
@@ -191,3 +204,87 @@ def test_streaming_reader_with_a_large_data_url(chunk: int) -> None:
     assert len(parsed.prompt) < 600 + MEDIA_TOKENS * 4 and "#media:" in parsed.prompt
     assert all(parsed.prompt.startswith(h) for h in heads)
     assert max(len(h) for h in heads) == len(parsed.prompt) - 1 or heads[-1] == parsed.prompt[: len(heads[-1])]
+
+
+def _text_quoting(seed: int) -> dict:
+    quoted = data_url(seed, 3_000)
+    return {"model": "m", "messages": [{"role": "system", "content": f"he said {quoted}"},
+                                       {"role": "user", "content": [{"type": "text", "text": quoted}]}]}
+
+
+HEAD_BODIES = {
+    "text only, quoting data URLs": _text_quoting(11),
+    "text quoting a data URL, then an image": {**_text_quoting(12), "messages": [
+        *_text_quoting(12)["messages"], chat({"type": "image_url", "image_url": {"url": data_url(13, 4_000)}})[
+            "messages"][-1]]},
+    "the part's type after its payload": {"model": "m", "messages": [{"role": "user", "content": [
+        {"input_audio": {"data": b64(14, 4_000), "format": "wav"}, "type": "input_audio"},
+        {"type": "text", "text": "what is said?"}]}]},
+    "an image in a tool result": {"model": "m", "messages": [{"role": "user", "content": [
+        {"type": "tool_result", "content": [{"type": "image_url", "image_url": {"url": data_url(15, 4_000)}}]}]}]},
+}
+
+
+FORMS = {  # how a client may write the same body
+    "compact": lambda b: orjson.dumps(b),
+    "indented, escaped": lambda b: json.dumps(b, indent=2).replace("/", "\\/").replace("_url", "\\u005furl").encode(),
+}
+
+
+@pytest.mark.parametrize("name", list(HEAD_BODIES))
+@pytest.mark.parametrize("chunk", [97, 1000, 4096])
+@pytest.mark.parametrize("form", list(FORMS))
+def test_the_early_head_and_the_whole_prompt_mask_alike(name: str, chunk: int, form: str) -> None:
+    """One structural rule for the streaming head and the whole prompt: a payload is masked where it sits in a media
+    part, never in text. Every head an early decision could read is a prefix of the prompt the whole body gives,
+    with the same media flag once the part has arrived, and the head of the whole messages is the whole prompt."""
+    from epp.request.resolve import read_body
+
+    body = HEAD_BODIES[name]
+    raw = FORMS[form]({**body, "max_tokens": 5})
+    whole = parse_body(ApiKind.CHAT, raw)
+    sb = StreamingBody(ApiKind.CHAT)
+    heads = []
+    for i in range(0, len(raw), chunk):
+        sb.feed(raw[i : i + chunk])
+        sb.start()
+        _, _, prompt, media = read_body(ApiKind.CHAT, {}, sb, "m")  # what an early decision reads
+        assert whole.prompt.startswith(prompt), (name, i)
+        assert not media or whole.media
+        heads.append((prompt, media))
+    assert heads[-1] == (whole.prompt, whole.media)  # all the messages in: the head is the prompt
+    assert sb.finish() == whole
+    if name.startswith("text only"):
+        assert not whole.media and b64(11, 3_000) in whole.prompt  # text quoting a data URL: never masked
+    else:
+        assert whole.media and "#media:" in whole.prompt
+
+
+def test_an_early_decision_waits_for_a_masked_head_covering_what_is_hashed() -> None:
+    """The default scheduler hashes 16 KB of prompt. A 40 KB image in the first message makes the raw head long
+    but its masked head short: the decision waits until the text after it brings the masked head to 16 KB, then is
+    made early on a head that is a prefix of the whole prompt, marked as holding media."""
+    from epp.protocol import BodyMode
+    from tests.support.extproc import SyncMachine, body_msg, headers_msg, real_director
+
+    director = real_director()
+    image = {"type": "image_url", "image_url": {"url": data_url(21, 30_000)}}
+    turns = [{"role": "assistant" if k % 2 else "user", "content": f"turn {k} " * 100} for k in range(60)]
+    body = {"model": "m", "messages": [{"role": "user", "content": [image, {"type": "text", "text": "look"}]},
+                                       *turns], "max_tokens": 5}
+    raw = orjson.dumps(body)
+    whole = parse_body(ApiKind.CHAT, raw)
+    ex = director.exchange()
+    m = SyncMachine(ex, request_body_mode=BodyMode.FULL_DUPLEX_STREAMED)
+    m.feed(headers_msg())
+    chunk, decided_at = 4096, None
+    for i in range(0, len(raw), chunk):
+        m.feed(body_msg(raw[i : i + chunk], i + chunk >= len(raw)))
+        if decided_at is None and ex.early is not None:
+            decided_at = i + chunk
+    assert decided_at is not None and decided_at < len(raw)  # early, before the body ended ...
+    image_chars = len(image["image_url"]["url"])
+    assert decided_at > image_chars + 16_384 - 1_024  # ... once the text after the image filled a masked head
+    req = ex.ctx.request if ex.ctx is not None else None
+    assert req is not None and req.media and whole.prompt.startswith(req.prompt) and len(req.prompt) >= 16_384
+    ex.close()

@@ -60,6 +60,16 @@ request on the endpoint holding its prefix. decodeWeight 0 gives a pure time-to-
 eviction term prices the prefixes a full endpoint would lose to make room (recomputed later by someone), so
 under KV pressure hot prefixes are replicated only when the load gain pays for it.
 
+Media (mediaDecodeWeight, 0.25 by default): a request that holds media (an image, audio, video or file part; the
+shell sets `LLMRequest.media`) counts mediaDecodeWeight of its output tokens (rounded) in the decode term.
+Its prefix is short in tokens (a system prompt and the item's placeholders) but comes back: the same image is sent
+again on every turn of a conversation about it and by every user shown it, and it hits only where it was computed
+(the engine's mm hash is in its blocks' keys). Traded against the whole decode term, such a short prefix loses to
+a one-request difference in batch size, so the same image is computed on every endpoint in turn and the fleet
+holds it several times; with a quarter of it, repeats gather where the image is cached while the batch sizes
+still count (0 gathers as well but lets batches grow: later tokens slow down; the benchmark's
+multimodal regime: docs/routing-benchmark.md). Requests without media are priced exactly as before.
+
 The model itself is the core package scheduling/latency (`LatencyModel`); this plugin reads the prefix data, hands it
 to the model, and keeps each request's scoring pass and pick in its state for the hooks that follow.
 
@@ -128,6 +138,7 @@ class Params:
     interTokenSeconds: float = bounded(0.012, min=0.0)
     defaultOutputTokens: int = bounded(128, min=0)
     decodeWeight: float = bounded(1.0, min=0.0)
+    mediaDecodeWeight: float = bounded(0.25, min=0.0)
     evictionWeight: float = bounded(1.0, min=0.0)
     initialRequestSeconds: float = bounded(1.0, min=0.0)
     durationEwmaAlpha: float = bounded(0.1, min=0.0, max=1.0)
@@ -232,9 +243,11 @@ class EstimatedLatencyScorer(PreciseReader[Params], PrefixReader[Params], Scorer
         index = self.prefix.index
         low = index.low_room() if room is index.room() else None  # not with the engines' own room merged in
         inflight = ctx.inflight if self.outside is None else self.outside.view(ctx.inflight)
-        costs, ns = self.model.costs(
-            tokens, cached, candidates, inflight, now, output_tokens(ctx.request.body, p.defaultOutputTokens),
-            room, index.default_capacity, self._warm.current(now), self._warm.weight, low)
+        out = output_tokens(ctx.request.body, p.defaultOutputTokens)
+        if ctx.request.media:  # a media request counts mediaDecodeWeight of its output in the decode term (see above)
+            out = round(out * p.mediaDecodeWeight)
+        costs, ns = self.model.costs(tokens, cached, candidates, inflight, now, out, room, index.default_capacity,
+                                     self._warm.current(now), self._warm.weight, low)
         state[PASS] = ScoredPass(candidates, ns, tokens, cached, now)
         slo = slo_from_headers(ctx.request.headers) if p.sloAware else None
         if slo is None and not ctx.explain:
