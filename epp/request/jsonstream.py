@@ -105,13 +105,13 @@ class JsonStream:
         i, n = 0, len(buf)
         stack = self._stack
         while True:
-            while i < n and buf[i] in WS_SET:
-                i += 1
-            if self._str is not None:  # inside a string value that spans chunks
+            if self._str is not None:  # inside a string value that spans chunks: its whitespace is its text
                 i = self._string_more(buf, i)
                 if self._str is not None:
                     break
                 continue
+            while i < n and buf[i] in WS_SET:
+                i += 1
             if i >= n:
                 break
             if self._pre:

@@ -239,3 +239,15 @@ def test_a_repeated_head_member_withdraws_the_head():
     sb.start()
     assert sb.head_chars == 0
     assert sb.finish().prompt == '["second"]'
+
+
+@pytest.mark.parametrize("cut", [4096, 10_000, 16_384, 32_768])
+def test_a_long_string_keeps_the_whitespace_a_chunk_starts_with(cut):
+    """A long string read in pieces keeps a space that falls at the start of a chunk (the reader once skipped it as
+    if it were between tokens, so the prompt lost a character at some chunk boundaries)."""
+    text = ("lorem ipsum dolor sit amet " * 4000)[:100_000]
+    raw = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": text}]})
+    sb = StreamingBody(ApiKind.CHAT)
+    for i in range(0, len(raw), cut):
+        sb.feed(raw[i : i + cut])
+    assert sb.finish() == parse_body(ApiKind.CHAT, raw)
