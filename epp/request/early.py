@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING
 from epp.request.context import MODEL_REWRITE
 from epp.request.parsing import api_kind
 from epp.request.streaming import HEAD, StreamingBody
-from scheduling.types import CHARS_PER_TOKEN
+from scheduling.types import CHARS_PER_TOKEN, ApiKind
 
 if TYPE_CHECKING:
     from epp.request.director import Director
@@ -44,6 +44,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("epp.director")
 
 
+HEAD_SLICE = 32 * 1024  # bytes of a long chunk read at a time while a decision may come from the prompt's head
 _NEEDS: dict[int, int] = {}  # id(scheduler) -> prompt characters its prefix producers hash
 
 
@@ -94,13 +95,18 @@ def early_model(d: Director, headers: Mapping[str, str], body: StreamingBody) ->
     return pool_model(d)
 
 
+def may_decide_early(d: Director, headers: Mapping[str, str], kind: ApiKind) -> bool:
+    """Whether a body of this kind may be decided on before it is all read (the rules but the head's size)."""
+    return (d.early.decisions and kind in HEAD and d.router is None and d.tokens is None
+            and MODEL_REWRITE not in headers)
+
+
 def ready(d: Director, headers: Mapping[str, str], body: StreamingBody) -> str | None:
     """The model to decide with now, before the body ends; None while the decision must wait."""
-    if not d.early.decisions or body.kind not in HEAD or d.router is not None or d.tokens is not None:
+    if not may_decide_early(d, headers, body.kind):
         return None
-    if MODEL_REWRITE in headers:
-        return None
-    body.start()
+    if not body.reading:
+        body.start()
     needed = prompt_chars_needed(d.scheduler)
     if body.head_chars < needed or len(body.head_text()) < needed:  # masked media weighs less than its base64
         return None
@@ -123,16 +129,44 @@ class Intake:
         reader = self.reader
         if reader is None:
             reader = self.reader = StreamingBody(api_kind(headers))
+        if len(data) > HEAD_SLICE and not reader.size and may_decide_early(d, headers, reader.kind):
+            return self._head_first(d, headers, reader, data, end_of_stream)
         reader.feed(data)
         if end_of_stream:
             self.ended = True
             return False
+        return self._check(d, headers, reader)
+
+    def _check(self, d: Director, headers: Mapping[str, str], reader: StreamingBody) -> bool:
         try:
             self.early = ready(d, headers, reader)
         except Exception:  # never crash a stream: decide at the end instead
             log.exception("early decision check failed")
             self.early = None
         return self.early is not None
+
+    def _head_first(self, d: Director, headers: Mapping[str, str], reader: StreamingBody,
+                    data: bytes | memoryview, end_of_stream: bool) -> bool:
+        """A long first chunk (a long body Envoy sends in one message, the last one included) is read a slice at a
+        time while the decision may still come from its head: what follows the head is then never parsed. Once the
+        head is long enough and the decision still cannot come from it (the model comes after the prompt; media
+        masked shorter than its base64) or no head began in the first slice, the chunk is kept whole again, as any
+        first chunk is (a whole body is then one orjson call)."""
+        reader.feed(data, read=False)
+        self.ended = end_of_stream
+        needed = prompt_chars_needed(d.scheduler)
+        while reader.read < reader.size:
+            reader.start(reader.read + HEAD_SLICE)
+            if self._check(d, headers, reader):
+                return not end_of_stream  # at the end, the machine decides now anyway (on the head: `early`)
+            if reader.head_chars >= needed or not reader.head_chars:
+                break
+        if reader.read < reader.size:
+            self.reader = whole = StreamingBody(reader.kind)
+            whole.feed(data)
+            if not end_of_stream:
+                return self._check(d, headers, whole)
+        return False
 
     def body(self, headers: Mapping[str, str], body: bytes | memoryview | None
              ) -> tuple[bytes | memoryview | StreamingBody | None, int]:

@@ -42,13 +42,15 @@ HEAD: dict[ApiKind, str] = {
 class StreamingBody:
     """One request body, fed chunk by chunk (see the module docstring)."""
 
-    __slots__ = ("kind", "stream", "chunks", "size", "_parsed", "_reading", "_head")
+    __slots__ = ("kind", "stream", "chunks", "size", "read", "_at", "_parsed", "_reading", "_head")
 
     def __init__(self, kind: ApiKind) -> None:
         self.kind = kind
         self.stream = JsonStream(COLLECT.get(kind, frozenset()), HEAD.get(kind))
         self.chunks: list[bytes | memoryview] = []  # as they came: a chunk read from the wire is a view
         self.size = 0
+        self.read = 0  # bytes of the body the stream has read
+        self._at = (0, 0)  # where the stream is: chunk index, offset in it
         self._parsed: ParsedBody | None = None
         self._reading = False  # the stream has been fed (from the second chunk on, or since `start`)
         self._head: tuple[int, str] | None = None  # head_text() as of that many head parts
@@ -56,26 +58,43 @@ class StreamingBody:
     def __len__(self) -> int:
         return self.size
 
-    def feed(self, data: bytes | memoryview) -> None:
+    def feed(self, data: bytes | memoryview, *, read: bool = True) -> None:
         """One more chunk. The first is only kept (a view stays a view): a body that comes whole (BUFFERED, small
         bodies, a long body Envoy sends in one message) is parsed by `parse_body` at once, with nothing read twice
-        or copied; reading starts with the second chunk."""
+        or copied; reading starts with the second chunk. With `read=False` the chunk is only kept: the caller
+        reads it with `start(upto)`, a part at a time."""
         if not data:
             return
         chunks = self.chunks
         chunks.append(data)
         self.size += len(data)
-        if self._reading:
-            self.stream.feed(bytes(data))
-        elif len(chunks) >= 2:
+        if read and (self._reading or len(chunks) >= 2):
             self.start()
 
-    def start(self) -> None:
-        """Read what has come so far now (the caller wants the model or the prompt's head before a second chunk)."""
-        if not self._reading:
-            self._reading = True
-            for c in self.chunks:
-                self.stream.feed(bytes(c))
+    def start(self, upto: int | None = None) -> None:
+        """Read what has come so far now, up to the first `upto` bytes of the body (None: all of it): the caller
+        wants the model or the prompt's head before a second chunk, or before the rest of this one."""
+        self._reading = True
+        left = (self.size if upto is None else min(upto, self.size)) - self.read
+        if left <= 0:
+            return
+        chunks, feed = self.chunks, self.stream.feed
+        i, o = self._at
+        while left > 0:
+            c = chunks[i]
+            take = min(len(c) - o, left)
+            feed(bytes(c[o : o + take]))  # a whole bytes chunk is not copied
+            o += take
+            left -= take
+            self.read += take
+            if o == len(c):
+                i, o = i + 1, 0
+        self._at = (i, o)
+
+    @property
+    def reading(self) -> bool:
+        """Whether the stream has begun to read the body (else `finish` parses it whole)."""
+        return self._reading
 
     @property
     def model(self) -> str | None:
@@ -124,6 +143,7 @@ class StreamingBody:
         if not self._reading:  # came whole: one orjson call
             self._parsed = parse_body(self.kind, self.raw())
             return self._parsed
+        self.start()  # what was kept and not read yet
         if not s.finish():
             self._parsed = parse_body(self.kind, self.raw())
             return self._parsed
