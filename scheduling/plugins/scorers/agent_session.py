@@ -63,7 +63,8 @@ SNAPSHOT = 4096
 @dataclass(frozen=True)
 class Params:
     moveFactor: float = bounded(1.5, min=1.0)
-    programFactor: float = bounded(1.0, min=1.0)
+    programFactor: float = bounded(3.0, min=1.0)
+    programShare: bool = True
     ttlSeconds: float = bounded(600.0, min=0.0)
     maxSessions: int = bounded(100_000, min=1)
     gapAlpha: float = bounded(0.3, min=0.0, max=1.0)
@@ -86,6 +87,7 @@ class SessionView:
     expected_gap: float | None  # the learnt pause between turns (None: no turn ended yet)
     warm_until: float | None = None  # until when its context is protected from eviction (None: not protected)
     home: str | None = None  # a session not bound yet: its program's home, when that is a candidate
+    homes: tuple[str, ...] = ()  # ... and the rest of its share of the endpoints (programShare), home first
     spread: tuple[str, ...] = ()  # a new program: the candidates where the fewest programs live
 
 
@@ -123,8 +125,8 @@ def decision(view: SessionView, result: SchedulingResult) -> str:
                 f"{what}: a new program, placed by predicted latency"
         if view.home is None:
             return what
-        if chosen == view.home:
-            return f"{what}: joined its program on {view.home}"
+        if chosen == view.home or chosen in view.homes:
+            return f"{what}: joined its program on {chosen}"
         return f"{what}: its program's {view.home} predicted clearly slower"
     if chosen == b:
         return "parallel call co-located" if view.parallel else "stayed"
@@ -173,24 +175,40 @@ class AgentSessionScorer(Scorer[Params]):
             turn, gap = (1, None) if s is None else (s.turns + 1, s.gap)
             if not self.program_bonus or not ref.program:
                 return SessionView(ref, turn, False, None, False, 0.0, gap)
-            home = table.program_home(ref.program)
-            h = home[0] if home is not None and any(e.key == home[0] for e in candidates) else None
-            if h is not None:
-                return SessionView(ref, turn, False, None, False, self.program_bonus, gap, None, h)
-            # A program new here: it starts where the fewest programs live (programs spread over the endpoints).
-            claims = table.claims
-            fewest = min(claims(e.key) for e in candidates)
-            spread = tuple(e.key for e in candidates if claims(e.key) == fewest)
-            if len(spread) == len(candidates):
-                spread = ()
-            return SessionView(ref, turn, False, None, False, self.program_bonus if spread else 0.0, gap,
-                               spread=spread)
+            return self._program_view(ref, turn, gap, candidates)
         parallel = bool(s.calls)
         b = s.endpoint
         cand = any(e.key == b for e in candidates)
         gap = s.gap if s.gap is not None else table.program_gap(s.program)
         return SessionView(ref, s.turns if parallel else s.turns + 1, parallel, b, cand,
                            self.bonus if cand else 0.0, gap, self.board.until(ref.key))
+
+    def _program_view(self, ref: SessionRef, turn: int, gap: float | None,
+                      candidates: Sequence[Endpoint]) -> SessionView:
+        """A session not bound (yet): join its program's home(s), or start a new program where the fewest live."""
+        table = self.table
+        keys = {e.key for e in candidates}
+        homes = table.program_homes(ref.program, len(keys))
+        if homes and homes[0] in keys:
+            if not self.params.programShare:
+                homes = homes[:1]
+            else:
+                # A program gathers on its share of the endpoints: one program (a chat app whose users send `user`)
+                # gathers nowhere; while it holds fewer than its share, its sessions go by predicted latency.
+                k = max(1, round(table.program_share(ref.program) * len(keys)))
+                if k >= len(keys) or len(homes) < k:
+                    return SessionView(ref, turn, False, None, False, 0.0, gap)
+                homes = [h for h in homes[:k] if h in keys]
+            return SessionView(ref, turn, False, None, False, self.program_bonus, gap, None, homes[0],
+                               tuple(homes[1:]))
+        # A program new here: it starts where the fewest programs live (programs spread over the endpoints).
+        claims = table.claims
+        fewest = min(claims(k) for k in keys)
+        spread = tuple(e.key for e in candidates if claims(e.key) == fewest)
+        if len(spread) == len(candidates):
+            spread = ()
+        return SessionView(ref, turn, False, None, False, self.program_bonus if spread else 0.0, gap,
+                           spread=spread)
 
     def score(self, ctx: SchedulingContext, candidates: list[Endpoint], state: State) -> list[float]:
         n = len(candidates)
@@ -203,6 +221,9 @@ class AgentSessionScorer(Scorer[Params]):
         if v.spread:
             spread, bonus = set(v.spread), v.bonus
             return [bonus if e.key in spread else 0.0 for e in candidates]
+        if v.homes:
+            homes, bonus = {v.home, *v.homes}, v.bonus
+            return [bonus if e.key in homes else 0.0 for e in candidates]
         b = v.bound if v.candidate else v.home
         return [v.bonus if e.key == b else 0.0 for e in candidates]
 
