@@ -365,3 +365,31 @@ def test_two_programs_gather_on_their_share_of_the_endpoints() -> None:
     assert abs(table.program_share(1) - 0.5) < 1e-9 and table.bound_total == 40
     # Each program holds half the sessions: once settled, its new sessions go to its two endpoints only.
     assert len(placed[1]) <= 2 and len(placed[2]) <= 2 and len(placed[1] | placed[2]) >= 3
+
+
+def _evict_sched(on: bool):
+    doc = {"apiVersion": "inference.networking.x-k8s.io/v1alpha1", "kind": "EndpointPickerConfig",
+           "plugins": [{"type": "estimated-latency-scorer"},
+                       {"type": "agent-session-scorer", "parameters": {"moveFactor": 3.0, "moveWhenEvicted": on}},
+                       {"type": "max-score-picker"}],
+           "schedulingProfiles": [{"name": "default", "plugins": [
+               {"pluginRef": "estimated-latency-scorer"}, {"pluginRef": "agent-session-scorer"},
+               {"pluginRef": "max-score-picker"}]}]}
+    return load_scheduler([doc], rng=random.Random(0)).fallback
+
+
+def test_a_turn_whose_context_is_predicted_evicted_is_placed_on_latency_when_asked() -> None:
+    cands = [ep(i) for i in range(4)]
+    for on in (False, True):
+        sched = _evict_sched(on)
+        latency = sched.profiles["default"].scorers[0][0]
+        home = _turn(sched, _agent("e", 1, "a"), cands, 0.0, end=1.0).primary.key
+        busy = {home: InflightLoad(4, 4000)}
+        assert _turn(sched, _agent("e", 2, "b"), cands, 5.0, inflight=busy, end=6.0).primary.key == home
+        latency.prefix.index.set_capacity(home, 1)  # other traffic evicted the session's context there
+        res = _turn(sched, _agent("e", 3, "c"), cands, 10.0, inflight=busy)
+        note = session_note(res.state)
+        if on:
+            assert res.primary.key != home and note.why == f"moved: its context is predicted evicted from {home}"
+        else:
+            assert res.primary.key == home and note.why == "stayed"

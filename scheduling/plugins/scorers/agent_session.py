@@ -42,7 +42,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from scheduling.api import SchedulingContext, SchedulingResult
@@ -50,6 +50,7 @@ from scheduling.framework import BuildContext, Scorer, register
 from scheduling.framework.params import bounded
 from scheduling.framework.plugin import State, ZeroScores
 from scheduling.framework.replication import Record, drain, is_count
+from scheduling.prefix import decision_matches
 from scheduling.sessions.table import Session, SessionTable
 from scheduling.sessions.warm import warm_board
 from scheduling.types import Endpoint, SessionRef
@@ -65,6 +66,7 @@ class Params:
     moveFactor: float = bounded(1.5, min=1.0)
     programFactor: float = bounded(3.0, min=1.0)
     programShare: bool = True
+    moveWhenEvicted: bool = False
     ttlSeconds: float = bounded(600.0, min=0.0)
     maxSessions: int = bounded(100_000, min=1)
     gapAlpha: float = bounded(0.3, min=0.0, max=1.0)
@@ -89,6 +91,7 @@ class SessionView:
     home: str | None = None  # a session not bound yet: its program's home, when that is a candidate
     homes: tuple[str, ...] = ()  # ... and the rest of its share of the endpoints (programShare), home first
     spread: tuple[str, ...] = ()  # a new program: the candidates where the fewest programs live
+    evicted: bool = False  # the bound endpoint is predicted to hold no more of the prompt than another candidate
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,6 +133,8 @@ def decision(view: SessionView, result: SchedulingResult) -> str:
         return f"{what}: its program's {view.home} predicted clearly slower"
     if chosen == b:
         return "parallel call co-located" if view.parallel else "stayed"
+    if view.evicted:
+        return f"moved: its context is predicted evicted from {b}"
     if not view.candidate:
         return f"moved: {b} is not a candidate"
     pr = result.profile_results.get(result.profile) or next(iter(result.profile_results.values()), None)
@@ -141,6 +146,17 @@ def decision(view: SessionView, result: SchedulingResult) -> str:
     if tb is not None and tc is not None:
         return f"{what}: {b} predicted clearly slower (score {tb:.2f} against {tc:.2f})"
     return f"{what}: {b} predicted clearly slower"
+
+
+def context_evicted(bound: str | None, state: State, candidates: Sequence[Endpoint]) -> bool:
+    """Whether the prefix index (this decision's matches, when a prefix-aware scorer computed them) predicts that
+    `bound` holds no more of the prompt than some other candidate: its own context was evicted there."""
+    got = decision_matches(state)
+    if got is None or bound is None:
+        return False
+    matches = got[0]
+    held = matches.get(bound, 0)
+    return any(matches.get(e.key, 0) >= held for e in candidates if e.key != bound)
 
 
 @register("agent-session-scorer")
@@ -215,6 +231,9 @@ class AgentSessionScorer(Scorer[Params]):
         if ctx.request.session is None:
             return self._zero(n)
         v = self.view(ctx, candidates)
+        if v is not None and v.bonus and v.candidate and not v.parallel and self.params.moveWhenEvicted \
+                and context_evicted(v.bound, state, candidates):
+            v = replace(v, bonus=0.0, evicted=True)
         state[SESSION] = v
         if v is None or not v.bonus:
             return self._zero(n)
