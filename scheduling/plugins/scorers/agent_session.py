@@ -148,15 +148,16 @@ def decision(view: SessionView, result: SchedulingResult) -> str:
     return f"{what}: {b} predicted clearly slower"
 
 
-def context_evicted(bound: str | None, state: State, candidates: Sequence[Endpoint]) -> bool:
+def context_evicted(bound: str | None, state: State, candidates: Sequence[Endpoint], context: float) -> bool:
     """Whether the prefix index (this decision's matches, when a prefix-aware scorer computed them) predicts that
-    `bound` holds no more of the prompt than some other candidate: its own context was evicted there."""
+    `bound` lost most of the session's context: it holds less than half of the share `context` of the prompt that
+    the previous turn sent, or no more of the prompt than another candidate."""
     got = decision_matches(state)
-    if got is None or bound is None:
+    if got is None or bound is None or not got[1]:
         return False
-    matches = got[0]
+    matches, total = got
     held = matches.get(bound, 0)
-    return any(matches.get(e.key, 0) >= held for e in candidates if e.key != bound)
+    return held < 0.5 * context * total or any(matches.get(e.key, 0) >= held for e in candidates if e.key != bound)
 
 
 @register("agent-session-scorer")
@@ -231,9 +232,12 @@ class AgentSessionScorer(Scorer[Params]):
         if ctx.request.session is None:
             return self._zero(n)
         v = self.view(ctx, candidates)
-        if v is not None and v.bonus and v.candidate and not v.parallel and self.params.moveWhenEvicted \
-                and context_evicted(v.bound, state, candidates):
-            v = replace(v, bonus=0.0, evicted=True)
+        if v is not None and v.bonus and v.candidate and not v.parallel and self.params.moveWhenEvicted:
+            s = self.table.get(v.ref.key, ctx.now)
+            tokens = float(ctx.request.estimated_tokens)
+            context = min(1.0, s.tokens / tokens) if s is not None and tokens > 0 else 1.0
+            if context_evicted(v.bound, state, candidates, context):
+                v = replace(v, bonus=0.0, evicted=True)
         state[SESSION] = v
         if v is None or not v.bonus:
             return self._zero(n)
