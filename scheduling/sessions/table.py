@@ -54,6 +54,7 @@ class SessionTable:
         self._claims: dict[str, int] = {}  # endpoint -> programs whose home it is
         self._bound: dict[int, int] = {}  # program -> its sessions bound to an endpoint
         self.bound_total = 0  # sessions with a program bound to an endpoint
+        self.bound_at: dict[str, int] = {}  # endpoint -> sessions with a program bound to it
 
     def __len__(self) -> int:
         return len(self._sessions)
@@ -104,6 +105,7 @@ class SessionTable:
         if old is not None:
             self.bound_total -= 1
             _decrement(self._bound, p)
+            _decrement(self.bound_at, old)
             counts = homes.get(p)
             if counts is not None:
                 _decrement(counts, old)
@@ -112,6 +114,7 @@ class SessionTable:
         if endpoint is not None:
             self.bound_total += 1
             self._bound[p] = self._bound.get(p, 0) + 1
+            self.bound_at[endpoint] = self.bound_at.get(endpoint, 0) + 1
             counts = homes.setdefault(p, {})
             counts[endpoint] = counts.get(endpoint, 0) + 1
         self._rehome(p)

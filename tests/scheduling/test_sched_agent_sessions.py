@@ -393,3 +393,27 @@ def test_a_turn_whose_context_is_predicted_evicted_is_placed_on_latency_when_ask
             assert res.primary.key != home and note.why == f"moved: its context is predicted evicted from {home}"
         else:
             assert res.primary.key == home and note.why == "stayed"
+
+
+def test_a_program_over_its_endpoints_spills_where_the_fewest_sessions_live() -> None:
+    doc = {"apiVersion": "inference.networking.x-k8s.io/v1alpha1", "kind": "EndpointPickerConfig",
+           "plugins": [{"type": "estimated-latency-scorer"},
+                       {"type": "agent-session-scorer", "parameters": {"programSpill": 1.2}},
+                       {"type": "max-score-picker"}],
+           "schedulingProfiles": [{"name": "default", "plugins": [
+               {"pluginRef": "estimated-latency-scorer"}, {"pluginRef": "agent-session-scorer"},
+               {"pluginRef": "max-score-picker"}]}]}
+    sched = load_scheduler([doc], rng=random.Random(0)).fallback
+    table = sched.profiles["default"].scorers[1][0].table
+    cands = [ep(i) for i in range(2)]
+    first = {p: _turn(sched, _program_session(f"first-{p}", p, f"f{p}"), cands, p * 0.1, end=p * 0.1 + 1).primary.key
+             for p in (1, 2)}
+    assert first[1] != first[2]
+    notes = []
+    for i in range(12):  # program 1 has three sessions to every one of program 2's
+        p = 2 if i % 4 == 3 else 1
+        res = _turn(sched, _program_session(f"s{i}", p, f"r{i}"), cands, 5 + i * 0.1, end=5.05 + i * 0.1)
+        notes.append(session_note(res.state).why)
+    # Without spilling program 1 would hold 10 of 14 sessions on one endpoint; it holds at most 1.2x the mean + 1.
+    assert max(table.bound_at.values()) <= 1.2 * 7 + 1
+    assert any("is over its share, placed where the fewest sessions live" in w for w in notes)

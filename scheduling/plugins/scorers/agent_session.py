@@ -66,6 +66,7 @@ class Params:
     moveFactor: float = bounded(1.5, min=1.0)
     programFactor: float = bounded(3.0, min=1.0)
     programShare: bool = True
+    programSpill: float = bounded(0.0, min=0.0)
     moveWhenEvicted: bool = False
     ttlSeconds: float = bounded(600.0, min=0.0)
     maxSessions: int = bounded(100_000, min=1)
@@ -123,6 +124,9 @@ def decision(view: SessionView, result: SchedulingResult) -> str:
     b = view.bound
     if b is None:
         what = "new session" if view.turn == 1 else "placed by predicted latency (its endpoint left)"
+        if view.spread and view.home is not None:  # programSpill
+            return f"{what}: its program's {view.home} is over its share, placed where the fewest sessions live" \
+                if chosen in view.spread else f"{what}: its program's {view.home} is over its share"
         if view.spread:
             return f"{what}: a new program, placed where the fewest programs live" if chosen in view.spread else \
                 f"{what}: a new program, placed by predicted latency"
@@ -216,6 +220,10 @@ class AgentSessionScorer(Scorer[Params]):
                 if k >= len(keys) or len(homes) < k:
                     return SessionView(ref, turn, False, None, False, 0.0, gap)
                 homes = [h for h in homes[:k] if h in keys]
+            spill = self._spill(homes, candidates)
+            if spill:
+                return SessionView(ref, turn, False, None, False, self.program_bonus, gap, None, homes[0],
+                                   spread=spill)
             return SessionView(ref, turn, False, None, False, self.program_bonus, gap, None, homes[0],
                                tuple(homes[1:]))
         # A program new here: it starts where the fewest programs live (programs spread over the endpoints).
@@ -226,6 +234,20 @@ class AgentSessionScorer(Scorer[Params]):
             spread = ()
         return SessionView(ref, turn, False, None, False, self.program_bonus if spread else 0.0, gap,
                            spread=spread)
+
+    def _spill(self, homes: list[str], candidates: Sequence[Endpoint]) -> tuple[str, ...]:
+        """programSpill: when every home holds more than programSpill times the mean of the sessions bound per
+        candidate, the candidates holding the fewest (a program larger than its endpoints spills over; () if not)."""
+        f = self.params.programSpill
+        if not f or len(candidates) < 2:
+            return ()
+        at = self.table.bound_at
+        counts = [at.get(e.key, 0) for e in candidates]
+        mean = sum(counts) / len(counts)
+        if any(at.get(h, 0) <= f * mean for h in homes):
+            return ()
+        low = min(counts)
+        return tuple(e.key for e, c in zip(candidates, counts, strict=True) if c == low)
 
     def score(self, ctx: SchedulingContext, candidates: list[Endpoint], state: State) -> list[float]:
         n = len(candidates)
