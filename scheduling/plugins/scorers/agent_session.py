@@ -217,9 +217,11 @@ class AgentSessionScorer(Scorer[Params]):
                 # A program gathers on its share of the endpoints: one program (a chat app whose users send `user`)
                 # gathers nowhere; while it holds fewer than its share, its sessions go by predicted latency.
                 k = max(1, round(table.program_share(ref.program) * len(keys)))
-                if k >= len(keys) or len(homes) < k:
+                if k >= len(keys):
                     return SessionView(ref, turn, False, None, False, 0.0, gap)
                 homes = [h for h in homes[:k] if h in keys]
+                if len(homes) < k:  # holding fewer: it grows where the fewest programs live
+                    homes += self._fewest_programs(candidates, homes)
             spill = self._spill(homes, candidates)
             if spill:
                 return SessionView(ref, turn, False, None, False, self.program_bonus, gap, None, homes[0],
@@ -227,13 +229,18 @@ class AgentSessionScorer(Scorer[Params]):
             return SessionView(ref, turn, False, None, False, self.program_bonus, gap, None, homes[0],
                                tuple(homes[1:]))
         # A program new here: it starts where the fewest programs live (programs spread over the endpoints).
-        claims = table.claims
-        fewest = min(claims(k) for k in keys)
-        spread = tuple(e.key for e in candidates if claims(e.key) == fewest)
+        spread = tuple(self._fewest_programs(candidates, ()))
         if len(spread) == len(candidates):
             spread = ()
         return SessionView(ref, turn, False, None, False, self.program_bonus if spread else 0.0, gap,
                            spread=spread)
+
+    def _fewest_programs(self, candidates: Sequence[Endpoint], skip: Collection[str]) -> list[str]:
+        """The candidates (but `skip`) that the fewest programs call home."""
+        claims = self.table.claims
+        rest = [e.key for e in candidates if e.key not in skip]
+        fewest = min((claims(k) for k in rest), default=0)
+        return [k for k in rest if claims(k) == fewest]
 
     def _spill(self, homes: list[str], candidates: Sequence[Endpoint]) -> tuple[str, ...]:
         """programSpill: when every home holds more than programSpill times the mean of the sessions bound per
