@@ -5,8 +5,9 @@ the calls that start while none of the session's calls is in flight: a call that
 is a parallel call of the same turn (a fan-out) and never moves the binding. Between turns the table learns the gap
 (the pause while the client's tool ran): an EWMA per session, and per program as the prior for sessions that have
 not paused yet. The table also counts each program's sessions per endpoint: the endpoint holding most of them is
-the program's home, where its shared prompt (system prompt, tools) already is; and each endpoint's programs, so
-that a new program can start where no other program lives.
+the program's home, where its shared prompt (system prompt, tools) already is; each endpoint's programs, so
+that a new program can start where no other program lives; and each program's share of all bound sessions and each
+endpoint's bound sessions, so that a program gathers on at most its share of the endpoints.
 
 Memory: at most `max_sessions` sessions (the least recently used go first) and `max_programs` programs; a session
 idle for `ttl_s` is dropped. Each session holds a few numbers and the endpoints of its calls in flight.

@@ -8,8 +8,7 @@ session settings) and hands it over as `LLMRequest.session`. This scorer remembe
     no session                            -> 0 everywhere: the request is placed on predicted latency alone
     a session bound to candidate b        -> b: 1 − 1/moveFactor, others 0
     a new session (or one whose endpoint left) whose program has sessions bound elsewhere
-                                          -> the program's home h: 1 − 1/programFactor, others 0 (programFactor
-                                             1, the default, turns this off)
+                                          -> the program's homes: 1 − 1/programFactor (3), others 0
 So the turn stays on b unless b's predicted latency is more than moveFactor (1.5) times the best candidate's: the
 estimated-latency scores are best/cost, so b keeps the lead while best/cost(b) + 1 − 1/moveFactor ≥ 1. It is
 LLMKube's move rule (stay unless clearly worse), judged by predicted latency instead of queue lengths. Parallel
@@ -17,14 +16,21 @@ calls of one turn (a fan-out) get the same preference: they share the turn's con
 predicted latency, which counts the calls already sent there, stays within the factor; then they spread, and the
 binding stays with the context.
 
-Programs (off by default): the sessions of one program share its prompt (system prompt, tools: the same head of the
-prompt, or the same program header), as RL rollouts do. With programFactor > 1 a new session joins the endpoint that
-holds most of its program's sessions (its home) unless that is predicted more than programFactor times slower, so
-one program's shared prompt is held once instead of on every endpoint; when the home is full, new sessions spread
-by predicted latency; a program new to the pool starts where the fewest programs live. The default leaves placement
-to predicted latency, which already prefers endpoints holding the shared prompt: a chat app whose users send
-OpenAI's `user` is one program, and program affinity would gather its users on one endpoint.
-deploy/profiles/agent-sessions.yaml sets programFactor and moveFactor 3 for agent fleets (docs/sessions.md).
+Programs: the sessions of one program share its prompt (system prompt, tools: the same head of the prompt, or the
+same program header), as RL rollouts do. A new session joins its program's homes (the endpoints holding most of its
+sessions) unless they are predicted more than programFactor times slower, so one program's shared prompt is held
+once instead of on every endpoint; when the homes are full, new sessions spread by predicted latency; a program new
+to the pool starts where the fewest programs live. With programShare (on) a program gathers on at most its share of
+the candidates (round(its share of the bound sessions × candidates), at least one): a program holding every
+endpoint's worth (a chat app whose users send OpenAI's `user` is one program) gathers nowhere and is placed on
+predicted latency alone, as with programFactor 1; a program holding fewer endpoints than its share grows where the
+fewest programs live. programShare false gathers every program on its one home. programSpill (off, 0): when its
+homes hold more than programSpill times the mean of the sessions bound per candidate, a program's new sessions go
+where the fewest sessions are bound. deploy/profiles/agent-sessions.yaml also sets moveFactor 3 (docs/sessions.md).
+
+A turn whose context is predicted evicted (moveWhenEvicted, off): when this decision's prefix matches (the
+estimated-latency scorer's index) say that b holds under half of the previous turn's context, or no more of the
+prompt than another candidate, the turn gets no stay preference and goes where predicted latency sends it.
 
 Keeping the context warm: when a turn's last call ends, the session's prompt tokens on b are protected on the warm
 board (scheduling/sessions/warm.py) until its next turn is due: warmFactor × the expected pause (the session's own
