@@ -132,6 +132,17 @@ class AgentWorkload:
             turns.append(TurnPlan(k, text, fan, self.pause(rng) if k < n - 1 else 0.0))
         return SessionPlan(sid, agent, carrier, tuple(turns), self._systems[agent])
 
+    def floor(self, plan: SessionPlan, itl: float = 0.012, overhead: float = 0.030,
+              per_token: float = 0.000250) -> tuple[float, float]:
+        """What no router can beat, in model seconds: (the session's pauses + its pure decode at batch size 1, that +
+        the least prefill each turn needs: the overhead and its new tokens, everything before them cached). The
+        timings are modelsim's reference engine (the fleet's, with no latency factor); no queueing, no load."""
+        s = self.spec
+        decode = sum(s.output_len - 1 for _ in plan.turns) * itl
+        new = sum(s.system_len + s.question_len if t.index == 0 else s.tool_len + s.output_len for t in plan.turns)
+        base = sum(t.pause_after for t in plan.turns) + decode
+        return base, base + len(plan.turns) * overhead + new * per_token
+
     def first_messages(self, plan: SessionPlan) -> list[dict[str, Any]]:
         return [{"role": "system", "content": plan.system}, {"role": "user", "content": plan.turns[0].new_text}]
 

@@ -215,10 +215,12 @@ class AgentRow:
     output_tok_s: float
     sample: int = 0
     error_sample: str = ""
+    floor_p90: float | None = None  # session p90 with no queueing and no prefill: pauses + pure decode
+    floor_prefill_p90: float | None = None  # ... + the least prefill each turn needs (its new tokens)
 
 
 def summarize_agent(regime: str, router: str, concurrency: int, results: list[SessionResult], elapsed: float,
-                    sample: int = 0) -> AgentRow:
+                    sample: int = 0, workload: AgentWorkload | None = None) -> AgentRow:
     calls = [c for r in results for c in r.calls]
     ok = [c for c in calls if c.ok]
     errs = [c for c in calls if not c.ok]
@@ -233,13 +235,15 @@ def summarize_agent(regime: str, router: str, concurrency: int, results: list[Se
             if c.turn > 0 and c.ok and c.pod and prev:
                 stay, moved = stay + (c.pod == prev), moved + (c.pod != prev)
     prompt = sum(c.prompt_tokens for c in ok)
+    floors = [workload.floor(r.plan) for r in results] if workload is not None else []
     return AgentRow(
         regime, router, concurrency, len(results), len(durations), len(calls), len(errs),
         percentile(first, 0.5), percentile(first, 0.9), percentile(later, 0.5), percentile(later, 0.9),
         percentile(first + later, 0.9), percentile(durations, 0.5), percentile(durations, 0.9),
         stay / (stay + moved) if stay + moved else None, sum(c.cached_tokens for c in ok) / prompt if prompt else 0.0,
         sum(c.output_tokens for c in ok) / elapsed if elapsed > 0 else 0.0, sample,
-        errs[0].error[:120] if errs else "")
+        errs[0].error[:120] if errs else "", percentile([f[0] for f in floors], 0.9),
+        percentile([f[1] for f in floors], 0.9))
 
 
 def _f(x: float | None, nd: int = 3) -> str:
@@ -252,12 +256,13 @@ def agent_markdown(rows: list[AgentRow]) -> str:
     out = ["", "Agent sessions (TTFT per turn, model s; session = time to finish all turns; stayed = later-turn "
                "calls served by the server of the previous turn):", "",
            "| regime | router | sample | concurrency | sessions done | reqs | err | first turn TTFT p50 / p90 | "
-           "later turns TTFT p50 / p90 | session p50 / p90 s | stayed | prefix hit | out tok/s |",
-           "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+           "later turns TTFT p50 / p90 | session p50 / p90 s | floor p90 s | stayed | prefix hit | out tok/s |",
+           "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         out.append(f"| {r.regime} | {r.router} | {r.sample} | {r.concurrency} | {r.finished}/{r.sessions} | "
                    f"{r.requests} | {r.errors} | {_f(r.ttft_first_p50)} / {_f(r.ttft_first_p90)} | "
                    f"{_f(r.ttft_later_p50)} / {_f(r.ttft_later_p90)} | {_f(r.session_p50, 1)} / "
-                   f"{_f(r.session_p90, 1)} | {'-' if r.stayed is None else f'{100 * r.stayed:.0f}%'} | "
+                   f"{_f(r.session_p90, 1)} | {_f(r.floor_p90, 1)} / {_f(r.floor_prefill_p90, 1)} | "
+                   f"{'-' if r.stayed is None else f'{100 * r.stayed:.0f}%'} | "
                    f"{100 * r.hit_rate:.1f}% | {r.output_tok_s:.0f} |")
     return "\n".join(out) + "\n"

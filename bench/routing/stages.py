@@ -172,7 +172,7 @@ async def _agent_stages(router: str, launched: Launched, regime: Regime, fleet: 
                                                  stage_timeout=max(120.0, 4 * expected * fs.time_scale))
         await fill_pods(results, fleet.urls)
         dump_calls(results, router, seed, i)
-        row = summarize_agent(regime.name, router, int(conc), results, elapsed, seed)
+        row = summarize_agent(regime.name, router, int(conc), results, elapsed, seed, wl)
         rows.append(row)
         stayed = "-" if row.stayed is None else f"{100 * row.stayed:.0f}%"
         print(f"  {router:15s} {regime.name:10s} s{seed} sessions={conc:g}x{n} done={row.finished} "

@@ -5,8 +5,9 @@ the calls that start while none of the session's calls is in flight: a call that
 is a parallel call of the same turn (a fan-out) and never moves the binding. Between turns the table learns the gap
 (the pause while the client's tool ran): an EWMA per session, and per program as the prior for sessions that have
 not paused yet. The table also counts each program's sessions per endpoint: the endpoint holding most of them is
-the program's home, where its shared prompt (system prompt, tools) already is; and each endpoint's programs, so
-that a new program can start where no other program lives.
+the program's home, where its shared prompt (system prompt, tools) already is; each endpoint's programs, so
+that a new program can start where no other program lives; and each program's share of all bound sessions and each
+endpoint's bound sessions, so that a program gathers on at most its share of the endpoints.
 
 Memory: at most `max_sessions` sessions (the least recently used go first) and `max_programs` programs; a session
 idle for `ttl_s` is dropped. Each session holds a few numbers and the endpoints of its calls in flight.
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
+from typing import Any
 
 from scheduling.types import SessionRef
 
@@ -51,6 +53,9 @@ class SessionTable:
         self._homes: dict[int, dict[str, int]] = {}  # program -> endpoint -> sessions bound there
         self._home_of: dict[int, str] = {}  # program -> its home (the endpoint with most of its sessions)
         self._claims: dict[str, int] = {}  # endpoint -> programs whose home it is
+        self._bound: dict[int, int] = {}  # program -> its sessions bound to an endpoint
+        self.bound_total = 0  # sessions with a program bound to an endpoint
+        self.bound_at: dict[str, int] = {}  # endpoint -> sessions with a program bound to it
 
     def __len__(self) -> int:
         return len(self._sessions)
@@ -89,28 +94,31 @@ class SessionTable:
             self._drop(next(iter(sessions)))
 
     def _bind(self, s: Session, endpoint: str | None) -> None:
-        """Move the session's binding (and its program's count of sessions per endpoint)."""
+        """Move the session's binding (and its program's count of sessions, in all and per endpoint)."""
         old = s.endpoint
         if old == endpoint:
             return
         s.endpoint = endpoint
-        if not s.program:
+        p = s.program
+        if not p:
             return
         homes = self._homes
         if old is not None:
-            counts = homes.get(s.program)
+            self.bound_total -= 1
+            _decrement(self._bound, p)
+            _decrement(self.bound_at, old)
+            counts = homes.get(p)
             if counts is not None:
-                n = counts.get(old, 0) - 1
-                if n > 0:
-                    counts[old] = n
-                else:
-                    counts.pop(old, None)
-                    if not counts:
-                        del homes[s.program]
+                _decrement(counts, old)
+                if not counts:
+                    del homes[p]
         if endpoint is not None:
-            counts = homes.setdefault(s.program, {})
+            self.bound_total += 1
+            self._bound[p] = self._bound.get(p, 0) + 1
+            self.bound_at[endpoint] = self.bound_at.get(endpoint, 0) + 1
+            counts = homes.setdefault(p, {})
             counts[endpoint] = counts.get(endpoint, 0) + 1
-        self._rehome(s.program)
+        self._rehome(p)
 
     def _rehome(self, program: int) -> None:
         """Keep the program's home (the endpoint with most of its sessions; a tie keeps the current one) and each
@@ -141,6 +149,19 @@ class SessionTable:
         if ep is None:
             return None
         return ep, self._homes[program][ep]
+
+    def program_share(self, program: int) -> float:
+        """The program's share of the sessions bound anywhere (0 when none is)."""
+        n = self._bound.get(program, 0) if program else 0
+        return n / self.bound_total if n else 0.0
+
+    def program_homes(self, program: int, k: int) -> list[str]:
+        """The (at most) `k` endpoints holding most of the program's sessions, the home first."""
+        counts = self._homes.get(program) if program else None
+        if not counts:
+            return []
+        home = self._home_of.get(program)
+        return sorted(counts, key=lambda e: (e != home, -counts[e], e))[:k]
 
     def claims(self, endpoint: str) -> int:
         """How many programs call `endpoint` home."""
@@ -247,3 +268,11 @@ class SessionTable:
         self._touch(s, max(last, s.last))
         s.last = last
         return s
+
+
+def _decrement(counts: dict[Any, int], key: Any) -> None:
+    n = counts.get(key, 0) - 1
+    if n > 0:
+        counts[key] = n
+    else:
+        counts.pop(key, None)

@@ -144,8 +144,12 @@ def test_agent_summary_counts_stays_per_turn_and_unfinished_sessions() -> None:
         a.calls.append(Call("a", turn, 0, f"a{turn}", 200, 0.1 * (turn + 1), 1.0, 100, 10, 50, pod))
     a.duration = 12.0
     b.calls += [Call("b", 0, 0, "b0", 200, 0.5, 1.0, 100, 10, 0, "p2"), Call("b", 1, 0, "b1", 503, error="x")]
-    row = summarize_agent("agent", "r", 2, [a, b], elapsed=10.0)
+    row = summarize_agent("agent", "r", 2, [a, b], elapsed=10.0, workload=wl)
     assert (row.sessions, row.finished, row.requests, row.errors) == (2, 1, 5, 1)
+    pauses = sum(t.pause_after for t in a.plan.turns)
+    decode, least = pauses + 3 * 63 * 0.012, 3 * 0.030 + (2200 + 2 * 564) * 0.00025
+    assert wl.floor(a.plan) == pytest.approx((decode, decode + least))
+    assert row.floor_p90 is not None and row.floor_prefill_p90 == pytest.approx(row.floor_p90 + least)
     assert row.stayed == pytest.approx(0.5) and row.session_p90 == 12.0
     assert row.ttft_first_p50 == pytest.approx(0.3) and row.ttft_later_p50 == pytest.approx(0.25)
 

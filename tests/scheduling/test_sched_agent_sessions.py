@@ -274,10 +274,11 @@ def test_sessions_replicate_between_processes() -> None:
     assert len(sb.snapshot_records(100.0)) == 1
 
 
-def _program_sched(factor: float = 1.25):
+def _program_sched(factor: float = 1.25, share: bool = True):
     doc = {"apiVersion": "inference.networking.x-k8s.io/v1alpha1", "kind": "EndpointPickerConfig",
            "plugins": [{"type": "estimated-latency-scorer"},
-                       {"type": "agent-session-scorer", "parameters": {"programFactor": factor}},
+                       {"type": "agent-session-scorer",
+                        "parameters": {"programFactor": factor, "programShare": share}},
                        {"type": "max-score-picker"}],
            "schedulingProfiles": [{"name": "default", "plugins": [
                {"pluginRef": "estimated-latency-scorer"}, {"pluginRef": "agent-session-scorer"},
@@ -286,11 +287,20 @@ def _program_sched(factor: float = 1.25):
 
 
 def test_new_sessions_join_their_program_when_asked() -> None:
-    sched = _program_sched()
+    sched = _program_sched(share=False)  # one program gathers on one endpoint (programShare off)
     cands = [ep(i) for i in range(4)]
     home = _turn(sched, _agent("p1", 1, "a"), cands, 0.0, end=1.0).primary.key
     busy = {home: InflightLoad(1, 0)}  # a little busier than the others: predicted latency alone would go elsewhere
-    assert _turn(_sched(), _agent("p2", 1, "b"), cands, 2.0, inflight=busy).primary.key != home
+    assert _turn(_program_sched(1.0), _agent("p2", 1, "b"), cands, 2.0, inflight=busy).primary.key != home
+    # With programShare (the default) a lone program holds every endpoint's worth: it gathers nowhere, its new
+    # sessions go where predicted latency alone sends them.
+    shared, plain = _program_sched(), _program_sched(1.0)
+    for s in (shared, plain):
+        assert _turn(s, _agent("p1", 1, "a"), cands, 0.0, end=1.0).primary.key == home
+    jammed = {home: InflightLoad(6, 0)}
+    res = _turn(shared, _agent("p2", 1, "b"), cands, 2.0, inflight=jammed)
+    assert res.primary.key == _turn(plain, _agent("p2", 1, "b"), cands, 2.0, inflight=jammed).primary.key != home
+    assert session_note(res.state).why == "new session"
     res = _turn(sched, _agent("p2", 1, "b"), cands, 2.0, inflight=busy)
     assert res.primary.key == home
     assert session_note(res.state).why == f"new session: joined its program on {home}"
@@ -319,3 +329,91 @@ def test_programs_spread_over_the_endpoints_and_their_sessions_follow() -> None:
         assert res.primary.key == homes[p], i
         load[res.primary.key] = InflightLoad(load.get(res.primary.key, InflightLoad()).requests + 1, 0)
     assert "joined its program" in session_note(res.state).why
+
+
+def test_one_program_is_placed_as_without_program_affinity() -> None:
+    """A chat app whose users send `user` is one program: the default (programFactor 3, programShare) places its
+    new sessions exactly as predicted latency alone does (programFactor 1)."""
+    gathering, plain = _sched(), _program_sched(1.0)
+    assert gathering.profiles["default"].scorers[1][0].params.programFactor == 3.0
+    r = random.Random(7)
+    cands = [ep(i) for i in range(4)]
+    load: dict[str, InflightLoad] = {}
+    for i in range(40):
+        inflight = {k: InflightLoad(v.requests + r.randrange(2), 0) for k, v in load.items()}
+        a = _turn(gathering, _program_session(f"u{i}", 9, f"r{i}"), cands, i * 0.5, inflight=inflight)
+        b = _turn(plain, _program_session(f"u{i}", 9, f"r{i}"), cands, i * 0.5, inflight=inflight)
+        assert a.primary.key == b.primary.key, i
+        k = a.primary.key
+        load[k] = InflightLoad(load.get(k, InflightLoad()).requests + 1, 0)
+    assert len(load) > 1  # the users spread over the pool
+
+
+def test_two_programs_gather_on_their_share_of_the_endpoints() -> None:
+    sched = _program_sched(3.0)
+    cands = [ep(i) for i in range(4)]
+    table = sched.profiles["default"].scorers[1][0].table
+    placed: dict[int, set[str]] = {1: set(), 2: set()}
+    load: dict[str, InflightLoad] = {}
+    for i in range(40):
+        p = 1 + i % 2
+        res = _turn(sched, _program_session(f"s{i}", p, f"r{i}"), cands, i * 0.1, inflight=dict(load))
+        k = res.primary.key
+        load[k] = InflightLoad(load.get(k, InflightLoad()).requests + 1, 0)
+        if i >= 20:
+            placed[p].add(k)
+    assert abs(table.program_share(1) - 0.5) < 1e-9 and table.bound_total == 40
+    # Each program holds half the sessions: once settled, its new sessions go to its two endpoints only.
+    assert len(placed[1]) <= 2 and len(placed[2]) <= 2 and len(placed[1] | placed[2]) >= 3
+
+
+def _evict_sched(on: bool):
+    doc = {"apiVersion": "inference.networking.x-k8s.io/v1alpha1", "kind": "EndpointPickerConfig",
+           "plugins": [{"type": "estimated-latency-scorer"},
+                       {"type": "agent-session-scorer", "parameters": {"moveFactor": 3.0, "moveWhenEvicted": on}},
+                       {"type": "max-score-picker"}],
+           "schedulingProfiles": [{"name": "default", "plugins": [
+               {"pluginRef": "estimated-latency-scorer"}, {"pluginRef": "agent-session-scorer"},
+               {"pluginRef": "max-score-picker"}]}]}
+    return load_scheduler([doc], rng=random.Random(0)).fallback
+
+
+def test_a_turn_whose_context_is_predicted_evicted_is_placed_on_latency_when_asked() -> None:
+    cands = [ep(i) for i in range(4)]
+    for on in (False, True):
+        sched = _evict_sched(on)
+        latency = sched.profiles["default"].scorers[0][0]
+        home = _turn(sched, _agent("e", 1, "a"), cands, 0.0, end=1.0).primary.key
+        busy = {home: InflightLoad(4, 4000)}
+        assert _turn(sched, _agent("e", 2, "b"), cands, 5.0, inflight=busy, end=6.0).primary.key == home
+        latency.prefix.index.set_capacity(home, 1)  # other traffic evicted the session's context there
+        res = _turn(sched, _agent("e", 3, "c"), cands, 10.0, inflight=busy)
+        note = session_note(res.state)
+        if on:
+            assert res.primary.key != home and note.why == f"moved: its context is predicted evicted from {home}"
+        else:
+            assert res.primary.key == home and note.why == "stayed"
+
+
+def test_a_program_over_its_endpoints_spills_where_the_fewest_sessions_live() -> None:
+    doc = {"apiVersion": "inference.networking.x-k8s.io/v1alpha1", "kind": "EndpointPickerConfig",
+           "plugins": [{"type": "estimated-latency-scorer"},
+                       {"type": "agent-session-scorer", "parameters": {"programSpill": 1.2}},
+                       {"type": "max-score-picker"}],
+           "schedulingProfiles": [{"name": "default", "plugins": [
+               {"pluginRef": "estimated-latency-scorer"}, {"pluginRef": "agent-session-scorer"},
+               {"pluginRef": "max-score-picker"}]}]}
+    sched = load_scheduler([doc], rng=random.Random(0)).fallback
+    table = sched.profiles["default"].scorers[1][0].table
+    cands = [ep(i) for i in range(2)]
+    first = {p: _turn(sched, _program_session(f"first-{p}", p, f"f{p}"), cands, p * 0.1, end=p * 0.1 + 1).primary.key
+             for p in (1, 2)}
+    assert first[1] != first[2]
+    notes = []
+    for i in range(12):  # program 1 has three sessions to every one of program 2's
+        p = 2 if i % 4 == 3 else 1
+        res = _turn(sched, _program_session(f"s{i}", p, f"r{i}"), cands, 5 + i * 0.1, end=5.05 + i * 0.1)
+        notes.append(session_note(res.state).why)
+    # Without spilling program 1 would hold 10 of 14 sessions on one endpoint; it holds at most 1.2x the mean + 1.
+    assert max(table.bound_at.values()) <= 1.2 * 7 + 1
+    assert any("is over its share, placed where the fewest sessions live" in w for w in notes)

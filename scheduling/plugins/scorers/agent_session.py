@@ -8,8 +8,7 @@ session settings) and hands it over as `LLMRequest.session`. This scorer remembe
     no session                            -> 0 everywhere: the request is placed on predicted latency alone
     a session bound to candidate b        -> b: 1 − 1/moveFactor, others 0
     a new session (or one whose endpoint left) whose program has sessions bound elsewhere
-                                          -> the program's home h: 1 − 1/programFactor, others 0 (programFactor
-                                             1, the default, turns this off)
+                                          -> the program's homes: 1 − 1/programFactor (3), others 0
 So the turn stays on b unless b's predicted latency is more than moveFactor (1.5) times the best candidate's: the
 estimated-latency scores are best/cost, so b keeps the lead while best/cost(b) + 1 − 1/moveFactor ≥ 1. It is
 LLMKube's move rule (stay unless clearly worse), judged by predicted latency instead of queue lengths. Parallel
@@ -17,14 +16,21 @@ calls of one turn (a fan-out) get the same preference: they share the turn's con
 predicted latency, which counts the calls already sent there, stays within the factor; then they spread, and the
 binding stays with the context.
 
-Programs (off by default): the sessions of one program share its prompt (system prompt, tools: the same head of the
-prompt, or the same program header), as RL rollouts do. With programFactor > 1 a new session joins the endpoint that
-holds most of its program's sessions (its home) unless that is predicted more than programFactor times slower, so
-one program's shared prompt is held once instead of on every endpoint; when the home is full, new sessions spread
-by predicted latency; a program new to the pool starts where the fewest programs live. The default leaves placement
-to predicted latency, which already prefers endpoints holding the shared prompt: a chat app whose users send
-OpenAI's `user` is one program, and program affinity would gather its users on one endpoint.
-deploy/profiles/agent-sessions.yaml sets programFactor and moveFactor 3 for agent fleets (docs/sessions.md).
+Programs: the sessions of one program share its prompt (system prompt, tools: the same head of the prompt, or the
+same program header), as RL rollouts do. A new session joins its program's homes (the endpoints holding most of its
+sessions) unless they are predicted more than programFactor times slower, so one program's shared prompt is held
+once instead of on every endpoint; when the homes are full, new sessions spread by predicted latency; a program new
+to the pool starts where the fewest programs live. With programShare (on) a program gathers on at most its share of
+the candidates (round(its share of the bound sessions × candidates), at least one): a program holding every
+endpoint's worth (a chat app whose users send OpenAI's `user` is one program) gathers nowhere and is placed on
+predicted latency alone, as with programFactor 1; a program holding fewer endpoints than its share grows where the
+fewest programs live. programShare false gathers every program on its one home. programSpill (off, 0): when its
+homes hold more than programSpill times the mean of the sessions bound per candidate, a program's new sessions go
+where the fewest sessions are bound. deploy/profiles/agent-sessions.yaml also sets moveFactor 3 (docs/sessions.md).
+
+A turn whose context is predicted evicted (moveWhenEvicted, off): when this decision's prefix matches (the
+estimated-latency scorer's index) say that b holds under half of the previous turn's context, or no more of the
+prompt than another candidate, the turn gets no stay preference and goes where predicted latency sends it.
 
 Keeping the context warm: when a turn's last call ends, the session's prompt tokens on b are protected on the warm
 board (scheduling/sessions/warm.py) until its next turn is due: warmFactor × the expected pause (the session's own
@@ -42,7 +48,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from scheduling.api import SchedulingContext, SchedulingResult
@@ -50,6 +56,7 @@ from scheduling.framework import BuildContext, Scorer, register
 from scheduling.framework.params import bounded
 from scheduling.framework.plugin import State, ZeroScores
 from scheduling.framework.replication import Record, drain, is_count
+from scheduling.prefix import decision_matches
 from scheduling.sessions.table import Session, SessionTable
 from scheduling.sessions.warm import warm_board
 from scheduling.types import Endpoint, SessionRef
@@ -63,7 +70,10 @@ SNAPSHOT = 4096
 @dataclass(frozen=True)
 class Params:
     moveFactor: float = bounded(1.5, min=1.0)
-    programFactor: float = bounded(1.0, min=1.0)
+    programFactor: float = bounded(3.0, min=1.0)
+    programShare: bool = True
+    programSpill: float = bounded(0.0, min=0.0)
+    moveWhenEvicted: bool = False
     ttlSeconds: float = bounded(600.0, min=0.0)
     maxSessions: int = bounded(100_000, min=1)
     gapAlpha: float = bounded(0.3, min=0.0, max=1.0)
@@ -86,7 +96,9 @@ class SessionView:
     expected_gap: float | None  # the learnt pause between turns (None: no turn ended yet)
     warm_until: float | None = None  # until when its context is protected from eviction (None: not protected)
     home: str | None = None  # a session not bound yet: its program's home, when that is a candidate
+    homes: tuple[str, ...] = ()  # ... and the rest of its share of the endpoints (programShare), home first
     spread: tuple[str, ...] = ()  # a new program: the candidates where the fewest programs live
+    evicted: bool = False  # the bound endpoint is predicted to hold no more of the prompt than another candidate
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,16 +130,21 @@ def decision(view: SessionView, result: SchedulingResult) -> str:
     b = view.bound
     if b is None:
         what = "new session" if view.turn == 1 else "placed by predicted latency (its endpoint left)"
+        if view.spread and view.home is not None:  # programSpill
+            return f"{what}: its program's {view.home} is over its share, placed where the fewest sessions live" \
+                if chosen in view.spread else f"{what}: its program's {view.home} is over its share"
         if view.spread:
             return f"{what}: a new program, placed where the fewest programs live" if chosen in view.spread else \
                 f"{what}: a new program, placed by predicted latency"
         if view.home is None:
             return what
-        if chosen == view.home:
-            return f"{what}: joined its program on {view.home}"
+        if chosen == view.home or chosen in view.homes:
+            return f"{what}: joined its program on {chosen}"
         return f"{what}: its program's {view.home} predicted clearly slower"
     if chosen == b:
         return "parallel call co-located" if view.parallel else "stayed"
+    if view.evicted:
+        return f"moved: its context is predicted evicted from {b}"
     if not view.candidate:
         return f"moved: {b} is not a candidate"
     pr = result.profile_results.get(result.profile) or next(iter(result.profile_results.values()), None)
@@ -139,6 +156,18 @@ def decision(view: SessionView, result: SchedulingResult) -> str:
     if tb is not None and tc is not None:
         return f"{what}: {b} predicted clearly slower (score {tb:.2f} against {tc:.2f})"
     return f"{what}: {b} predicted clearly slower"
+
+
+def context_evicted(bound: str | None, state: State, candidates: Sequence[Endpoint], context: float) -> bool:
+    """Whether the prefix index (this decision's matches, when a prefix-aware scorer computed them) predicts that
+    `bound` lost most of the session's context: it holds less than half of the share `context` of the prompt that
+    the previous turn sent, or no more of the prompt than another candidate."""
+    got = decision_matches(state)
+    if got is None or bound is None or not got[1]:
+        return False
+    matches, total = got
+    held = matches.get(bound, 0)
+    return held < 0.5 * context * total or any(matches.get(e.key, 0) >= held for e in candidates if e.key != bound)
 
 
 @register("agent-session-scorer")
@@ -173,18 +202,7 @@ class AgentSessionScorer(Scorer[Params]):
             turn, gap = (1, None) if s is None else (s.turns + 1, s.gap)
             if not self.program_bonus or not ref.program:
                 return SessionView(ref, turn, False, None, False, 0.0, gap)
-            home = table.program_home(ref.program)
-            h = home[0] if home is not None and any(e.key == home[0] for e in candidates) else None
-            if h is not None:
-                return SessionView(ref, turn, False, None, False, self.program_bonus, gap, None, h)
-            # A program new here: it starts where the fewest programs live (programs spread over the endpoints).
-            claims = table.claims
-            fewest = min(claims(e.key) for e in candidates)
-            spread = tuple(e.key for e in candidates if claims(e.key) == fewest)
-            if len(spread) == len(candidates):
-                spread = ()
-            return SessionView(ref, turn, False, None, False, self.program_bonus if spread else 0.0, gap,
-                               spread=spread)
+            return self._program_view(ref, turn, gap, candidates)
         parallel = bool(s.calls)
         b = s.endpoint
         cand = any(e.key == b for e in candidates)
@@ -192,17 +210,78 @@ class AgentSessionScorer(Scorer[Params]):
         return SessionView(ref, s.turns if parallel else s.turns + 1, parallel, b, cand,
                            self.bonus if cand else 0.0, gap, self.board.until(ref.key))
 
+    def _program_view(self, ref: SessionRef, turn: int, gap: float | None,
+                      candidates: Sequence[Endpoint]) -> SessionView:
+        """A session not bound (yet): join its program's home(s), or start a new program where the fewest live."""
+        table = self.table
+        keys = {e.key for e in candidates}
+        homes = table.program_homes(ref.program, len(keys))
+        if homes and homes[0] in keys:
+            if not self.params.programShare:
+                homes = homes[:1]
+            else:
+                # A program gathers on its share of the endpoints: one program (a chat app whose users send `user`)
+                # gathers nowhere; while it holds fewer than its share, its sessions go by predicted latency.
+                k = max(1, round(table.program_share(ref.program) * len(keys)))
+                if k >= len(keys):
+                    return SessionView(ref, turn, False, None, False, 0.0, gap)
+                homes = [h for h in homes[:k] if h in keys]
+                if len(homes) < k:  # holding fewer: it grows where the fewest programs live
+                    homes += self._fewest_programs(candidates, homes)
+            spill = self._spill(homes, candidates)
+            if spill:
+                return SessionView(ref, turn, False, None, False, self.program_bonus, gap, None, homes[0],
+                                   spread=spill)
+            return SessionView(ref, turn, False, None, False, self.program_bonus, gap, None, homes[0],
+                               tuple(homes[1:]))
+        # A program new here: it starts where the fewest programs live (programs spread over the endpoints).
+        spread = tuple(self._fewest_programs(candidates, ()))
+        if len(spread) == len(candidates):
+            spread = ()
+        return SessionView(ref, turn, False, None, False, self.program_bonus if spread else 0.0, gap,
+                           spread=spread)
+
+    def _fewest_programs(self, candidates: Sequence[Endpoint], skip: Collection[str]) -> list[str]:
+        """The candidates (but `skip`) that the fewest programs call home."""
+        claims = self.table.claims
+        rest = [e.key for e in candidates if e.key not in skip]
+        fewest = min((claims(k) for k in rest), default=0)
+        return [k for k in rest if claims(k) == fewest]
+
+    def _spill(self, homes: list[str], candidates: Sequence[Endpoint]) -> tuple[str, ...]:
+        """programSpill: when every home holds more than programSpill times the mean of the sessions bound per
+        candidate, the candidates holding the fewest (a program larger than its endpoints spills over; () if not)."""
+        f = self.params.programSpill
+        if not f or len(candidates) < 2:
+            return ()
+        at = self.table.bound_at
+        counts = [at.get(e.key, 0) for e in candidates]
+        mean = sum(counts) / len(counts)
+        if any(at.get(h, 0) <= f * mean for h in homes):
+            return ()
+        low = min(counts)
+        return tuple(e.key for e, c in zip(candidates, counts, strict=True) if c == low)
+
     def score(self, ctx: SchedulingContext, candidates: list[Endpoint], state: State) -> list[float]:
         n = len(candidates)
         if ctx.request.session is None:
             return self._zero(n)
         v = self.view(ctx, candidates)
+        if v is not None and v.bonus and v.candidate and not v.parallel and self.params.moveWhenEvicted:
+            s = self.table.get(v.ref.key, ctx.now)
+            tokens = float(ctx.request.estimated_tokens)
+            context = min(1.0, s.tokens / tokens) if s is not None and tokens > 0 else 1.0
+            if context_evicted(v.bound, state, candidates, context):
+                v = replace(v, bonus=0.0, evicted=True)
         state[SESSION] = v
         if v is None or not v.bonus:
             return self._zero(n)
         if v.spread:
             spread, bonus = set(v.spread), v.bonus
             return [bonus if e.key in spread else 0.0 for e in candidates]
+        if v.homes:
+            homes, bonus = {v.home, *v.homes}, v.bonus
+            return [bonus if e.key in homes else 0.0 for e in candidates]
         b = v.bound if v.candidate else v.home
         return [v.bonus if e.key == b else 0.0 for e in candidates]
 
