@@ -168,11 +168,22 @@ class Intake:
                 return self._check(d, headers, whole)
         return False
 
+    @classmethod
+    def whole(cls, d: Director, headers: Mapping[str, str], body: bytes | memoryview | None) -> Intake | None:
+        """A long body Envoy sent whole (BUFFERED) is read as a long first chunk is: when the decision can come from
+        the prompt's head, an Intake holding that head; else None (the body is parsed whole, as before)."""
+        if body is None or len(body) <= HEAD_SLICE or not may_decide_early(d, headers, api_kind(headers)):
+            return None
+        intake = cls()
+        intake.chunk(d, headers, body, True)
+        return intake if intake.early is not None else None
+
     def body(self, headers: Mapping[str, str], body: bytes | memoryview | None
              ) -> tuple[bytes | memoryview | StreamingBody | None, int]:
-        """What the decision reads (the body read as it streamed in, or the one Envoy sent whole) and its size."""
+        """What the decision reads (the body read as it streamed in or as far as its head, or the one Envoy sent
+        whole) and its size."""
         reader = self.reader
-        if body is None and reader is not None:
+        if reader is not None and (body is None or self.early is not None):
             if not self.ended and self.early is None:
                 self.ended = True  # (a reader that was never told the end: the machine decides at the end)
             return reader, reader.size if self.early is None else max(content_length(headers), reader.size)

@@ -124,7 +124,7 @@ class RequestExchange:
         cancels."""
         self.started = self.d.clock()
         self.headers, self.metadata = headers, metadata
-        intake = self.intake
+        intake = self.intake = self.intake or Intake.whole(self.d, headers, body)  # a long whole body: to its head
         if intake is not None:  # read as it streamed in (unless Envoy sent it whole after all)
             self._body, self.size = intake.body(headers, body)
             self.early = intake.early

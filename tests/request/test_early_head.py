@@ -24,10 +24,10 @@ def chat(model_first: bool, chars: int = 256_000) -> bytes:
     return orjson.dumps(body)
 
 
-def decide(raw: bytes, pieces: int = 1):
+def decide(raw: bytes, pieces: int = 1, mode: BodyMode = BodyMode.FULL_DUPLEX_STREAMED):
     director = real_director()
     ex = director.exchange()
-    m = SyncMachine(ex, request_body_mode=BodyMode.FULL_DUPLEX_STREAMED)
+    m = SyncMachine(ex, request_body_mode=mode)
     m.feed(headers_msg())
     size = -(-len(raw) // pieces)
     replies = []
@@ -37,15 +37,17 @@ def decide(raw: bytes, pieces: int = 1):
 
 
 def destination(replies) -> bytes | None:
-    for r in replies:
-        if r.WhichOneof("response") == "request_headers":
-            return set_headers(r, "request_headers").get(DEST)
+    for r in replies:  # the routing headers ride on the headers reply, or on the body's in BUFFERED
+        phase = r.WhichOneof("response")
+        if phase in ("request_headers", "request_body") and DEST in set_headers(r, phase):
+            return set_headers(r, phase)[DEST]
     return None
 
 
-def test_a_long_body_in_one_message_is_read_only_as_far_as_its_head() -> None:
+@pytest.mark.parametrize("mode", [BodyMode.FULL_DUPLEX_STREAMED, BodyMode.BUFFERED])
+def test_a_long_body_in_one_message_is_read_only_as_far_as_its_head(mode: BodyMode) -> None:
     raw = chat(model_first=True)
-    ex, replies = decide(raw)
+    ex, replies = decide(raw, mode=mode)
     reader = ex.intake.reader if ex.intake is not None else None
     assert reader is not None and ex.early == "m"
     assert reader.read <= 2 * HEAD_SLICE < len(raw)  # the rest of the body was never parsed
@@ -56,11 +58,12 @@ def test_a_long_body_in_one_message_is_read_only_as_far_as_its_head() -> None:
     ex.close()
 
 
-def test_the_model_after_the_prompt_reads_the_whole_body_as_before() -> None:
+@pytest.mark.parametrize("mode", [BodyMode.FULL_DUPLEX_STREAMED, BodyMode.BUFFERED])
+def test_the_model_after_the_prompt_reads_the_whole_body_as_before(mode: BodyMode) -> None:
     """No early decision can come from the head (the model has not arrived): the body is kept whole again and
     parsed at its end as one orjson call, the prompt the whole one."""
     raw = chat(model_first=False)
-    ex, replies = decide(raw)
+    ex, replies = decide(raw, mode=mode)
     assert ex.early is None
     req = ex.ctx.request if ex.ctx is not None else None
     assert req is not None and req.prompt == parse_body(ApiKind.CHAT, raw).prompt
@@ -68,13 +71,14 @@ def test_the_model_after_the_prompt_reads_the_whole_body_as_before() -> None:
     ex.close()
 
 
-@pytest.mark.parametrize("pieces", [1, 3])
-def test_the_head_decides_where_the_whole_body_would(pieces: int) -> None:
+@pytest.mark.parametrize(("pieces", "mode"), [(1, BodyMode.FULL_DUPLEX_STREAMED), (3, BodyMode.FULL_DUPLEX_STREAMED),
+                                              (1, BodyMode.BUFFERED)])
+def test_the_head_decides_where_the_whole_body_would(pieces: int, mode: BodyMode) -> None:
     """On the same (idle) pool, the decision made on the head of a long body picks the endpoint the whole body's
-    decision picks (read as it streamed in, or in one message)."""
+    decision picks (read as it streamed in, in one message, or sent whole)."""
     raw = chat(model_first=True)
-    early_ex, early = decide(raw, pieces)
-    late_ex, late = decide(chat(model_first=False), pieces)
+    early_ex, early = decide(raw, pieces, mode)
+    late_ex, late = decide(chat(model_first=False), pieces, mode)
     assert early_ex.early is not None and late_ex.early is None
     assert destination(early) == destination(late) is not None
     early_ex.close()
