@@ -50,6 +50,7 @@ def api_kind(headers: Mapping[str, str]) -> ApiKind:
 
 
 MEDIA_KINDS = frozenset({ApiKind.CHAT, ApiKind.RESPONSES, ApiKind.MESSAGES, ApiKind.CONVERSATIONS})
+UNTYPED_CHECK = 4096  # bytes of a body searched for a "type" key before the media walk
 
 
 @dataclass(slots=True)
@@ -81,18 +82,23 @@ def parse_body(kind: ApiKind, raw: bytes | memoryview) -> ParsedBody:
         raise _bad(f"request body is not valid JSON: {e}") from None
     if not isinstance(body, dict):
         raise _bad(f"request body must be a JSON object, got {type(body).__name__}")
-    return validate(kind, body)
+    # A short body with no "type" key spelt out (a letter can hide in a \u escape) holds no media part: two searches
+    # cost less than the walk there (and more than it over a long body, whose walk reads no string).
+    untyped = isinstance(raw, bytes) and len(raw) <= UNTYPED_CHECK and b'"type"' not in raw and b"\\u" not in raw
+    return validate(kind, body, untyped=untyped)
 
 
-def validate(kind: ApiKind, body: dict[str, Any], texts: Mapping[str, str] | None = None) -> ParsedBody:
+def validate(kind: ApiKind, body: dict[str, Any], texts: Mapping[str, str] | None = None, *,
+             untyped: bool = False) -> ParsedBody:
     """Check a parsed body and build its prompt. `texts`: the canonical JSON (orjson.dumps) of some members,
-    already made (epp/request/streaming.py reads them as the body streams in)."""
+    already made (epp/request/streaming.py reads them as the body streams in); `untyped`: no member of the body is
+    named "type" (so it holds no media part)."""
     model = body.get("model")
     if model is None or model == "":
         raise _bad("model not found in request body")
     if not isinstance(model, str):
         raise _bad("'model' must be a string")
-    media = kind in MEDIA_KINDS and holds_media(body)  # a text-only body is never searched for payloads
+    media = kind in MEDIA_KINDS and not untyped and holds_media(body)  # a text-only body is never searched
     prompt = _extract_prompt(kind, body, texts or {}, media)
     return ParsedBody(kind, body, model, prompt, media)
 

@@ -288,3 +288,17 @@ def test_an_early_decision_waits_for_a_masked_head_covering_what_is_hashed() -> 
     req = ex.ctx.request if ex.ctx is not None else None
     assert req is not None and req.media and whole.prompt.startswith(req.prompt) and len(req.prompt) >= 16_384
     ex.close()
+
+
+def test_a_short_body_whose_type_key_is_escaped_still_holds_media() -> None:
+    """parse_body searches a short body for a spelt-out "type" key before walking it for media parts: a key written
+    with a \\u escape is still found by the walk (the same parse as the streaming reader's)."""
+    image = {"type": "image_url", "image_url": {"url": data_url(7, 240)}}
+    raw = orjson.dumps(chat(image, "what is it?"))
+    escaped = raw.replace(b'"type"', b'"\\u0074ype"')
+    assert len(escaped) < 4096 and b'"type"' not in escaped
+    for body in (raw, escaped):
+        parsed = parse_body(ApiKind.CHAT, body)
+        assert parsed.media and b64(7, 240) not in parsed.prompt
+    text_only = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+    assert not parse_body(ApiKind.CHAT, text_only).media

@@ -39,6 +39,8 @@ class MaxScorePicker(Picker[MaxScoreParams]):
     def pick(
         self, ctx: SchedulingContext, candidates: list[Endpoint], totals: list[float], rng: random.Random
     ) -> list[int]:
+        if len(totals) == 1:  # one candidate: nothing to choose
+            return [0]
         k = self.max_endpoints
         if k == 1:
             best = max(totals)
