@@ -132,7 +132,11 @@ class LocalStack:
         if a.workers > 1:
             cmd += ["--workers", str(a.workers)]
         epp = self.children.spawn("epp", cmd, capture=True)
-        wait_port(a.grpc_port, proc=epp, what="Pointsman")
+        # every port it serves, not only the first: it binds the health and metrics ports after the gRPC one, and a
+        # port it cannot bind ends it (then the stack says so here instead of printing "Ready.")
+        for port in (a.grpc_port, a.grpc_health_port, a.metrics_port):
+            if port:
+                wait_port(port, proc=epp, what="Pointsman")
 
     def _start_envoy(self, ports: list[int], eds: bool, fragments: RouteFragments | None) -> None:
         a = self.settings
