@@ -100,7 +100,9 @@ async def test_a_gap_is_filled_by_replay(make_fleet, subscriber) -> None:
     prompts = [f"prompt number {i} " * 12 for i in range(4)]
     for p in prompts[:3]:  # published while nobody listens: seq 0..2 only the replay buffer has
         await _complete(url, p)
-    sub = subscriber()
+    # the gap, not the catch-up of a rank that heard nothing yet, must find the missing history: under load the
+    # 0.3 s below plus a request can outlast the default catch_up_after, which would replay it first
+    sub = subscriber(catch_up_after=None)
     sub.add_endpoint("sim-0", _source(fleet))
     await asyncio.sleep(0.3)  # connected
     await _complete(url, prompts[3])  # seq 3 arrives: a gap from 0
@@ -126,7 +128,7 @@ async def test_a_failed_replay_marks_the_endpoint_unknown(make_fleet, subscriber
     url = fleet.urls[0]
     for i in range(3):
         await _complete(url, f"early {i} " * 20)
-    sub = subscriber()
+    sub = subscriber(catch_up_after=None)  # the gap asks the replay (see test_a_gap_is_filled_by_replay)
     sub.add_endpoint("sim-0", _source(fleet))
     await asyncio.sleep(0.3)
     late = "late prompt " * 20
@@ -203,7 +205,7 @@ async def test_an_unreachable_publisher_blocks_nothing(make_fleet, subscriber) -
 async def test_a_replay_socket_that_never_answers_stalls_only_its_endpoint(make_fleet, subscriber) -> None:
     fleet = await make_fleet(2, replay=False)
     a, b = fleet.urls
-    sub = subscriber(replay_timeout=1.0)
+    sub = subscriber(replay_timeout=1.0, catch_up_after=None)  # the gap asks the replay, not a catch-up
     silent = _source(fleet, 0)
     silent = KVEventsSource(silent.endpoint, f"tcp://127.0.0.1:{free_port()}")  # nothing listens there
     await _complete(a, "before " * 20)  # seq 0 on server 0, unseen: its first batch seen will be a gap
