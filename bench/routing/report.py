@@ -38,6 +38,8 @@ class Row:
     ttft_p90_tight: float | None = None
     ttft_p50_loose: float | None = None
     ttft_p90_loose: float | None = None
+    tight_missed_ttft: int = 0  # tight requests that failed or missed their TTFT SLO
+    tight_missed_tpot: int = 0  # tight requests within their TTFT SLO that missed only their TPOT SLO
 
 
 def percentile(xs: Sequence[float], q: float) -> float | None:
@@ -82,6 +84,10 @@ def summarize(regime: str, router: str, qps: float, results: list[Result], elaps
         t_ttfts = [r.ttft for r in tight if r.ok and r.ttft is not None]
         l_ttfts = [r.ttft for r in slo if not r.tight and r.ok and r.ttft is not None]
         row.ttft_p50_tight, row.ttft_p90_tight = percentile(t_ttfts, 0.5), percentile(t_ttfts, 0.9)
+        late = [r for r in tight if not r.met_slo]
+        row.tight_missed_ttft = sum(1 for r in late if not r.ok or r.ttft is None or r.slo_ttft is None
+                                    or r.ttft > r.slo_ttft)
+        row.tight_missed_tpot = len(late) - row.tight_missed_ttft
         row.ttft_p50_loose, row.ttft_p90_loose = percentile(l_ttfts, 0.5), percentile(l_ttfts, 0.9)
     return row
 
@@ -116,12 +122,12 @@ def markdown(rows: list[Row], header: str = "") -> str:
                 "class's TTFT p50 / p90 (the tightest class, the others) and goodput (requests meeting their SLOs "
                 "per model second):\n\n"
                 "| regime | router | sample | QPS | reqs (tight) | tight met | all met | tight TTFT p50 / p90 s | "
-                "loose TTFT p50 / p90 s | goodput req/s |\n"
-                "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+                "loose TTFT p50 / p90 s | goodput req/s | tight missed: TTFT / TPOT only |\n"
+                "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
         out += "".join(f"| {r.regime} | {r.router} | {r.sample} | {r.qps:g} | {r.slo_requests} ({r.slo_tight}) | "
                        f"{_pct(r.slo_attain_tight)} | {_pct(r.slo_attain_all)} | {_f(r.ttft_p50_tight)} / "
                        f"{_f(r.ttft_p90_tight)} | {_f(r.ttft_p50_loose)} / {_f(r.ttft_p90_loose)} | "
-                       f"{_f(r.goodput, 2)} |\n" for r in slo)
+                       f"{_f(r.goodput, 2)} | {r.tight_missed_ttft} / {r.tight_missed_tpot} |\n" for r in slo)
     return out
 
 

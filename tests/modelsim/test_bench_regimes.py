@@ -104,8 +104,14 @@ def test_slo_attainment_goodput_and_outside_columns() -> None:
     assert row.goodput == pytest.approx(0.3) and row.ttft_p90_all is not None and row.ttft_p90_all > row.ttft_p90
     tpot = Result(0, 200, 0.1, 1.1, 10, 11, 0, slo_ttft=1.0, slo_tpot=0.05)
     assert tpot.tpot == pytest.approx(0.1) and not tpot.met_slo
+    assert (row.tight_missed_ttft, row.tight_missed_tpot) == (2, 0)  # 0.3 s late, and the 503
     table = markdown([row])
     assert "| slo | r | 2 | 10 | 6 (3) | 33.3% | 50.0% |" in table and "bypassed the router" in table
+    assert table.rstrip().endswith("| 2 / 0 |")
+    # a tight request in time that decodes too slowly misses on its TPOT only
+    slow = Result(0, 200, 0.1, 1.1, 10, 11, 0, slo_ttft=0.25, slo_tpot=0.05, tight=True)
+    row = summarize("slo", "r", 10, [slow, res(0.2, 0.25, True)], elapsed=10.0)
+    assert (row.tight_missed_ttft, row.tight_missed_tpot) == (0, 1)
 
 
 def test_outside_plan_fraction_and_regime_options() -> None:
