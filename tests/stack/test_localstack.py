@@ -230,3 +230,50 @@ def test_a_killed_stack_takes_its_processes_with_it():
     ports = [listen, grpc_port, admin, *sims]
     wait_until(lambda: not any(listening(p) for p in ports), 30,
                lambda: f"the killed stack's processes to stop listening: {[p for p in ports if listening(p)]}", 0.2)
+
+
+
+def _stack_with_metrics_port_held(host: str) -> tuple[subprocess.CompletedProcess[str], list[int]]:
+    import socket
+
+    listen, admin, grpc_port, health = (free_port() for _ in range(4))
+    taken = socket.socket()
+    taken.bind((host, 0))
+    taken.listen(1)
+    metrics = taken.getsockname()[1]
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "epp.cmd.cli", "stack", "--servers", "1", "--sim-base-port", "0",
+             "--listen-port", str(listen), "--grpc-port", str(grpc_port), "--grpc-health-port", str(health),
+             "--metrics-port", str(metrics), "--admin-port", str(admin), "--time-scale", "0.05", "--duration", "20"],
+            cwd=ROOT, capture_output=True, text=True, timeout=90)
+    finally:
+        taken.close()
+    return done, [listen, grpc_port, admin]
+
+
+def test_a_port_in_use_is_named_before_anything_starts():
+    done, _ = _stack_with_metrics_port_held("127.0.0.1")
+    out = done.stdout + done.stderr
+    assert done.returncode != 0 and "Ready." not in out, out
+    assert "(Pointsman metrics) is in use; pick another" in out, out
+
+
+def test_a_port_pointsman_cannot_bind_stops_the_stack_before_ready():
+    """The stack checks its ports on 127.0.0.1; a port held on another address of the host passes that check, and
+    Pointsman, which binds its metrics on every address after its gRPC port, cannot bind it and exits. The stack
+    must say so and stop, never print "Ready." with Pointsman gone, nor leave its other processes behind."""
+    import socket
+
+    done, ports = _stack_with_metrics_port_held("127.0.0.2")
+    out = done.stdout + done.stderr
+    assert done.returncode != 0 and "Ready." not in out, out
+    assert "Pointsman exited" in out, out
+
+    def listening(port: int) -> bool:
+        with socket.socket() as s:
+            s.settimeout(0.2)
+            return s.connect_ex(("127.0.0.1", port)) == 0
+
+    wait_until(lambda: not any(listening(p) for p in ports), 30,
+               lambda: "the failed stack's processes to stop listening", 0.2)
