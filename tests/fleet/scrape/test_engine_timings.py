@@ -84,7 +84,10 @@ async def _fit(engine_type: str, engine: EngineConfig | None = None, phases: tup
 async def test_fitted_timings_converge_to_the_configured_speed(engine_type):
     """One steady mix of prompt lengths (modelsim has the reference profile's shape, ×0.25 and ×0.5 in wall time).
     The windows' sizes vary little, so the per-token time is mostly the reference's slope at the measured level; the
-    misattributed requests at the windows' edges still pull it down somewhat (hence the 20%)."""
+    misattributed requests at the windows' edges still pull it down somewhat (hence the 20%). A flatter slope at the
+    same level is a higher overhead, which shows most at the short end: at 100 tokens (mostly overhead) the
+    prediction was seen 20-30% high in about one run in four on the quiet machine while the longer prompts, which
+    carry the mix's prefill time, stayed within a few percent; so 35% there."""
     scorer, keys = await _fit(engine_type, points=10.0)
     ref = EngineConfig()
     for key, factor in zip(keys, FACTORS, strict=True):
@@ -93,9 +96,9 @@ async def test_fitted_timings_converge_to_the_configured_speed(engine_type):
         t = fit.timings
         assert t is not None
         truth = SCALE * factor
-        for tokens in (100, 800, 1500):  # the prefill it predicts across the sizes sent
+        for tokens, rel in ((100, 0.35), (800, 0.2), (1500, 0.2)):  # the prefill it predicts across the sizes sent
             assert t.overhead + tokens * t.prefill_per_token == pytest.approx(
-                (ref.prefill_overhead + tokens * ref.prefill_per_token) * truth, rel=0.2), (key, tokens, t)
+                (ref.prefill_overhead + tokens * ref.prefill_per_token) * truth, rel=rel), (key, tokens, t)
         assert t.prefill_per_token == pytest.approx(ref.prefill_per_token * truth, rel=0.2), (key, t)
         assert t.inter_token == pytest.approx(ref.itl * truth, rel=0.1), (key, t)
         # the scoring pass reads them (with the backlog weight finished requests teach; none here)
