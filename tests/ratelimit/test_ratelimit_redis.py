@@ -125,7 +125,9 @@ def test_evalsha_falls_back_to_eval_when_the_server_lost_the_script(shared_redis
         assert ok and res[0].remaining == pytest.approx(90, abs=0.01)
         assert sync.script_exists(SCRIPT_SHA) == [True]
         ok, res = await store.run([Op("k", lim, 10, 10)], Mode.ADMIT)  # EVALSHA from now on
-        assert ok and res[0].remaining == pytest.approx(80, abs=0.01)
+        # the bucket refills 100 a minute in real time: 0.01 is 6 ms between the two calls, which a busy machine
+        # outlasts; what is checked here is that the second call ran the script (a refill is under 1 in 0.6 s)
+        assert ok and 80 <= res[0].remaining < 81
         await store.close()
 
     asyncio.run(main())
