@@ -38,6 +38,7 @@ class Result:
     slo_ttft: float | None = None  # model seconds
     slo_tpot: float | None = None
     tight: bool = False
+    at: float = 0.0  # when it was planned to arrive, model seconds from the stage's start
 
     @property
     def ok(self) -> bool:
@@ -96,7 +97,7 @@ def _usage_from_tail(tail: bytes) -> dict | None:
 async def _one(session: aiohttp.ClientSession, url: str, p: Planned, scale: float, timeout: float,
                direct: bool = False, names: tuple[str, str] | None = SLO_HEADERS["llm-d"]) -> Result:
     r = await _send(session, url, p, scale, timeout, names)
-    r.direct, r.slo_ttft, r.slo_tpot, r.tight = direct, p.slo_ttft, p.slo_tpot, p.tight
+    r.direct, r.slo_ttft, r.slo_tpot, r.tight, r.at = direct, p.slo_ttft, p.slo_tpot, p.tight, p.at
     return r
 
 
@@ -153,7 +154,7 @@ async def run_stage(url: str, plan: list[Planned], time_scale: float, request_ti
             t.cancel()
         results = [t.result() for t in tasks if t in done]
         results += [Result(-1, 0, None, None, error="stage deadline", direct=i in direct, slo_ttft=p.slo_ttft,
-                           slo_tpot=p.slo_tpot, tight=p.tight)
+                           slo_tpot=p.slo_tpot, tight=p.tight, at=p.at)
                     for i, (t, p) in enumerate(zip(tasks, plan, strict=True)) if t in pending]
         elapsed = (time.monotonic() - start) / time_scale
     return results, elapsed

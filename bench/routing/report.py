@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from bench.routing.client import Result
@@ -40,6 +40,7 @@ class Row:
     ttft_p90_loose: float | None = None
     tight_missed_ttft: int = 0  # tight requests that failed or missed their TTFT SLO
     tight_missed_tpot: int = 0  # tight requests within their TTFT SLO that missed only their TPOT SLO
+    tight_missed_at: list[float] = field(default_factory=list)  # when each missed tight request arrived (model s)
 
 
 def percentile(xs: Sequence[float], q: float) -> float | None:
@@ -88,6 +89,7 @@ def summarize(regime: str, router: str, qps: float, results: list[Result], elaps
         row.tight_missed_ttft = sum(1 for r in late if not r.ok or r.ttft is None or r.slo_ttft is None
                                     or r.ttft > r.slo_ttft)
         row.tight_missed_tpot = len(late) - row.tight_missed_ttft
+        row.tight_missed_at = sorted(round(r.at, 2) for r in late)
         row.ttft_p50_loose, row.ttft_p90_loose = percentile(l_ttfts, 0.5), percentile(l_ttfts, 0.9)
     return row
 

@@ -109,9 +109,11 @@ def test_slo_attainment_goodput_and_outside_columns() -> None:
     assert "| slo | r | 2 | 10 | 6 (3) | 33.3% | 50.0% |" in table and "bypassed the router" in table
     assert table.rstrip().endswith("| 2 / 0 |")
     # a tight request in time that decodes too slowly misses on its TPOT only
-    slow = Result(0, 200, 0.1, 1.1, 10, 11, 0, slo_ttft=0.25, slo_tpot=0.05, tight=True)
-    row = summarize("slo", "r", 10, [slow, res(0.2, 0.25, True)], elapsed=10.0)
-    assert (row.tight_missed_ttft, row.tight_missed_tpot) == (0, 1)
+    slow = Result(0, 200, 0.1, 1.1, 10, 11, 0, slo_ttft=0.25, slo_tpot=0.05, tight=True, at=7.5)
+    late = Result(0, 200, 0.4, 1.1, 10, 11, 0, slo_ttft=0.25, tight=True, at=1.25)
+    row = summarize("slo", "r", 10, [slow, res(0.2, 0.25, True), late], elapsed=10.0)
+    assert (row.tight_missed_ttft, row.tight_missed_tpot) == (1, 1)
+    assert row.tight_missed_at == [1.25, 7.5]  # when the missed ones arrived, in order
 
 
 def test_outside_plan_fraction_and_regime_options() -> None:
