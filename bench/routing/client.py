@@ -52,9 +52,14 @@ class Result:
         return (self.e2e - self.ttft) / (self.output_tokens - 1)
 
     @property
+    def met_ttft(self) -> bool:
+        """Succeeded within its TTFT SLO."""
+        return self.ok and self.ttft is not None and self.slo_ttft is not None and self.ttft <= self.slo_ttft
+
+    @property
     def met_slo(self) -> bool:
         """Succeeded within its TTFT SLO and, when it has one, its TPOT SLO."""
-        if not self.ok or self.ttft is None or self.slo_ttft is None or self.ttft > self.slo_ttft:
+        if not self.met_ttft:
             return False
         tpot = self.tpot
         return self.slo_tpot is None or (tpot is not None and tpot <= self.slo_tpot)

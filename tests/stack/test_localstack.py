@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -198,8 +199,6 @@ def test_stack_adds_and_removes_servers_live():
 def test_a_killed_stack_takes_its_processes_with_it():
     """SIGKILL on `epp stack` (a test timeout, an OOM kill) must not leave modelsim, Pointsman or Envoy running:
     the children get SIGTERM from the kernel when their parent dies (PR_SET_PDEATHSIG)."""
-    import socket
-
     listen, metrics, admin, grpc_port, health = (free_port() for _ in range(5))
     proc = subprocess.Popen(
         [sys.executable, "-m", "epp.cmd.cli", "stack", "--servers", "1", "--sim-base-port", "0",
@@ -222,20 +221,18 @@ def test_a_killed_stack_takes_its_processes_with_it():
         proc.kill()
         proc.wait(10)
 
-    def listening(port: int) -> bool:
-        with socket.socket() as s:
-            s.settimeout(0.2)
-            return s.connect_ex(("127.0.0.1", port)) == 0
-
     ports = [listen, grpc_port, admin, *sims]
-    wait_until(lambda: not any(listening(p) for p in ports), 30,
-               lambda: f"the killed stack's processes to stop listening: {[p for p in ports if listening(p)]}", 0.2)
+    wait_until(lambda: not any(_listening(p) for p in ports), 30,
+               lambda: f"the killed stack's processes to stop listening: {[p for p in ports if _listening(p)]}", 0.2)
 
+
+def _listening(port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(0.2)
+        return s.connect_ex(("127.0.0.1", port)) == 0
 
 
 def _stack_with_metrics_port_held(host: str) -> tuple[subprocess.CompletedProcess[str], list[int]]:
-    import socket
-
     listen, admin, grpc_port, health = (free_port() for _ in range(4))
     taken = socket.socket()
     taken.bind((host, 0))
@@ -263,17 +260,9 @@ def test_a_port_pointsman_cannot_bind_stops_the_stack_before_ready():
     """The stack checks its ports on 127.0.0.1; a port held on another address of the host passes that check, and
     Pointsman, which binds its metrics on every address after its gRPC port, cannot bind it and exits. The stack
     must say so and stop, never print "Ready." with Pointsman gone, nor leave its other processes behind."""
-    import socket
-
     done, ports = _stack_with_metrics_port_held("127.0.0.2")
     out = done.stdout + done.stderr
     assert done.returncode != 0 and "Ready." not in out, out
     assert "Pointsman exited" in out, out
-
-    def listening(port: int) -> bool:
-        with socket.socket() as s:
-            s.settimeout(0.2)
-            return s.connect_ex(("127.0.0.1", port)) == 0
-
-    wait_until(lambda: not any(listening(p) for p in ports), 30,
+    wait_until(lambda: not any(_listening(p) for p in ports), 30,
                lambda: "the failed stack's processes to stop listening", 0.2)
