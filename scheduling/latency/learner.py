@@ -94,10 +94,11 @@ class Learner:
         wait = (n - s1) * chosen.duration / c.max_num_seqs if n > s1 else 0.0
         queued = chosen.queued
         if queued is not None:  # fitted timings: the weight of the backlog (EngineTimingTable)
-            if queued * slow < MIN_BACKLOG_SHARE * model:
-                return None  # too little backlog to tell its weight
+            backlog = queued * slow
+            if backlog <= 0.0 or backlog < MIN_BACKLOG_SHARE * model:
+                return None  # too little backlog to tell its weight (none at all: an engine fitted at zero cost)
             lo, hi = BACKLOG_WEIGHT_RANGE
-            return min(hi, max(lo, (seconds - wait - model) / (queued * slow)))
+            return min(hi, max(lo, (seconds - wait - model) / backlog))
         if model <= 0.0:
             return None
         lo, hi = CALIBRATION_RANGE

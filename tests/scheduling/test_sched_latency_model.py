@@ -7,7 +7,7 @@ import pytest
 from sched_helpers import ep
 
 from scheduling.api import InflightLoad
-from scheduling.latency import LatencyModel, ModelConfig, Timings
+from scheduling.latency import Chosen, LatencyModel, ModelConfig, Timings
 
 REF = Timings(0.03, 250e-6, 0.012)
 
@@ -46,3 +46,18 @@ def test_finished_requests_calibrate_and_travel_to_a_peer():
     assert peer.learner.apply(records) == 0
     assert peer.learner.scale(a.key) == pytest.approx(0.5)
     assert peer.learner.apply([[a.key, -1.0, 1.0], [a.key, 1.0, 99.0], [a.key, 1.0]]) == 3
+
+
+def test_a_request_on_an_engine_fitted_at_zero_cost_teaches_no_backlog_weight():
+    """An engine whose histograms say it costs nothing (a zero-latency simulator; a fully cached prompt on it) is
+    fitted at zero overhead and inter-token time: a request finished there with no backlog queued ahead of it has
+    nothing to divide its time by, so it teaches D(e) and no backlog weight (it raised ZeroDivisionError in the
+    response hook before)."""
+    m = LatencyModel(ModelConfig(REF, duration_alpha=1.0))
+    a = ep(1)
+    chosen = Chosen(prefill=0.0, duration=0.0, inter_token=0.0, queued=0.0)
+    assert m.learner.sample(chosen, 0, 0.002, 1) is None
+    m.finished(a.key, 0.002, chosen, 0, 1)
+    assert m.learner.durations[a.key] == pytest.approx(0.002)
+    backlog = Chosen(prefill=0.0, duration=0.0, inter_token=0.0, queued=0.01)  # some backlog: a sample again
+    assert m.learner.sample(backlog, 0, 0.006, 1) == pytest.approx(0.6)
