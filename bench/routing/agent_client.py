@@ -23,6 +23,7 @@ import aiohttp
 import orjson
 
 from bench.routing.agent import AgentWorkload, SessionPlan
+from bench.routing.client import server_records
 from bench.routing.report import percentile
 
 _MAX_BODY = 16 * 1024 * 1024
@@ -166,17 +167,10 @@ async def fill_pods(results: list[SessionResult], server_urls: list[str]) -> Non
     missing = {c.request_id: c for r in results for c in r.calls if c.ok and not c.pod}
     if not missing:
         return
-    async with aiohttp.ClientSession() as http:
-        for u in server_urls:
-            try:
-                async with http.get(f"{u}/admin/requests", timeout=aiohttp.ClientTimeout(total=10)) as r:
-                    data = await r.json(loads=orjson.loads)
-            except (aiohttp.ClientError, asyncio.TimeoutError, orjson.JSONDecodeError):
-                continue
-            for rec in data.get("records", ()):
-                c = missing.get(rec.get("request_id"))
-                if c is not None:
-                    c.pod = data.get("pod", "")
+    async for pod, rec in server_records(server_urls):
+        c = missing.get(rec.get("request_id"))
+        if c is not None:
+            c.pod = pod
 
 
 def dump_calls(results: list[SessionResult], router: str, seed: int, stage: int) -> None:

@@ -2,7 +2,9 @@
 
 TTFT is the arrival of the first streamed body bytes after the request is sent; output and cached
 tokens come from the final usage chunk (stream_options.include_usage). Times are converted to model
-seconds by dividing by the fleet's time scale.
+seconds by dividing by the fleet's time scale. After a stage, `fill_engine_ttfts` adds each request's TTFT as
+its engine recorded it (modelsim's own records, matched on the request's x-request-id): the client's TTFT minus
+the engine's is the time the request spent on its way there and back, the router's hop included.
 
 A planned request with SLOs (model seconds) is sent with `x-llm-d-slo-ttft-ms` / `x-llm-d-slo-tpot-ms` (or the plain
 `x-slo-ttft-ms` / `x-slo-tpot-ms` of llm-d's predicted-latency scheduling, `SLO_HEADERS["plain"]`; or none, to measure
@@ -15,7 +17,9 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import aiohttp
 import orjson
@@ -39,6 +43,8 @@ class Result:
     slo_tpot: float | None = None
     tight: bool = False
     at: float = 0.0  # when it was planned to arrive, model seconds from the stage's start
+    request_id: str = ""  # the x-request-id it was sent with
+    engine_ttft: float | None = None  # model seconds from its arrival at the engine to its first token (fill_engine_ttfts)
 
     @property
     def ok(self) -> bool:
@@ -101,18 +107,20 @@ def _usage_from_tail(tail: bytes) -> dict | None:
 
 async def _one(session: aiohttp.ClientSession, url: str, p: Planned, scale: float, timeout: float,
                direct: bool = False, names: tuple[str, str] | None = SLO_HEADERS["llm-d"]) -> Result:
-    r = await _send(session, url, p, scale, timeout, names)
+    headers = request_headers(p, scale, names)
+    r = await _send(session, url, p, scale, timeout, headers)
     r.direct, r.slo_ttft, r.slo_tpot, r.tight, r.at = direct, p.slo_ttft, p.slo_tpot, p.tight, p.at
+    r.request_id = headers["x-request-id"]
     return r
 
 
 async def _send(session: aiohttp.ClientSession, url: str, p: Planned, scale: float, timeout: float,
-                names: tuple[str, str] | None) -> Result:
+                headers: dict[str, str]) -> Result:
     t0 = time.monotonic()
     ttft = None
     tail = b""
     try:
-        async with session.post(url, data=orjson.dumps(p.body), headers=request_headers(p, scale, names),
+        async with session.post(url, data=orjson.dumps(p.body), headers=headers,
                                 timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
             if resp.status != 200:
                 text = (await resp.read())[:200].decode(errors="replace")
@@ -163,3 +171,30 @@ async def run_stage(url: str, plan: list[Planned], time_scale: float, request_ti
                     for i, (t, p) in enumerate(zip(tasks, plan, strict=True)) if t in pending]
         elapsed = (time.monotonic() - start) / time_scale
     return results, elapsed
+
+
+async def server_records(server_urls: Sequence[str]) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+    """Every server's own records of the requests it finished (modelsim's GET /admin/requests), as (pod, record);
+    a server that does not answer is skipped."""
+    async with aiohttp.ClientSession() as http:
+        for u in server_urls:
+            try:
+                async with http.get(f"{u}/admin/requests", timeout=aiohttp.ClientTimeout(total=10)) as r:
+                    data = await r.json(loads=orjson.loads)
+            except (aiohttp.ClientError, asyncio.TimeoutError, orjson.JSONDecodeError):
+                continue
+            pod = data.get("pod", "")
+            for rec in data.get("records", ()):
+                yield pod, rec
+
+
+async def fill_engine_ttfts(results: list[Result], server_urls: Sequence[str]) -> None:
+    """Each successful request's TTFT as its engine recorded it (`Result.engine_ttft`, model seconds)."""
+    wanted = {r.request_id: r for r in results if r.ok and r.request_id}
+    if not wanted:
+        return
+    async for _, rec in server_records(server_urls):
+        r = wanted.get(rec.get("request_id", ""))
+        ttft = rec.get("ttft")
+        if r is not None and ttft is not None:
+            r.engine_ttft = float(ttft)

@@ -41,6 +41,12 @@ class Row:
     tight_missed_ttft: int = 0  # tight requests that failed or missed their TTFT SLO
     tight_missed_tpot: int = 0  # tight requests within their TTFT SLO that missed only their TPOT SLO
     tight_missed_at: list[float] = field(default_factory=list)  # when each missed tight request arrived (model s)
+    # the routed requests' TTFT as their engines recorded it, and the client's TTFT minus it: the way to the engine
+    # and back, the router's hop included (model seconds; None when the engines keep no records)
+    engine_ttft_p50: float | None = None
+    engine_ttft_p90: float | None = None
+    hop_p50: float | None = None
+    hop_p90: float | None = None
 
 
 def percentile(xs: Sequence[float], q: float) -> float | None:
@@ -74,6 +80,12 @@ def summarize(regime: str, router: str, qps: float, results: list[Result], elaps
               cached / prompt if prompt else 0.0, (errs[0].error[:120] if errs else ""), len(direct), resets, sample)
     if direct:
         row.ttft_p50_all, row.ttft_p90_all = percentile(all_ttfts, 0.5), percentile(all_ttfts, 0.9)
+    paired = [(r.ttft, r.engine_ttft) for r in ok if r.ttft is not None and r.engine_ttft is not None]
+    if paired:
+        engine = [e for _, e in paired]
+        hops = [t - e for t, e in paired]
+        row.engine_ttft_p50, row.engine_ttft_p90 = percentile(engine, 0.5), percentile(engine, 0.9)
+        row.hop_p50, row.hop_p90 = percentile(hops, 0.5), percentile(hops, 0.9)
     slo = [r for r in results if r.slo_ttft is not None]
     if slo:
         tight = [r for r in slo if r.tight]
@@ -117,6 +129,16 @@ def markdown(rows: list[Row], header: str = "") -> str:
                 "|---|---|---:|---:|---:|---:|---:|\n")
         out += "".join(f"| {r.regime} | {r.router} | {r.sample} | {r.qps:g} | {r.direct} | {_f(r.ttft_p50)} / "
                        f"{_f(r.ttft_p90)} | {_f(r.ttft_p50_all)} / {_f(r.ttft_p90_all)} |\n" for r in outside)
+    hop = [r for r in rows if r.hop_p50 is not None]
+    if hop:
+        out += ("\nWhere the TTFT was spent: at the engine (its own record, from the request's arrival there to its "
+                "first token) and on the way there and back (the client's TTFT minus the engine's: the router's hop, "
+                "the proxies and the network), routed requests:\n\n"
+                "| regime | router | sample | QPS | TTFT p50 / p90 s | engine TTFT p50 / p90 s | hop p50 / p90 ms |\n"
+                "|---|---|---:|---:|---:|---:|---:|\n")
+        out += "".join(f"| {r.regime} | {r.router} | {r.sample} | {r.qps:g} | {_f(r.ttft_p50)} / {_f(r.ttft_p90)} | "
+                       f"{_f(r.engine_ttft_p50)} / {_f(r.engine_ttft_p90)} | {_ms(r.hop_p50)} / {_ms(r.hop_p90)} |\n"
+                       for r in hop)
     slo = [r for r in rows if r.slo_requests]
     if slo:
         out += ("\nSLO attainment (share of the routed requests meeting their SLOs; errors miss), next to each "
@@ -130,6 +152,10 @@ def markdown(rows: list[Row], header: str = "") -> str:
                        f"{_f(r.ttft_p90_tight)} | {_f(r.ttft_p50_loose)} / {_f(r.ttft_p90_loose)} | "
                        f"{_f(r.goodput, 2)} | {r.tight_missed_ttft} / {r.tight_missed_tpot} |\n" for r in slo)
     return out
+
+
+def _ms(x: float | None) -> str:
+    return "-" if x is None else f"{1e3 * x:.1f}"
 
 
 def _pct(x: float | None) -> str:

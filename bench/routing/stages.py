@@ -12,7 +12,7 @@ import aiohttp
 
 from bench.routing.agent import AgentWorkload
 from bench.routing.agent_client import AgentRow, dump_calls, fill_pods, run_agent_stage, summarize_agent
-from bench.routing.client import run_stage
+from bench.routing.client import fill_engine_ttfts, run_stage
 from bench.routing.procs import Proc, free_port_block, wait_http
 from bench.routing.regimes import FleetSpec, Regime
 from bench.routing.report import Row, summarize
@@ -138,9 +138,12 @@ async def _request_stages(router: str, launched: Launched, regime: Regime, fleet
         finally:
             if resetter is not None:
                 resetter.cancel()
+        await fill_engine_ttfts(results, fleet.urls)
         row = summarize(regime.name, router, qps, results, elapsed, len(resets), seed)
         rows.append(row)
         extra = ""
+        if row.hop_p50 is not None:
+            extra += f" hop p50/p90={1e3 * row.hop_p50:.1f}/{1e3 * (row.hop_p90 or 0):.1f}ms"
         if row.direct:
             extra += f" all p90={row.ttft_p90_all or 0:.3f}s direct={row.direct}"
         if row.slo_requests:

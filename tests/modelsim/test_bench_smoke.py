@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from bench.routing.client import run_stage
+from bench.routing.client import fill_engine_ttfts, run_stage
 from bench.routing.oracle import build_app
 from bench.routing.report import markdown, summarize
 from bench.routing.workload import Workload, WorkloadSpec
@@ -36,9 +36,15 @@ async def test_direct_and_oracle_smoke(make_fleet) -> None:
     spec = WorkloadSpec(num_groups=4, prompts_per_group=3, system_prompt_len=256, question_len=16, output_len=8)
     plan = Workload(spec, MODEL, seed=0).plan(20, 3.0, 80)
     results, elapsed = await run_stage(fleet.urls[0] + "/v1/chat/completions", plan, SCALE, 10.0, 15.0)
+    await fill_engine_ttfts(results, fleet.urls)
     direct = summarize("smoke", "direct", 20, results, elapsed)
     assert direct.errors == 0 and direct.requests == len(plan)
     assert direct.hit_rate > 0.5 and direct.ttft_p50 is not None and direct.output_tok_s > 0
+    # every request found in its engine's own records, which saw its first token no later than the client did
+    assert len({r.request_id for r in results}) == len(results)
+    assert all(r.engine_ttft is not None and 0 <= r.engine_ttft <= r.ttft + 0.01 for r in results if r.ttft)
+    assert direct.engine_ttft_p50 is not None and direct.engine_ttft_p50 <= direct.ttft_p50
+    assert direct.hop_p50 is not None and direct.hop_p50 >= -0.01
 
     port = free_port_block(1)
     runner = web.AppRunner(build_app(fleet.urls))
@@ -58,3 +64,5 @@ async def test_direct_and_oracle_smoke(make_fleet) -> None:
     assert oracle.errors == 0 and oracle.hit_rate > 0.5
     table = markdown([direct, proxy, oracle])
     assert "| smoke | oracle | 20 |" in table
+    assert "Where the TTFT was spent" in table and "| smoke | direct | 0 | 20 |" in table  # only the direct row
+    assert "| smoke | oracle | 0 | 20 | " not in table.split("Where the TTFT was spent")[1]
