@@ -17,12 +17,14 @@ class FakeModelServer:
     def __init__(self, body: bytes, status: int = 200, delay: float = 0.0) -> None:
         self.body, self.status, self.delay = body, status, delay
         self.hits = 0
+        self.times: list[float] = []  # when each scrape arrived (monotonic)
         self.peers: set[tuple[str, int]] = set()
         self.port = 0
         self._runner: web.AppRunner | None = None
 
     async def _metrics(self, request: web.Request) -> web.Response:
         self.hits += 1
+        self.times.append(time.monotonic())
         self.peers.add(request.transport.get_extra_info("peername")[:2])
         if self.delay:
             await asyncio.sleep(self.delay)
@@ -109,6 +111,29 @@ async def test_loop_refreshes_at_interval_over_one_keepalive_connection(servers)
         await scraper.stop()
     assert 6 <= v.hits <= 14, v.hits  # ~every 50 ms for 0.5 s
     assert len(v.peers) == 1  # one keep-alive connection
+
+
+async def test_the_loop_spreads_the_endpoints_over_the_interval_and_scrapes_each_once_per_interval(servers):
+    """Five endpoints at 100 ms: the loop scrapes one of them every 20 ms instead of all five at once, so the
+    event loop never parses every endpoint's metrics in one burst; each is still scraped about every 100 ms."""
+    srvs = [await servers(vllm_exposition(waiting=i)) for i in range(5)]
+    ds = _ds(*(s.endpoint() for s in srvs))
+    scraper = MetricsScraper(ds, interval=0.1)
+    assert (scraper.slots(5), scraper.slots(50), MetricsScraper(ds, interval=0.01).slots(5)) == (5, 20, 2)
+    scraper.start()
+    try:
+        await asyncio.sleep(0.35)  # the first tick scrapes every endpoint; then the slots take turns
+        for s in srvs:
+            s.times.clear()
+        await asyncio.sleep(1.0)
+    finally:
+        await scraper.stop()
+    assert all(7 <= len(s.times) <= 13 for s in srvs), [len(s.times) for s in srvs]
+    arrivals = sorted(t for s in srvs for t in s.times)
+    gaps = [b - a for a, b in zip(arrivals, arrivals[1:], strict=False)]
+    # all at once, four of every five gaps would be a few milliseconds; spread, they are about 20 ms
+    assert sorted(gaps)[len(gaps) // 5] > 0.01, [round(g, 3) for g in gaps]
+    assert [_m(ds, s).waiting for s in srvs] == [0, 1, 2, 3, 4]
 
 
 async def test_failure_streak_takes_endpoint_out_and_recovery_brings_it_back(servers):
