@@ -122,7 +122,8 @@ async def test_the_loop_spreads_the_endpoints_over_the_interval_and_scrapes_each
     assert (scraper.slots(5), scraper.slots(50), MetricsScraper(ds, interval=0.01).slots(5)) == (5, 20, 2)
     scraper.start()
     try:
-        await asyncio.sleep(0.35)  # the first tick scrapes every endpoint; then the slots take turns
+        # the first tick scrapes every endpoint; then the slots take turns: measure once every slot has had one
+        await until(lambda: all(s.hits >= 2 for s in srvs), 5.0, "every endpoint scraped by its own slot", 0.01)
         for s in srvs:
             s.times.clear()
         await asyncio.sleep(1.0)
