@@ -13,8 +13,9 @@ It can also decide *early*, before the body ends, when everything the decision r
    payloads masked: a 16 KB data URL weighs its masked size, and a payload still arriving none), for the API kinds
    whose prompt starts with one member (chat `messages`, completions `prompt`, embeddings `input`, conversations
    `items`);
-3. nothing else reads the whole body: no routes (`--routes-file`: a rule may match any field), no tokenizer
-   (precise prefix routing reads the whole prompt's tokens), no `x-gateway-model-name-rewrite` header, no
+3. nothing else reads the whole body: no routes (`--routes-file`: a rule may match any field), no config that
+   reads token ids (precise prefix routing tokenizes the whole prompt; `epp serve` always has a tokenizer ready,
+   so what counts is whether a config of the scheduler reads them), no `x-gateway-model-name-rewrite` header, no
    InferenceModelRewrite for the pool unless the body's model has arrived (its value is rewritten in the chunks
    already received).
 
@@ -36,6 +37,7 @@ from typing import TYPE_CHECKING
 from epp.request.context import MODEL_REWRITE
 from epp.request.parsing import api_kind
 from epp.request.streaming import HEAD, StreamingBody
+from scheduling.prefix.precise_data import TOKEN_IDS
 from scheduling.types import CHARS_PER_TOKEN, ApiKind
 
 if TYPE_CHECKING:
@@ -45,24 +47,41 @@ log = logging.getLogger("epp.director")
 
 
 HEAD_SLICE = 32 * 1024  # bytes of a long chunk read at a time while a decision may come from the prompt's head
-_NEEDS: dict[int, int] = {}  # id(scheduler) -> prompt characters its prefix producers hash
+_NEEDS: dict[int, tuple[int, bool]] = {}  # id(scheduler) -> (prompt characters its prefix producers hash, reads tokens)
 
 
-def prompt_chars_needed(scheduler: object) -> int:
-    """The prompt characters a scheduler's prefix producers hash (0: it hashes none)."""
+def _needs(scheduler: object) -> tuple[int, bool]:
     key = id(scheduler)
     got = _NEEDS.get(key)
     if got is None:
         plugins = getattr(scheduler, "plugins", None)
-        got = 0
+        chars = 0
         for p in plugins() if callable(plugins) else ():
             bt, mb = getattr(p, "block_tokens", None), getattr(p, "max_blocks", None)
             if isinstance(bt, int) and isinstance(mb, int):
-                got = max(got, bt * CHARS_PER_TOKEN * mb)
+                chars = max(chars, bt * CHARS_PER_TOKEN * mb)
+        reads = getattr(scheduler, "reads", None)  # a ModelScheduler: any model's config
+        if callable(reads):
+            tokens = bool(reads(TOKEN_IDS))
+        else:  # one ProfileScheduler
+            producer = getattr(scheduler, "producer", None)
+            tokens = callable(producer) and producer(TOKEN_IDS) is not None
+        got = (chars, tokens)
         if len(_NEEDS) > 64:
             _NEEDS.clear()
         _NEEDS[key] = got
     return got
+
+
+def prompt_chars_needed(scheduler: object) -> int:
+    """The prompt characters a scheduler's prefix producers hash (0: it hashes none)."""
+    return _needs(scheduler)[0]
+
+
+def reads_tokens(scheduler: object) -> bool:
+    """Whether a config of the scheduler reads the request's token ids (precise prefix routing: the whole prompt
+    is tokenized, so its decision waits for the whole body)."""
+    return _needs(scheduler)[1]
 
 
 def pool_model(d: Director) -> str | None:
@@ -97,7 +116,8 @@ def early_model(d: Director, headers: Mapping[str, str], body: StreamingBody) ->
 
 def may_decide_early(d: Director, headers: Mapping[str, str], kind: ApiKind) -> bool:
     """Whether a body of this kind may be decided on before it is all read (the rules but the head's size)."""
-    return (d.early.decisions and kind in HEAD and d.router is None and d.tokens is None
+    return (d.early.decisions and kind in HEAD and d.router is None
+            and (d.tokens is None or not reads_tokens(d.scheduler))
             and MODEL_REWRITE not in headers)
 
 
@@ -105,9 +125,12 @@ def ready(d: Director, headers: Mapping[str, str], body: StreamingBody) -> str |
     """The model to decide with now, before the body ends; None while the decision must wait."""
     if not may_decide_early(d, headers, body.kind):
         return None
+    needed = prompt_chars_needed(d.scheduler)
+    if body.size < needed:  # text takes a byte a character at least: a short body is left unread, so one that
+        return None  # ends in its next message is still one orjson call (a head of small media masked longer than
+        # its bytes waits for the body's end: an early decision is never owed, only allowed)
     if not body.reading:
         body.start()
-    needed = prompt_chars_needed(d.scheduler)
     if body.head_chars < needed or len(body.head_text()) < needed:  # masked media weighs less than its base64
         return None
     return early_model(d, headers, body)

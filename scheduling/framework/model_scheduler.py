@@ -61,6 +61,11 @@ class ModelScheduler:
         """The producer of the data named `name` read by the config deciding for `request`, if any."""
         return self.scheduler_for(request.model, request.target_model).producer(name)
 
+    def reads(self, name: str) -> bool:
+        """Whether the config deciding for any model reads the data named `name` (what the shell must prepare for
+        a request before it knows which config decides)."""
+        return any(s.producer(name) is not None for s in [*self.schedulers.values(), self.fallback])
+
     def schedule(self, ctx: SchedulingContext, *, dry_run: bool = False) -> SchedulingResult:
         """Decide. Scheduling changes no state (the lifecycle hooks do); with `dry_run` it does not even advance
         the random source: it decides with a copy, so it shows exactly what the next real decision would do."""

@@ -8,7 +8,7 @@ import orjson
 import pytest
 
 from epp.protocol import BodyMode
-from epp.request.early import HEAD_SLICE
+from epp.request.early import HEAD_SLICE, reads_tokens
 from epp.request.parsing import parse_body
 from scheduling.types import ApiKind
 from tests.support.extproc import SyncMachine, body_msg, headers_msg, real_director, set_headers
@@ -50,7 +50,8 @@ def test_a_long_body_in_one_message_is_read_only_as_far_as_its_head(mode: BodyMo
     ex, replies = decide(raw, mode=mode)
     reader = ex.intake.reader if ex.intake is not None else None
     assert reader is not None and ex.early == "m"
-    assert reader.read <= 2 * HEAD_SLICE < len(raw)  # the rest of the body was never parsed
+    # One slice: the message is entered at once (the rest is held, not awaited), and the rest is never parsed.
+    assert reader.read <= HEAD_SLICE < len(raw)
     req = ex.ctx.request if ex.ctx is not None else None
     whole = parse_body(ApiKind.CHAT, raw)
     assert req is not None and whole.prompt.startswith(req.prompt) and len(req.prompt) >= 16_384
@@ -91,3 +92,74 @@ def test_a_short_body_in_one_message_is_parsed_whole() -> None:
     reader = ex.intake.reader if ex.intake is not None else None
     assert ex.early is None and reader is not None and not reader.reading  # one orjson call at the end
     ex.close()
+
+
+async def _serve_director(tmp_path, *flags: str):
+    from epp.cmd.app import App
+    from tests.support.envoy import free_port
+    from tests.support.stack import serve_args
+
+    eps = tmp_path / "eps.yaml"
+    eps.write_text("pools:\n- name: p\n  endpoints:\n  - {address: 127.0.0.1, port: 9, models: [m]}\n")
+    app = App(serve_args("--grpc-port", str(free_port()), "--endpoints-file", str(eps), "--passive-health",
+                         "false", *flags))
+    await app.start()
+    return app
+
+
+async def test_epp_serve_decides_a_long_body_on_its_head(tmp_path) -> None:
+    """`epp serve` always has a tokenizer ready (precise prefix routing), yet the built-in default config reads no
+    token ids: its long bodies decide on their head, as the early rules say (they used to wait for the whole body
+    because a tokenizer existed)."""
+    app = await _serve_director(tmp_path)
+    try:
+        ex = app.director.exchange()
+        m = SyncMachine(ex, request_body_mode=BodyMode.FULL_DUPLEX_STREAMED)
+        m.feed(headers_msg())
+        raw = chat(model_first=True)
+        replies = m.feed(body_msg(raw, True))
+        assert ex.early == "m" and ex.intake is not None and ex.intake.reader is not None
+        assert ex.intake.reader.read <= HEAD_SLICE < len(raw)
+        assert destination(replies) is not None
+        ex.close()
+    finally:
+        await app.stop(0)
+
+
+async def test_epp_serve_with_a_config_reading_token_ids_waits_for_the_whole_body(tmp_path) -> None:
+    """A config that reads token ids (the precise prefix profile) tokenizes the whole prompt: no early decision."""
+    from pathlib import Path
+
+    profile = Path(__file__).resolve().parents[2] / "deploy" / "profiles" / "estimated-latency-precise.yaml"
+    app = await _serve_director(tmp_path, "--config-file", str(profile))
+    try:
+        ex = app.director.exchange()
+        m = SyncMachine(ex, request_body_mode=BodyMode.FULL_DUPLEX_STREAMED)
+        m.feed(headers_msg())
+        raw = chat(model_first=True)
+        m.feed(body_msg(raw[:40_000], False))
+        assert ex.early is None  # a head long enough for the hashes, but the tokens need the whole prompt
+        assert reads_tokens(app.director.scheduler)
+        ex.close()
+    finally:
+        await app.stop(0)
+
+
+async def test_a_short_body_in_two_messages_is_left_unread_until_its_end(tmp_path) -> None:
+    """Envoy often sends a short body and its end in two messages: the body is kept, not read by the streaming
+    reader, until it could hold the hashed head (so it is still one orjson call at its end)."""
+    app = await _serve_director(tmp_path)
+    try:
+        ex = app.director.exchange()
+        m = SyncMachine(ex, request_body_mode=BodyMode.FULL_DUPLEX_STREAMED)
+        m.feed(headers_msg())
+        raw = chat(model_first=True, chars=200)
+        m.feed(body_msg(raw, False))
+        assert ex.intake is not None and ex.intake.reader is not None and not ex.intake.reader.reading
+        replies = m.feed(body_msg(b"", True))
+        req = ex.ctx.request if ex.ctx is not None else None
+        assert req is not None and req.prompt == parse_body(ApiKind.CHAT, raw).prompt
+        assert destination(replies) is not None
+        ex.close()
+    finally:
+        await app.stop(0)
