@@ -11,7 +11,9 @@ Cost: orjson does the per-byte work, Python works per chunk and per token it can
   it looks for a candidate end (the last closing bracket followed by `,`, `]` or `}`) and lets orjson parse the
   run up to it. Lexing is deterministic, so a run that parses is a run of complete values; one that fails (the
   candidate was inside a string) is retried when more data has come.
-- A value still incomplete past `DEEP_BYTES` is entered instead (tokenised by Python): such a value is made of
+- A value still incomplete past `DEEP_BYTES` (`deep`) is entered instead (tokenised by Python); at once, whatever
+  its size, while the reader is fed slices of a body it already holds (a long body read only as far as the
+  decision needs: epp/request/early.py), since what it would wait for is only the next slice. Such a value is made of
   long strings, whose pieces are validated and decoded by orjson as they arrive (cut at escape and UTF-8
   boundaries, never between the halves of a surrogate pair); string ends are found with `bytes.find`, and only a
   string with backslashes before its candidate end asks orjson where it really ends.
@@ -65,7 +67,7 @@ class JsonStream:
     head is published as the string itself (the prompt of a completion is the string, not its JSON).
     `on_member(name, value)` is called as top-level members complete."""
 
-    __slots__ = ("value", "error", "done", "_buf", "_base", "_stack", "_pre", "_str", "members")
+    __slots__ = ("value", "error", "done", "deep", "_buf", "_base", "_stack", "_pre", "_str", "members")
 
     def __init__(self, collect: frozenset[str] = frozenset(), head: str | None = None,
                  on_member: Callable[[str, Any], None] | None = None) -> None:
@@ -73,6 +75,9 @@ class JsonStream:
         self.value: dict[str, Any] = {}  # the top-level members completed so far
         self.error: str | None = None
         self.done = False  # the top-level object closed
+        # An incomplete container value longer than this is entered rather than waited for (`DEEP_BYTES`); 0 while
+        # the reader is fed a slice of a body it already holds whole: the rest is no new data, only the next slice.
+        self.deep = DEEP_BYTES
         self._buf = b""  # unconsumed bytes
         self._base = 0  # absolute offset of _buf[0]
         self._stack: list[Frame] = []
@@ -272,7 +277,7 @@ class JsonStream:
                     self.members.emit(sink, _dumps(v).decode())
                 self._place(f, v, i, end)
                 return end
-        return -2 if len(buf) - i > DEEP_BYTES else -(i + 1)
+        return -2 if len(buf) - i > self.deep else -(i + 1)
 
     def _string(self, buf: bytes, i: int, f: Frame, sink: Sink | None, head_string: bool) -> int:
         end = string_end(buf, i + 1)

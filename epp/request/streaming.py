@@ -19,6 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 from epp.request.jsonstream import JsonStream
+from epp.request.jsonvalues import DEEP_BYTES
 from epp.request.parsing import MEDIA_KINDS, ParsedBody, parse_body, validate
 from epp.tokenize import head_holds_media, mask_media
 from scheduling.types import ApiKind
@@ -75,6 +76,8 @@ class StreamingBody:
         """Read what has come so far now, up to the first `upto` bytes of the body (None: all of it): the caller
         wants the model or the prompt's head before a second chunk, or before the rest of this one."""
         self._reading = True
+        # A slice of what is held: waiting for the rest of a long value would only re-read it at the next slice.
+        self.stream.deep = 0 if upto is not None and upto < self.size else DEEP_BYTES
         left = (self.size if upto is None else min(upto, self.size)) - self.read
         if left <= 0:
             return

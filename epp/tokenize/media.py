@@ -262,7 +262,10 @@ def mask_media(text: str, partial: bool = False) -> str:
     `partial`: the text is the start of a longer one (a body still streaming in); it is cut where what follows could
     still change the result (a payload whose part has not closed, a string still open), so the result is a prefix
     of the whole text's result."""
-    if '"data' not in text and '"file_data"' not in text:  # a payload's string or key: the common case, none
+    # A payload's string or key: the common case, none. `rfind`, not `in`: CPython's backward search skips on the
+    # pattern's first character (a quote, rare in a prompt's text), its forward one on the last (a letter): about
+    # 3x faster over a long head, whose tail the search reads first anyway.
+    if text.rfind('"data') < 0 and text.rfind('"file_data"') < 0:
         return text
     spans, cut = media_payloads(text, partial)
     out: list[str] = []
@@ -280,4 +283,4 @@ def mask_media(text: str, partial: bool = False) -> str:
 def head_holds_media(text: str) -> bool:
     """Whether canonical JSON `text` (a body's prompt head) holds a media part: a "type" member naming a kind
     `media_ref` reads (in canonical JSON a quote inside a string is escaped, so the pair is structure)."""
-    return '"type":"' in text and any(f'"type":"{kind}"' in text for kind in _REFS)
+    return text.rfind('"type":"') >= 0 and any(f'"type":"{kind}"' in text for kind in _REFS)  # rfind: mask_media
