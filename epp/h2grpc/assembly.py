@@ -24,13 +24,14 @@ if TYPE_CHECKING:
 
 
 class MessageAssembly:
-    __slots__ = ("limit", "partial", "_need", "_fill", "_flag", "inflating", "_backlog", "_end_pending")
+    __slots__ = ("limit", "partial", "_need", "_flag", "inflating", "_backlog", "_end_pending")
 
     def __init__(self, limit: int) -> None:
         self.limit = limit  # the largest message, in bytes (inflated)
         self.partial: bytearray | None = None  # the message being assembled (its 5-byte prefix while incomplete)
-        self._need = -1  # bytes still missing from it; -1 while its prefix is incomplete
-        self._fill = 0  # bytes of it received (it is allocated whole once its prefix is: filled, never grown)
+        # bytes still missing from it; -1 while its prefix is incomplete. Once the prefix is in, the message is
+        # allocated whole and its first len(partial) - _need bytes have arrived (filled in place, never grown)
+        self._need = -1
         self._flag = 0
         self.inflating: int | None = None  # the size of a compressed message being inflated (inflate.Queue)
         self._backlog: list[bytes] = []  # request bytes that arrived meanwhile (held: they count against the window)
@@ -68,9 +69,7 @@ class MessageAssembly:
                 if self._reserve(stream, size):
                     self._flag = data[pos]
                     self.partial = buf = bytearray(size)  # within the reservation: filled, never grown
-                    have = end - pos - 5
-                    buf[:have] = memoryview(data)[pos + 5:]
-                    self._fill = have
+                    buf[: end - pos - 5] = memoryview(data)[pos + 5:]
                     self._need = stop - end
                 return
             flag = data[pos]
@@ -106,13 +105,11 @@ class MessageAssembly:
                 return None
             self._flag = buf[0]
             self.partial = buf = bytearray(size)
-            self._fill = 0
             self._need = size
         take = min(self._need, len(data) - pos)
         if take:
-            fill = self._fill
+            fill = len(buf) - self._need
             buf[fill: fill + take] = memoryview(data)[pos: pos + take]  # a copy into place: the size never changes
-            self._fill = fill + take
             pos += take
             self._need -= take
         if self._need:
