@@ -173,8 +173,10 @@ class MetricsScraper:
         Returns endpoints updated."""
         session = await self._ensure_session()
         endpoints = {ep.key: ep for ep in self.datastore.all_endpoints()}
-        for key in endpoints:
-            self._state.setdefault(key, _State())
+        state = self._state
+        for key in endpoints:  # every endpoint has a state (`slots` counts them); made once, not every tick
+            if key not in state:
+                state[key] = _State()
         due = endpoints if slots <= 1 else {k: endpoints[k] for k in sorted(endpoints)[slot % slots::slots]}
         now = self.clock()
         for key, ep in due.items():
