@@ -316,6 +316,14 @@ class Datastore:
                 seen.setdefault(ep.key, ep)
         return list(seen.values())
 
+    def endpoint(self, key: str) -> Endpoint | None:
+        """The endpoint with this key in the first pool that has it (as `all_endpoints` would list it)."""
+        for snap in self._pools.values():
+            ep = snap.by_key.get(key)
+            if ep is not None:
+                return ep
+        return None
+
     def members(self) -> Mapping[str, tuple[str, str]]:
         """Every endpoint key in some pool, with its identity (namespace, pod name)."""
         return self._members

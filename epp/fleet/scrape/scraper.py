@@ -13,9 +13,12 @@ into `slots` ticks (one per endpoint, at most one per `MIN_TICK` seconds) and sc
 once per interval, but a request no longer meets a burst of every endpoint's response and parse on the event loop
 at once: with 8 vLLM endpoints at 50 ms (about 0.9 ms of loop time per scrape), the burst was 8 scrapes, and the
 time a routed request spent on its way to the engine and back had a p90 of 17 ms (docs/routing-benchmark.md). An
-explicit `scrape_round()` still scrapes every endpoint that is due.
+explicit `scrape_round()` still scrapes every endpoint that is due, and so does the loop's first round.
+A tick costs what its slot holds, not what the pool holds: the sorted keys (the roster) are rebuilt only when a
+pool changes, the scrapes in flight are a set of keys, and endpoints are looked up by key.
 
-Staleness: an endpoint whose last good scrape is older than `staleness` (2 s) gets `stale=True` in that same batch.
+Staleness: an endpoint whose last good scrape is older than `staleness` (2 s) gets `stale=True` in the batch of
+the tick that holds its slot (so within one interval of crossing the threshold).
 Health: `failure_threshold` (3) consecutive failures (connection error, timeout, non-200, unparsable body) put the
 endpoint key in `datastore.unhealthy`; the first good scrape takes it out again. The director skips unhealthy keys
 through `datastore.is_routable(key)`.
@@ -111,6 +114,9 @@ class MetricsScraper:
         self._sem = asyncio.Semaphore(concurrency)
         self._concurrency = concurrency
         self._state: dict[str, _State] = {}
+        self._roster: list[str] | None = None  # every endpoint key, sorted; None after a pool changed
+        self._inflight: set[str] = set()  # keys whose state holds a pending scrape
+        datastore.on_change(self._pools_changed)
         self._session: aiohttp.ClientSession | None = None
         self._task: asyncio.Task[None] | None = None
         self.rounds = 0
@@ -144,6 +150,8 @@ class MetricsScraper:
         if pend:
             await asyncio.gather(*pend, return_exceptions=True)
         self._state.clear()
+        self._inflight.clear()
+        self._roster = None
         if self._session is not None:
             await self._session.close()
             self._session = None
@@ -153,57 +161,74 @@ class MetricsScraper:
         return max(1, min(endpoints, int(self.interval / MIN_TICK)))
 
     async def run(self) -> None:
-        slot = 0
+        slot, first = 0, True
         while True:
             started = self.clock()
-            slots = self.slots(len(self._state) or 1)
+            slots = 1 if first else self.slots(len(self.roster()) or 1)  # the first round scrapes every endpoint
             slot %= slots
             tick = self.interval / slots
             try:
                 await self.scrape_round(wait=tick, slot=slot, slots=slots)
             except Exception:  # the loop must survive anything a round throws
                 log.exception("metrics scrape round failed")
-            slot += 1
+            slot, first = slot + 1, False
             await asyncio.sleep(max(0.0, tick - (self.clock() - started)))
+
+    # ---- the roster ----------------------------------------------------------------------------------------
+    def _pools_changed(self, pool: str) -> None:
+        self._roster = None
+
+    def roster(self) -> list[str]:
+        """Every endpoint key in some pool, sorted, each with a state; rebuilt after a pool changed."""
+        roster = self._roster
+        if roster is None:
+            roster = self._roster = sorted(self.datastore.members())
+            state = self._state
+            for key in roster:
+                if key not in state:
+                    state[key] = _State()
+        return roster
 
     # ---- one round ---------------------------------------------------------------------------------------
     async def scrape_round(self, wait: float | None = None, slot: int = 0, slots: int = 1) -> int:
         """Launch the scrapes of slot `slot` of `slots` (the sorted endpoint keys dealt round robin; by default
-        every endpoint), wait up to `wait` (default: one interval) for every pending scrape, publish what came back.
-        Returns endpoints updated."""
+        every endpoint), wait up to `wait` (default: one interval) for every pending scrape, publish what came back
+        and mark the slot's endpoints stale whose last good scrape is too old. Returns endpoints updated."""
         session = await self._ensure_session()
-        endpoints = {ep.key: ep for ep in self.datastore.all_endpoints()}
-        state = self._state
-        for key in endpoints:  # every endpoint has a state (`slots` counts them); made once, not every tick
-            if key not in state:
-                state[key] = _State()
-        due = endpoints if slots <= 1 else {k: endpoints[k] for k in sorted(endpoints)[slot % slots::slots]}
+        roster = self.roster()
+        due = roster if slots <= 1 else roster[slot % slots::slots]
+        state, inflight, endpoint = self._state, self._inflight, self.datastore.endpoint
         now = self.clock()
-        for key, ep in due.items():
-            st = self._state[key]
+        for key in due:
+            st = state[key]
             if st.pending is None and now >= st.next_at:
-                st.pending = asyncio.ensure_future(self._scrape(session, ep))
-        pending = [st.pending for st in self._state.values() if st.pending is not None and not st.pending.done()]
+                ep = endpoint(key)
+                if ep is not None:
+                    st.pending = asyncio.ensure_future(self._scrape(session, ep))
+                    inflight.add(key)
+        pending = [t for k in inflight if (t := state[k].pending) is not None and not t.done()]
         if pending:
             await asyncio.wait(pending, timeout=self.interval if wait is None else wait)
-        updates = self._harvest(endpoints)
+        updates = self._harvest(due)
         self.rounds += 1
         if updates:
             self.datastore.update_metrics(updates)
         return len(updates)
 
-    def _harvest(self, endpoints: dict[str, Endpoint]) -> dict[str, Metrics]:
+    def _harvest(self, due: list[str]) -> dict[str, Metrics]:
         updates: dict[str, Metrics] = {}
-        for key, st in self._state.items():
+        endpoint = self.datastore.endpoint
+        done = [k for k in self._inflight if (t := self._state[k].pending) is None or t.done()]
+        for key in done:
+            self._inflight.discard(key)
+            st = self._state[key]
             task = st.pending
-            if task is None or not task.done():
-                continue
             st.pending = None
-            if task.cancelled():
+            if task is None or task.cancelled():
                 continue
             err = task.exception()
             if err is None:
-                ep = endpoints.get(key)
+                ep = endpoint(key)
                 updates[key] = period_latency(task.result(), ep.metrics if ep is not None else None)
                 if st.failures >= self.failure_threshold:
                     log.info("endpoint %s scrapes again; back in rotation", key)
@@ -221,8 +246,11 @@ class MetricsScraper:
                     self.datastore.set_unhealthy(key, True)
                     st.next_at = self.clock() + self.backoff(st.failures)
         now = self.clock()
-        for key, ep in endpoints.items():
+        for key in due:
             if key in updates:
+                continue
+            ep = endpoint(key)
+            if ep is None:
                 continue
             m = ep.metrics
             if not m.stale and m.updated_at is not None and now - m.updated_at > self.staleness:
@@ -274,6 +302,7 @@ class MetricsScraper:
     def forget(self, key: str) -> None:
         """The endpoint left the pool (datastore lifecycle): drop its failure streak and any pending scrape."""
         st = self._state.pop(key, None)
+        self._inflight.discard(key)
         if st is not None and st.pending is not None:
             st.pending.cancel()
 

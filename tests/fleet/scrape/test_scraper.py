@@ -1,5 +1,7 @@
 import asyncio
 import time
+from collections import Counter
+from dataclasses import replace
 
 import pytest
 from aiohttp import web
@@ -235,5 +237,59 @@ async def test_an_endpoint_that_is_out_is_scraped_with_a_capped_backoff(servers)
         await until(lambda: ds.is_routable(key), 5.0, "the endpoint back in rotation", 0.01)
         assert time.monotonic() - recovered < 0.4 + 0.3, "back within the cap plus a round"
         assert out_at < recovered
+    finally:
+        await scraper.stop()
+
+
+async def test_the_loop_follows_pool_changes(servers):
+    """The loop keeps its sorted roster between ticks; a pool change rebuilds it: an endpoint that joins is
+    scraped within an interval or two, one that leaves is not scraped again."""
+    a, b, c = [await servers(vllm_exposition(waiting=i)) for i in (1, 2, 3)]
+    ds = _ds(a.endpoint(), b.endpoint())
+    scraper = MetricsScraper(ds, interval=0.05)
+    scraper.start()
+    try:
+        await until(lambda: a.hits >= 2 and b.hits >= 2, 5.0, "both first endpoints scraped", 0.01)
+        assert c.hits == 0
+        ds.set_endpoints("pool", [a.endpoint(), c.endpoint()])
+        await until(lambda: c.hits >= 2, 5.0, "the endpoint that joined scraped by the loop", 0.01)
+        await asyncio.sleep(0.1)  # a scrape of b already in flight when it left may still land
+        left_at = b.hits
+        await asyncio.sleep(0.3)
+        assert b.hits == left_at, "the endpoint that left is still scraped"
+        assert _m(ds, c).waiting == 3 and scraper.failures(b.endpoint().key) == 0
+    finally:
+        await scraper.stop()
+
+
+async def test_a_tick_reads_its_own_slot_and_marks_staleness_once_per_interval():
+    """At 400 endpoints in 50 slots, a tick looks up its slot's 8 endpoints and lists the pool only when it
+    changed, so a tick's cost follows the slot, not the pool; over one interval every endpoint is looked at once,
+    and one whose last scrape is older than the threshold is marked stale by the tick of its slot."""
+    now = [1000.0]
+    eps = [Endpoint(key=endpoint_key(f"10.1.{i // 200}.{i % 200}", 8000), address=f"10.1.{i // 200}.{i % 200}",
+                    port=8000) for i in range(400)]
+    ds = _ds(*eps)
+    ds.update_metrics({e.key: replace(e.metrics, updated_at=now[0], stale=False) for e in eps})
+    listed, looked = [0], Counter()
+    members, endpoint = ds.members, ds.endpoint
+    ds.members = lambda: (listed.__setitem__(0, listed[0] + 1), members())[1]  # count, keep behaviour
+    ds.endpoint = lambda key: (looked.update([key]), endpoint(key))[1]
+    scraper = MetricsScraper(ds, interval=1.0, staleness=2.0, clock=lambda: now[0])
+    for key in scraper.roster():
+        scraper._state[key].next_at = float("inf")  # nothing due: only the bookkeeping runs
+    try:
+        now[0] += 3.0  # every endpoint's last scrape is now past the threshold
+        marked = 0
+        for slot in range(50):
+            before = sum(looked.values())
+            marked += await scraper.scrape_round(wait=0, slot=slot, slots=50)
+            assert sum(looked.values()) - before == 8
+        assert listed[0] == 1 and marked == 400
+        assert sorted(looked.values()) == [1] * 400
+        assert all(ds.endpoint(e.key).metrics.stale for e in eps)
+        ds.set_endpoints("pool", eps[:200])
+        await scraper.scrape_round(wait=0, slot=0, slots=50)
+        assert listed[0] == 2 and len(scraper.roster()) == 200
     finally:
         await scraper.stop()
