@@ -63,6 +63,12 @@ class BodyReader(Protocol):
         decision can be made now, before the body ends (an early decision)."""
         ...
 
+    def request_rest(self, data: bytes | memoryview, end_of_stream: bool) -> Outcome | None:
+        """One request body chunk after an early decision was asked for (`end_of_stream` also when trailers end
+        the body, with an empty chunk). None: go on; an Outcome (a rejection): the body contradicts what the
+        decision read, and the request ends with it instead of its last chunk."""
+        ...
+
 
 class Exchange(Protocol):
     """The per-request callbacks; implemented by the director (epp.request.director.RequestExchange)."""

@@ -29,7 +29,10 @@ The request side of a stream moves through these phases (`Phase`):
   sending chunks meanwhile: they are kept, with their echo built, and sent after the routing replies, in order;
   trailers end the body as in BODY; the outcome comes as in DECIDING.
 - STREAMING: routed before the request ended (decided on headers, on a partial buffer, or early); chunks still
-  flow and each is answered as it comes (echoed in full duplex).
+  flow and each is answered as it comes (echoed in full duplex). After an early decision they still count against
+  `max_body_bytes`, and the exchange sees each (`request_rest`, from EARLY on): at the body's end it may answer
+  that the body contradicts what the decision read (a top-level `model` repeated after the decision point), and
+  that rejection replaces the last chunk's answer, so the upstream never gets a complete request.
 - COMPLETE: routed and the request is over; only the response (and at most one request_trailers) remain.
 - ABANDONED: a response began before the request was routed. Envoy does this when a local reply (a codec error,
   a 413 from a buffer limit, another filter's rejection) runs through the ext_proc filter's encoder side. The
@@ -95,7 +98,7 @@ class RequestMachine:
 
     __slots__ = ("exchange", "policy", "response_mode", "max_body_bytes", "phase", "response_phase", "headers",
                  "metadata", "decision", "violation", "finished", "body_messages", "body_eos", "trailers", "_chunks",
-                 "_size", "_ended", "_held", "reader", "echo", "early_at", "echo_at")
+                 "_size", "_ended", "_held", "reader", "rest_reader", "echo", "early_at", "echo_at")
 
     def __init__(
         self,
@@ -130,6 +133,7 @@ class RequestMachine:
         # An exchange that reads the body as it streams in (contract.BodyReader): it gets every chunk and may ask
         # for an early decision; the body is then not joined for it.
         self.reader = getattr(exchange, "request_chunk", None)
+        self.rest_reader = getattr(exchange, "request_rest", None)  # and the chunks after an early decision
         self.echo: Replies = []  # full duplex: the echo of each chunk, built as it arrives
         self.early_at = -1  # body messages received when an early decision was asked for
         self.echo_at = 0  # and the echo replies built by then
@@ -183,6 +187,20 @@ class RequestMachine:
         if reader is None or not self.policy.streams or self.phase is not Phase.BODY:
             return False
         return bool(reader(self.headers, data, end_of_stream)) and not end_of_stream
+
+    def rest(self, data: bytes | memoryview, end_of_stream: bool, *, counted: bool) -> Replies | None:
+        """A chunk after an early decision was asked for (`counted`: `collect` has counted it already). None to go
+        on; else the replies that end the stream: the body grew past max_body_bytes, or the exchange found at its
+        end that it contradicts the decision (`BodyReader.request_rest`)."""
+        if self.early_at < 0:
+            return None
+        if not counted:
+            self._size += len(data)
+            if self._size > self.max_body_bytes:
+                return self.too_large()
+        check = self.rest_reader
+        outcome = check(data, end_of_stream) if check is not None else None
+        return None if outcome is None else self._close(rejection(outcome))
 
     def body_ended_by_trailers(self) -> None:
         if self.reader is not None and self.policy.streams and self.phase is Phase.BODY:
@@ -292,6 +310,9 @@ def _body_while_early(m: RequestMachine, req: pb.ProcessingRequest, kind: str | 
 def _trailers_while_early(m: RequestMachine, req: pb.ProcessingRequest, kind: str | None) -> Replies:
     if m._ended:
         return m.violate(rules.AFTER_END, kind)
+    stop = m.rest(b"", True, counted=True)
+    if stop is not None:
+        return stop
     m.end(trailers=True)
     m.hold(REQUEST_TRAILERS)
     return []
@@ -306,6 +327,10 @@ def _late_trailers(m: RequestMachine, req: pb.ProcessingRequest, kind: str | Non
     # (older Envoys add empty trailers when trailer mode is SEND). Once only.
     if m.trailers:
         return m.violate(rules.AFTER_END, kind)
+    if not m._ended:  # they end a body still streaming
+        stop = m.rest(b"", True, counted=True)
+        if stop is not None:
+            return stop
     m.end(trailers=True)
     return [REQUEST_TRAILERS]
 

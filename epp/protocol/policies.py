@@ -70,6 +70,9 @@ class BodyPolicy:
         """A body message while an early decision is pending (phase EARLY): kept for after the routing replies."""
         if m.collect(msg.body, msg.end_of_stream) is None:
             return m.too_large()
+        stop = m.rest(msg.body, msg.end_of_stream, counted=True)
+        if stop is not None:
+            return stop
         if msg.end_of_stream:
             m.end(trailers=False)
         return []
@@ -151,7 +154,10 @@ class FullDuplexPolicy(_Collecting):
         return replies
 
     def on_late_body(self, m: RequestMachine, msg: pb.HttpBody) -> Replies:
-        """After an early decision every chunk is echoed as it arrives."""
+        """After an early decision every chunk is echoed as it arrives (the last once the exchange has seen it)."""
+        stop = m.rest(msg.body, msg.end_of_stream, counted=False)
+        if stop is not None:
+            return stop
         if msg.end_of_stream:
             m.end(trailers=False)
         return _echo(msg)
@@ -177,6 +183,9 @@ class StreamedEarlyPolicy(_Collecting):
         return replies
 
     def on_late_body(self, m: RequestMachine, msg: pb.HttpBody) -> Replies:
+        stop = m.rest(msg.body, msg.end_of_stream, counted=False)
+        if stop is not None:
+            return stop
         if msg.end_of_stream:
             m.end(trailers=False)
         return [EMPTY_REQUEST_BODY]

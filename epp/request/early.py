@@ -26,6 +26,15 @@ after the prompt is not in the block hashes, and the fields after the decision p
 server answers a malformed body). A prompt member that comes a second time after the decision point (JSON's last
 one wins) is not seen by it: the decision stands on the first, the reader withdraws its head (`head_chars` 0). OpenAI's Python client writes `messages` before `model`: its requests decide early
 only with a trusted model header or a one-model pool.
+
+A decision that took its model from the body (rule 1's third case) is checked against the whole body: the model
+server keeps JSON's last member, so a client could name one model before its prompt, for the decision and for
+everything keyed on the model (rate limits, budgets, fairness, the routing headers), and another after it, for
+the engine. The rest of such a body is kept (`Intake.rest`) and parsed once when it ends; a body that is not JSON
+or whose top-level `model` is then another gets a 400 instead of its last chunk, so the engine never receives it
+whole (`contradiction`). A body Envoy sends whole (BUFFERED, or one full-duplex message) is parsed whole instead of
+read to its head, since the check would parse it anyway. The check costs one orjson parse of the body (about
+80 µs at 256 KB) at its end, after the decision; a model from a trusted header or a one-model pool needs none.
 """
 
 from __future__ import annotations
@@ -33,6 +42,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
+
+import orjson
 
 from epp.request.context import MODEL_REWRITE
 from epp.request.parsing import api_kind
@@ -44,6 +55,7 @@ if TYPE_CHECKING:
     from epp.request.director import Director
 
 log = logging.getLogger("epp.director")
+SHOWN = 80  # characters of a client's value quoted in an error
 
 
 HEAD_SLICE = 32 * 1024  # bytes of a long chunk read at a time while a decision may come from the prompt's head
@@ -100,18 +112,36 @@ def pool_model(d: Director) -> str | None:
     return only[0] if len(only) == 1 else None
 
 
-def early_model(d: Director, headers: Mapping[str, str], body: StreamingBody) -> str | None:
-    """The model an early decision can use, or None (see the module docstring, rules 1 and 3)."""
+def early_model(d: Director, headers: Mapping[str, str], body: StreamingBody) -> tuple[str, bool] | None:
+    """The model an early decision can use and whether it came from the body (then the whole body must confirm
+    it), or None (see the module docstring, rules 1 and 3)."""
     for name in d.early.model_headers:
         v = headers.get(name)
         if v:
-            return v
+            return v, False
     model = body.model
     if model:
-        return model
+        return model, True
     if d.datastore.rewrites:
         return None  # the rewrite would have to change a model value that has not arrived
-    return pool_model(d)
+    model = pool_model(d)
+    return None if model is None else (model, False)
+
+
+def contradiction(raw: bytes | memoryview, model: str) -> str | None:
+    """What is wrong with a whole body whose decision read `model` in its head: it is not JSON, or its top-level
+    `model` (JSON's last member, as the model server reads it) is another. None when it confirms the decision."""
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as e:
+        return f"request body is not valid JSON: {e}"
+    final = body.get("model") if isinstance(body, dict) else None
+    if final == model:
+        return None
+    shown = repr(final)
+    shown = shown if len(shown) <= SHOWN else shown[:SHOWN] + "..."
+    return (f"the request body names its model twice: {model[:SHOWN]!r} before the prompt, where the decision was "
+            f"made, and {shown} at its end, which the model server would serve; send one top-level 'model'")
 
 
 def may_decide_early(d: Director, headers: Mapping[str, str], kind: ApiKind) -> bool:
@@ -121,8 +151,9 @@ def may_decide_early(d: Director, headers: Mapping[str, str], kind: ApiKind) -> 
             and MODEL_REWRITE not in headers)
 
 
-def ready(d: Director, headers: Mapping[str, str], body: StreamingBody) -> str | None:
-    """The model to decide with now, before the body ends; None while the decision must wait."""
+def ready(d: Director, headers: Mapping[str, str], body: StreamingBody) -> tuple[str, bool] | None:
+    """The model to decide with now, before the body ends, and whether it came from the body; None while the
+    decision must wait."""
     if not may_decide_early(d, headers, body.kind):
         return None
     needed = prompt_chars_needed(d.scheduler)
@@ -140,11 +171,12 @@ class Intake:
     """The request body as the exchange reads it while it streams in (full duplex), and whether the decision can be
     made before it ends: `early` is then the model to decide with (see the module docstring)."""
 
-    __slots__ = ("reader", "early", "ended")
+    __slots__ = ("reader", "early", "checks", "ended")
 
     def __init__(self) -> None:
         self.reader: StreamingBody | None = None
         self.early: str | None = None
+        self.checks: str | None = None  # the early model came from the body: the whole body must confirm it
         self.ended = False  # the reader has the whole body
 
     def chunk(self, d: Director, headers: Mapping[str, str], data: bytes | memoryview, end_of_stream: bool) -> bool:
@@ -162,11 +194,24 @@ class Intake:
 
     def _check(self, d: Director, headers: Mapping[str, str], reader: StreamingBody) -> bool:
         try:
-            self.early = ready(d, headers, reader)
+            got = ready(d, headers, reader)
         except Exception:  # never crash a stream: decide at the end instead
             log.exception("early decision check failed")
-            self.early = None
+            got = None
+        self.early, self.checks = (None, None) if got is None else (got[0], got[0] if got[1] else None)
         return self.early is not None
+
+    def rest(self, data: bytes | memoryview, end_of_stream: bool) -> str | None:
+        """A chunk after an early decision: kept while the decision's model came from the body; at the body's end,
+        what contradicts the decision in the whole body (`contradiction`), or None."""
+        model, reader = self.checks, self.reader
+        if model is None or reader is None:
+            return None
+        reader.feed(data, read=False)
+        if not end_of_stream:
+            return None
+        self.checks = None
+        return contradiction(reader.raw(), model)
 
     def _head_first(self, d: Director, headers: Mapping[str, str], reader: StreamingBody,
                     data: bytes | memoryview, end_of_stream: bool) -> bool:
@@ -199,13 +244,19 @@ class Intake:
             return None
         intake = cls()
         intake.chunk(d, headers, body, True)
-        return intake if intake.early is not None else None
+        return intake if intake.early is not None and intake.checks is None else None
 
     def body(self, headers: Mapping[str, str], body: bytes | memoryview | None
              ) -> tuple[bytes | memoryview | StreamingBody | None, int]:
         """What the decision reads (the body read as it streamed in or as far as its head, or the one Envoy sent
         whole) and its size."""
         reader = self.reader
+        if reader is not None and self.ended and self.checks is not None:
+            # a body that came whole with its model in the head: parsed whole (one orjson call), as the check would
+            self.reader = whole = StreamingBody(reader.kind)
+            for c in reader.chunks:
+                whole.feed(c, read=False)
+            reader, self.early, self.checks = whole, None, None
         if reader is not None and (body is None or self.early is not None):
             if not self.ended and self.early is None:
                 self.ended = True  # (a reader that was never told the end: the machine decides at the end)

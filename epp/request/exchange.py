@@ -116,6 +116,19 @@ class RequestExchange:
             self.intake = Intake()
         return self.intake.chunk(self.d, headers, data, end_of_stream)
 
+    def request_rest(self, data: bytes | memoryview, end_of_stream: bool) -> Outcome | None:
+        """A chunk after an early decision (epp.protocol.contract.BodyReader): when the decision read the model in
+        the body's head, the whole body must name the same one at its end (epp/request/early.py); a 400 if not."""
+        intake = self.intake
+        problem = intake.rest(data, end_of_stream) if intake is not None else None
+        if problem is None:
+            return None
+        log.debug("early decision contradicted: %s", problem, extra=self.log_fields())
+        if not self.decision:  # still deciding (it waits): the decision is dropped when the stream closes
+            self.decision = self.d.ids.take()
+        rejected(self, ErrorCode.BAD_REQUEST.value)
+        return self.d.ids.stamp(error_outcome(SchedulingError(ErrorCode.BAD_REQUEST, problem)), self.decision)
+
     # ---- the decision: one loop over the stage table ---------------------------------------------------------------
     def decide(self, headers: Mapping[str, str], body: bytes | memoryview | None, metadata: Metadata
                ) -> Outcome | Awaitable[Outcome]:

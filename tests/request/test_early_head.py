@@ -4,6 +4,8 @@ when it cannot (the model after the prompt, a head that never begins)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import orjson
 import pytest
 
@@ -24,11 +26,17 @@ def chat(model_first: bool, chars: int = 256_000) -> bytes:
     return orjson.dumps(body)
 
 
-def decide(raw: bytes, pieces: int = 1, mode: BodyMode = BodyMode.FULL_DUPLEX_STREAMED):
+TRUSTED = "x-model-from-an-earlier-filter"
+
+
+def decide(raw: bytes, pieces: int = 1, mode: BodyMode = BodyMode.FULL_DUPLEX_STREAMED, *, trusted: bool = False):
+    """`trusted`: the model also comes in a header the director trusts (`--trusted-model-header`)."""
     director = real_director()
+    if trusted:
+        director = replace(director, early=replace(director.early, model_headers=(TRUSTED,)))
     ex = director.exchange()
     m = SyncMachine(ex, request_body_mode=mode)
-    m.feed(headers_msg())
+    m.feed(headers_msg(**({TRUSTED: "m"} if trusted else {})))
     size = -(-len(raw) // pieces)
     replies = []
     for i in range(0, len(raw), size):
@@ -46,8 +54,9 @@ def destination(replies) -> bytes | None:
 
 @pytest.mark.parametrize("mode", [BodyMode.FULL_DUPLEX_STREAMED, BodyMode.BUFFERED])
 def test_a_long_body_in_one_message_is_read_only_as_far_as_its_head(mode: BodyMode) -> None:
+    """With the model from a trusted header, nothing in the rest of the body can change the decision."""
     raw = chat(model_first=True)
-    ex, replies = decide(raw, mode=mode)
+    ex, replies = decide(raw, mode=mode, trusted=True)
     reader = ex.intake.reader if ex.intake is not None else None
     assert reader is not None and ex.early == "m"
     # One slice: the message is entered at once (the rest is held, not awaited), and the rest is never parsed.
@@ -72,13 +81,14 @@ def test_the_model_after_the_prompt_reads_the_whole_body_as_before(mode: BodyMod
     ex.close()
 
 
-@pytest.mark.parametrize(("pieces", "mode"), [(1, BodyMode.FULL_DUPLEX_STREAMED), (3, BodyMode.FULL_DUPLEX_STREAMED),
-                                              (1, BodyMode.BUFFERED)])
-def test_the_head_decides_where_the_whole_body_would(pieces: int, mode: BodyMode) -> None:
+@pytest.mark.parametrize(("pieces", "mode", "trusted"), [(1, BodyMode.FULL_DUPLEX_STREAMED, True),
+                                                         (3, BodyMode.FULL_DUPLEX_STREAMED, False),
+                                                         (1, BodyMode.BUFFERED, True)])
+def test_the_head_decides_where_the_whole_body_would(pieces: int, mode: BodyMode, trusted: bool) -> None:
     """On the same (idle) pool, the decision made on the head of a long body picks the endpoint the whole body's
     decision picks (read as it streamed in, in one message, or sent whole)."""
     raw = chat(model_first=True)
-    early_ex, early = decide(raw, pieces, mode)
+    early_ex, early = decide(raw, pieces, mode, trusted=trusted)
     late_ex, late = decide(chat(model_first=False), pieces, mode)
     assert early_ex.early is not None and late_ex.early is None
     assert destination(early) == destination(late) is not None
@@ -117,10 +127,13 @@ async def test_epp_serve_decides_a_long_body_on_its_head(tmp_path) -> None:
         m = SyncMachine(ex, request_body_mode=BodyMode.FULL_DUPLEX_STREAMED)
         m.feed(headers_msg())
         raw = chat(model_first=True)
-        replies = m.feed(body_msg(raw, True))
+        replies = m.feed(body_msg(raw[:100_000], False))
         assert ex.early == "m" and ex.intake is not None and ex.intake.reader is not None
         assert ex.intake.reader.read <= HEAD_SLICE < len(raw)
         assert destination(replies) is not None
+        last = m.feed(body_msg(raw[100_000:], True))  # the whole body confirms the model: its end is echoed
+        assert {r.WhichOneof("response") for r in last} == {"request_body"}
+        assert _echoed(replies + last) == raw
         ex.close()
     finally:
         await app.stop(0)
@@ -163,3 +176,115 @@ async def test_a_short_body_in_two_messages_is_left_unread_until_its_end(tmp_pat
         ex.close()
     finally:
         await app.stop(0)
+
+
+# ---- a model the decision read in the head, and the whole body ---------------------------------------------------
+def _echoed(replies) -> bytes:
+    return b"".join(r.request_body.response.body_mutation.streamed_response.body for r in replies
+                    if r.WhichOneof("response") == "request_body")
+
+
+def _stream(raw: bytes, cut: int, *, trusted: bool = False, config: dict | None = None):
+    """A full-duplex chat body in two messages, cut after `cut` bytes: the decision comes after the first."""
+    director = real_director(config=config)
+    if trusted:
+        director = replace(director, early=replace(director.early, model_headers=(TRUSTED,)))
+    ex = director.exchange()
+    m = SyncMachine(ex, request_body_mode=BodyMode.FULL_DUPLEX_STREAMED)
+    m.feed(headers_msg(**({TRUSTED: "m"} if trusted else {})))
+    first = m.feed(body_msg(raw[:cut], False))
+    return director, ex, m, first
+
+
+def twice(second: object, chars: int = 64_000) -> bytes:
+    """A chat body naming `m` before its prompt and `second` after it (JSON's last member: what vLLM serves)."""
+    text = ("the turns so far " * (chars // 17 + 1))[:chars]
+    head = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": text}]})[:-1]
+    return head + b',"max_tokens":7,"model":' + orjson.dumps(second) + b"}"
+
+
+@pytest.mark.parametrize("second", ["premium-adapter", None, 7])
+def test_a_model_named_again_after_the_decision_point_is_refused_at_the_body_end(second: object) -> None:
+    """The decision took `m` from the head; the body ends naming another model, which the engine would serve. The
+    last chunk is answered with a 400 instead of its echo, so the upstream never gets a complete request; the
+    request is counted as a rejection and released."""
+    from epp.protocol.machine import Phase
+    from tests.protocol.test_protocol_properties import inflight
+
+    raw = twice(second)
+    director, ex, m, first = _stream(raw, 40_000)
+    assert ex.early == "m" and destination(first) is not None and inflight(director) == 1
+    last = m.feed(body_msg(raw[40_000:], True))
+    assert [r.WhichOneof("response") for r in last] == ["immediate_response"]
+    reply = last[0].immediate_response
+    assert reply.status.code == 400 and b"names its model twice" in reply.body and b"'m'" in reply.body
+    assert _echoed(first) == raw[:40_000]  # what went upstream: never the end of the body
+    assert m.phase is Phase.CLOSED and m.finished
+    ex.close()
+    assert inflight(director) == 0
+
+
+def test_a_body_that_confirms_its_model_streams_through_untouched() -> None:
+    """The same model repeated (or named once) passes: every chunk is echoed, in order, the body whole."""
+    for raw in (twice("m"), chat(model_first=True, chars=64_000)):
+        director, ex, m, first = _stream(raw, 40_000)
+        assert ex.early == "m"
+        last = m.feed(body_msg(raw[40_000:], True))
+        assert _echoed(first + last) == raw
+        ex.close()
+
+
+def test_a_body_that_ends_malformed_after_an_early_decision_gets_a_clear_400() -> None:
+    raw = chat(model_first=True, chars=64_000)[:-2] + b"]"  # the root object never closes
+    _, ex, m, _first = _stream(raw, 40_000)
+    last = m.feed(body_msg(raw[40_000:], True))
+    assert last[0].immediate_response.status.code == 400
+    assert b"request body is not valid JSON" in last[0].immediate_response.body
+    ex.close()
+
+
+def test_a_model_from_a_trusted_header_is_not_checked_against_the_body() -> None:
+    """The header came from a filter that read the whole body: the rest is echoed as it comes, not kept."""
+    raw = twice("premium-adapter")
+    _, ex, m, first = _stream(raw, 40_000, trusted=True)
+    assert ex.early == "m" and ex.intake is not None and ex.intake.checks is None
+    last = m.feed(body_msg(raw[40_000:], True))
+    assert _echoed(first + last) == raw
+    ex.close()
+
+
+@pytest.mark.parametrize("mode", [BodyMode.FULL_DUPLEX_STREAMED, BodyMode.BUFFERED])
+def test_a_whole_body_naming_its_model_twice_is_decided_on_the_last_as_the_engine_reads_it(mode: BodyMode) -> None:
+    """Envoy sent the body whole (BUFFERED, or one full-duplex message): it is parsed whole, so the decision reads
+    the model the engine serves (JSON's last member), as a body decided at its end always did."""
+    raw = twice("other")
+    ex, replies = decide(raw, mode=mode)
+    assert ex.early is None and ex.request is not None and ex.request.model == "other"
+    assert destination(replies) is not None
+    ex.close()
+
+
+def test_trailers_that_end_the_body_after_an_early_decision_are_checked_too() -> None:
+    from tests.support.extproc import trailers_msg
+
+    raw = twice("premium-adapter")
+    _, ex, m, _first = _stream(raw, 40_000)
+    m.feed(body_msg(raw[40_000:], False))
+    last = m.feed(trailers_msg())
+    assert [r.WhichOneof("response") for r in last] == ["immediate_response"]
+    assert last[0].immediate_response.status.code == 400
+    ex.close()
+
+
+def test_a_body_past_the_limit_after_an_early_decision_gets_413() -> None:
+    """The rest of the body still counts against max_body_bytes (it is kept for the check)."""
+    raw = chat(model_first=True, chars=200_000)
+    director = real_director()
+    ex = director.exchange()
+    m = SyncMachine(ex, request_body_mode=BodyMode.FULL_DUPLEX_STREAMED, max_body_bytes=100_000)
+    m.feed(headers_msg())
+    assert destination(m.feed(body_msg(raw[:40_000], False))) is not None
+    assert m.feed(body_msg(raw[40_000:80_000], False))[0].WhichOneof("response") == "request_body"
+    last = m.feed(body_msg(raw[80_000:], True))
+    assert last[0].immediate_response.status.code == 413
+    ex.close()
