@@ -59,6 +59,7 @@ SHOWN = 80  # characters of a client's value quoted in an error
 
 
 HEAD_SLICE = 32 * 1024  # bytes of a long chunk read at a time while a decision may come from the prompt's head
+PEEK = 2048  # bytes of a whole body read first, to find a model that would make it parsed whole anyway
 _NEEDS: dict[int, tuple[int, bool]] = {}  # id(scheduler) -> (prompt characters its prefix producers hash, reads tokens)
 
 
@@ -223,7 +224,11 @@ class Intake:
         reader.feed(data, read=False)
         self.ended = end_of_stream
         needed = prompt_chars_needed(d.scheduler)
-        while reader.read < reader.size:
+        # A whole body whose model is in it would be parsed whole by the check anyway: a short first look finds it.
+        peek = end_of_stream and not any(headers.get(name) for name in d.early.model_headers)
+        if peek:
+            reader.start(PEEK)
+        while reader.read < reader.size and not (peek and reader.model):
             reader.start(reader.read + HEAD_SLICE)
             if self._check(d, headers, reader):
                 return not end_of_stream  # at the end, the machine decides now anyway (on the head: `early`)
@@ -244,7 +249,7 @@ class Intake:
             return None
         intake = cls()
         intake.chunk(d, headers, body, True)
-        return intake if intake.early is not None and intake.checks is None else None
+        return intake if intake.early is not None else None
 
     def body(self, headers: Mapping[str, str], body: bytes | memoryview | None
              ) -> tuple[bytes | memoryview | StreamingBody | None, int]:
@@ -252,7 +257,8 @@ class Intake:
         whole) and its size."""
         reader = self.reader
         if reader is not None and self.ended and self.checks is not None:
-            # a body that came whole with its model in the head: parsed whole (one orjson call), as the check would
+            # (not reached from `_head_first`, which stops at such a model) a whole body with its model in the head:
+            # parsed whole (one orjson call), as the check would
             self.reader = whole = StreamingBody(reader.kind)
             for c in reader.chunks:
                 whole.feed(c, read=False)
