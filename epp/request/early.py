@@ -32,9 +32,10 @@ server keeps JSON's last member, so a client could name one model before its pro
 everything keyed on the model (rate limits, budgets, fairness, the routing headers), and another after it, for
 the engine. The rest of such a body is kept (`Intake.rest`) and parsed once when it ends; a body that is not JSON
 or whose top-level `model` is then another gets a 400 instead of its last chunk, so the engine never receives it
-whole (`contradiction`). A body Envoy sends whole (BUFFERED, or one full-duplex message) is parsed whole instead of
-read to its head, since the check would parse it anyway. The check costs one orjson parse of the body (about
-80 µs at 256 KB) at its end, after the decision; a model from a trusted header or a one-model pool needs none.
+whole (`contradiction`). A body Envoy sends whole (BUFFERED, or one full-duplex message) is checked before its
+decision: confirmed, it is decided on its head; else it is read whole, so the decision reads the model the engine
+serves (or gives the parse error), as for any body decided at its end. The check costs one orjson parse of the
+body (about 80 µs at 256 KB); a model from a trusted header or a one-model pool needs none.
 """
 
 from __future__ import annotations
@@ -59,7 +60,6 @@ SHOWN = 80  # characters of a client's value quoted in an error
 
 
 HEAD_SLICE = 32 * 1024  # bytes of a long chunk read at a time while a decision may come from the prompt's head
-PEEK = 2048  # bytes of a whole body read first, to find a model that would make it parsed whole anyway
 _NEEDS: dict[int, tuple[int, bool]] = {}  # id(scheduler) -> (prompt characters its prefix producers hash, reads tokens)
 
 
@@ -224,14 +224,18 @@ class Intake:
         reader.feed(data, read=False)
         self.ended = end_of_stream
         needed = prompt_chars_needed(d.scheduler)
-        # A whole body whose model is in it would be parsed whole by the check anyway: a short first look finds it.
-        peek = end_of_stream and not any(headers.get(name) for name in d.early.model_headers)
-        if peek:
-            reader.start(PEEK)
-        while reader.read < reader.size and not (peek and reader.model):
+        while reader.read < reader.size:
             reader.start(reader.read + HEAD_SLICE)
             if self._check(d, headers, reader):
-                return not end_of_stream  # at the end, the machine decides now anyway (on the head: `early`)
+                if not end_of_stream:
+                    return True
+                # At the end the machine decides now (on the head: `early`), once the whole body, here already,
+                # confirms a model read from it; else it is read whole, as a body decided at its end is.
+                if self.checks is None or contradiction(reader.raw(), self.checks) is None:
+                    self.checks = None
+                    return False
+                self.early = self.checks = None
+                break
             if reader.head_chars >= needed or not reader.head_chars:
                 break
         if reader.read < reader.size:
@@ -257,8 +261,8 @@ class Intake:
         whole) and its size."""
         reader = self.reader
         if reader is not None and self.ended and self.checks is not None:
-            # (not reached from `_head_first`, which stops at such a model) a whole body with its model in the head:
-            # parsed whole (one orjson call), as the check would
+            # a whole body with an early model from its head not yet checked (`_head_first` checks its own):
+            # parsed whole (one orjson call), as a body decided at its end is
             self.reader = whole = StreamingBody(reader.kind)
             for c in reader.chunks:
                 whole.feed(c, read=False)

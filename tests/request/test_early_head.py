@@ -52,11 +52,13 @@ def destination(replies) -> bytes | None:
     return None
 
 
+@pytest.mark.parametrize("trusted", [True, False])
 @pytest.mark.parametrize("mode", [BodyMode.FULL_DUPLEX_STREAMED, BodyMode.BUFFERED])
-def test_a_long_body_in_one_message_is_read_only_as_far_as_its_head(mode: BodyMode) -> None:
-    """With the model from a trusted header, nothing in the rest of the body can change the decision."""
+def test_a_long_body_in_one_message_is_read_only_as_far_as_its_head(mode: BodyMode, trusted: bool) -> None:
+    """The model from a trusted header, or from the body when the whole body (checked at once: it is all here)
+    names no other: the decision reads the head, the streaming reader no further."""
     raw = chat(model_first=True)
-    ex, replies = decide(raw, mode=mode, trusted=True)
+    ex, replies = decide(raw, mode=mode, trusted=trusted)
     reader = ex.intake.reader if ex.intake is not None else None
     assert reader is not None and ex.early == "m"
     # One slice: the message is entered at once (the rest is held, not awaited), and the rest is never parsed.
