@@ -290,3 +290,18 @@ def test_a_body_past_the_limit_after_an_early_decision_gets_413() -> None:
     last = m.feed(body_msg(raw[80_000:], True))
     assert last[0].immediate_response.status.code == 413
     ex.close()
+
+
+def test_streamed_without_waiting_checks_the_body_end_too() -> None:
+    """STREAMED with send_body_without_waiting_for_header_response decides early as full duplex does; its later
+    chunks pass unchanged, and the last one is refused when the body names another model."""
+    raw = twice("premium-adapter")
+    ex = real_director().exchange()
+    m = SyncMachine(ex, request_body_mode=BodyMode.STREAMED, send_body_without_waiting=True)
+    m.feed(headers_msg(mode=BodyMode.STREAMED, wait=False))
+    first = m.feed(body_msg(raw[:40_000], False))
+    assert ex.early == "m" and destination(first) is not None
+    last = m.feed(body_msg(raw[40_000:], True))
+    assert [r.WhichOneof("response") for r in last] == ["immediate_response"]
+    assert last[0].immediate_response.status.code == 400
+    ex.close()

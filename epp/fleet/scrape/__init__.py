@@ -10,8 +10,8 @@ from epp.extras import lazy_exports
 if TYPE_CHECKING:
     from epp.fleet.scrape.scraper import MetricsScraper, start_scraper
 
-# Each name and the module that defines it ("module:name" when renamed), imported on first use (PEP 562): nothing
-# loads aiohttp before the scraper starts.
+# Each name and the module that defines it ("module:name" when renamed), imported on first use (PEP 562): a command
+# that never scrapes never loads the scraper.
 _LAZY = {
     "MetricsScraper": "scraper", "start_scraper": "scraper",
 }

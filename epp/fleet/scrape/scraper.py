@@ -1,7 +1,7 @@
 """The model-server metrics scraper: GET /metrics of every endpoint every `interval` (50 ms by default).
 
-One aiohttp session (keep-alive, bounded connector) serves every endpoint; at most `concurrency` scrapes run at
-once and each has its own `timeout` (`bounded_timeout`: short enough that `failure_threshold` hung scrapes in a row
+A lean HTTP/1.1 client (http.py: keep-alive, one connection per endpoint) serves every endpoint; at most
+`concurrency` scrapes run at once and each has its own `timeout` (`bounded_timeout`: short enough that `failure_threshold` hung scrapes in a row
 fit in the staleness threshold, 0.45 s with the defaults, at most 1 s). A round launches a scrape for every endpoint that has none pending,
 waits up to one interval for them, and writes every result that came back, plus staleness marks, to the datastore
 in ONE `update_metrics` batch. A slow endpoint therefore never holds up the others: its scrape stays pending and
@@ -32,14 +32,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl as ssl_mod
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-import aiohttp
-
 from epp.aio import cancel_and_wait
 from epp.fleet.datastore import Datastore
+from epp.fleet.scrape.http import MetricsClient, insecure_context
 from epp.fleet.scrape.parser import parser_for
 from epp.fleet.settings import BACKOFF_MAX_S, ScrapeSettings
 from epp.fleet.settings import bounded_timeout as bounded_timeout  # where it was
@@ -117,23 +117,13 @@ class MetricsScraper:
         self._roster: list[str] | None = None  # every endpoint key, sorted; None after a pool changed
         self._inflight: set[str] = set()  # keys whose state holds a pending scrape
         datastore.on_change(self._pools_changed)
-        self._session: aiohttp.ClientSession | None = None
+        self._client = MetricsClient()
+        self._tls: dict[bool, ssl_mod.SSLContext] = {}  # by insecure_skip_verify
         self._task: asyncio.Task[None] | None = None
         self.rounds = 0
         self._warned_engines: set[str] = set()
 
     # ---- lifecycle ---------------------------------------------------------------------------------------
-    async def _ensure_session(self) -> aiohttp.ClientSession:
-        if self._session is None or self._session.closed:
-            connector = aiohttp.TCPConnector(limit=self._concurrency, keepalive_timeout=30, ttl_dns_cache=None)
-            self._session = aiohttp.ClientSession(
-                connector=connector,
-                timeout=aiohttp.ClientTimeout(total=self.timeout),
-                auto_decompress=True,
-                skip_auto_headers=("User-Agent",),
-            )
-        return self._session
-
     def start(self) -> asyncio.Task[None]:
         """Run scrape rounds forever on the running loop."""
         if self._task is None or self._task.done():
@@ -152,9 +142,7 @@ class MetricsScraper:
         self._state.clear()
         self._inflight.clear()
         self._roster = None
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        await self._client.close()
 
     def slots(self, endpoints: int) -> int:
         """How many ticks an interval is split into for `endpoints` endpoints (see "Spread")."""
@@ -194,7 +182,6 @@ class MetricsScraper:
         """Launch the scrapes of slot `slot` of `slots` (the sorted endpoint keys dealt round robin; by default
         every endpoint), wait up to `wait` (default: one interval) for every pending scrape, publish what came back
         and mark the slot's endpoints stale whose last good scrape is too old. Returns endpoints updated."""
-        session = await self._ensure_session()
         roster = self.roster()
         due = roster if slots <= 1 else roster[slot % slots::slots]
         state, inflight, endpoint = self._state, self._inflight, self.datastore.endpoint
@@ -204,7 +191,7 @@ class MetricsScraper:
             if st.pending is None and now >= st.next_at:
                 ep = endpoint(key)
                 if ep is not None:
-                    st.pending = asyncio.ensure_future(self._scrape(session, ep))
+                    st.pending = asyncio.ensure_future(self._scrape(ep))
                     inflight.add(key)
         pending = [t for k in inflight if (t := state[k].pending) is not None and not t.done()]
         if pending:
@@ -280,7 +267,16 @@ class MetricsScraper:
         return (labels.get(self.engine_label_key) or labels.get("llm-d.ai/engine-type")
                 or labels.get("inference.networking.k8s.io/engine-type") or self.default_engine)
 
-    async def _scrape(self, session: aiohttp.ClientSession, ep: Endpoint) -> Metrics:
+    def _tls_context(self) -> ssl_mod.SSLContext | None:
+        if self.scheme != "https":
+            return None
+        insecure = self.insecure_skip_verify
+        ctx = self._tls.get(insecure)
+        if ctx is None:
+            ctx = self._tls[insecure] = insecure_context() if insecure else ssl_mod.create_default_context()
+        return ctx
+
+    async def _scrape(self, ep: Endpoint) -> Metrics:
         engine = self.engine_of(ep)
         try:
             parse = parser_for(engine)
@@ -290,19 +286,20 @@ class MetricsScraper:
                 log.warning("endpoint %s: unknown engine %r, reading it as vllm", ep.key, engine)
             parse = parser_for("vllm")
         async with self._sem:
-            host = ep.key if not self.port else ep.key.rsplit(":", 1)[0] + f":{self.port}"
-            url = f"{self.scheme}://{host}{self.path}"
-            ssl = False if self.scheme == "https" and self.insecure_skip_verify else None
-            async with session.get(url, ssl=ssl) as resp:
-                if resp.status != 200:
-                    raise RuntimeError(f"GET {url}: HTTP {resp.status}")
-                body = await resp.read()
-        return parse(body, self.clock())
+            host, port = _host_port(ep.key)
+            port = self.port or port
+            authority = ep.key if not self.port else ep.key.rsplit(":", 1)[0] + f":{self.port}"
+            resp = await self._client.get(host, port, self.path, authority=authority, timeout=self.timeout,
+                                          ssl=self._tls_context())
+            if resp.status != 200:
+                raise RuntimeError(f"GET {self.scheme}://{authority}{self.path}: HTTP {resp.status}")
+        return parse(resp.body, self.clock())
 
     def forget(self, key: str) -> None:
         """The endpoint left the pool (datastore lifecycle): drop its failure streak and any pending scrape."""
         st = self._state.pop(key, None)
         self._inflight.discard(key)
+        self._client.forget(*_host_port(key))
         if st is not None and st.pending is not None:
             st.pending.cancel()
 
@@ -314,6 +311,12 @@ class MetricsScraper:
     def last_error(self, key: str) -> str:
         st = self._state.get(key)
         return st.last_error if st else ""
+
+
+def _host_port(key: str) -> tuple[str, int]:
+    """An endpoint key's host (IPv6 without its brackets) and port."""
+    host, _, port = key.rpartition(":")
+    return host.strip("[]"), int(port)
 
 
 async def start_scraper(datastore: Datastore, settings: ScrapeSettings | None = None) -> MetricsScraper:
