@@ -24,10 +24,12 @@ import asyncio
 import ssl as ssl_mod
 import zlib
 from collections import defaultdict
+from typing import NamedTuple
 
 MAX_HEAD = 64 * 1024  # bytes of a response's status line and headers
 MAX_BODY = 64 * 1024 * 1024  # bytes of a metrics page
 MAX_IDLE = 4  # idle connections kept per endpoint
+MAX_INTERIM = 8  # 1xx responses skipped before the response
 
 
 class HttpError(Exception):
@@ -51,11 +53,12 @@ def insecure_context() -> ssl_mod.SSLContext:
 class _Connection(asyncio.Protocol):
     """One connection: collects one response at a time (`expect`), reports it through a future."""
 
-    __slots__ = ("transport", "buf", "waiter", "closed", "got_bytes", "keep")
+    __slots__ = ("transport", "buf", "reader", "waiter", "closed", "got_bytes", "keep")
 
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
         self.buf = bytearray()
+        self.reader = ResponseReader()
         self.waiter: asyncio.Future[Response] | None = None
         self.closed = False
         self.got_bytes = False  # some of the current response arrived
@@ -67,6 +70,7 @@ class _Connection(asyncio.Protocol):
     def expect(self, waiter: asyncio.Future[Response]) -> None:
         self.waiter, self.got_bytes = waiter, False
         self.buf.clear()
+        self.reader = ResponseReader()
 
     def data_received(self, data: bytes) -> None:
         self.got_bytes = True
@@ -98,7 +102,7 @@ class _Connection(asyncio.Protocol):
         if w is None or w.done():
             return
         try:
-            done = _parse(self.buf, at_eof)
+            done = self.reader.read(self.buf, at_eof)
         except HttpError as e:
             self.waiter = None
             w.set_exception(e)
@@ -110,18 +114,121 @@ class _Connection(asyncio.Protocol):
             w.set_result(response)
 
 
-def _parse(buf: bytearray, at_eof: bool) -> tuple[Response, bool] | None:
-    """The response in `buf` and whether the connection stays open, or None while it is incomplete."""
-    end = buf.find(b"\r\n\r\n")
-    if end < 0:
-        if len(buf) > MAX_HEAD:
-            raise HttpError(f"response head over {MAX_HEAD} bytes")
-        return None
-    lines = bytes(buf[:end]).split(b"\r\n")
+class _Head(NamedTuple):
+    status: int
+    length: int | None  # content-length
+    chunked: bool
+    keep: bool  # the server keeps the connection open
+    encoding: bytes  # content-encoding
+
+
+class ResponseReader:
+    """One HTTP/1.1 response read from a buffer that grows: the head once it is whole, then the body, each chunk of
+    a chunked body looked at once (`read` again after more bytes came)."""
+
+    __slots__ = ("head", "at", "body", "interim")
+
+    def __init__(self) -> None:
+        self.head: _Head | None = None
+        self.at = 0  # where the unread part of the buffer begins
+        self.body = bytearray()  # a chunked body so far
+        self.interim = 0  # 1xx responses skipped
+
+    def read(self, buf: bytearray, at_eof: bool) -> tuple[Response, bool] | None:
+        """The response and whether the connection stays open, or None while it is incomplete."""
+        head = self.head
+        while head is None:
+            end = buf.find(b"\r\n\r\n", self.at)
+            if end < 0:
+                if len(buf) - self.at > MAX_HEAD:
+                    raise HttpError(f"response head over {MAX_HEAD} bytes")
+                return None
+            if end - self.at > MAX_HEAD:
+                raise HttpError(f"response head over {MAX_HEAD} bytes")
+            head = _head(bytes(buf[self.at:end]))
+            self.at = end + 4
+            if 100 <= head.status < 200:  # an interim response: skip it and read on
+                self.interim += 1
+                if self.interim > MAX_INTERIM:
+                    raise HttpError(f"more than {MAX_INTERIM} interim (1xx) responses")
+                head = None
+        self.head = head
+        keep = head.keep
+        start = self.at
+        body: bytes
+        if head.status in (204, 304):
+            body, used = b"", start
+        elif head.chunked:
+            used = self._chunks(buf)
+            if used < 0:
+                if at_eof:
+                    raise HttpError("connection closed inside a chunked body")
+                return None
+            body = bytes(self.body)
+        elif head.length is not None:
+            if head.length > MAX_BODY:
+                raise HttpError(f"body of {head.length} bytes over the {MAX_BODY}-byte limit")
+            if len(buf) - start < head.length:
+                if at_eof:
+                    raise HttpError(f"connection closed after {len(buf) - start} of {head.length} body bytes")
+                return None
+            body, used = bytes(buf[start : start + head.length]), start + head.length
+        else:  # read until the connection ends
+            if len(buf) - start > MAX_BODY:
+                raise HttpError(f"body over the {MAX_BODY}-byte limit")
+            if not at_eof:
+                return None
+            body, used, keep = bytes(buf[start:]), len(buf), False
+        if used != len(buf):  # bytes past the response: the connection is not in a state to reuse
+            keep = False
+        if head.encoding in (b"gzip", b"x-gzip", b"deflate"):
+            body = _inflate(body, head.encoding)
+        elif head.encoding not in (b"", b"identity"):
+            raise HttpError(f"unsupported content-encoding {head.encoding[:40]!r}")
+        return Response(head.status, body), keep
+
+    def _chunks(self, buf: bytearray) -> int:
+        """Read the chunks that are whole from `at` on; where the message ends once the last came, else -1."""
+        out, at = self.body, self.at
+        while True:
+            eol = buf.find(b"\r\n", at)
+            if eol < 0:
+                if len(buf) - at > 1024:
+                    raise HttpError("malformed chunk size line")
+                self.at = at
+                return -1
+            size_text = bytes(buf[at:eol]).split(b";", 1)[0].strip()
+            try:
+                size = int(size_text, 16)
+            except ValueError:
+                raise HttpError(f"malformed chunk size {size_text[:20]!r}") from None
+            if size < 0:
+                raise HttpError(f"malformed chunk size {size_text[:20]!r}")
+            if size == 0:  # the last chunk; the trailers (usually none) end with an empty line
+                end = buf.find(b"\r\n\r\n", eol)
+                if end < 0:
+                    if len(buf) - eol > MAX_HEAD:
+                        raise HttpError(f"trailers over {MAX_HEAD} bytes")
+                    self.at = at
+                    return -1
+                return end + 4
+            if len(out) + size > MAX_BODY:
+                raise HttpError(f"body over the {MAX_BODY}-byte limit")
+            data_end = eol + 2 + size
+            if len(buf) < data_end + 2:
+                self.at = at
+                return -1
+            if buf[data_end : data_end + 2] != b"\r\n":
+                raise HttpError("malformed chunk: no CRLF after its data")
+            out += buf[eol + 2 : data_end]
+            at = data_end + 2
+
+
+def _head(raw: bytes) -> _Head:
+    lines = raw.split(b"\r\n")
     parts = lines[0].split(b" ", 2)
     if len(parts) < 2 or not parts[0].startswith(b"HTTP/1.") or not parts[1].isdigit() or len(parts[1]) != 3:
-        raise HttpError(f"malformed status line {bytes(lines[0][:80])!r}")
-    status = int(parts[1])
+        raise HttpError(f"malformed status line {lines[0][:80]!r}")
     length: int | None = None
     chunked = False
     keep = parts[0] == b"HTTP/1.1"
@@ -129,11 +236,11 @@ def _parse(buf: bytearray, at_eof: bool) -> tuple[Response, bool] | None:
     for line in lines[1:]:
         name, sep, value = line.partition(b":")
         if not sep:
-            raise HttpError(f"malformed header line {bytes(line[:80])!r}")
+            raise HttpError(f"malformed header line {line[:80]!r}")
         name, value = name.strip().lower(), value.strip()
         if name == b"content-length":
             if not value.isdigit():
-                raise HttpError(f"malformed content-length {bytes(value[:40])!r}")
+                raise HttpError(f"malformed content-length {value[:40]!r}")
             length = int(value)
         elif name == b"transfer-encoding":
             chunked = value.lower().endswith(b"chunked")
@@ -142,71 +249,7 @@ def _parse(buf: bytearray, at_eof: bool) -> tuple[Response, bool] | None:
             keep = b"close" not in tokens and (keep or b"keep-alive" in tokens)
         elif name == b"content-encoding":
             encoding = value.lower()
-    if 100 <= status < 200:  # an interim response: drop it and read on
-        del buf[: end + 4]
-        return _parse(buf, at_eof)
-    start = end + 4
-    body: bytes
-    if status in (204, 304):
-        body, used = b"", start
-    elif chunked:
-        got = _chunks(buf, start)
-        if got is None:
-            if at_eof:
-                raise HttpError("connection closed inside a chunked body")
-            return None
-        body, used = got
-    elif length is not None:
-        if length > MAX_BODY:
-            raise HttpError(f"body of {length} bytes over the {MAX_BODY}-byte limit")
-        if len(buf) - start < length:
-            if at_eof:
-                raise HttpError(f"connection closed after {len(buf) - start} of {length} body bytes")
-            return None
-        body, used = bytes(buf[start : start + length]), start + length
-    else:  # read until the connection ends
-        if len(buf) - start > MAX_BODY:
-            raise HttpError(f"body over the {MAX_BODY}-byte limit")
-        if not at_eof:
-            return None
-        body, used, keep = bytes(buf[start:]), len(buf), False
-    if used != len(buf):  # bytes past the response: the connection is not in a state to reuse
-        keep = False
-    if encoding in (b"gzip", b"x-gzip", b"deflate"):
-        body = _inflate(body, encoding)
-    elif encoding not in (b"", b"identity"):
-        raise HttpError(f"unsupported content-encoding {bytes(encoding[:40])!r}")
-    return Response(status, body), keep
-
-
-def _chunks(buf: bytearray, at: int) -> tuple[bytes, int] | None:
-    """A chunked body from `at`: its bytes and where the message ends, or None while incomplete."""
-    out = bytearray()
-    while True:
-        eol = buf.find(b"\r\n", at)
-        if eol < 0:
-            if len(buf) - at > 1024:
-                raise HttpError("malformed chunk size line")
-            return None
-        size_text = bytes(buf[at:eol]).split(b";", 1)[0].strip()
-        try:
-            size = int(size_text, 16)
-        except ValueError:
-            raise HttpError(f"malformed chunk size {size_text[:20]!r}") from None
-        if size < 0:
-            raise HttpError(f"malformed chunk size {size_text[:20]!r}")
-        if size == 0:  # the last chunk; the trailers (usually none) end with an empty line
-            end = buf.find(b"\r\n\r\n", eol)
-            return None if end < 0 else (bytes(out), end + 4)
-        if len(out) + size > MAX_BODY:
-            raise HttpError(f"body over the {MAX_BODY}-byte limit")
-        data_end = eol + 2 + size
-        if len(buf) < data_end + 2:
-            return None
-        if buf[data_end : data_end + 2] != b"\r\n":
-            raise HttpError("malformed chunk: no CRLF after its data")
-        out += buf[eol + 2 : data_end]
-        at = data_end + 2
+    return _Head(int(parts[1]), length, chunked, keep, encoding)
 
 
 def _inflate(body: bytes, encoding: bytes) -> bytes:

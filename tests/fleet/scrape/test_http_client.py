@@ -170,6 +170,7 @@ async def test_a_late_response_never_reaches_the_next_request() -> None:
     (b"HTTP/1.1 200 OK\r\nContent-Encoding: br\r\nContent-Length: 1\r\n\r\nx", "unsupported content-encoding"),
     (b"HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nContent-Length: 4\r\n\r\nnope", "malformed gzip"),
     (b"HTTP/1.1 200 OK\r\nX: " + b"y" * MAX_HEAD, "response head over"),
+    (b"HTTP/1.1 100 Continue\r\n\r\n" * 3000, "interim"),
 ])
 async def test_broken_responses_are_clear_errors(raw: bytes, error: str) -> None:
     async def answer(head: bytes, w: asyncio.StreamWriter) -> bool:
@@ -236,3 +237,21 @@ async def test_https_with_and_without_verification(tmp_path) -> None:
     finally:
         await client.close()
         await runner.cleanup()
+
+
+async def test_interim_responses_are_skipped_and_a_chunked_body_may_come_a_byte_at_a_time() -> None:
+    page = PAGE[:3000]
+    raw = (b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+           + b"".join(f"{len(page[i:i + 97]):x}\r\n".encode() + page[i:i + 97] + b"\r\n" for i in range(0, 3000, 97))
+           + b"0\r\n\r\n")
+
+    async def trickle(head: bytes, w: asyncio.StreamWriter) -> bool:
+        for i in range(len(raw)):
+            w.write(raw[i:i + 1])
+            await w.drain()
+        return True
+
+    async with RawServer(trickle) as srv:
+        client = MetricsClient()
+        assert await get(client, srv.port, timeout=20.0) == page
+        await client.close()
