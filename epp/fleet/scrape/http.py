@@ -9,6 +9,9 @@ the request and waits for it, and a finished connection goes back to its endpoin
 
 - Sent: `GET <path> HTTP/1.1`, `Host`, `Accept: text/plain`, `Connection: keep-alive`. No `Accept-Encoding`, so a
   server sends the page as it is; one that compresses anyway (gzip, deflate) is decompressed.
+- Redirects (301, 302, 303, 307, 308) are followed up to `MAX_REDIRECTS` times while they stay on the endpoint (a
+  path, or a URL with the same scheme and authority): an engine that mounts its page at `/metrics/` answers
+  `/metrics` with a 307. One that points elsewhere is an error: a scrape never goes to another host.
 - Limits: a response head over `MAX_HEAD` bytes, a body over `MAX_BODY`, a malformed status line, length or chunk
   size are errors (`HttpError`), and the connection is closed. The caller bounds the time (`timeout`); a GET that
   is cancelled or times out closes its connection, so a late response never reaches the next one.
@@ -30,6 +33,8 @@ MAX_HEAD = 64 * 1024  # bytes of a response's status line and headers
 MAX_BODY = 64 * 1024 * 1024  # bytes of a metrics page
 MAX_IDLE = 4  # idle connections kept per endpoint
 MAX_INTERIM = 8  # 1xx responses skipped before the response
+MAX_REDIRECTS = 3  # redirects followed, on the same endpoint only
+REDIRECTS = frozenset({301, 302, 303, 307, 308})
 
 
 class HttpError(Exception):
@@ -37,10 +42,10 @@ class HttpError(Exception):
 
 
 class Response:
-    __slots__ = ("status", "body")
+    __slots__ = ("status", "body", "location")
 
-    def __init__(self, status: int, body: bytes) -> None:
-        self.status, self.body = status, body
+    def __init__(self, status: int, body: bytes, location: bytes = b"") -> None:
+        self.status, self.body, self.location = status, body, location
 
 
 def insecure_context() -> ssl_mod.SSLContext:
@@ -120,6 +125,7 @@ class _Head(NamedTuple):
     chunked: bool
     keep: bool  # the server keeps the connection open
     encoding: bytes  # content-encoding
+    location: bytes  # where a redirect points
 
 
 class ResponseReader:
@@ -185,7 +191,7 @@ class ResponseReader:
             body = _inflate(body, head.encoding)
         elif head.encoding not in (b"", b"identity"):
             raise HttpError(f"unsupported content-encoding {head.encoding[:40]!r}")
-        return Response(head.status, body), keep
+        return Response(head.status, body, head.location), keep
 
     def _chunks(self, buf: bytearray) -> int:
         """Read the chunks that are whole from `at` on; where the message ends once the last came, else -1."""
@@ -232,7 +238,7 @@ def _head(raw: bytes) -> _Head:
     length: int | None = None
     chunked = False
     keep = parts[0] == b"HTTP/1.1"
-    encoding = b""
+    encoding = location = b""
     for line in lines[1:]:
         name, sep, value = line.partition(b":")
         if not sep:
@@ -249,7 +255,9 @@ def _head(raw: bytes) -> _Head:
             keep = b"close" not in tokens and (keep or b"keep-alive" in tokens)
         elif name == b"content-encoding":
             encoding = value.lower()
-    return _Head(int(parts[1]), length, chunked, keep, encoding)
+        elif name == b"location":
+            location = value
+    return _Head(int(parts[1]), length, chunked, keep, encoding, location)
 
 
 def _inflate(body: bytes, encoding: bytes) -> bytes:
@@ -269,6 +277,18 @@ def _inflate(body: bytes, encoding: bytes) -> bytes:
     return out
 
 
+def _same_endpoint(location: bytes, authority: str, scheme: str) -> str:
+    """The path a redirect points to, when it stays on the endpoint (a path, or a URL of the same scheme and
+    authority); else HttpError."""
+    text = location.decode("latin-1")
+    if text.startswith("/") and not text.startswith("//"):
+        return text
+    origin = f"{scheme}://{authority}"
+    if text.lower().startswith(origin.lower()) and text[len(origin):len(origin) + 1] in ("/", ""):
+        return text[len(origin):] or "/"
+    raise HttpError(f"redirect away from the endpoint, to {text[:120]!r}")
+
+
 def _expire(waiter: asyncio.Future[Response]) -> None:
     if not waiter.done():
         waiter.set_exception(TimeoutError("no complete response within the scrape timeout"))
@@ -283,10 +303,21 @@ class MetricsClient:
 
     async def get(self, host: str, port: int, path: str, *, authority: str, timeout: float,
                   ssl: ssl_mod.SSLContext | None = None) -> Response:
-        """GET `path` from host:port (`authority` is the Host header) within `timeout` seconds. Raises OSError
-        (TimeoutError among them) and HttpError."""
+        """GET `path` from host:port (`authority` is the Host header) within `timeout` seconds, following up to
+        MAX_REDIRECTS redirects on the same endpoint (a page mounted at `/metrics/` answers `/metrics` with a 307,
+        as Starlette does). Raises OSError (TimeoutError among them) and HttpError."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
+        for _ in range(MAX_REDIRECTS + 1):
+            resp = await self._get(host, port, path, authority, deadline, ssl)
+            if resp.status not in REDIRECTS or not resp.location:
+                return resp
+            path = _same_endpoint(resp.location, authority, "https" if ssl is not None else "http")
+        raise HttpError(f"more than {MAX_REDIRECTS} redirects")
+
+    async def _get(self, host: str, port: int, path: str, authority: str, deadline: float,
+                   ssl: ssl_mod.SSLContext | None) -> Response:
+        loop = asyncio.get_running_loop()
         key = (host, port, id(ssl) if ssl is not None else 0)
         request = (f"GET {path} HTTP/1.1\r\nHost: {authority}\r\nAccept: text/plain\r\n"
                    f"Connection: keep-alive\r\n\r\n").encode()

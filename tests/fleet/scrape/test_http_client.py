@@ -255,3 +255,45 @@ async def test_interim_responses_are_skipped_and_a_chunked_body_may_come_a_byte_
         client = MetricsClient()
         assert await get(client, srv.port, timeout=20.0) == page
         await client.close()
+
+
+def redirecting(location_for: Callable[[bytes], bytes | None]) -> Answer:
+    """307 to `location_for(path)` when it names one, else the page."""
+    async def answer(head: bytes, w: asyncio.StreamWriter) -> bool:
+        path = head.split(b" ", 2)[1]
+        loc = location_for(path)
+        if loc is None:
+            return await fixed(PAGE)(head, w)
+        w.write(b"HTTP/1.1 307 Temporary Redirect\r\nLocation: " + loc + b"\r\nContent-Length: 0\r\n\r\n")
+        await w.drain()
+        return True
+    return answer
+
+
+async def test_a_redirect_on_the_same_endpoint_is_followed() -> None:
+    """A page mounted at /metrics/ (Starlette answers /metrics with a 307), by path or by URL."""
+    async with RawServer(redirecting(lambda p: b"/metrics/" if p == b"/metrics" else None)) as srv:
+        client = MetricsClient()
+        assert await get(client, srv.port) == PAGE
+        await client.close()
+    assert [r.split(b" ", 2)[1] for r in srv.requests] == [b"/metrics", b"/metrics/"]
+    absolute: list[int] = []
+    async with RawServer(redirecting(
+            lambda p: f"http://127.0.0.1:{absolute[0]}/m2".encode() if p == b"/metrics" else None)) as srv:
+        absolute.append(srv.port)
+        client = MetricsClient()
+        assert await get(client, srv.port) == PAGE
+        await client.close()
+
+
+@pytest.mark.parametrize(("location", "error"), [
+    (b"http://169.254.169.254/latest/meta-data", "redirect away from the endpoint"),
+    (b"//evil.example/metrics", "redirect away from the endpoint"),
+    (b"/metrics", "more than 3 redirects"),
+])
+async def test_redirects_away_or_in_a_loop_are_errors(location: bytes, error: str) -> None:
+    async with RawServer(redirecting(lambda p: location)) as srv:
+        client = MetricsClient()
+        with pytest.raises(HttpError, match=error):
+            await get(client, srv.port)
+        await client.close()
