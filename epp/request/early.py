@@ -172,11 +172,12 @@ class Intake:
     """The request body as the exchange reads it while it streams in (full duplex), and whether the decision can be
     made before it ends: `early` is then the model to decide with (see the module docstring)."""
 
-    __slots__ = ("reader", "early", "checks", "ended")
+    __slots__ = ("reader", "early", "upto", "checks", "ended")
 
     def __init__(self) -> None:
         self.reader: StreamingBody | None = None
         self.early: str | None = None
+        self.upto = 0  # the body's bytes received when the early decision was made
         self.checks: str | None = None  # the early model came from the body: the whole body must confirm it
         self.ended = False  # the reader has the whole body
 
@@ -200,7 +201,15 @@ class Intake:
             log.exception("early decision check failed")
             got = None
         self.early, self.checks = (None, None) if got is None else (got[0], got[0] if got[1] else None)
+        self.upto = reader.size
         return self.early is not None
+
+    def rewritten(self, target: str) -> bytes | None:
+        """The body received up to the early decision with its top-level model's value rewritten to `target` (a
+        model rewrite decided before the body ended; the chunks after it pass as they are); None when that value
+        had not arrived."""
+        reader = self.reader
+        return None if reader is None else reader.rewritten_prefix(target, self.upto)
 
     def rest(self, data: bytes | memoryview, end_of_stream: bool) -> str | None:
         """A chunk after an early decision: kept while the decision's model came from the body; at the body's end,
@@ -254,6 +263,17 @@ class Intake:
         intake = cls()
         intake.chunk(d, headers, body, True)
         return intake if intake.early is not None else None
+
+    @classmethod
+    def for_decision(cls, intake: Intake | None, d: Director, headers: Mapping[str, str],
+                     body: bytes | memoryview | None
+                     ) -> tuple[Intake | None, bytes | memoryview | StreamingBody | None, int]:
+        """What the decision reads of the body: the intake that read it as it streamed in, or as far as the head of
+        a long body Envoy sent whole (None: the body as Envoy sent it), that body and its size."""
+        intake = intake or cls.whole(d, headers, body)
+        if intake is None:
+            return None, body, len(body) if body else content_length(headers)
+        return (intake, *intake.body(headers, body))
 
     def body(self, headers: Mapping[str, str], body: bytes | memoryview | None
              ) -> tuple[bytes | memoryview | StreamingBody | None, int]:

@@ -46,7 +46,7 @@ from epp.protocol import Outcome
 from epp.request.admit import Ledger
 from epp.request.commit import commit, log_decision, mutations, mutations_for_provider, pick, release
 from epp.request.context import error_outcome
-from epp.request.early import Intake, content_length
+from epp.request.early import Intake
 from epp.request.holding import hold
 from epp.request.queueing import QueueTurn
 from epp.request.resolve import Metadata, refresh, resolve
@@ -112,22 +112,13 @@ class RequestExchange:
     # ---- the body as it streams in (epp.protocol.contract.BodyReader) -----------------------------------------
     def request_chunk(self, headers: Mapping[str, str], data: bytes | memoryview, end_of_stream: bool) -> bool:
         """Read one chunk; True when the decision can be made now, before the body ends."""
-        if self.intake is None:
-            self.intake = Intake()
-        return self.intake.chunk(self.d, headers, data, end_of_stream)
+        intake = self.intake = self.intake or Intake()
+        return intake.chunk(self.d, headers, data, end_of_stream)
 
     def request_rest(self, data: bytes | memoryview, end_of_stream: bool) -> Outcome | None:
-        """A chunk after an early decision (epp.protocol.contract.BodyReader): when the decision read the model in
-        the body's head, the whole body must name the same one at its end (epp/request/early.py); a 400 if not."""
-        intake = self.intake
-        problem = intake.rest(data, end_of_stream) if intake is not None else None
-        if problem is None:
-            return None
-        log.debug("early decision contradicted: %s", problem, extra=self.log_fields())
-        if not self.decision:  # still deciding (it waits): the decision is dropped when the stream closes
-            self.decision = self.d.ids.take()
-        rejected(self, ErrorCode.BAD_REQUEST.value)
-        return self.d.ids.stamp(error_outcome(SchedulingError(ErrorCode.BAD_REQUEST, problem)), self.decision)
+        """A chunk after an early decision; a 400 at the end of a body that names another model (`Intake.rest`)."""
+        problem = self.intake.rest(data, end_of_stream) if self.intake is not None else None
+        return None if problem is None else self._refuse(SchedulingError(ErrorCode.BAD_REQUEST, problem))
 
     # ---- the decision: one loop over the stage table ---------------------------------------------------------------
     def decide(self, headers: Mapping[str, str], body: bytes | memoryview | None, metadata: Metadata
@@ -137,12 +128,8 @@ class RequestExchange:
         cancels."""
         self.started = self.d.clock()
         self.headers, self.metadata = headers, metadata
-        intake = self.intake = self.intake or Intake.whole(self.d, headers, body)  # a long whole body: to its head
-        if intake is not None:  # read as it streamed in (unless Envoy sent it whole after all)
-            self._body, self.size = intake.body(headers, body)
-            self.early = intake.early
-        else:
-            self._body, self.size = body, len(body) if body else content_length(headers)
+        self.intake, self._body, self.size = Intake.for_decision(self.intake, self.d, headers, body)
+        self.early = self.intake.early if self.intake is not None else None
         return self._run(0)
 
     def _run(self, i: int) -> Outcome | Awaitable[Outcome]:
@@ -273,18 +260,18 @@ class RequestExchange:
         if result is None:  # an external provider: no endpoint, counted like any other request
             return d.ids.stamp(mutations_for_provider(d, ctx, parsed), self.decision)
         out = mutations(d, ctx, result, parsed)
-        reader = self.intake.reader if self.intake is not None else None
-        if self.early is not None and reader is not None and req.model and req.target_model != req.model:
-            out.body = reader.rewritten_prefix(req.target_model, reader.size)
+        if self.intake is not None and self.early is not None and req.model and req.target_model != req.model:
+            out.body = self.intake.rewritten(req.target_model)
         return d.ids.stamp(out, self.decision)
 
     # ---- a request that never reaches an engine ---------------------------------------------------------------
     def _rejected(self, code: str, outcome: Outcome) -> Outcome:
-        """Give back what the admitters hold, report the rejection (not in a dry run), stamp its decision id."""
+        """Give back what the admitters hold, report the rejection (not in a dry run), stamp its decision id (a
+        request refused after its decision, by `request_rest`, keeps the one it has; its holds follow the response)."""
         self.ledger.undo()
         if self.dry_run:
             return outcome
-        self.decision = self.d.ids.take()
+        self.decision = self.decision or self.d.ids.take()
         rejected(self, code)
         return self.d.ids.stamp(outcome, self.decision)
 

@@ -305,3 +305,19 @@ def test_streamed_without_waiting_checks_the_body_end_too() -> None:
     assert [r.WhichOneof("response") for r in last] == ["immediate_response"]
     assert last[0].immediate_response.status.code == 400
     ex.close()
+
+
+def test_an_early_rewrite_covers_the_body_up_to_the_decision_only() -> None:
+    """A model rewrite decided early replaces the chunks received up to the decision; the chunks kept for the check
+    afterwards (they came while an awaitable decision was pending) are echoed as they are, so they must not be in it."""
+    from epp.request.early import Intake
+    from tests.support.extproc import LOAD_ONLY
+
+    director = real_director(config=LOAD_ONLY)
+    raw = twice("m", chars=2_000)
+    intake = Intake()
+    headers = {":path": "/v1/chat/completions", "content-type": "application/json"}
+    assert intake.chunk(director, headers, raw[:100], False) and intake.early == "m"
+    assert intake.rest(raw[100:1_000], False) is None
+    assert intake.rewritten("m-v2") == raw[:100].replace(b'"m"', b'"m-v2"', 1)
+    assert intake.rest(raw[1_000:], True) is None  # and the whole body confirms "m"
