@@ -49,6 +49,8 @@ from scheduling.types import Endpoint, Metrics
 log = logging.getLogger(__name__)
 
 MIN_TICK = 0.005  # seconds: the background loop's shortest tick (see "Spread")
+SCRAPE_CPU_S = 0.00036  # CPU per scrape of vLLM's page, HTTP and parse (bench/bench_scrape.py --http)
+WARN_SHARE = 0.25  # of a core spent scraping, past which the pool's size is worth a warning
 
 
 @dataclass(slots=True)
@@ -116,6 +118,7 @@ class MetricsScraper:
         self._state: dict[str, _State] = {}
         self._roster: list[str] | None = None  # every endpoint key, sorted; None after a pool changed
         self._inflight: set[str] = set()  # keys whose state holds a pending scrape
+        self._warned_share = False  # the pool's scraping share was over WARN_SHARE at the last roster
         datastore.on_change(self._pools_changed)
         self._client = MetricsClient()
         self._tls: dict[bool, ssl_mod.SSLContext] = {}  # by insecure_skip_verify
@@ -175,7 +178,23 @@ class MetricsScraper:
             for key in roster:
                 if key not in state:
                     state[key] = _State()
+            self._size_check(len(roster))
         return roster
+
+    def share(self, endpoints: int) -> float:
+        """About how much of a core scraping `endpoints` every interval takes (vLLM's page: SCRAPE_CPU_S each)."""
+        return endpoints / self.interval * SCRAPE_CPU_S
+
+    def _size_check(self, endpoints: int) -> None:
+        """Warn once when the pool grows past what the interval lets the event loop scrape beside its requests."""
+        share = self.share(endpoints)
+        over = share > WARN_SHARE
+        if over and not self._warned_share:
+            log.warning("scraping %d endpoints every %.0f ms takes about %.0f%% of a core on the event loop that "
+                        "routes requests (about %.2f ms of CPU per scrape); --refresh-metrics-interval %.0fms or "
+                        "more keeps it near %.0f%%", endpoints, self.interval * 1e3, share * 100, SCRAPE_CPU_S * 1e3,
+                        endpoints * SCRAPE_CPU_S / WARN_SHARE * 1e3, WARN_SHARE * 100)
+        self._warned_share = over
 
     # ---- one round ---------------------------------------------------------------------------------------
     async def scrape_round(self, wait: float | None = None, slot: int = 0, slots: int = 1) -> int:

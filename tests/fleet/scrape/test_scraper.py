@@ -293,3 +293,26 @@ async def test_a_tick_reads_its_own_slot_and_marks_staleness_once_per_interval()
         assert listed[0] == 2 and len(scraper.roster()) == 200
     finally:
         await scraper.stop()
+
+
+async def test_a_pool_too_big_for_the_interval_is_named_once(caplog):
+    """At 50 ms, 64 endpoints take about half a core of scraping: one warning says so and what interval keeps it near
+    a quarter; a pool change that keeps it over says nothing again, one that brings it under re-arms the warning."""
+    import logging
+
+    def eps(n: int) -> list[Endpoint]:
+        return [Endpoint(key=endpoint_key(f"10.2.0.{i}", 8000), address=f"10.2.0.{i}", port=8000) for i in range(n)]
+
+    ds = _ds(*eps(8))
+    scraper = MetricsScraper(ds, interval=0.05)
+    with caplog.at_level(logging.WARNING, logger="epp.fleet.scrape.scraper"):
+        scraper.roster()
+        assert not caplog.records  # 8 endpoints: about 6% of a core
+        for n in (64, 70, 8, 64):
+            ds.set_endpoints("pool", eps(n))
+            scraper.roster()
+    warnings = [r.getMessage() for r in caplog.records]
+    assert len(warnings) == 2, warnings
+    assert "scraping 64 endpoints every 50 ms takes about 46% of a core" in warnings[0]
+    assert "--refresh-metrics-interval 92ms" in warnings[0]
+    await scraper.stop()
