@@ -280,13 +280,6 @@ class Intake:
         """What the decision reads (the body read as it streamed in or as far as its head, or the one Envoy sent
         whole) and its size."""
         reader = self.reader
-        if reader is not None and self.ended and self.checks is not None:
-            # a whole body with an early model from its head not yet checked (`_head_first` checks its own):
-            # parsed whole (one orjson call), as a body decided at its end is
-            self.reader = whole = StreamingBody(reader.kind)
-            for c in reader.chunks:
-                whole.feed(c, read=False)
-            reader, self.early, self.checks = whole, None, None
         if reader is not None and (body is None or self.early is not None):
             if not self.ended and self.early is None:
                 self.ended = True  # (a reader that was never told the end: the machine decides at the end)
