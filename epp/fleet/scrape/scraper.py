@@ -44,7 +44,7 @@ from epp.fleet.scrape.parser import parser_for
 from epp.fleet.settings import BACKOFF_MAX_S, ScrapeSettings
 from epp.fleet.settings import bounded_timeout as bounded_timeout  # where it was
 from scheduling.api import Scrape
-from scheduling.types import Endpoint, Metrics
+from scheduling.types import Endpoint, Metrics, endpoint_key
 
 log = logging.getLogger(__name__)
 
@@ -305,20 +305,27 @@ class MetricsScraper:
                 log.warning("endpoint %s: unknown engine %r, reading it as vllm", ep.key, engine)
             parse = parser_for("vllm")
         async with self._sem:
-            host, port = _host_port(ep.key)
-            port = self.port or port
-            authority = ep.key if not self.port else ep.key.rsplit(":", 1)[0] + f":{self.port}"
+            host, port, authority = self._where(ep.key)
             resp = await self._client.get(host, port, self.path, authority=authority, timeout=self.timeout,
                                           ssl=self._tls_context())
             if resp.status != 200:
                 raise RuntimeError(f"GET {self.scheme}://{authority}{self.path}: HTTP {resp.status}")
         return parse(resp.body, self.clock())
 
+    def _where(self, key: str) -> tuple[str, int, str]:
+        """Where an endpoint's metrics are served: its host (IPv6 without brackets), the port (its own, unless
+        --model-server-metrics-port names one) and the two as the Host header."""
+        host, _, port = key.rpartition(":")
+        host = host.strip("[]")
+        metrics_port = self.port or int(port)
+        return host, metrics_port, endpoint_key(host, metrics_port)
+
     def forget(self, key: str) -> None:
         """The endpoint left the pool (datastore lifecycle): drop its failure streak and any pending scrape."""
         st = self._state.pop(key, None)
         self._inflight.discard(key)
-        self._client.forget(*_host_port(key))
+        host, port, _ = self._where(key)
+        self._client.forget(host, port)
         if st is not None and st.pending is not None:
             st.pending.cancel()
 
@@ -330,12 +337,6 @@ class MetricsScraper:
     def last_error(self, key: str) -> str:
         st = self._state.get(key)
         return st.last_error if st else ""
-
-
-def _host_port(key: str) -> tuple[str, int]:
-    """An endpoint key's host (IPv6 without its brackets) and port."""
-    host, _, port = key.rpartition(":")
-    return host.strip("[]"), int(port)
 
 
 async def start_scraper(datastore: Datastore, settings: ScrapeSettings | None = None) -> MetricsScraper:

@@ -316,3 +316,20 @@ async def test_a_pool_too_big_for_the_interval_is_named_once(caplog):
     assert "scraping 64 endpoints every 50 ms takes about 46% of a core" in warnings[0]
     assert "--refresh-metrics-interval 92ms" in warnings[0]
     await scraper.stop()
+
+
+async def test_a_departed_endpoint_s_connection_is_closed_with_a_metrics_port_too(servers):
+    """With --model-server-metrics-port the scrape goes to that port: when the endpoint leaves, the kept-alive
+    connection there is closed, not left idle."""
+    srv = await servers(vllm_exposition(waiting=4))
+    ep = Endpoint(key=endpoint_key("127.0.0.1", 9), address="127.0.0.1", port=9, name="pod-a")
+    ds = _ds(ep)
+    scraper = MetricsScraper(ds)
+    scraper.port = srv.port  # the metrics live on another port than the serving one
+    try:
+        assert await scraper.scrape_round(wait=2.0) == 1 and ds.snapshot().by_key[ep.key].metrics.waiting == 4
+        assert sum(len(c) for c in scraper._client._idle.values()) == 1
+        ds.set_endpoints("pool", [])
+        assert sum(len(c) for c in scraper._client._idle.values()) == 0
+    finally:
+        await scraper.stop()
