@@ -66,7 +66,7 @@ def _own_client(s: SourceSettings) -> k8s.ApiClient:
 async def start_scraping(app: Components) -> None:
     """The metrics scraper (its per-endpoint path and parser follow the scheduling config: apply_scheduler)."""
     app.scraper = app.runner.own("scraper", await start_scraper(app.datastore, app.settings.scrape))
-    app.scraper.port = app.settings.compat.scrape_port  # --model-server-metrics-port
+    app.scraper.source.port = app.settings.compat.scrape_port  # --model-server-metrics-port
 
 
 async def start_passive_health(app: Components) -> None:

@@ -105,7 +105,7 @@ def apply_scheduler(app: Components, scheduler: ModelScheduler) -> None:
                  *((limits.gate, limits.budgets) if limits else ()))
     app.publish(app.current().replace(scheduler=scheduler, admitters=admitters, flow=flow))
     if app.scraper is not None:  # the config's scraping, with what the command line sets on top
-        app.scraper.configure(app.settings.compat.scrape(shell.scrape))
+        app.scraper.source.configure(app.settings.compat.scrape(shell.scrape))
     if app.precise is not None:
         app.precise.apply_config(scheduler)  # an llm-d kvEventsConfig may name the engines' event port
     if app.bus is not None:  # the new scheduler's plugins replicate instead of the old one's

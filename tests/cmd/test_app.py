@@ -200,7 +200,7 @@ dataLayer:
     await app.start()
     try:
         app.datastore.objectives["batch"] = -1  # a sheddable objective (InferenceObjective priority < 0)
-        assert app.scraper.path == "/custom/metrics"
+        assert app.scraper.source.path == "/custom/metrics"
         for _ in range(100):  # the scraper reads the custom path
             ep = app.datastore.snapshot("p").endpoints[0]
             if ep.metrics.updated_at is not None:
@@ -213,7 +213,7 @@ dataLayer:
         ex.close()
         assert out.reject_status == 429  # waiting 3 / threshold 2 >= 1: saturated, sheddable refused
         write_cfg(10, "/metrics", 1)  # a reload: threshold 10 admits; the scrape path moves
-        await until(lambda: app.scraper.path == "/metrics", 4, "the reloaded scrape path")
+        await until(lambda: app.scraper.source.path == "/metrics", 4, "the reloaded scrape path")
         ex = app.director.exchange()
         out = ex.decide(hdrs, CHAT, {})
         ex.close()

@@ -1,7 +1,7 @@
 """The model-server metrics scraper: GET /metrics of every endpoint every `interval` (50 ms by default).
 
-A lean HTTP/1.1 client (http.py: keep-alive, one connection per endpoint) serves every endpoint; at most
-`concurrency` scrapes run at once and each has its own `timeout` (`bounded_timeout`: short enough that `failure_threshold` hung scrapes in a row
+Each endpoint's page is read through its `MetricsSource` (source.py: where the page is, its parser, one keep-alive
+HTTP client for every endpoint); at most `concurrency` scrapes run at once and each has its own `timeout` (`bounded_timeout`: short enough that `failure_threshold` hung scrapes in a row
 fit in the staleness threshold, 0.45 s with the defaults, at most 1 s). A round launches a scrape for every endpoint that has none pending,
 waits up to one interval for them, and writes every result that came back, plus staleness marks, to the datastore
 in ONE `update_metrics` batch. A slow endpoint therefore never holds up the others: its scrape stays pending and
@@ -32,19 +32,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import ssl as ssl_mod
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from epp.aio import cancel_and_wait
 from epp.fleet.datastore import Datastore
-from epp.fleet.scrape.http import MetricsClient, insecure_context
-from epp.fleet.scrape.parser import parser_for
+from epp.fleet.scrape.source import MetricsSource
 from epp.fleet.settings import BACKOFF_MAX_S, ScrapeSettings
 from epp.fleet.settings import bounded_timeout as bounded_timeout  # where it was
-from scheduling.api import Scrape
-from scheduling.types import Endpoint, Metrics, endpoint_key
+from scheduling.types import Endpoint, Metrics
 
 log = logging.getLogger(__name__)
 
@@ -89,13 +86,9 @@ class MetricsScraper:
         staleness: float = 2.0,
         concurrency: int = 128,
         failure_threshold: int = 3,
-        path: str = "/metrics",
-        scheme: str = "http",
         clock: Callable[[], float] = time.monotonic,
-        insecure_skip_verify: bool = True,
-        engine_label_key: str = "llm-d.ai/engine-type",
-        default_engine: str = "vllm",
         backoff_max: float = BACKOFF_MAX_S,
+        source: MetricsSource | None = None,
     ) -> None:
         if interval <= 0 or timeout <= 0 or staleness <= 0:
             raise ValueError("interval, timeout and staleness must be positive")
@@ -105,12 +98,7 @@ class MetricsScraper:
         self.staleness = staleness
         self.failure_threshold = max(1, failure_threshold)
         self.backoff_max = max(0.0, backoff_max)
-        self.path = path if path.startswith("/") else "/" + path
-        self.scheme = scheme
-        self.insecure_skip_verify = insecure_skip_verify
-        self.engine_label_key = engine_label_key
-        self.default_engine = default_engine
-        self.port = 0  # --model-server-metrics-port: scrape this port of every endpoint (0: its serving port)
+        self.source = source or MetricsSource()  # where and how each endpoint's page is read
         self.clock = clock
         datastore.on_endpoint_removed(self.forget)
         self._sem = asyncio.Semaphore(concurrency)
@@ -120,11 +108,8 @@ class MetricsScraper:
         self._inflight: set[str] = set()  # keys whose state holds a pending scrape
         self._warned_share = False  # the pool's scraping share was over WARN_SHARE at the last roster
         datastore.on_change(self._pools_changed)
-        self._client = MetricsClient()
-        self._tls: dict[bool, ssl_mod.SSLContext] = {}  # by insecure_skip_verify
         self._task: asyncio.Task[None] | None = None
         self.rounds = 0
-        self._warned_engines: set[str] = set()
 
     # ---- lifecycle ---------------------------------------------------------------------------------------
     def start(self) -> asyncio.Task[None]:
@@ -145,7 +130,7 @@ class MetricsScraper:
         self._state.clear()
         self._inflight.clear()
         self._roster = None
-        await self._client.close()
+        await self.source.close()
 
     def slots(self, endpoints: int) -> int:
         """How many ticks an interval is split into for `endpoints` endpoints (see "Spread")."""
@@ -271,61 +256,15 @@ class MetricsScraper:
             return 0.0
         return min(self.backoff_max, self.interval * (2.0 ** min(past + 1, 30)))
 
-    def configure(self, scrape: Scrape) -> None:
-        """Apply a config's data-layer section (metrics-data-source, core-metrics-extractor); takes effect at the
-        next scrape."""
-        self.scheme = scrape.scheme
-        self.path = scrape.path
-        self.insecure_skip_verify = scrape.insecure_skip_verify
-        self.engine_label_key = scrape.engine_label_key
-        self.default_engine = scrape.default_engine
-
-    def engine_of(self, ep: Endpoint) -> str:
-        """The engine label (engineLabelKey, then the well-known engine labels), else the default engine."""
-        labels = ep.labels
-        return (labels.get(self.engine_label_key) or labels.get("llm-d.ai/engine-type")
-                or labels.get("inference.networking.k8s.io/engine-type") or self.default_engine)
-
-    def _tls_context(self) -> ssl_mod.SSLContext | None:
-        if self.scheme != "https":
-            return None
-        insecure = self.insecure_skip_verify
-        ctx = self._tls.get(insecure)
-        if ctx is None:
-            ctx = self._tls[insecure] = insecure_context() if insecure else ssl_mod.create_default_context()
-        return ctx
-
     async def _scrape(self, ep: Endpoint) -> Metrics:
-        engine = self.engine_of(ep)
-        try:
-            parse = parser_for(engine)
-        except KeyError:
-            if engine not in self._warned_engines:
-                self._warned_engines.add(engine)
-                log.warning("endpoint %s: unknown engine %r, reading it as vllm", ep.key, engine)
-            parse = parser_for("vllm")
         async with self._sem:
-            host, port, authority = self._where(ep.key)
-            resp = await self._client.get(host, port, self.path, authority=authority, timeout=self.timeout,
-                                          ssl=self._tls_context())
-            if resp.status != 200:
-                raise RuntimeError(f"GET {self.scheme}://{authority}{self.path}: HTTP {resp.status}")
-        return parse(resp.body, self.clock())
-
-    def _where(self, key: str) -> tuple[str, int, str]:
-        """Where an endpoint's metrics are served: its host (IPv6 without brackets), the port (its own, unless
-        --model-server-metrics-port names one) and the two as the Host header."""
-        host, _, port = key.rpartition(":")
-        host = host.strip("[]")
-        metrics_port = self.port or int(port)
-        return host, metrics_port, endpoint_key(host, metrics_port)
+            return await self.source.read(ep, self.timeout, self.clock)
 
     def forget(self, key: str) -> None:
         """The endpoint left the pool (datastore lifecycle): drop its failure streak and any pending scrape."""
         st = self._state.pop(key, None)
         self._inflight.discard(key)
-        host, port, _ = self._where(key)
-        self._client.forget(host, port)
+        self.source.forget(key)
         if st is not None and st.pending is not None:
             st.pending.cancel()
 

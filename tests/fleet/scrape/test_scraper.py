@@ -325,11 +325,11 @@ async def test_a_departed_endpoint_s_connection_is_closed_with_a_metrics_port_to
     ep = Endpoint(key=endpoint_key("127.0.0.1", 9), address="127.0.0.1", port=9, name="pod-a")
     ds = _ds(ep)
     scraper = MetricsScraper(ds)
-    scraper.port = srv.port  # the metrics live on another port than the serving one
+    scraper.source.port = srv.port  # the metrics live on another port than the serving one
     try:
         assert await scraper.scrape_round(wait=2.0) == 1 and ds.snapshot().by_key[ep.key].metrics.waiting == 4
-        assert sum(len(c) for c in scraper._client._idle.values()) == 1
+        assert sum(len(c) for c in scraper.source._client._idle.values()) == 1
         ds.set_endpoints("pool", [])
-        assert sum(len(c) for c in scraper._client._idle.values()) == 0
+        assert sum(len(c) for c in scraper.source._client._idle.values()) == 0
     finally:
         await scraper.stop()
