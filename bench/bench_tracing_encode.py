@@ -2,7 +2,7 @@
 
 Each round encodes the same batch of traces shaped like Pointsman's (a request span with a dozen attributes and
 its six stage spans): the SDK's encoder from its ReadableSpans, Pointsman's encoder from its trace records (what
-tracing hands the exporter). The table gives the median µs per span of each and their ratio per round, so a
+the tracer encodes as each request finishes), framed as one request. The table gives the median µs per span of each and their ratio per round, so a
 noisy machine moves both sides of a ratio alike; both give the same message (checked before timing).
 
     .venv/bin/python bench/bench_tracing_encode.py [--spans 511] [--rounds 15]
@@ -27,14 +27,15 @@ from opentelemetry.sdk.trace import ReadableSpan  # noqa: E402
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope  # noqa: E402
 from opentelemetry.trace import SpanContext, SpanKind, TraceFlags  # noqa: E402
 
-from epp.observe.wire import Encoder, Origin, Records  # noqa: E402
+from epp.observe.wire import Encoder, Origin  # noqa: E402
 
 STAGES = ("resolve", "admit", "prepare", "queue", "schedule", "commit")
 WALL = 1_700_000_000_000_000_000
 
 
-def traces(n: int) -> tuple[Records, list[ReadableSpan]]:
-    """`n` spans (a request span and its stage spans per trace) as Pointsman's records and as SDK spans."""
+def traces(n: int) -> tuple[list[tuple[Any, ...]], Origin, Encoder, list[ReadableSpan]]:
+    """`n` spans (a request span and its stage spans per trace) as Pointsman's records (with their origin and an
+    encoder) and as SDK spans."""
     resource = Resource.create({"service.name": "pointsman", "service.instance.id": "epp-0"})
     scope = InstrumentationScope("pointsman", "1.0")
     records: list[tuple[Any, ...]] = []
@@ -61,7 +62,7 @@ def traces(n: int) -> tuple[Records, list[ReadableSpan]]:
                                       None, kind=SpanKind.INTERNAL, start_time=WALL + begin, end_time=WALL + end,
                                       instrumentation_scope=scope))
     ids = iter(child_ids * 10_000)  # the stage spans' ids, drawn again in every round
-    return Records(records, Origin(resource, scope), lambda: next(ids), "pointsman.request"), spans
+    return records, Origin(resource, scope), Encoder(lambda: next(ids), "pointsman.request"), spans
 
 
 def per_span(fn: Callable[[Any], object], batch: Any, spans: int) -> float:
@@ -75,12 +76,13 @@ def main() -> None:
     parser.add_argument("--spans", type=int, default=511)
     parser.add_argument("--rounds", type=int, default=15)
     args = parser.parse_args()
-    records, spans = traces(args.spans)
-    encoder = Encoder()
-    assert ExportTraceServiceRequest.FromString(encoder.encode(records)) == encode_spans(spans), "they disagree"
+    records, origin, encoder, spans = traces(args.spans)
+    assert ExportTraceServiceRequest.FromString(encoder.request(records, origin)) == encode_spans(spans), \
+        "they disagree"
     stock, ours, ratios = [], [], []
     for _ in range(args.rounds):
-        s, o = per_span(encode_spans, spans, len(spans)), per_span(encoder.encode, records, len(spans))
+        s = per_span(encode_spans, spans, len(spans))
+        o = per_span(lambda rs: encoder.request(rs, origin), records, len(spans))
         stock.append(s)
         ours.append(o)
         ratios.append(s / o)

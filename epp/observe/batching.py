@@ -1,16 +1,17 @@
 """The batch thread between finished traces and the OTLP exporter (imported with tracing only).
 
-It does what the SDK's BatchSpanProcessor does, for Pointsman's trace records (one per sampled request, holding
-its request span and stage spans) instead of the SDK's span objects: a bounded queue, counted in spans, that a
-finished request joins in a lock and an append (the event loop's whole share); a thread that exports a batch when
+It does what the SDK's BatchSpanProcessor does, for Pointsman's traces (one per sampled request, its request span
+and stage spans already encoded as bytes by epp/observe/wire.py) instead of the SDK's span objects: a bounded
+queue, counted in spans, that a finished request joins in a lock and an append (the event loop's share besides the
+encoding); a thread that exports a batch when
 `max_export_batch_size` spans wait or `schedule_delay` has passed, and everything that is left at shutdown; when
 the queue is full the oldest traces are dropped (counted in `dropped`, a warning at most once a minute), so a slow
 collector never blocks or grows the process. Sizes and delays follow the standard variables and their defaults:
 OTEL_BSP_SCHEDULE_DELAY (ms, 5000), OTEL_BSP_MAX_QUEUE_SIZE (2048), OTEL_BSP_MAX_EXPORT_BATCH_SIZE (512),
 OTEL_BSP_EXPORT_TIMEOUT (ms, 30000: how long shutdown waits for the thread).
 
-The exporter is the SDK's OTLP exporter (epp/observe/otlp.py): `export(records)` reaches our encoder through its
-translation hook.
+The exporter is the SDK's OTLP exporter (epp/observe/otlp.py): `export(batch)` frames the batch's bytes through
+its translation hook, so the thread runs almost no Python while the loop works.
 """
 
 from __future__ import annotations
@@ -74,14 +75,14 @@ class Exporter(Protocol):
 
 
 class Batcher:
-    """Bounded queue of trace records and the thread that exports them. `count(record)` is a record's spans;
-    `wrap(batch)` is what the exporter is given for a list of records."""
+    """Bounded queue of traces and the thread that exports them. `wrap(traces, spans)` is what the exporter is
+    given for a list of queued traces holding `spans` spans."""
 
     def __init__(self, exporter: Exporter, settings: BatchSettings | None = None,
-                 count: Callable[[Any], int] = lambda r: 1, wrap: Callable[[list[Any]], Any] = lambda b: b) -> None:
+                 wrap: Callable[[list[Any], int], Any] = lambda b, n: b) -> None:
         self.exporter = exporter
         self.settings = s = settings or BatchSettings.from_env()
-        self._count, self._wrap = count, wrap
+        self._wrap = wrap
         self._queue: deque[tuple[Any, int]] = deque()
         self._queued = 0  # spans in the queue
         self.dropped = 0  # spans dropped because the queue was full
@@ -97,15 +98,14 @@ class Batcher:
         self._thread.start()
 
     # ---- the event loop's side ----------------------------------------------------------------------------------
-    def emit(self, record: tuple[Any, ...]) -> None:
-        """Queue a finished trace (never blocks on the exporter; drops the oldest when full)."""
-        n = self._count(record)
+    def emit(self, trace: Any, n: int) -> None:
+        """Queue a finished trace of `n` spans (never blocks on the exporter; drops the oldest when full)."""
         with self._lock:
             if self._closed:
                 self.dropped += n
                 return
             q = self._queue
-            q.append((record, n))
+            q.append((trace, n))
             queued = self._queued = self._queued + n
             if queued > self._max_queue:
                 self._drop(queued - self._max_queue)
@@ -133,8 +133,8 @@ class Batcher:
         with self._lock:
             q, room = self._queue, self._max_batch
             while q and (not out or room >= q[0][1]):
-                record, n = q.popleft()
-                out.append(record)
+                trace, n = q.popleft()
+                out.append(trace)
                 room -= n
             spans = self._max_batch - room
             self._queued -= spans
@@ -149,7 +149,7 @@ class Batcher:
                     return
                 self.exported += n
                 try:  # the SDK's exporters answer SpanExportResult.SUCCESS or .FAILURE
-                    ok = getattr(self.exporter.export(self._wrap(batch)), "name", "") != "FAILURE"
+                    ok = getattr(self.exporter.export(self._wrap(batch, n)), "name", "") != "FAILURE"
                 except Exception:
                     log.exception("tracing: exporting %d traces failed", len(batch))
                     ok = False

@@ -6,12 +6,12 @@ environment variables. What they do slowly is turn spans into protobuf (the stoc
 message through keyword constructors, which upb copies), in the batch thread while it holds the GIL, so on the
 event loop's time.
 
-Pointsman's trace records (epp/observe/tracing.py `record`, one per sampled request, in a wire.py `Records`) do not
-go that way: epp/observe/wire.py, the one OTLP encoder, writes them to the request's bytes directly, and the gRPC
-exporter's stub sends those bytes as they are (a stub without a request serializer, in the exporter's `_stub` /
-`_client`; an SDK that keeps them elsewhere gets the bytes parsed back into the request message). The exporters
-take them through their own hooks: the gRPC exporter's `_translate_data`, the HTTP exporter's module-level
-`encode_spans` (`encode`). Anything else handed to them (the SDK's own spans; Pointsman makes none) goes to the
+Pointsman's traces do not go that way: epp/observe/wire.py, the one OTLP encoder, has written each of them as
+bytes when its request finished, and a batch of them (a wire.py `Batch`) becomes the request's bytes by framing
+alone. The gRPC exporter's stub sends those bytes as they are (a stub without a request serializer, in the
+exporter's `_stub` / `_client`; an SDK that keeps them elsewhere gets the bytes parsed back into the request
+message). The exporters take them through their own hooks: the gRPC exporter's `_translate_data`, the HTTP
+exporter's module-level `encode_spans` (`encode`). Anything else handed to them (the SDK's own spans; Pointsman makes none) goes to the
 SDK's stock encoder.
 
 `xds-protos` (a Pointsman dependency) ships an old copy of the `opentelemetry.proto` modules that overwrites
@@ -25,7 +25,7 @@ import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from epp.observe.wire import Encoder, Records, span_count
+from epp.observe.wire import Batch
 
 if TYPE_CHECKING:
     import grpc
@@ -52,7 +52,7 @@ def check_proto() -> None:
 
 
 class Encoded:
-    """Trace records already encoded (epp/observe/wire.py), in the shape the HTTP exporter serializes."""
+    """Traces already encoded (epp/observe/wire.py), in the shape the HTTP exporter serializes."""
 
     __slots__ = ("data",)
 
@@ -65,17 +65,11 @@ class Encoded:
     SerializeToString = SerializePartialToString
 
 
-_ENCODER: Encoder | None = None
-
-
 def encode(spans: Sequence[Any]) -> Any:
-    """The HTTP exporter's encoding hook: a batch of Pointsman's trace records (epp/observe/wire.py `Records`) as
-    their bytes (an `Encoded`); anything else through the SDK's stock encoder."""
-    global _ENCODER
-    if isinstance(spans, Records):
-        if _ENCODER is None:
-            _ENCODER = Encoder()
-        return Encoded(_ENCODER.encode(spans))
+    """The HTTP exporter's encoding hook: a batch of Pointsman's encoded traces (epp/observe/wire.py `Batch`) as
+    the request's bytes (an `Encoded`); anything else through the SDK's stock encoder."""
+    if isinstance(spans, Batch):
+        return Encoded(spans.request())
     from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 
     return encode_spans(spans)
@@ -116,28 +110,27 @@ class _RawStub:
 
 
 def _grpc_exporter(base: type, endpoint: str | None) -> Any:
-    """The gRPC exporter with our encoder as its translation hook. When the exporter keeps its stub where this
-    SDK does (`_stub`, `_channel`, `_client`), the stub sends our bytes as they are; else they are parsed back
-    into the request message the stock stub serializes."""
+    """The gRPC exporter taking our encoded batches in its translation hook. When the exporter keeps its stub
+    where this SDK does (`_stub`, `_channel`, `_client`), the stub sends our bytes as they are; else they are
+    parsed back into the request message the stock stub serializes."""
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
     class FastGrpc(base):  # type: ignore[misc]
         def __init__(self, **kwargs: object) -> None:
             super().__init__(**kwargs)
-            self._encoder = Encoder()
             self._raw = all(hasattr(self, a) for a in ("_stub", "_channel", "_client"))
             if self._raw:
                 self._stub = _RawStub  # the exporter re-creates its stub from this when it reconnects
                 self._client = _RawStub(self._channel)
 
         def _translate_data(self, data: Sequence[Any]) -> Any:
-            if isinstance(data, Records):
-                raw = self._encoder.encode(data)
+            if isinstance(data, Batch):
+                raw = data.request()
                 return raw if self._raw else ExportTraceServiceRequest.FromString(raw)
             message = super()._translate_data(data)  # the SDK's stock encoder
             return message.SerializeToString() if self._raw else message
 
         def _count_data(self, data: Sequence[Any]) -> int:
-            return span_count(data) if isinstance(data, Records) else len(data)
+            return data.spans if isinstance(data, Batch) else len(data)
 
     return FastGrpc(endpoint=endpoint)

@@ -25,12 +25,13 @@ Cost. Off (the default) nothing here is imported and a request pays one attribut
 against the SDK's bound); only a sampled request stamps when each stage begins: its trace's marks are handed to
 the exchange's one stage loop (`RequestExchange.marks`), which stamps them, so the stage order is stated only there
 (`STAGE_NAMES`). When its stream ends the request's
-attributes and stage spans are gathered into one record, a plain tuple (`record`), that joins the export queue
-(epp/observe/batching.py: a lock and an append). No SDK span object is made: the SDK's live `Span` (a lock, bounded
-attributes, the sampler again for every child) costs about 20 µs each; its `ReadableSpan`s and BatchSpanProcessor,
-which this used before, cost about as much again as the whole record path. The batch thread hands the records to the
-SDK's OTLP exporter, whose translation hook writes them straight to protobuf bytes (epp/observe/wire.py,
-epp/observe/otlp.py); the stage spans' ids are drawn there. docs/observability.md "Performance" has the
+attributes and stage spans are gathered into one record, a plain tuple (`record`), which the loop's encoder writes
+at once as OTLP bytes (epp/observe/wire.py; the stage spans' ids are drawn there), and those bytes join the export
+queue (epp/observe/batching.py: a lock and an append). No SDK span object is made: the SDK's live `Span` (a lock,
+bounded attributes, the sampler again for every child) costs about 20 µs each; its `ReadableSpan`s and
+BatchSpanProcessor, which this used before, cost about as much again as the whole record path. The batch thread
+hands a batch of encoded traces to the SDK's OTLP exporter, whose translation hook only frames them
+(epp/observe/otlp.py). docs/observability.md "Performance" has the
 measurements.
 """
 
@@ -153,7 +154,7 @@ class Tracing:
             raise TracingUnavailable(f"--tracing needs the OpenTelemetry SDK: pip install 'pointsman[otel]' "
                                      f"({e})") from e
         from epp.observe.batching import Batcher
-        from epp.observe.wire import Origin, Records
+        from epp.observe.wire import Batch, Encoder, Origin
 
         if exporter is None:
             check_proto()
@@ -178,8 +179,8 @@ class Tracing:
         self.resource = provider.resource
         self.scope = InstrumentationScope("pointsman", _version())
         self.origin = Origin(self.resource, self.scope)
-        self.processor = Batcher(exporter, count=_span_count,
-                                 wrap=lambda recs: Records(recs, self.origin, self.new_span_id, ROOT))
+        self.encoder = Encoder(self.new_span_id, ROOT)  # the event loop's: each trace is encoded as it finishes
+        self.processor = Batcher(exporter, wrap=lambda traces, spans: Batch(traces, self.origin, spans))
         self._api, self._ctx_cls = api, SpanContext
         self._nonrecording, self._flags, self._state_cls = NonRecordingSpan, TraceFlags, TraceState
         self._server = api.SpanKind.SERVER
@@ -240,7 +241,8 @@ class Tracing:
                         stop = m
                         break
                 children.append((name, start, stop))
-            self.processor.emit(record(trace, marks_start(trace), end, attributes, children, error))
+            encoded = self.encoder.trace(record(trace, marks_start(trace), end, attributes, children, error))
+            self.processor.emit(encoded, 1 + len(children))
         except Exception:
             log.exception("building a trace failed")
 
@@ -251,18 +253,12 @@ class Tracing:
 
 def record(trace: Trace, start: int, end: int, attributes: dict[str, Any], children: Sequence[tuple[str, int, int]],
            error: str = "") -> tuple[Any, ...]:
-    """A finished trace as the export queue holds it (epp/observe/wire.py reads it): a plain tuple of plain values
+    """A finished trace as the encoder reads it (epp/observe/wire.py `Encoder.trace`): a plain tuple of plain values
     (ids, the state header, the wall clock's offset from perf_counter, perf_counter start and end, the error code,
-    the HTTP status, the attributes' keys and values, the children as (name, start, end)). The garbage
-    collector stops tracking tuples of strings and numbers after its first passes over them (a dict, or an
-    object, it would track to the end), so queued traces do not pile up in its older generations."""
+    the HTTP status, the attributes' keys and values, the children as (name, start, end))."""
     state = trace.state.to_header() if trace.state else ""
     return (trace.trace_id, trace.span_id, trace.parent_id, state, trace.wall0 - trace.perf0, start, end, error,
             trace.status, tuple(attributes), tuple(attributes.values()), tuple(children))
-
-
-def _span_count(rec: tuple[Any, ...]) -> int:
-    return 1 + len(rec[-1])
 
 
 def _version() -> str:

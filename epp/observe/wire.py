@@ -1,12 +1,18 @@
 """Pointsman's OTLP encoder: its trace records straight to OTLP protobuf bytes (imported with tracing only).
 
-A sampled request's trace leaves the event loop as one record (epp/observe/tracing.py `record`, a plain tuple):
-its ids, times, status, the request span's attributes and the stage spans. A batch of them (`Records`) carries
-what they share. `Encoder.encode` writes a batch of them as the bytes of an `ExportTraceServiceRequest`
- (opentelemetry/proto/collector/trace/v1/trace_service.proto), without building the SDK's span objects or a protobuf message per field: the resource and the instrumentation scope are serialized once
-per `Origin`, the fields every span shares (names, kinds, flags, an empty status) are constants, and an attribute
-whose string value repeats (the pool, the model, the pick...) is encoded once and then looked up. What it writes is
-what the SDK's encoder writes for the same spans (tests/observe/test_trace_batching.py parses both and compares).
+A sampled request's trace is a record when its stream ends (epp/observe/tracing.py `record`, a plain tuple): its
+ids, times, status, the request span's attributes and the stage spans. `Encoder.trace` writes it at once, on the
+event loop, as its spans' bytes (ScopeSpans.spans fields); the export queue holds those bytes, and a `Batch` of them
+becomes an `ExportTraceServiceRequest` (opentelemetry/proto/collector/trace/v1/trace_service.proto) by framing
+alone. Nothing is built per field: the resource and the instrumentation scope are serialized once per `Origin`,
+the fields every span shares (names, kinds, flags, an empty status) are constants, and an attribute whose string
+value repeats (the pool, the model, the pick...) is encoded once and then looked up. What it writes is what the
+SDK's encoder writes for the same spans (tests/observe/test_trace_batching.py parses both and compares).
+
+Why on the loop: encoding a trace costs about 7 µs wherever it runs, but in the export thread it also costs the
+loop the GIL's hand-overs to that thread and what they do to its caches; measured through Envoy at 100% sampling,
+encoding in the thread cost about twice as much of the processor's CPU per request as encoding on the loop
+(docs/observability.md, "Performance").
 
 Wire format reminders: a field is a varint key `(number << 3) | wire type` (0 varint, 1 fixed64, 2 length-delimited,
 5 fixed32); proto3 scalars at their zero value are left out, except inside a oneof (AnyValue's members).
@@ -15,7 +21,7 @@ Wire format reminders: a field is a varint key `(number << 3) | wire type` (0 va
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -96,10 +102,12 @@ class Origin:
 
 
 class Encoder:
-    """Encodes trace records; keeps the encoded attribute keys and repeated (key, value) pairs. One thread at a
-    time (the batch thread, or a flush holding its export lock)."""
+    """Encodes trace records, one at a time as each request finishes; keeps the encoded attribute keys and
+    repeated (key, value) pairs. Owned by the event loop (the tracer's `finish`), so the caches need no lock.
+    `new_span_id` draws the stage spans' ids; `root_name` is the request span's name."""
 
-    def __init__(self) -> None:
+    def __init__(self, new_span_id: Callable[[], int], root_name: str) -> None:
+        self.new_span_id, self.root_name = new_span_id, root_name
         self._keys: dict[str, bytes] = {}
         self._strings: dict[tuple[str, str], bytes] = {}
         self._ints: dict[tuple[str, int], bytes] = {}
@@ -164,9 +172,9 @@ class Encoder:
             out = self._names[(name, kind)] = field(5, name.encode()) + b"\x30" + varint(kind)
         return out
 
-    def trace(self, r: tuple[Any, ...], out: list[bytes], new_span_id: Callable[[], int], root_name: str) -> None:
-        """The spans of one record (epp/observe/tracing.py `record`) onto `out`: the request span, then its
-        children (each a ScopeSpans.spans field)."""
+    def trace(self, r: tuple[Any, ...]) -> bytes:
+        """The spans of one record (epp/observe/tracing.py `record`): the request span, then its children, each a
+        ScopeSpans.spans field, as one string of bytes."""
         trace_id, span_id, parent_id, state, wall, start, end, error, status, keys, values, children = r
         tid = b"\x0a\x10" + trace_id.to_bytes(16, "big")
         state_field = field(3, state.encode()) if state else b""
@@ -180,45 +188,39 @@ class Encoder:
             status_field = field(15, field(2, error.encode()) + b"\x18\x02" if error else b"\x18\x02")
         else:
             status_field = _NO_STATUS
-        parts = [tid, b"\x12\x08", sid, state_field, parent, self.name(root_name, KIND_SERVER),
+        parts = [tid, b"\x12\x08", sid, state_field, parent, self.name(self.root_name, KIND_SERVER),
                  b"\x39" + _Q(wall + start), b"\x41" + _Q(wall + end)]
         parts += self.attributes(zip(keys, values, strict=True))
         parts.append(status_field)
         parts.append(flags)
         body = b"".join(parts)
-        out.append(b"\x12" + varint(len(body)) + body)
-        if not children:
-            return
+        out = [b"\x12", varint(len(body)), body]
         child_parent = b"\x22\x08" + sid
-        name = self.name
+        name, new_id = self.name, self.new_span_id
         for child, begin, stop in children:
-            body = b"".join((tid, b"\x12\x08", new_span_id().to_bytes(8, "big"), state_field, child_parent,
+            body = b"".join((tid, b"\x12\x08", new_id().to_bytes(8, "big"), state_field, child_parent,
                              name(child, KIND_INTERNAL), b"\x39", _Q(wall + begin), b"\x41", _Q(wall + stop),
                              _CHILD_TAIL))
-            out.append(b"\x12" + varint(len(body)) + body)
+            out += (b"\x12", varint(len(body)), body)
+        return b"".join(out)
 
-    def encode(self, records: Records) -> bytes:
-        """ExportTraceServiceRequest bytes for a batch of trace records."""
-        if not records:
-            return b""
-        spans: list[bytes] = []
-        trace, new_id, root = self.trace, records.new_span_id, records.root_name
-        for r in records:
-            trace(r, spans, new_id, root)
-        return records.origin.request(spans)
+    def request(self, records: Iterable[tuple[Any, ...]], origin: Origin) -> bytes:
+        """ExportTraceServiceRequest bytes for records encoded together (tests and benchmarks; tracing encodes
+        each record when its request finishes and sends a `Batch`)."""
+        traces = [self.trace(r) for r in records]
+        return Batch(traces, origin, 0).request()
 
 
-class Records(list[tuple[Any, ...]]):
-    """A batch of trace records as the exporter gets it, with what they share: the origin, the span id
-    generator (the stage spans' ids are drawn when they are encoded) and the request span's name."""
+class Batch(list[bytes]):
+    """A batch of encoded traces (`Encoder.trace`) as the exporter gets it: their origin and how many spans they
+    hold."""
 
-    __slots__ = ("origin", "new_span_id", "root_name")
+    __slots__ = ("origin", "spans")
 
-    def __init__(self, records: Iterable[tuple[Any, ...]], origin: Origin, new_span_id: Callable[[], int],
-                 root_name: str) -> None:
-        super().__init__(records)
-        self.origin, self.new_span_id, self.root_name = origin, new_span_id, root_name
+    def __init__(self, traces: Iterable[bytes], origin: Origin, spans: int) -> None:
+        super().__init__(traces)
+        self.origin, self.spans = origin, spans
 
-
-def span_count(records: Sequence[tuple[Any, ...]]) -> int:
-    return sum(1 + len(r[-1]) for r in records)
+    def request(self) -> bytes:
+        """The batch as ExportTraceServiceRequest bytes (empty for no traces)."""
+        return self.origin.request(self) if self else b""

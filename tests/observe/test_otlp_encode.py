@@ -10,19 +10,19 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanContext, SpanKind, TraceFlags
 
 from epp.observe.otlp import Encoded, encode
-from epp.observe.wire import Encoder, Origin, Records
+from epp.observe.wire import Batch, Encoder, Origin
 
 TRACE, SPAN = 0x4BF92F3577B34DA6A3CE929D0E0E4736, 0x00F067AA0BA902B7
 ODD = {"service.name": "t", "n": 3, "neg": -7, "f": 1.5, "b": True, "off": False, "empty": "", "l": ["x", "y"],
        "nums": [1, 2], "é": "ü" * 200}
 
 
-def one_span(resource: Resource, scope: InstrumentationScope | None) -> tuple[Records, list[ReadableSpan]]:
-    """One request span without attributes as our record and as the SDK's span."""
+def one_span(resource: Resource, scope: InstrumentationScope | None) -> tuple[Batch, list[ReadableSpan]]:
+    """One request span without attributes as our encoded batch and as the SDK's span."""
     rec = (TRACE, SPAN, 0, "", 1000, 10, 20, "", 200, (), (), ())
     sdk = ReadableSpan("pointsman.request", SpanContext(TRACE, SPAN, False, TraceFlags(1)), None, resource, None,
                        kind=SpanKind.SERVER, start_time=1010, end_time=1020, instrumentation_scope=scope)
-    return Records([rec], Origin(resource, scope), lambda: 1, "pointsman.request"), [sdk]
+    return Batch([Encoder(lambda: 1, "pointsman.request").trace(rec)], Origin(resource, scope), 1), [sdk]
 
 
 def test_the_origin_is_written_as_the_sdk_writes_it():
@@ -35,7 +35,7 @@ def test_the_origin_is_written_as_the_sdk_writes_it():
     ]
     for resource, scope in cases:
         recs, sdk = one_span(resource, scope)
-        ours = ExportTraceServiceRequest.FromString(Encoder().encode(recs))
+        ours = ExportTraceServiceRequest.FromString(recs.request())
         theirs = encode_spans(sdk)
         assert ours == theirs, f"{resource.attributes} {scope}\n{ours}\n---\n{theirs}"
         assert ours.SerializeToString(deterministic=True) == theirs.SerializeToString(deterministic=True)
@@ -44,7 +44,7 @@ def test_the_origin_is_written_as_the_sdk_writes_it():
 def test_the_http_hook_encodes_records_and_leaves_other_spans_to_the_sdk():
     recs, sdk = one_span(Resource.create(ODD), InstrumentationScope("pointsman", "1.0"))
     got = encode(recs)
-    assert isinstance(got, Encoded) and got.SerializeToString() == Encoder().encode(recs)
+    assert isinstance(got, Encoded) and got.SerializeToString() == recs.request()
     assert encode(sdk) == encode_spans(sdk)
     assert ExportTraceServiceRequest.FromString(got.SerializeToString()) == encode_spans(sdk)
 

@@ -20,7 +20,7 @@ from opentelemetry.trace.status import Status, StatusCode
 from epp.observe import TracingSettings
 from epp.observe.batching import Batcher, BatchSettings
 from epp.observe.tracing import Trace, Tracing, record
-from epp.observe.wire import Encoder, Records
+from epp.observe.wire import Batch, Encoder
 from epp.request.tracecontext import TraceParent
 from tests.observe.test_tracing_otlp import by_name, request, start
 from tests.support.otlp import GrpcReceiver
@@ -45,38 +45,39 @@ class Gated(InMemorySpanExporter):
         return super().export(spans)
 
 
-def spans(record) -> int:
-    return record[1]
+def emit(b: Batcher, name: object, spans: int) -> None:
+    """Queue a trace (here a name and its span count, kept together so the batches can be read back)."""
+    b.emit((name, spans), spans)
 
 
 def test_a_full_queue_drops_the_oldest_traces_and_never_blocks():
     ex = Gated(open_=False)
-    b = Batcher(ex, BatchSettings(max_queue_size=4, max_export_batch_size=4, schedule_delay=3600), count=spans)
+    b = Batcher(ex, BatchSettings(max_queue_size=4, max_export_batch_size=4, schedule_delay=3600))
     try:
         for i in range(4):
-            b.emit((f"r{i}", 1))
+            emit(b, f"r{i}", 1)
         assert ex.entered.wait(10)  # a full batch woke the thread: it took r0..r3 and waits in the exporter
         t0 = time.monotonic()
         for i in range(4, 10):
-            b.emit((f"r{i}", 1))
+            emit(b, f"r{i}", 1)
         assert time.monotonic() - t0 < 1.0  # the held exporter did not hold the emits
         assert b.dropped == 2 and b.queued == 4
-        b.emit(("big", 3))  # counted in spans: three more spans push out the three oldest traces
+        emit(b, "big", 3)  # counted in spans: three more spans push out the three oldest traces
         assert b.dropped == 5 and b.queued == 4
     finally:
         ex.gate.set()
         b.shutdown()
     names = [r[0] for batch in ex.batches for r in batch]
     assert names == ["r0", "r1", "r2", "r3", "r9", "big"]
-    b.emit(("late", 1))  # after shutdown: dropped, not exported
+    emit(b, "late", 1)  # after shutdown: dropped, not exported
     assert b.dropped == 6 and ex._stopped
 
 
 def test_batches_are_bounded_in_spans_and_all_are_exported():
     ex = Gated()
-    b = Batcher(ex, BatchSettings(max_queue_size=1000, max_export_batch_size=5, schedule_delay=3600), count=spans)
+    b = Batcher(ex, BatchSettings(max_queue_size=1000, max_export_batch_size=5, schedule_delay=3600))
     for i in range(40):
-        b.emit((i, 1 + i % 3))
+        emit(b, i, 1 + i % 3)
     b.shutdown()
     assert [r[0] for batch in ex.batches for r in batch] == list(range(40))
     assert all(sum(r[1] for r in batch) <= 5 for batch in ex.batches)
@@ -85,9 +86,9 @@ def test_batches_are_bounded_in_spans_and_all_are_exported():
 
 def test_the_timer_flushes_a_partial_batch():
     ex = Gated()
-    b = Batcher(ex, BatchSettings(max_queue_size=100, max_export_batch_size=50, schedule_delay=0.05), count=spans)
+    b = Batcher(ex, BatchSettings(max_queue_size=100, max_export_batch_size=50, schedule_delay=0.05))
     try:
-        b.emit(("one", 1))
+        emit(b, "one", 1)
         wait_until(lambda: len(ex.get_finished_spans()) == 1, 10.0)
     finally:
         b.shutdown()
@@ -95,10 +96,10 @@ def test_the_timer_flushes_a_partial_batch():
 
 def test_force_flush_exports_what_is_queued():
     ex = Gated()
-    b = Batcher(ex, BatchSettings(max_queue_size=100, max_export_batch_size=50, schedule_delay=3600), count=spans)
+    b = Batcher(ex, BatchSettings(max_queue_size=100, max_export_batch_size=50, schedule_delay=3600))
     try:
-        b.emit(("a", 1))
-        b.emit(("b", 2))
+        emit(b, "a", 1)
+        emit(b, "b", 2)
         assert b.force_flush()
         assert [r[0] for r in ex.get_finished_spans()] == ["a", "b"] and b.queued == 0
     finally:
@@ -115,9 +116,9 @@ def test_an_exporter_failure_is_logged_and_the_thread_goes_on(caplog):
             return super().export(spans)
 
     ex = Failing()
-    b = Batcher(ex, BatchSettings(max_queue_size=100, max_export_batch_size=1, schedule_delay=3600), count=spans)
-    b.emit(("lost", 1))
-    b.emit(("kept", 1))
+    b = Batcher(ex, BatchSettings(max_queue_size=100, max_export_batch_size=1, schedule_delay=3600))
+    emit(b, "lost", 1)
+    emit(b, "kept", 1)
     b.shutdown()
     assert [r[0] for r in ex.get_finished_spans()] == ["kept"]
     assert "exporting 1 traces failed" in caplog.text
@@ -133,10 +134,9 @@ def test_a_failure_the_exporter_answers_is_counted():
             super().export(spans)
             return SpanExportResult.FAILURE if spans[0][0] == "refused" else SpanExportResult.SUCCESS
 
-    b = Batcher(Refused(), BatchSettings(max_queue_size=100, max_export_batch_size=2, schedule_delay=3600),
-                count=spans)
-    b.emit(("refused", 2))
-    b.emit(("taken", 1))
+    b = Batcher(Refused(), BatchSettings(max_queue_size=100, max_export_batch_size=2, schedule_delay=3600))
+    emit(b, "refused", 2)
+    emit(b, "taken", 1)
     b.shutdown()
     assert (b.exported, b.failed) == (3, 2)
 
@@ -175,8 +175,9 @@ def traces(tracing: Tracing) -> list[tuple]:
             record(failed, failed.perf0, failed.perf0 + 8, {"x": 1}, [])]
 
 
-def batch(tracing: Tracing, recs: list[tuple]) -> Records:
-    return Records(recs, tracing.origin, tracing.new_span_id, "pointsman.request")
+def batch(tracing: Tracing, recs: list[tuple]) -> Batch:
+    """The records as tracing queues and exports them: each encoded by the tracer's own encoder."""
+    return Batch([tracing.encoder.trace(r) for r in recs], tracing.origin, sum(1 + len(r[-1]) for r in recs))
 
 
 def sdk_spans(tracing: Tracing, recs: list[tuple], child_ids: list[int]) -> list[ReadableSpan]:
@@ -204,9 +205,9 @@ def test_the_records_bytes_are_the_sdk_encoders_message():
                       exporter=InMemorySpanExporter())
     try:
         recs = traces(tracing)
-        encoder = Encoder()
+        encoder = Encoder(tracing.new_span_id, "pointsman.request")
         for _ in range(2):  # the second time from the encoder's caches
-            ours = ExportTraceServiceRequest.FromString(encoder.encode(batch(tracing, recs)))
+            ours = ExportTraceServiceRequest.FromString(encoder.request(recs, tracing.origin))
             got = ours.resource_spans[0].scope_spans[0].spans
             assert [s.name for s in got] == ["pointsman.request", "pointsman.schedule", "pointsman.queue",
                                              "pointsman.request", "pointsman.request"]
@@ -217,15 +218,29 @@ def test_the_records_bytes_are_the_sdk_encoders_message():
         tracing.shutdown()
 
 
-def test_a_queued_record_leaves_the_garbage_collector_alone():
-    tracing = Tracing(TracingSettings(enabled=True, sample_ratio=1.0), exporter=InMemorySpanExporter())
+async def test_a_finished_request_waits_in_the_queue_as_its_encoded_spans(tmp_path, monkeypatch):
+    """The loop encodes a trace when its request finishes: the queue holds bytes (nothing for the garbage
+    collector to track, nothing left for the export thread to encode), and they are the request's spans."""
+    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "600000")  # nothing leaves on the timer
+    rx = GrpcReceiver()
+    await rx.start()
+    app = await start(tmp_path, "--tracing", "--tracing-endpoint", rx.endpoint, "--tracing-sample-ratio", "1")
     try:
-        recs = traces(tracing)[1:]  # plain values (the first has a list attribute, which the collector tracks)
-        for _ in range(3):  # a tuple is let go once its members are: a pass per level of nesting at most
-            gc.collect()
-        assert not any(gc.is_tracked(r) for r in recs)
+        await request(app.port, **{"x-request-id": "queued-1"})
+        tracing = app.director.tracing
+        queued = list(tracing.processor._queue)
+        assert [n for _, n in queued] == [2]  # the request span and its schedule span
+        data = queued[0][0]
+        assert type(data) is bytes and not gc.is_tracked(data)
+        sent = ExportTraceServiceRequest.FromString(Batch([data], tracing.origin, 2).request())
+        got = sent.resource_spans[0].scope_spans[0].spans
+        assert [s.name for s in got] == ["pointsman.request", "pointsman.schedule"]
+        ids = {a.key: a.value.string_value for a in got[0].attributes}
+        assert ids["pointsman.request_id"] == "queued-1"
+        assert got[1].parent_span_id == got[0].span_id and got[1].trace_id == got[0].trace_id
     finally:
-        tracing.shutdown()
+        await app.stop(0)
+        await rx.stop()
 
 
 # ---- end to end --------------------------------------------------------------------------------------------------
