@@ -3,8 +3,8 @@
 It does what the SDK's BatchSpanProcessor does, for Pointsman's traces (one per sampled request, its request span
 and stage spans already encoded as bytes by epp/observe/wire.py) instead of the SDK's span objects: a bounded
 queue, counted in spans, that a finished request joins in a lock and an append (the event loop's share besides the
-encoding); a thread that exports a batch when
-`max_export_batch_size` spans wait or `schedule_delay` has passed, and everything that is left at shutdown; when
+encoding); a thread that exports a batch when `max_export_batch_size` spans wait or `schedule_delay` has passed,
+and everything that is left at shutdown; when
 the queue is full the oldest traces are dropped (counted in `dropped`, a warning at most once a minute), so a slow
 collector never blocks or grows the process. Sizes and delays follow the standard variables and their defaults:
 OTEL_BSP_SCHEDULE_DELAY (ms, 5000), OTEL_BSP_MAX_QUEUE_SIZE (2048), OTEL_BSP_MAX_EXPORT_BATCH_SIZE (512),

@@ -11,8 +11,8 @@ bytes when its request finished, and a batch of them (a wire.py `Batch`) becomes
 alone. The gRPC exporter's stub sends those bytes as they are (a stub without a request serializer, in the
 exporter's `_stub` / `_client`; an SDK that keeps them elsewhere gets the bytes parsed back into the request
 message). The exporters take them through their own hooks: the gRPC exporter's `_translate_data`, the HTTP
-exporter's module-level `encode_spans` (`encode`). Anything else handed to them (the SDK's own spans; Pointsman makes none) goes to the
-SDK's stock encoder.
+exporter's module-level `encode_spans` (`encode`). Anything else handed to them (the SDK's own spans; Pointsman
+makes none) goes to the SDK's stock encoder.
 
 `xds-protos` (a Pointsman dependency) ships an old copy of the `opentelemetry.proto` modules that overwrites
 `opentelemetry-proto`'s when it is installed second; the exporters then fail to import. `check_proto()` names the

@@ -31,8 +31,7 @@ queue (epp/observe/batching.py: a lock and an append). No SDK span object is mad
 bounded attributes, the sampler again for every child) costs about 20 µs each; its `ReadableSpan`s and
 BatchSpanProcessor, which this used before, cost about as much again as the whole record path. The batch thread
 hands a batch of encoded traces to the SDK's OTLP exporter, whose translation hook only frames them
-(epp/observe/otlp.py). docs/observability.md "Performance" has the
-measurements.
+(epp/observe/otlp.py). docs/observability.md "Performance" has the measurements.
 """
 
 from __future__ import annotations
