@@ -272,7 +272,7 @@ class Intake:
         a long body Envoy sent whole (None: the body as Envoy sent it), that body and its size."""
         intake = intake or cls.whole(d, headers, body)
         if intake is None:
-            return None, body, len(body) if body else content_length(headers)
+            return None, body, sent_size(headers, body)
         return (intake, *intake.body(headers, body))
 
     def body(self, headers: Mapping[str, str], body: bytes | memoryview | None
@@ -285,7 +285,12 @@ class Intake:
                 self.ended = True  # (a reader that was never told the end: the machine decides at the end)
             return reader, reader.size if self.early is None else max(content_length(headers), reader.size)
         self.reader = self.early = None
-        return body, len(body) if body else content_length(headers)
+        return body, sent_size(headers, body)
+
+
+def sent_size(headers: Mapping[str, str], body: bytes | memoryview | None) -> int:
+    """The size of a body as Envoy sent it: its length, or the content-length while it has not come."""
+    return len(body) if body else content_length(headers)
 
 
 def content_length(headers: Mapping[str, str]) -> int:
