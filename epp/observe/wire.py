@@ -207,8 +207,13 @@ class Encoder:
     def request(self, records: Iterable[tuple[Any, ...]], origin: Origin) -> bytes:
         """ExportTraceServiceRequest bytes for records encoded together (tests and benchmarks; tracing encodes
         each record when its request finishes and sends a `Batch`)."""
-        traces = [self.trace(r) for r in records]
-        return Batch(traces, origin, 0).request()
+        records = list(records)
+        return Batch([self.trace(r) for r in records], origin, span_count(records)).request()
+
+
+def span_count(records: Iterable[tuple[Any, ...]]) -> int:
+    """The spans of trace records: each request span and its children (the record's last member)."""
+    return sum(1 + len(r[-1]) for r in records)
 
 
 class Batch(list[bytes]):

@@ -20,7 +20,7 @@ from opentelemetry.trace.status import Status, StatusCode
 from epp.observe import TracingSettings
 from epp.observe.batching import Batcher, BatchSettings
 from epp.observe.tracing import Trace, Tracing, record
-from epp.observe.wire import Batch, Encoder
+from epp.observe.wire import Batch, Encoder, span_count
 from epp.request.tracecontext import TraceParent
 from tests.observe.test_tracing_otlp import by_name, request, start
 from tests.support.otlp import GrpcReceiver
@@ -177,7 +177,7 @@ def traces(tracing: Tracing) -> list[tuple]:
 
 def batch(tracing: Tracing, recs: list[tuple]) -> Batch:
     """The records as tracing queues and exports them: each encoded by the tracer's own encoder."""
-    return Batch([tracing.encoder.trace(r) for r in recs], tracing.origin, sum(1 + len(r[-1]) for r in recs))
+    return Batch([tracing.encoder.trace(r) for r in recs], tracing.origin, span_count(recs))
 
 
 def sdk_spans(tracing: Tracing, recs: list[tuple], child_ids: list[int]) -> list[ReadableSpan]:
