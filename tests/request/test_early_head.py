@@ -226,6 +226,31 @@ def test_a_model_named_again_after_the_decision_point_is_refused_at_the_body_end
     assert inflight(director) == 0
 
 
+@pytest.mark.parametrize("key", [rb"mod\u0065l", rb"\u006D\u006f\u0064\u0065\u006c"])
+def test_a_model_named_again_in_escapes_is_refused_too(key: bytes) -> None:
+    """The check reads the key as the model server's JSON parser does: `"mod\u0065l"` is `"model"`, JSON's last
+    member of that name, though its bytes never spell it."""
+    raw = twice("m")[:-1] + b',"' + key + b'":"premium-adapter"}'
+    assert orjson.loads(raw)["model"] == "premium-adapter"
+    _, ex, m, first = _stream(raw, 40_000)
+    assert ex.early == "m" and destination(first) is not None
+    last = m.feed(body_msg(raw[40_000:], True))
+    assert last[0].immediate_response.status.code == 400
+    assert b"'premium-adapter' at its end" in last[0].immediate_response.body
+    ex.close()
+
+
+def test_a_model_named_again_inside_a_value_is_not_a_second_model() -> None:
+    """Only a top-level member names the model: the same key in a message, a tool's schema or a string passes."""
+    raw = twice("m")[:-1] + b',"tools":[{"type":"function","function":{"name":"f","parameters":{"model":"x"}}}],' \
+        b'"metadata":{"model":"premium-adapter","note":"\\"model\\": \\"y\\""}}'
+    assert orjson.loads(raw)["model"] == "m"
+    _, ex, m, first = _stream(raw, 40_000)
+    last = m.feed(body_msg(raw[40_000:], True))
+    assert _echoed(first + last) == raw
+    ex.close()
+
+
 def test_a_body_that_confirms_its_model_streams_through_untouched() -> None:
     """The same model repeated (or named once) passes: every chunk is echoed, in order, the body whole."""
     for raw in (twice("m"), chat(model_first=True, chars=64_000)):
