@@ -61,6 +61,7 @@ SHOWN = 80  # characters of a client's value quoted in an error
 
 
 HEAD_SLICE = 32 * 1024  # bytes of a long chunk read at a time while a decision may come from the prompt's head
+HEAD_LEAD = 1024  # bytes before the prompt's head a first slice allows for (the model, the JSON around the prompt)
 _NEEDS: dict[int, tuple[int, bool]] = {}  # id(scheduler) -> (prompt characters its prefix producers hash, reads tokens)
 
 
@@ -241,15 +242,19 @@ class Intake:
     def _head_first(self, d: Director, headers: Mapping[str, str], reader: StreamingBody,
                     data: bytes | memoryview, end_of_stream: bool) -> bool:
         """A long first chunk (a long body Envoy sends in one message, the last one included) is read a slice at a
-        time while the decision may still come from its head: what follows the head is then never parsed. Once the
+        time while the decision may still come from its head: what follows the head is then never parsed. The first
+        slice is the shortest that can hold the head (the characters the scheduler hashes and HEAD_LEAD before
+        them: 17 KB for the defaults, where a 32 KB slice cost a third more), the next ones HEAD_SLICE. Once the
         head is long enough and the decision still cannot come from it (the model comes after the prompt; media
-        masked shorter than its base64) or no head began in the first slice, the chunk is kept whole again, as any
-        first chunk is (a whole body is then one orjson call)."""
+        masked shorter than its base64) or no head began in the first HEAD_SLICE bytes, the chunk is kept whole
+        again, as any first chunk is (a whole body is then one orjson call)."""
         reader.feed(data, read=False)
         self.ended = end_of_stream
         needed = prompt_chars_needed(d.scheduler)
+        step = needed + HEAD_LEAD  # the least that can hold the head: a character is a byte at least
         while reader.read < reader.size:
-            reader.start(reader.read + HEAD_SLICE)
+            reader.start(reader.read + step)
+            step = HEAD_SLICE
             if self._check(d, headers, reader):
                 if not end_of_stream:
                     return True
@@ -260,7 +265,7 @@ class Intake:
                     return False
                 self.early = self.checks = None
                 break
-            if reader.head_chars >= needed or not reader.head_chars:
+            if reader.head_chars >= needed or (not reader.head_chars and reader.read >= HEAD_SLICE):
                 break
         if reader.read < reader.size:
             self.reader = whole = StreamingBody(reader.kind)

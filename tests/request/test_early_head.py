@@ -70,6 +70,32 @@ def test_a_long_body_in_one_message_is_read_only_as_far_as_its_head(mode: BodyMo
     ex.close()
 
 
+def test_the_first_slice_reads_no_further_than_the_head_can_end() -> None:
+    """A character takes a byte at least, so the head (the 16 KB the default scheduler hashes) ends within its
+    length and HEAD_LEAD of the body's start when the model comes first: that is all a first slice parses."""
+    from epp.request.early import HEAD_LEAD, prompt_chars_needed
+
+    ex, replies = decide(chat(model_first=True))
+    needed = prompt_chars_needed(ex.d.scheduler)
+    assert ex.early == "m" and destination(replies) is not None
+    assert ex.intake is not None and ex.intake.reader is not None
+    assert needed <= ex.intake.reader.read <= needed + HEAD_LEAD < HEAD_SLICE
+    ex.close()
+
+
+def test_a_prompt_after_long_members_still_decides_on_its_head() -> None:
+    """20 KB of tools before the messages: no head has begun when the first slice ends, but one begins within
+    HEAD_SLICE, so the reading goes on a slice at a time and the decision still comes from the head."""
+    tools = [{"type": "function", "function": {"name": f"tool_{i}", "description": "d" * 180}} for i in range(100)]
+    text = ("what the agent saw so far, turn after turn; " * 6000)[:256_000]
+    raw = orjson.dumps({"model": "m", "tools": tools, "messages": [{"role": "user", "content": text}]})
+    assert 20_000 < raw.index(b'"messages"') < HEAD_SLICE
+    ex, replies = decide(raw)
+    assert ex.early == "m" and destination(replies) is not None
+    assert ex.intake is not None and ex.intake.reader is not None and ex.intake.reader.read < 2 * HEAD_SLICE
+    ex.close()
+
+
 @pytest.mark.parametrize("mode", [BodyMode.FULL_DUPLEX_STREAMED, BodyMode.BUFFERED])
 def test_the_model_after_the_prompt_reads_the_whole_body_as_before(mode: BodyMode) -> None:
     """No early decision can come from the head (the model has not arrived): the body is kept whole again and
