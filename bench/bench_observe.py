@@ -12,10 +12,14 @@ With `--tree LABEL=PATH` (repeatable) it compares checkouts instead of cases: th
 `epp`, this script's driver) in a worker process of its own kept for the whole run, the trees taking turns in short
 rounds, the order rotating, so that a machine shared with other work loads them alike. The per-request cost of a
 small request before and after a change (docs/performance.md, "The small request's fixed cost") comes from it.
+`--body` gives the trees a long body instead, sent as full duplex sends it, in 64 KB chunks (the exchange reads
+them as they come, decides on the head when it can, and checks the rest at the end): `plain` is bench_extproc.py's
+256 KB chat (one message of plain text), `agent` an agent's context of 300 turns full of escapes (280 KB).
 
     .venv/bin/python bench/bench_observe.py --rounds 7 --requests 3000
     .venv/bin/python bench/bench_observe.py --case "trace 1%" --case "trace 100%"    # only these (and off)
     .venv/bin/python bench/bench_observe.py --rounds 60 --requests 1000 --tree before=/tmp/before --tree after=.
+    .venv/bin/python bench/bench_observe.py --rounds 30 --requests 200 --body agent --tree before=/tmp/before --tree after=.
 """
 
 from __future__ import annotations
@@ -66,20 +70,49 @@ def cases(otlp: str) -> dict[str, list[str]]:
     }
 
 
-async def drive(app: App, n: int) -> None:
+def long_body(kind: str) -> bytes:
+    """`plain`: bench_extproc.py's 256 KB chat; `agent`: 300 turns of 44-character lines with quotes, 280 KB."""
+    if kind == "plain":
+        sys.path.insert(1, str(ROOT))
+        from bench.extproc_stack import chat_body
+
+        return chat_body(262_144).encode()
+    line = 'The quick brown fox said "hi" and went on.\n'
+    turns = [{"role": ("user", "assistant")[i % 2], "content": line * 20} for i in range(300)]
+    return orjson.dumps({"model": "m", "messages": turns})
+
+
+CHUNK = 65_536  # bytes per body message of a long body, as Envoy sends a large one in full duplex
+
+
+async def drive(app: App, n: int, body: bytes = BODY) -> None:
     d = app.director
+    chunks = [body[i:i + CHUNK] for i in range(0, len(body), CHUNK)] if body is not BODY else []
+    headers = {**HEADERS, "content-length": str(len(body))}
     for _ in range(n):
         ex = d.exchange(MD) if d.tracing is not None else d.exchange()
-        ex.decide(HEADERS, BODY, {})
+        if not chunks:
+            ex.decide(HEADERS, BODY, {})
+        else:  # full duplex: each chunk read as it comes; the rest after an early decision is kept and checked
+            early = False
+            for i, c in enumerate(chunks):
+                end = i == len(chunks) - 1
+                if early:
+                    ex.request_rest(c, end)
+                elif ex.request_chunk(headers, c, end):
+                    ex.decide(headers, None, {})
+                    early = True
+            if not early:
+                ex.decide(headers, None, {})
         ex.response_headers(RESPONSE, {})
         ex.response_body(ANSWER, True)
         await asyncio.sleep(0)  # deferred work (a shadow run) goes now
         ex.close()
 
 
-async def measure(app: App, n: int) -> float:
+async def measure(app: App, n: int, body: bytes = BODY) -> float:
     t0 = time.process_time()
-    await drive(app, n)
+    await drive(app, n, body)
     if app.director.tracing is not None:
         await asyncio.to_thread(app.director.tracing.processor.force_flush)
     await asyncio.sleep(0)
@@ -98,8 +131,9 @@ def endpoints_file() -> Path:
     return eps
 
 
-async def serve_tree() -> int:
-    """A --tree worker: the `off` App of TREE; each line N on stdin -> its process CPU µs per request of N requests."""
+async def serve_tree(kind: str) -> int:
+    """A --tree worker: the `off` App of TREE; each line N on stdin -> its process CPU µs per request of N requests
+    of the `kind` of body (`short`: BODY, sent whole)."""
     import epp
 
     if not Path(epp.__file__).resolve().is_relative_to(TREE):
@@ -107,23 +141,24 @@ async def serve_tree() -> int:
     logging.disable(logging.WARNING)  # the endpoint's failed scrapes
     app = App(serve_settings(endpoints_file(), []))
     await app.start()
-    await drive(app, 500)  # warm up
+    body = BODY if kind == "short" else long_body(kind)
+    await drive(app, 500, body)  # warm up
     print("ready", flush=True)
     loop = asyncio.get_running_loop()
     try:
         while line := (await loop.run_in_executor(None, sys.stdin.readline)).strip():
-            print(f"{await measure(app, int(line)) * 1e6:.3f}", flush=True)
+            print(f"{await measure(app, int(line), body) * 1e6:.3f}", flush=True)
     finally:
         await app.stop(0)
     return 0
 
 
-def compare_trees(trees: list[str], rounds: int, n: int) -> int:
+def compare_trees(trees: list[str], rounds: int, n: int, kind: str) -> int:
     """The `off` case of each checkout, interleaved (see the module docstring)."""
     workers: dict[str, subprocess.Popen[str]] = {}
     for spec in trees:
         label, _, path = spec.rpartition("=")
-        workers[label or path] = subprocess.Popen([sys.executable, __file__, WORKER, path], stdin=subprocess.PIPE,
+        workers[label or path] = subprocess.Popen([sys.executable, __file__, "--body", kind, WORKER, path], stdin=subprocess.PIPE,
                                                   stdout=subprocess.PIPE, text=True)
     times: dict[str, list[float]] = {k: [] for k in workers}
     load = os.getloadavg()[0]
@@ -143,8 +178,8 @@ def compare_trees(trees: list[str], rounds: int, n: int) -> int:
         for w in workers.values():
             w.communicate("\n", timeout=30)
     base = statistics.median(times[names[0]])
-    print(f"{rounds} interleaved rounds x {n} requests per tree, the `off` case; process CPU µs per request; load "
-          f"average {load:.1f} before, {os.getloadavg()[0]:.1f} after\n")
+    print(f"{rounds} interleaved rounds x {n} requests per tree, the `off` case, {kind} body; process CPU µs per "
+          f"request; load average {load:.1f} before, {os.getloadavg()[0]:.1f} after\n")
     print(f"| tree | median | p25 | min | vs {names[0]} |\n|---|---|---|---|---|")
     for name, ts in times.items():
         med = statistics.median(ts)
@@ -159,12 +194,14 @@ async def main() -> int:
     ap.add_argument("--case", action="append", default=[], help="only these cases (repeatable; `off` is always in)")
     ap.add_argument("--tree", action="append", default=[], metavar="LABEL=PATH",
                     help="compare these checkouts' `off` case instead (repeatable; the first is the reference)")
+    ap.add_argument("--body", choices=["short", "plain", "agent"], default="short",
+                    help="with --tree: the request body (short: a one-line chat sent whole; see above)")
     ap.add_argument(WORKER, metavar="PATH", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.serve_tree:
-        return await serve_tree()
+        return await serve_tree(args.body)
     if args.tree:
-        return compare_trees(args.tree, args.rounds, args.requests)
+        return compare_trees(args.tree, args.rounds, args.requests, args.body)
     os.environ.setdefault("OTEL_BSP_SCHEDULE_DELAY", "50")
     eps = endpoints_file()
     port = free_port()
