@@ -42,6 +42,7 @@ needs none.
 from __future__ import annotations
 
 import logging
+import weakref
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
@@ -62,12 +63,14 @@ SHOWN = 80  # characters of a client's value quoted in an error
 
 HEAD_SLICE = 32 * 1024  # bytes of a long chunk read at a time while a decision may come from the prompt's head
 HEAD_LEAD = 1024  # bytes before the prompt's head a first slice allows for (the model, the JSON around the prompt)
-_NEEDS: dict[int, tuple[int, bool]] = {}  # id(scheduler) -> (prompt characters its prefix producers hash, reads tokens)
+# scheduler -> (prompt characters its prefix producers hash, reads tokens). Weak: a scheduler is immutable, and one
+# that a config reload replaced must not lend its answer to the next one born at its address (a cache keyed by
+# id() did: a reload could keep the old config's head length, or decide early for a config that reads tokens).
+_NEEDS: weakref.WeakKeyDictionary[object, tuple[int, bool]] = weakref.WeakKeyDictionary()
 
 
 def _needs(scheduler: object) -> tuple[int, bool]:
-    key = id(scheduler)
-    got = _NEEDS.get(key)
+    got = _NEEDS.get(scheduler)
     if got is None:
         plugins = getattr(scheduler, "plugins", None)
         chars = 0
@@ -82,9 +85,10 @@ def _needs(scheduler: object) -> tuple[int, bool]:
             producer = getattr(scheduler, "producer", None)
             tokens = callable(producer) and producer(TOKEN_IDS) is not None
         got = (chars, tokens)
-        if len(_NEEDS) > 64:
-            _NEEDS.clear()
-        _NEEDS[key] = got
+        try:
+            _NEEDS[scheduler] = got
+        except TypeError:  # an object without weak references (a test double) is measured every time
+            pass
     return got
 
 

@@ -372,3 +372,33 @@ def test_an_early_rewrite_covers_the_body_up_to_the_decision_only() -> None:
     assert intake.rest(raw[100:1_000], False) is None
     assert intake.rewritten("m-v2") == raw[:100].replace(b'"m"', b'"m-v2"', 1)
     assert intake.rest(raw[1_000:], True) is None  # and the whole body confirms "m"
+
+
+def test_a_scheduler_born_where_a_freed_one_lived_answers_for_itself() -> None:
+    """A config reload frees the old scheduler, and the next one may be allocated at its address. What the early
+    rules ask of a scheduler (the head its prefix producers hash) must be the new one's, not the old one's (a cache
+    keyed by id() kept the old answer: a reload could decide on a head of the old config's length)."""
+    from types import SimpleNamespace
+
+    from epp.request.early import prompt_chars_needed
+
+    class Scheduler:  # what the rules read of one: its plugins' block sizes, whether a config reads token ids
+        def __init__(self, blocks: int) -> None:
+            self.blocks = blocks
+
+        def plugins(self) -> list[SimpleNamespace]:
+            return [SimpleNamespace(block_tokens=16, max_blocks=self.blocks)]
+
+        def reads(self, name: str) -> bool:
+            return False
+
+    reused = 0
+    for _ in range(50):
+        old = Scheduler(256)
+        assert prompt_chars_needed(old) == 16_384
+        address = id(old)
+        del old
+        new = Scheduler(1)  # the same size as the one just freed: CPython hands it the same block
+        reused += id(new) == address
+        assert prompt_chars_needed(new) == 64
+    assert reused  # the case this is about happened
