@@ -272,3 +272,35 @@ async def test_a_model_named_again_after_the_prompt_never_reaches_the_engine(tmp
                     assert info["body_sha256"] == hashlib.sha256(body).hexdigest()
     finally:
         await s.stop()
+
+
+@pytest.mark.parametrize("mode", ["FULL_DUPLEX_STREAMED", "BUFFERED"])
+async def test_a_long_body_with_its_model_after_the_prompt_is_served_whole(tmp_path, mode):
+    """As OpenAI's Python client writes it: `messages`, then `model` and the rest. Decided on the head at the body's
+    end (the rest scanned once, not parsed), the request reaches the endpoint picked with its body byte for byte,
+    routed as the last `model`, `max_tokens` after the prompt seen; a body ending in a model that is not a string
+    gets the same 400 as when read whole."""
+    s = Stack(tmp_path, variant="original-dst", envoy_overrides={"request_body_mode": mode})
+    await s.start()
+    try:
+        async with aiohttp.ClientSession() as c:
+            prompt = orjson.dumps({"messages": [{"role": "user", "content": "w" * 200_000}]})[:-1]
+            for tail, want in ((b',"model":"llama","max_tokens":5}', 200), (b',"model":7}', 400)):
+                body = prompt + tail
+
+                async def pieces(body=body):
+                    for i in range(0, len(body), 16_384):
+                        yield body[i: i + 16_384]
+                        await asyncio.sleep(0.002)
+
+                status, info = await post(c, s.url + "/v1/chat/completions", pieces())
+                assert status == want, str(info)[:300]
+                if want == 400:
+                    assert "'model' must be a string" in str(info) and "served_by" not in str(info)
+                    continue
+                assert isinstance(info, dict) and info["received_model"] == "llama"
+                assert info["headers"]["x-gateway-model-name"] == "llama"
+                assert info["headers"]["x-gateway-destination-endpoint"] == f"127.0.0.1:{info['served_by']}"
+                assert info["body_sha256"] == hashlib.sha256(body).hexdigest()
+    finally:
+        await s.stop()

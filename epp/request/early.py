@@ -24,8 +24,16 @@ What the decision cannot see is handled explicitly: the token estimate is the co
 had arrived (so `max_tokens` after the prompt is absent, and admitters use their defaults for it), a `cache_salt`
 after the prompt is not in the block hashes, and the fields after the decision point are not validated (the model
 server answers a malformed body). A prompt member that comes a second time after the decision point (JSON's last
-one wins) is not seen by it: the decision stands on the first, the reader withdraws its head (`head_chars` 0). OpenAI's Python client writes `messages` before `model`: its requests decide early
-only with a trusted model header or a one-model pool.
+one wins) is not seen by it: the decision stands on the first, the reader withdraws its head (`head_chars` 0).
+
+OpenAI's Python client writes `messages` before `model`: its requests decide early only with a trusted model header
+or a one-model pool. Otherwise, once the head is read (rules 2 and 3 hold and no InferenceModelRewrite could
+apply), the rest of the body is kept unread (`Intake.late`), and when it ends one scan of it (`top_level`,
+msgspec) reads its top-level members: the decision is then made on the head, as an early one is, with the body's
+last `model` and every member after the prompt (so `max_tokens`, `user` and `cache_salt` are seen; the token
+estimate is the body's size), and there is nothing left to check (`Intake.settle`). At 256 KB that costs 310 µs
+in process where reading the whole body cost 780 (docs/performance.md). A body the scan refuses, or whose model is
+not a non-empty string, is read on and parsed as before, so its client gets the same 400.
 
 A decision that took its model from the body (rule 1's third case) is checked against the whole body: the model
 server keeps JSON's last member, so a client could name one model before its prompt, for the decision and for
@@ -43,14 +51,15 @@ from __future__ import annotations
 
 import logging
 import weakref
-from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 import msgspec
+import orjson
 
 from epp.request.context import MODEL_REWRITE
 from epp.request.parsing import api_kind
-from epp.request.streaming import HEAD, StreamingBody
+from epp.request.streaming import COLLECT, HEAD, StreamingBody
 from scheduling.prefix.precise_data import TOKEN_IDS
 from scheduling.types import CHARS_PER_TOKEN, ApiKind
 
@@ -135,27 +144,35 @@ def early_model(d: Director, headers: Mapping[str, str], body: StreamingBody) ->
     return None if model is None else (model, False)
 
 
-class _Named(msgspec.Struct):
-    """What the check reads of a body: its top-level `model`, JSON's last member of that name (as the model server
-    reads it), its key spelled in any escapes. Every other member is only scanned, nothing of it built."""
-
-    model: object = None
+_TOP = msgspec.json.Decoder(dict[str, msgspec.Raw])
 
 
-_NAMED = msgspec.json.Decoder(_Named)
+def top_level(raw: bytes | memoryview, keep: Callable[[str], bool]) -> dict[str, Any]:
+    """A whole body's top-level members that `keep` names, parsed, in one scan of the body: each key read as a JSON
+    parser reads it (`"mod\\u0065l"` is `model`; the last of a name wins), and each value the caller does not keep
+    only scanned, nothing of it built (msgspec: 60 against orjson's 73 µs for a whole parse of 256 KB of one plain
+    string, 83 against 130 µs for 280 KB of 300 messages full of escapes; docs/performance.md). The kept values are
+    parsed by orjson, as `parse_body` parses them. msgspec.DecodeError or ValueError for a body that is not a JSON
+    object. The scan refuses malformed JSON as orjson does; in what it skips it takes invalid UTF-8 and numbers past
+    a double's range, and such a body reaches the model server, whose own parser refuses the first (and takes the
+    second). It nests only as deep as Python's stack allows: a body nested deeper is parsed whole by orjson, whose
+    own limit (1,024 levels) decides, as before."""
+    try:
+        members = _TOP.decode(raw)
+    except RecursionError:
+        body = orjson.loads(raw)
+        if not isinstance(body, dict):
+            raise msgspec.ValidationError("Expected `object`") from None
+        return {k: v for k, v in body.items() if keep(k)}
+    return {k: orjson.loads(memoryview(v)) for k, v in members.items() if keep(k)}
 
 
 def contradiction(raw: bytes | memoryview, model: str) -> str | None:
     """What is wrong with a whole body whose decision read `model` in its head: it is not JSON, or its top-level
-    `model` (JSON's last member, as the model server reads it) is another. None when it confirms the decision.
-
-    msgspec's decoder, asked for one member, scans the others without building them: 60 against orjson's 73 µs on
-    256 KB of one plain string, 83 against 130 µs on 280 KB of 300 messages full of escapes (docs/performance.md).
-    It refuses malformed JSON as orjson does. In what it skips it takes invalid UTF-8 and numbers past a double's
-    range: such a body reaches the model server, whose own parser refuses the first (and takes the second)."""
+    `model` (JSON's last member, as the model server reads it) is another. None when it confirms the decision."""
     try:
-        final = _NAMED.decode(raw).model
-    except msgspec.DecodeError as e:  # (a ValidationError too: a body that is not an object)
+        final = top_level(raw, "model".__eq__).get("model")
+    except (msgspec.DecodeError, ValueError) as e:  # (a body that is not an object, too)
         return f"request body is not valid JSON: {e}"
     if final == model:
         return None
@@ -172,27 +189,31 @@ def may_decide_early(d: Director, headers: Mapping[str, str], kind: ApiKind) -> 
             and MODEL_REWRITE not in headers)
 
 
-def ready(d: Director, headers: Mapping[str, str], body: StreamingBody) -> tuple[str, bool] | None:
-    """The model to decide with now, before the body ends, and whether it came from the body; None while the
-    decision must wait."""
+def head_ready(d: Director, headers: Mapping[str, str], body: StreamingBody) -> bool:
+    """Whether the body has shown all the decision reads of its prompt, and may be decided on that (the rules but
+    the model's)."""
     if not may_decide_early(d, headers, body.kind):
-        return None
+        return False
     needed = prompt_chars_needed(d.scheduler)
     if body.size < needed:  # text takes a byte a character at least: a short body is left unread, so one that
-        return None  # ends in its next message is still one orjson call (a head of small media masked longer than
+        return False  # ends in its next message is still one orjson call (a head of small media masked longer than
         # its bytes waits for the body's end: an early decision is never owed, only allowed)
     if not body.reading:
         body.start()
-    if body.head_chars < needed or len(body.head_text()) < needed:  # masked media weighs less than its base64
-        return None
-    return early_model(d, headers, body)
+    return body.head_chars >= needed and len(body.head_text()) >= needed  # masked media weighs less than base64
+
+
+def ready(d: Director, headers: Mapping[str, str], body: StreamingBody) -> tuple[str, bool] | None:
+    """The model to decide with now, before the body ends, and whether it came from the body; None while the
+    decision must wait."""
+    return early_model(d, headers, body) if head_ready(d, headers, body) else None
 
 
 class Intake:
     """The request body as the exchange reads it while it streams in (full duplex), and whether the decision can be
     made before it ends: `early` is then the model to decide with (see the module docstring)."""
 
-    __slots__ = ("reader", "early", "upto", "checks", "ended")
+    __slots__ = ("reader", "early", "upto", "checks", "ended", "late")
 
     def __init__(self) -> None:
         self.reader: StreamingBody | None = None
@@ -200,6 +221,7 @@ class Intake:
         self.upto = 0  # the body's bytes received when the early decision was made
         self.checks: str | None = None  # the early model came from the body: the whole body must confirm it
         self.ended = False  # the reader has the whole body
+        self.late = False  # the head is read and its model comes after the prompt: the rest waits unread (`settle`)
 
     def chunk(self, d: Director, headers: Mapping[str, str], data: bytes | memoryview, end_of_stream: bool) -> bool:
         """Read one chunk; True when the decision can be made now, before the body ends."""
@@ -208,21 +230,50 @@ class Intake:
             reader = self.reader = StreamingBody(api_kind(headers))
         if len(data) > HEAD_SLICE and not reader.size and may_decide_early(d, headers, reader.kind):
             return self._head_first(d, headers, reader, data, end_of_stream)
-        reader.feed(data)
+        reader.feed(data, read=not self.late)
         if end_of_stream:
             self.ended = True
+            self.settle(d)
             return False
-        return self._check(d, headers, reader)
+        return not self.late and self._check(d, headers, reader)
 
     def _check(self, d: Director, headers: Mapping[str, str], reader: StreamingBody) -> bool:
         try:
-            got = ready(d, headers, reader)
+            head = head_ready(d, headers, reader)
+            got = early_model(d, headers, reader) if head else None
         except Exception:  # never crash a stream: decide at the end instead
             log.exception("early decision check failed")
-            got = None
+            head, got = False, None
         self.early, self.checks = (None, None) if got is None else (got[0], got[0] if got[1] else None)
         self.upto = reader.size
+        # The head is all here and no model to decide with: it comes after the prompt (OpenAI's Python client
+        # writes it there). The rest is kept unread, and the decision comes at the end on the head (`settle`).
+        self.late = head and got is None and reader.model is None and not d.datastore.rewrites
         return self.early is not None
+
+    def settle(self, d: Director) -> None:
+        """The body has ended after a head that waited for its model (`late`): one scan of the whole body reads its
+        top-level members (`top_level`), they join those the reader read, and the decision is made on the head as
+        an early one is, with the body's last model and nothing left to check. A body the scan refuses, or whose
+        model is not a non-empty string, is read on and parsed as before (`StreamingBody.finish`), for the exact
+        result or error; so is one whose pool gained a model rewrite (it rewrites a model value it must see)."""
+        reader = self.reader
+        if not self.late or reader is None:
+            return
+        self.late = False
+        if d.datastore.rewrites:
+            return
+        prompt = COLLECT.get(reader.kind, frozenset())  # what the decision reads of them is the head
+        try:
+            members = top_level(reader.raw(), lambda name: name not in prompt)
+        except (msgspec.DecodeError, ValueError):
+            return
+        model = members.get("model")
+        if not isinstance(model, str) or not model:
+            return
+        reader.complete(members)
+        self.early = model
+        self.upto = reader.size
 
     def rewritten(self, target: str) -> bytes | None:
         """The body received up to the early decision with its top-level model's value rewritten to `target` (a
@@ -269,6 +320,10 @@ class Intake:
                     return False
                 self.early = self.checks = None
                 break
+            if self.late:  # the model comes after the prompt: the rest of this chunk waits unread
+                if end_of_stream:
+                    self.settle(d)
+                return False
             if reader.head_chars >= needed or (not reader.head_chars and reader.read >= HEAD_SLICE):
                 break
         if reader.read < reader.size:
@@ -297,6 +352,7 @@ class Intake:
         intake = intake or cls.whole(d, headers, body)
         if intake is None:
             return None, body, sent_size(headers, body)
+        intake.settle(d)  # (a body whose end came in trailers: no last chunk said so)
         return (intake, *intake.body(headers, body))
 
     def body(self, headers: Mapping[str, str], body: bytes | memoryview | None

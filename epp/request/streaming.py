@@ -16,6 +16,7 @@ reader have refused a valid body, today's result): the reader never changes what
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from epp.request.jsonstream import JsonStream
@@ -131,8 +132,14 @@ class StreamingBody:
         return text, self.kind in MEDIA_KINDS and head_holds_media(text)
 
     def partial(self) -> dict[str, Any]:
-        """The top-level members that have arrived (for a decision made before the body ended)."""
+        """The top-level members that have arrived (for a decision made before the body ended, or on the head at
+        its end: then with those `complete` added)."""
         return self.stream.value
+
+    def complete(self, members: Mapping[str, Any]) -> None:
+        """Top-level members the reader did not read (it stopped after the head; one scan of the whole body found
+        them: epp/request/early.py) join those it did, the later of a name winning, as in JSON."""
+        self.stream.value.update(members)
 
     def raw(self) -> bytes | memoryview:
         chunks = self.chunks

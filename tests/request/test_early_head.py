@@ -29,11 +29,15 @@ def chat(model_first: bool, chars: int = 256_000) -> bytes:
 TRUSTED = "x-model-from-an-earlier-filter"
 
 
-def decide(raw: bytes, pieces: int = 1, mode: BodyMode = BodyMode.FULL_DUPLEX_STREAMED, *, trusted: bool = False):
-    """`trusted`: the model also comes in a header the director trusts (`--trusted-model-header`)."""
+def decide(raw: bytes, pieces: int = 1, mode: BodyMode = BodyMode.FULL_DUPLEX_STREAMED, *, trusted: bool = False,
+           whole: bool = False):
+    """`trusted`: the model also comes in a header the director trusts (`--trusted-model-header`); `whole`: no
+    decision on the head (`--early-decisions=false`), the body read whole."""
     director = real_director()
     if trusted:
         director = replace(director, early=replace(director.early, model_headers=(TRUSTED,)))
+    if whole:
+        director = replace(director, early=replace(director.early, decisions=False))
     ex = director.exchange()
     m = SyncMachine(ex, request_body_mode=mode)
     m.feed(headers_msg(**({TRUSTED: "m"} if trusted else {})))
@@ -96,16 +100,96 @@ def test_a_prompt_after_long_members_still_decides_on_its_head() -> None:
     ex.close()
 
 
-@pytest.mark.parametrize("mode", [BodyMode.FULL_DUPLEX_STREAMED, BodyMode.BUFFERED])
-def test_the_model_after_the_prompt_reads_the_whole_body_as_before(mode: BodyMode) -> None:
-    """No early decision can come from the head (the model has not arrived): the body is kept whole again and
-    parsed at its end as one orjson call, the prompt the whole one."""
-    raw = chat(model_first=False)
-    ex, replies = decide(raw, mode=mode)
-    assert ex.early is None
+def sdk_chat(chars: int = 256_000, **after: object) -> bytes:
+    """A chat body as OpenAI's Python client writes it: `messages` first, then `model` and the other members."""
+    text = ("what the agent saw so far, turn after turn; " * (chars // 44 + 1))[:chars]
+    return orjson.dumps({"messages": [{"role": "user", "content": text}], "model": "m", **after})
+
+
+@pytest.mark.parametrize(("mode", "pieces"), [(BodyMode.FULL_DUPLEX_STREAMED, 1), (BodyMode.FULL_DUPLEX_STREAMED, 4),
+                                              (BodyMode.BUFFERED, 1)])
+def test_the_model_after_the_prompt_decides_on_the_head_at_the_body_end(mode: BodyMode, pieces: int) -> None:
+    """The head cannot decide before the body ends (its model has not arrived), and the rest of the prompt is not
+    read: at the end one scan of the body gives the members after the prompt, the decision reads those and the
+    head, as an early decision does (the token estimate is the body's size), and picks where the whole body would."""
+    from epp.request.early import prompt_chars_needed
+
+    raw = sdk_chat(max_tokens=7, user="agent-7", metadata={"k": [1, 2]})
+    ex, replies = decide(raw, pieces, mode)
+    assert ex.early == "m" and ex.intake is not None and ex.intake.checks is None
+    reader = ex.intake.reader
+    needed = prompt_chars_needed(ex.d.scheduler)
+    assert reader is not None and reader.read < 64 * 1024 + HEAD_SLICE < len(raw)  # the rest of the prompt: unread
     req = ex.ctx.request if ex.ctx is not None else None
-    assert req is not None and req.prompt == parse_body(ApiKind.CHAT, raw).prompt
+    whole = parse_body(ApiKind.CHAT, raw)
+    assert req is not None and whole.prompt.startswith(req.prompt) and len(req.prompt) >= needed
+    assert req.expected_prompt_chars == len(raw) and req.model == "m"
+    assert {k: v for k, v in req.body.items() if k != "messages"} == {"model": "m", "max_tokens": 7,
+                                                                       "user": "agent-7", "metadata": {"k": [1, 2]}}
+    late_dest = destination(replies)
+    ex.close()
+    whole_ex, whole_replies = decide(raw, pieces, mode, whole=True)
+    assert whole_ex.early is None and whole_ex.ctx is not None and whole_ex.ctx.request.prompt == whole.prompt
+    assert late_dest is not None and late_dest == destination(whole_replies)
+    whole_ex.close()
+
+
+@pytest.mark.parametrize(("tail", "error"), [
+    (b',"model":7}', b"'model' must be a string"),
+    (b',"model":""}', b"model not found in request body"),
+    (b',"max_tokens":7}', b"model not found in request body"),
+    (b',"model":"m",}', b"request body is not valid JSON"),
+    (b',"model":"m"', b"request body is not valid JSON"),
+])
+@pytest.mark.parametrize("mode", [BodyMode.FULL_DUPLEX_STREAMED, BodyMode.BUFFERED])
+def test_a_body_the_end_scan_cannot_decide_gets_the_whole_reads_error(tail: bytes, error: bytes,
+                                                                       mode: BodyMode) -> None:
+    """No model, a model that is not a string, malformed JSON after the prompt: the rest is read and parsed as
+    before, and the client gets the same 400 as a body read whole."""
+    raw = sdk_chat()[:-1].rsplit(b',"model"', 1)[0] + tail
+    ex, replies = decide(raw, 3 if mode is BodyMode.FULL_DUPLEX_STREAMED else 1, mode)
+    assert ex.early is None
+    reply = next(r for r in replies if r.WhichOneof("response") == "immediate_response").immediate_response
+    assert reply.status.code == 400 and error in reply.body, reply.body[:200]
+    ex.close()
+
+
+def test_the_last_model_after_the_prompt_is_the_one_decided_with() -> None:
+    """JSON's last member wins for the decision as for the model server, its key read through escapes."""
+    raw = sdk_chat()[:-1] + b',"mod\\u0065l":"other"}'
+    assert orjson.loads(raw)["model"] == "other"
+    ex, replies = decide(raw, 3)
+    assert ex.early == "other" and ex.ctx is not None and ex.ctx.request.model == "other"
     assert destination(replies) is not None
+    ex.close()
+
+
+def test_a_body_whose_end_comes_in_trailers_is_decided_on_its_head_too() -> None:
+    from tests.support.extproc import trailers_msg
+
+    raw = sdk_chat(max_tokens=7)
+    ex = real_director().exchange()
+    m = SyncMachine(ex, request_body_mode=BodyMode.FULL_DUPLEX_STREAMED)
+    m.feed(headers_msg())
+    replies = m.feed(body_msg(raw[:100_000], False)) + m.feed(body_msg(raw[100_000:], False))
+    assert destination(replies) is None and ex.intake is not None and ex.intake.late
+    replies = m.feed(trailers_msg())
+    assert ex.early == "m" and destination(replies) is not None
+    assert ex.ctx is not None and ex.ctx.request.body["max_tokens"] == 7
+    assert _echoed(replies) == raw
+    ex.close()
+
+
+def test_a_pool_with_model_rewrites_reads_the_whole_body_as_before() -> None:
+    """A rewrite changes the model's value in the body, which the head decision would not have read."""
+    director = real_director()
+    director.datastore.rewrites = {"m": object()}  # any rewrite for the pool
+    raw = sdk_chat()
+    ex = director.exchange()
+    m = SyncMachine(ex, request_body_mode=BodyMode.FULL_DUPLEX_STREAMED)
+    m.feed(headers_msg())
+    m.feed(body_msg(raw, True))
+    assert ex.early is None and ex.intake is not None and not ex.intake.late
     ex.close()
 
 
@@ -117,7 +201,7 @@ def test_the_head_decides_where_the_whole_body_would(pieces: int, mode: BodyMode
     decision picks (read as it streamed in, in one message, or sent whole)."""
     raw = chat(model_first=True)
     early_ex, early = decide(raw, pieces, mode, trusted=trusted)
-    late_ex, late = decide(chat(model_first=False), pieces, mode)
+    late_ex, late = decide(raw, pieces, mode, whole=True)
     assert early_ex.early is not None and late_ex.early is None
     assert destination(early) == destination(late) is not None
     early_ex.close()
@@ -372,6 +456,31 @@ def test_an_early_rewrite_covers_the_body_up_to_the_decision_only() -> None:
     assert intake.rest(raw[100:1_000], False) is None
     assert intake.rewritten("m-v2") == raw[:100].replace(b'"m"', b'"m-v2"', 1)
     assert intake.rest(raw[1_000:], True) is None  # and the whole body confirms "m"
+
+
+@pytest.mark.parametrize("depth", [900, 1000, 1100])
+def test_deep_nesting_after_the_prompt_is_judged_as_orjson_judges_it(depth: int) -> None:
+    """msgspec's scan nests only as deep as Python's stack: a body nested deeper after the prompt goes to orjson
+    (which allows 1,024 levels) instead of failing the stream, whether the model came before the prompt (the
+    check) or after it (the decision at the end)."""
+    nested = b"[" * depth + b"]" * depth
+    refused = depth > 1000
+    for raw in (twice("m")[:-1] + b',"deep":' + nested + b"}", sdk_chat()[:-1] + b',"deep":' + nested + b"}"):
+        try:
+            orjson.loads(raw)
+            assert not refused
+        except orjson.JSONDecodeError:
+            assert refused
+        ex, replies = decide(raw, 3)
+        answers = [r.WhichOneof("response") for r in replies]
+        if refused:
+            assert "immediate_response" in answers
+            reply = next(r for r in replies if r.WhichOneof("response") == "immediate_response").immediate_response
+            assert reply.status.code == 400 and b"not valid JSON" in reply.body
+        else:
+            assert "immediate_response" not in answers and destination(replies) is not None
+            assert _echoed(replies) == raw
+        ex.close()
 
 
 def test_a_scheduler_born_where_a_freed_one_lived_answers_for_itself() -> None:
