@@ -14,7 +14,8 @@ rounds, the order rotating, so that a machine shared with other work loads them 
 small request before and after a change (docs/performance.md, "The small request's fixed cost") comes from it.
 `--body` gives the trees a long body instead, sent as full duplex sends it, in 64 KB chunks (the exchange reads
 them as they come, decides on the head when it can, and checks the rest at the end): `plain` is bench_extproc.py's
-256 KB chat (one message of plain text), `agent` an agent's context of 300 turns full of escapes (280 KB).
+256 KB chat (one message of plain text), `agent` an agent's context of 300 turns full of escapes (280 KB);
+`--model-last` moves their `model` after the prompt, where OpenAI's Python client writes it.
 
     .venv/bin/python bench/bench_observe.py --rounds 7 --requests 3000
     .venv/bin/python bench/bench_observe.py --case "trace 1%" --case "trace 100%"    # only these (and off)
@@ -70,16 +71,21 @@ def cases(otlp: str) -> dict[str, list[str]]:
     }
 
 
-def long_body(kind: str) -> bytes:
-    """`plain`: bench_extproc.py's 256 KB chat; `agent`: 300 turns of 44-character lines with quotes, 280 KB."""
+def long_body(kind: str, model_last: bool = False) -> bytes:
+    """`plain`: bench_extproc.py's 256 KB chat; `agent`: 300 turns of 44-character lines with quotes, 280 KB.
+    `model_last`: `messages` first, then `model` and `max_tokens`."""
     if kind == "plain":
         sys.path.insert(1, str(ROOT))
         from bench.extproc_stack import chat_body
 
-        return chat_body(262_144).encode()
-    line = 'The quick brown fox said "hi" and went on.\n'
-    turns = [{"role": ("user", "assistant")[i % 2], "content": line * 20} for i in range(300)]
-    return orjson.dumps({"model": "m", "messages": turns})
+        body = orjson.loads(chat_body(262_144))
+    else:
+        line = 'The quick brown fox said "hi" and went on.\n'
+        turns = [{"role": ("user", "assistant")[i % 2], "content": line * 20} for i in range(300)]
+        body = {"model": "m", "messages": turns}
+    if model_last:
+        body = {"messages": body["messages"], "model": body["model"], "max_tokens": 64}
+    return orjson.dumps(body)
 
 
 CHUNK = 65_536  # bytes per body message of a long body, as Envoy sends a large one in full duplex
@@ -131,7 +137,7 @@ def endpoints_file() -> Path:
     return eps
 
 
-async def serve_tree(kind: str) -> int:
+async def serve_tree(kind: str, model_last: bool) -> int:
     """A --tree worker: the `off` App of TREE; each line N on stdin -> its process CPU µs per request of N requests
     of the `kind` of body (`short`: BODY, sent whole)."""
     import epp
@@ -141,7 +147,7 @@ async def serve_tree(kind: str) -> int:
     logging.disable(logging.WARNING)  # the endpoint's failed scrapes
     app = App(serve_settings(endpoints_file(), []))
     await app.start()
-    body = BODY if kind == "short" else long_body(kind)
+    body = BODY if kind == "short" else long_body(kind, model_last)
     await drive(app, 500, body)  # warm up
     print("ready", flush=True)
     loop = asyncio.get_running_loop()
@@ -153,13 +159,13 @@ async def serve_tree(kind: str) -> int:
     return 0
 
 
-def compare_trees(trees: list[str], rounds: int, n: int, kind: str) -> int:
+def compare_trees(trees: list[str], rounds: int, n: int, kind: str, model_last: bool) -> int:
     """The `off` case of each checkout, interleaved (see the module docstring)."""
     workers: dict[str, subprocess.Popen[str]] = {}
     for spec in trees:
         label, _, path = spec.rpartition("=")
-        workers[label or path] = subprocess.Popen([sys.executable, __file__, "--body", kind, WORKER, path], stdin=subprocess.PIPE,
-                                                  stdout=subprocess.PIPE, text=True)
+        argv = [sys.executable, __file__, "--body", kind, *(["--model-last"] if model_last else []), WORKER, path]
+        workers[label or path] = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     times: dict[str, list[float]] = {k: [] for k in workers}
     load = os.getloadavg()[0]
     try:
@@ -178,7 +184,7 @@ def compare_trees(trees: list[str], rounds: int, n: int, kind: str) -> int:
         for w in workers.values():
             w.communicate("\n", timeout=30)
     base = statistics.median(times[names[0]])
-    print(f"{rounds} interleaved rounds x {n} requests per tree, the `off` case, {kind} body; process CPU µs per "
+    print(f"{rounds} interleaved rounds x {n} requests per tree, the `off` case, {kind} body{' (model last)' if model_last else ''}; process CPU µs per "
           f"request; load average {load:.1f} before, {os.getloadavg()[0]:.1f} after\n")
     print(f"| tree | median | p25 | min | vs {names[0]} |\n|---|---|---|---|---|")
     for name, ts in times.items():
@@ -196,12 +202,13 @@ async def main() -> int:
                     help="compare these checkouts' `off` case instead (repeatable; the first is the reference)")
     ap.add_argument("--body", choices=["short", "plain", "agent"], default="short",
                     help="with --tree: the request body (short: a one-line chat sent whole; see above)")
+    ap.add_argument("--model-last", action="store_true", help="with --body plain|agent: `model` after the prompt")
     ap.add_argument(WORKER, metavar="PATH", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.serve_tree:
-        return await serve_tree(args.body)
+        return await serve_tree(args.body, args.model_last)
     if args.tree:
-        return compare_trees(args.tree, args.rounds, args.requests, args.body)
+        return compare_trees(args.tree, args.rounds, args.requests, args.body, args.model_last)
     os.environ.setdefault("OTEL_BSP_SCHEDULE_DELAY", "50")
     eps = endpoints_file()
     port = free_port()
