@@ -12,7 +12,9 @@ measured once, in a rotating order; medians over rounds are printed as one markd
 - the p50 latency each path adds to Envoy direct's at the same size and connection count.
 
 Long prompts (issue 22): `--body-bytes 120,16384,65536,262144,1048576 --conns 1,16 --floor h2 --no-peer` with a
-candidate per request body mode.
+candidate per request body mode. The bodies name their model first; `--model-last` puts it after the prompt, where
+OpenAI's Python client writes it (such a body cannot be decided before it ends: it is decided on its head at its
+end, docs/protocol.md).
 
 With more than one body size a second table gives issue 32's ratios: how much each processor's CPU per request
 grows from the smallest body to each larger one, against its own front Envoy's growth and against the do-nothing
@@ -287,6 +289,8 @@ def main() -> int:
     ap.add_argument("--router-policy", default="cache_aware",
                     help="vllm-router --policy (cache_aware asks the worker to render every chat request first: "
                          "two upstream requests per request)")
+    ap.add_argument("--model-last", action="store_true",
+                    help="the chat bodies name their model after the prompt, as OpenAI's Python client writes them")
     ap.add_argument("--out", default=None, help="also write the table to this file")
     args = ap.parse_args()
     if not shutil.which("wrk"):
@@ -296,7 +300,7 @@ def main() -> int:
     scripts = {}
     for size in sizes:
         scripts[size] = procs.dir / f"post-{size}.lua"
-        scripts[size].write_text(wrk_script(chat_body(size)))
+        scripts[size].write_text(wrk_script(chat_body(size, args.model_last)))
     try:
         load0 = os.getloadavg()[0]
         paths, backend_admin = start(args, procs, scripts[sizes[0]])

@@ -36,15 +36,17 @@ _FILLER = ("The quick brown fox jumps over the lazy dog while the committee revi
            "distributed inference, prefix caches and the cost of every extra hop in the data path. ")
 
 
-def chat_body(size: int) -> str:
-    """An OpenAI chat body of exactly `size` bytes (at least the 107 of the shortest one)."""
-    base = {"model": MODEL, "messages": [{"role": "user", "content": "What is the capital of France?"}]}
+def chat_body(size: int, model_last: bool = False) -> str:
+    """An OpenAI chat body of exactly `size` bytes (at least the 107 of the shortest one); `model_last`: `messages`
+    before `model`, as OpenAI's Python client writes a body."""
+    question = [{"role": "user", "content": "What is the capital of France?"}]
+    base = {"messages": question, "model": MODEL} if model_last else {"model": MODEL, "messages": question}
     text = json.dumps(base, separators=(",", ":"))
     if size <= len(text):
         return text
     pad = size - len(text) - 1  # one space between the filler and the question
     filler = (_FILLER * (pad // len(_FILLER) + 1))[:pad]
-    base["messages"][0]["content"] = filler + " What is the capital of France?"
+    question[0]["content"] = filler + " What is the capital of France?"
     body = json.dumps(base, separators=(",", ":"))
     assert len(body) == size, (len(body), size)
     return body
