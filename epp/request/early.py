@@ -10,12 +10,13 @@ It can also decide *early*, before the body ends, when everything the decision r
    top-level `model`, when it comes before the prompt;
 2. the prompt's head covers what the scheduler hashes: every prefix producer's `blockSizeTokens × 4 ×
    maxPrefixBlocksToMatch` characters (16 KB for the defaults) of the head as the scheduler sees it (media
-   payloads masked: a 16 KB data URL weighs its masked size, and a payload still arriving none), for the API kinds
-   whose prompt starts with one member (chat `messages`, completions `prompt`, embeddings `input`, conversations
-   `items`);
+   payloads masked: a 16 KB data URL weighs its masked size, and a payload still arriving none), and with agent
+   sessions the `programChars` (2,048) that tell a session's program, for the API kinds whose prompt starts with
+   one member (chat `messages`, completions `prompt`, embeddings `input`, conversations `items`) (`head_needed`);
 3. nothing else reads the whole body: no routes (`--routes-file`: a rule may match any field), no config that
    reads token ids (precise prefix routing tokenizes the whole prompt; `epp serve` always has a tokenizer ready,
-   so what counts is whether a config of the scheduler reads them), no `x-gateway-model-name-rewrite` header, no
+   so what counts is whether a config of the scheduler reads them) or the whole prompt (a plugin that says
+   `whole_prompt`: the byte-prefix-affinity scorer), no `x-gateway-model-name-rewrite` header, no
    InferenceModelRewrite for the pool unless the body's model has arrived (its value is rewritten in the chunks
    already received).
 
@@ -72,28 +73,30 @@ SHOWN = 80  # characters of a client's value quoted in an error
 
 HEAD_SLICE = 32 * 1024  # bytes of a long chunk read at a time while a decision may come from the prompt's head
 HEAD_LEAD = 1024  # bytes before the prompt's head a first slice allows for (the model, the JSON around the prompt)
-# scheduler -> (prompt characters its prefix producers hash, reads tokens). Weak: a scheduler is immutable, and one
+# scheduler -> (prompt characters its prefix producers hash, reads tokens, a plugin reads the whole prompt). Weak: a
+# scheduler is immutable, and one
 # that a config reload replaced must not lend its answer to the next one born at its address (a cache keyed by
 # id() did: a reload could keep the old config's head length, or decide early for a config that reads tokens).
-_NEEDS: weakref.WeakKeyDictionary[object, tuple[int, bool]] = weakref.WeakKeyDictionary()
+_NEEDS: weakref.WeakKeyDictionary[object, tuple[int, bool, bool]] = weakref.WeakKeyDictionary()
 
 
-def _needs(scheduler: object) -> tuple[int, bool]:
+def _needs(scheduler: object) -> tuple[int, bool, bool]:
     got = _NEEDS.get(scheduler)
     if got is None:
         plugins = getattr(scheduler, "plugins", None)
-        chars = 0
+        chars, whole = 0, False
         for p in plugins() if callable(plugins) else ():
             bt, mb = getattr(p, "block_tokens", None), getattr(p, "max_blocks", None)
             if isinstance(bt, int) and isinstance(mb, int):
                 chars = max(chars, bt * CHARS_PER_TOKEN * mb)
+            whole = whole or getattr(p, "whole_prompt", False) is True
         reads = getattr(scheduler, "reads", None)  # a ModelScheduler: any model's config
         if callable(reads):
             tokens = bool(reads(TOKEN_IDS))
         else:  # one ProfileScheduler
             producer = getattr(scheduler, "producer", None)
             tokens = callable(producer) and producer(TOKEN_IDS) is not None
-        got = (chars, tokens)
+        got = (chars, tokens, whole)
         try:
             _NEEDS[scheduler] = got
         except TypeError:  # an object without weak references (a test double) is measured every time
@@ -110,6 +113,23 @@ def reads_tokens(scheduler: object) -> bool:
     """Whether a config of the scheduler reads the request's token ids (precise prefix routing: the whole prompt
     is tokenized, so its decision waits for the whole body)."""
     return _needs(scheduler)[1]
+
+
+def reads_whole_prompt(scheduler: object) -> bool:
+    """Whether a plugin of the scheduler reads the whole prompt (`whole_prompt`: the byte-prefix-affinity scorer
+    hashes all of it), so its decision waits for the whole body."""
+    return _needs(scheduler)[2]
+
+
+def head_needed(d: Director, headers: Mapping[str, str]) -> int:
+    """The prompt characters a decision on the head reads: what the scheduler's prefix producers hash, and the head
+    that tells an agent session's program (`programChars`, 2,048) unless the program's header names it."""
+    needed = prompt_chars_needed(d.scheduler)
+    if d.sessions is not None:
+        src = d.sessions.sources
+        if not (src.program_header and headers.get(src.program_header)):
+            needed = max(needed, src.program_chars)
+    return needed
 
 
 def pool_model(d: Director) -> str | None:
@@ -185,7 +205,7 @@ def contradiction(raw: bytes | memoryview, model: str) -> str | None:
 def may_decide_early(d: Director, headers: Mapping[str, str], kind: ApiKind) -> bool:
     """Whether a body of this kind may be decided on before it is all read (the rules but the head's size)."""
     return (d.early.decisions and kind in HEAD and d.router is None
-            and (d.tokens is None or not reads_tokens(d.scheduler))
+            and (d.tokens is None or not reads_tokens(d.scheduler)) and not reads_whole_prompt(d.scheduler)
             and MODEL_REWRITE not in headers)
 
 
@@ -194,7 +214,7 @@ def head_ready(d: Director, headers: Mapping[str, str], body: StreamingBody) -> 
     the model's)."""
     if not may_decide_early(d, headers, body.kind):
         return False
-    needed = prompt_chars_needed(d.scheduler)
+    needed = head_needed(d, headers)
     if body.size < needed:  # text takes a byte a character at least: a short body is left unread, so one that
         return False  # ends in its next message is still one orjson call (a head of small media masked longer than
         # its bytes waits for the body's end: an early decision is never owed, only allowed)
@@ -305,7 +325,7 @@ class Intake:
         again, as any first chunk is (a whole body is then one orjson call)."""
         reader.feed(data, read=False)
         self.ended = end_of_stream
-        needed = prompt_chars_needed(d.scheduler)
+        needed = head_needed(d, headers)
         step = needed + HEAD_LEAD  # the least that can hold the head: a character is a byte at least
         while reader.read < reader.size:
             reader.start(reader.read + step)

@@ -511,3 +511,41 @@ def test_a_scheduler_born_where_a_freed_one_lived_answers_for_itself() -> None:
         reused += id(new) == address
         assert prompt_chars_needed(new) == 64
     assert reused  # the case this is about happened
+
+
+def test_a_config_that_hashes_the_whole_prompt_never_decides_on_its_head() -> None:
+    """The byte-prefix-affinity scorer (LLMKube's prefixAffinity) hashes every 1 KB block of the prompt: a decision
+    on the head would hash another prompt than the same request sent short. Neither the model-first body nor the
+    model-last one is decided on its head; both read the whole prompt."""
+    config = {"apiVersion": "inference.networking.x-k8s.io/v1alpha1", "kind": "EndpointPickerConfig",
+              "plugins": [{"type": "byte-prefix-affinity-scorer"}, {"type": "queue-scorer"}]}
+    for raw in (chat(model_first=True), sdk_chat()):
+        ex = real_director(config=config).exchange()
+        m = SyncMachine(ex, request_body_mode=BodyMode.FULL_DUPLEX_STREAMED)
+        m.feed(headers_msg())
+        replies = m.feed(body_msg(raw[:40_000], False))
+        assert destination(replies) is None and ex.early is None
+        replies = m.feed(body_msg(raw[40_000:], True))
+        assert ex.early is None and ex.ctx is not None
+        assert ex.ctx.request.prompt == parse_body(ApiKind.CHAT, raw).prompt and destination(replies) is not None
+        ex.close()
+
+
+def test_an_agent_sessions_program_head_is_read_before_a_decision_on_the_head() -> None:
+    """With agent sessions on, a program is told by its prompt's first 2,048 characters: a config that hashes no
+    prompt still waits for them, so a long body's program is the one its short turns have."""
+    from epp.request.sessions import SessionIdentity
+    from epp.request.settings import SessionSettings
+    from tests.support.extproc import LOAD_ONLY
+
+    director = replace(real_director(config=LOAD_ONLY), sessions=SessionIdentity(SessionSettings()))
+    raw = chat(model_first=True, chars=64_000)
+    ex = director.exchange()
+    m = SyncMachine(ex, request_body_mode=BodyMode.FULL_DUPLEX_STREAMED)
+    m.feed(headers_msg())
+    assert destination(m.feed(body_msg(raw[:1_000], False))) is None and ex.early is None  # (it was decided here)
+    assert destination(m.feed(body_msg(raw[1_000:1_500], False))) is None and ex.early is None
+    replies = m.feed(body_msg(raw[1_500:40_000], False))
+    assert ex.early == "m" and destination(replies) is not None
+    assert ex.ctx is not None and len(ex.ctx.request.prompt) >= 2_048
+    ex.close()

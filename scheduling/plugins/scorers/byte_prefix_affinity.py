@@ -72,6 +72,7 @@ def block_chain(data: bytes, block: int, model: str, limit: int) -> list[int]:
 class BytePrefixAffinityScorer(Scorer[Params]):
     Params = Params
     clamped = True
+    whole_prompt = True  # it hashes every block of the prompt: no decision on its head (epp/request/early.py)
 
     def setup(self, build: BuildContext) -> None:
         self.sent: dict[str, OrderedDict[int, None]] = {}  # endpoint key -> LRU of block hashes
