@@ -74,9 +74,9 @@ SHOWN = 80  # characters of a client's value quoted in an error
 HEAD_SLICE = 32 * 1024  # bytes of a long chunk read at a time while a decision may come from the prompt's head
 HEAD_LEAD = 1024  # bytes before the prompt's head a first slice allows for (the model, the JSON around the prompt)
 # scheduler -> (prompt characters its prefix producers hash, reads tokens, a plugin reads the whole prompt). Weak: a
-# scheduler is immutable, and one
-# that a config reload replaced must not lend its answer to the next one born at its address (a cache keyed by
-# id() did: a reload could keep the old config's head length, or decide early for a config that reads tokens).
+# scheduler is immutable, and one that a config reload replaced must not lend its answer to the next one born at its
+# address (a cache keyed by id() did: a reload could keep the old config's head length, or decide early for a config
+# that reads tokens).
 _NEEDS: weakref.WeakKeyDictionary[object, tuple[int, bool, bool]] = weakref.WeakKeyDictionary()
 
 
@@ -341,9 +341,12 @@ class Intake:
                 self.early = self.checks = None
                 break
             if self.late:  # the model comes after the prompt: the rest of this chunk waits unread
-                if end_of_stream:
-                    self.settle(d)
-                return False
+                if not end_of_stream:
+                    return False
+                self.settle(d)
+                if self.early is not None:
+                    return False
+                break  # (a body the scan could not decide: read whole, for the exact error)
             if reader.head_chars >= needed or (not reader.head_chars and reader.read >= HEAD_SLICE):
                 break
         if reader.read < reader.size:
