@@ -215,6 +215,8 @@ def log_decision(ex: RequestExchange) -> None:
     route = f" route={rd.route.key}/{rd.rule.name}->{rd.backend_name}" if rd is not None else ""
     note = session_note(result.state) if req.session is not None else None
     session = f" session={note.session} turn={note.turn}: {note.why}" if note is not None else ""
+    # on the prompt's head: before the body ended (early), or at its end with the rest unread (BUFFERED, model last)
+    head = "" if ex.early is None else " (on its head)" if ex.intake is not None and ex.intake.ended else " (early)"
     log.info("decision %s model=%s -> %s%s (profile %s)%s%s%s%s", req.request_id[:8], req.target_model or "-",
              result.primary.key, f" prefill={result.prefill.key}" if result.prefill else "", result.profile, route,
-             " (early)" if ex.early is not None else "", session, ids, extra=ex.log_fields())
+             head, session, ids, extra=ex.log_fields())

@@ -550,3 +550,29 @@ def test_an_agent_sessions_program_head_is_read_before_a_decision_on_the_head() 
     assert ex.early == "m" and destination(replies) is not None
     assert ex.ctx is not None and len(ex.ctx.request.prompt) >= 2_048
     ex.close()
+
+
+def test_the_decision_log_says_when_a_decision_was_made_on_the_head(caplog) -> None:
+    """`--log-decisions`: `(early)` for a decision made before the body ended, `(on its head)` for one made at its
+    end with the rest of the prompt unread (the model after the prompt), nothing for a body read whole."""
+    import logging
+
+    def logged(raw: bytes, pieces: int, **kw: bool) -> str:
+        director = real_director()
+        director = replace(director, config=replace(director.config, log_decisions=True))
+        if kw.get("whole"):
+            director = replace(director, early=replace(director.early, decisions=False))
+        ex = director.exchange()
+        m = SyncMachine(ex, request_body_mode=BodyMode.FULL_DUPLEX_STREAMED)
+        m.feed(headers_msg())
+        size = -(-len(raw) // pieces)
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="epp.director"):
+            for i in range(0, len(raw), size):
+                m.feed(body_msg(raw[i: i + size], i + size >= len(raw)))
+        ex.close()
+        return next(r.getMessage() for r in caplog.records if r.getMessage().startswith("decision "))
+
+    assert "(early)" in logged(chat(model_first=True), 4)
+    assert "(on its head)" in logged(sdk_chat(), 4)
+    assert "(early)" not in (whole := logged(sdk_chat(), 4, whole=True)) and "(on its head)" not in whole
