@@ -17,8 +17,9 @@ OpenAI's Python client writes it (such a body cannot be decided before it ends: 
 end, docs/protocol.md).
 
 With more than one body size a second table gives issue 32's ratios: how much each processor's CPU per request
-grows from the smallest body to each larger one, against its own front Envoy's growth and against the do-nothing
-floor's in the same request body mode (`--floor h2 --floor h2-buffered` gives a floor per mode):
+grows from the smallest body to each larger one, against its own front Envoy's growth, against the median front
+Envoy growth of every path in its request body mode (pooled: they do the same work, and differ by noise), and
+against the do-nothing floor's in the same mode (`--floor h2 --floor h2-buffered` gives a floor per mode):
 
     .venv/bin/python bench/bench_extproc.py --rounds 5 --duration 4 --body-bytes 120,16384,262144 --no-peer \
       --floor h2 --floor h2-buffered --candidate 'FULL_DUPLEX::' --candidate 'BUFFERED:original-dst+BUFFERED:'
