@@ -41,11 +41,12 @@ server keeps JSON's last member, so a client could name one model before its pro
 everything keyed on the model (rate limits, budgets, fairness, the routing headers), and another after it, for
 the engine. The rest of such a body is kept (`Intake.rest`) and parsed once when it ends; a body that is not JSON
 or whose top-level `model` is then another gets a 400 instead of its last chunk, so the engine never receives it
-whole (`contradiction`). A body Envoy sends whole (BUFFERED, or one full-duplex message) is checked before its
-decision: confirmed, it is decided on its head; else it is read whole, so the decision reads the model the engine
-serves (or gives the parse error), as for any body decided at its end. The check is one msgspec scan of the body
-that builds only its top-level model (about 60 µs at 256 KB); a model from a trusted header or a one-model pool
-needs none.
+whole (`contradiction`). The check is one msgspec scan of the body that builds only its top-level model (about
+60 µs at 256 KB); a model from a trusted header or a one-model pool needs none. A body Envoy sends whole (BUFFERED,
+or one full-duplex message) is all there before its decision: the same scan, made at once, gives the decision the
+model the engine serves (the last) and the members after the prompt, as for a model after the prompt
+(`Intake.settle`); with an InferenceModelRewrite for the pool it checks the head's model instead, and a body that
+contradicts it is read whole.
 """
 
 from __future__ import annotations
@@ -331,16 +332,19 @@ class Intake:
             reader.start(reader.read + step)
             step = HEAD_SLICE
             if self._check(d, headers, reader):
-                if not end_of_stream:
-                    return True
-                # At the end the machine decides now (on the head: `early`), once the whole body, here already,
-                # confirms a model read from it; else it is read whole, as a body decided at its end is.
-                if self.checks is None or contradiction(reader.raw(), self.checks) is None:
-                    self.checks = None
-                    return False
-                self.early = self.checks = None
-                break
-            if self.late:  # the model comes after the prompt: the rest of this chunk waits unread
+                if not end_of_stream or self.checks is None:
+                    return not end_of_stream  # (at the end, the machine decides now, on the head)
+                # The whole body is here and its model was read from it: the one scan a check would make gives the
+                # model the engine serves (the last) and the members after the prompt, as for a model that comes
+                # after the prompt. With a model rewrite for the pool (which rewrites the value the head read), the
+                # scan checks the head's model instead; a body that contradicts it is read whole.
+                model, self.early, self.checks, self.late = self.checks, None, None, not d.datastore.rewrites
+                if not self.late:
+                    if contradiction(reader.raw(), model) is None:
+                        self.early = model
+                        return False
+                    break
+            if self.late:  # the model comes after the prompt (or the body has ended): the rest waits unread
                 if not end_of_stream:
                     return False
                 self.settle(d)

@@ -393,12 +393,26 @@ def test_a_model_from_a_trusted_header_is_not_checked_against_the_body() -> None
 
 @pytest.mark.parametrize("mode", [BodyMode.FULL_DUPLEX_STREAMED, BodyMode.BUFFERED])
 def test_a_whole_body_naming_its_model_twice_is_decided_on_the_last_as_the_engine_reads_it(mode: BodyMode) -> None:
-    """Envoy sent the body whole (BUFFERED, or one full-duplex message): it is parsed whole, so the decision reads
-    the model the engine serves (JSON's last member), as a body decided at its end always did."""
+    """Envoy sent the body whole (BUFFERED, or one full-duplex message): one scan of it gives the decision the model
+    the engine serves (JSON's last member), as a body decided at its end always had, and the members after the
+    prompt; the prompt is read no further than its head."""
     raw = twice("other")
     ex, replies = decide(raw, mode=mode)
-    assert ex.early is None and ex.request is not None and ex.request.model == "other"
+    assert ex.early == "other" and ex.request is not None and ex.request.model == "other"
+    assert ex.request.body is not None and ex.request.body["max_tokens"] == 7
+    assert ex.intake is not None and ex.intake.reader is not None and ex.intake.reader.read < HEAD_SLICE
     assert destination(replies) is not None
+    ex.close()
+
+
+@pytest.mark.parametrize("mode", [BodyMode.FULL_DUPLEX_STREAMED, BodyMode.BUFFERED])
+def test_a_whole_body_decided_on_its_head_sees_the_members_after_its_prompt(mode: BodyMode) -> None:
+    """The model first, `max_tokens` and `user` after a long prompt, the body sent whole: the decision on the head
+    reads them, as the whole body's decision does (an early decision, before the body ends, cannot)."""
+    raw = chat(model_first=True)[:-1] + b',"user":"agent-7"}'
+    ex, _ = decide(raw, mode=mode)
+    assert ex.early == "m" and ex.request is not None and ex.request.body is not None
+    assert ex.request.body["max_tokens"] == 7 and ex.request.body["user"] == "agent-7"
     ex.close()
 
 
@@ -576,3 +590,24 @@ def test_the_decision_log_says_when_a_decision_was_made_on_the_head(caplog) -> N
     assert "(early)" in logged(chat(model_first=True), 4)
     assert "(on its head)" in logged(sdk_chat(), 4)
     assert "(early)" not in (whole := logged(sdk_chat(), 4, whole=True)) and "(on its head)" not in whole
+
+
+def test_with_model_rewrites_a_whole_body_is_checked_against_its_head_model() -> None:
+    """A rewrite changes the model value the head read, so with rewrites for the pool a body sent whole keeps the
+    check: confirmed, it is decided on the head's model; naming another at its end, it is read whole."""
+    def decided(raw: bytes):
+        director = real_director()
+        director.datastore.rewrites = {"m": object()}
+        ex = director.exchange()
+        m = SyncMachine(ex, request_body_mode=BodyMode.BUFFERED)
+        m.feed(headers_msg())
+        replies = m.feed(body_msg(raw, True))
+        return ex, replies
+
+    ex, replies = decided(chat(model_first=True))
+    assert ex.early == "m" and ex.request is not None and "max_tokens" not in (ex.request.body or {})
+    assert destination(replies) is not None
+    ex.close()
+    ex, replies = decided(twice("other"))
+    assert ex.early is None and ex.request is not None and ex.request.model == "other"
+    ex.close()
