@@ -8,6 +8,8 @@ from dataclasses import replace
 
 import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from epp.protocol import BodyMode
 from epp.request.early import HEAD_SLICE, reads_tokens
@@ -610,4 +612,44 @@ def test_with_model_rewrites_a_whole_body_is_checked_against_its_head_model() ->
     ex.close()
     ex, replies = decided(twice("other"))
     assert ex.early is None and ex.request is not None and ex.request.model == "other"
+    ex.close()
+
+
+_SCALARS = st.one_of(st.integers(-10**6, 10**6), st.booleans(), st.none(), st.text(max_size=20),
+                     st.floats(allow_nan=False, allow_infinity=False))
+_VALUES = st.recursive(_SCALARS, lambda inner: st.one_of(st.lists(inner, max_size=3),
+                                                         st.dictionaries(st.text(max_size=8), inner, max_size=3)),
+                       max_leaves=8)
+
+
+_MODELS = st.tuples(st.sampled_from(["model", "mod\\u0065l"]), st.one_of(st.sampled_from(["m", "other"]), _VALUES))
+
+
+@settings(max_examples=100, deadline=None)
+@given(before=st.lists(st.one_of(_MODELS, st.tuples(st.sampled_from(["stream", "user", "n", "x"]), _VALUES)),
+                       max_size=3),
+       after=st.lists(st.one_of(_MODELS, st.tuples(st.sampled_from(["max_tokens", "user", "cache_salt", "y"]),
+                                                   _VALUES)), max_size=4),
+       pieces=st.integers(1, 4), buffered=st.booleans())
+def test_a_decision_on_the_head_reads_the_members_a_whole_parse_reads(before, after, pieces, buffered) -> None:
+    """Members before and after a long prompt, any values, repeated names, a key spelled in escapes: whatever the
+    decision on the head reads of the body (its model, its members but the prompt) is what orjson's whole parse
+    reads, and a body the whole parse refuses gets the whole parse's 400."""
+    text = ("what the agent saw so far, turn after turn; " * 1000)[:40_000]
+    parts = [b'"' + k.encode() + b'":' + orjson.dumps(v) for k, v in before]
+    parts.append(b'"messages":' + orjson.dumps([{"role": "user", "content": text}]))
+    parts += [b'"' + k.encode() + b'":' + orjson.dumps(v) for k, v in after]
+    raw = b"{" + b",".join(parts) + b"}"
+    want = orjson.loads(raw)
+    mode = BodyMode.BUFFERED if buffered else BodyMode.FULL_DUPLEX_STREAMED
+    ex, replies = decide(raw, 1 if buffered else pieces, mode)
+    model = want.get("model")
+    if not isinstance(model, str) or not model:
+        reply = next(r for r in replies if r.WhichOneof("response") == "immediate_response").immediate_response
+        assert reply.status.code == 400
+    else:
+        assert ex.request is not None and ex.request.model == model and destination(replies) is not None
+        if ex.early is not None and (buffered or pieces == 1 or ex.intake.ended):  # (decided at the end)
+            seen = {k: v for k, v in (ex.request.body or {}).items() if k not in ("messages", "tools")}
+            assert seen == {k: v for k, v in want.items() if k not in ("messages", "tools")}
     ex.close()
