@@ -42,17 +42,20 @@ class Envoy:
         self.log = Path(self.dir) / "envoy.log"
 
     def start(self) -> None:
-        self.proc = subprocess.Popen(
-            [envoy_binary(), "-c", str(self.config), "--concurrency", "1", "--use-dynamic-base-id",
-             "--log-level", os.environ.get("POINTSMAN_ENVOY_LOG_LEVEL", "warning"), "--log-path", str(self.log)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )
+        stderr = Path(self.dir) / "stderr.log"
+        with stderr.open("wb") as err:  # what Envoy says before its log is open (a bad flag, a port it cannot bind)
+            self.proc = subprocess.Popen(
+                [envoy_binary(), "-c", str(self.config), "--concurrency", "1", "--use-dynamic-base-id",
+                 "--log-level", os.environ.get("POINTSMAN_ENVOY_LOG_LEVEL", "warning"), "--log-path", str(self.log)],
+                stdout=subprocess.DEVNULL, stderr=err,
+            )
         try:
-            wait_port(self.admin_port)
-            wait_port(self.listen_port)
-        except TimeoutError:
-            self.stop()
-            raise RuntimeError(f"envoy did not start; log:\n{self.log.read_text() if self.log.exists() else ''}") from None
+            wait_port(self.admin_port, proc=self.proc, what="envoy's admin port")
+            wait_port(self.listen_port, proc=self.proc, what="envoy's listener")
+        except (TimeoutError, RuntimeError) as e:
+            said = "".join(f.read_text(errors="replace")[-4000:] for f in (stderr, self.log) if f.exists())
+            self.stop()  # (it removes the directory: the logs are read first)
+            raise RuntimeError(f"envoy did not start ({e}); it said:\n{said}") from None
 
     def stop(self) -> None:
         if self.proc and self.proc.poll() is None:
