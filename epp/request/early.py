@@ -18,7 +18,11 @@ It can also decide *early*, before the body ends, when everything the decision r
    so what counts is whether a config of the scheduler reads them) or the whole prompt (a plugin that says
    `whole_prompt`: the byte-prefix-affinity scorer), no `x-gateway-model-name-rewrite` header, no
    InferenceModelRewrite for the pool unless the body's model has arrived (its value is rewritten in the chunks
-   already received).
+   already received);
+4. with agent sessions on, the session is named before the prompt (a session header, or a session body field that
+   came first): agents carry it in `user`, `prompt_cache_key` or `metadata` after their messages, and a decision
+   without it would route the turn as no session's. Otherwise the decision is made at the body's end, on the head,
+   with the members after the prompt (below), at the same cost: the scan it then makes is the one the check makes.
 
 What the decision cannot see is handled explicitly: the token estimate is the content-length's characters
 (CHARS_PER_TOKEN per token; the prompt seen so far when there is none), the parsed body holds only the members that
@@ -29,7 +33,7 @@ one wins) is not seen by it: the decision stands on the first, the reader withdr
 
 OpenAI's Python client writes `messages` before `model`: its requests decide early only with a trusted model header
 or a one-model pool. Otherwise, once the head is read (rules 2 and 3 hold and no InferenceModelRewrite could
-apply), the rest of the body is kept unread (`Intake.late`), and when it ends one scan of it (`top_level`,
+apply), and likewise when rule 4 waits for a session, the rest of the body is kept unread (`Intake.late`), and when it ends one scan of it (`top_level`,
 msgspec) reads its top-level members: the decision is then made on the head, as an early one is, with the body's
 last `model` and every member after the prompt (so `max_tokens`, `user` and `cache_salt` are seen; the token
 estimate is the body's size), and there is nothing left to check (`Intake.settle`). At 256 KB that costs 310 µs
@@ -259,17 +263,21 @@ class Intake:
         return not self.late and self._check(d, headers, reader)
 
     def _check(self, d: Director, headers: Mapping[str, str], reader: StreamingBody) -> bool:
+        rewrites = bool(d.datastore.rewrites)
         try:
             head = head_ready(d, headers, reader)
             got = early_model(d, headers, reader) if head else None
+            if got is not None and got[1] and not rewrites and d.sessions is not None \
+                    and d.sessions.pending(headers, reader.partial()):
+                got = None  # its session may be named after the prompt (`user`, as agents send it): at the end
         except Exception:  # never crash a stream: decide at the end instead
             log.exception("early decision check failed")
             head, got = False, None
         self.early, self.checks = (None, None) if got is None else (got[0], got[0] if got[1] else None)
         self.upto = reader.size
-        # The head is all here and no model to decide with: it comes after the prompt (OpenAI's Python client
-        # writes it there). The rest is kept unread, and the decision comes at the end on the head (`settle`).
-        self.late = head and got is None and reader.model is None and not d.datastore.rewrites
+        # The head is all here and the decision waits for what follows the prompt: the model (OpenAI's Python client
+        # writes it there) or the session. The rest is kept unread; the decision comes at the end (`settle`).
+        self.late = head and got is None and not rewrites
         return self.early is not None
 
     def settle(self, d: Director) -> None:

@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from epp.request.settings import SessionSettings
-from scheduling.sessions.identity import ResponseChains, identify
+from scheduling.sessions.identity import ResponseChains, identify, named_by
 from scheduling.types import ApiKind, LLMRequest
 
 if TYPE_CHECKING:
@@ -72,6 +72,12 @@ class SessionIdentity:
             req.session = ref
             if count:
                 self.identified[ref.source] += 1
+
+    def pending(self, headers: Mapping[str, str], arrived: Mapping[str, Any]) -> bool:
+        """Whether a body member still to come could name the request's session: sessions are on, body fields may
+        name one, and no session header nor any of those fields is among what has arrived (`named_by`). A decision
+        on the prompt's head then waits for the body's end (epp/request/early.py)."""
+        return self.settings.enabled and bool(self.sources.body) and not named_by(headers, arrived, self.sources)
 
     def fairness_id(self, req: LLMRequest | None, tenant: str) -> str:
         """Flow control's fairness id: the tenant's, or within it the session's or the program's."""

@@ -96,6 +96,16 @@ class ResponseChains:
         return True
 
 
+def named_by(headers: Mapping[str, str], body: Mapping[str, Any], src: IdentitySources) -> bool:
+    """Whether the headers or the body members given hold a value for one of the session sources (usable or not):
+    asked of the members that have arrived, it says whether one still to come could name the session."""
+    if any(headers.get(name) for name in src.headers):
+        return True
+    if src.previous_response_id and body.get("previous_response_id") is not None:
+        return True
+    return any(_field(body, path) not in (None, "") for path in src.body)
+
+
 def program_of(req: LLMRequest, headers: Mapping[str, str], src: IdentitySources) -> int:
     if src.program_header:
         raw = _encode(headers.get(src.program_header), src.max_bytes)

@@ -235,12 +235,12 @@ async def _serve_director(tmp_path, *flags: str):
 async def test_epp_serve_decides_a_long_body_on_its_head(tmp_path) -> None:
     """`epp serve` always has a tokenizer ready (precise prefix routing), yet the built-in default config reads no
     token ids: its long bodies decide on their head, as the early rules say (they used to wait for the whole body
-    because a tokenizer existed)."""
+    because a tokenizer existed). Agent sessions are on: the session header names the session up front."""
     app = await _serve_director(tmp_path)
     try:
         ex = app.director.exchange()
         m = SyncMachine(ex, request_body_mode=BodyMode.FULL_DUPLEX_STREAMED)
-        m.feed(headers_msg())
+        m.feed(headers_msg(**{"x-session-id": "agent-7"}))
         raw = chat(model_first=True)
         replies = m.feed(body_msg(raw[:100_000], False))
         assert ex.early == "m" and ex.intake is not None and ex.intake.reader is not None
@@ -559,7 +559,7 @@ def test_an_agent_sessions_program_head_is_read_before_a_decision_on_the_head() 
     raw = chat(model_first=True, chars=64_000)
     ex = director.exchange()
     m = SyncMachine(ex, request_body_mode=BodyMode.FULL_DUPLEX_STREAMED)
-    m.feed(headers_msg())
+    m.feed(headers_msg(**{"x-session-id": "agent-7"}))
     assert destination(m.feed(body_msg(raw[:1_000], False))) is None and ex.early is None  # (it was decided here)
     assert destination(m.feed(body_msg(raw[1_000:1_500], False))) is None and ex.early is None
     replies = m.feed(body_msg(raw[1_500:40_000], False))
@@ -652,4 +652,44 @@ def test_a_decision_on_the_head_reads_the_members_a_whole_parse_reads(before, af
         if ex.early is not None and (buffered or pieces == 1 or ex.intake.ended):  # (decided at the end)
             seen = {k: v for k, v in (ex.request.body or {}).items() if k not in ("messages", "tools")}
             assert seen == {k: v for k, v in want.items() if k not in ("messages", "tools")}
+    ex.close()
+
+
+@pytest.mark.parametrize(("carrier", "early"), [
+    ({}, False),  # no session header: `user` after the prompt names it, so the decision waits for the end
+    ({"x-session-id": "agent-7"}, True),  # the header names it up front: decided before the body ends
+])
+def test_a_session_named_after_the_prompt_is_seen_by_the_decision(carrier: dict[str, str], early: bool) -> None:
+    """Agents that carry their session in the body (`user`, `prompt_cache_key`, `metadata.session_id`) send it after
+    the messages. A decision on the head before the body ended would route the turn with no session (no stay, no
+    fan-out rule): without a session header it is made at the end, on the head, with the members after the prompt."""
+    from epp.request.sessions import SessionIdentity
+    from epp.request.settings import SessionSettings
+
+    director = replace(real_director(), sessions=SessionIdentity(SessionSettings()))
+    raw = chat(model_first=True)[:-1] + b',"user":"agent-7"}'
+    ex = director.exchange()
+    m = SyncMachine(ex, request_body_mode=BodyMode.FULL_DUPLEX_STREAMED)
+    m.feed(headers_msg(**carrier))
+    first = m.feed(body_msg(raw[:100_000], False))
+    assert (destination(first) is not None) is early and (ex.early is not None) is early
+    last = m.feed(body_msg(raw[100_000:], True))
+    assert ex.early == "m" and destination(first + last) is not None and _echoed(first + last) == raw
+    assert ex.request is not None and ex.request.session is not None
+    assert ex.request.session.source == ("header:x-session-id" if early else "user")
+    ex.close()
+
+
+def test_a_session_field_before_the_prompt_lets_the_decision_come_early() -> None:
+    from epp.request.sessions import SessionIdentity
+    from epp.request.settings import SessionSettings
+
+    director = replace(real_director(), sessions=SessionIdentity(SessionSettings()))
+    text = ("what the agent saw so far, turn after turn; " * 6000)[:200_000]
+    raw = orjson.dumps({"model": "m", "user": "agent-7", "messages": [{"role": "user", "content": text}]})
+    ex = director.exchange()
+    m = SyncMachine(ex, request_body_mode=BodyMode.FULL_DUPLEX_STREAMED)
+    m.feed(headers_msg())
+    assert destination(m.feed(body_msg(raw[:100_000], False))) is not None and ex.early == "m"
+    assert ex.request is not None and ex.request.session is not None and ex.request.session.source == "user"
     ex.close()
