@@ -246,14 +246,18 @@ async def test_long_bodies_arrive_byte_identical_and_routed(tmp_path, mode):
 
 
 async def test_a_model_named_again_after_the_prompt_never_reaches_the_engine(tmp_path):
-    """The decision (full duplex, early, on the prompt's head) reads `llama` before the prompt; the body ends with
-    another top-level model, which the engine would serve (JSON's last member). Through a real Envoy the client gets
-    a 400 and no engine receives the request; the same body naming `llama` twice is served as `llama`."""
+    """The decision (full duplex, early, on the prompt's head: a session header names the session up front) reads
+    `llama` before the prompt; the body ends with another top-level model, which the engine would serve (JSON's last
+    member). Through a real Envoy the client gets a 400 and no engine receives the request; the same body naming
+    `llama` twice is served as `llama`. Without the session header the decision waits for the body's end (a session
+    may follow the prompt) and reads the model the engine serves: routed, and counted, as that one."""
     s = Stack(tmp_path, variant="original-dst")
     await s.start()
     try:
         async with aiohttp.ClientSession() as c:
-            for second, want in (("other-adapter", 400), ("llama", 200)):
+            cases = (("other-adapter", {"x-session-id": "agent-7"}, 400), ("llama", {"x-session-id": "agent-7"}, 200),
+                     ("other-adapter", {}, 200))
+            for second, headers, want in cases:
                 head = chat("w" * 200_000)[:-1]
                 body = head + b',"max_tokens":5,"model":' + orjson.dumps(second) + b"}"
 
@@ -262,13 +266,13 @@ async def test_a_model_named_again_after_the_prompt_never_reaches_the_engine(tmp
                         yield body[i: i + 16_384]
                         await asyncio.sleep(0.002)
 
-                status, info = await post(c, s.url + "/v1/chat/completions", pieces())
+                status, info = await post(c, s.url + "/v1/chat/completions", pieces(), headers=headers)
                 assert status == want, str(info)[:300]
                 if want == 400:
                     assert "names its model twice" in str(info) and "served_by" not in str(info)
                 else:
-                    assert isinstance(info, dict) and info["received_model"] == "llama"
-                    assert info["headers"]["x-gateway-model-name"] == "llama"
+                    assert isinstance(info, dict) and info["received_model"] == second
+                    assert info["headers"]["x-gateway-model-name"] == second
                     assert info["body_sha256"] == hashlib.sha256(body).hexdigest()
     finally:
         await s.stop()
