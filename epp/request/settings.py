@@ -44,8 +44,9 @@ class EarlySettings:
 def add_early_flags(p: argparse.ArgumentParser, parse_bool: Callable[[str], bool]) -> None:
     g = p.add_argument_group("early decisions (docs/protocol.md)")
     g.add_argument("--early-decisions", type=parse_bool, default=True,
-                   help="in FULL_DUPLEX_STREAMED, decide before the body ends once the model and the hashed "
-                        "prompt head have arrived (true)")
+                   help="decide on the prompt's head: in FULL_DUPLEX_STREAMED before the body ends once the model, "
+                        "the hashed head and (with agent sessions) the session have arrived; at its end, the rest "
+                        "unread, when one of them comes after the prompt (true)")
     g.add_argument("--trusted-model-header", action="append", default=[],
                    help="a request header that names the model, set by a filter before Pointsman (e.g. "
                         "X-Gateway-Model-Name from a body-based router); repeatable; none by default, since a "
