@@ -246,7 +246,7 @@ class Intake:
         self.upto = 0  # the body's bytes received when the early decision was made
         self.checks: str | None = None  # the early model came from the body: the whole body must confirm it
         self.ended = False  # the reader has the whole body
-        self.late = False  # the head is read and its model comes after the prompt: the rest waits unread (`settle`)
+        self.late = False  # the head is read, the decision waits for what follows the prompt, unread (`settle`)
 
     def chunk(self, d: Director, headers: Mapping[str, str], data: bytes | memoryview, end_of_stream: bool) -> bool:
         """Read one chunk; True when the decision can be made now, before the body ends."""
@@ -267,23 +267,27 @@ class Intake:
         try:
             head = head_ready(d, headers, reader)
             got = early_model(d, headers, reader) if head else None
-            if got is not None and got[1] and not rewrites and d.sessions is not None \
-                    and d.sessions.pending(headers, reader.partial()):
-                got = None  # its session may be named after the prompt (`user`, as agents send it): at the end
+            if got is not None and got[1] and not rewrites and (self.ended or (
+                    d.sessions is not None and d.sessions.pending(headers, reader.partial()))):
+                # The body has ended (one scan gives the model the engine serves, the last, and the members after
+                # the prompt, where a check would give the model alone), or its session may be named after the
+                # prompt (`user`, as agents send it): decided at the end, on the head (`settle`).
+                got = None
         except Exception:  # never crash a stream: decide at the end instead
             log.exception("early decision check failed")
             head, got = False, None
         self.early, self.checks = (None, None) if got is None else (got[0], got[0] if got[1] else None)
         self.upto = reader.size
         # The head is all here and the decision waits for what follows the prompt: the model (OpenAI's Python client
-        # writes it there) or the session. The rest is kept unread; the decision comes at the end (`settle`).
+        # writes it there), the session, or, once the body has ended, its other members. The rest is kept unread;
+        # the decision comes at the end (`settle`).
         self.late = head and got is None and not rewrites
         return self.early is not None
 
     def settle(self, d: Director) -> None:
-        """The body has ended after a head that waited for its model (`late`): one scan of the whole body reads its
-        top-level members (`top_level`), they join those the reader read, and the decision is made on the head as
-        an early one is, with the body's last model and nothing left to check. A body the scan refuses, or whose
+        """The body has ended after a head that waited for what follows the prompt (`late`): one scan of the whole
+        body reads its top-level members (`top_level`), they join those the reader read, and the decision is made on
+        the head as an early one is, with the body's last model and nothing left to check. A body the scan refuses, or whose
         model is not a non-empty string, is read on and parsed as before (`StreamingBody.finish`), for the exact
         result or error; so is one whose pool gained a model rewrite (it rewrites a model value it must see)."""
         reader = self.reader
@@ -340,18 +344,16 @@ class Intake:
             reader.start(reader.read + step)
             step = HEAD_SLICE
             if self._check(d, headers, reader):
-                if not end_of_stream or self.checks is None:
-                    return not end_of_stream  # (at the end, the machine decides now, on the head)
-                # The whole body is here and its model was read from it: the one scan a check would make gives the
-                # model the engine serves (the last) and the members after the prompt, as for a model that comes
-                # after the prompt. With a model rewrite for the pool (which rewrites the value the head read), the
-                # scan checks the head's model instead; a body that contradicts it is read whole.
-                model, self.early, self.checks, self.late = self.checks, None, None, not d.datastore.rewrites
-                if not self.late:
-                    if contradiction(reader.raw(), model) is None:
-                        self.early = model
-                        return False
-                    break
+                if not end_of_stream:
+                    return True
+                # At the end the machine decides now, on the head. A model read from the body is checked against the
+                # whole of it here only with a model rewrite for the pool (which rewrites the value the head read;
+                # else `_check` leaves the decision to `settle`): confirmed, it stands; else the body is read whole.
+                if self.checks is None or contradiction(reader.raw(), self.checks) is None:
+                    self.checks = None
+                    return False
+                self.early = self.checks = None
+                break
             if self.late:  # the model comes after the prompt (or the body has ended): the rest waits unread
                 if not end_of_stream:
                     return False
