@@ -693,3 +693,22 @@ def test_a_session_field_before_the_prompt_lets_the_decision_come_early() -> Non
     assert destination(m.feed(body_msg(raw[:100_000], False))) is not None and ex.early == "m"
     assert ex.request is not None and ex.request.session is not None and ex.request.session.source == "user"
     ex.close()
+
+
+def test_a_body_waiting_unread_for_its_end_still_counts_against_the_limit() -> None:
+    """The rest of a body kept unread after its head (model after the prompt) is held against max_body_bytes: past
+    it the client gets a 413 and nothing stays in flight."""
+    from tests.protocol.test_protocol_properties import inflight
+
+    raw = sdk_chat(chars=200_000)
+    director = real_director()
+    ex = director.exchange()
+    m = SyncMachine(ex, request_body_mode=BodyMode.FULL_DUPLEX_STREAMED, max_body_bytes=100_000)
+    m.feed(headers_msg())
+    assert destination(m.feed(body_msg(raw[:40_000], False))) is None  # no decision yet: the model follows
+    assert ex.intake is not None and ex.intake.late
+    m.feed(body_msg(raw[40_000:80_000], False))
+    last = m.feed(body_msg(raw[80_000:], True))
+    assert last[0].immediate_response.status.code == 413
+    ex.close()
+    assert inflight(director) == 0
